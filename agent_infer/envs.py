@@ -1,0 +1,77 @@
+"""Every ``AGENT_INFER_*`` environment variable, read in this one place.
+
+Values are read at call time (not import time) so tests and users can change them in-process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent_infer.errors import ConfigError
+
+_ACCELERATORS = ("auto", "cpu", "nvidia", "ascend")
+
+
+def _get(name: str, default: str) -> str:
+    return os.environ.get(name, default).strip()
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = _get(name, "1" if default else "0").lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def _int(name: str, default: int, minimum: int = 0) -> int:
+    raw = _get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def accelerator() -> str:
+    """``AGENT_INFER_ACCELERATOR``: auto | cpu | nvidia | ascend (default auto)."""
+    value = _get("AGENT_INFER_ACCELERATOR", "auto").lower()
+    if value not in _ACCELERATORS:
+        raise ConfigError(f"AGENT_INFER_ACCELERATOR={value!r}; expected one of {', '.join(_ACCELERATORS)}")
+    return value
+
+
+def model_dir() -> str | None:
+    """``AGENT_INFER_MODEL_DIR``: a model on disk (GGUF file or Hugging Face directory) used by default."""
+    value = _get("AGENT_INFER_MODEL_DIR", "")
+    return value or None
+
+
+def cache_dir() -> Path:
+    """``AGENT_INFER_CACHE_DIR``: where converted weights are cached (default ~/.cache/agent_infer)."""
+    value = _get("AGENT_INFER_CACHE_DIR", "")
+    return Path(value) if value else Path.home() / ".cache" / "agent_infer"
+
+
+def weight_cache_enabled() -> bool:
+    """``AGENT_INFER_WEIGHT_CACHE``: cache dequantized GGUF weights on disk (default on)."""
+    return _flag("AGENT_INFER_WEIGHT_CACHE", True)
+
+
+def async_scheduling() -> bool:
+    """``AGENT_INFER_ASYNC_SCHEDULING``: overlap mask filling with the forward pass (default on)."""
+    return _flag("AGENT_INFER_ASYNC_SCHEDULING", True)
+
+
+def num_threads() -> int:
+    """``AGENT_INFER_NUM_THREADS``: torch intra-op threads; 0 keeps torch's default."""
+    return _int("AGENT_INFER_NUM_THREADS", 0)
+
+
+def grammar_threads() -> int:
+    """``AGENT_INFER_GRAMMAR_THREADS``: threads for batch mask fills; 0 means one per core."""
+    return _int("AGENT_INFER_GRAMMAR_THREADS", 0)

@@ -1,0 +1,131 @@
+"""The one exception root of agent-infer and its typed children.
+
+Error contract (stated once, relied on everywhere):
+
+* Every error raised on purpose by agent-infer derives from :class:`AgentInferError`.
+* An error names the problem *and where it is*: a JSON pointer for schemas (``pointer``), a line and
+  column for grammar text (``line``/``column``), a character offset for regexes (``position``), a field
+  name for request parameters (``field``).
+* Bad input never crashes, hangs, or silently drops a constraint: resource limits (grammar size,
+  compile time, per-step work) raise :class:`GrammarLimitError` instead.
+* A failing request fails alone; the engine keeps serving the others.
+"""
+
+from __future__ import annotations
+
+
+class AgentInferError(Exception):
+    """Root of every error agent-infer raises on purpose."""
+
+
+# --- configuration and environment -------------------------------------------------------------
+
+
+class ConfigError(AgentInferError, ValueError):
+    """A configuration value (argument or ``AGENT_INFER_*`` variable) is invalid."""
+
+
+class AcceleratorUnavailableError(AgentInferError, RuntimeError):
+    """The requested accelerator's runtime is not present on this machine."""
+
+
+class NativeExtensionMissingError(AgentInferError, ImportError):
+    """The C++ extension ``agent_infer._native`` is not built or failed to import."""
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+class ModelLoadError(AgentInferError, RuntimeError):
+    """A model file or directory could not be loaded (corrupt, truncated, missing tensor, unsupported)."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """No model exists at the given location; the message says how to install one."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model uses an architecture or quantization type agent-infer does not implement."""
+
+
+# --- requests and the engine ---------------------------------------------------------------------
+
+
+class InvalidRequestError(AgentInferError, ValueError):
+    """A request or its sampling parameters are invalid. ``field`` names the offending parameter."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus at least one generated token) does not fit in the model's context."""
+
+
+class EngineError(AgentInferError, RuntimeError):
+    """The engine could not complete a request for a reason other than the request's input."""
+
+
+# --- grammars ------------------------------------------------------------------------------------
+
+
+class GrammarError(AgentInferError, ValueError):
+    """Root of grammar and constraint errors."""
+
+
+class GrammarSyntaxError(GrammarError):
+    """Grammar text (GBNF, Lark, regex) does not parse. Carries ``line``/``column`` (1-based) or ``position``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        column: int | None = None,
+        position: int | None = None,
+    ) -> None:
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if column is not None:
+            where.append(f"column {column}")
+        if position is not None and line is None:
+            where.append(f"position {position}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+        self.line = line
+        self.column = column
+        self.position = position
+
+
+class UnsupportedRegexError(GrammarSyntaxError):
+    """A regex uses a construct that cannot be compiled to a grammar (lookaround, backreference)."""
+
+
+class GrammarDefinitionError(GrammarError):
+    """A grammar is well-formed text but not a valid grammar (undefined rule, no root, empty language)."""
+
+
+class InvalidSchemaError(GrammarError):
+    """A JSON Schema is not valid JSON Schema. ``pointer`` is the JSON pointer of the problem."""
+
+    def __init__(self, message: str, *, pointer: str = "") -> None:
+        super().__init__(f"{message} (at {pointer or '/'})")
+        self.pointer = pointer
+
+
+class UnsupportedSchemaError(GrammarError):
+    """Strict mode met a keyword the compiler cannot enforce. Carries ``keyword`` and ``pointer``."""
+
+    def __init__(self, message: str, *, keyword: str, pointer: str = "") -> None:
+        super().__init__(f"{message} (keyword {keyword!r} at {pointer or '/'})")
+        self.keyword = keyword
+        self.pointer = pointer
+
+
+class GrammarLimitError(GrammarError):
+    """A resource limit was hit (grammar size, lexer/automaton states, compile time, per-step work)."""
+
+
+class TokenizerError(AgentInferError, ValueError):
+    """A tokenizer could not be read or is of an unsupported kind."""

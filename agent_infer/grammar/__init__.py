@@ -1,0 +1,34 @@
+"""Grammar compiler: every constraint lowers to one IR (:mod:`.ir`), then to per-step token bitmasks.
+
+Public names follow XGrammar's: Grammar, TokenizerInfo, GrammarCompiler, CompiledGrammar,
+GrammarMatcher, allocate_token_bitmask, apply_token_bitmask_inplace.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from agent_infer.grammar.ir import Grammar
+
+_LAZY = {
+    "TokenizerInfo": "agent_infer.grammar.tokenizer_info",
+    "GrammarCompiler": "agent_infer.grammar.compiler",
+    "CompiledGrammar": "agent_infer.grammar.compiler",
+    "GrammarMatcher": "agent_infer.grammar.matcher",
+    "BatchGrammarMatcher": "agent_infer.grammar.matcher",
+    "allocate_token_bitmask": "agent_infer.grammar.bitmask",
+    "apply_token_bitmask_inplace": "agent_infer.grammar.bitmask",
+    "fill_next_token_bitmask_batch": "agent_infer.grammar.matcher",
+}
+
+__all__ = ["Grammar", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_infer.grammar' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,446 @@
+"""The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
+
+A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
+code points. The tree has seven node kinds and nothing else:
+
+* :class:`Empty` -- the empty string.
+* :class:`Literal` -- a fixed, non-empty string.
+* :class:`CharClass` -- one code point from inclusive ranges (optionally negated).
+* :class:`Seq` / :class:`Alt` -- concatenation / alternation.
+* :class:`Repeat` -- ``item{min,max}`` (``max=None`` is unbounded).
+* :class:`Ref` -- a reference to another rule (recursion, including left recursion, is allowed).
+
+``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names), which our GBNF front end
+reads back to an equal grammar, so a failing test can show what a schema lowered to.
+The native compiler lowers the tree to UTF-8 byte automata; see ``docs/grammar_engine.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.errors import GrammarDefinitionError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+MAX_CODEPOINT = 0x10FFFF
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class Expr:
+    """Base class of IR nodes. Nodes are frozen dataclasses: hashable and comparable."""
+
+    __slots__ = ()
+
+    def children(self) -> tuple[Expr, ...]:
+        """Direct sub-expressions."""
+        return ()
+
+
+@dataclass(frozen=True)
+class Empty(Expr):
+    """Matches the empty string."""
+
+
+@dataclass(frozen=True)
+class Literal(Expr):
+    """Matches ``text`` exactly. ``text`` must be non-empty (use :class:`Empty` otherwise)."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            raise GrammarDefinitionError("Literal text must be non-empty; use Empty()")
+
+
+@dataclass(frozen=True)
+class CharClass(Expr):
+    """Matches one code point in ``ranges`` (inclusive pairs), or not in them when ``negated``."""
+
+    ranges: tuple[tuple[int, int], ...]
+    negated: bool = False
+
+    def __post_init__(self) -> None:
+        for lo, hi in self.ranges:
+            if not (0 <= lo <= hi <= MAX_CODEPOINT):
+                raise GrammarDefinitionError(f"invalid character range {lo:#x}-{hi:#x}")
+
+    def normalized(self) -> tuple[tuple[int, int], ...]:
+        """The sorted, merged, non-negated ranges this class matches (may be empty)."""
+        merged: list[list[int]] = []
+        for lo, hi in sorted(self.ranges):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        if not self.negated:
+            return tuple((a, b) for a, b in merged)
+        out: list[tuple[int, int]] = []
+        nxt = 0
+        for lo, hi in merged:
+            if lo > nxt:
+                out.append((nxt, lo - 1))
+            nxt = hi + 1
+        if nxt <= MAX_CODEPOINT:
+            out.append((nxt, MAX_CODEPOINT))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Seq(Expr):
+    """Concatenation of ``items`` in order."""
+
+    items: tuple[Expr, ...]
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.items
+
+
+@dataclass(frozen=True)
+class Alt(Expr):
+    """Alternation: any one of ``items``. An empty ``items`` matches nothing."""
+
+    items: tuple[Expr, ...]
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.items
+
+
+@dataclass(frozen=True)
+class Repeat(Expr):
+    """``item`` repeated between ``min`` and ``max`` times (``max=None``: unbounded)."""
+
+    item: Expr
+    min: int = 0
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min < 0 or (self.max is not None and self.max < self.min):
+            raise GrammarDefinitionError(f"invalid repetition bounds {{{self.min},{self.max}}}")
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.item,)
+
+
+@dataclass(frozen=True)
+class Ref(Expr):
+    """A reference to the rule called ``name``."""
+
+    name: str
+
+
+# --- small constructors, so front ends read like grammars -----------------------------------------
+
+
+def lit(text: str) -> Expr:
+    """A literal, or Empty for the empty string."""
+    return Literal(text) if text else Empty()
+
+
+def seq(*items: Expr) -> Expr:
+    """Concatenation, flattening nested sequences and dropping Empty."""
+    flat: list[Expr] = []
+    for item in items:
+        if isinstance(item, Seq):
+            flat.extend(item.items)
+        elif not isinstance(item, Empty):
+            flat.append(item)
+    if not flat:
+        return Empty()
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items: Expr) -> Expr:
+    """Alternation, flattening nested alternations and removing duplicates (first kept)."""
+    flat: list[Expr] = []
+    for item in items:
+        for sub in item.items if isinstance(item, Alt) else (item,):
+            if sub not in flat:
+                flat.append(sub)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def opt(item: Expr) -> Expr:
+    """``item?``."""
+    return Repeat(item, 0, 1)
+
+
+def star(item: Expr) -> Expr:
+    """``item*``."""
+    return Repeat(item, 0, None)
+
+
+def plus(item: Expr) -> Expr:
+    """``item+``."""
+    return Repeat(item, 1, None)
+
+
+def chars(spec: str, *, negated: bool = False) -> CharClass:
+    """A class from a compact spec such as ``"a-zA-Z_"`` (``-`` last or first is literal)."""
+    ranges: list[tuple[int, int]] = []
+    i = 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            ranges.append((ord(spec[i]), ord(spec[i + 2])))
+            i += 3
+        else:
+            ranges.append((ord(spec[i]), ord(spec[i])))
+            i += 1
+    return CharClass(tuple(ranges), negated)
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Pre-order traversal of ``expr``."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+# --- printing as GBNF --------------------------------------------------------------------------------
+
+
+def _escape_char(cp: int, in_class: bool) -> str:
+    special = {0x5C: "\\\\", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+    if cp in special:
+        return special[cp]
+    if in_class and chr(cp) in "]-^[":
+        return "\\" + chr(cp)
+    if not in_class and cp == 0x22:
+        return '\\"'
+    if cp < 0x20 or cp == 0x7F:
+        return f"\\x{cp:02X}"
+    if 0xD800 <= cp <= 0xDFFF or cp in (0x2028, 0x2029) or (0x80 <= cp <= 0x9F):
+        return f"\\u{cp:04X}" if cp <= 0xFFFF else f"\\U{cp:08X}"
+    if cp > 0xFFFF and not chr(cp).isprintable():
+        return f"\\U{cp:08X}"
+    return chr(cp)
+
+
+def _fmt(expr: Expr, prec: int) -> str:
+    """Format with precedence: 0 = alternation, 1 = sequence, 2 = atom."""
+    if isinstance(expr, Empty):
+        return '""'
+    if isinstance(expr, Literal):
+        return '"' + "".join(_escape_char(ord(c), False) for c in expr.text) + '"'
+    if isinstance(expr, CharClass):
+        body = "".join(
+            _escape_char(lo, True) if lo == hi else f"{_escape_char(lo, True)}-{_escape_char(hi, True)}"
+            for lo, hi in expr.ranges
+        )
+        return f"[{'^' if expr.negated else ''}{body}]"
+    if isinstance(expr, Ref):
+        return expr.name
+    if isinstance(expr, Seq):
+        text = " ".join(_fmt(item, 2 if isinstance(item, Alt | Seq) else 1) for item in expr.items)
+        return f"({text})" if prec >= 2 else text
+    if isinstance(expr, Alt):
+        if not expr.items:
+            return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
+        text = " | ".join(_fmt(item, 1) for item in expr.items)
+        return f"({text})" if prec >= 1 else text
+    if isinstance(expr, Repeat):
+        inner = _fmt(expr.item, 2)
+        if isinstance(expr.item, Repeat):
+            inner = f"({inner})"
+        lo, hi = expr.min, expr.max
+        if (lo, hi) == (0, None):
+            return inner + "*"
+        if (lo, hi) == (1, None):
+            return inner + "+"
+        if (lo, hi) == (0, 1):
+            return inner + "?"
+        if hi is None:
+            return f"{inner}{{{lo},}}"
+        if lo == hi:
+            return f"{inner}{{{lo}}}"
+        return f"{inner}{{{lo},{hi}}}"
+    raise TypeError(f"not an IR node: {expr!r}")
+
+
+# --- the grammar ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """An immutable grammar: ordered ``rules`` (name, expr) and the ``root`` rule's name.
+
+    ``warnings`` lists constraints a non-strict front end could not enforce (e.g. ignored JSON
+    Schema keywords with their pointers); they surface as ``CompiledGrammar.warnings``.
+    """
+
+    rules: tuple[tuple[str, Expr], ...]
+    root: str = "root"
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.rules]
+        seen: set[str] = set()
+        for name in names:
+            if not _NAME_RE.match(name):
+                raise GrammarDefinitionError(f"invalid rule name {name!r} (use letters, digits, '_' and '-')")
+            if name in seen:
+                raise GrammarDefinitionError(f"rule {name!r} is defined twice")
+            seen.add(name)
+        if self.root not in seen:
+            raise GrammarDefinitionError(f"root rule {self.root!r} is not defined")
+        for name, expr in self.rules:
+            for node in walk(expr):
+                if isinstance(node, Ref) and node.name not in seen:
+                    raise GrammarDefinitionError(f"rule {name!r} refers to undefined rule {node.name!r}")
+
+    # -- access --
+
+    @property
+    def rule_map(self) -> dict[str, Expr]:
+        """Rules as a dict (insertion-ordered)."""
+        return dict(self.rules)
+
+    def rule(self, name: str) -> Expr:
+        """The expression of rule ``name``."""
+        for rule_name, expr in self.rules:
+            if rule_name == name:
+                return expr
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """A stable hash of the printed grammar, used as a compile-cache key."""
+        return hashlib.sha256(f"{self.root}\n{self}".encode()).hexdigest()
+
+    def __str__(self) -> str:
+        ordered = sorted(self.rules, key=lambda r: r[0] != self.root)
+        return "\n".join(f"{name} ::= {_fmt(expr, 0)}" for name, expr in ordered) + "\n"
+
+    # -- construction --
+
+    @classmethod
+    def from_rules(
+        cls, rules: Mapping[str, Expr] | Iterable[tuple[str, Expr]], root: str = "root"
+    ) -> Grammar:
+        """Build from a mapping or pairs of rule name -> expression."""
+        items = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
+        return cls(items, root)
+
+    @classmethod
+    def from_expr(cls, expr: Expr) -> Grammar:
+        """A grammar whose only rule, ``root``, is ``expr``."""
+        return cls((("root", expr),), "root")
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Grammar:
+        """Python ``re`` syntax, matched in full. Lookarounds and backreferences raise UnsupportedRegexError."""
+        from agent_infer.grammar.regex import regex_to_grammar
+
+        return regex_to_grammar(pattern)
+
+    @classmethod
+    def from_json_schema(
+        cls,
+        schema: dict[str, Any] | str | type[BaseModel] | bool,
+        *,
+        strict: bool = True,
+        whitespace: str = "flexible",
+        max_whitespace: int = 2,
+        indent: int | None = None,
+    ) -> Grammar:
+        """JSON Schema (dict, JSON text, or a Pydantic model class) to a grammar of conforming JSON.
+
+        ``whitespace``: ``"compact"`` (no optional whitespace) or ``"flexible"`` (at most
+        ``max_whitespace`` whitespace characters at each optional spot). ``indent`` pins a layout.
+        In strict mode an unenforceable keyword raises UnsupportedSchemaError.
+        """
+        from agent_infer.grammar.json_schema import json_schema_to_grammar
+
+        return json_schema_to_grammar(
+            schema, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
+        )
+
+    @classmethod
+    def from_ebnf(cls, text: str, *, syntax: str = "gbnf", start: str | None = None) -> Grammar:
+        """An EBNF grammar in llama.cpp's GBNF (``syntax="gbnf"``, start ``root``) or Lark (start ``start``)."""
+        if syntax == "gbnf":
+            from agent_infer.grammar.gbnf import parse_gbnf
+
+            return parse_gbnf(text, start=start or "root")
+        if syntax == "lark":
+            from agent_infer.grammar.lark_frontend import parse_lark
+
+            return parse_lark(text, start=start or "start")
+        raise GrammarDefinitionError(f"unknown EBNF syntax {syntax!r}; expected 'gbnf' or 'lark'")
+
+    @classmethod
+    def builtin(cls, name: str) -> Grammar:
+        """Load ``grammars/NAME.gbnf`` or ``grammars/NAME.lark`` shipped with agent-infer."""
+        path = builtin_grammar_path(name)
+        syntax = "lark" if path.suffix == ".lark" else "gbnf"
+        return cls.from_ebnf(path.read_text(encoding="utf-8"), syntax=syntax)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Grammar:
+        """Exactly one of the given strings."""
+        if not options:
+            raise GrammarDefinitionError("choice needs at least one option")
+        return cls.from_expr(alt(*(lit(o) for o in options)))
+
+    @classmethod
+    def union(cls, *grammars: Grammar) -> Grammar:
+        """Strings of any one of ``grammars``."""
+        return _combine(grammars, alt)
+
+    @classmethod
+    def concat(cls, *grammars: Grammar) -> Grammar:
+        """A string of each of ``grammars`` in order."""
+        return _combine(grammars, seq)
+
+
+def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
+    if isinstance(expr, Ref):
+        return Ref(mapping[expr.name])
+    if isinstance(expr, Seq):
+        return Seq(tuple(_rename(e, mapping) for e in expr.items))
+    if isinstance(expr, Alt):
+        return Alt(tuple(_rename(e, mapping) for e in expr.items))
+    if isinstance(expr, Repeat):
+        return Repeat(_rename(expr.item, mapping), expr.min, expr.max)
+    return expr
+
+
+def _combine(grammars: Sequence[Grammar], join: Any) -> Grammar:
+    if not grammars:
+        raise GrammarDefinitionError("union/concat needs at least one grammar")
+    rules: list[tuple[str, Expr]] = []
+    roots: list[Expr] = []
+    warnings: list[str] = []
+    for i, g in enumerate(grammars):
+        mapping = {name: f"g{i}-{name}" for name, _ in g.rules}
+        rules.extend((mapping[name], _rename(expr, mapping)) for name, expr in g.rules)
+        roots.append(Ref(mapping[g.root]))
+        warnings.extend(g.warnings)
+    return Grammar((("root", join(*roots)), *rules), "root", tuple(warnings))
+
+
+def grammars_dir() -> Path:
+    """Where built-in grammar files live: the checkout's ``grammars/`` or the installed package data."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "grammars", here / "grammars_data"):
+        if candidate.is_dir():
+            return candidate
+    raise GrammarDefinitionError(f"built-in grammars folder not found next to {here}")
+
+
+def builtin_grammar_path(name: str) -> Path:
+    """The file of built-in grammar ``name``; the error lists the available names."""
+    folder = grammars_dir()
+    for suffix in (".gbnf", ".lark"):
+        path = folder / f"{name}{suffix}"
+        if _NAME_RE.match(name) and path.is_file():
+            return path
+    available = sorted(p.stem for p in folder.iterdir() if p.suffix in (".gbnf", ".lark"))
+    raise GrammarDefinitionError(f"no built-in grammar {name!r}; available: {', '.join(available)}")
