@@ -15,7 +15,7 @@ _BUILD_HINT = (
 def load_native() -> ModuleType:
     """Return the compiled extension module, or raise NativeExtensionMissingError explaining the fix."""
     try:
-        from agent_infer import _native  # type: ignore[attr-defined]
+        from agent_infer import _native
     except ImportError as exc:
         raise NativeExtensionMissingError(
             f"the C++ extension agent_infer._native is not available ({exc}); {_BUILD_HINT}"

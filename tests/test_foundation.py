@@ -27,7 +27,9 @@ def test_accelerator_auto_falls_back_to_cpu_without_cuda(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("name, missing", [("nvidia", "CUDA"), ("ascend", "torch_npu")])
-def test_missing_accelerator_runtime_is_named(monkeypatch: pytest.MonkeyPatch, name: str, missing: str) -> None:
+def test_missing_accelerator_runtime_is_named(
+    monkeypatch: pytest.MonkeyPatch, name: str, missing: str
+) -> None:
     if name == "nvidia" and torch.cuda.is_available():
         pytest.skip("CUDA present")
     monkeypatch.setenv("AGENT_INFER_ACCELERATOR", name)

@@ -35,8 +35,12 @@ def test_constructors_flatten_and_simplify() -> None:
 def test_gbnf_printing() -> None:
     g = Grammar.from_rules(
         {
-            "root": seq(lit('say "hi"\n'), star(Ref("item")), opt(chars("0-9")), plus(chars("]-", negated=True))),
-            "item": alt(lit("a"), Repeat(chars("a-z"), 2, 4), Repeat(lit("q"), 3, 3), Repeat(lit("z"), 1, None)),
+            "root": seq(
+                lit('say "hi"\n'), star(Ref("item")), opt(chars("0-9")), plus(chars("]-", negated=True))
+            ),
+            "item": alt(
+                lit("a"), Repeat(chars("a-z"), 2, 4), Repeat(lit("q"), 3, 3), Repeat(lit("z"), 1, None)
+            ),
         }
     )
     text = str(g)
