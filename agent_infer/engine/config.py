@@ -1,0 +1,64 @@
+"""Engine-wide settings: KV cache geometry, batching limits, dtype and device."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agent_infer.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings fixed for the lifetime of an :class:`~agent_infer.engine.llm_engine.LLMEngine`.
+
+    The KV pool is ``num_kv_blocks`` blocks of ``block_size`` tokens when given; otherwise as many
+    blocks as fit in ``kv_cache_memory_bytes``. ``max_model_len`` of None means the model's own
+    context length. ``accelerator`` of None defers to ``AGENT_INFER_ACCELERATOR``.
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    accelerator: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(name, getattr(self, name))
+        if self.num_kv_blocks is not None:
+            _positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError("enable_prefix_caching must be a bool")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; expected one of {', '.join(_DTYPES)}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from keyword arguments; an unknown key raises :class:`ConfigError` naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in kwargs:
+            if key not in known:
+                raise ConfigError(f"unknown engine option {key!r}; known: {', '.join(sorted(known))}")
+        return cls(**kwargs)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of weights, activations and the KV cache."""
+        return _DTYPES[self.dtype]
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")

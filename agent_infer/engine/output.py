@@ -1,0 +1,104 @@
+"""What the engine hands back for a request: text, tokens, finish reason, logprobs and timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_infer.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Timings in seconds (``time.perf_counter`` clock) and preemption count of one request."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    num_preemptions: int
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """The generated part of a request. ``finish_reason`` is None while it is still running.
+
+    ``logprobs`` has one ``{token_id: logprob}`` per generated token (the sampled token plus the
+    requested top-n alternatives) when the request asked for logprobs, else None. ``error`` says
+    what went wrong when ``finish_reason == "error"``.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[dict[int, float]] | None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the request has stopped generating."""
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One request's state after a step (or its final result from :meth:`LLM.generate`)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int
+    metrics: RequestMetrics
+
+    @property
+    def finished(self) -> bool:
+        """True once every completion has stopped."""
+        return all(o.finished for o in self.outputs)
+
+    @property
+    def text(self) -> str:
+        """The first completion's text."""
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The first completion's token ids."""
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first completion's finish reason: stop, length, abort, error, or None if running."""
+        return self.outputs[0].finish_reason
+
+    @classmethod
+    def from_sequence(cls, seq: Sequence) -> RequestOutput:
+        """Snapshot ``seq`` (lists are copied so later steps do not mutate the snapshot)."""
+        m = seq.metrics
+        completion = CompletionOutput(
+            text=seq.output_text,
+            token_ids=seq.output_token_ids,
+            finish_reason=seq.finish_reason.value if seq.finish_reason is not None else None,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            error=seq.error,
+        )
+        return cls(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            num_cached_tokens=seq.num_cached_tokens,
+            metrics=RequestMetrics(
+                arrival_time=m.arrival_time,
+                first_scheduled_time=m.first_scheduled_time,
+                first_token_time=m.first_token_time,
+                finished_time=m.finished_time,
+                num_preemptions=m.num_preemptions,
+            ),
+        )

@@ -1,0 +1,151 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Every step has a token budget (``max_num_batched_tokens``). Running sequences are served first, in
+arrival order: a decoding sequence costs one token, a sequence mid-prefill costs its next chunk.
+Whatever budget is left admits waiting sequences, whose prompt may be cut into a chunk. When the
+KV pool is exhausted, the newest running sequence is preempted: its blocks are freed and it goes
+back to the head of the queue; its generated tokens are kept and re-prefilled when it returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from agent_infer.engine.block_manager import BlockManager
+from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: tokens ``[start, start + num_new_tokens)`` are fed.
+
+    ``samples`` is True when the chunk reaches the sequence's last token, so a new token is sampled;
+    a partial prefill chunk samples nothing.
+    """
+
+    seq: Sequence
+    start: int
+    num_new_tokens: int
+    samples: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
+        """Schedule the next ``num_new_tokens`` uncomputed tokens of ``seq``."""
+        start = seq.num_computed_tokens
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one step runs, plus sequences the scheduler had to end (they cannot fit in the pool)."""
+
+    scheduled: list[ScheduledSequence]
+    preempted: list[Sequence]
+    failed: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens fed to the model this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Decides, each step, which sequences run and how many tokens each contributes."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """True while any sequence waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch (running sequences first, then admissions)."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+        failed: list[Sequence] = []
+
+        # Iterate over a snapshot: preemption removes victims from the tail of ``self.running``.
+        queue = list(self.running)
+        for seq in queue:
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:
+                continue
+            while not self.block_manager.can_append(seq):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.block_manager.append(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            scheduled.append(ScheduledSequence.of(seq, num_new))
+            budget -= num_new
+
+        # Admitting new work in the same step as a preemption would just thrash the pool.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                if not self.running and not scheduled:
+                    # Nothing will ever free blocks for it: the pool is smaller than the sequence.
+                    self.waiting.popleft()
+                    seq.finish(
+                        FinishReason.ERROR,
+                        f"sequence of {seq.num_tokens} tokens needs more KV blocks than the pool has "
+                        f"({self.block_manager.num_blocks} blocks of {self.block_manager.block_size})",
+                    )
+                    failed.append(seq)
+                    continue
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = time.perf_counter()
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            scheduled.append(ScheduledSequence.of(seq, num_new))
+            budget -= num_new
+
+        return SchedulerOutput(scheduled, preempted, failed)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def advance(self, output: SchedulerOutput) -> None:
+        """Account for a finished model step: computed tokens grow and full blocks are published."""
+        for item in output.scheduled:
+            if item.seq.is_finished:  # failed during the step; its blocks are already released
+                continue
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_computed(item.seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished sequence from the queues and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.block_manager.deallocate(seq)

@@ -1,0 +1,425 @@
+"""JSON Schema (draft 2020-12, plus draft-07 spellings) to a grammar of exactly the valid JSON texts.
+
+Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``). Policies
+(property order, ``format`` as assertion, integers, whitespace, unknown keywords) are documented in
+``docs/json_schema.md``. Lowering is split by concern: ``json_schema_resolve`` ($ref/$id),
+``json_schema_merge`` (allOf/oneOf), ``json_schema_objects`` (objects/arrays/enum values),
+``json_schema_scalars`` (strings/numbers), plus the text, number, format and automata helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
+from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
+from agent_infer.grammar.json_schema_merge import (
+    TYPES,
+    Merger,
+    disjoint,
+    is_annotation,
+    type_set,
+    values,
+)
+from agent_infer.grammar.json_schema_resolve import Registry, build_registry
+from agent_infer.grammar.json_schema_text import HIGH_EXPR, HIGH_RULE, JSON_CHAR
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.json_schema_automata import DFA
+
+MAX_RULES = 50_000
+MAX_INLINE_REPEAT = 256
+MAX_INDENT_DEPTH = 16
+MAX_FLATTEN_DEPTH = 64
+# After a newline, flexible whitespace allows this much indentation (json.dumps(indent=2) to depth 20).
+MAX_LINE_INDENT = 40
+
+KNOWN = {
+    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "properties", "patternProperties", "additionalProperties", "required", "propertyNames", "minProperties",
+    "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+    "items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains",
+    "unevaluatedItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
+}
+
+
+def _load(schema: Any) -> Any:
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidSchemaError(f"schema is not valid JSON: {exc}", pointer="") from exc
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    return schema
+
+
+def json_schema_to_grammar(
+    schema: Any,
+    *,
+    strict: bool = True,
+    whitespace: str = "flexible",
+    max_whitespace: int = 2,
+    indent: int | None = None,
+    remotes: Mapping[str, Any] | None = None,
+) -> Grammar:
+    """Compile a JSON Schema (dict, JSON text, bool, or Pydantic model class) to a Grammar.
+
+    Strict mode raises UnsupportedSchemaError for a keyword that cannot be enforced exactly;
+    non-strict mode ignores it and records ``"ignored keyword K at /ptr"`` in ``Grammar.warnings``.
+    ``remotes`` maps absolute URIs to schema documents that ``$ref`` may point into.
+    """
+    if whitespace not in ("flexible", "compact"):
+        raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
+    if max_whitespace < 0 or (indent is not None and indent < 0):
+        raise ConfigError("max_whitespace and indent must be non-negative")
+    registry, root = build_registry(_load(schema), remotes)
+    comp = Compiler(registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent)
+    body = comp.lower(root, "", 0)
+    rules = [("root", body), *comp.rules.items()]
+    return Grammar(tuple(rules), "root", tuple(comp.warnings))
+
+
+class Compiler:
+    """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
+
+    def __init__(self, registry: Registry, *, strict: bool, whitespace: str, max_whitespace: int,
+                 indent: int | None) -> None:
+        self.registry = registry
+        self.strict = strict
+        self.indent = indent
+        self.rules: dict[str, Expr] = {}
+        self.memo: dict[tuple[str, int], str] = {}
+        self.warnings: list[str] = []
+        self._dfa_cache: dict[str, DFA] = {}
+        self.rules["char"] = JSON_CHAR  # shared: every string body refers to it
+        self.rules[HIGH_RULE] = HIGH_EXPR  # shared by encoded classes that include all non-ASCII
+        self._blocks: dict[Expr, str] = {}
+        self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
+        self.char: Expr = Ref("char")
+        blank = chars(" \t")
+        if whitespace == "compact" or indent is not None:
+            self.ws: Expr = Empty()
+        else:
+            self.rules["ws"] = alt(Repeat(blank, 0, max_whitespace),
+                                   seq(alt(lit("\n"), lit("\r\n")), Repeat(blank, 0, max(MAX_LINE_INDENT, max_whitespace))))
+            self.ws = Ref("ws")
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def unsupported(self, keyword: str, pointer: str, why: str) -> None:
+        """Strict: raise; non-strict: record a warning and let the caller skip the keyword."""
+        if self.strict:
+            raise UnsupportedSchemaError(why, keyword=keyword, pointer=pointer)
+        self.warnings.append(f"ignored keyword {keyword} at {pointer or '/'}: {why}")
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def open(self, depth: int) -> Expr:
+        """Whitespace after ``{``/``[`` and after ``,``."""
+        return lit("\n" + " " * (self.indent * (depth + 1))) if self.indent is not None else self.ws
+
+    def close(self, depth: int) -> Expr:
+        """Whitespace before ``}``/``]``."""
+        return lit("\n" + " " * (self.indent * depth)) if self.indent is not None else self.ws
+
+    def sep(self, depth: int) -> Expr:
+        """An element separator: optional whitespace, comma, whitespace (or the pinned layout)."""
+        return seq(self.ws, lit(","), self.open(depth))
+
+    def colon(self) -> Expr:
+        """The key/value separator."""
+        return lit(": ") if self.indent is not None else seq(self.ws, lit(":"), self.ws)
+
+    def container(self, open_: str, close_: str, body: Expr, nullable: bool, depth: int) -> Expr:
+        """``open body close`` where ``body`` is non-empty members; the empty form if ``nullable``."""
+        full = seq(lit(open_), self.open(depth), body, self.close(depth), lit(close_))
+        return alt(full, self.empty(open_, close_)) if nullable else full
+
+    def empty(self, open_: str, close_: str) -> Expr:
+        """An empty container: ``{}`` (with optional blank inside in flexible mode)."""
+        return lit(open_ + close_) if self.indent is not None else seq(lit(open_), self.ws, lit(close_))
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    def repeat(self, item: Expr, lo: int, hi: int | None) -> Expr:
+        """``item{lo,hi}``, with large counts split into shared blocks of 64 (unambiguously).
+
+        Matchers expand counted repeats into automaton states, so ``{0,32767}`` would be 32K
+        states; ``block{0,q-1} item{0,63} | block{q} item{0,r}`` stays small.
+        """
+        if hi == 0:
+            return Empty()
+        if (hi if hi is not None else lo) <= MAX_INLINE_REPEAT:
+            return Repeat(item, lo, hi)
+        size = 64
+        name = self._blocks.get(item)
+        if name is None:
+            name = self._blocks[item] = self.add_rule("block", Repeat(item, size, size))
+        block = Ref(name)
+        head = seq(self.repeat(block, lo // size, lo // size), self.repeat(item, lo % size, lo % size))
+        if hi is None:
+            return seq(head, Repeat(item, 0, None))
+        q, r = divmod(hi - lo, size)
+        short = seq(self.repeat(block, 0, q - 1), Repeat(item, 0, size - 1)) if q else Alt(())
+        return seq(head, alt(short, seq(self.repeat(block, q, q), self.repeat(item, 0, r))))
+
+    def add_rule(self, hint: str, expr: Expr) -> str:
+        """Add a rule with a fresh name derived from ``hint``."""
+        name = self.fresh(hint)
+        self.rules[name] = expr
+        return name
+
+    def fresh(self, hint: str) -> str:
+        """A fresh, valid rule name derived from ``hint``."""
+        if len(self.rules) >= MAX_RULES:
+            raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
+        base = re.sub(r"[^A-Za-z0-9_-]+", "-", hint).strip("-")[-40:] or "s"
+        name, k = base, 1
+        while name in self.rules or name in ("root", "ws", "char", HIGH_RULE):
+            k += 1
+            name = f"{base}-{k}"
+        self.rules[name] = Alt(())  # reserve; replaced when the body is built
+        return name
+
+    def lower(self, schema: Any, pointer: str, depth: int) -> Expr:
+        """The expression of JSON texts valid under ``schema`` (usually a Ref to a shared rule)."""
+        if schema is False or (self.indent is not None and depth > MAX_INDENT_DEPTH):
+            # Pinned layouts are depth-specific rules; nesting is capped (documented).
+            return Alt(())
+        key = (json.dumps(schema, sort_keys=True, default=str), depth if self.indent is not None else 0)
+        name = self.memo.get(key)
+        if name is None:
+            name = self.fresh("any" if schema is True or schema == {} else pointer or "value")
+            self.memo[key] = name
+            self.rules[name] = self.lower_body(schema, pointer, depth)
+        return Ref(name)
+
+    # -- schema flattening ----------------------------------------------------------------------
+
+    def resolve(self, uri: str, pointer: str) -> Any:
+        """The schema a ``$ref`` URI points at."""
+        return self.registry.resolve(uri, pointer)
+
+    def where(self, schema: Any, fallback: str) -> str:
+        """The source pointer of a normalized schema node, if known."""
+        return self.registry.pointers.get(id(schema), fallback)
+
+    def flatten(self, schema: Any, pointer: str, level: int = 0) -> Any:
+        """Resolve a top-level ``$ref`` and merge ``allOf`` so the result has neither."""
+        if isinstance(schema, bool):
+            return schema
+        if level > MAX_FLATTEN_DEPTH:
+            raise GrammarLimitError(f"$ref/allOf nesting deeper than {MAX_FLATTEN_DEPTH} at {pointer or '/'}")
+        if not isinstance(schema, dict):
+            raise InvalidSchemaError("a schema must be an object or a boolean", pointer=pointer)
+        parts: list[Any] = []
+        rest = {k: v for k, v in schema.items() if k not in ("$ref", "allOf")}
+        if "$ref" in schema:
+            target = self.resolve(schema["$ref"], pointer + "/$ref")
+            parts.append(self.flatten(target, self.where(target, pointer), level + 1))
+        for i, sub in enumerate(schema.get("allOf", [])):
+            parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
+        if parts and any(isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x)
+                         for x in [rest, *parts]):
+            # Which properties count as evaluated depends on the schema structure that merging erases.
+            self.unsupported("unevaluatedProperties", pointer, "unevaluated* combined with $ref/allOf")
+            parts = [{k: v for k, v in p.items() if not k.startswith("unevaluated")} if isinstance(p, dict) else p
+                     for p in parts]
+            rest = {k: v for k, v in rest.items() if not k.startswith("unevaluated")}
+        merger = Merger(self.matches, pointer)
+        out: Any = rest
+        for part in parts:
+            out = merger.merge(out, part)
+        return out
+
+    def matches(self, pattern: str, name: str) -> bool:
+        """Whether ``name`` contains a match of the ECMA ``pattern`` (exact, via the regex IR)."""
+        from agent_infer.grammar.json_schema_automata import dfa_accepts
+
+        return dfa_accepts(self.pattern_dfa(pattern, ""), name)
+
+    def pattern_dfa(self, pattern: str, pointer: str) -> DFA:
+        """DFA of strings containing a match of ``pattern``; cached per pattern."""
+        from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
+        from agent_infer.grammar.json_schema_automata import expr_to_dfa
+        from agent_infer.grammar.regex import regex_search_expr
+
+        if pattern not in self._dfa_cache:
+            try:
+                self._dfa_cache[pattern] = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
+            except UnsupportedRegexError as exc:
+                raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer) from exc
+            except GrammarSyntaxError as exc:
+                raise InvalidSchemaError(f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer) from exc
+        return self._dfa_cache[pattern]
+
+    # -- the dispatcher -------------------------------------------------------------------------
+
+    def lower_body(self, schema: Any, pointer: str, depth: int) -> Expr:
+        """Lower one schema (not memoized; see :meth:`lower`)."""
+        from agent_infer.grammar import json_schema_objects as objects
+        from agent_infer.grammar import json_schema_scalars as scalars
+
+        flat = self.flatten(schema, pointer)
+        if flat is True:
+            flat = {}
+        if flat is False:
+            return Alt(())
+        for key in flat:
+            if key not in KNOWN and not is_annotation(key) and not key.startswith("__"):
+                self.unsupported(key, f"{pointer}/{key}", f"unknown keyword {key!r}")
+        if "enum" in flat and not isinstance(flat["enum"], list):
+            raise InvalidSchemaError("enum must be an array", pointer=f"{pointer}/enum")
+        vals = values(flat)
+        if vals is not None:
+            # A finite list: every other keyword just filters it, decided exactly per value.
+            self.allowed_types(flat, pointer)
+            return objects.lower_values(self, vals, flat, pointer, depth)
+        if "anyOf" in flat or "oneOf" in flat:
+            return self.lower_branches(flat, pointer, depth)
+        flat = self.apply_not(flat, pointer)
+        self.check_conditionals(flat, pointer)
+        types = self.allowed_types(flat, pointer)
+        out: list[Expr] = []
+        for t in types:
+            if t == "null":
+                out.append(lit("null"))
+            elif t == "boolean":
+                out.append(alt(lit("true"), lit("false")))
+            elif t == "object":
+                out.append(objects.lower_object(self, flat, pointer, depth))
+            elif t == "array":
+                out.append(objects.lower_array(self, flat, pointer, depth))
+            elif t == "string":
+                out.append(scalars.lower_string(self, flat, pointer))
+            elif t == "number-not-integer":
+                out.append(scalars.lower_non_integer(self, flat, pointer))
+            else:
+                out.append(scalars.lower_number(self, flat, pointer, integer=(t == "integer")))
+        return alt(*out) if out else Alt(())
+
+    def allowed_types(self, flat: dict[str, Any], pointer: str) -> list[str]:
+        """Types to emit, in a fixed order; "integer" is folded into "number" when both allowed."""
+        t = flat.get("type")
+        if t is not None:
+            names = t if isinstance(t, list) else [t]
+            for n in names:
+                if not isinstance(n, str) or n not in TYPES:
+                    raise InvalidSchemaError(f"unknown type {n!r}", pointer=f"{pointer}/type")
+        allowed = type_set(flat)
+        if allowed is None:
+            allowed = set(TYPES)
+        for banned in flat.get("__not_types", []):
+            allowed.discard(banned)
+            if banned == "number":
+                allowed.discard("integer")
+        if "number" in allowed and "integer" not in allowed:
+            allowed.add("number-not-integer")
+            allowed.discard("number")
+        order = ["null", "boolean", "object", "array", "string", "number", "integer", "number-not-integer"]
+        out = [x for x in order if x in allowed]
+        if "number" in out and "integer" in out:
+            out.remove("integer")
+        return out
+
+    def apply_not(self, flat: dict[str, Any], pointer: str) -> dict[str, Any]:
+        """Fold ``not`` into the schema when it only excludes whole types (or everything/nothing)."""
+        if "not" not in flat:
+            return flat
+        out = {k: v for k, v in flat.items() if k != "not"}
+        neg = self.flatten(flat["not"], f"{pointer}/not")
+        if neg is True or neg == {}:
+            out["type"] = []
+            return out
+        if neg is False:
+            return out
+        if isinstance(neg, dict) and all(k == "type" or is_annotation(k) for k in neg):
+            banned = neg.get("type")
+            out["__not_types"] = banned if isinstance(banned, list) else [banned]
+            return out
+        self.unsupported("not", f"{pointer}/not", "only `not` of whole types is supported")
+        return out
+
+    def check_conditionals(self, flat: dict[str, Any], pointer: str) -> None:
+        """if/then/else and other keywords without an exact CFG lowering."""
+        if "if" in flat and ("then" in flat or "else" in flat):
+            self.unsupported("if", f"{pointer}/if", "if/then/else is not supported")
+        for key in ("$dynamicRef", "$recursiveRef"):
+            if key in flat:
+                self.unsupported(key, f"{pointer}/{key}", f"{key} is not supported")
+
+    def lower_branches(self, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
+        """anyOf/oneOf: distribute the sibling keywords into each branch, then alternate."""
+        base = {k: v for k, v in flat.items() if k not in ("anyOf", "oneOf")}
+        trivial_base = all(is_annotation(k) for k in base)
+        merger = Merger(self.matches, pointer)
+        out: list[Expr] = []
+        for key in ("anyOf", "oneOf"):
+            if key not in flat:
+                continue
+            if not isinstance(flat[key], list) or not flat[key]:
+                raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=f"{pointer}/{key}")
+            if "anyOf" in flat and "oneOf" in flat:
+                self.unsupported("oneOf", f"{pointer}/oneOf", "oneOf next to anyOf is not supported")
+                if key == "oneOf":
+                    continue
+            branches = flat[key]
+            here = [f"{pointer}/{key}/{i}" for i in range(len(branches))]
+            merged = [self.flatten(b, p) for b, p in zip(branches, here)]
+            if not trivial_base:
+                if any(isinstance(m, dict) and any(k.startswith("unevaluated") for k in m) for m in merged):
+                    self.unsupported("unevaluatedProperties", f"{pointer}/{key}", "unevaluated* inside a branch")
+                merged = [merger.merge(base, m) for m in merged]
+            if key == "oneOf" and not self._pairwise_disjoint(merged):
+                self.unsupported("oneOf", f"{pointer}/oneOf", "oneOf branches are not provably disjoint")
+            exprs = [self.lower(b if trivial_base else m, p, depth) for b, m, p in zip(branches, merged, here)]
+            out.append(alt(*exprs))
+        return out[0]
+
+    def _pairwise_disjoint(self, branches: list[Any]) -> bool:
+        def flat_prop(s: Any) -> Any:
+            return self.flatten(s, "")
+
+        def values_outside(a: Any, b: Any) -> bool:
+            # A finite branch is disjoint from another if the other's grammar (a superset when
+            # compiled non-strictly) rejects every listed value.
+            vals = values(a) if isinstance(a, dict) else None
+            if vals is None or len(vals) > 64:
+                return False
+            try:
+                accepts = self.value_matcher(b, "", strict=False)
+                return not any(accepts(v) for v in vals)
+            except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
+                return False
+
+        return all(disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
+                   for i, a in enumerate(branches) for b in branches[i + 1:])
+
+    def value_matcher(self, schema: Any, pointer: str, *, strict: bool, record: bool = False) -> Callable[[Any], bool]:
+        """A predicate "this JSON value is valid under ``schema``", via the schema's own grammar.
+
+        ``record`` copies the sub-compilation's warnings (when its result shapes this grammar).
+        """
+        from agent_infer.grammar.reference import ReferenceRecognizer
+
+        key = (json.dumps(schema, sort_keys=True, default=str), strict)
+        if key in self._matchers:
+            return self._matchers[key]
+        sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
+        sub._dfa_cache = self._dfa_cache
+        sub._matchers = self._matchers
+        body = sub.lower(schema, pointer, 0)
+        if record:
+            self.warnings.extend(w for w in sub.warnings if w not in self.warnings)
+        rec = ReferenceRecognizer(Grammar((("root", body), *sub.rules.items()), "root"))
+
+        def accepts(v: Any) -> bool:
+            return rec.accepts(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
+
+        self._matchers[key] = accepts
+        return accepts

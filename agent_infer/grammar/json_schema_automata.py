@@ -1,0 +1,255 @@
+"""Small DFAs over code-point ranges, for string constraints that a CFG cannot combine directly.
+
+``pattern`` + ``minLength``, two patterns in ``allOf``, property keys "matching P but not a declared
+name": each needs intersection or complement of regular languages, which the IR (a CFG) has no
+operator for. We build DFAs from decoded-string expressions (subset construction over the ranges
+that actually occur), combine them, and emit the result as right-linear IR rules whose edges are
+JSON-encoded (:func:`encode_class`). Every step is bounded by ``max_states``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq, alt, seq
+from agent_infer.grammar.json_schema_text import MAX_CP, encode_class
+
+Edge = tuple[int, int, int]  # lo, hi, target
+
+
+@dataclass
+class DFA:
+    """Deterministic automaton: ``edges[s]`` are disjoint (lo, hi, target) ranges; start is 0."""
+
+    edges: list[list[Edge]]
+    accept: set[int]
+
+
+class _NFA:
+    def __init__(self, max_states: int) -> None:
+        self.eps: list[list[int]] = []
+        self.moves: list[list[tuple[tuple[tuple[int, int], ...], int]]] = []
+        self.max_states = max_states
+
+    def new(self) -> int:
+        if len(self.eps) >= self.max_states:
+            raise GrammarLimitError(f"string constraint automaton exceeds {self.max_states} states")
+        self.eps.append([])
+        self.moves.append([])
+        return len(self.eps) - 1
+
+    def build(self, e: Expr, s: int) -> int:
+        """Add ``e`` starting at state ``s``; return its end state."""
+        if isinstance(e, Empty):
+            return s
+        if isinstance(e, Literal):
+            for c in e.text:
+                t = self.new()
+                self.moves[s].append((((ord(c), ord(c)),), t))
+                s = t
+            return s
+        if isinstance(e, CharClass):
+            t = self.new()
+            self.moves[s].append((e.normalized(), t))
+            return t
+        if isinstance(e, Seq):
+            for item in e.items:
+                s = self.build(item, s)
+            return s
+        if isinstance(e, Alt):
+            end = self.new()
+            for item in e.items:
+                start = self.new()
+                self.eps[s].append(start)
+                self.eps[self.build(item, start)].append(end)
+            return end
+        if isinstance(e, Repeat):
+            for _ in range(e.min):
+                s = self.build(e.item, s)
+            if e.max is None:
+                loop = self.new()
+                self.eps[s].append(loop)
+                self.eps[self.build(e.item, loop)].append(loop)
+                return loop
+            end = self.new()
+            self.eps[s].append(end)
+            for _ in range(e.max - e.min):
+                s = self.build(e.item, s)
+                self.eps[s].append(end)
+            return end
+        if isinstance(e, Ref):
+            raise GrammarLimitError("string constraint refers to a rule; cannot build an automaton")
+        raise TypeError(f"not an IR node: {e!r}")
+
+    def closure(self, states: frozenset[int]) -> frozenset[int]:
+        out = set(states)
+        stack = list(states)
+        while stack:
+            for t in self.eps[stack.pop()]:
+                if t not in out:
+                    out.add(t)
+                    stack.append(t)
+        return frozenset(out)
+
+
+def _partition(ranges: list[tuple[tuple[int, int], ...]]) -> list[tuple[int, int]]:
+    """Disjoint intervals refining every given range set (only covered parts)."""
+    points = sorted({p for rs in ranges for lo, hi in rs for p in (lo, hi + 1)})
+    return [(a, b - 1) for a, b in itertools.pairwise(points) if any(lo <= a <= hi for rs in ranges for lo, hi in rs)]
+
+
+def expr_to_dfa(e: Expr, max_states: int = 4000) -> DFA:
+    """Determinize a decoded-string expression (no Refs)."""
+    nfa = _NFA(max_states * 4)
+    start = nfa.new()
+    final = nfa.build(e, start)
+    first = nfa.closure(frozenset([start]))
+    index = {first: 0}
+    order = [first]
+    edges: list[list[Edge]] = []
+    accept: set[int] = set()
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        if final in cur:
+            accept.add(i)
+        moves = [(rs, t) for s in cur for rs, t in nfa.moves[s]]
+        out: list[Edge] = []
+        for lo, hi in _partition([rs for rs, _ in moves]):
+            target = nfa.closure(frozenset(t for rs, t in moves if any(a <= lo <= b for a, b in rs)))
+            if target not in index:
+                if len(order) >= max_states:
+                    raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                index[target] = len(order)
+                order.append(target)
+            out.append((lo, hi, index[target]))
+        edges.append(_merge(out))
+        i += 1
+    return DFA(edges, accept)
+
+
+def _merge(edges: list[Edge]) -> list[Edge]:
+    edges.sort()
+    out: list[Edge] = []
+    for lo, hi, t in edges:
+        if out and out[-1][2] == t and out[-1][1] + 1 == lo:
+            out[-1] = (out[-1][0], hi, t)
+        else:
+            out.append((lo, hi, t))
+    return out
+
+
+def dfa_intersect(a: DFA, b: DFA, max_states: int = 4000) -> DFA:
+    """Product automaton accepting strings of both."""
+    index = {(0, 0): 0}
+    order = [(0, 0)]
+    edges: list[list[Edge]] = []
+    accept: set[int] = set()
+    i = 0
+    while i < len(order):
+        x, y = order[i]
+        if x in a.accept and y in b.accept:
+            accept.add(i)
+        out: list[Edge] = []
+        for lo1, hi1, t1 in a.edges[x]:
+            for lo2, hi2, t2 in b.edges[y]:
+                lo, hi = max(lo1, lo2), min(hi1, hi2)
+                if lo > hi:
+                    continue
+                if (t1, t2) not in index:
+                    if len(order) >= max_states:
+                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                    index[(t1, t2)] = len(order)
+                    order.append((t1, t2))
+                out.append((lo, hi, index[(t1, t2)]))
+        edges.append(_merge(out))
+        i += 1
+    return DFA(edges, accept)
+
+
+def dfa_complement(a: DFA) -> DFA:
+    """Strings (over all code points) that ``a`` rejects."""
+    sink = len(a.edges)
+    edges: list[list[Edge]] = []
+    for out in [*a.edges, []]:
+        full: list[Edge] = []
+        nxt = 0
+        for lo, hi, t in sorted(out):
+            if lo > nxt:
+                full.append((nxt, lo - 1, sink))
+            full.append((lo, hi, t))
+            nxt = hi + 1
+        if nxt <= MAX_CP:
+            full.append((nxt, MAX_CP, sink))
+        edges.append(full)
+    return DFA(edges, set(range(len(edges))) - a.accept)
+
+
+def dfa_length(min_len: int, max_len: int | None) -> DFA:
+    """Strings of ``min_len`` to ``max_len`` code points."""
+    n = max(min_len, 0) if max_len is None else max_len
+    edges: list[list[Edge]] = [[(0, MAX_CP, min(i + 1, n))] if (max_len is None or i < n) else [] for i in range(n + 1)]
+    accept = {i for i in range(n + 1) if i >= min_len}
+    return DFA(edges, accept)
+
+
+def dfa_is_empty(a: DFA) -> bool:
+    """True if no string is accepted."""
+    return not _live(a)
+
+
+def _live(a: DFA) -> set[int]:
+    """States reachable from the start that can reach an accepting state."""
+    reach = {0}
+    stack = [0]
+    while stack:
+        for _, _, t in a.edges[stack.pop()]:
+            if t not in reach:
+                reach.add(t)
+                stack.append(t)
+    rev: dict[int, set[int]] = {}
+    for s in reach:
+        for _, _, t in a.edges[s]:
+            rev.setdefault(t, set()).add(s)
+    live = {s for s in a.accept if s in reach}
+    stack = list(live)
+    while stack:
+        for p in rev.get(stack.pop(), ()):
+            if p not in live:
+                live.add(p)
+                stack.append(p)
+    return live
+
+
+def dfa_to_rules(a: DFA, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
+    """JSON-encoded right-linear rules ``{prefix}{state}``; returns the start expression and rules."""
+    live = _live(a)
+    if 0 not in live:
+        return Alt(()), []
+    rules: list[tuple[str, Expr]] = []
+    for s in sorted(live):
+        by_target: dict[int, list[tuple[int, int]]] = {}
+        for lo, hi, t in a.edges[s]:
+            if t in live:
+                by_target.setdefault(t, []).append((lo, hi))
+        branches: list[Expr] = [seq(encode_class(CharClass(tuple(rs))), Ref(f"{prefix}{t}")) for t, rs in by_target.items()]
+        if s in a.accept:
+            branches.append(Empty())
+        rules.append((f"{prefix}{s}", alt(*branches)))
+    return Ref(f"{prefix}0"), rules
+
+
+def dfa_accepts(a: DFA, text: str) -> bool:
+    """Whether ``a`` accepts ``text``."""
+    s = 0
+    for ch in text:
+        cp = ord(ch)
+        for lo, hi, t in a.edges[s]:
+            if lo <= cp <= hi:
+                s = t
+                break
+        else:
+            return False
+    return s in a.accept

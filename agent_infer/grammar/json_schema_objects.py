@@ -1,0 +1,364 @@
+"""Objects, arrays and enum/const values for the JSON Schema compiler.
+
+Property order policy: declared ``properties`` come first, in declared order, each optional one
+may be skipped; then required-but-undeclared names (in ``required`` order); then any number of
+additional members (keys outside the declared set, split into ``patternProperties`` regions).
+Counting states (for ``minProperties``/``maxProperties``) are rules ``(position, count)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.grammar import json_schema_numbers as num
+from agent_infer.grammar.ir import Alt, Empty, Expr, Literal, Ref, alt, lit, opt, seq, star
+from agent_infer.grammar.json_schema_automata import (
+    DFA,
+    dfa_accepts,
+    dfa_complement,
+    dfa_intersect,
+    dfa_is_empty,
+    dfa_length,
+    dfa_to_rules,
+    expr_to_dfa,
+)
+from agent_infer.grammar.json_schema_formats import FORMATS
+from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
+from agent_infer.grammar.json_schema_scalars import count
+from agent_infer.grammar.json_schema_text import encode_literal
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.json_schema import Compiler
+
+MAX_COUNT_STATES = 4000
+MAX_PATTERN_REGIONS = 3
+
+
+def _never() -> Expr:
+    return Alt(())
+
+
+def _all_of(*schemas: Any) -> Any:
+    real = [s for s in schemas if s is not True and s != {}]
+    if not real:
+        return True
+    return real[0] if len(real) == 1 else {"allOf": real}
+
+
+# -- enum / const ---------------------------------------------------------------------------------
+
+
+def value_expr(c: Compiler, v: Any, depth: int) -> Expr:
+    """JSON texts equal to ``v`` (numbers in any fraction form, small objects in any key order)."""
+    if v is None:
+        return lit("null")
+    if isinstance(v, bool):
+        return lit("true" if v else "false")
+    if isinstance(v, int | float):
+        f = to_fraction(v)
+        return num.bounded_number(f, False, f, False, False) or lit(json.dumps(v))
+    if isinstance(v, str):
+        return seq(lit('"'), encode_literal(v), lit('"'))
+    if isinstance(v, list):
+        if not v:
+            return c.empty("[", "]")
+        items = [value_expr(c, x, depth + 1) for x in v]
+        body = seq(items[0], *(seq(c.sep(depth), x) for x in items[1:]))
+        return c.container("[", "]", body, False, depth)
+    if isinstance(v, dict):
+        if not v:
+            return c.empty("{", "}")
+        members = [seq(lit('"'), encode_literal(k), lit('"'), c.colon(), value_expr(c, x, depth + 1)) for k, x in v.items()]
+        orders = itertools.permutations(members) if len(members) <= 3 else [members]
+        bodies = [seq(o[0], *(seq(c.sep(depth), m) for m in o[1:])) for o in orders]
+        return c.container("{", "}", alt(*bodies), False, depth)
+    raise TypeError(f"not a JSON value: {v!r}")
+
+
+def lower_values(c: Compiler, vals: list[Any], flat: dict[str, Any], pointer: str, depth: int) -> Expr:
+    """enum/const: the listed values that also satisfy every sibling keyword (decided per value)."""
+    from agent_infer.grammar.json_schema_values import value_valid
+
+    keep = []
+    seen = set()
+    for v in vals:
+        key = canon(v)
+        if key not in seen:
+            seen.add(key)
+            if value_valid(c, flat, v, pointer):
+                keep.append(v)
+    return alt(*(value_expr(c, v, depth) for v in keep)) if keep else _never()
+
+
+# -- objects ----------------------------------------------------------------------------------------
+
+
+def _names_dfa(names: list[str]) -> DFA:
+    return expr_to_dfa(alt(*(lit(n) for n in names)) if names else Alt(()))
+
+
+def _key_language(c: Compiler, pn: Any, pointer: str) -> DFA | bool:
+    """propertyNames as a DFA; True = unconstrained, False = no key allowed."""
+    flat = c.flatten(pn, pointer)
+    if flat is True or flat == {}:
+        return True
+    if flat is False:
+        return False
+    types = type_set(flat)
+    if types is not None and "string" not in types:
+        return False
+    dfas: list[DFA] = []
+    for key, v in flat.items():
+        if is_annotation(key) or key == "type":
+            continue
+        if key == "pattern":
+            pats = v["__patterns"] if isinstance(v, dict) else [v]
+            dfas += [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
+        elif key == "minLength" or (key == "maxLength" and "minLength" not in flat):
+            dfas.append(dfa_length(count(flat, "minLength", pointer) or 0, count(flat, "maxLength", pointer)))
+        elif key in ("enum", "const"):
+            dfas.append(_names_dfa([x for x in (v if key == "enum" else [v]) if isinstance(x, str)]))
+        elif key == "format" and v in FORMATS:
+            dfas.append(expr_to_dfa(FORMATS[v]()))
+        else:
+            c.unsupported("propertyNames", f"{pointer}/{key}", f"propertyNames with {key!r} is not supported")
+    if not dfas:
+        return True
+    out = dfas[0]
+    for d in dfas[1:]:
+        out = dfa_intersect(out, d)
+    return out
+
+
+def _key_expr(c: Compiler, dfa: DFA | None, hint: str) -> Expr:
+    """A quoted JSON key from a decoded-key DFA (None: any key)."""
+    if dfa is None:
+        return seq(lit('"'), star(c.char), lit('"'))
+    name = c.fresh(hint)
+    start, rules = dfa_to_rules(dfa, name + "-")
+    for rule_name, expr in rules:
+        c.rules[rule_name] = expr
+    c.rules[name] = start
+    return seq(lit('"'), Ref(name), lit('"'))
+
+
+def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
+    """An object under properties/required/additional/pattern properties/propertyNames/counts."""
+    props = flat.get("properties", {})
+    pats = flat.get("patternProperties", {})
+    required = flat.get("required", [])
+    if not isinstance(props, dict) or not isinstance(pats, dict):
+        raise _invalid("properties/patternProperties must be objects", pointer)
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        from agent_infer.errors import InvalidSchemaError
+
+        raise InvalidSchemaError("required must be an array of strings", pointer=f"{pointer}/required")
+    additional = flat.get("additionalProperties", flat.get("unevaluatedProperties", True))
+    lo = count(flat, "minProperties", pointer) or 0
+    hi = count(flat, "maxProperties", pointer)
+    keys = _key_language(c, flat.get("propertyNames", True), f"{pointer}/propertyNames")
+
+    def key_ok(name: str) -> bool:
+        return keys is True or (isinstance(keys, DFA) and dfa_accepts(keys, name))
+
+    def schema_for(name: str) -> Any:
+        hits = [v for p, v in pats.items() if dfa_accepts(c.pattern_dfa(p, f"{pointer}/patternProperties"), name)]
+        if name in props:
+            return _all_of(props[name], *hits)
+        return _all_of(*hits) if hits else additional
+
+    names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+    members: list[tuple[Expr, bool]] = []
+    for name in names:
+        schema = schema_for(name) if key_ok(name) else False
+        is_required = name in required
+        if schema is False:
+            if is_required:
+                return _never()
+            continue
+        here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
+        value = c.lower(schema, here, depth + 1)
+        members.append((seq(lit('"'), encode_literal(name), lit('"'), c.colon(), value), is_required))
+    _check_dependencies(c, flat, pointer, names, required)
+    extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
+    if lo == 0 and hi is None:
+        body, nullable = _members(c, members, extra, depth)
+        return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
+    return _counted(c, members, extra, lo, hi, depth, pointer)
+
+
+def _invalid(msg: str, pointer: str) -> Exception:
+    from agent_infer.errors import InvalidSchemaError
+
+    return InvalidSchemaError(msg, pointer=pointer)
+
+
+def _check_dependencies(c: Compiler, flat: dict[str, Any], pointer: str, names: list[str], required: list[str]) -> None:
+    for trigger, deps in flat.get("dependentRequired", {}).items():
+        if not isinstance(deps, list):
+            raise _invalid("dependentRequired values must be arrays", f"{pointer}/dependentRequired/{trigger}")
+        if trigger in required and all(d in required for d in deps):
+            continue
+        if all(d in required for d in deps) or (trigger not in names and flat.get("additionalProperties") is False):
+            continue
+        c.unsupported("dependentRequired", f"{pointer}/dependentRequired", "dependentRequired is not supported")
+    for trigger, sub in flat.get("dependentSchemas", {}).items():
+        if sub is True or sub == {} or (trigger not in names and flat.get("additionalProperties") is False):
+            continue
+        c.unsupported("dependentSchemas", f"{pointer}/dependentSchemas", "dependentSchemas is not supported")
+
+
+def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, names: list[str],
+                  pats: dict[str, Any], additional: Any, keys: DFA | bool) -> Expr | None:
+    """One additional member (``"key": value``) over keys outside ``names``, or None if none allowed."""
+    if keys is False:
+        return None
+    if len(pats) > MAX_PATTERN_REGIONS:
+        c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
+        pats = {}
+    base = dfa_complement(_names_dfa(names)) if names else None
+    if keys is not True:
+        base = keys if base is None else dfa_intersect(base, keys)
+    pdfas = {p: c.pattern_dfa(p, f"{pointer}/patternProperties") for p in pats}
+    out: list[Expr] = []
+    for mask in itertools.product((False, True), repeat=len(pats)):
+        chosen = [p for p, m in zip(pats, mask) if m]
+        value_schema = _all_of(*(pats[p] for p in chosen)) if chosen else additional
+        if value_schema is False:
+            continue
+        dfa = base
+        for p, m in zip(pats, mask):
+            d = pdfas[p] if m else dfa_complement(pdfas[p])
+            dfa = d if dfa is None else dfa_intersect(dfa, d)
+        if dfa is not None and dfa_is_empty(dfa):
+            continue
+        key = _key_expr(c, dfa, f"{pointer}-key")
+        here = f"{pointer}/additionalProperties" if not chosen else f"{pointer}/patternProperties"
+        out.append(seq(key, c.colon(), c.lower(value_schema, here, depth + 1)))
+    if not out:
+        return None
+    name = c.add_rule(f"{pointer}-member", alt(*out))
+    return Ref(name)
+
+
+def _members(c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, depth: int) -> tuple[Expr | None, bool]:
+    """Non-empty member lists (declared order, then extras) and whether ``{}`` is allowed."""
+    sep = c.sep(depth)
+    # tails[i][k]: members from position i on; k = 1 once something was emitted (needs a comma).
+    tail: list[Expr] = [star(seq(sep, extra)) if extra is not None else Empty(),
+                        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(())]
+    nullable = True
+    for expr, is_required in reversed(members):
+        with_comma = seq(sep, expr, tail[0])
+        first = seq(expr, tail[0])
+        if is_required:
+            nullable = False
+            tail = [with_comma, first]
+        else:
+            shared = [Ref(c.add_rule("obj-tail", t)) if _big(t) else t for t in tail]
+            tail = [alt(seq(sep, expr, shared[0]), shared[0]), alt(seq(expr, shared[0]), shared[1])]
+    body = tail[1]
+    if isinstance(body, Alt) and not body.items:
+        return None, True
+    return body, nullable
+
+
+def _big(e: Expr) -> bool:
+    return not isinstance(e, Empty | Ref | Literal | Alt) or (isinstance(e, Alt) and len(e.items) > 1)
+
+
+def _counted(c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
+             depth: int, pointer: str) -> Expr:
+    """Members with the number of properties kept in [lo, hi] (states: position x count)."""
+    cap = hi if hi is not None else max(lo, 1)
+    if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
+        c.unsupported("maxProperties" if hi is not None else "minProperties", pointer, "property count too large")
+        body, nullable = _members(c, members, extra, depth)  # non-strict: drop the count, keep the rest
+        return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
+    sep = c.sep(depth)
+    memo: dict[tuple[int, int], Expr] = {}
+
+    def state(i: int, k: int) -> Expr:
+        if (i, k) in memo:
+            return memo[(i, k)]
+        comma = sep if k else Empty()
+        if i == len(members):
+            need = max(0, lo - k)
+            room = None if hi is None else hi - k
+            if extra is None or room == 0:
+                out: Expr = Empty() if need == 0 else _never()
+            elif k:
+                out = c.repeat(seq(sep, extra), need, room)
+            else:
+                rest = c.repeat(seq(sep, extra), max(need - 1, 0), None if room is None else room - 1)
+                out = seq(extra, rest) if need else opt(seq(extra, rest))
+        else:
+            expr, is_required = members[i]
+            take = _never() if hi is not None and k >= hi else seq(comma, expr, state(i + 1, min(k + 1, cap)))
+            out = take if is_required else alt(take, state(i + 1, k))
+        name = c.add_rule(f"{pointer}-n{i}-{k}", out)
+        memo[(i, k)] = Ref(name)
+        return memo[(i, k)]
+
+    body = state(0, 0)
+    full = seq(lit("{"), c.open(depth), body, c.close(depth), lit("}"))
+    # The empty object is written "{}" (or with blank inside); count it only if lo == 0.
+    return alt(full, c.empty("{", "}")) if lo == 0 else full
+
+
+# -- arrays -------------------------------------------------------------------------------------------
+
+
+def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
+    """An array under prefixItems/items/minItems/maxItems/contains/uniqueItems."""
+    prefix = flat.get("prefixItems", [])
+    items = flat.get("items", flat.get("unevaluatedItems", True))
+    lo = count(flat, "minItems", pointer) or 0
+    hi = count(flat, "maxItems", pointer)
+    if items is False:
+        hi = len(prefix) if hi is None else min(hi, len(prefix))
+    if hi is not None and hi < lo:
+        return _never()
+    if flat.get("uniqueItems") is True and not (hi is not None and hi <= 1):
+        c.unsupported("uniqueItems", f"{pointer}/uniqueItems", "uniqueItems is only supported for maxItems <= 1")
+    sep = c.sep(depth)
+    contains = flat.get("contains")
+    min_contains = count(flat, "minContains", pointer)
+    if contains is not None and min_contains == 0 and "maxContains" in flat:
+        c.unsupported("maxContains", f"{pointer}/maxContains", "maxContains is not supported")
+    if contains is not None and min_contains != 0:
+        if prefix or "maxContains" in flat or (min_contains or 1) != 1 or lo > 1 or hi is not None:
+            c.unsupported("contains", f"{pointer}/contains", "contains is only supported in its plain form")
+        else:
+            item = c.lower(items, f"{pointer}/items", depth + 1)
+            hit = c.lower(_all_of(items, contains), f"{pointer}/contains", depth + 1)
+            body = seq(star(seq(item, sep)), hit, star(seq(sep, item)))
+            return c.container("[", "]", body, False, depth)
+    elems = [c.lower(p, f"{pointer}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
+    m = len(elems)
+    item_expr = c.lower(items, f"{pointer}/items", depth + 1) if items is not False else _never()
+    r_min = max(0, lo - m)
+    r_max = None if hi is None else max(0, hi - m)
+    # rest after at least one element: more items, each preceded by a separator
+    rest: Expr = c.repeat(seq(sep, item_expr), r_min, r_max) if r_max != 0 else (Empty() if r_min == 0 else _never())
+    first_tail: Expr | None = None
+    if hi == 0:
+        return c.empty("[", "]")
+    if m == 0:
+        if r_max == 0:
+            return c.empty("[", "]") if lo == 0 else _never()
+        more = c.repeat(seq(sep, item_expr), max(r_min - 1, 0), None if r_max is None else r_max - 1)
+        return c.container("[", "]", seq(item_expr, more), lo == 0, depth)
+    for i in range(m - 1, -1, -1):
+        if hi is not None and i >= hi:
+            rest = Empty()
+            continue
+        step = seq(elems[i], rest)
+        if i == 0:
+            first_tail = step
+        else:
+            rest = seq(sep, step) if i < lo else opt(seq(sep, step))
+    assert first_tail is not None
+    return c.container("[", "]", first_tail, lo == 0, depth)

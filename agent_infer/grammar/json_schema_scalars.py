@@ -1,0 +1,193 @@
+"""Strings (lengths, patterns, formats) and numbers (bounds, multipleOf) for the JSON Schema compiler."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.errors import (
+    GrammarSyntaxError,
+    InvalidSchemaError,
+    UnsupportedRegexError,
+    UnsupportedSchemaError,
+)
+from agent_infer.grammar import json_schema_numbers as num
+from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
+from agent_infer.grammar.json_schema_automata import dfa_intersect, dfa_length, dfa_to_rules, expr_to_dfa
+from agent_infer.grammar.json_schema_formats import FORMATS
+from agent_infer.grammar.json_schema_merge import to_fraction
+from agent_infer.grammar.json_schema_text import encode_expr
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.json_schema import Compiler
+
+# Extra formats that are cheap to state exactly.
+_JSON_POINTER = star(seq(lit("/"), star(alt(chars("~/", negated=True), seq(lit("~"), chars("01"))))))
+EXTRA_FORMATS = {
+    "json-pointer": lambda: _JSON_POINTER,
+    "relative-json-pointer": lambda: seq(num.uint_range(0, None), alt(lit("#"), _JSON_POINTER)),
+}
+
+
+def count(flat: dict[str, Any], key: str, pointer: str) -> int | None:
+    """A non-negative integer keyword (``2.0`` counts as 2), or None when absent."""
+    if key not in flat:
+        return None
+    v = flat[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+        raise InvalidSchemaError(f"{key} must be a non-negative integer", pointer=f"{pointer}/{key}")
+    return int(v)
+
+
+def number(flat: dict[str, Any], key: str, pointer: str) -> Fraction | None:
+    """A numeric keyword as an exact Fraction, or None when absent."""
+    if key not in flat:
+        return None
+    v = flat[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise InvalidSchemaError(f"{key} must be a number", pointer=f"{pointer}/{key}")
+    return to_fraction(v)
+
+
+def _patterns(flat: dict[str, Any], pointer: str) -> list[str]:
+    p = flat.get("pattern")
+    if p is None:
+        return []
+    pats = p["__patterns"] if isinstance(p, dict) and "__patterns" in p else [p]
+    for x in pats:
+        if not isinstance(x, str):
+            raise InvalidSchemaError("pattern must be a string", pointer=f"{pointer}/pattern")
+    return list(pats)
+
+
+def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
+    """The JSON text between the quotes, or None if the string constraints were all dropped."""
+    lo = count(flat, "minLength", pointer) or 0
+    hi = count(flat, "maxLength", pointer)
+    if hi is not None and hi < lo:
+        return None
+    pats = _patterns(flat, pointer)
+    fmt = flat.get("format")
+    fmt_expr: Expr | None = None
+    if fmt is not None:
+        if not isinstance(fmt, str):
+            raise InvalidSchemaError("format must be a string", pointer=f"{pointer}/format")
+        make = FORMATS.get(fmt) or EXTRA_FORMATS.get(fmt)
+        if make is None:
+            c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
+        else:
+            fmt_expr = make()
+    if not pats and fmt_expr is None:
+        return c.repeat(c.char, lo, hi)
+    if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None:
+        return encode_expr(_search(pats[0], f"{pointer}/pattern"))
+    if not pats and fmt_expr is not None and lo == 0 and hi is None:
+        return encode_expr(fmt_expr)
+    dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
+    if fmt_expr is not None:
+        dfas.append(expr_to_dfa(fmt_expr))
+    if lo or hi is not None:
+        dfas.append(dfa_length(lo, hi))
+    dfa = dfas[0]
+    for other in dfas[1:]:
+        dfa = dfa_intersect(dfa, other)
+    prefix = c.fresh(f"{pointer}-str")
+    start, rules = dfa_to_rules(dfa, prefix + "-")
+    for name, expr in rules:
+        c.rules[name] = expr
+    c.rules[prefix] = start
+    return Ref(prefix)
+
+
+def _search(pattern: str, pointer: str) -> Expr:
+    from agent_infer.grammar.regex import regex_search_expr
+
+    try:
+        return regex_search_expr(pattern, dialect="ecma")
+    except UnsupportedRegexError as exc:
+        raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer) from exc
+    except GrammarSyntaxError as exc:
+        raise InvalidSchemaError(f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer) from exc
+
+
+def lower_string(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
+    """A JSON string under minLength/maxLength/pattern/format."""
+    body = string_body(c, flat, pointer)
+    if body is None:
+        return alt()
+    return seq(lit('"'), body, lit('"'))
+
+
+def _bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+    lo, lo_strict = number(flat, "minimum", pointer), False
+    xlo = number(flat, "exclusiveMinimum", pointer)
+    if xlo is not None and (lo is None or xlo >= lo):
+        lo, lo_strict = xlo, True
+    hi, hi_strict = number(flat, "maximum", pointer), False
+    xhi = number(flat, "exclusiveMaximum", pointer)
+    if xhi is not None and (hi is None or xhi <= hi):
+        hi, hi_strict = xhi, True
+    return lo, lo_strict, hi, hi_strict
+
+
+def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bool) -> Expr:
+    """A JSON number (or integer literal) under bounds and multipleOf."""
+    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    step = number(flat, "multipleOf", pointer)
+    if step is not None and step <= 0:
+        raise InvalidSchemaError("multipleOf must be greater than 0", pointer=f"{pointer}/multipleOf")
+    bounded = lo is not None or hi is not None
+    if step is None:
+        if not bounded:
+            return num.INTEGER if integer else num.NUMBER
+        expr = num.bounded_number(lo, lo_strict, hi, hi_strict, integer)
+        if expr is None:
+            c.unsupported("minimum", pointer, "bound is not a finite decimal")
+            return num.INTEGER if integer else num.NUMBER
+        return expr
+    if integer and step.denominator != 1:
+        step = Fraction(step.numerator)  # an integer is a multiple of p/q iff it is one of p
+    listed = num.enumerate_multiples(step, lo, lo_strict, hi, hi_strict)
+    if listed is not None:
+        exprs = [num.bounded_number(v, False, v, False, integer) for v in listed
+                 if not integer or v.denominator == 1]
+        return alt(*(e for e in exprs if e is not None))
+    zero = Fraction(0)
+    one_sided = not bounded or (hi is None and lo == zero) or (lo is None and hi == zero)
+    if step.denominator == 1 and one_sided:
+        return _integer_multiples(c, int(step), lo, lo_strict, hi, hi_strict, integer)
+    if step.numerator == 1 and not bounded and not integer and _is_power_of_ten(step.denominator):
+        k = len(str(step.denominator)) - 1
+        return seq(num.INTEGER, opt(seq(lit("."), Repeat(num.DIGIT, 1, k), star(lit("0")))))
+    c.unsupported("multipleOf", f"{pointer}/multipleOf", "multipleOf with these bounds is not supported")
+    return num.INTEGER if integer else num.NUMBER
+
+
+def _is_power_of_ten(n: int) -> bool:
+    return n > 0 and str(n).strip("0") == "1" and str(n).startswith("1")
+
+
+def _integer_multiples(c: Compiler, n: int, lo: Fraction | None, lo_strict: bool, hi: Fraction | None,
+                       hi_strict: bool, integer: bool) -> Expr:
+    """Multiples of n; optionally only the non-negative or non-positive ones (bound at 0)."""
+    prefix = f"mod{n}-"
+    if f"{prefix}0" not in c.rules:
+        for name, expr in num.residue_rules(n, prefix):
+            c.rules[name] = expr
+    positive = alt(*(seq(lit(str(d)), Ref(f"{prefix}{d % n}")) for d in range(1, 10)))
+    zero = lit("0")
+    if lo is not None:
+        body = positive if lo_strict else alt(zero, positive)
+    elif hi is not None:
+        body = alt(seq(lit("-"), positive), *(() if hi_strict else (zero, lit("-0"))))
+    else:
+        body = seq(opt(lit("-")), alt(zero, positive))
+    # For type "number", 4.0 is as much a multiple of 2 as 4 is.
+    return body if integer else seq(body, opt(seq(lit("."), plus(lit("0")))))
+
+
+def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
+    """Numbers that are not integers (``not: {type: integer}``): a fraction with a non-zero digit."""
+    if any(k in flat for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
+        c.unsupported("not", f"{pointer}/not", "non-integer numbers with numeric bounds are not supported")
+    return seq(opt(lit("-")), num.INT_MAGNITUDE, lit("."), star(num.DIGIT), chars("1-9"), star(num.DIGIT))

@@ -1,0 +1,187 @@
+"""GrammarMatcher: per-request grammar state that accepts tokens and fills next-token bitmasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agent_infer import envs
+from agent_infer.grammar.compiler import CompiledGrammar
+from agent_infer.native import load_native
+
+
+def _row_view(bitmask: Any) -> Any:
+    """The bitmask as a 2-D int32 CPU tensor/array the native side can write into."""
+    if bitmask.ndim == 1:
+        bitmask = bitmask.unsqueeze(0) if hasattr(bitmask, "unsqueeze") else bitmask[None, :]
+    return bitmask
+
+
+class GrammarMatcher:
+    """Matches one generation against a compiled grammar.
+
+    ``terminate_without_eos``: EOS is never allowed; the matcher counts as terminated once the
+    grammar can end and nothing may follow. ``max_rollback_tokens``: how many recent steps
+    :meth:`rollback` can undo (-1: unlimited).
+    """
+
+    def __init__(
+        self,
+        compiled_grammar: CompiledGrammar,
+        *,
+        terminate_without_eos: bool = False,
+        max_rollback_tokens: int = -1,
+        _native: Any = None,
+    ) -> None:
+        self._compiled = compiled_grammar
+        self._terminate_without_eos = terminate_without_eos
+        self._max_rollback = max_rollback_tokens
+        self._m = _native or load_native().GrammarMatcher(
+            compiled_grammar._native, terminate_without_eos, max_rollback_tokens
+        )
+
+    @property
+    def compiled_grammar(self) -> CompiledGrammar:
+        """The grammar being matched."""
+        return self._compiled
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; returns False (state unchanged) if the grammar rejects it."""
+        return bool(self._m.accept_token(token_id))
+
+    def accept_string(self, text: str | bytes) -> bool:
+        """Advance by raw text (one rollback step); returns False (state unchanged) if rejected."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return bool(self._m.accept_bytes(data))
+
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
+        """Write the allowed next tokens into row ``index`` of an int32 bitmask.
+
+        Returns True when the row restricts something (False: every token is allowed).
+        """
+        return bool(self._m.fill_next_token_bitmask(_row_view(bitmask), index))
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted steps."""
+        self._m.rollback(num_tokens)
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy in the same state."""
+        return GrammarMatcher(
+            self._compiled,
+            terminate_without_eos=self._terminate_without_eos,
+            max_rollback_tokens=self._max_rollback,
+            _native=self._m.fork(),
+        )
+
+    def reset(self) -> None:
+        """Back to the start of the grammar."""
+        self._m.reset()
+
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted (or, with ``terminate_without_eos``, once the grammar must end)."""
+        return bool(self._m.is_terminated())
+
+    def can_terminate(self) -> bool:
+        """True if the text so far is a complete string of the grammar."""
+        return bool(self._m.can_terminate())
+
+    def find_forced_bytes(self) -> tuple[bytes, bool]:
+        """The bytes the grammar fixes next, and whether it must end right after them."""
+        data, must_end = self._m.forced_bytes()
+        return bytes(data), bool(must_end)
+
+    def find_forced_string(self) -> str:
+        """The text the grammar fixes next (cut to whole UTF-8 characters)."""
+        data, _ = self._m.forced_bytes()
+        return _whole_chars(bytes(data)).decode("utf-8")
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar fixes next, canonically tokenized and safe to append without sampling.
+
+        The last token is dropped unless the grammar must end right after it, since text that
+        follows could merge with it under canonical tokenization. When the grammar must end
+        immediately, the EOS token is forced.
+        """
+        info = self._compiled.tokenizer_info
+        data, must_end = self.find_forced_bytes()
+        text_bytes = _whole_chars(data)
+        if len(text_bytes) < len(data):
+            must_end = False
+        out: list[int] = []
+        if text_bytes:
+            ids = info.encode(text_bytes.decode("utf-8"))
+            pos = 0
+            for tid in ids:
+                piece = info.token_bytes(tid)
+                if not piece or text_bytes[pos : pos + len(piece)] != piece:
+                    must_end = False
+                    break
+                out.append(tid)
+                pos += len(piece)
+            if pos != len(text_bytes):
+                must_end = False
+            if out and not must_end:
+                out.pop()
+        if must_end and not self._terminate_without_eos and info.eos_token_ids:
+            out.append(info.eos_token_ids[0])
+        return out
+
+    @property
+    def num_accepted_steps(self) -> int:
+        """Steps currently available to :meth:`rollback`."""
+        return int(self._m.num_tokens())
+
+
+def _whole_chars(data: bytes) -> bytes:
+    """``data`` without a trailing incomplete UTF-8 sequence."""
+    end = len(data)
+    i = end - 1
+    while i >= 0 and end - i <= 4 and (data[i] & 0xC0) == 0x80:
+        i -= 1
+    if i >= 0:
+        lead = data[i]
+        need = 1 if lead < 0x80 else 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4
+        if end - i < need:
+            return data[:i]
+    return data
+
+
+def fill_next_token_bitmask_batch(
+    matchers: Sequence[GrammarMatcher],
+    bitmask: Any,
+    indices: Sequence[int] | None = None,
+    *,
+    num_threads: int | None = None,
+) -> list[bool]:
+    """Fill row ``indices[i]`` (default ``i``) for each matcher in C++ threads with the GIL released.
+
+    Matchers must be distinct objects. ``num_threads`` caps the threads used (default: the pool,
+    sized by ``AGENT_INFER_GRAMMAR_THREADS``, 0 = one per core).
+    """
+    native = load_native()
+    rows = list(range(len(matchers))) if indices is None else [int(i) for i in indices]
+    if len(rows) != len(matchers):
+        raise ValueError(f"{len(matchers)} matchers but {len(rows)} indices")
+    if len({id(m) for m in matchers}) != len(matchers):
+        raise ValueError("the same matcher appears twice in one batch fill")
+    result = native.fill_next_token_bitmask_batch(
+        [m._m for m in matchers], _row_view(bitmask), rows, int(num_threads or 0), envs.grammar_threads()
+    )
+    return [bool(x) for x in result]
+
+
+class BatchGrammarMatcher:
+    """Convenience wrapper holding a batch of matchers filled together with the thread pool."""
+
+    def __init__(self, matchers: Sequence[GrammarMatcher], *, num_threads: int | None = None) -> None:
+        self.matchers = list(matchers)
+        self.num_threads = num_threads
+
+    def fill_next_token_bitmask(self, bitmask: Any, indices: Sequence[int] | None = None) -> list[bool]:
+        """Fill one bitmask row per matcher."""
+        return fill_next_token_bitmask_batch(self.matchers, bitmask, indices, num_threads=self.num_threads)
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> list[bool]:
+        """Advance each matcher by its token."""
+        return [m.accept_token(t) for m, t in zip(self.matchers, token_ids)]

@@ -1,0 +1,204 @@
+"""A slow, obviously-correct recognizer over the IR: the test oracle for the matcher and front ends.
+
+The grammar is lowered to plain BNF over code-point-set terminals and run through an Earley
+parser (with the Aycock-Horspool fix for nullable rules), so left recursion, nullable rules and
+ambiguity all work. Unproductive rules are pruned first, which makes "the Earley set is
+non-empty" exactly "the text is a prefix of some word of the language".
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
+
+_Item = tuple[int, int, int]  # (production index, dot, origin)
+
+
+class _Terminal:
+    """A set of code points as sorted, merged, inclusive ranges."""
+
+    __slots__ = ("his", "los")
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        self.los = [lo for lo, _ in ranges]
+        self.his = [hi for _, hi in ranges]
+
+    def __contains__(self, cp: int) -> bool:
+        k = bisect_right(self.los, cp) - 1
+        return k >= 0 and cp <= self.his[k]
+
+
+class _Lowering:
+    """IR -> BNF productions. Nonterminals are ints >= 0; terminal k is the symbol ``-(k + 1)``."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.prods: list[tuple[int, tuple[int, ...]]] = []
+        self.terminals: list[_Terminal] = []
+        self.n_nt = 0
+        self.rule_nt = {name: self.new_nt() for name, _ in grammar.rules}
+        self.memo: dict[Expr, int] = {}
+        self.term_memo: dict[tuple[tuple[int, int], ...], int] = {}
+        self.start = self.new_nt()
+        self.prods.append((self.start, (self.rule_nt[grammar.root],)))
+        for name, expr in grammar.rules:
+            self.prods.append((self.rule_nt[name], self.symbols(expr)))
+
+    def new_nt(self) -> int:
+        self.n_nt += 1
+        return self.n_nt - 1
+
+    def terminal(self, ranges: tuple[tuple[int, int], ...]) -> int:
+        if ranges not in self.term_memo:
+            self.terminals.append(_Terminal(ranges))
+            self.term_memo[ranges] = -len(self.terminals)
+        return self.term_memo[ranges]
+
+    def symbols(self, expr: Expr) -> tuple[int, ...]:
+        if isinstance(expr, Empty):
+            return ()
+        if isinstance(expr, Literal):
+            return tuple(self.terminal(((ord(c), ord(c)),)) for c in expr.text)
+        if isinstance(expr, CharClass):
+            return (self.terminal(expr.normalized()),)
+        if isinstance(expr, Ref):
+            return (self.rule_nt[expr.name],)
+        if isinstance(expr, Seq):
+            return tuple(s for item in expr.items for s in self.symbols(item))
+        if isinstance(expr, Alt | Repeat):
+            return (self.nonterminal(expr),)
+        raise TypeError(f"not an IR node: {expr!r}")
+
+    def nonterminal(self, expr: Alt | Repeat) -> int:
+        if expr in self.memo:
+            return self.memo[expr]
+        nt = self.memo[expr] = self.new_nt()
+        if isinstance(expr, Alt):
+            for item in expr.items:
+                self.prods.append((nt, self.symbols(item)))
+            return nt
+        body = self.symbols(expr.item)
+        # The optional tail: unbounded `T -> e | body T`, bounded a chain of k optional copies.
+        if expr.max is None:
+            tail = self.new_nt()
+            self.prods += [(tail, ()), (tail, (*body, tail))]
+        else:
+            tail = self.new_nt()
+            self.prods.append((tail, ()))
+            for _ in range(expr.max - expr.min):
+                longer = self.new_nt()
+                self.prods += [(longer, ()), (longer, (*body, tail))]
+                tail = longer
+        self.prods.append((nt, (*body * expr.min, tail)))
+        return nt
+
+
+class ReferenceRecognizer:
+    """Decides membership (``accepts``) and viable prefixes (``is_prefix``) of a grammar's language."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        low = _Lowering(grammar)
+        self._terminals = low.terminals
+        self._start = low.start
+        productive = self._productive(low)
+        self._prods = [
+            (lhs, rhs)
+            for lhs, rhs in low.prods
+            if lhs in productive
+            and all(s in productive for s in rhs if s >= 0)
+            and all(self._terminals[-s - 1].los for s in rhs if s < 0)
+        ]
+        self._by_lhs: dict[int, list[int]] = defaultdict(list)
+        for k, (lhs, _) in enumerate(self._prods):
+            self._by_lhs[lhs].append(k)
+        self._nullable = self._nullable_set()
+        self.empty_language = self._start not in productive
+
+    def _productive(self, low: _Lowering) -> set[int]:
+        done: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in low.prods:
+                if lhs in done:
+                    continue
+                if all((s in done) if s >= 0 else bool(low.terminals[-s - 1].los) for s in rhs):
+                    done.add(lhs)
+                    changed = True
+        return done
+
+    def _nullable_set(self) -> set[int]:
+        nullable: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in self._prods:
+                if lhs not in nullable and all(s >= 0 and s in nullable for s in rhs):
+                    nullable.add(lhs)
+                    changed = True
+        return nullable
+
+    def _closure(
+        self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]]
+    ) -> dict[int, list[_Item]]:
+        """Predict/complete from ``seed``; returns the set indexed by each item's next symbol."""
+        seen = set(seed)
+        agenda = list(seed)
+        waiting: dict[int, list[_Item]] = defaultdict(list)
+        complete_key = 1 << 40  # bucket for completed items (no next symbol)
+        while agenda:
+            item = agenda.pop()
+            p, d, o = item
+            lhs, rhs = self._prods[p]
+            new: list[_Item] = []
+            if d < len(rhs):
+                sym = rhs[d]
+                waiting[sym].append(item)
+                if sym >= 0:
+                    new.extend((q, 0, i) for q in self._by_lhs.get(sym, ()))
+                    if sym in self._nullable:
+                        new.append((p, d + 1, o))
+            else:
+                waiting[complete_key].append(item)
+                if o < i:
+                    new.extend((p2, d2 + 1, o2) for p2, d2, o2 in sets[o].get(lhs, ()))
+            for nxt in new:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    agenda.append(nxt)
+        return waiting
+
+    def _run(self, text: str) -> tuple[int, dict[int, list[_Item]]]:
+        """Parse as far as possible: (characters consumed, the last non-empty Earley set)."""
+        if self.empty_language:
+            return 0, {}
+        sets = [self._closure([(k, 0, 0) for k in self._by_lhs[self._start]], 0, [])]
+        for i, ch in enumerate(text):
+            cp = ord(ch)
+            scanned = [
+                (p, d + 1, o)
+                for sym, items in sets[i].items()
+                if sym < 0 and cp in self._terminals[-sym - 1]
+                for p, d, o in items
+            ]
+            if not scanned:
+                return i, sets[i]
+            sets.append(self._closure(scanned, i + 1, sets))
+        return len(text), sets[-1]
+
+    def accepts(self, text: str) -> bool:
+        """Whether ``text`` is a word of the grammar's language."""
+        consumed, last = self._run(text)
+        if consumed < len(text):
+            return False
+        return any(self._prods[p][0] == self._start and o == 0 for p, _, o in last.get(1 << 40, ()))
+
+    def is_prefix(self, text: str) -> bool:
+        """Whether ``text`` can be extended (possibly by nothing) to a word of the language."""
+        return not self.empty_language and self._run(text)[0] == len(text)
+
+    def viable_prefix_length(self, text: str) -> int:
+        """Length of the longest prefix of ``text`` that is a viable prefix (where matching stops)."""
+        return self._run(text)[0]

@@ -1,0 +1,291 @@
+"""Regex front end: Python ``re`` syntax (and the ECMA-262 flavour JSON Schema ``pattern`` uses) to IR.
+
+Regular expressions are matched in full, so ``^``/``$``/``\\A``/``\\Z``/``\\z`` are accepted at the
+pattern's edges and dropped. Constructs with no context-free equivalent (lookaround,
+backreferences, word boundaries, conditionals, atomic groups) raise :class:`UnsupportedRegexError`
+with the 0-based character position. Lazy and possessive quantifiers are read as greedy.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agent_infer.errors import GrammarLimitError, UnsupportedRegexError
+from agent_infer.grammar import regex_classes as rc
+from agent_infer.grammar.ir import (
+    MAX_CODEPOINT,
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    Grammar,
+    Literal,
+    Repeat,
+    Seq,
+    alt,
+    seq,
+    star,
+)
+from agent_infer.grammar.regex_escapes import _Anchor, _Flags, _Reader
+
+MAX_REPEAT_BOUND = 100_000  # beyond this the automaton would be unreasonably large
+
+
+class _Parser(_Reader):
+    """Recursive descent over alternation > sequence > quantified atom."""
+
+    def parse(self) -> Expr:
+        flags = _Flags()
+        expr = self.alternation(flags)
+        if self.i < len(self.p):
+            raise self.error("unbalanced parenthesis ')'")
+        return expr
+
+    def alternation(self, flags: _Flags) -> Expr:
+        branches = [self.sequence(flags)]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.sequence(flags))
+        return branches[0] if len(branches) == 1 else Alt(tuple(branches))
+
+    def sequence(self, flags: _Flags) -> Expr:
+        items: list[Expr] = []
+        while True:
+            self.skip_verbose(flags)
+            c = self.peek()
+            if c in ("", "|", ")"):
+                break
+            start = self.i
+            atom = self.atom(flags)
+            if atom is None:  # a flag group or comment: no text
+                continue
+            atom = self.quantifiers(atom, start, flags)
+            if isinstance(atom, Literal) and items and isinstance(items[-1], Literal):
+                items[-1] = Literal(items[-1].text + atom.text)
+            else:
+                items.append(atom)
+        if not items:
+            return Empty()
+        return items[0] if len(items) == 1 else Seq(tuple(items))
+
+    def quantifiers(self, atom: Expr, start: int, flags: _Flags) -> Expr:
+        quantified = False
+        while True:
+            self.skip_verbose(flags)
+            pos = self.i
+            bounds = self.quantifier()
+            if bounds is None:
+                return atom
+            if quantified:
+                raise self.error("multiple repeat", pos)
+            if isinstance(atom, _Anchor):
+                raise self.error("nothing to repeat (quantified anchor)", pos)
+            lo, hi = bounds
+            if max(lo, hi or 0) > MAX_REPEAT_BOUND:
+                raise GrammarLimitError(f"regex repeat bound above {MAX_REPEAT_BOUND} (position {pos})")
+            atom = Repeat(atom, lo, hi)
+            quantified = True
+            if self.peek() in ("?", "+"):  # lazy / possessive: same language as greedy here
+                self.i += 1
+
+    def quantifier(self) -> tuple[int, int | None] | None:
+        c = self.peek()
+        simple = {"*": (0, None), "+": (1, None), "?": (0, 1)}
+        if c in simple:
+            self.i += 1
+            return simple[c]
+        if c != "{":
+            return None
+        close = self.p.find("}", self.i)
+        body = self.p[self.i + 1 : close] if close > 0 else ""
+        # Python also reads `{,n}` and `{,}`; anything malformed is a literal '{' in both dialects.
+        shape = r"[0-9]*(,[0-9]*)?" if self.dialect == "python" else r"[0-9]+(,[0-9]*)?"
+        if close < 0 or not body or not re.fullmatch(shape, body):
+            return None
+        lo_s, comma, hi_s = body.partition(",")
+        lo = int(lo_s) if lo_s else 0
+        hi = (int(hi_s) if hi_s else None) if comma else lo
+        if hi is not None and hi < lo:
+            raise self.error("min repeat greater than max repeat")
+        self.i = close + 1
+        return lo, hi
+
+    def atom(self, flags: _Flags) -> Expr | None:
+        c = self.p[self.i]
+        pos = self.i
+        if c == "(":
+            return self.group(flags)
+        if c in "*+?" or (c == "{" and self.quantifier_at_point()):
+            raise self.error("nothing to repeat")
+        self.i += 1
+        if c == "[":
+            return self.char_class(flags, pos)
+        if c == ".":
+            ranges, negated = rc.dot(self.dialect, flags.dotall)
+            return CharClass(ranges, negated)
+        if c == "^":
+            return _Anchor(True, pos)
+        if c == "$":
+            return _Anchor(False, pos)
+        if c == "\\":
+            return self.escape(flags, pos, in_class=False)
+        return self.char(ord(c), flags)
+
+    def quantifier_at_point(self) -> bool:
+        save = self.i
+        found = self.quantifier() is not None
+        self.i = save
+        return found
+
+    def group(self, flags: _Flags) -> Expr | None:
+        pos = self.i
+        self.i += 1
+        inner_flags = flags
+        if self.peek() == "?":
+            self.i += 1
+            kind = self.peek()
+            two = self.p[self.i : self.i + 2]
+            if kind in "=!" or two in ("<=", "<!"):
+                name = {"=": "lookahead '(?='", "!": "negative lookahead '(?!'"}.get(kind) or (
+                    "lookbehind '(?<='" if two == "<=" else "negative lookbehind '(?<!'"
+                )
+                raise self.unsupported(name, pos)
+            if two == "P=":
+                raise self.unsupported("named backreference '(?P='", pos)
+            if kind == "(":
+                raise self.unsupported("conditional group '(?('", pos)
+            if kind == ">":
+                raise self.unsupported("atomic group '(?>'", pos)
+            if kind == "#":
+                end = self.p.find(")", self.i)
+                if end < 0:
+                    raise self.error("missing ), unterminated comment", pos)
+                self.i = end + 1
+                return None
+            if kind == ":":
+                self.i += 1
+            elif two == "P<" or kind == "<":
+                self.i += 2 if two == "P<" else 1
+                end = self.p.find(">", self.i)
+                name = self.p[self.i : end] if end >= 0 else ""
+                if not name.isidentifier():
+                    raise self.error("bad group name", self.i)
+                self.i = end + 1
+                self.groups += 1
+            else:
+                inner_flags, scoped = self.inline_flags(flags, pos)
+                if not scoped:
+                    return None
+        else:
+            self.groups += 1
+        expr = self.alternation(inner_flags)
+        if self.peek() != ")":
+            raise self.error("missing ), unterminated subpattern", pos)
+        self.i += 1
+        return expr
+
+    def inline_flags(self, flags: _Flags, pos: int) -> tuple[_Flags, bool]:
+        """Read ``(?imsx-imsx)`` / ``(?i:``; returns the new flags and whether a scoped group follows."""
+        new = _Flags(**vars(flags))
+        turn_on = True
+        while True:
+            c = self.peek()
+            self.i += 1
+            if c == "-":
+                turn_on = False
+            elif c in ("i", "s", "x", "a", "m", "u"):
+                if c == "i":
+                    new.ignorecase = turn_on
+                elif c == "s":
+                    new.dotall = turn_on
+                elif c == "x":
+                    new.verbose = turn_on
+                elif c == "a":
+                    new.ascii = turn_on
+            elif c == ")":
+                if pos != 0 and self.dialect == "python":
+                    raise self.error("global flags not at the start of the expression", pos)
+                # A global flag group applies to the whole pattern, so mutate the caller's flags.
+                vars(flags).update(vars(new))
+                return flags, False
+            elif c == ":":
+                return new, True
+            else:
+                raise self.unsupported(f"inline flag {c!r}" if c else "unterminated flag group", pos)
+
+    # -- escapes and classes --
+
+
+def _strip(expr: Expr, at_start: bool, at_end: bool) -> Expr:
+    """Remove edge anchors; an anchor anywhere else is an error."""
+    if isinstance(expr, _Anchor):
+        if (expr.start and at_start) or (not expr.start and at_end):
+            return Empty()
+        where = "'^'/'\\A'" if expr.start else "'$'/'\\Z'"
+        raise UnsupportedRegexError(
+            f"anchor {where} is only supported at the edges of the pattern", position=expr.pos
+        )
+    if isinstance(expr, Alt):
+        return Alt(tuple(_strip(e, at_start, at_end) for e in expr.items))
+    if isinstance(expr, Seq):
+        items = expr.items
+        out = []
+        for k, item in enumerate(items):
+            before = all(isinstance(e, _Anchor) for e in items[:k])
+            after = all(isinstance(e, _Anchor) for e in items[k + 1 :])
+            out.append(_strip(item, at_start and before, at_end and after))
+        return seq(*out)
+    if isinstance(expr, Repeat):
+        return Repeat(_strip(expr.item, False, False), expr.min, expr.max)
+    return expr
+
+
+_ANY = star(CharClass(((0, MAX_CODEPOINT),)))
+
+
+def _search(expr: Expr, pre: bool, suf: bool) -> Expr:
+    """``expr`` padded with ``.*`` on the sides that are not anchored (``pre``/``suf`` = may pad)."""
+    if isinstance(expr, _Anchor):
+        return _ANY if (suf if expr.start else pre) else Empty()
+    if isinstance(expr, Alt):
+        return alt(*(_search(e, pre, suf) for e in expr.items))
+    if isinstance(expr, Seq) and len(expr.items) > 1:
+        items = list(expr.items)
+        if isinstance(items[0], _Anchor) and items[0].start:
+            return _search(seq(*items[1:]), False, suf)
+        if isinstance(items[-1], _Anchor) and not items[-1].start:
+            return _search(seq(*items[:-1]), pre, False)
+        head = _search(items[0], pre, False)
+        tail = _search(items[-1], False, suf)
+        return seq(head, *items[1:-1], tail)
+    if isinstance(expr, Empty):
+        return _ANY if pre or suf else expr
+    return seq(_ANY if pre else Empty(), expr, _ANY if suf else Empty())
+
+
+def _parse_raw(pattern: str, dialect: str) -> Expr:
+    return _Parser(pattern, dialect).parse()
+
+
+def parse_regex(pattern: str, *, dialect: str = "python") -> Expr:
+    """Parse ``pattern`` into an IR expression matching exactly the strings it fully matches.
+
+    ``dialect``: ``"python"`` (``re`` syntax, Unicode ``\\d\\w\\s``) or ``"ecma"`` (JSON Schema
+    ``pattern``: ASCII ``\\d``/``\\w``, ECMA ``\\s``, ``\\u{...}``, ``\\p{..}`` categories).
+    """
+    return _strip(_parse_raw(pattern, dialect), True, True)
+
+
+def regex_search_expr(pattern: str, *, dialect: str = "ecma") -> Expr:
+    """Strings *containing* a match of ``pattern`` (JSON Schema semantics), honouring ``^``/``$``.
+
+    ``^`` pins only the start and ``$`` only the end; each alternative is padded separately.
+    """
+    raw = _parse_raw(pattern, dialect)
+    _strip(raw, True, True)  # validates anchor placement with the same errors as parse_regex
+    return _search(raw, True, True)
+
+
+def regex_to_grammar(pattern: str, *, dialect: str = "python") -> Grammar:
+    """A one-rule grammar fully matching ``pattern`` (what :meth:`Grammar.from_regex` returns)."""
+    return Grammar.from_expr(parse_regex(pattern, dialect=dialect))

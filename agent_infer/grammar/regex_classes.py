@@ -1,0 +1,152 @@
+"""Code point tables for the regex front end: ``\\d \\w \\s`` per dialect, ``.``, case folding.
+
+Python's ``re`` gives ``\\d \\w \\s`` Unicode meaning for str patterns; rather than re-deriving
+the rules from ``unicodedata`` we ask ``re`` itself once per class over every code point and cache
+the resulting ranges, so the two can never disagree on this interpreter.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+from functools import cache
+
+from agent_infer.grammar.ir import MAX_CODEPOINT
+
+Ranges = tuple[tuple[int, int], ...]
+
+# ECMA-262 WhiteSpace + LineTerminator, the set `\s` denotes in JSON Schema patterns.
+_ECMA_SPACE: Ranges = (
+    (0x09, 0x0D),
+    (0x20, 0x20),
+    (0xA0, 0xA0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x2028, 0x2029),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+    (0xFEFF, 0xFEFF),
+)
+_ASCII = {
+    "d": ((0x30, 0x39),),
+    "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)),
+    "s": ((0x09, 0x0D), (0x20, 0x20)),
+}
+
+
+def merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """Sort and merge overlapping or adjacent inclusive ranges."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def complement(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """All code points not in ``ranges``."""
+    out: list[tuple[int, int]] = []
+    nxt = 0
+    for lo, hi in merge(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODEPOINT:
+        out.append((nxt, MAX_CODEPOINT))
+    return tuple(out)
+
+
+@cache
+def _all_code_points() -> str:
+    return "".join(map(chr, range(MAX_CODEPOINT + 1)))
+
+
+@cache
+def _python_unicode(letter: str) -> Ranges:
+    # One finditer over a string of every code point: runs of matches are exactly the ranges.
+    text = _all_code_points()
+    return tuple((m.start(), m.end() - 1) for m in re.finditer(f"\\{letter}+", text))
+
+
+def shorthand(letter: str, dialect: str, ascii_only: bool = False) -> Ranges:
+    """Ranges of ``\\d``/``\\w``/``\\s`` (lowercase letter) for ``dialect`` ("python" or "ecma")."""
+    if dialect == "ecma":
+        return _ECMA_SPACE if letter == "s" else _ASCII[letter]
+    if ascii_only:
+        return _ASCII[letter]
+    return _python_unicode(letter)
+
+
+def dot(dialect: str, dotall: bool) -> tuple[Ranges, bool]:
+    """(ranges, negated) of ``.``: everything but newline (Python) or line terminators (ECMA)."""
+    if dotall:
+        return ((0, MAX_CODEPOINT),), False
+    if dialect == "ecma":
+        return ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)), True
+    return ((0x0A, 0x0A),), True
+
+
+@cache
+def _category_ranges(prefix: str) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for cp in range(MAX_CODEPOINT + 1):
+        if unicodedata.category(chr(cp)).startswith(prefix):
+            if out and out[-1][1] == cp - 1:
+                out[-1] = (out[-1][0], cp)
+            else:
+                out.append((cp, cp))
+    return tuple(out)
+
+
+_CATEGORY_ALIASES = {
+    "Letter": "L",
+    "Lowercase_Letter": "Ll",
+    "Uppercase_Letter": "Lu",
+    "Titlecase_Letter": "Lt",
+    "Modifier_Letter": "Lm",
+    "Other_Letter": "Lo",
+    "Mark": "M",
+    "Number": "N",
+    "Decimal_Number": "Nd",
+    "Letter_Number": "Nl",
+    "Other_Number": "No",
+    "Punctuation": "P",
+    "Symbol": "S",
+    "Separator": "Z",
+    "Space_Separator": "Zs",
+    "Other": "C",
+    "Control": "Cc",
+}
+
+
+def unicode_property(name: str) -> Ranges | None:
+    """Ranges of a general-category property such as ``L``, ``Lu``, ``gc=Nd``; None if unknown."""
+    for key in ("General_Category=", "gc="):
+        if name.startswith(key):
+            name = name[len(key) :]
+    name = _CATEGORY_ALIASES.get(name, name)
+    if len(name) in (1, 2) and name[0] in "LMNPSZC" and (len(name) == 1 or name[1].islower()):
+        ranges = _category_ranges(name)
+        return ranges or None
+    return None
+
+
+def fold_case(ranges: Ranges) -> Ranges:
+    """Add the other-case twin of every code point in ``ranges`` (simple one-to-one case mapping).
+
+    Only ranges up to a few thousand code points are scanned character by character; this covers
+    literals and ordinary classes, and the big classes are already closed under case.
+    """
+    extra: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if hi - lo > 4096:
+            continue
+        for cp in range(lo, hi + 1):
+            for twin in (chr(cp).lower(), chr(cp).upper(), chr(cp).casefold()):
+                if len(twin) == 1 and twin != chr(cp):
+                    extra.append((ord(twin), ord(twin)))
+    return merge((*ranges, *extra))

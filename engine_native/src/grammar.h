@@ -1,0 +1,204 @@
+// Grammar engine core: byte-level rule automata, an Earley matcher over bytes, and the
+// tokenizer-level adaptive token-mask cache. Design notes live in docs/grammar_engine.md.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace agent_infer {
+namespace grammar {
+
+// Mapped to agent_infer.errors.GrammarLimitError / GrammarDefinitionError by the bindings.
+struct LimitError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct DefinitionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Opcodes of the flat IR produced by agent_infer/grammar/compiler.py (_serialize_expr).
+//   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
+//   SEQ n child.. | ALT n child.. | REPEAT min max(-1 = unbounded) child | REF rule_index
+enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6 };
+
+struct ByteEdge {
+  uint8_t lo, hi;
+  int32_t target;
+};
+struct RefEdge {
+  int32_t rule;
+  int32_t target;
+};
+struct State {
+  int32_t rule = 0;
+  bool final = false;
+  // final or has rule references: control may leave this rule's automaton here.
+  bool leaves = false;
+  uint32_t byte_begin = 0, byte_end = 0, ref_begin = 0, ref_end = 0;
+};
+
+// What one automaton state does with every token, in isolation from its context.
+struct StateMask {
+  std::vector<uint32_t> accepted_bits;  // a full bitset over the vocabulary, or empty
+  std::vector<int32_t> accepted_ids;    // used instead when few tokens are accepted
+  std::vector<int32_t> uncertain;       // positions in TokenizerInfo::sorted, ascending
+  size_t bytes() const {
+    return sizeof(*this) + accepted_bits.capacity() * 4 + accepted_ids.capacity() * 4 + uncertain.capacity() * 4;
+  }
+};
+
+class TokenizerInfo {
+ public:
+  TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> eos_ids);
+
+  int32_t vocab_size;
+  int32_t words;  // ceil(vocab_size / 32)
+  std::vector<int32_t> eos_ids;
+  std::vector<std::string> tokens;  // by id, size vocab_size; empty = never produced by grammar text
+  std::vector<int32_t> sorted;      // ids of non-empty tokens, sorted by bytes
+  std::vector<uint16_t> lcp;        // lcp[i]: common prefix length of sorted[i-1] and sorted[i]
+  // The sorted tokens' bytes back to back (sequential scans instead of pointer chasing).
+  std::string sorted_data;
+  std::vector<uint32_t> sorted_off;  // size sorted.size() + 1
+  const char* sorted_ptr(size_t i) const { return sorted_data.data() + sorted_off[i]; }
+  size_t sorted_len(size_t i) const { return sorted_off[i + 1] - sorted_off[i]; }
+  size_t max_token_len = 0;
+
+  // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
+  std::shared_ptr<const StateMask> cache_get(const std::string& key);
+  std::shared_ptr<const StateMask> cache_put(const std::string& key, std::shared_ptr<const StateMask> mask);
+  size_t cache_bytes();
+  size_t cache_entries();
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const StateMask>> cache_;
+  size_t cache_bytes_ = 0;
+};
+
+struct Limits {
+  int64_t max_nfa_states = 2000000;
+  int64_t max_dfa_states = 500000;
+  double max_compile_seconds = 30.0;
+  int64_t max_items_per_set = 200000;
+};
+
+class CompiledGrammar {
+ public:
+  CompiledGrammar(std::shared_ptr<TokenizerInfo> tok, const std::vector<std::vector<int32_t>>& rules,
+                  int32_t root, const Limits& limits);
+
+  std::shared_ptr<TokenizerInfo> tok;
+  std::vector<State> states;
+  std::vector<ByteEdge> byte_edges;
+  std::vector<RefEdge> ref_edges;
+  std::vector<int32_t> rule_start;  // -1 for rules never used
+  std::vector<uint8_t> nullable;
+  int32_t root = 0;
+  int64_t max_items_per_set = 0;
+
+  int32_t step(int32_t s, uint8_t b) const {
+    const State& st = states[s];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      if (b < be.lo) return -1;  // edges are sorted and disjoint
+      if (b <= be.hi) return be.target;
+    }
+    return -1;
+  }
+  bool scans(int32_t s) const { return states[s].byte_end > states[s].byte_begin; }
+  // The token classification of state s (computed on first use, shared through the tokenizer).
+  const StateMask& mask_for(int32_t s) const;
+  size_t memory_bytes() const;
+
+ private:
+  std::string structure_key(int32_t s) const;
+  std::shared_ptr<const StateMask> compute_mask(int32_t s) const;
+  // For states from which the rule may call other rules mid-token (grammar_walk.cpp).
+  bool calls_within_reach(int32_t s) const;
+  std::string call_structure_key(int32_t s) const;
+  std::shared_ptr<const StateMask> compute_mask_with_calls(int32_t s) const;
+
+  mutable std::unique_ptr<std::atomic<const StateMask*>[]> masks_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<const StateMask>> owned_;
+};
+
+struct Item {
+  int32_t state;
+  int32_t origin;
+};
+
+// Open-addressing set of items, cleared in O(1) by bumping a stamp.
+class ItemSet {
+ public:
+  bool insert(uint64_t key);
+  void clear() {
+    if (++stamp_ == 0) {
+      std::fill(stamps_.begin(), stamps_.end(), 0);
+      stamp_ = 1;
+    }
+    size_ = 0;
+  }
+
+ private:
+  void grow();
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> stamps_;
+  uint32_t stamp_ = 1;
+  size_t size_ = 0;
+};
+
+class Matcher {
+ public:
+  Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback);
+  Matcher(const Matcher& other);
+
+  bool accept_token(int32_t id);
+  bool accept_bytes(const std::string& bytes);
+  // Writes `words` int32 words of the next-token mask; returns true unless every token is allowed.
+  bool fill_mask(int32_t* row, int64_t words);
+  void rollback(int32_t n);
+  void reset();
+  bool is_terminated() const;
+  bool can_terminate() const;
+  // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
+  std::string forced_bytes(bool* must_end);
+  int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
+  const std::shared_ptr<const CompiledGrammar>& compiled() const { return g_; }
+
+ private:
+  bool advance(uint8_t b);
+  void pop_set();
+  void add(int32_t state, int32_t origin, int32_t pos);
+  void closure(uint32_t begin, int32_t pos);
+  bool last_set_can_end() const;
+  bool any_byte_possible() const;
+  void check_uncertain(uint32_t* mask);
+
+  std::shared_ptr<const CompiledGrammar> g_;
+  bool terminate_without_eos_;
+  int32_t max_rollback_;
+  bool terminated_ = false;
+  std::vector<Item> items_;
+  std::vector<uint32_t> set_begin_;
+  struct Mark {
+    uint32_t sets;
+    bool terminated;
+  };
+  std::vector<Mark> token_marks_;  // number of sets before each accepted step
+  ItemSet seen_;
+  std::vector<uint32_t> state_stamp_;
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> scratch_;
+  std::vector<int32_t> merged_;
+};
+
+}  // namespace grammar
+}  // namespace agent_infer

