@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.errors import GrammarDefinitionError
+from agent_infer.errors import ConfigError, GrammarDefinitionError, NativeExtensionMissingError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.reference import ReferenceRecognizer
 
@@ -71,13 +71,15 @@ def _run_native(grammar: Grammar, text: str) -> tuple[int, bool] | None:
 def _run(grammar: Grammar, text: str, backend: str) -> tuple[int, bool, str]:
     """(viable prefix length, accepted, backend used)."""
     if backend not in ("auto", "native", "reference"):
-        raise ValueError(f"backend must be 'auto', 'native' or 'reference', not {backend!r}")
+        raise ConfigError(f"backend must be 'auto', 'native' or 'reference', not {backend!r}")
     if backend != "reference":
         result = _run_native(grammar, text)
         if result is not None:
             return (*result, "native matcher")
         if backend == "native":
-            raise RuntimeError("the native matcher is not available (agent_infer._native is not built)")
+            raise NativeExtensionMissingError(
+                "the native matcher is not available (agent_infer._native is not built)"
+            )
     rec = ReferenceRecognizer(grammar)
     stop = rec.viable_prefix_length(text)
     return stop, stop == len(text) and rec.accepts(text), "reference recognizer"

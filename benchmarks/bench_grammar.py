@@ -136,8 +136,6 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
     native, view = engine.allocate(1)
     engine.before_schema()
     res: dict[str, Any] = {"id": task["id"], "status": "pass"}
-    # --clock cpu: process CPU time, which other load on a shared machine inflates far less.
-    clock = time.process_time_ns if task.get("clock") == "cpu" else time.perf_counter_ns
     c0, t0 = time.process_time_ns(), time.perf_counter_ns()
     try:
         m = engine.compile(task["schema"])
@@ -154,8 +152,11 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
         compile_wall_us=(t1 - t0) / 1e3,
         first_mask_wall_us=(t2 - t1) / 1e3,
     )
-    res["ttfm_us"] = res["ttfm_cpu_us"] if task.get("clock") == "cpu" else res["ttfm_wall_us"]
-    tbm: list[float] = []  # microseconds, valid tests only
+    # Microseconds, valid tests only. Both clocks: wall time, and process CPU time, which other
+    # load on a shared machine inflates far less. The CPU clock (a syscall) brackets the wall one
+    # so its cost stays out of the wall sample.
+    tbm: list[float] = []
+    tbm_cpu: list[float] = []
     failures: list[dict[str, Any]] = []
     first = True  # the state right after compile already has a mask: reuse it for test 0's step 0
     try:
@@ -168,11 +169,14 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
                 if first:
                     first = False
                 else:
-                    s = clock()
+                    cs = time.process_time_ns()
+                    s = time.perf_counter_ns()
                     m.fill(native, 0)
-                    e_ = clock()
+                    e_ = time.perf_counter_ns()
+                    ce = time.process_time_ns()
                     if test["valid"]:
                         tbm.append((e_ - s) / 1e3)
+                        tbm_cpu.append((ce - cs) / 1e3)
                 if tok == eos and pos == len(toks):
                     if not (_bit(view, 0, eos) and m.can_terminate()):
                         outcome = "no-eos"
@@ -196,6 +200,7 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
             res["status"] = "accepts-invalid"
     res["failures"] = failures[:20]
     res["tbm_us"] = [round(x, 2) for x in tbm]
+    res["tbm_cpu_us"] = [round(x, 2) for x in tbm_cpu]
     return res
 
 
@@ -269,10 +274,24 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the benchmark process dies, so a killed run leaves no busy workers."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: workers still end at their next recv() on a closed pipe
+    if os.getppid() == 1:
+        os._exit(1)  # parent already gone before prctl took effect
+
+
 def _worker(
     engine_name: str, spec: TokenizerSpec, conn: Connection, mem_limit_gb: float, options: dict[str, Any]
 ) -> None:
     """Worker process: build the engine once, then serve tasks until told to stop."""
+    _die_with_parent()
     if mem_limit_gb > 0:
         import resource
 
@@ -458,12 +477,17 @@ def fmt_ratio(x: float) -> str:
     return f"{x:.2f}×" if x >= 0.1 else f"{x:.2g}×"  # keep small ratios readable (0.0031×)
 
 
+CLOCK = {"name": "wall"}  # which clock the tables read (--clock); raw results keep both
+
+
 def _ttfm(rows: Iterable[dict[str, Any]]) -> list[float]:
-    return [r["ttfm_us"] for r in rows if "ttfm_us" in r and r["status"] != "timeout"]
+    key = f"ttfm_{CLOCK['name']}_us"
+    return [r[key] for r in rows if key in r and r["status"] != "timeout"]
 
 
 def _tbm(rows: Iterable[dict[str, Any]]) -> list[float]:
-    return [x for r in rows for x in r.get("tbm_us", [])]
+    key = "tbm_cpu_us" if CLOCK["name"] == "cpu" else "tbm_us"
+    return [x for r in rows for x in r.get(key, [])]
 
 
 TTFM_Q = (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
@@ -519,7 +543,7 @@ def ratio_table(tok: str, engines: Sequence[str], results: dict[str, dict[str, d
         if e == "ours":
             continue
         peer = results[e]
-        both_c = [k for k in ours if k in peer and "ttfm_us" in ours[k] and "ttfm_us" in peer[k]]
+        both_c = [k for k in ours if k in peer and "ttfm_wall_us" in ours[k] and "ttfm_wall_us" in peer[k]]
         both_p = [
             k for k in ours if k in peer and ours[k]["status"] == "pass" and peer[k]["status"] == "pass"
         ]
@@ -603,7 +627,7 @@ def run_schemas(
             + "\n"
         )
         for i, s in enumerate(schemas):
-            task = {"id": s["id"], "schema": s["schema"], "tests": tokens[s["id"]], "clock": args.clock}
+            task = {"id": s["id"], "schema": s["schema"], "tests": tokens[s["id"]]}
             for e in live:
                 r = workers[e].run("schema", task, args.timeout)
                 r.update(engine=e, tokenizer=spec.name, id=s["id"])
@@ -620,14 +644,55 @@ def run_schemas(
     for w in workers.values():
         w.close()
     restarts = {e: workers[e].restarts for e in live}
+    note = f"Worker restarts after timeout/crash: {restarts}. Raw results: `{_rel(out_path)}`."
+    return render_schemas(spec.name, live, results, len(schemas), infos, note)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def render_schemas(
+    tok: str,
+    engines: Sequence[str],
+    results: dict[str, dict[str, dict[str, Any]]],
+    n_schemas: int,
+    infos: dict[str, dict[str, Any]],
+    note: str,
+) -> str:
+    """The markdown section of one tokenizer's per-schema run."""
     parts = [
-        summary_table(spec.name, live, results, len(schemas)),
-        ratio_table(spec.name, live, results),
-        failure_table(live, results),
+        summary_table(tok, engines, results, n_schemas),
+        ratio_table(tok, engines, results),
+        failure_table(engines, results),
         settings_table(infos),
-        f"Worker restarts after timeout/crash: {restarts}. Raw results: `{out_path.relative_to(REPO)}`.",
+        note,
     ]
     return "\n\n".join(p for p in parts if p)
+
+
+def report(paths: Sequence[Path]) -> str:
+    """Re-render the tables from raw ``.jsonl`` results (e.g. with the other ``--clock``)."""
+    by_tok: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    infos: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if r.get("header"):
+                infos.setdefault(r["tokenizer"]["name"], {}).update(r.get("engines", {}))
+            elif r.get("mode") != "batch":
+                by_tok.setdefault(r["tokenizer"], {}).setdefault(r["engine"], {})[r["id"]] = r
+    sections = []
+    for tok, results in by_tok.items():
+        engines = list(results)
+        n = len({k for rows in results.values() for k in rows})
+        info = {e: i for e, i in infos.get(tok, {}).items() if e in results}
+        note = "From " + ", ".join(f"`{_rel(p)}`" for p in paths) + "."
+        sections.append(render_schemas(tok, engines, results, n, info, note))
+    return "\n\n".join(sections)
 
 
 def run_batch(
@@ -673,6 +738,9 @@ def run_batch(
     infos: dict[str, dict[str, Any]] = {}
     with out_path.open("a", encoding="utf-8") as fh:
         for e in args.engines:
+            if not ENGINES[e].has_batch:
+                lines.append(f"| {e} | no batch mask fill API: skipped | | | | | |")
+                continue
             w = WorkerHandle(e, spec, args.mem_limit_gb, args.init_timeout, engine_options(args))
             infos[e] = w.start()
             if not infos[e].get("ready"):
@@ -733,6 +801,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--init-timeout", type=float, default=600.0, help="worker start (tokenizer tables) limit (s)"
     )
+    p.add_argument("--report", type=Path, nargs="+", help="only re-render tables from raw .jsonl files")
     p.add_argument("--out", type=Path, default=None, help="raw results .jsonl (default bench_results/...)")
     p.add_argument("--progress", type=int, default=25, help="progress line every N schemas (stderr)")
     p.add_argument("--batch", type=int, default=0, help="batch mode: one batched fill over N matchers")
@@ -749,6 +818,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    CLOCK["name"] = args.clock
+    if args.report:
+        print(f"## Grammar benchmark (MaskBench), clock {args.clock}\n\n" + report(args.report))
+        return 0
     toks = ["smollm2", "deepseek"] if args.tokenizer == "both" else [args.tokenizer]
     schemas = load_schemas(args.data, args.limit, args.seed)
     if not schemas:

@@ -38,16 +38,17 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--decode", type=int, default=32)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     print(f"import torch + agent_infer.model: {_IMPORT_S:.2f} s")
     lm = None
     for i in range(args.repeat):
         t = time.perf_counter()
-        lm = load_model(args.model)
+        lm = load_model(args.model, dtype=getattr(torch, args.dtype))
         print(f"load {i + 1}: {time.perf_counter() - t:.2f} s  ({lm.path.name})")
     if lm is not None and args.decode:
         print(
-            f"decode batch 1: {decode_speed(lm, args.decode):.1f} tokens/s ({torch.get_num_threads()} threads)"
+            f"decode batch 1 ({args.dtype}): {decode_speed(lm, args.decode):.1f} tokens/s ({torch.get_num_threads()} threads)"
         )
 
 

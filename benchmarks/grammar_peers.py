@@ -83,6 +83,7 @@ class Engine(ABC):
     """One engine bound to one tokenizer."""
 
     name: ClassVar[str]
+    has_batch: ClassVar[bool] = True  # False: batch_fill raises NotImplementedError
     settings: dict[str, str]
 
     def __init__(self, spec: TokenizerSpec, options: dict[str, Any] | None = None) -> None:
@@ -486,6 +487,7 @@ class OutlinesEngine(Engine):
     """outlines-core: regex from the schema with ``whitespace_pattern=""`` (compact), then an Index."""
 
     name = "outlines"
+    has_batch = False
     dist = "outlines_core"
 
     def __init__(self, spec: TokenizerSpec, options: dict[str, Any] | None = None) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from agent_infer.grammar.ir import Grammar, grammars_dir
-from agent_infer.testing import _native_compiler, assert_accepts, assert_rejects
+from agent_infer.testing import (
+    _native_compiler,
+    assert_accepts,
+    assert_prefix,
+    assert_rejects,
+    random_strings,
+)
 
 EXAMPLES: dict[str, tuple[list[str], list[str]]] = {
     "json": (
@@ -107,3 +113,12 @@ def test_builtin_examples_native(name: str) -> None:
         assert_accepts(grammar, text, backend="native")
     for text in rejected:
         assert_rejects(grammar, text, backend="native")
+
+
+@pytest.mark.skipif(_native_compiler() is None, reason="native matcher (agent_infer._native) not built")
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_native_matcher_agrees_on_generated_strings(name: str) -> None:
+    grammar = Grammar.builtin(name)
+    for text in random_strings(grammar, 8, seed=11, max_depth=4, max_repeat=3):
+        assert_accepts(grammar, text, backend="native")
+        assert_prefix(grammar, text[: len(text) // 2], backend="native")

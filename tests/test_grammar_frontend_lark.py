@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.lark_frontend import parse_lark
 from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.testing import random_strings
 
 CALC = r"""
 ?start: sum
@@ -122,3 +125,22 @@ def test_undefined_names() -> None:
         parse_lark('start: "a"\n  | thing\n')
     with pytest.raises(GrammarDefinitionError, match="start rule"):
         parse_lark('begin: "a"\n')
+
+
+@pytest.mark.parametrize("text", [CALC, JSONISH], ids=["calc", "jsonish"])
+def test_agrees_with_lark_itself(text: str) -> None:
+    """Generated strings and one-character mutations: same verdict as lark's own Earley parser."""
+    lark = pytest.importorskip("lark")
+    ours = ReferenceRecognizer(parse_lark(text))
+    theirs = lark.Lark(text, parser="earley", lexer="dynamic")
+    rng = random.Random(1)
+    for sample in random_strings(parse_lark(text), 20, seed=3, max_depth=5, max_repeat=3):
+        i = rng.randrange(len(sample) + 1)
+        mutated = sample[:i] + rng.choice('1a +-()"[],:e.') + sample[i + 1 :]
+        for candidate in (sample, mutated):
+            try:
+                theirs.parse(candidate)
+                lark_ok = True
+            except lark.exceptions.LarkError:
+                lark_ok = False
+            assert ours.accepts(candidate) == lark_ok, candidate

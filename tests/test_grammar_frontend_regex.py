@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import re
 
 import pytest
@@ -13,7 +14,7 @@ from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.grammar.regex import parse_regex, regex_search_expr, regex_to_grammar
-from agent_infer.testing import strings
+from agent_infer.testing import _native_compiler, assert_accepts, assert_rejects, strings
 
 PATTERNS = [
     r"a|b",
@@ -156,3 +157,59 @@ def test_syntax_errors_have_position(pattern: str, position: int) -> None:
 def test_literals_merge_and_print_as_gbnf() -> None:
     assert str(regex_to_grammar(r"^abc[0-9]+$")) == 'root ::= "abc" [0-9]+\n'
     assert Grammar.from_regex("a|b") == regex_to_grammar("a|b")
+
+
+@pytest.mark.skipif(_native_compiler() is None, reason="native matcher (agent_infer._native) not built")
+def test_native_matcher_agrees_with_re() -> None:
+    texts = ["".join(t) for n in range(3) for t in itertools.product("abA1 \n", repeat=n)]
+    for pattern in PATTERNS:
+        grammar = regex_to_grammar(pattern)
+        for text in texts:
+            if re.fullmatch(pattern, text):
+                assert_accepts(grammar, text, backend="native")
+            else:
+                assert_rejects(grammar, text, backend="native")
+
+
+@pytest.mark.parametrize(
+    "pattern", ["(?i)k", "(?i)s", "(?i)[a-z]+", "(?i)é", "(?i)[α-ω]", "(?i)[^k]", "(?i)ǅ", "(?i)i"]
+)
+def test_ignorecase_matches_re_beyond_ascii(pattern: str) -> None:
+    rec = ReferenceRecognizer(regex_to_grammar(pattern))
+    for cp in [*range(0x20, 0x250), *range(0x370, 0x400), 0x1E9E, 0x212A, 0x212B, 0x2126, 0x1C4, 0x1C6]:
+        assert rec.accepts(chr(cp)) == bool(re.fullmatch(pattern, chr(cp))), (pattern, hex(cp))
+
+
+def test_random_patterns_agree_with_re() -> None:
+    """Random splices of regex fragments: we reject exactly what re rejects (or say unsupported)
+    and otherwise match the same strings."""
+    rng = random.Random(5)
+    atoms = [
+        *"ab.|()^$*+?{}[]-",
+        "[ab]",
+        "[^a]",
+        r"\d",
+        r"\w",
+        r"\s",
+        "(a|b)",
+        "(?:ab)",
+        "[a-c]",
+        r"\.",
+        "[]]",
+    ]
+    atoms += ["{1}", "{1,2}", "{,2}", r"\b", r"\1", r"\n", "(?i)", r"[\d-z]", "[a-]", "(?P<g>", "(?=", "a"]
+    texts = ["".join(t) for n in range(4) for t in itertools.product("ab1 \n]", repeat=n)]
+    for _ in range(150):
+        pattern = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 5)))
+        try:
+            compiled = re.compile(pattern)
+        except re.error:
+            with pytest.raises(GrammarSyntaxError):
+                regex_to_grammar(pattern)
+            continue
+        try:
+            rec = ReferenceRecognizer(regex_to_grammar(pattern))
+        except UnsupportedRegexError:
+            continue
+        for text in texts:
+            assert rec.accepts(text) == bool(compiled.fullmatch(text)), (pattern, text)

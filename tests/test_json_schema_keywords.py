@@ -145,3 +145,16 @@ def test_whitespace_modes() -> None:
     check(schema, [value, json.dumps(value, indent=2), '{ "a" :[1 ,2] }'], ['{   "a":[1]}'])
     check(schema, [value], [json.dumps(value)], whitespace="compact")
     check(schema, [json.dumps(value, indent=2), "{}"], [value], indent=2)
+
+
+def test_dependencies_split_into_disjoint_cases() -> None:
+    check({"type": "object", "dependentRequired": {"a": ["b"]}}, [{}, {"b": 1}, {"a": 1, "b": 2}], [{"a": 1}])
+    check({"type": "object", "properties": {"a": {"type": "integer"}},
+           "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}}},
+          [{}, {"a": 1, "b": "x"}, {"b": 1}], [{"a": 1}, {"a": 1, "b": 2}])
+
+
+def test_enum_filtered_by_keywords_a_grammar_cannot_express() -> None:
+    check({"enum": [1, 2, 3, "x"], "not": {"enum": [2]}, "oneOf": [{"type": "integer"}, {"const": 3}]},
+          ["1"], ["2", "3", '"x"'])
+    check({"enum": [[1, 1], [1, 2]], "uniqueItems": True}, ["[1,2]"], ["[1,1]"])

@@ -25,9 +25,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lm() -> LoadedModel:
-    return load_model(default_model_path(), device=torch.device("cpu"))
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def lm(request: pytest.FixtureRequest) -> LoadedModel:
+    return load_model(default_model_path(), device=torch.device("cpu"), dtype=request.param)
 
 
 def _prompts(lm: LoadedModel) -> list[list[int]]:

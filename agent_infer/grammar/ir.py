@@ -211,8 +211,10 @@ def _escape_char(cp: int, in_class: bool) -> str:
     special = {0x5C: "\\\\", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
     if cp in special:
         return special[cp]
-    if in_class and chr(cp) in "]-^[":
+    if in_class and chr(cp) in "][":
         return "\\" + chr(cp)
+    if in_class and chr(cp) in "-^":
+        return f"\\x{cp:02X}"  # llama.cpp rejects \- and \^ inside classes
     if not in_class and cp == 0x22:
         return '\\"'
     if cp < 0x20 or cp == 0x7F:
@@ -281,6 +283,11 @@ class Grammar:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        # The root always comes first, so equality does not depend on how rules were listed
+        # and ``parse_gbnf(str(g)) == g`` holds (str prints the root first).
+        ordered = tuple(sorted(self.rules, key=lambda r: r[0] != self.root))
+        if ordered != self.rules:
+            object.__setattr__(self, "rules", ordered)
         names = [name for name, _ in self.rules]
         seen: set[str] = set()
         for name in names:
@@ -315,8 +322,7 @@ class Grammar:
         return hashlib.sha256(f"{self.root}\n{self}".encode()).hexdigest()
 
     def __str__(self) -> str:
-        ordered = sorted(self.rules, key=lambda r: r[0] != self.root)
-        return "\n".join(f"{name} ::= {_fmt(expr, 0)}" for name, expr in ordered) + "\n"
+        return "\n".join(f"{name} ::= {_fmt(expr, 0)}" for name, expr in self.rules) + "\n"
 
     # -- construction --
 

@@ -9,6 +9,7 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 MAX_RULES = 50_000
 MAX_INLINE_REPEAT = 256
+MAX_DEPENDENCY_TRIGGERS = 3
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64
 # After a newline, flexible whitespace allows this much indentation (json.dumps(indent=2) to depth 20).
@@ -231,10 +233,9 @@ class Compiler:
             parts = [{k: v for k, v in p.items() if not k.startswith("unevaluated")} if isinstance(p, dict) else p
                      for p in parts]
             rest = {k: v for k, v in rest.items() if not k.startswith("unevaluated")}
-        merger = Merger(self.matches, pointer)
         out: Any = rest
         for part in parts:
-            out = merger.merge(out, part)
+            out = self.merge(out, part, pointer)
         return out
 
     def matches(self, pattern: str, name: str) -> bool:
@@ -280,6 +281,8 @@ class Compiler:
             # A finite list: every other keyword just filters it, decided exactly per value.
             self.allowed_types(flat, pointer)
             return objects.lower_values(self, vals, flat, pointer, depth)
+        if "dependentRequired" in flat or "dependentSchemas" in flat:
+            return self.lower_dependencies(flat, pointer, depth)
         if "anyOf" in flat or "oneOf" in flat:
             return self.lower_branches(flat, pointer, depth)
         flat = self.apply_not(flat, pointer)
@@ -357,7 +360,6 @@ class Compiler:
         """anyOf/oneOf: distribute the sibling keywords into each branch, then alternate."""
         base = {k: v for k, v in flat.items() if k not in ("anyOf", "oneOf")}
         trivial_base = all(is_annotation(k) for k in base)
-        merger = Merger(self.matches, pointer)
         out: list[Expr] = []
         for key in ("anyOf", "oneOf"):
             if key not in flat:
@@ -374,12 +376,54 @@ class Compiler:
             if not trivial_base:
                 if any(isinstance(m, dict) and any(k.startswith("unevaluated") for k in m) for m in merged):
                     self.unsupported("unevaluatedProperties", f"{pointer}/{key}", "unevaluated* inside a branch")
-                merged = [merger.merge(base, m) for m in merged]
+                merged = [self.merge(base, m, pointer) for m in merged]
             if key == "oneOf" and not self._pairwise_disjoint(merged):
                 self.unsupported("oneOf", f"{pointer}/oneOf", "oneOf branches are not provably disjoint")
             exprs = [self.lower(b if trivial_base else m, p, depth) for b, m, p in zip(branches, merged, here)]
             out.append(alt(*exprs))
         return out[0]
+
+    def merge(self, a: Any, b: Any, pointer: str) -> Any:
+        """``allOf: [a, b]`` merged; non-strict mode keeps ``a`` (a superset) when no exact merge exists."""
+        try:
+            return Merger(self.matches, pointer).merge(a, b)
+        except UnsupportedSchemaError as exc:
+            if self.strict:
+                raise
+            self.unsupported(exc.keyword, exc.pointer, "allOf cannot be merged exactly")
+            return a
+
+    def lower_dependencies(self, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
+        """dependentRequired/dependentSchemas as an alternation over which triggers are present.
+
+        Each case pins every trigger as present (with its dependencies) or absent (``false``), so the
+        cases are disjoint objects and each is an ordinary schema.
+        """
+        deps = flat.get("dependentRequired", {})
+        dschemas = flat.get("dependentSchemas", {})
+        for trigger, need in deps.items():
+            if not isinstance(need, list) or not all(isinstance(n, str) for n in need):
+                raise InvalidSchemaError("dependentRequired values must be arrays of strings",
+                                         pointer=f"{pointer}/dependentRequired/{trigger}")
+        base = {k: v for k, v in flat.items() if k not in ("dependentRequired", "dependentSchemas")}
+        triggers = list(dict.fromkeys([*deps, *dschemas]))
+        if len(triggers) > MAX_DEPENDENCY_TRIGGERS:
+            self.unsupported("dependentRequired" if deps else "dependentSchemas", pointer,
+                             f"more than {MAX_DEPENDENCY_TRIGGERS} dependency triggers")
+            return self.lower(base, pointer, depth)
+        cases: list[Expr] = []
+        for mask in itertools.product((False, True), repeat=len(triggers)):
+            case: Any = base
+            for trigger, present in zip(triggers, mask):
+                if not present:
+                    case = self.merge(case, {"properties": {trigger: False}}, pointer)
+                    continue
+                case = self.merge(case, {"required": [trigger, *deps.get(trigger, [])]}, pointer)
+                if trigger in dschemas:
+                    where = f"{pointer}/dependentSchemas/{trigger}"
+                    case = self.merge(case, self.flatten(dschemas[trigger], where), where)
+            cases.append(self.lower(case, pointer, depth))
+        return alt(*cases)
 
     def _pairwise_disjoint(self, branches: list[Any]) -> bool:
         def flat_prop(s: Any) -> Any:

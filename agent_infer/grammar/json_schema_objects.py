@@ -181,7 +181,6 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
         value = c.lower(schema, here, depth + 1)
         members.append((seq(lit('"'), encode_literal(name), lit('"'), c.colon(), value), is_required))
-    _check_dependencies(c, flat, pointer, names, required)
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
     if lo == 0 and hi is None:
         body, nullable = _members(c, members, extra, depth)
@@ -193,21 +192,6 @@ def _invalid(msg: str, pointer: str) -> Exception:
     from agent_infer.errors import InvalidSchemaError
 
     return InvalidSchemaError(msg, pointer=pointer)
-
-
-def _check_dependencies(c: Compiler, flat: dict[str, Any], pointer: str, names: list[str], required: list[str]) -> None:
-    for trigger, deps in flat.get("dependentRequired", {}).items():
-        if not isinstance(deps, list):
-            raise _invalid("dependentRequired values must be arrays", f"{pointer}/dependentRequired/{trigger}")
-        if trigger in required and all(d in required for d in deps):
-            continue
-        if all(d in required for d in deps) or (trigger not in names and flat.get("additionalProperties") is False):
-            continue
-        c.unsupported("dependentRequired", f"{pointer}/dependentRequired", "dependentRequired is not supported")
-    for trigger, sub in flat.get("dependentSchemas", {}).items():
-        if sub is True or sub == {} or (trigger not in names and flat.get("additionalProperties") is False):
-            continue
-        c.unsupported("dependentSchemas", f"{pointer}/dependentSchemas", "dependentSchemas is not supported")
 
 
 def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, names: list[str],

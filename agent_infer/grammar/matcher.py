@@ -99,9 +99,10 @@ class GrammarMatcher:
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar fixes next, canonically tokenized and safe to append without sampling.
 
-        The last token is dropped unless the grammar must end right after it, since text that
-        follows could merge with it under canonical tokenization. When the grammar must end
-        immediately, the EOS token is forced.
+        Unless the grammar must end right after the forced text, the last token is dropped, and so
+        is any further token whose boundary moves when probe continuations are appended (text that
+        follows could merge with it under canonical tokenization). When the grammar must end
+        immediately, the EOS token is forced too.
         """
         info = self._compiled.tokenizer_info
         data, must_end = self.find_forced_bytes()
@@ -110,9 +111,9 @@ class GrammarMatcher:
             must_end = False
         out: list[int] = []
         if text_bytes:
-            ids = info.encode(text_bytes.decode("utf-8"))
+            text = text_bytes.decode("utf-8")
             pos = 0
-            for tid in ids:
+            for tid in info.encode(text):
                 piece = info.token_bytes(tid)
                 if not piece or text_bytes[pos : pos + len(piece)] != piece:
                     must_end = False
@@ -121,8 +122,12 @@ class GrammarMatcher:
                 pos += len(piece)
             if pos != len(text_bytes):
                 must_end = False
-            if out and not must_end:
-                out.pop()
+            if not must_end:
+                if out:
+                    out.pop()
+                for probe in _PROBES:
+                    while out and info.encode(text + probe)[: len(out)] != out:
+                        out.pop()
         if must_end and not self._terminate_without_eos and info.eos_token_ids:
             out.append(info.eos_token_ids[0])
         return out
@@ -131,6 +136,10 @@ class GrammarMatcher:
     def num_accepted_steps(self) -> int:
         """Steps currently available to :meth:`rollback`."""
         return int(self._m.num_tokens())
+
+
+# Continuations tried when checking that forced token boundaries are stable.
+_PROBES = ("a", "Z", "0", " ", " a", "\n", '"', "'", ",", ".", "}", "é", "日", "xxxxxxxx", "_", "-")
 
 
 def _whole_chars(data: bytes) -> bytes:

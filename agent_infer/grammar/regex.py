@@ -171,13 +171,10 @@ class _Parser(_Reader):
                 if not name.isidentifier():
                     raise self.error("bad group name", self.i)
                 self.i = end + 1
-                self.groups += 1
             else:
                 inner_flags, scoped = self.inline_flags(flags, pos)
                 if not scoped:
                     return None
-        else:
-            self.groups += 1
         expr = self.alternation(inner_flags)
         if self.peek() != ")":
             raise self.error("missing ), unterminated subpattern", pos)
@@ -276,7 +273,7 @@ def parse_regex(pattern: str, *, dialect: str = "python") -> Expr:
     return _strip(_parse_raw(pattern, dialect), True, True)
 
 
-def regex_search_expr(pattern: str, *, dialect: str = "ecma") -> Expr:
+def regex_search_expr(pattern: str, dialect: str = "ecma") -> Expr:
     """Strings *containing* a match of ``pattern`` (JSON Schema semantics), honouring ``^``/``$``.
 
     ``^`` pins only the start and ``$`` only the end; each alternative is padded separately.

@@ -135,18 +135,51 @@ def unicode_property(name: str) -> Ranges | None:
     return None
 
 
-def fold_case(ranges: Ranges) -> Ranges:
-    """Add the other-case twin of every code point in ``ranges`` (simple one-to-one case mapping).
+@cache
+def _case_twins() -> dict[int, tuple[int, ...]]:
+    """Code point -> the other code points it matches case-insensitively.
 
-    Only ranges up to a few thousand code points are scanned character by character; this covers
-    literals and ordinary classes, and the big classes are already closed under case.
+    Characters are joined when one is the single-character lower or upper case of the other
+    (so K, k and the Kelvin sign, or s, S and the long s, end up together), which is how
+    ``re`` with IGNORECASE relates str characters. One scan of every code point, cached.
     """
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for cp in range(MAX_CODEPOINT + 1):
+        ch = chr(cp)
+        # U+0130 is the one character whose full lowercase is longer than its simple one ("i").
+        for other in (ch.lower()[:1], ch.upper()):
+            if len(other) == 1 and other != ch:
+                a, b = find(cp), find(ord(other))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for cp in list(parent):
+        groups.setdefault(find(cp), []).append(cp)
+    twins: dict[int, tuple[int, ...]] = {}
+    for root, members in groups.items():
+        everyone = tuple(sorted({root, *members}))
+        for cp in everyone:
+            twins[cp] = everyone
+    return twins
+
+
+def fold_case(ranges: Ranges) -> Ranges:
+    """Close ``ranges`` under case-insensitive equivalence (see :func:`_case_twins`).
+
+    Ranges wider than a few thousand code points are left as they are: scanning them would be
+    slow, and such classes (negations, ``\\w``) are already closed under case in practice.
+    """
+    twins = _case_twins()
     extra: list[tuple[int, int]] = []
     for lo, hi in ranges:
         if hi - lo > 4096:
             continue
         for cp in range(lo, hi + 1):
-            for twin in (chr(cp).lower(), chr(cp).upper(), chr(cp).casefold()):
-                if len(twin) == 1 and twin != chr(cp):
-                    extra.append((ord(twin), ord(twin)))
+            extra.extend((t, t) for t in twins.get(cp, ()))
     return merge((*ranges, *extra))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
+from agent_infer.errors import ConfigError, GrammarSyntaxError, UnsupportedRegexError
 from agent_infer.grammar import regex_classes as rc
 from agent_infer.grammar.ir import MAX_CODEPOINT, CharClass, Expr, Literal
 
@@ -38,11 +38,10 @@ class _Reader:
 
     def __init__(self, pattern: str, dialect: str) -> None:
         if dialect not in _DIALECTS:
-            raise ValueError(f"unknown regex dialect {dialect!r}; expected one of {_DIALECTS}")
+            raise ConfigError(f"unknown regex dialect {dialect!r}; expected one of {_DIALECTS}")
         self.p = pattern
         self.i = 0
         self.dialect = dialect
-        self.groups = 0
 
     # -- helpers --
 
@@ -70,7 +69,7 @@ class _Reader:
             else:
                 break
 
-    # -- grammar: alternation > sequence > quantified atom --
+    # -- single characters, with case folding --
 
     def char(self, cp: int, flags: _Flags) -> Expr:
         if flags.ignorecase:
