@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agent_infer.model import AttentionMetadata
 from agent_infer.model.loader import LoadedModel, default_model_path, load_model
 from agent_infer.model.runner import SequenceRunner
 
@@ -73,8 +74,6 @@ def test_logits_match_transformers(ours: LoadedModel, hf_model: torch.nn.Module)
     runner = SequenceRunner(ours.model, num_blocks=8, block_size=16)
     # all positions' logits, not only the last: run the prefill through the model directly
     n = len(ids)
-    from agent_infer.model import AttentionMetadata
-
     table = list(range(7, 7 - (-(-n // 16)), -1))  # non-contiguous, descending blocks
     slots = torch.tensor([table[p // 16] * 16 + p % 16 for p in range(n)])
     meta = AttentionMetadata([0, n], [n], [table], slots, 16)

@@ -127,6 +127,34 @@ def test_tiny_gguf_matches_unpermuted_reference(tmp_path: Path) -> None:
     assert (got - ref).abs().max().item() < 1e-5
 
 
+def test_tiny_qwen2_gguf_matches_transformers(tmp_path: Path) -> None:
+    """Qwen2: q/k/v biases, and no q/k permutation in GGUF (llama.cpp only permutes Llama)."""
+    transformers = pytest.importorskip("transformers")
+    weights = _tiny_weights(seed=2)
+    rng = np.random.default_rng(3)
+    for proj, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+        weights[f"blk.0.attn_{proj}.bias"] = rng.standard_normal(rows).astype(np.float32)
+    lm = load_model(
+        write_tiny_gguf(tmp_path / "m.gguf", arch="qwen2", weights=weights), device=torch.device("cpu")
+    )
+    assert lm.config.architecture == "qwen2" and lm.config.attention_bias
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=1,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = transformers.Qwen2ForCausalLM(cfg).eval()
+    from agent_infer.model.gguf_loader import hf_name
+
+    hf.load_state_dict({hf_name(k): torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+    hf.tie_weights()
+    ids = [7, 3, 3, 50, 12, 1, 40]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1]
+    got = SequenceRunner(lm.model, num_blocks=4, block_size=4).step([(0, ids)])[0]
+    assert (got - ref).abs().max().item() < 1e-5
+
+
 def test_truncated_copies(tmp_path: Path) -> None:
     real = default_model_path()
     data = real.read_bytes()

@@ -7,6 +7,7 @@ provides the type tables (quant block sizes, value-type ids), so the format know
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ class _Cursor:
             )
 
     def scalar(self, fmt: str, what: str) -> Any:
+        """Read one ``struct`` value; ``what`` names it in the error if the file ends first."""
         size = struct.calcsize(fmt)
         self._need(size, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -90,6 +92,7 @@ class _Cursor:
         return value
 
     def string(self, what: str) -> str:
+        """Read a length-prefixed UTF-8 string."""
         n = self.scalar("<Q", what)
         self._need(n, what)
         raw = self.buf[self.pos : self.pos + n]
@@ -116,6 +119,7 @@ class _Cursor:
         raise ModelLoadError(f"{self.path}: truncated GGUF header while reading {what} at byte {pos}")
 
     def value(self, vtype: int, what: str) -> Any:
+        """Read a metadata value of GGUF value type ``vtype`` (numeric arrays come back as numpy arrays)."""
         if vtype == _VT.STRING:
             return self.string(what)
         if vtype == _VT.ARRAY:
@@ -173,11 +177,18 @@ class GGUFFile:
         data_start = -(-cur.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, ggml_type, rel in infos:
-            n_elem = int(np.prod(dims)) if dims else 1
+            n_elem = math.prod(dims)  # Python ints: hostile dims cannot overflow
             try:
                 block, type_size = gguf.GGML_QUANT_SIZES[_QT(ggml_type)]
             except (ValueError, KeyError):
                 block, type_size = 1, 0  # unknown type: size unknowable, reported when dequantized
+            if dims and dims[0] % block:
+                raise ModelLoadError(
+                    f"{self.path}: tensor {name!r} has {dims[0]} elements per row, not a multiple of "
+                    f"its {_QT(ggml_type).name} block size {block}"
+                )
+            if name in self.tensors:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} appears twice")
             nbytes = n_elem // block * type_size
             info = TensorInfo(
                 name, tuple(int(d) for d in reversed(dims)), ggml_type, data_start + rel, nbytes
