@@ -1,0 +1,431 @@
+"""Tools an agent can call: typed Python functions become JSON-Schema-described :class:`Tool` objects.
+
+A plain function (sync or async) or one decorated with :func:`tool` is turned into a ``Tool``
+whose ``parameters`` JSON Schema comes from the signature through Pydantic and whose description
+(and per-parameter descriptions) come from the docstring (Google, numpy or Sphinx style).
+How tool calls look in a model's output is the job of :mod:`agent_infer.tool_formats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import pydantic
+
+from agent_infer.errors import InvalidRequestError
+
+__all__ = [
+    "Tool",
+    "ToolArgumentsError",
+    "ToolDefinitionError",
+    "ToolRetry",
+    "as_tools",
+    "parse_docstring",
+    "tool",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule; also keeps names safe inside every format
+_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ToolDefinitionError(InvalidRequestError):
+    """A function cannot become a tool (``*args``, bad name, unsupported annotation) or tools clash."""
+
+
+class ToolArgumentsError(InvalidRequestError):
+    """Arguments of a tool call do not match the tool's parameters. ``errors`` lists each problem."""
+
+    def __init__(self, message: str, *, tool: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message, field="arguments")
+        self.tool = tool
+        self.errors = errors or []
+
+
+class ToolRetry(Exception):
+    """Raised by a tool to ask the model for a corrected call; the message is shown to the model."""
+
+
+# --- docstrings ------------------------------------------------------------------------------------
+
+_SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?|Notes?|See Also|Attributes)\s*:?\s*$")
+_GOOGLE_ITEM_RE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_NUMPY_ITEM_RE = re.compile(r"^(\w+(?:\s*,\s*\w+)*)\s*(?::.*)?$")
+_SPHINX_RE = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """(summary, {parameter: description}) from a Google, numpy or Sphinx style docstring."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    in_sections = False  # prose after the first section belongs to that section, not the summary
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        numpy_header = i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1].strip() or "x")
+        if _SPHINX_RE.match(stripped) or stripped.startswith((":return", ":raises", ":rtype", ":type")):
+            in_sections = True
+            i = _sphinx_block(lines, i, params)
+        elif _SECTION_RE.match(stripped) and (numpy_header or stripped.endswith(":")):
+            name = stripped.rstrip(":").strip()
+            is_params = name in ("Args", "Arguments", "Parameters", "Params", "Keyword Args")
+            in_sections = True
+            if numpy_header:
+                i = _numpy_block(lines, i + 2, params if is_params else {})
+            else:
+                i = _google_block(lines, i + 1, params if is_params else {})
+        else:
+            if not in_sections:
+                summary.append(line)
+            i += 1
+    return "\n".join(summary).strip(), params
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _google_block(lines: list[str], i: int, out: dict[str, str]) -> int:
+    base: int | None = None
+    current: str | None = None
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() and _indent(line) == 0:
+            break  # the next section (or summary text) starts at column 0
+        if line.strip():
+            base = _indent(line) if base is None else base
+            m = _GOOGLE_ITEM_RE.match(line.strip())
+            if _indent(line) <= base and m:
+                current = m.group(1).lstrip("*")
+                out[current] = m.group(2).strip()
+            elif current is not None:
+                out[current] = f"{out[current]} {line.strip()}".strip()
+        i += 1
+    return i
+
+
+def _numpy_block(lines: list[str], i: int, out: dict[str, str]) -> int:
+    current: list[str] = []  # "x, y : int" describes both names at once
+    while i < len(lines):
+        line = lines[i]
+        if i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1].strip() or "x"):
+            break  # the next numpy section header
+        if line.strip():
+            m = _NUMPY_ITEM_RE.match(line.strip())
+            if _indent(line) == 0 and m:
+                current = re.split(r"\s*,\s*", m.group(1))
+                out.update((name, "") for name in current)
+            else:
+                for name in current:
+                    out[name] = f"{out[name]} {line.strip()}".strip()
+        i += 1
+    return i
+
+
+def _sphinx_block(lines: list[str], i: int, out: dict[str, str]) -> int:
+    m = _SPHINX_RE.match(lines[i].strip())
+    i += 1
+    text = m.group(2).strip() if m else ""
+    while i < len(lines) and lines[i].strip() and _indent(lines[i]) > 0 and not lines[i].strip().startswith(":"):
+        text = f"{text} {lines[i].strip()}"
+        i += 1
+    if m:
+        out[m.group(1)] = text
+    return i
+
+
+# --- schemas ---------------------------------------------------------------------------------------
+
+_DATA_KEYS = {"default", "enum", "const", "examples"}
+_MAP_KEYS = {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}
+
+
+def _clean_schema(schema: Any, close: bool) -> Any:
+    """Drop Pydantic's generated ``title``s (prompt tokens that say nothing new); with ``close``, give
+    objects with declared properties ``additionalProperties: false`` (OpenAI's strict rule).
+
+    Closing is safe: Pydantic drops unknown keys of nested models anyway, so forbidding them only
+    stops the grammar from letting the model spend tokens on keys that would be thrown away.
+    """
+    if isinstance(schema, list):
+        return [_clean_schema(s, close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _DATA_KEYS:
+            out[key] = value
+        elif key in _MAP_KEYS and isinstance(value, dict):
+            out[key] = {name: _clean_schema(sub, close) for name, sub in value.items()}
+        else:
+            out[key] = _clean_schema(value, close)
+    if close and "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _signature_model(func: Callable[..., Any], name: str, descriptions: Mapping[str, str]) -> type[pydantic.BaseModel]:
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception as exc:  # unresolvable forward references: name the function
+        raise ToolDefinitionError(f"cannot resolve the type hints of tool {name!r}: {exc}") from exc
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            star = "*" if param.kind == param.VAR_POSITIONAL else "**"
+            raise ToolDefinitionError(
+                f"tool {name!r}: parameter {star}{param.name} cannot be described to a model; "
+                "list each argument explicitly"
+            )
+        if param.kind == param.POSITIONAL_ONLY:
+            raise ToolDefinitionError(f"tool {name!r}: positional-only parameter {param.name!r} cannot be passed by name")
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        description = descriptions.get(param.name)
+        if description and not _has_field_description(annotation):
+            fields[param.name] = (annotation, pydantic.Field(default, description=description))
+        else:
+            fields[param.name] = (annotation, default)
+    try:
+        return pydantic.create_model(
+            f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+        )
+    except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+        raise ToolDefinitionError(f"tool {name!r}: unsupported parameter type: {exc}") from exc
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    # Callable objects with an ``async def __call__`` are async tools too.
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+def _has_field_description(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is typing.Annotated and any(
+        getattr(meta, "description", None) for meta in typing.get_args(annotation)[1:]
+    )
+
+
+# --- the Tool --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the model may invoke: name, description, JSON Schema ``parameters`` and the function."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    is_async: bool = False
+    strict: bool = True
+    _model: type[pydantic.BaseModel] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ToolDefinitionError(f"invalid tool name {self.name!r}: use 1-64 letters, digits, '_' or '-'")
+        if not isinstance(self.parameters, dict) or self.parameters.get("type", "object") != "object":
+            raise ToolDefinitionError(f"tool {self.name!r}: parameters must be a JSON Schema of type object")
+
+    @classmethod
+    def from_function(
+        cls,
+        func: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        strict: bool = True,
+    ) -> Tool:
+        """Build a tool from a typed function; the docstring supplies the descriptions."""
+        if not callable(func):
+            raise ToolDefinitionError(f"a tool must be a callable, got {type(func).__name__}")
+        tool_name = str(name or getattr(func, "__name__", ""))
+        summary, param_docs = parse_docstring(inspect.getdoc(func))
+        model = _signature_model(func, tool_name, param_docs)
+        try:
+            raw_schema = model.model_json_schema()
+        except pydantic.errors.PydanticUserError as exc:  # e.g. a Callable parameter has no JSON form
+            raise ToolDefinitionError(f"tool {tool_name!r}: a parameter has no JSON Schema: {exc}") from exc
+        schema = _clean_schema(raw_schema, close=strict)
+        schema.setdefault("properties", {})
+        return cls(
+            name=tool_name,
+            description=summary if description is None else description,
+            parameters=schema,
+            function=func,
+            is_async=_is_async(func),
+            strict=strict,
+            _model=model,
+        )
+
+    @classmethod
+    def from_openai(cls, spec: Mapping[str, Any]) -> Tool:
+        """A tool from an OpenAI ``{"type": "function", "function": {...}}`` spec (no callable).
+
+        A missing ``strict`` means False, as in OpenAI's API: unenforceable schema keywords are
+        then skipped (with a grammar warning) instead of raising.
+        """
+        inner = spec.get("function", spec) if spec.get("type", "function") == "function" else None
+        if not isinstance(inner, Mapping) or "name" not in inner:
+            raise ToolDefinitionError(f"not an OpenAI function tool spec: {dict(spec)!r}")
+        return cls(
+            name=inner["name"],
+            description=inner.get("description", "") or "",
+            parameters=dict(inner.get("parameters") or _EMPTY_PARAMETERS),
+            strict=bool(inner.get("strict", False)),  # OpenAI's default: best effort unless asked
+        )
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI chat-completions ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+                "strict": self.strict,
+            },
+        }
+
+    def validate_arguments(self, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
+        """Check ``arguments`` (a dict or JSON text) against the parameters; returns them as Python values.
+
+        For function tools the values are Pydantic-converted (nested models become instances,
+        defaults are filled in). Raises :class:`ToolArgumentsError` listing every problem.
+        """
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ToolArgumentsError(
+                    f"arguments of {self.name!r} are not valid JSON: {exc}", tool=self.name,
+                    errors=[{"type": "json_invalid", "loc": (), "msg": str(exc)}],
+                ) from exc
+        if not isinstance(arguments, Mapping):
+            raise ToolArgumentsError(
+                f"arguments of {self.name!r} must be a JSON object, got {type(arguments).__name__}",
+                tool=self.name, errors=[{"type": "dict_type", "loc": (), "msg": "not an object"}],
+            )
+        if self._model is None:
+            return _validate_with_schema(self.name, self.parameters, dict(arguments))
+        try:
+            validated = self._model.model_validate(dict(arguments))
+        except pydantic.ValidationError as exc:
+            errors = [dict(e) for e in exc.errors(include_url=False)]
+            raise ToolArgumentsError(
+                f"invalid arguments for tool {self.name!r}: {_describe(errors)}", tool=self.name, errors=errors
+            ) from exc
+        return {key: getattr(validated, key) for key in type(validated).model_fields}
+
+    def invoke(self, arguments: Mapping[str, Any] | str) -> Any:
+        """Validate ``arguments`` and call the function (an async tool runs in a fresh event loop)."""
+        kwargs = self.validate_arguments(arguments)
+        func = self._callable()
+        if self.is_async:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return asyncio.run(func(**kwargs))
+            raise InvalidRequestError(f"tool {self.name!r} is async; use 'await tool.ainvoke(...)' inside an event loop")
+        return func(**kwargs)
+
+    async def ainvoke(self, arguments: Mapping[str, Any] | str) -> Any:
+        """Validate and call from async code; a sync function runs in a worker thread so the loop keeps going."""
+        kwargs = self.validate_arguments(arguments)
+        func = self._callable()
+        if self.is_async:
+            return await func(**kwargs)
+        return await asyncio.to_thread(func, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function directly, so ``@tool`` leaves the function usable as before."""
+        return self._callable()(*args, **kwargs)
+
+    def _callable(self) -> Callable[..., Any]:
+        if self.function is None:
+            raise InvalidRequestError(f"tool {self.name!r} was defined from a spec and has no function to call")
+        return self.function
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in errors)
+
+
+def _validate_with_schema(name: str, schema: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """Spec-only tools: validate with ``jsonschema`` when installed, else with our own schema compiler."""
+    try:
+        import jsonschema
+    except ImportError:
+        from agent_infer.grammar.ir import Grammar
+        from agent_infer.grammar.reference import ReferenceRecognizer
+
+        grammar = Grammar.from_json_schema(schema, strict=False, whitespace="compact")
+        if not ReferenceRecognizer(grammar).accepts(json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)):
+            raise ToolArgumentsError(
+                f"invalid arguments for tool {name!r}: they do not match its parameters schema", tool=name,
+                errors=[{"type": "schema", "loc": (), "msg": "does not match the parameters schema"}],
+            ) from None
+        return arguments
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    if problems:
+        errors = [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message} for e in problems]
+        raise ToolArgumentsError(f"invalid arguments for tool {name!r}: {_describe(errors)}", tool=name, errors=errors)
+    return arguments
+
+
+@overload
+def tool(func: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, strict: bool = True
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    strict: bool = True,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Decorator: ``@tool`` or ``@tool(name=..., description=..., strict=...)`` makes a :class:`Tool`."""
+    if func is not None:
+        return Tool.from_function(func, name=name, description=description, strict=strict)
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool.from_function(f, name=name, description=description, strict=strict)
+
+    return wrap
+
+
+def as_tools(items: Iterable[Tool | Callable[..., Any] | Mapping[str, Any]] | None) -> list[Tool]:
+    """Normalize callables, Tools and OpenAI dicts to a list of Tools; duplicate names are an error."""
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for item in items or ():
+        if isinstance(item, Tool):
+            t = item
+        elif isinstance(item, Mapping):
+            t = Tool.from_openai(item)
+        elif callable(item):
+            t = Tool.from_function(item)
+        else:
+            raise ToolDefinitionError(f"cannot make a tool from {type(item).__name__}")
+        if t.name in seen:
+            raise ToolDefinitionError(f"two tools are named {t.name!r}; tool names must be unique")
+        seen.add(t.name)
+        tools.append(t)
+    return tools
