@@ -1,7 +1,7 @@
 """Quick single-thread latency check of the grammar core (TTFM, per-step mask), optionally vs XGrammar.
 
-Run ``python tests/test_grammar_core_bench.py`` for the numbers; under pytest only a loose
-smoke bound runs (the real benchmark harness lives elsewhere).
+Run ``python tests/test_grammar_core_bench.py`` for the numbers; under pytest only the
+correctness of the walk is checked (the MaskBench harness is benchmarks/bench_grammar.py).
 """
 
 from __future__ import annotations
@@ -142,13 +142,13 @@ def measure_xgrammar(repeats: int = 3, builtin_json: bool = False) -> dict[str, 
     return out
 
 
-def test_latency_smoke() -> None:
-    """Loose bounds only (shared CI machines are noisy); the floor itself is checked by the script."""
+def test_measurement_walks_every_instance() -> None:
+    """The timing loop itself checks each true token is allowed and accepted; no speed is asserted
+    here (speed belongs in benchmarks/, these machines are noisy)."""
     torch.set_num_threads(1)
     results = measure_ours(repeats=1)
-    for stats in results.values():
-        assert stats["mask_p50_us"] < 2000
-        assert stats["ttfm_p50_ms"] < 200
+    assert set(results) == set(GRAMMARS)
+    assert all(stats["steps"] > 0 for stats in results.values())
 
 
 def main() -> None:

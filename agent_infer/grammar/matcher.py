@@ -12,6 +12,12 @@ from agent_infer.native import load_native
 
 def _row_view(bitmask: Any) -> Any:
     """The bitmask as a 2-D int32 CPU tensor/array the native side can write into."""
+    device = getattr(bitmask, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise ValueError(
+            f"token bitmasks are filled on the CPU (got a tensor on {device}); fill a CPU bitmask "
+            "(allocate_token_bitmask) and copy it to the accelerator"
+        )
     if bitmask.ndim == 1:
         bitmask = bitmask.unsqueeze(0) if hasattr(bitmask, "unsqueeze") else bitmask[None, :]
     return bitmask

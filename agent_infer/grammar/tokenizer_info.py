@@ -135,11 +135,15 @@ class TokenizerInfo:
         *,
         vocab_size: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        text_special_tokens: Sequence[str] = (),
     ) -> TokenizerInfo:
         """From a ``tokenizers.Tokenizer``, a Hugging Face (transformers) tokenizer, or a tokenizer.json path.
 
         ``vocab_size`` may exceed the tokenizer's (padded model vocabularies); the extra ids are
         always masked. ``eos_token_ids`` defaults to the tokenizer's EOS token.
+        ``text_special_tokens``: contents of added/special tokens (e.g. a tool-call marker) that
+        stand for their own text, so a grammar whose text reaches them allows them. Off by
+        default: otherwise free text (a JSON string) could smuggle in control tokens.
         """
         import tokenizers
 
@@ -170,8 +174,14 @@ class TokenizerInfo:
             added.add(vocab[unk])  # the unknown-token placeholder is not text either
         n = max(vocab.values(), default=-1) + 1
         table: list[bytes] = [b""] * n
+        as_text = set(text_special_tokens)
+        missing = as_text - set(vocab)
+        if missing:
+            raise TokenizerError(f"text_special_tokens not in the vocabulary: {sorted(missing)}")
         for text, idx in vocab.items():
             if idx in added:
+                if text in as_text:
+                    table[idx] = text.encode("utf-8")
                 continue
             if kind == "byte_level":
                 raw = _byte_level_bytes(text)

@@ -2,6 +2,7 @@
 // tokenizer-level adaptive token-mask cache. Design notes live in docs/grammar_engine.md.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -38,8 +39,6 @@ struct RefEdge {
 struct State {
   int32_t rule = 0;
   bool final = false;
-  // final or has rule references: control may leave this rule's automaton here.
-  bool leaves = false;
   uint32_t byte_begin = 0, byte_end = 0, ref_begin = 0, ref_end = 0;
 };
 
@@ -52,6 +51,9 @@ struct StateMask {
     return sizeof(*this) + accepted_bits.capacity() * 4 + accepted_ids.capacity() * 4 + uncertain.capacity() * 4;
   }
 };
+
+// Stores accepted tokens densely or as a sorted id list, whichever is smaller.
+void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
 
 class TokenizerInfo {
  public:
@@ -68,6 +70,9 @@ class TokenizerInfo {
   std::vector<uint32_t> sorted_off;  // size sorted.size() + 1
   const char* sorted_ptr(size_t i) const { return sorted_data.data() + sorted_off[i]; }
   size_t sorted_len(size_t i) const { return sorted_off[i + 1] - sorted_off[i]; }
+  // First sorted index after i whose token does not start with the first plen bytes of token i
+  // (tokens sharing a prefix are contiguous in sorted order).
+  size_t run_end(size_t i, size_t plen) const;
   size_t max_token_len = 0;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
@@ -102,6 +107,15 @@ class CompiledGrammar {
   std::vector<uint8_t> nullable;
   int32_t root = 0;
   int64_t max_items_per_set = 0;
+  // Byte sets (256 bits): follow[r] = bytes that may come right after rule r finishes, in any
+  // context; escape[q] = bytes that may be read next from state q by leaving its rule's own
+  // automaton (calling a rule, or finishing the rule). Over-approximations are safe.
+  using ByteSet = std::array<uint32_t, 8>;
+  std::vector<ByteSet> follow;
+  std::vector<ByteSet> escape;
+  // reach_call[q]: a state with rule references is reachable from q through >= 1 byte edge.
+  std::vector<uint8_t> reach_call;
+  static bool has(const ByteSet& set, uint8_t b) { return (set[b >> 5] >> (b & 31)) & 1u; }
 
   int32_t step(int32_t s, uint8_t b) const {
     const State& st = states[s];
@@ -118,16 +132,21 @@ class CompiledGrammar {
   size_t memory_bytes() const;
 
  private:
+  void compute_follow_sets(const Limits& limits);
+  // Canonical description of rule r's automaton (with its callees when `calls`), memoized.
+  const std::string& rule_key(int32_t r, bool calls) const;
   std::string structure_key(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask(int32_t s) const;
   // For states from which the rule may call other rules mid-token (grammar_walk.cpp).
   bool calls_within_reach(int32_t s) const;
-  std::string call_structure_key(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask_with_calls(int32_t s) const;
 
   mutable std::unique_ptr<std::atomic<const StateMask*>[]> masks_;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMask>> owned_;
+  mutable std::mutex key_mu_;
+  mutable std::vector<std::string> rule_keys_[2];
+  mutable std::vector<uint8_t> rule_key_done_[2];
 };
 
 struct Item {
@@ -171,6 +190,8 @@ class Matcher {
   // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
   std::string forced_bytes(bool* must_end);
   int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
+  // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
+  std::vector<std::array<int64_t, 5>> debug_items() const;
   const std::shared_ptr<const CompiledGrammar>& compiled() const { return g_; }
 
  private:

@@ -1,6 +1,7 @@
 // Grammar matcher bindings: owned by the grammar core (see docs/grammar_engine.md).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -110,6 +111,13 @@ Pool& pool(unsigned want) {
   return *g_pool;
 }
 
+void check_width(const Mask& mask, const TokenizerInfo& tok) {
+  if (static_cast<int64_t>(mask.shape(1)) < tok.words) {
+    throw std::invalid_argument("bitmask rows have " + std::to_string(mask.shape(1)) + " words but the vocabulary of " +
+                                std::to_string(tok.vocab_size) + " tokens needs " + std::to_string(tok.words));
+  }
+}
+
 void check_row(const Mask& mask, int64_t index) {
   if (index < 0 || index >= static_cast<int64_t>(mask.shape(0))) {
     throw std::out_of_range("bitmask row " + std::to_string(index) + " is outside the bitmask's " +
@@ -184,6 +192,7 @@ void register_grammar(nb::module_& m) {
           "fill_next_token_bitmask",
           [](Matcher& mt, Mask mask, int64_t index) {
             check_row(mask, index);
+            check_width(mask, *mt.compiled()->tok);
             int64_t words = static_cast<int64_t>(mask.shape(1));
             int32_t* row = mask.data() + index * words;
             nb::gil_scoped_release release;
@@ -196,6 +205,7 @@ void register_grammar(nb::module_& m) {
       .def("is_terminated", &Matcher::is_terminated)
       .def("can_terminate", &Matcher::can_terminate)
       .def("num_tokens", &Matcher::num_tokens)
+      .def("debug_items", &Matcher::debug_items)
       .def("forced_bytes", [](Matcher& mt) {
         bool must_end = false;
         std::string s = mt.forced_bytes(&must_end);
@@ -209,6 +219,7 @@ void register_grammar(nb::module_& m) {
         for (int64_t idx : indices) check_row(mask, idx);
         for (Matcher* mt : matchers) {
           if (!mt) throw std::invalid_argument("matcher is None");
+          check_width(mask, *mt->compiled()->tok);
         }
         if (indices.size() != matchers.size()) throw std::invalid_argument("indices and matchers differ in length");
         const int64_t words = static_cast<int64_t>(mask.shape(1));

@@ -137,6 +137,11 @@ struct NfaBuilder {
   Deadline& deadline;
   std::vector<NState> n;
   int64_t* total;  // NFA states created across all rules (the grammar-size limit)
+  int depth = 0;   // expression nesting, bounded so deep input cannot overflow the C++ stack
+  // The rule being built and its NFA start: a reference to itself in tail position becomes a
+  // jump back to the start (R ::= x R | "" is x*), so right recursion costs no parser items.
+  int32_t self_rule = -1;
+  int32_t self_start = -1;
 
   int32_t fresh() {
     if (++*total > max_states) {
@@ -149,7 +154,15 @@ struct NfaBuilder {
   }
 
   // Adds the fragment of the expression at code[pc] starting in `from`; returns its end state.
-  int32_t build(const std::vector<int32_t>& code, size_t& pc, int32_t from) {
+  // `tail`: nothing of the rule follows this expression, so its end is the rule's end.
+  int32_t build(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail = false) {
+    if (++depth > 2000) throw LimitError("grammar expression nesting is deeper than 2000 levels");
+    int32_t end = build_node(code, pc, from, tail);
+    --depth;
+    return end;
+  }
+
+  int32_t build_node(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail) {
     int32_t op = code.at(pc);
     switch (op) {
       case kEmpty:
@@ -190,7 +203,7 @@ struct NfaBuilder {
         int32_t count = code.at(pc + 1);
         pc += 2;
         int32_t s = from;
-        for (int32_t i = 0; i < count; ++i) s = build(code, pc, s);
+        for (int32_t i = 0; i < count; ++i) s = build(code, pc, s, tail && i + 1 == count);
         return s;
       }
       case kAlt: {
@@ -200,7 +213,7 @@ struct NfaBuilder {
         for (int32_t i = 0; i < count; ++i) {
           int32_t s = fresh();
           n[from].eps.push_back(s);
-          int32_t e = build(code, pc, s);
+          int32_t e = build(code, pc, s, tail);
           n[e].eps.push_back(end);
         }
         return end;
@@ -214,9 +227,10 @@ struct NfaBuilder {
           throw LimitError("repeat {" + std::to_string(lo) + "," + std::to_string(hi) + "} is too large");
         }
         int32_t s = from;
+        const bool child_tail = tail && hi == 1;  // x? and x{1} end where the repeat ends
         for (int32_t i = 0; i < lo; ++i) {
           size_t p = child;
-          s = build(code, p, s);
+          s = build(code, p, s, child_tail);
         }
         if (hi < 0) {
           // A fresh loop state, so the back edge cannot leak into whatever preceded the repeat.
@@ -233,7 +247,7 @@ struct NfaBuilder {
             int32_t entry = fresh();
             n[s].eps.push_back(entry);
             size_t p = child;
-            s = build(code, p, entry);
+            s = build(code, p, entry, child_tail);
           }
           n[s].eps.push_back(end);
           s = end;
@@ -245,6 +259,10 @@ struct NfaBuilder {
         int32_t r = code.at(pc + 1);
         pc += 2;
         if (r < 0 || static_cast<size_t>(r) >= rules.size()) throw DefinitionError("reference to unknown rule");
+        if (tail && r == self_rule) {
+          n[from].eps.push_back(self_start);
+          return fresh();  // nothing continues from here: the jump's path ends at the rule's end
+        }
         if (inline_rule[r]) {
           size_t p = 0;
           int32_t entry = fresh();
@@ -437,7 +455,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
   std::vector<int> st(R, 0);
   std::vector<int64_t> size(R, -1);
   std::vector<uint8_t> inl(R, 0);
-  const int64_t kMaxInline = 400;
+  const int64_t kMaxInline = 2000;
   std::function<void(int32_t)> visit = [&](int32_t r) {
     st[r] = 1;
     bool ok = !has_unbounded_repeat(rules[r]);
@@ -494,8 +512,10 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
     work.pop_back();
     NfaBuilder nb{rules, inl, limits.max_nfa_states, deadline, {}, &nfa_total};
     int32_t start = nb.fresh();
+    nb.self_rule = r;
+    nb.self_start = start;
     size_t pc = 0;
-    int32_t accept = nb.build(rules[r], pc, start);
+    int32_t accept = nb.build(rules[r], pc, start, true);
     if (pc != rules[r].size()) throw DefinitionError("malformed grammar code (trailing data)");
     Determinizer det(nb.n, accept, limits.max_dfa_states, &dfa_total, deadline);
     dfas[r] = det.run(start);
@@ -614,7 +634,6 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
         if (t >= 0 && rule_start[e.rule] >= 0) ref_edges.push_back({e.rule, t});
       }
       st.ref_end = static_cast<uint32_t>(ref_edges.size());
-      st.leaves = st.final || st.ref_end > st.ref_begin;
     }
   }
 
@@ -645,12 +664,88 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
     }
   }
 
+  compute_follow_sets(limits);
   masks_.reset(new std::atomic<const StateMask*>[states.size()]);
   for (size_t i = 0; i < states.size(); ++i) masks_[i].store(nullptr, std::memory_order_relaxed);
 }
 
+void CompiledGrammar::compute_follow_sets(const Limits& limits) {
+  Deadline deadline{Clock::now() + std::chrono::microseconds(static_cast<int64_t>(limits.max_compile_seconds * 1e6))};
+  const size_t S = states.size();
+  std::vector<ByteSet> first(S, ByteSet{});  // bytes readable next from a state, leaving included
+  follow.assign(rule_start.size(), ByteSet{});
+  for (size_t q = 0; q < S; ++q) {
+    const State& st = states[q];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      for (int b = byte_edges[e].lo; b <= byte_edges[e].hi; ++b) first[q][b >> 5] |= 1u << (b & 31);
+    }
+  }
+  auto merge = [](ByteSet& dst, const ByteSet& src) {
+    bool changed = false;
+    for (int w = 0; w < 8; ++w) {
+      uint32_t v = dst[w] | src[w];
+      changed |= v != dst[w];
+      dst[w] = v;
+    }
+    return changed;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    deadline.check();
+    for (size_t i = S; i-- > 0;) {
+      const State& st = states[i];
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+        const RefEdge& re = ref_edges[e];
+        changed |= merge(first[i], first[rule_start[re.rule]]);
+        if (nullable[re.rule]) changed |= merge(first[i], first[re.target]);
+        changed |= merge(follow[re.rule], first[re.target]);
+      }
+      if (st.final) changed |= merge(first[i], follow[st.rule]);
+    }
+  }
+  // Reverse search over byte edges from the states that call rules.
+  std::vector<std::vector<int32_t>> preds(S);
+  for (size_t q = 0; q < S; ++q) {
+    for (uint32_t e = states[q].byte_begin; e < states[q].byte_end; ++e) {
+      preds[byte_edges[e].target].push_back(static_cast<int32_t>(q));
+    }
+  }
+  reach_call.assign(S, 0);
+  std::vector<uint8_t> in_z(S, 0);
+  std::vector<int32_t> work;
+  for (size_t q = 0; q < S; ++q) {
+    if (states[q].ref_end > states[q].ref_begin) {
+      in_z[q] = 1;
+      work.push_back(static_cast<int32_t>(q));
+    }
+  }
+  while (!work.empty()) {
+    int32_t t = work.back();
+    work.pop_back();
+    for (int32_t q : preds[t]) {
+      if (reach_call[q]) continue;
+      reach_call[q] = 1;
+      if (!in_z[q]) {
+        in_z[q] = 1;
+        work.push_back(q);
+      }
+    }
+  }
+  escape.assign(S, ByteSet{});
+  for (size_t q = 0; q < S; ++q) {
+    const State& st = states[q];
+    for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+      const RefEdge& re = ref_edges[e];
+      merge(escape[q], first[rule_start[re.rule]]);
+      if (nullable[re.rule]) merge(escape[q], first[re.target]);
+    }
+    if (st.final) merge(escape[q], follow[st.rule]);
+  }
+}
+
 size_t CompiledGrammar::memory_bytes() const {
-  return sizeof(*this) + states.size() * (sizeof(State) + sizeof(void*)) + byte_edges.size() * sizeof(ByteEdge) +
+  return sizeof(*this) + states.size() * (sizeof(State) + sizeof(void*) + sizeof(ByteSet)) +
+         follow.size() * sizeof(ByteSet) + byte_edges.size() * sizeof(ByteEdge) +
          ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5;
 }
 

@@ -222,7 +222,6 @@ void Matcher::rollback(int32_t n) {
 void Matcher::check_uncertain(uint32_t* mask) {
   const TokenizerInfo& t = *g_->tok;
   const uint32_t base = static_cast<uint32_t>(set_begin_.size());
-  const int32_t n_sorted = static_cast<int32_t>(t.sorted.size());
   size_t depth = 0;
   const char* prev = nullptr;
   size_t prev_len = 0;
@@ -260,19 +259,9 @@ void Matcher::check_uncertain(uint32_t* mask) {
         ++k;
         continue;
       }
-      // Every token starting with the dead prefix tokb[0..dead_at] dies too. They are contiguous
-      // in sorted order: binary-search the end of that run, then skip past it in the list.
-      const size_t plen = static_cast<size_t>(dead_at) + 1;
-      int32_t lo = pos + 1, hi = n_sorted;
-      while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (t.sorted_len(mid) >= plen && std::memcmp(t.sorted_ptr(mid), tokb, plen) == 0) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      k = static_cast<size_t>(std::lower_bound(scratch_.begin() + k + 1, scratch_.end(), lo) - scratch_.begin());
+      // Every token starting with the dead prefix tokb[0..dead_at] dies too; skip past them.
+      const size_t lo = t.run_end(static_cast<size_t>(pos), static_cast<size_t>(dead_at) + 1);
+      k = static_cast<size_t>(std::lower_bound(scratch_.begin() + k + 1, scratch_.end(), static_cast<int32_t>(lo)) - scratch_.begin());
     }
   } catch (...) {
     while (set_begin_.size() > base) pop_set();
@@ -334,6 +323,23 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
   int32_t tail = t.vocab_size - static_cast<int32_t>((vw - 1) * 32);
   uint32_t full = tail >= 32 ? 0xFFFFFFFFu : ((1u << tail) - 1);
   return (mask[vw - 1] & full) != full;
+}
+
+std::vector<std::array<int64_t, 5>> Matcher::debug_items() const {
+  std::vector<std::array<int64_t, 5>> out;
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    const Item& it = items_[k];
+    int64_t acc = -1, unc = -1;
+    if (g_->scans(it.state)) {
+      const StateMask& m = g_->mask_for(it.state);
+      acc = 0;
+      for (uint32_t w : m.accepted_bits) acc += __builtin_popcount(w);
+      acc += static_cast<int64_t>(m.accepted_ids.size());
+      unc = static_cast<int64_t>(m.uncertain.size());
+    }
+    out.push_back({it.state, g_->states[it.state].rule, it.origin, acc, unc});
+  }
+  return out;
 }
 
 std::string Matcher::forced_bytes(bool* must_end) {

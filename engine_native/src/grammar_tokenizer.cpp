@@ -42,6 +42,33 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
   }
 }
 
+void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted) {
+  if (n_accepted > bits.size()) {
+    out.accepted_bits = std::move(bits);  // dense: OR word-wise at fill time
+    return;
+  }
+  out.accepted_ids.reserve(n_accepted);
+  for (size_t w = 0; w < bits.size(); ++w) {
+    for (uint32_t v = bits[w]; v != 0; v &= v - 1) {
+      out.accepted_ids.push_back(static_cast<int32_t>(w * 32 + static_cast<size_t>(__builtin_ctz(v))));
+    }
+  }
+}
+
+size_t TokenizerInfo::run_end(size_t i, size_t plen) const {
+  const char* p = sorted_ptr(i);
+  size_t lo = i + 1, hi = sorted.size();
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (sorted_len(mid) >= plen && std::memcmp(sorted_ptr(mid), p, plen) == 0) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 std::shared_ptr<const StateMask> TokenizerInfo::cache_get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(key);
@@ -66,39 +93,85 @@ size_t TokenizerInfo::cache_entries() {
   return cache_.size();
 }
 
-// A canonical description of everything the classification of `s` depends on: the byte
-// automaton reachable within one token's length, with each state's "leaves" flag.
-std::string CompiledGrammar::structure_key(int32_t s) const {
-  std::vector<int32_t> order{s};
-  std::unordered_map<int32_t, int32_t> canon{{s, 0}};
-  std::vector<uint16_t> depth{0};
-  std::string key;
+// The classification of a state depends on its rule's automaton and escape sets (plain walk),
+// or on the automata of every rule reachable through calls plus the rule's follow set (pushdown
+// walk). Rules are laid out contiguously, so "rule key + local state index" names the state
+// canonically: identical rules in different grammars share their masks.
+const std::string& CompiledGrammar::rule_key(int32_t r, bool calls) const {
+  std::lock_guard<std::mutex> lock(key_mu_);
+  const int c = calls ? 1 : 0;
+  if (rule_key_done_[c].empty()) {
+    rule_key_done_[c].assign(rule_start.size(), 0);
+    rule_keys_[c].assign(rule_start.size(), std::string());
+  }
+  std::string& key = rule_keys_[c][r];
+  if (rule_key_done_[c][r]) return key;
+  rule_key_done_[c][r] = 1;
   auto put = [&](int32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  const size_t limit = tok->max_token_len;
+  std::vector<int32_t> order{r};
+  std::unordered_map<int32_t, int32_t> index{{r, 0}};
+  key = calls ? "G" : "F";
+  if (calls) {
+    for (uint32_t w : follow[r]) put(static_cast<int32_t>(w));
+  }
+  const size_t S = states.size();
   for (size_t i = 0; i < order.size(); ++i) {
-    const State& st = states[order[i]];
-    put(st.leaves ? 1 : 0);
-    if (depth[i] >= limit) {
-      put(-1);
-      continue;
+    if (key.size() > (64u << 20)) {
+      key.clear();  // too large to be worth sharing
+      return key;
     }
-    put(static_cast<int32_t>(st.byte_end - st.byte_begin));
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
-      auto it = canon.find(be.target);
-      int32_t c;
-      if (it == canon.end()) {
-        c = static_cast<int32_t>(order.size());
-        canon.emplace(be.target, c);
-        order.push_back(be.target);
-        depth.push_back(static_cast<uint16_t>(depth[i] + 1));
-      } else {
-        c = it->second;
+    const int32_t rr = order[i];
+    const int32_t first = rule_start[rr];
+    size_t last = static_cast<size_t>(first);
+    while (last < S && states[last].rule == rr) ++last;
+    put(static_cast<int32_t>(last - first));
+    for (size_t q = static_cast<size_t>(first); q < last; ++q) {
+      const State& st = states[q];
+      put(st.final ? 1 : 0);
+      if (!calls) {
+        for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
       }
-      put((be.lo << 8) | be.hi);
-      put(c);
+      put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        put((byte_edges[e].lo << 8) | byte_edges[e].hi);
+        put(byte_edges[e].target - first);
+      }
+      if (!calls) continue;
+      put(static_cast<int32_t>(st.ref_end - st.ref_begin));
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+        const RefEdge& re = ref_edges[e];
+        auto it = index.find(re.rule);
+        if (it == index.end()) {
+          it = index.emplace(re.rule, static_cast<int32_t>(order.size())).first;
+          order.push_back(re.rule);
+        }
+        put(it->second);
+        put(re.target - first);
+      }
     }
   }
+  // Keep a 128-bit digest, not the serialization: state keys are stored per cached mask.
+  uint64_t h1 = 1469598103934665603ull, h2 = 0x9E3779B97F4A7C15ull;
+  for (unsigned char ch : key) {
+    h1 = (h1 ^ ch) * 1099511628211ull;
+    h2 = (h2 + ch + 1) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 29;
+  }
+  const char kind = key[0];
+  key.assign(1, kind);
+  key.append(reinterpret_cast<const char*>(&h1), sizeof(h1));
+  key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
+  return key;
+}
+
+std::string CompiledGrammar::structure_key(int32_t s) const {
+  const bool calls = calls_within_reach(s);
+  const int32_t r = states[s].rule;
+  const std::string& base = rule_key(r, calls);
+  if (base.empty()) return base;
+  std::string key = base;
+  int32_t local = s - rule_start[r];
+  key.append(reinterpret_cast<const char*>(&local), sizeof(local));
   return key;
 }
 
@@ -106,74 +179,65 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(int32_t s) const 
   const TokenizerInfo& t = *tok;
   const size_t n = t.sorted.size();
   auto out = std::make_shared<StateMask>();
-  std::vector<int32_t> accepted;
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
+  size_t n_accepted = 0;
   // Dense 256-entry transition rows for the states this walk meets (the walk is the hot loop).
-  std::unordered_map<int32_t, int32_t> row_of;
+  std::vector<int32_t> row_of(states.size(), -1);
   std::vector<int32_t> rows;
-  std::vector<uint8_t> row_leaves;
+  std::vector<const ByteSet*> row_escape;
   auto row = [&](int32_t q) -> int32_t {
-    auto it = row_of.find(q);
-    if (it != row_of.end()) return it->second;
-    int32_t r = static_cast<int32_t>(row_of.size());
-    row_of.emplace(q, r);
+    if (row_of[q] >= 0) return row_of[q];
+    int32_t r = static_cast<int32_t>(row_escape.size());
+    row_of[q] = r;
     rows.resize(rows.size() + 256, -1);
     const State& st = states[q];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
       const ByteEdge& be = byte_edges[e];
       for (int b = be.lo; b <= be.hi; ++b) rows[static_cast<size_t>(r) * 256 + b] = be.target;
     }
-    row_leaves.push_back(st.leaves ? 1 : 0);
+    row_escape.push_back(&escape[q]);
     return r;
   };
-  // stack[d]: row of the automaton state after d bytes of the current token; flag[d]: some state
-  // after 1..d bytes may leave the rule (complete or call), so a death after it is only "uncertain".
+  // stack[d]: row of the automaton state after d bytes of the current token. flag[d]: at some
+  // position j in [1, d) control could have left the rule to read byte j elsewhere (call a rule
+  // or finish it, with byte j in the escape set); a token dying after such a point is only
+  // "uncertain". Both depend on the first d bytes alone, so they are shared along the trie.
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1);
   stack[0] = row(s);
   flag[0] = 0;
-  size_t valid = 0;    // stack entries valid for the previous token
-  long dead_at = -1;   // previous token died reading byte dead_at
-  int prev_class = 0;  // 0 rejected, 1 accepted, 2 uncertain
+  size_t valid = 0;  // stack entries valid for the previous token
   for (size_t i = 0; i < n; ++i) {
     size_t l = i == 0 ? 0 : t.lcp[i];
-    if (dead_at >= 0 && static_cast<long>(l) > dead_at) {
-      // Shares the byte that killed the previous token, hence its fate.
-      if (prev_class == 2) out->uncertain.push_back(static_cast<int32_t>(i));
-      continue;
-    }
+    long dead_at = -1;  // the token died reading byte dead_at
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
     const size_t len = t.sorted_len(i);
     size_t d = std::min(l, valid);
-    dead_at = -1;
     while (d < len) {
       int32_t nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
       if (nx < 0) {
         dead_at = static_cast<long>(d);
         break;
       }
-      int32_t r = row(nx);
-      stack[d + 1] = r;
-      flag[d + 1] = flag[d] | row_leaves[r];
+      stack[d + 1] = row(nx);
+      flag[d + 1] = flag[d] | static_cast<uint8_t>(d > 0 && has(*row_escape[stack[d]], tokb[d]));
       ++d;
     }
     valid = d;
     if (dead_at < 0) {
-      accepted.push_back(t.sorted[i]);
-      prev_class = 1;
-    } else if (flag[d]) {
-      out->uncertain.push_back(static_cast<int32_t>(i));
-      prev_class = 2;
-    } else {
-      prev_class = 0;
+      const int32_t id = t.sorted[i];
+      bits[id >> 5] |= 1u << (id & 31);
+      ++n_accepted;
+      continue;
     }
+    // Every token sharing the dead prefix shares this token's fate: classify the run at once.
+    size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+    if (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d]))) {
+      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+    }
+    i = end - 1;
   }
-  if (accepted.size() > static_cast<size_t>(t.words)) {
-    out->accepted_bits.assign(t.words, 0);
-    for (int32_t id : accepted) out->accepted_bits[id >> 5] |= 1u << (id & 31);
-  } else {
-    std::sort(accepted.begin(), accepted.end());
-    out->accepted_ids = std::move(accepted);
-  }
+  finish_mask(*out, std::move(bits), n_accepted);
   out->uncertain.shrink_to_fit();
   return out;
 }
@@ -182,11 +246,12 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   const StateMask* p = masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   const bool calls = calls_within_reach(s);
-  std::string key = calls ? call_structure_key(s) : structure_key(s);
-  std::shared_ptr<const StateMask> m = tok->cache_get(key);
+  std::string key = structure_key(s);
+  std::shared_ptr<const StateMask> m = key.empty() ? nullptr : tok->cache_get(key);
   if (!m) {
     std::shared_ptr<const StateMask> fresh = calls ? compute_mask_with_calls(s) : nullptr;
-    m = tok->cache_put(key, fresh ? fresh : compute_mask(s));
+    if (!fresh) fresh = compute_mask(s);
+    m = key.empty() ? fresh : tok->cache_put(key, fresh);
   }
   std::lock_guard<std::mutex> lock(mu_);
   p = masks_[s].load(std::memory_order_acquire);

@@ -18,61 +18,17 @@ constexpr int32_t kMaxStack = 24;
 // Beyond this many live configurations the walk gives up; the caller then uses the plain walk,
 // whose answer is coarser (more "uncertain") but equally exact.
 constexpr size_t kMaxConfigs = 1 << 16;
+constexpr size_t kMaxSets = 8192;
 }  // namespace
 
-bool CompiledGrammar::calls_within_reach(int32_t s) const {
-  std::vector<int32_t> stack;
-  std::unordered_map<int32_t, bool> seen;
-  const State& st0 = states[s];
-  for (uint32_t e = st0.byte_begin; e < st0.byte_end; ++e) stack.push_back(byte_edges[e].target);
-  while (!stack.empty()) {
-    int32_t q = stack.back();
-    stack.pop_back();
-    if (!seen.emplace(q, true).second) continue;
-    const State& st = states[q];
-    if (st.ref_end > st.ref_begin) return true;
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) stack.push_back(byte_edges[e].target);
-  }
-  return false;
-}
-
-std::string CompiledGrammar::call_structure_key(int32_t s) const {
-  std::vector<int32_t> order{s};
-  std::unordered_map<int32_t, int32_t> canon{{s, 0}};
-  std::string key = "G";
-  auto put = [&](int32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  auto id = [&](int32_t q) {
-    auto it = canon.find(q);
-    if (it != canon.end()) return it->second;
-    int32_t c = static_cast<int32_t>(order.size());
-    canon.emplace(q, c);
-    order.push_back(q);
-    return c;
-  };
-  for (size_t i = 0; i < order.size(); ++i) {
-    const State& st = states[order[i]];
-    put(st.final ? 1 : 0);
-    put(static_cast<int32_t>(st.byte_end - st.byte_begin));
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
-      put((be.lo << 8) | be.hi);
-      put(id(be.target));
-    }
-    put(static_cast<int32_t>(st.ref_end - st.ref_begin));
-    for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-      const RefEdge& re = ref_edges[e];
-      put(id(rule_start[re.rule]));
-      put(id(re.target));
-    }
-  }
-  return key;
-}
+bool CompiledGrammar::calls_within_reach(int32_t s) const { return reach_call[s] != 0; }
 
 std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_t s) const {
   const TokenizerInfo& t = *tok;
   const size_t n = t.sorted.size();
   auto out = std::make_shared<StateMask>();
-  std::vector<int32_t> accepted;
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
+  size_t n_accepted = 0;
 
   struct Node {
     int32_t ret, parent, depth;
@@ -89,22 +45,21 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_
     return id;
   };
 
-  std::vector<Item> cfg;  // (state, stack node or -1)
-  std::vector<uint32_t> level{0, 1};
-  cfg.push_back({s, -1});
-  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  // Configuration sets are interned and their byte transitions memoized (a lazily built DFA
+  // over sets), so the walk over the sorted tokens costs one table lookup per byte once warm.
+  std::vector<Item> cfg;  // scratch: (state, stack node or -1)
   ItemSet seen;
   auto add = [&](int32_t q, int32_t st) {
     if (seen.insert((static_cast<uint64_t>(static_cast<uint32_t>(q)) << 32) | static_cast<uint32_t>(st + 1))) {
       cfg.push_back({q, st});
     }
   };
-  // Expands the configurations from index `begin`; returns whether the item's rule may finish
-  // here (or the stack got too deep to follow).
+  // Expands the configurations in cfg; returns 1 if the item's rule may finish here, 2 if the
+  // stack got too deep to follow (treated as "anything may happen"), else 0.
   bool overflow = false;
-  auto closure = [&](uint32_t begin) {
-    bool leave = false;
-    for (uint32_t k = begin; k < cfg.size(); ++k) {
+  auto closure = [&]() {
+    uint8_t leave = 0;
+    for (size_t k = 0; k < cfg.size(); ++k) {
       if (cfg.size() > kMaxConfigs) {
         overflow = true;
         break;
@@ -113,7 +68,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_
       const State& st = states[c.state];
       for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
         if (c.origin >= 0 && nodes[c.origin].depth >= kMaxStack) {
-          leave = true;
+          leave = 2;
           continue;
         }
         const RefEdge& re = ref_edges[e];
@@ -121,7 +76,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_
       }
       if (st.final) {
         if (c.origin < 0) {
-          leave = true;
+          leave = std::max<uint8_t>(leave, 1);
         } else {
           add(nodes[c.origin].ret, nodes[c.origin].parent);
         }
@@ -129,57 +84,89 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_
     }
     return leave;
   };
+  struct CfgSet {
+    size_t begin, end;
+    uint8_t leave;
+  };
+  std::vector<Item> pool;
+  std::vector<CfgSet> sets;
+  std::unordered_map<std::string, int32_t> set_ids;
+  std::vector<int32_t> trans;  // sets.size() * 256; -2 unknown, -1 dead
+  auto intern_set = [&](uint8_t leave) {
+    std::sort(cfg.begin(), cfg.end(),
+              [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
+    std::string key(reinterpret_cast<const char*>(cfg.data()), cfg.size() * sizeof(Item));
+    auto it = set_ids.find(key);
+    if (it != set_ids.end()) return it->second;
+    int32_t id = static_cast<int32_t>(sets.size());
+    sets.push_back({pool.size(), pool.size() + cfg.size(), leave});
+    pool.insert(pool.end(), cfg.begin(), cfg.end());
+    trans.resize(trans.size() + 256, -2);
+    set_ids.emplace(std::move(key), id);
+    return id;
+  };
+  auto transition = [&](int32_t a, uint8_t b) {
+    cfg.clear();
+    seen.clear();
+    for (size_t k = sets[a].begin; k < sets[a].end; ++k) {
+      int32_t nx = step(pool[k].state, b);
+      if (nx >= 0) add(nx, pool[k].origin);
+    }
+    if (cfg.empty()) return -1;
+    uint8_t leave = closure();
+    if (overflow) return -1;
+    return intern_set(leave);
+  };
+
+  cfg.assign(1, Item{s, -1});
+  std::vector<int32_t> set_at(t.max_token_len + 1);
+  set_at[0] = intern_set(0);
+  // flag[d]: the item's rule could have finished at some position j in [1, d) with byte j able
+  // to follow it (or the stack overflowed there).
+  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  const ByteSet& fol = follow[states[s].rule];
+  auto escapes = [&](size_t d, uint8_t b) {
+    const uint8_t leave = sets[set_at[d]].leave;
+    return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
+  };
 
   size_t valid = 0;
-  long dead_at = -1;
-  int prev_class = 0;
   for (size_t i = 0; i < n; ++i) {
     size_t l = i == 0 ? 0 : t.lcp[i];
-    if (dead_at >= 0 && static_cast<long>(l) > dead_at) {
-      if (prev_class == 2) out->uncertain.push_back(static_cast<int32_t>(i));
-      continue;
-    }
+    long dead_at = -1;
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
     const size_t len = t.sorted_len(i);
     size_t d = std::min(l, valid);
-    cfg.resize(level[d + 1]);
-    level.resize(d + 2);
-    dead_at = -1;
     while (d < len) {
-      const uint32_t begin = static_cast<uint32_t>(cfg.size());
-      seen.clear();
-      for (uint32_t k = level[d]; k < level[d + 1]; ++k) {
-        int32_t nx = step(cfg[k].state, tokb[d]);
-        if (nx >= 0) add(nx, cfg[k].origin);
+      const size_t slot = static_cast<size_t>(set_at[d]) * 256 + tokb[d];
+      int32_t next = trans[slot];
+      if (next == -2) {
+        next = transition(set_at[d], tokb[d]);
+        if (overflow || sets.size() > kMaxSets) return nullptr;
+        trans[slot] = next;
       }
-      if (cfg.size() == begin) {
+      if (next < 0) {
         dead_at = static_cast<long>(d);
         break;
       }
-      bool leave = closure(begin);
-      if (overflow) return nullptr;
-      level.push_back(static_cast<uint32_t>(cfg.size()));
-      flag[d + 1] = flag[d] | static_cast<uint8_t>(leave);
+      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(d, tokb[d]));
+      set_at[d + 1] = next;
       ++d;
     }
     valid = d;
     if (dead_at < 0) {
-      accepted.push_back(t.sorted[i]);
-      prev_class = 1;
-    } else if (flag[d]) {
-      out->uncertain.push_back(static_cast<int32_t>(i));
-      prev_class = 2;
-    } else {
-      prev_class = 0;
+      const int32_t id = t.sorted[i];
+      bits[id >> 5] |= 1u << (id & 31);
+      ++n_accepted;
+      continue;
     }
+    size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+    if (flag[d] || escapes(d, tokb[d])) {
+      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+    }
+    i = end - 1;
   }
-  if (accepted.size() > static_cast<size_t>(t.words)) {
-    out->accepted_bits.assign(t.words, 0);
-    for (int32_t id : accepted) out->accepted_bits[id >> 5] |= 1u << (id & 31);
-  } else {
-    std::sort(accepted.begin(), accepted.end());
-    out->accepted_ids = std::move(accepted);
-  }
+  finish_mask(*out, std::move(bits), n_accepted);
   out->uncertain.shrink_to_fit();
   return out;
 }
