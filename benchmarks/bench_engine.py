@@ -2,16 +2,19 @@
 
 All engines run the same GGUF (the default SmolLM2-135M-Instruct unless ``--model``), the same
 prompt token ids, greedy decoding with EOS ignored, on the CPU with 2 torch/ggml threads and
-``OMP_WAIT_POLICY=PASSIVE``. Reported numbers are medians over ``--repeats`` runs.
+``OMP_WAIT_POLICY=PASSIVE``. Engines are interleaved within every repeat (so a change in machine
+load hits all of them alike) and the table shows medians over ``--repeats`` runs after one warm-up.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_engine.py
 
 Metrics:
 * TTFT: prompt submitted → first token available (batch 1).
 * decode tok/s (batch 1): tokens after the first / time after the first.
-* aggregate tok/s (N concurrent): all generated tokens / wall time from submission to the last token.
-  transformers runs one padded ``generate`` over the N prompts; llama-cpp-python has no batched
-  API, so its single-stream decode rate is the comparison point.
+* An extra "agent-infer (bf16)" row (skip with ``--skip bf16``) shows the same engine in bfloat16,
+  where oneDNN's avx512_bf16 kernels replace MKL's small-M sgemm; ratios stay against the fp32 row.
+* N-way tok/s: all generated tokens / wall time from submitting N prompts to the last token.
+  transformers runs one left-padded ``generate`` over the N prompts; llama-cpp-python has no
+  batched API, so its single-stream decode rate is the comparison point.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -45,21 +47,28 @@ BASE_PROMPTS = [
 ]
 
 
-@dataclass
-class Result:
-    """One engine's medians (None where not measured)."""
+class Engine(Protocol):
+    """What the benchmark drives: one batch-1 run and one N-way run."""
 
     name: str
-    ttft_s: float | None = None
-    decode_tps: float | None = None
-    aggregate_tps: float | None = None
-    note: str = ""
+    note: str
+
+    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+        """Generate ``max_tokens`` tokens; return (TTFT seconds, decode tokens/s)."""
+        ...
+
+    def batched(self, prompts: list[list[int]], max_tokens: int) -> float | None:
+        """Generate ``max_tokens`` tokens for every prompt concurrently; return aggregate tokens/s."""
+        ...
 
 
-def median(fn: Callable[[], float], repeats: int) -> float:
-    """Median of ``repeats`` calls after one warm-up call."""
-    fn()
-    return statistics.median(fn() for _ in range(repeats))
+@dataclass
+class Samples:
+    """Raw measurements of one engine across repeats."""
+
+    ttft: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+    aggregate: list[float] = field(default_factory=list)
 
 
 def prompt_ids(tokenizer: Any, n: int) -> list[list[int]]:
@@ -72,133 +81,139 @@ def prompt_ids(tokenizer: Any, n: int) -> list[list[int]]:
     return prompts
 
 
-# --- agent-infer ---------------------------------------------------------------------------------
+class Ours:
+    """agent-infer's LLMEngine on weights dequantized from the GGUF (float32, or bfloat16 for the extra row)."""
 
+    note = ""
 
-def bench_ours(loaded: Any, prompts: list[list[int]], max_tokens: int, repeats: int) -> Result:
-    from agent_infer.engine.config import EngineConfig
-    from agent_infer.engine.llm_engine import LLMEngine
-    from agent_infer.sampling_params import SamplingParams
+    def __init__(self, loaded: Any, dtype: str = "float32") -> None:
+        from agent_infer.engine.config import EngineConfig
+        from agent_infer.engine.llm_engine import LLMEngine
 
-    # Prefix caching off: every repeat must pay the full prefill like the other engines do.
-    engine = LLMEngine(config=EngineConfig(enable_prefix_caching=False), loaded=loaded)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    counter = iter(range(10**9))
+        self.name = "agent-infer (fp32)" if dtype == "float32" else "agent-infer (bf16)"
+        if dtype != "float32":
+            self.note = "same engine, bf16 weights/activations/KV: not precision-matched with the fp32 rows"
+        # Prefix caching off: every repeat must pay the full prefill, like the other engines.
+        config = EngineConfig(enable_prefix_caching=False, dtype=dtype)
+        self.engine = LLMEngine(config=config, loaded=loaded)
+        self.ids = iter(range(10**9))
 
-    def single() -> tuple[float, float]:
+    def _params(self, max_tokens: int) -> Any:
+        from agent_infer.sampling_params import SamplingParams
+
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
         start = time.perf_counter()
-        engine.add_request(f"b1-{next(counter)}", prompts[0], params)
+        self.engine.add_request(f"r{next(self.ids)}", prompt, self._params(max_tokens))
         first = None
-        while engine.has_unfinished_requests():
-            engine.step()
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
             if first is None:
                 first = time.perf_counter()
         end = time.perf_counter()
         assert first is not None
         return first - start, (max_tokens - 1) / (end - first)
 
-    single()
-    runs = [single() for _ in range(repeats)]
-
-    def batched() -> float:
+    def batched(self, prompts: list[list[int]], max_tokens: int) -> float | None:
         start = time.perf_counter()
         for p in prompts:
-            engine.add_request(f"bn-{next(counter)}", p, params)
-        while engine.has_unfinished_requests():
-            engine.step()
+            self.engine.add_request(f"r{next(self.ids)}", p, self._params(max_tokens))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
         return len(prompts) * max_tokens / (time.perf_counter() - start)
 
-    return Result(
-        "agent-infer (fp32)",
-        ttft_s=statistics.median(r[0] for r in runs),
-        decode_tps=statistics.median(r[1] for r in runs),
-        aggregate_tps=median(batched, repeats),
-    )
 
+class Transformers:
+    """Hugging Face transformers ``generate`` (float32, dequantized from the same GGUF)."""
 
-# --- transformers ----------------------------------------------------------------------------------
+    name = "transformers (fp32)"
+    note = "N-way = one left-padded batched generate"
 
-
-def bench_transformers(gguf: Path, prompts: list[list[int]], max_tokens: int, repeats: int) -> Result:
-    try:
+    def __init__(self, gguf: Path) -> None:
         from transformers import AutoModelForCausalLM
-    except ImportError as exc:
-        return Result("transformers (fp32)", note=f"not importable: {exc}")
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    model.eval()
-    eos = model.generation_config.eos_token_id
-    pad = eos[0] if isinstance(eos, list) else (eos if eos is not None else 0)
+        from transformers.generation.streamers import BaseStreamer
 
-    def run(batch: list[list[int]], new_tokens: int) -> float:
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        start = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        self.model.eval()
+        eos = self.model.generation_config.eos_token_id
+        self.pad = eos[0] if isinstance(eos, list) else (eos if eos is not None else 0)
+
+        class Clock(BaseStreamer):  # type: ignore[misc]
+            """Records when generate hands out each new token (the first put() is the prompt)."""
+
+            def __init__(self) -> None:
+                self.times: list[float] = []
+
+            def put(self, value: Any) -> None:
+                self.times.append(time.perf_counter())
+
+            def end(self) -> None:
+                pass
+
+        self.clock_type = Clock
+
+    def _generate(self, prompts: list[list[int]], max_tokens: int, streamer: Any = None) -> None:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.inference_mode():
-            model.generate(
+            self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
                 do_sample=False,
-                pad_token_id=pad,
+                pad_token_id=self.pad,
+                streamer=streamer,
             )
-        return time.perf_counter() - start
 
-    ttft = median(lambda: run(prompts[:1], 1), repeats)
-    total = median(lambda: run(prompts[:1], max_tokens), repeats)
-    aggregate = median(lambda: len(prompts) * max_tokens / run(prompts, max_tokens), repeats)
-    return Result(
-        "transformers (fp32)",
-        ttft_s=ttft,
-        decode_tps=(max_tokens - 1) / (total - ttft),
-        aggregate_tps=aggregate,
-        note="decode = (T(n) - T(1)) / (n - 1); aggregate = padded batched generate",
-    )
+    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+        clock = self.clock_type()
+        start = time.perf_counter()
+        self._generate([prompt], max_tokens, clock)
+        end = time.perf_counter()
+        first = clock.times[1]  # times[0] is generate echoing the prompt
+        return first - start, (max_tokens - 1) / (end - first)
 
-
-# --- llama.cpp -------------------------------------------------------------------------------------
+    def batched(self, prompts: list[list[int]], max_tokens: int) -> float | None:
+        start = time.perf_counter()
+        self._generate(prompts, max_tokens)
+        return len(prompts) * max_tokens / (time.perf_counter() - start)
 
 
-def bench_llama_cpp(gguf: Path, prompts: list[list[int]], max_tokens: int, repeats: int) -> Result:
-    try:
+class LlamaCpp:
+    """llama-cpp-python on the GGUF as stored (Q4_1 weights, llama.cpp's own kernels)."""
+
+    name = "llama-cpp-python (Q4_1)"
+    note = "no batched API: N-way column = its single-stream decode rate"
+
+    def __init__(self, gguf: Path) -> None:
         from llama_cpp import Llama
-    except ImportError as exc:
-        return Result("llama-cpp-python", note=f"not importable: {exc}")
-    llm = Llama(
-        model_path=str(gguf),
-        n_ctx=2048,
-        n_threads=THREADS,
-        n_threads_batch=THREADS,
-        verbose=False,
-    )
 
-    def single() -> tuple[float, float]:
-        llm.reset()  # drop its KV prefix reuse so each run pays the prefill
+        self.llm = Llama(
+            model_path=str(gguf), n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+        )
+        self.last_decode: float | None = None
+
+    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+        self.llm.reset()  # forget the previous prompt so each run pays its prefill
         start = time.perf_counter()
         first = None
-        for count, _token in enumerate(llm.generate(prompts[0], temp=0.0, reset=True), start=1):
+        for count, _token in enumerate(self.llm.generate(prompt, temp=0.0, reset=True), start=1):
             if first is None:
                 first = time.perf_counter()
             if count == max_tokens:
                 break
         end = time.perf_counter()
         assert first is not None
-        return first - start, (max_tokens - 1) / (end - first)
+        self.last_decode = (max_tokens - 1) / (end - first)
+        return first - start, self.last_decode
 
-    single()
-    runs = [single() for _ in range(repeats)]
-    decode = statistics.median(r[1] for r in runs)
-    return Result(
-        "llama-cpp-python (Q4_1 native)",
-        ttft_s=statistics.median(r[0] for r in runs),
-        decode_tps=decode,
-        aggregate_tps=decode,
-        note="no batched API: aggregate = single-stream decode rate",
-    )
-
-
-# --- report ----------------------------------------------------------------------------------------
+    def batched(self, prompts: list[list[int]], max_tokens: int) -> float | None:
+        return self.last_decode
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -206,22 +221,25 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 def ratio(ours: float | None, other: float | None, lower_is_better: bool = False) -> str:
-    if ours is None or other is None or ours == 0 or other == 0:
+    if not ours or not other:
         return "-"
     return f"{(other / ours) if lower_is_better else (ours / other):.2f}x"
 
 
+def med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--model", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)"
-    )
+    parser.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip", action="append", default=[], choices=["transformers", "llama_cpp"])
+    parser.add_argument("--skip", action="append", default=[], choices=["transformers", "llama_cpp", "bf16"])
     args = parser.parse_args(argv)
 
     torch.set_num_threads(THREADS)
@@ -231,41 +249,66 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(args.model)
     gguf = Path(loaded.path)
     if gguf.suffix != ".gguf":
-        print(f"model source {gguf} is not a GGUF file; peers need one", file=sys.stderr)
+        print(f"model {gguf} is not a GGUF file; the peers need one", file=sys.stderr)
         return 2
     prompts = prompt_ids(loaded.tokenizer, args.concurrency)
-    results = [bench_ours(loaded, prompts, args.max_tokens, args.repeats)]
-    print(f"agent-infer done: {results[0]}", file=sys.stderr)
-    peers = {"transformers": bench_transformers, "llama_cpp": bench_llama_cpp}
-    for name, bench in peers.items():
-        if name in args.skip:
+
+    engines: list[Engine] = [Ours(loaded)]
+    if "bf16" not in args.skip:
+        engines.append(Ours(load_model(args.model, dtype=torch.bfloat16), dtype="bfloat16"))
+    missing: list[str] = []
+    for key, factory in (("transformers", Transformers), ("llama_cpp", LlamaCpp)):
+        if key in args.skip:
             continue
         try:
-            results.append(bench(gguf, prompts, args.max_tokens, args.repeats))
-        except Exception as exc:  # a broken peer should not hide the other numbers
-            results.append(Result(name, note=f"failed: {type(exc).__name__}: {exc}"))
-        print(f"{name} done: {results[-1]}", file=sys.stderr)
+            engines.append(factory(gguf))
+        except Exception as exc:  # a peer that cannot load is reported, not fatal
+            missing.append(f"{key}: {type(exc).__name__}: {exc}")
 
-    ours = results[0]
+    samples = {e.name: Samples() for e in engines}
+    for rep in range(args.repeats + 1):  # repeat 0 warms caches and allocators, and is discarded
+        for e in engines:
+            ttft, decode = e.single(prompts[0], args.max_tokens)
+            aggregate = e.batched(prompts, args.max_tokens)
+            if rep:
+                s = samples[e.name]
+                s.ttft.append(ttft)
+                s.decode.append(decode)
+                if aggregate is not None:
+                    s.aggregate.append(aggregate)
+            print(
+                f"  rep {rep} {e.name}: ttft {ttft * 1000:.0f} ms, decode {decode:.1f} tok/s, "
+                f"{args.concurrency}-way {fmt(aggregate, '.1f')} tok/s",
+                file=sys.stderr,
+            )
+
     print(
-        f"\nmodel {gguf.name}; prompt {len(prompts[0])} tokens (batch 1), {args.max_tokens} new tokens, "
-        f"greedy, EOS ignored; {args.concurrency} concurrent; medians of {args.repeats}; "
-        f"torch/ggml threads={THREADS}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; torch {torch.__version__}\n"
+        f"\nmodel {gguf.name}; batch-1 prompt {len(prompts[0])} tokens; {args.max_tokens} new tokens; greedy, "
+        f"EOS ignored; {args.concurrency} concurrent prompts of {min(map(len, prompts))}-"
+        f"{max(map(len, prompts))} tokens; medians of {args.repeats}, engines interleaved; "
+        f"torch/ggml threads={THREADS}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+        f"torch {torch.__version__}\n"
     )
-    header = f"{'engine':<32}{'TTFT ms':>9}{'decode tok/s':>14}{f'{args.concurrency}-way tok/s':>15}"
-    header += f"{'TTFT ratio':>12}{'decode ratio':>14}{'agg ratio':>11}"
+    agg_col = f"{args.concurrency}-way tok/s"
+    header = f"{'engine':<28}{'TTFT ms':>9}{'decode tok/s':>14}{agg_col:>15}"
+    header += f"{'TTFT ratio':>12}{'decode ratio':>14}{'N-way ratio':>13}"
     print(header)
     print("-" * len(header))
-    for r in results:
+    ours = samples[engines[0].name]
+    for e in engines:
+        s = samples[e.name]
+        ttft = med(s.ttft)
         print(
-            f"{r.name:<32}{fmt(r.ttft_s and r.ttft_s * 1000, '9.1f')}{fmt(r.decode_tps, '14.1f')}"
-            f"{fmt(r.aggregate_tps, '15.1f')}{ratio(ours.ttft_s, r.ttft_s, True):>12}"
-            f"{ratio(ours.decode_tps, r.decode_tps):>14}{ratio(ours.aggregate_tps, r.aggregate_tps):>11}"
+            f"{e.name:<28}{fmt(ttft and ttft * 1000, '9.1f')}{fmt(med(s.decode), '14.1f')}"
+            f"{fmt(med(s.aggregate), '15.1f')}{ratio(med(ours.ttft), ttft, True):>12}"
+            f"{ratio(med(ours.decode), med(s.decode)):>14}{ratio(med(ours.aggregate), med(s.aggregate)):>13}"
         )
-    print("\nratios are agent-infer relative to the row's engine (>1 = agent-infer faster).")
-    for r in results:
-        if r.note:
-            print(f"  {r.name}: {r.note}")
+    print("\nratios: agent-infer relative to the row's engine (>1 = agent-infer better).")
+    for e in engines:
+        if e.note:
+            print(f"  {e.name}: {e.note}")
+    for line in missing:
+        print(f"  not run: {line}")
     return 0
 
 

@@ -51,15 +51,16 @@ def test_greedy_is_batch_invariant(llm: LLM) -> None:
 
 
 def test_seeded_sampling_is_batch_invariant_and_reproducible(llm: LLM) -> None:
-    target = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=16)
+    target = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)
     alone = llm.generate(PROMPTS[1], target)[0].token_ids
+    assert len(alone) == 16
     others = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=8 + i) for i in range(7)]
     params = [*others[:3], target, *others[3:]]
     prompts = [*PROMPTS[:1], *PROMPTS[2:4], PROMPTS[1], *PROMPTS[4:]]
     batched = llm.generate(prompts, params)
     assert batched[3].token_ids == alone
     assert llm.generate(PROMPTS[1], target)[0].token_ids == alone
-    other_seed = SamplingParams(temperature=0.8, top_p=0.95, seed=8, max_tokens=16)
+    other_seed = SamplingParams(temperature=0.8, top_p=0.95, seed=8, max_tokens=16, ignore_eos=True)
     assert llm.generate(PROMPTS[1], other_seed)[0].token_ids != alone
 
 
@@ -77,11 +78,12 @@ def test_prefix_cache_hit_matches_cold_run(llm: LLM, make_llm: Callable[..., LLM
 
 def test_preemption_under_tiny_pool_matches_big_pool(llm: LLM, make_llm: Callable[..., LLM]) -> None:
     prompts = PROMPTS[4:8]
+    # EOS ignored so every request really grows to 24 tokens: 4 x ~3 blocks cannot fit in 8 blocks.
     params = [
-        SamplingParams(temperature=0.0, max_tokens=24),
-        SamplingParams(temperature=0.8, seed=3, max_tokens=24),
-        SamplingParams(temperature=0.0, max_tokens=24),
-        SamplingParams(temperature=0.7, seed=5, max_tokens=24),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.7, seed=5, max_tokens=24, ignore_eos=True),
     ]
     reference = llm.generate(prompts, params)
     tiny = make_llm(num_kv_blocks=8, enable_prefix_caching=False)

@@ -104,3 +104,18 @@ def test_logprobs_report_sampled_and_top_n() -> None:
     assert entry is not None and set(entry) == {1, 3}
     expected = torch.log_softmax(logits[0], -1)
     assert entry[1] == pytest.approx(float(expected[1]))
+
+
+def test_sampling_frequencies_follow_probabilities() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    seq = seq_with(SamplingParams(temperature=1.0, seed=42))
+    draws = [Sampler()(torch.log(probs).unsqueeze(0), [seq]).token_ids[0] for _ in range(2000)]
+    freqs = torch.bincount(torch.tensor(draws), minlength=4).float() / len(draws)
+    assert torch.allclose(freqs, probs, atol=0.04)
+
+
+def test_top_p_candidate_set_grows_to_cover_a_flat_nucleus() -> None:
+    logits = torch.zeros(1, 1000)  # uniform: top_p=0.9 keeps 900 tokens, far beyond the first 128
+    seq = seq_with(SamplingParams(temperature=1.0, top_p=0.9, seed=1))
+    draws = {Sampler()(logits, [seq]).token_ids[0] for _ in range(300)}
+    assert len(draws) > 128
