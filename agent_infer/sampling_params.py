@@ -18,6 +18,9 @@ class SamplingParams:
     reproducible per request, independent of what else is in the batch. ``logprobs=n`` returns the
     sampled token's log-probability plus the ``n`` most likely alternatives at every step.
     ``stop`` strings are cut from the returned text; ``stop_token_ids`` end the request like EOS.
+    ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
+    a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
+    :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
     """
 
     temperature: float = 1.0
@@ -79,10 +82,10 @@ class SamplingParams:
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_ids(self.stop_token_ids))
         if self.structured is not None:
-            raise InvalidRequestError(
-                "structured generation is not wired into the engine yet; leave `structured` unset",
-                field="structured",
-            )
+            # Imported here: the grammar package is only needed by constrained requests.
+            from agent_infer.structured import as_structured
+
+            object.__setattr__(self, "structured", as_structured(self.structured))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:

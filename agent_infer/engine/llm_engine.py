@@ -12,12 +12,13 @@ from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.sampler import Sampler, SamplerOutput, make_generator
 from agent_infer.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from agent_infer.engine.sequence import FinishReason, Sequence
-from agent_infer.errors import InvalidRequestError, PromptTooLongError
+from agent_infer.errors import EngineError, InvalidRequestError, PromptTooLongError
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -62,6 +63,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler()
+        self.grammar = GrammarManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
@@ -97,6 +99,9 @@ class LLMEngine:
             prompt=text,
             generator=None if params.greedy else make_generator(params, self.accelerator.device),
         )
+        if params.structured is not None:
+            # Compiled before queueing so a bad constraint fails this request alone, at once.
+            seq.matcher = self.grammar.new_matcher(params.structured)
         seq.prefix_offset = max(len(token_ids) - _DETOKENIZE_CONTEXT, 0)
         seq.read_offset = len(token_ids)
         self.requests[request_id] = seq
@@ -186,6 +191,7 @@ class LLMEngine:
         if logits is None:
             return {}
         seqs = [item.seq for item in batch if item.samples]
+        self.grammar.apply_masks(logits, seqs)
         result: SamplerOutput = self.sampler(logits, seqs)
         return {seq: (tok, lp) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
 
@@ -201,13 +207,17 @@ class LLMEngine:
     # --- postprocess -------------------------------------------------------------------------------
 
     def _postprocess(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
+            raise EngineError(f"grammar rejected sampled token {token} despite the mask")
         seq.append_token(token)
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
         params = seq.params
-        if token in params.stop_ids or (token in self.eos_token_ids and not params.ignore_eos):
+        grammar_done = seq.matcher is not None and seq.matcher.is_terminated()
+        if grammar_done or token in params.stop_ids or (token in self.eos_token_ids and not params.ignore_eos):
             # The stop token stays in token_ids but its text is not part of the answer.
             self._finish(seq, FinishReason.STOP)
             return

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
-from agent_infer.engine.sequence import Sequence
+from agent_infer.engine.sequence import FinishReason, Sequence
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,11 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[dict[int, float]] | None
     error: str | None = None
+    #: For a finished JSON-constrained request: the decoded JSON value, or an instance of the
+    #: Pydantic model the request was constrained by. None when the text did not finish.
+    parsed: Any = None
+    #: Why ``parsed`` is None for a finished JSON request (e.g. a Pydantic validator beyond the schema).
+    parse_error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -81,12 +88,15 @@ class RequestOutput:
     def from_sequence(cls, seq: Sequence) -> RequestOutput:
         """Snapshot ``seq`` (lists are copied so later steps do not mutate the snapshot)."""
         m = seq.metrics
+        parsed, parse_error = _parse(seq)
         completion = CompletionOutput(
             text=seq.output_text,
             token_ids=seq.output_token_ids,
             finish_reason=seq.finish_reason.value if seq.finish_reason is not None else None,
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
             error=seq.error,
+            parsed=parsed,
+            parse_error=parse_error,
         )
         return cls(
             request_id=seq.request_id,
@@ -102,3 +112,20 @@ class RequestOutput:
                 num_preemptions=m.num_preemptions,
             ),
         )
+
+
+def _parse(seq: Sequence) -> tuple[Any, str | None]:
+    """Parse a finished JSON-constrained output; (None, reason) when it cannot be parsed."""
+    structured = seq.params.structured
+    if structured is None or not structured.is_json or seq.finish_reason is not FinishReason.STOP:
+        return None, None
+    try:
+        value = json.loads(seq.output_text)
+    except json.JSONDecodeError as exc:
+        return None, f"output is not JSON: {exc}"
+    if structured.model is None:
+        return value, None
+    try:
+        return structured.model.model_validate(value), None
+    except Exception as exc:  # pydantic.ValidationError: validators beyond what the schema states
+        return None, f"{type(exc).__name__}: {exc}"

@@ -6,9 +6,14 @@ import enum
 import time
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from agent_infer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.matcher import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -69,6 +74,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0  # leading blocks already published to the prefix cache
         self.generator = generator
+        # Grammar state of a constrained request (None when unconstrained); it advances with every
+        # sampled token and survives preemption, since generated tokens are kept and re-prefilled.
+        self.matcher: GrammarMatcher | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.output_text = ""
         # Incremental detokenization state: text is decoded from ``prefix_offset`` so multi-token
