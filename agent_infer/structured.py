@@ -50,7 +50,9 @@ class StructuredOutput:
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as exc:
-                raise InvalidRequestError(f"JSON Schema text does not parse: {exc}", field="structured") from None
+                raise InvalidRequestError(
+                    f"JSON Schema text does not parse: {exc}", field="structured"
+                ) from None
         return cls("json_schema", schema, tuple(sorted(options.items())), model)
 
     @classmethod
@@ -103,7 +105,9 @@ class StructuredOutput:
     @property
     def is_json(self) -> bool:
         """True when outputs are JSON documents (so they can be parsed into objects)."""
-        return self.kind in ("json_schema", "json_object") or (self.kind == "builtin" and self.value == "json")
+        return self.kind in ("json_schema", "json_object") or (
+            self.kind == "builtin" and self.value == "json"
+        )
 
 
 def as_structured(value: Any) -> StructuredOutput:

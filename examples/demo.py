@@ -51,7 +51,9 @@ def main() -> None:
     print(f"[json schema] {out.text} -> {json.loads(out.text)}\n")
 
     ask = [{"role": "user", "content": "What is today's date? Use YYYY-MM-DD."}]
-    out = llm.chat(ask, SamplingParams(temperature=0, structured=StructuredOutput.regex(r"\d{4}-\d{2}-\d{2}")))[0]
+    out = llm.chat(
+        ask, SamplingParams(temperature=0, structured=StructuredOutput.regex(r"\d{4}-\d{2}-\d{2}"))
+    )[0]
     print(f"[regex] {out.text}\n")
 
     ask = [{"role": "user", "content": "Is the sky green? Answer yes or no."}]

@@ -68,7 +68,9 @@ def test_pydantic_model_gives_instance(llm: Any) -> None:
 def test_regex_choice_and_ebnf(llm: Any) -> None:
     arithmetic = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]{1,3}\n'
     params = [
-        SamplingParams(temperature=0.8, seed=3, max_tokens=20, structured=StructuredOutput.regex(r"\d{3}-\d{4}")),
+        SamplingParams(
+            temperature=0.8, seed=3, max_tokens=20, structured=StructuredOutput.regex(r"\d{3}-\d{4}")
+        ),
         SamplingParams(temperature=0.8, seed=3, max_tokens=5, structured=["red", "green", "blue"]),
         SamplingParams(temperature=0.8, seed=3, max_tokens=24, structured=StructuredOutput.ebnf(arithmetic)),
     ]

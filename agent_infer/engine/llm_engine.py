@@ -217,7 +217,11 @@ class LLMEngine:
             seq.metrics.first_token_time = time.perf_counter()
         params = seq.params
         grammar_done = seq.matcher is not None and seq.matcher.is_terminated()
-        if grammar_done or token in params.stop_ids or (token in self.eos_token_ids and not params.ignore_eos):
+        if (
+            grammar_done
+            or token in params.stop_ids
+            or (token in self.eos_token_ids and not params.ignore_eos)
+        ):
             # The stop token stays in token_ids but its text is not part of the answer.
             self._finish(seq, FinishReason.STOP)
             return

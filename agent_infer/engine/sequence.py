@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import torch
