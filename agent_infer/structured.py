@@ -100,7 +100,7 @@ class StructuredOutput:
             return Grammar.choice(list(self.value))
         if self.kind == "builtin":
             return Grammar.builtin(self.value)
-        return self.value  # type: ignore[no-any-return]
+        return self.value
 
     @property
     def is_json(self) -> bool:

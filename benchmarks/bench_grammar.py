@@ -10,7 +10,7 @@ and every engine:
 * Each **valid** test: the compact JSON text (``json.dumps(data, separators=(",", ":"),
   ensure_ascii=False)``) is tokenized **as one string** (``add_special_tokens=False``), i.e. the
   tokenization a model that emits canonical tokens would produce. Token by token the mask fill is
-  timed (**TBM**, time between masks); the true token must be allowed by the mask (else
+  timed (**TBM**, per-token mask time); the true token must be allowed by the mask (else
   *rejects-valid*) and is then accepted. After the last token one more (timed) mask must allow EOS
   and the matcher must be able to terminate.
 * Each **invalid** test: tokens are fed until the mask or ``accept`` rejects one; if none is rejected
@@ -235,7 +235,7 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
     native, _ = engine.allocate(len(items))
     schemas = [sc for _, sc, _, _ in items]
 
-    def run_pass(batched: bool) -> list[float]:
+    def run_pass(batched: bool) -> tuple[list[float], list[float]]:
         matchers = engine.restart([m for m, _, _, _ in items], schemas)
         pos = []
         for m, (_, _, toks, start) in zip(matchers, items):
@@ -243,7 +243,9 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
                 m.accept(t)
             pos.append(start)
         times: list[float] = []
+        cpu: list[float] = []  # process CPU time (all threads): cpu/wall = parallelism achieved
         for _ in range(task["steps"]):
+            c = time.process_time_ns()
             s = time.perf_counter_ns()
             if batched:
                 engine.batch_fill(matchers, native, task["threads"])
@@ -251,25 +253,28 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
                 for i, m in enumerate(matchers):
                     m.fill(native, i)
             times.append((time.perf_counter_ns() - s) / 1e3)
+            cpu.append((time.process_time_ns() - c) / 1e3)
             for i, (m, (_, _, toks, _)) in enumerate(zip(matchers, items)):
                 if pos[i] >= len(toks) or not m.accept(toks[pos[i]]):
                     m.reset()  # instance finished (or refused): restart it so the batch keeps its size
                     pos[i] = 0
                 else:
                     pos[i] += 1
-        return times
+        return times, cpu
 
-    seq_us = run_pass(batched=False)
+    seq_us, seq_cpu_us = run_pass(batched=False)
     try:
-        batch_us, batch_error = run_pass(batched=True), ""
+        (batch_us, batch_cpu_us), batch_error = run_pass(batched=True), ""
     except NotImplementedError as e:
-        batch_us, batch_error = [], str(e)
+        batch_us, batch_cpu_us, batch_error = [], [], str(e)
     return {
         "status": "pass",
         "matchers": len(items),
         "skipped": skipped,
         "seq_us": seq_us,
+        "seq_cpu_us": seq_cpu_us,
         "batch_us": batch_us,
+        "batch_cpu_us": batch_cpu_us,
         "batch_error": batch_error,
     }
 
@@ -427,10 +432,9 @@ def load_schemas(data_dir: Path, limit: int | None, seed: int) -> list[dict[str,
     for p in files:
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            _log(f"skip {p.name}: {e}")
-            continue
-        out.append({"id": p.stem, "schema": doc["schema"], "tests": doc.get("tests", [])})
+            out.append({"id": p.stem, "schema": doc["schema"], "tests": list(doc.get("tests", []))})
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            _log(f"skip {p.name}: {type(e).__name__}: {e}")
     return out
 
 
@@ -727,7 +731,7 @@ def run_batch(
     }
     head = (
         "| engine | matchers | steps | sequential sum / step (p50) | batched wall / step (p50) "
-        "| batched / sequential (p50) | total ratio |"
+        "| batched / sequential (p50) | total ratio | batched CPU / wall |"
     )
     lines = [
         f"### {spec.name}: batch of {args.batch} ({args.batch_schemas} schemas), {args.threads} threads",
@@ -739,33 +743,37 @@ def run_batch(
     with out_path.open("a", encoding="utf-8") as fh:
         for e in args.engines:
             if not ENGINES[e].has_batch:
-                lines.append(f"| {e} | no batch mask fill API: skipped | | | | | |")
+                lines.append(f"| {e} | no batch mask fill API: skipped | | | | | | |")
                 continue
             w = WorkerHandle(e, spec, args.mem_limit_gb, args.init_timeout, engine_options(args))
             infos[e] = w.start()
             if not infos[e].get("ready"):
-                lines.append(f"| {e} | failed to start | | | | | |")
+                lines.append(f"| {e} | failed to start | | | | | | |")
                 continue
             r = w.run("batch", task, max(args.timeout * args.batch, 120.0))
             w.close()
             r.update(engine=e, tokenizer=spec.name, mode="batch")
             fh.write(json.dumps(r) + "\n")
             if r.get("status") != "pass":
-                lines.append(f"| {e} | {r.get('status')}: {r.get('error', '')[:80]} | | | | | |")
+                lines.append(f"| {e} | {r.get('status')}: {r.get('error', '')[:80]} | | | | | | |")
                 continue
             seq, bat = r["seq_us"], r["batch_us"]
             if bat:
                 per = [b / s for b, s in zip(bat, seq) if s > 0]
                 ratio, total = f"{pct(per, 50):.2f}", f"{sum(bat) / sum(seq):.2f}"
                 bwall = fmt_us(pct(bat, 50))
+                par = f"{sum(r.get('batch_cpu_us', [])) / sum(bat):.2f}"
             else:
                 ratio, total, bwall = "n/a", "n/a", f"n/a ({r.get('batch_error', '')[:40]})"
+                par = "n/a"
             lines.append(
-                f"| {e} | {r['matchers']} | {len(seq)} | {fmt_us(pct(seq, 50))} | {bwall} | {ratio} | {total} |"
+                f"| {e} | {r['matchers']} | {len(seq)} | {fmt_us(pct(seq, 50))} | {bwall} | {ratio} | {total} | {par} |"
             )
     lines += [
         "",
-        "Target for agent-infer: batched / sequential ≤ 0.60 at 64 matchers on 2 threads.",
+        "Target for agent-infer: batched / sequential ≤ 0.60 at 64 matchers on 2 threads. "
+        "'batched CPU / wall' is the parallelism the pool actually got (T = every thread busy all the time; "
+        "≤ 1 = the machine never gave it a second core, so the ratio says nothing about the pool).",
         "",
         settings_table(infos),
     ]

@@ -17,6 +17,7 @@ Imports of the engines happen inside the adapters so a worker only loads the eng
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 from abc import ABC, abstractmethod
@@ -198,10 +199,11 @@ class OursEngine(Engine):
         self._vocab = list(self.info.decoded_vocab) if self.cold else []
         self._schema_kwargs = _kwargs_supported(self.compiler.compile_json_schema, {"whitespace": "compact"})
         # If the compiler's JSON entry point has no whitespace switch, go through the front end
-        # (Grammar.from_json_schema(whitespace="compact")) and compile_grammar: both are timed.
-        self._via_grammar = "whitespace" not in self._schema_kwargs and hasattr(
-            self.compiler, "compile_grammar"
+        # (Grammar.from_json_schema(whitespace="compact")) and compile the IR: both are timed.
+        self._compile_ir: Any = getattr(g.GrammarCompiler, "compile_grammar", None) or getattr(
+            g.GrammarCompiler, "compile", None
         )
+        self._via_grammar = "whitespace" not in self._schema_kwargs and self._compile_ir is not None
         whitespace = (
             "compact" if self._via_grammar else self._schema_kwargs.get("whitespace", "engine default")
         )
@@ -230,7 +232,7 @@ class OursEngine(Engine):
         try:
             if self._via_grammar:
                 grammar = self.g.Grammar.from_json_schema(schema, whitespace="compact")
-                compiled = self.compiler.compile_grammar(grammar)
+                compiled = self._compile_ir(self.compiler, grammar)
             else:
                 compiled = self.compiler.compile_json_schema(schema, **self._schema_kwargs)
         except AgentInferError as e:
@@ -268,7 +270,15 @@ class OursEngine(Engine):
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             rev = ""
-        return f"agent-infer {rev or '?'}"
+        # A dirty tree is not reproducible from the commit: add a digest of the code that ran.
+        digest = hashlib.sha1()
+        from agent_infer.native import load_native
+
+        native = getattr(load_native(), "__file__", None)
+        files = sorted(Path(self.g.__file__).parent.glob("*.py")) + ([Path(native)] if native else [])
+        for f in files:
+            digest.update(f.read_bytes())
+        return f"agent-infer {rev or '?'} (grammar+native sha1 {digest.hexdigest()[:10]})"
 
 
 class OursWarmEngine(OursEngine):

@@ -158,3 +158,16 @@ def test_enum_filtered_by_keywords_a_grammar_cannot_express() -> None:
     check({"enum": [1, 2, 3, "x"], "not": {"enum": [2]}, "oneOf": [{"type": "integer"}, {"const": 3}]},
           ["1"], ["2", "3", '"x"'])
     check({"enum": [[1, 1], [1, 2]], "uniqueItems": True}, ["[1,2]"], ["[1,1]"])
+
+
+def test_complements_for_not_if_then_else_and_overlapping_one_of() -> None:
+    check({"not": {"minimum": 3}}, ["2.5", "-1"], ["3", "4", '"x"', "null"])
+    check({"type": "string", "not": {"enum": ["a", "b"]}}, ['"c"', '"ab"', '""'], ['"a"', '"b"'])
+    check({"type": "string", "not": {"pattern": "^x"}}, ['"ax"'], ['"xa"'])
+    check({"if": {"properties": {"k": {"const": "n"}}, "required": ["k"]},
+           "then": {"properties": {"v": {"type": "integer"}}}, "else": {"properties": {"v": {"type": "string"}}}},
+          [{"k": "n", "v": 1}, {"k": "s", "v": "x"}, {"v": "x"}], [{"k": "n", "v": "x"}, {"k": "s", "v": 1}])
+    check({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", "2.5", '"x"'], ["2", "3"])
+    check({"oneOf": [{"required": ["a"]}, {"required": ["b"]}], "type": "object"},
+          [{"a": 1}, {"b": 1}], [{}, {"a": 1, "b": 2}])
+    check({"type": "number", "not": {"type": "integer"}, "minimum": 1, "maximum": 2}, ["1.5"], ["1", "2", "0.5"])

@@ -73,6 +73,10 @@ def test_json_text_input_and_shared_rules() -> None:
         ({"$ref": "#/$defs/missing"}, "/$ref"),
         ({"items": {"pattern": "("}, "type": "array"}, "/items/pattern"),
         ({"anyOf": []}, "/anyOf"),
+        ({"type": "array", "maxItems": -1}, "/maxItems"),
+        ({"type": "number", "multipleOf": 0}, "/multipleOf"),
+        ({"enum": "a"}, "/enum"),
+        ({"$defs": {"x": {"pattern": 5}}, "type": "integer"}, "/$defs/x/pattern"),
     ],
 )
 def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
@@ -84,11 +88,11 @@ def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
 @pytest.mark.parametrize(
     ("schema", "keyword", "pointer"),
     [
-        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if", "/if"),
+        ({"if": {"items": {"type": "string"}}, "then": {"minItems": 1}}, "if", "/if"),
         ({"properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/a/uniqueItems"),
-        ({"oneOf": [{"type": "integer"}, {"minimum": 0}]}, "oneOf", "/oneOf"),
+        ({"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"maxItems": 2}]}, "oneOf", "/oneOf"),
         ({"type": "string", "format": "color"}, "format", "/format"),
-        ({"not": {"minimum": 3}}, "not", "/not"),
+        ({"not": {"items": {"minimum": 3}}}, "not", "/not"),
         ({"frobnicate": 1}, "frobnicate", "/frobnicate"),
         ({"$ref": "https://example.com/remote.json"}, "$ref", "/$ref"),
     ],
@@ -110,10 +114,28 @@ def test_non_strict_records_warnings_and_compiles_the_rest() -> None:
     assert not rec.accepts('{"a":["x"]}')
 
 
+def test_non_strict_drops_an_uncompilable_pattern() -> None:
+    g = json_schema_to_grammar({"type": "string", "pattern": "^(?!a)b", "maxLength": 3}, strict=False)
+    assert any("pattern at /pattern" in w for w in g.warnings)
+    rec = ReferenceRecognizer(g)
+    assert rec.accepts('"zzz"')
+    assert not rec.accepts('"zzzz"')
+
+
 def test_annotations_and_vendor_extensions_are_ignored() -> None:
     schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1], "x-foo": 1,
               "$comment": "c", "deprecated": True, "readOnly": True}
     assert _rec(schema).accepts("5")
+
+
+def test_large_counts_use_doubling_rules_not_counted_repeats() -> None:
+    from agent_infer.grammar.ir import Repeat, walk
+
+    g = json_schema_to_grammar({"type": "string", "minLength": 3, "maxLength": 32767})
+    counts = [n.max for _, e in g.rules for n in walk(e) if isinstance(n, Repeat) and n.max is not None]
+    assert max(counts) <= 40 and len(g.rules) < 60
+    rec = ReferenceRecognizer(g)
+    assert rec.accepts('"' + "x" * 300 + '"') and not rec.accepts('"xx"')
 
 
 def test_limits_raise_grammar_limit_error() -> None:

@@ -62,13 +62,13 @@ class GrammarManager:
     def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Mask rows of ``logits`` (one per sequence, in order) whose sequence has a matcher."""
         rows = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
+        matchers = [m for m in (seq.matcher for seq in seqs) if m is not None]
         if not rows:
             return
         from agent_infer.grammar.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
         from agent_infer.grammar.matcher import fill_next_token_bitmask_batch
 
         bitmask = allocate_token_bitmask(len(seqs), logits.shape[-1])
-        matchers = [seqs[i].matcher for i in rows]
         fill_next_token_bitmask_batch(matchers, bitmask, rows)
         index = torch.tensor(rows, dtype=torch.int64)
         if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():

@@ -9,18 +9,18 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
+from agent_infer.grammar import json_schema_logic as logic
+from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, opt, seq
 from agent_infer.grammar.json_schema_merge import (
     TYPES,
     Merger,
-    disjoint,
+    canon,
     is_annotation,
     type_set,
     values,
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
     from agent_infer.grammar.json_schema_automata import DFA
 
 MAX_RULES = 50_000
-MAX_INLINE_REPEAT = 256
-MAX_DEPENDENCY_TRIGGERS = 3
+MAX_INLINE_REPEAT = 32
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64
 # After a newline, flexible whitespace allows this much indentation (json.dumps(indent=2) to depth 20).
@@ -86,6 +85,23 @@ def json_schema_to_grammar(
     return Grammar(tuple(rules), "root", tuple(comp.warnings))
 
 
+def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
+    """Keep keywords that qualify each other paired before merging (allOf) mixes schema objects.
+
+    if/then/else move into ``__conditionals`` (a lone ``then``/``else`` or ``if`` has no effect and
+    is dropped); ``minContains``/``maxContains`` without a sibling ``contains`` are dropped."""
+    if "contains" not in schema and ("minContains" in schema or "maxContains" in schema):
+        # min/maxContains only qualify a `contains` in the same schema object
+        schema = {k: v for k, v in schema.items() if k not in ("minContains", "maxContains")}
+    if not any(k in schema for k in ("if", "then", "else")):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+    if "if" in schema and ("then" in schema or "else" in schema):
+        out["__conditionals"] = [{"if": schema["if"], "then": schema.get("then", True),
+                                  "else": schema.get("else", True)}]
+    return out
+
+
 class Compiler:
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
@@ -100,7 +116,8 @@ class Compiler:
         self._dfa_cache: dict[str, DFA] = {}
         self.rules["char"] = JSON_CHAR  # shared: every string body refers to it
         self.rules[HIGH_RULE] = HIGH_EXPR  # shared by encoded classes that include all non-ASCII
-        self._blocks: dict[Expr, str] = {}
+        self._blocks: dict[Expr, list[str]] = {}
+        self.key_cache: dict[str, Expr | None] = {}
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
         self.char: Expr = Ref("char")
         blank = chars(" \t")
@@ -149,26 +166,40 @@ class Compiler:
     # -- rules ---------------------------------------------------------------------------------
 
     def repeat(self, item: Expr, lo: int, hi: int | None) -> Expr:
-        """``item{lo,hi}``, with large counts split into shared blocks of 64 (unambiguously).
+        """``item{lo,hi}``; large counts use binary "doubling" rules instead of a counted Repeat.
 
         Matchers expand counted repeats into automaton states, so ``{0,32767}`` would be 32K
-        states; ``block{0,q-1} item{0,63} | block{q} item{0,r}`` stays small.
+        copies. With ``E_k`` = exactly 2^k items (``E_k ::= E_(k-1) E_(k-1)``) and ``U_k`` = fewer
+        than 2^k items (``U_k ::= E_(k-1)? U_(k-1)``), any bound needs O(log n) small rules, and every
+        length has exactly one parse (its binary representation).
         """
         if hi == 0:
             return Empty()
         if (hi if hi is not None else lo) <= MAX_INLINE_REPEAT:
             return Repeat(item, lo, hi)
-        size = 64
-        name = self._blocks.get(item)
-        if name is None:
-            name = self._blocks[item] = self.add_rule("block", Repeat(item, size, size))
-        block = Ref(name)
-        head = seq(self.repeat(block, lo // size, lo // size), self.repeat(item, lo % size, lo % size))
+        head = self._exactly(item, lo)
         if hi is None:
             return seq(head, Repeat(item, 0, None))
-        q, r = divmod(hi - lo, size)
-        short = seq(self.repeat(block, 0, q - 1), Repeat(item, 0, size - 1)) if q else Alt(())
-        return seq(head, alt(short, seq(self.repeat(block, q, q), self.repeat(item, 0, r))))
+        return seq(head, self._up_to(item, hi - lo))
+
+    def _power(self, item: Expr, k: int) -> Expr:
+        """E_k: exactly 2^k copies of ``item`` (a shared rule)."""
+        names = self._blocks.setdefault(item, [])
+        while len(names) <= k:
+            body = item if not names else seq(Ref(names[-1]), Ref(names[-1]))
+            names.append(self.add_rule(f"pow{len(names)}", body))
+        return Ref(names[k])
+
+    def _exactly(self, item: Expr, n: int) -> Expr:
+        return seq(*(self._power(item, k) for k in range(n.bit_length() - 1, -1, -1) if n >> k & 1))
+
+    def _up_to(self, item: Expr, n: int) -> Expr:
+        """0..n copies: fewer than 2^k (k = top bit), or 2^k followed by 0..n-2^k."""
+        if n == 0:
+            return Empty()
+        k = n.bit_length() - 1
+        below = seq(*(opt(self._power(item, i)) for i in range(k - 1, -1, -1)))
+        return alt(below, seq(self._power(item, k), self._up_to(item, n - (1 << k))))
 
     def add_rule(self, hint: str, expr: Expr) -> str:
         """Add a rule with a fresh name derived from ``hint``."""
@@ -220,9 +251,15 @@ class Compiler:
         if not isinstance(schema, dict):
             raise InvalidSchemaError("a schema must be an object or a boolean", pointer=pointer)
         parts: list[Any] = []
-        rest = {k: v for k, v in schema.items() if k not in ("$ref", "allOf")}
+        rest = _lift_conditionals({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
         if "$ref" in schema:
-            target = self.resolve(schema["$ref"], pointer + "/$ref")
+            try:
+                target = self.resolve(schema["$ref"], pointer + "/$ref")
+            except UnsupportedSchemaError as exc:  # a remote document we were not given
+                if self.strict:
+                    raise
+                self.unsupported("$ref", exc.pointer, str(exc))
+                target = True
             parts.append(self.flatten(target, self.where(target, pointer), level + 1))
         for i, sub in enumerate(schema.get("allOf", [])):
             parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
@@ -233,8 +270,10 @@ class Compiler:
             parts = [{k: v for k, v in p.items() if not k.startswith("unevaluated")} if isinstance(p, dict) else p
                      for p in parts]
             rest = {k: v for k, v in rest.items() if not k.startswith("unevaluated")}
-        out: Any = rest
-        for part in parts:
+        # Referenced/allOf parts first, then the sibling keywords: a base type's properties come
+        # before the extension's in the declared order.
+        out: Any = parts[0] if parts else rest
+        for part in [*parts[1:], rest] if parts else []:
             out = self.merge(out, part, pointer)
         return out
 
@@ -282,18 +321,22 @@ class Compiler:
             self.allowed_types(flat, pointer)
             return objects.lower_values(self, vals, flat, pointer, depth)
         if "dependentRequired" in flat or "dependentSchemas" in flat:
-            return self.lower_dependencies(flat, pointer, depth)
+            return logic.lower_dependencies(self, flat, pointer, depth)
         if "anyOf" in flat or "oneOf" in flat:
-            return self.lower_branches(flat, pointer, depth)
-        flat = self.apply_not(flat, pointer)
-        self.check_conditionals(flat, pointer)
+            return logic.lower_branches(self, flat, pointer, depth)
+        rewritten = logic.rewrite_logic(self, flat, pointer)
+        if rewritten is not None:
+            return self.lower_body(rewritten, pointer, depth)
+        flat = logic.apply_not(self, flat, pointer)
+        logic.check_conditionals(self, flat, pointer)
         types = self.allowed_types(flat, pointer)
+        excluded = {canon(v) for v in flat.get("__not_values", [])}
         out: list[Expr] = []
         for t in types:
             if t == "null":
-                out.append(lit("null"))
+                out.extend([] if canon(None) in excluded else [lit("null")])
             elif t == "boolean":
-                out.append(alt(lit("true"), lit("false")))
+                out.extend(lit(json.dumps(b)) for b in (True, False) if canon(b) not in excluded)
             elif t == "object":
                 out.append(objects.lower_object(self, flat, pointer, depth))
             elif t == "array":
@@ -330,59 +373,6 @@ class Compiler:
             out.remove("integer")
         return out
 
-    def apply_not(self, flat: dict[str, Any], pointer: str) -> dict[str, Any]:
-        """Fold ``not`` into the schema when it only excludes whole types (or everything/nothing)."""
-        if "not" not in flat:
-            return flat
-        out = {k: v for k, v in flat.items() if k != "not"}
-        neg = self.flatten(flat["not"], f"{pointer}/not")
-        if neg is True or neg == {}:
-            out["type"] = []
-            return out
-        if neg is False:
-            return out
-        if isinstance(neg, dict) and all(k == "type" or is_annotation(k) for k in neg):
-            banned = neg.get("type")
-            out["__not_types"] = banned if isinstance(banned, list) else [banned]
-            return out
-        self.unsupported("not", f"{pointer}/not", "only `not` of whole types is supported")
-        return out
-
-    def check_conditionals(self, flat: dict[str, Any], pointer: str) -> None:
-        """if/then/else and other keywords without an exact CFG lowering."""
-        if "if" in flat and ("then" in flat or "else" in flat):
-            self.unsupported("if", f"{pointer}/if", "if/then/else is not supported")
-        for key in ("$dynamicRef", "$recursiveRef"):
-            if key in flat:
-                self.unsupported(key, f"{pointer}/{key}", f"{key} is not supported")
-
-    def lower_branches(self, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
-        """anyOf/oneOf: distribute the sibling keywords into each branch, then alternate."""
-        base = {k: v for k, v in flat.items() if k not in ("anyOf", "oneOf")}
-        trivial_base = all(is_annotation(k) for k in base)
-        out: list[Expr] = []
-        for key in ("anyOf", "oneOf"):
-            if key not in flat:
-                continue
-            if not isinstance(flat[key], list) or not flat[key]:
-                raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=f"{pointer}/{key}")
-            if "anyOf" in flat and "oneOf" in flat:
-                self.unsupported("oneOf", f"{pointer}/oneOf", "oneOf next to anyOf is not supported")
-                if key == "oneOf":
-                    continue
-            branches = flat[key]
-            here = [f"{pointer}/{key}/{i}" for i in range(len(branches))]
-            merged = [self.flatten(b, p) for b, p in zip(branches, here)]
-            if not trivial_base:
-                if any(isinstance(m, dict) and any(k.startswith("unevaluated") for k in m) for m in merged):
-                    self.unsupported("unevaluatedProperties", f"{pointer}/{key}", "unevaluated* inside a branch")
-                merged = [self.merge(base, m, pointer) for m in merged]
-            if key == "oneOf" and not self._pairwise_disjoint(merged):
-                self.unsupported("oneOf", f"{pointer}/oneOf", "oneOf branches are not provably disjoint")
-            exprs = [self.lower(b if trivial_base else m, p, depth) for b, m, p in zip(branches, merged, here)]
-            out.append(alt(*exprs))
-        return out[0]
-
     def merge(self, a: Any, b: Any, pointer: str) -> Any:
         """``allOf: [a, b]`` merged; non-strict mode keeps ``a`` (a superset) when no exact merge exists."""
         try:
@@ -392,57 +382,6 @@ class Compiler:
                 raise
             self.unsupported(exc.keyword, exc.pointer, "allOf cannot be merged exactly")
             return a
-
-    def lower_dependencies(self, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
-        """dependentRequired/dependentSchemas as an alternation over which triggers are present.
-
-        Each case pins every trigger as present (with its dependencies) or absent (``false``), so the
-        cases are disjoint objects and each is an ordinary schema.
-        """
-        deps = flat.get("dependentRequired", {})
-        dschemas = flat.get("dependentSchemas", {})
-        for trigger, need in deps.items():
-            if not isinstance(need, list) or not all(isinstance(n, str) for n in need):
-                raise InvalidSchemaError("dependentRequired values must be arrays of strings",
-                                         pointer=f"{pointer}/dependentRequired/{trigger}")
-        base = {k: v for k, v in flat.items() if k not in ("dependentRequired", "dependentSchemas")}
-        triggers = list(dict.fromkeys([*deps, *dschemas]))
-        if len(triggers) > MAX_DEPENDENCY_TRIGGERS:
-            self.unsupported("dependentRequired" if deps else "dependentSchemas", pointer,
-                             f"more than {MAX_DEPENDENCY_TRIGGERS} dependency triggers")
-            return self.lower(base, pointer, depth)
-        cases: list[Expr] = []
-        for mask in itertools.product((False, True), repeat=len(triggers)):
-            case: Any = base
-            for trigger, present in zip(triggers, mask):
-                if not present:
-                    case = self.merge(case, {"properties": {trigger: False}}, pointer)
-                    continue
-                case = self.merge(case, {"required": [trigger, *deps.get(trigger, [])]}, pointer)
-                if trigger in dschemas:
-                    where = f"{pointer}/dependentSchemas/{trigger}"
-                    case = self.merge(case, self.flatten(dschemas[trigger], where), where)
-            cases.append(self.lower(case, pointer, depth))
-        return alt(*cases)
-
-    def _pairwise_disjoint(self, branches: list[Any]) -> bool:
-        def flat_prop(s: Any) -> Any:
-            return self.flatten(s, "")
-
-        def values_outside(a: Any, b: Any) -> bool:
-            # A finite branch is disjoint from another if the other's grammar (a superset when
-            # compiled non-strictly) rejects every listed value.
-            vals = values(a) if isinstance(a, dict) else None
-            if vals is None or len(vals) > 64:
-                return False
-            try:
-                accepts = self.value_matcher(b, "", strict=False)
-                return not any(accepts(v) for v in vals)
-            except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
-                return False
-
-        return all(disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
-                   for i, a in enumerate(branches) for b in branches[i + 1:])
 
     def value_matcher(self, schema: Any, pointer: str, *, strict: bool, record: bool = False) -> Callable[[Any], bool]:
         """A predicate "this JSON value is valid under ``schema``", via the schema's own grammar.

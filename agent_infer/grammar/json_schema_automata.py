@@ -253,3 +253,10 @@ def dfa_accepts(a: DFA, text: str) -> bool:
         else:
             return False
     return s in a.accept
+
+
+def names_dfa(names: list[str]) -> DFA:
+    """Exactly the given strings."""
+    from agent_infer.grammar.ir import lit
+
+    return expr_to_dfa(alt(*(lit(n) for n in names)) if names else Alt(()))

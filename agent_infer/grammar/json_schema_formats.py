@@ -131,33 +131,34 @@ _UNRESERVED = "a-zA-Z0-9._~"
 _SUB_DELIMS = "!$&'()*+,;="
 
 
-def _uri_body(allow_fragment_hash: bool = False) -> Expr:
+def _uri_parts() -> dict[str, Expr]:
+    """RFC 3986 pieces: authority, paths, query, fragment."""
     pct = seq(lit("%"), HEXDIG, HEXDIG)
     pchar = alt(chars(_UNRESERVED + _SUB_DELIMS + ":@-"), pct)
-    path = star(alt(pchar, lit("/")))
-    query = seq(lit("?"), star(alt(pchar, chars("/?"))))
-    fragment = seq(lit("#"), star(alt(pchar, chars("/?"))))
-    authority_host = alt(seq(lit("["), chars("0-9a-fA-F:.vV"), star(chars("0-9a-fA-F:.")), lit("]")),
-                         star(alt(chars(_UNRESERVED + _SUB_DELIMS + ":@-"), pct)))
-    hier = alt(seq(lit("//"), authority_host, star(seq(lit("/"), star(pchar)))), path)
-    return seq(hier, opt(query), opt(fragment))
+    userinfo = seq(star(alt(chars(_UNRESERVED + _SUB_DELIMS + ":-"), pct)), lit("@"))
+    future = seq(chars("vV"), plus(HEXDIG), lit("."), plus(chars(_UNRESERVED + _SUB_DELIMS + ":-")))
+    host = alt(seq(lit("["), alt(ipv6(), future), lit("]")), star(alt(chars(_UNRESERVED + _SUB_DELIMS + "-"), pct)))
+    abempty = star(seq(lit("/"), star(pchar)))
+    return {
+        "authority": seq(lit("//"), opt(userinfo), host, opt(seq(lit(":"), star(DIGIT))), abempty),
+        "absolute": seq(lit("/"), opt(seq(plus(pchar), abempty))),
+        "rootless": seq(plus(pchar), abempty),
+        "noscheme": seq(plus(alt(chars(_UNRESERVED + _SUB_DELIMS + "@-"), pct)), abempty),
+        "tail": seq(opt(seq(lit("?"), star(alt(pchar, chars("/?"))))), opt(seq(lit("#"), star(alt(pchar, chars("/?")))))),
+    }
 
 
 def uri() -> Expr:
-    """Absolute URI: scheme ``:`` then RFC 3986 characters (authority/path/query/fragment)."""
+    """Absolute URI: ``scheme:`` hier-part, query, fragment (RFC 3986 section 3)."""
+    p = _uri_parts()
     scheme = seq(ALPHA, star(chars("a-zA-Z0-9+.-")))
-    return seq(scheme, lit(":"), _uri_body())
+    return seq(scheme, lit(":"), alt(p["authority"], p["absolute"], p["rootless"], lit("")), p["tail"])
 
 
 def uri_reference() -> Expr:
     """A URI or a relative reference (first path segment without ``:``)."""
-    pct = seq(lit("%"), HEXDIG, HEXDIG)
-    seg_nc = alt(chars(_UNRESERVED + _SUB_DELIMS + "@-"), pct)
-    pchar = alt(chars(_UNRESERVED + _SUB_DELIMS + ":@-"), pct)
-    rest = seq(star(alt(pchar, lit("/"))), opt(seq(lit("?"), star(alt(pchar, chars("/?"))))),
-               opt(seq(lit("#"), star(alt(pchar, chars("/?"))))))
-    relative = alt(seq(lit("//"), rest), seq(lit("/"), rest), seq(plus(seg_nc), opt(seq(lit("/"), rest))),
-                   seq(opt(seq(lit("?"), star(alt(pchar, chars("/?"))))), opt(seq(lit("#"), star(alt(pchar, chars("/?")))))))
+    p = _uri_parts()
+    relative = seq(alt(p["authority"], p["absolute"], p["noscheme"], lit("")), p["tail"])
     return alt(uri(), relative)
 
 

@@ -36,7 +36,9 @@ _ARRAY = ("prefixItems", "items")
 def is_annotation(key: str) -> bool:
     """True for keywords that never affect validity (``x-``/``_`` extensions, draft-04 ``id``)."""
     # "_name" is how stripped benchmark schemas and some tools disable a keyword.
-    return key in ANNOTATIONS or key.startswith(("x-", "_")) or key == "id"
+    # ("__" marks the compiler's own internal keywords, which are not annotations.)
+    return key in ANNOTATIONS or key.startswith("x-") or (key.startswith("_") and not key.startswith("__")) \
+        or key == "id"
 
 
 def canon(v: Any) -> Any:
@@ -195,6 +197,8 @@ class Merger:
     def _merge_key(self, key: str, va: Any, vb: Any, a: dict[str, Any], b: dict[str, Any]) -> Any:
         if va == vb and key not in ("anyOf", "oneOf"):
             return va
+        if key.startswith("__not_") or key == "__conditionals":
+            return [*va, *vb]
         if key == "type":
             ta, tb = type_set(a) or set(), type_set(b) or set()
             both = ta & tb

@@ -7,7 +7,6 @@ an optional fraction, and comparisons reduce to digit-string comparisons.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from fractions import Fraction
 
 from agent_infer.errors import GrammarLimitError
@@ -226,13 +225,6 @@ def residue_rules(n: int, prefix: str) -> list[tuple[str, Expr]]:
     return rules
 
 
-def multiple_of_integer(n: int, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
-    """Integer numerals (with optional sign) that are multiples of n, and the rules they use."""
-    rules = residue_rules(n, prefix)
-    body = alt(lit("0"), *(seq(lit(str(d)), Ref(f"{prefix}{d % n}")) for d in range(1, 10)))
-    return seq(opt(lit("-")), body), rules
-
-
 def enumerate_multiples(step: Fraction, lo: Fraction | None, lo_strict: bool, hi: Fraction | None,
                         hi_strict: bool) -> list[Fraction] | None:
     """All multiples of ``step`` in a bounded interval, or None if unbounded or too many."""
@@ -249,11 +241,3 @@ def enumerate_multiples(step: Fraction, lo: Fraction | None, lo_strict: bool, hi
             continue
         out.append(v)
     return out
-
-
-def numeral(v: Fraction) -> str:
-    """Canonical JSON numeral of a finite decimal value."""
-    if v.denominator == 1:
-        return str(v.numerator)
-    d = Decimal(v.numerator) / Decimal(v.denominator)
-    return format(d.normalize(), "f")

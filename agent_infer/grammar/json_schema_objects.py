@@ -23,6 +23,7 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
+    names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 MAX_COUNT_STATES = 4000
 MAX_PATTERN_REGIONS = 3
+MAX_PERMUTED = 3
 
 
 def _never() -> Expr:
@@ -95,10 +97,6 @@ def lower_values(c: Compiler, vals: list[Any], flat: dict[str, Any], pointer: st
 # -- objects ----------------------------------------------------------------------------------------
 
 
-def _names_dfa(names: list[str]) -> DFA:
-    return expr_to_dfa(alt(*(lit(n) for n in names)) if names else Alt(()))
-
-
 def _key_language(c: Compiler, pn: Any, pointer: str) -> DFA | bool:
     """propertyNames as a DFA; True = unconstrained, False = no key allowed."""
     flat = c.flatten(pn, pointer)
@@ -119,7 +117,7 @@ def _key_language(c: Compiler, pn: Any, pointer: str) -> DFA | bool:
         elif key == "minLength" or (key == "maxLength" and "minLength" not in flat):
             dfas.append(dfa_length(count(flat, "minLength", pointer) or 0, count(flat, "maxLength", pointer)))
         elif key in ("enum", "const"):
-            dfas.append(_names_dfa([x for x in (v if key == "enum" else [v]) if isinstance(x, str)]))
+            dfas.append(names_dfa([x for x in (v if key == "enum" else [v]) if isinstance(x, str)]))
         elif key == "format" and v in FORMATS:
             dfas.append(expr_to_dfa(FORMATS[v]()))
         else:
@@ -182,10 +180,20 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         value = c.lower(schema, here, depth + 1)
         members.append((seq(lit('"'), encode_literal(name), lit('"'), c.colon(), value), is_required))
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
+    undeclared = len(names) - len(props)  # all present in members: a missing one returned above
+    if lo == 0 and hi is None and 2 <= undeclared <= MAX_PERMUTED:
+        # Required-but-undeclared names have no declared order: accept any order of them.
+        head, tail = members[:-undeclared], members[-undeclared:]
+        bodies = [_members(c, head + list(p), extra, depth)[0] for p in itertools.permutations(tail)]
+        return c.container("{", "}", alt(*(b for b in bodies if b is not None)), False, depth)
     if lo == 0 and hi is None:
         body, nullable = _members(c, members, extra, depth)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     return _counted(c, members, extra, lo, hi, depth, pointer)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _invalid(msg: str, pointer: str) -> Exception:
@@ -202,24 +210,39 @@ def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, n
     if len(pats) > MAX_PATTERN_REGIONS:
         c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
         pats = {}
-    base = dfa_complement(_names_dfa(names)) if names else None
-    if keys is not True:
-        base = keys if base is None else dfa_intersect(base, keys)
-    pdfas = {p: c.pattern_dfa(p, f"{pointer}/patternProperties") for p in pats}
+    pn = json.dumps(flat.get("propertyNames", True), sort_keys=True, default=str)
+    pdfas: dict[str, DFA] = {}
+    base_cache: list[DFA | None] = []
+
+    def base() -> DFA | None:
+        if not base_cache:
+            dfa = dfa_complement(names_dfa(names)) if names else None
+            if isinstance(keys, DFA):
+                dfa = keys if dfa is None else dfa_intersect(dfa, keys)
+            base_cache.append(dfa)
+        return base_cache[0]
+
     out: list[Expr] = []
     for mask in itertools.product((False, True), repeat=len(pats)):
         chosen = [p for p, m in zip(pats, mask) if m]
         value_schema = _all_of(*(pats[p] for p in chosen)) if chosen else additional
         if value_schema is False:
             continue
-        dfa = base
-        for p, m in zip(pats, mask):
-            d = pdfas[p] if m else dfa_complement(pdfas[p])
-            dfa = d if dfa is None else dfa_intersect(dfa, d)
-        if dfa is not None and dfa_is_empty(dfa):
+        # Objects that share declared names share the key automaton's rules.
+        cache_key = json.dumps([sorted(names), list(pats), list(mask), pn])
+        if cache_key not in c.key_cache:
+            dfa = base()
+            for p, m in zip(pats, mask):
+                if p not in pdfas:
+                    pdfas[p] = c.pattern_dfa(p, f"{pointer}/patternProperties")
+                d = pdfas[p] if m else dfa_complement(pdfas[p])
+                dfa = d if dfa is None else dfa_intersect(dfa, d)
+            empty = dfa is not None and dfa_is_empty(dfa)
+            c.key_cache[cache_key] = None if empty else _key_expr(c, dfa, f"{pointer}-key")
+        key = c.key_cache[cache_key]
+        if key is None:
             continue
-        key = _key_expr(c, dfa, f"{pointer}-key")
-        here = f"{pointer}/additionalProperties" if not chosen else f"{pointer}/patternProperties"
+        here = f"{pointer}/patternProperties/{_escape(chosen[0])}" if chosen else f"{pointer}/additionalProperties"
         out.append(seq(key, c.colon(), c.lower(value_schema, here, depth + 1)))
     if not out:
         return None

@@ -67,6 +67,7 @@ class Registry:
             self.anchors[f"{base}#{node['$anchor']}"] = out
         for key, value in node.items():
             here = f"{pointer}/{_escape(key)}"
+            _check_shape(key, value, here)
             if key == "$ref":
                 if not isinstance(value, str):
                     raise InvalidSchemaError("$ref must be a string", pointer=here)
@@ -137,6 +138,39 @@ class Registry:
             else:
                 raise InvalidSchemaError(f"$ref {uri!r} does not resolve", pointer=pointer)
         return node
+
+
+_COUNTS = {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+           "maxContains"}
+_NUMBERS = {"minimum", "maximum", "multipleOf"}
+
+
+def _check_shape(key: str, value: Any, pointer: str) -> None:
+    """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer)."""
+    def is_num(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    problem = None
+    if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
+        problem = "must be a non-negative integer"
+    elif key in _NUMBERS and not is_num(value):
+        problem = "must be a number"
+    elif key == "multipleOf" and value <= 0:
+        problem = "must be greater than 0"
+    elif key in ("exclusiveMinimum", "exclusiveMaximum") and not (is_num(value) or isinstance(value, bool)):
+        problem = "must be a number"
+    elif key == "required" and not (isinstance(value, list) and all(isinstance(r, str) for r in value)):
+        problem = "must be an array of strings"
+    elif key == "enum" and not isinstance(value, list):
+        problem = "must be an array"
+    elif key in ("pattern", "format") and not isinstance(value, str):
+        problem = "must be a string"
+    elif key == "uniqueItems" and not isinstance(value, bool):
+        problem = "must be a boolean"
+    elif key == "type" and not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(t, str) for t in value))):
+        problem = "must be a string or an array of strings"
+    if problem:
+        raise InvalidSchemaError(f"{key} {problem}", pointer=pointer)
 
 
 def _escape(key: str) -> str:

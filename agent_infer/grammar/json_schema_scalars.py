@@ -13,7 +13,14 @@ from agent_infer.errors import (
 )
 from agent_infer.grammar import json_schema_numbers as num
 from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
-from agent_infer.grammar.json_schema_automata import dfa_intersect, dfa_length, dfa_to_rules, expr_to_dfa
+from agent_infer.grammar.json_schema_automata import (
+    dfa_complement,
+    dfa_intersect,
+    dfa_length,
+    dfa_to_rules,
+    expr_to_dfa,
+    names_dfa,
+)
 from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_merge import to_fraction
 from agent_infer.grammar.json_schema_text import encode_expr
@@ -67,6 +74,16 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if hi is not None and hi < lo:
         return None
     pats = _patterns(flat, pointer)
+    if not c.strict:
+        # Non-strict: a pattern the regex front end cannot compile is dropped with a warning.
+        usable = []
+        for p in pats:
+            try:
+                _search(p, f"{pointer}/pattern")
+                usable.append(p)
+            except UnsupportedSchemaError as exc:
+                c.unsupported("pattern", f"{pointer}/pattern", str(exc))
+        pats = usable
     fmt = flat.get("format")
     fmt_expr: Expr | None = None
     if fmt is not None:
@@ -77,17 +94,26 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
             c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
         else:
             fmt_expr = make()
-    if not pats and fmt_expr is None:
+    # Complements from `not` (see json_schema_negate): excluded values and patterns.
+    excluded = [x for x in flat.get("__not_values", []) if isinstance(x, str)]
+    not_pats = list(flat.get("__not_patterns", []))
+    plain = not excluded and not not_pats
+    if not pats and fmt_expr is None and plain:
         return c.repeat(c.char, lo, hi)
-    if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None:
+    if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
         return encode_expr(_search(pats[0], f"{pointer}/pattern"))
-    if not pats and fmt_expr is not None and lo == 0 and hi is None:
+    if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
         return encode_expr(fmt_expr)
     dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
+    dfas += [dfa_complement(c.pattern_dfa(p, f"{pointer}/not/pattern")) for p in not_pats]
+    if excluded:
+        dfas.append(dfa_complement(names_dfa(excluded)))
     if fmt_expr is not None:
         dfas.append(expr_to_dfa(fmt_expr))
     if lo or hi is not None:
         dfas.append(dfa_length(lo, hi))
+    if not dfas:
+        dfas.append(dfa_length(0, None))
     dfa = dfas[0]
     for other in dfas[1:]:
         dfa = dfa_intersect(dfa, other)
@@ -188,6 +214,19 @@ def _integer_multiples(c: Compiler, n: int, lo: Fraction | None, lo_strict: bool
 
 def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     """Numbers that are not integers (``not: {type: integer}``): a fraction with a non-zero digit."""
-    if any(k in flat for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
-        c.unsupported("not", f"{pointer}/not", "non-integer numbers with numeric bounds are not supported")
-    return seq(opt(lit("-")), num.INT_MAGNITUDE, lit("."), star(num.DIGIT), chars("1-9"), star(num.DIGIT))
+    fractional = seq(opt(lit("-")), num.INT_MAGNITUDE, lit("."), star(num.DIGIT), chars("1-9"), star(num.DIGIT))
+    if "multipleOf" in flat:
+        c.unsupported("not", f"{pointer}/not", "non-integer numbers with multipleOf are not supported")
+    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    if lo is None and hi is None:
+        return fractional
+    bounded = num.bounded_number(lo, lo_strict, hi, hi_strict, False)
+    if bounded is None:
+        c.unsupported("not", f"{pointer}/not", "bound is not a finite decimal")
+        return fractional
+    # Both languages are regular over ASCII: intersect them as automata.
+    prefix = c.fresh(f"{pointer}-frac")
+    start, rules = dfa_to_rules(dfa_intersect(expr_to_dfa(fractional), expr_to_dfa(bounded)), prefix + "-")
+    c.rules.update(rules)
+    c.rules[prefix] = start
+    return Ref(prefix)

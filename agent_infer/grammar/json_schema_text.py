@@ -177,7 +177,6 @@ JSON_CHAR: Expr = alt(
     seq(lit("\\u"), chars("dD"), chars("89abAB"), HEX, HEX, lit("\\u"), chars("dD"), chars("c-fC-F"), HEX, HEX),
 )
 
-ANY_CLASS = CharClass(((0, MAX_CP),))
 
 HIGH_RULE = "char-high"
 # Any non-ASCII code point: raw, \uXXXX, or a surrogate pair.

@@ -15,7 +15,7 @@ from agent_infer.grammar.json_schema_merge import canon, is_annotation, values
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
 
-_LOGIC = ("not", "anyOf", "oneOf", "if", "then", "else", "uniqueItems", "dependentRequired", "dependentSchemas",
+_LOGIC = ("not", "anyOf", "oneOf", "__conditionals", "uniqueItems", "dependentRequired", "dependentSchemas",
           "enum", "const")
 MAX_DEPTH = 32
 
@@ -44,9 +44,9 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
         return False
     if "oneOf" in flat and sum(sub(b, f"oneOf/{i}") for i, b in enumerate(flat["oneOf"])) != 1:
         return False
-    if "if" in flat:
-        branch = "then" if sub(flat["if"], "if") else "else"
-        if branch in flat and not sub(flat[branch], branch):
+    for cond in flat.get("__conditionals", []):
+        branch = "then" if sub(cond["if"], "if") else "else"
+        if not sub(cond[branch], branch):
             return False
     if flat.get("uniqueItems") is True and isinstance(v, list) and len({canon(x) for x in v}) != len(v):
         return False
