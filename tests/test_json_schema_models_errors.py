@@ -46,7 +46,9 @@ def test_pydantic_model_nested_optional_literal_enum_list() -> None:
     rec = ReferenceRecognizer(Grammar.from_json_schema(Person))
     good = Person(name="a", kind="user", color=Color.RED, tags=["x"], address=Address(street="s", zip=1))
     assert rec.accepts(good.model_dump_json())
-    assert rec.accepts(json.dumps({"name": "a", "kind": "admin", "color": "green", "tags": [], "address": None}))
+    assert rec.accepts(
+        json.dumps({"name": "a", "kind": "admin", "color": "green", "tags": [], "address": None})
+    )
     assert not rec.accepts(json.dumps({"name": "a", "kind": "root", "color": "red", "tags": []}))
     assert not rec.accepts(json.dumps({"name": "a", "kind": "user", "color": "blue", "tags": []}))
     assert not rec.accepts(json.dumps({"name": "a", "kind": "user", "color": "red"}))
@@ -89,11 +91,15 @@ def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
     ("schema", "keyword", "pointer"),
     [
         ({"if": {"items": {"type": "string"}}, "then": {"minItems": 1}}, "if", "/if"),
-        ({"properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/a/uniqueItems"),
+        (
+            {"properties": {"a": {"type": "array", "uniqueItems": True}}},
+            "uniqueItems",
+            "/properties/a/uniqueItems",
+        ),
         ({"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"maxItems": 2}]}, "oneOf", "/oneOf"),
         ({"type": "string", "format": "color"}, "format", "/format"),
         ({"not": {"items": {"minimum": 3}}}, "not", "/not"),
-        ({"frobnicate": 1}, "frobnicate", "/frobnicate"),
+        ({"type": "string", "maxLenght": 3}, "maxLenght", "/maxLenght"),
         ({"$ref": "https://example.com/remote.json"}, "$ref", "/$ref"),
     ],
 )
@@ -104,8 +110,13 @@ def test_unsupported_keywords_carry_keyword_and_pointer(schema: object, keyword:
 
 
 def test_non_strict_records_warnings_and_compiles_the_rest() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
-                                               "b": {"type": "string", "format": "color"}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+            "b": {"type": "string", "format": "color"},
+        },
+    }
     g = json_schema_to_grammar(schema, strict=False)
     assert any(w.startswith("ignored keyword uniqueItems at /properties/a/uniqueItems") for w in g.warnings)
     assert any("format at /properties/b/format" in w for w in g.warnings)
@@ -123,8 +134,17 @@ def test_non_strict_drops_an_uncompilable_pattern() -> None:
 
 
 def test_annotations_and_vendor_extensions_are_ignored() -> None:
-    schema = {"type": "integer", "title": "t", "description": "d", "default": 1, "examples": [1], "x-foo": 1,
-              "$comment": "c", "deprecated": True, "readOnly": True}
+    schema = {
+        "type": "integer",
+        "title": "t",
+        "description": "d",
+        "default": 1,
+        "examples": [1],
+        "x-foo": 1,
+        "$comment": "c",
+        "deprecated": True,
+        "readOnly": True,
+    }
     assert _rec(schema).accepts("5")
 
 
@@ -141,3 +161,36 @@ def test_large_counts_use_doubling_rules_not_counted_repeats() -> None:
 def test_limits_raise_grammar_limit_error() -> None:
     with pytest.raises(GrammarLimitError):
         json_schema_to_grammar({"type": "string", "pattern": "^(a|b)*a(a|b){14}$", "maxLength": 400})
+
+
+def test_unknown_non_typo_keyword_is_an_annotation_with_a_warning() -> None:
+    grammar = Grammar.from_json_schema({"type": "integer", "frobnicate": 1})
+    assert any("frobnicate" in w and "annotation" in w for w in grammar.warnings)
+
+
+def test_likely_typo_names_the_real_keyword() -> None:
+    with pytest.raises(UnsupportedSchemaError, match="did you mean 'minimum'"):
+        Grammar.from_json_schema({"type": "integer", "mininum": 3})
+
+
+def test_pydantic_models_generate_closed_objects() -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    class Inner(BaseModel):
+        x: int
+
+    class Outer(BaseModel):
+        inner: Inner
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        y: int
+
+    from agent_infer.grammar.reference import ReferenceRecognizer
+
+    closed = ReferenceRecognizer(Grammar.from_json_schema(Outer, whitespace="compact"))
+    assert closed.accepts('{"inner":{"x":1}}')
+    assert not closed.accepts('{"inner":{"x":1},"z":2}')
+    assert not closed.accepts('{"inner":{"x":1,"z":2}}')
+    opened = ReferenceRecognizer(Grammar.from_json_schema(Open, whitespace="compact"))
+    assert opened.accepts('{"y":1,"z":2}')

@@ -355,17 +355,24 @@ class Grammar:
         whitespace: str = "flexible",
         max_whitespace: int = 2,
         indent: int | None = None,
+        remotes: Mapping[str, Any] | None = None,
     ) -> Grammar:
         """JSON Schema (dict, JSON text, or a Pydantic model class) to a grammar of conforming JSON.
 
         ``whitespace``: ``"compact"`` (no optional whitespace) or ``"flexible"`` (at most
         ``max_whitespace`` whitespace characters at each optional spot). ``indent`` pins a layout.
-        In strict mode an unenforceable keyword raises UnsupportedSchemaError.
+        In strict mode an unenforceable keyword raises UnsupportedSchemaError. ``remotes`` maps
+        absolute URIs to documents that ``$ref`` may point into (nothing is fetched).
         """
         from agent_infer.grammar.json_schema import json_schema_to_grammar
 
         return json_schema_to_grammar(
-            schema, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
+            schema,
+            strict=strict,
+            whitespace=whitespace,
+            max_whitespace=max_whitespace,
+            indent=indent,
+            remotes=remotes,
         )
 
     @classmethod

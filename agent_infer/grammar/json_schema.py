@@ -9,6 +9,7 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -55,8 +56,22 @@ def _load(schema: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise InvalidSchemaError(f"schema is not valid JSON: {exc}", pointer="") from exc
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        return _close_objects(schema.model_json_schema())
     return schema
+
+
+def _close_objects(node: Any) -> Any:
+    """Pydantic drops unknown keys (``extra="ignore"``) or rejects them (``"forbid"``), so generating
+    them only wastes tokens: objects that do not say otherwise get ``additionalProperties: false``.
+    Models with ``extra="allow"`` state ``additionalProperties: true`` and keep it."""
+    if isinstance(node, list):
+        return [_close_objects(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _close_objects(value) for key, value in node.items()}
+    if "properties" in node and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
 
 
 def json_schema_to_grammar(
@@ -135,6 +150,15 @@ class Compiler:
         if self.strict:
             raise UnsupportedSchemaError(why, keyword=keyword, pointer=pointer)
         self.warnings.append(f"ignored keyword {keyword} at {pointer or '/'}: {why}")
+
+    def unknown_keyword(self, keyword: str, pointer: str) -> None:
+        """A keyword from no JSON Schema vocabulary: a likely typo of a real keyword fails closed
+        (strict), anything else is an annotation, as validators treat it, noted in the warnings."""
+        near = difflib.get_close_matches(keyword, sorted(KNOWN), n=1, cutoff=0.8)
+        if near:
+            self.unsupported(keyword, pointer, f"unknown keyword {keyword!r} (did you mean {near[0]!r}?)")
+        else:
+            self.warnings.append(f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation")
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -312,7 +336,7 @@ class Compiler:
             return Alt(())
         for key in flat:
             if key not in KNOWN and not is_annotation(key) and not key.startswith("__"):
-                self.unsupported(key, f"{pointer}/{key}", f"unknown keyword {key!r}")
+                self.unknown_keyword(key, f"{pointer}/{key}")
         if "enum" in flat and not isinstance(flat["enum"], list):
             raise InvalidSchemaError("enum must be an array", pointer=f"{pointer}/enum")
         vals = values(flat)
