@@ -26,7 +26,7 @@ from agent_infer.sampling_params import SamplingParams
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"temprature": 0.5}, "temprature"),
-        ({"structured": {"type": "object"}}, "structured"),
+        ({"structured": "[a-z]+"}, "structured"),
     ],
 )
 def test_invalid_sampling_params_name_the_field(kwargs: dict[str, object], field: str) -> None:
