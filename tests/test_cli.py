@@ -1,0 +1,42 @@
+"""The agent-infer command line, run in-process on the real default model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_infer.cli import main
+
+
+def test_generate_with_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert (
+        main(["generate", "Is water wet? Answer in JSON.", "--schema", str(path), "--max-tokens", "32"]) == 0
+    )
+    assert isinstance(json.loads(capsys.readouterr().out)["ok"], bool)
+
+
+def test_generate_with_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Pick one.", "--choice", "left", "right"]) == 0
+    assert capsys.readouterr().out.strip() in ("left", "right")
+
+
+def test_bad_schema_is_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"type": "string", "minLength": "x"}')
+    assert main(["generate", "hi", "--schema", str(path)]) == 1
+    assert "minLength" in capsys.readouterr().err
+
+
+def test_serve_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve"]) == 2
+    assert "not built yet" in capsys.readouterr().err
