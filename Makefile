@@ -32,7 +32,7 @@ demo: venv
 	$(PY) examples/demo.py
 
 test: venv
-	$(PY) -m pytest -q -x -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider
 
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
