@@ -54,7 +54,9 @@ class ToolRetry(Exception):
 
 # --- docstrings ------------------------------------------------------------------------------------
 
-_SECTION_RE = re.compile(r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?|Notes?|See Also|Attributes)\s*:?\s*$")
+_SECTION_RE = re.compile(
+    r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?|Notes?|See Also|Attributes)\s*:?\s*$"
+)
 _GOOGLE_ITEM_RE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 _NUMPY_ITEM_RE = re.compile(r"^(\w+(?:\s*,\s*\w+)*)\s*(?::.*)?$")
 _SPHINX_RE = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
@@ -136,7 +138,9 @@ def _sphinx_block(lines: list[str], i: int, out: dict[str, str]) -> int:
     m = _SPHINX_RE.match(lines[i].strip())
     i += 1
     text = m.group(2).strip() if m else ""
-    while i < len(lines) and lines[i].strip() and _indent(lines[i]) > 0 and not lines[i].strip().startswith(":"):
+    while (
+        i < len(lines) and lines[i].strip() and _indent(lines[i]) > 0 and not lines[i].strip().startswith(":")
+    ):
         text = f"{text} {lines[i].strip()}"
         i += 1
     if m:
@@ -176,7 +180,9 @@ def _clean_schema(schema: Any, close: bool) -> Any:
     return out
 
 
-def _signature_model(func: Callable[..., Any], name: str, descriptions: Mapping[str, str]) -> type[pydantic.BaseModel]:
+def _signature_model(
+    func: Callable[..., Any], name: str, descriptions: Mapping[str, str]
+) -> type[pydantic.BaseModel]:
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:  # unresolvable forward references: name the function
@@ -190,7 +196,9 @@ def _signature_model(func: Callable[..., Any], name: str, descriptions: Mapping[
                 "list each argument explicitly"
             )
         if param.kind == param.POSITIONAL_ONLY:
-            raise ToolDefinitionError(f"tool {name!r}: positional-only parameter {param.name!r} cannot be passed by name")
+            raise ToolDefinitionError(
+                f"tool {name!r}: positional-only parameter {param.name!r} cannot be passed by name"
+            )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
         description = descriptions.get(param.name)
@@ -234,7 +242,9 @@ class Tool:
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
-            raise ToolDefinitionError(f"invalid tool name {self.name!r}: use 1-64 letters, digits, '_' or '-'")
+            raise ToolDefinitionError(
+                f"invalid tool name {self.name!r}: use 1-64 letters, digits, '_' or '-'"
+            )
         if not isinstance(self.parameters, dict) or self.parameters.get("type", "object") != "object":
             raise ToolDefinitionError(f"tool {self.name!r}: parameters must be a JSON Schema of type object")
 
@@ -309,13 +319,15 @@ class Tool:
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as exc:
                 raise ToolArgumentsError(
-                    f"arguments of {self.name!r} are not valid JSON: {exc}", tool=self.name,
+                    f"arguments of {self.name!r} are not valid JSON: {exc}",
+                    tool=self.name,
                     errors=[{"type": "json_invalid", "loc": (), "msg": str(exc)}],
                 ) from exc
         if not isinstance(arguments, Mapping):
             raise ToolArgumentsError(
                 f"arguments of {self.name!r} must be a JSON object, got {type(arguments).__name__}",
-                tool=self.name, errors=[{"type": "dict_type", "loc": (), "msg": "not an object"}],
+                tool=self.name,
+                errors=[{"type": "dict_type", "loc": (), "msg": "not an object"}],
             )
         if self._model is None:
             return _validate_with_schema(self.name, self.parameters, dict(arguments))
@@ -324,7 +336,9 @@ class Tool:
         except pydantic.ValidationError as exc:
             errors = [dict(e) for e in exc.errors(include_url=False)]
             raise ToolArgumentsError(
-                f"invalid arguments for tool {self.name!r}: {_describe(errors)}", tool=self.name, errors=errors
+                f"invalid arguments for tool {self.name!r}: {_describe(errors)}",
+                tool=self.name,
+                errors=errors,
             ) from exc
         return {key: getattr(validated, key) for key in type(validated).model_fields}
 
@@ -337,7 +351,9 @@ class Tool:
                 asyncio.get_running_loop()
             except RuntimeError:
                 return asyncio.run(func(**kwargs))
-            raise InvalidRequestError(f"tool {self.name!r} is async; use 'await tool.ainvoke(...)' inside an event loop")
+            raise InvalidRequestError(
+                f"tool {self.name!r} is async; use 'await tool.ainvoke(...)' inside an event loop"
+            )
         return func(**kwargs)
 
     async def ainvoke(self, arguments: Mapping[str, Any] | str) -> Any:
@@ -354,7 +370,9 @@ class Tool:
 
     def _callable(self) -> Callable[..., Any]:
         if self.function is None:
-            raise InvalidRequestError(f"tool {self.name!r} was defined from a spec and has no function to call")
+            raise InvalidRequestError(
+                f"tool {self.name!r} was defined from a spec and has no function to call"
+            )
         return self.function
 
 
@@ -371,9 +389,12 @@ def _validate_with_schema(name: str, schema: dict[str, Any], arguments: dict[str
         from agent_infer.grammar.reference import ReferenceRecognizer
 
         grammar = Grammar.from_json_schema(schema, strict=False, whitespace="compact")
-        if not ReferenceRecognizer(grammar).accepts(json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)):
+        if not ReferenceRecognizer(grammar).accepts(
+            json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+        ):
             raise ToolArgumentsError(
-                f"invalid arguments for tool {name!r}: they do not match its parameters schema", tool=name,
+                f"invalid arguments for tool {name!r}: they do not match its parameters schema",
+                tool=name,
                 errors=[{"type": "schema", "loc": (), "msg": "does not match the parameters schema"}],
             ) from None
         return arguments
@@ -381,7 +402,9 @@ def _validate_with_schema(name: str, schema: dict[str, Any], arguments: dict[str
     problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if problems:
         errors = [{"type": e.validator, "loc": tuple(e.absolute_path), "msg": e.message} for e in problems]
-        raise ToolArgumentsError(f"invalid arguments for tool {name!r}: {_describe(errors)}", tool=name, errors=errors)
+        raise ToolArgumentsError(
+            f"invalid arguments for tool {name!r}: {_describe(errors)}", tool=name, errors=errors
+        )
     return arguments
 
 

@@ -149,8 +149,9 @@ def _alarm(_signum: int, _frame: Any) -> None:
     raise _Timeout
 
 
-def classify(case: Case, checker: Checker, *, remotes: dict[str, Any] | None = None,
-             whitespace: str = "flexible") -> Outcome:
+def classify(
+    case: Case, checker: Checker, *, remotes: dict[str, Any] | None = None, whitespace: str = "flexible"
+) -> Outcome:
     """Compile ``case.schema`` strictly and check every instance (see module docstring)."""
     from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
     from agent_infer.grammar.json_schema import json_schema_to_grammar
@@ -169,7 +170,9 @@ def classify(case: Case, checker: Checker, *, remotes: dict[str, Any] | None = N
                 signal.signal(signal.SIGALRM, old)
     except GrammarLimitError as exc:
         timed = "time" in str(exc)  # compile-time budgets depend on machine load
-        return Outcome("unsupported-error", detail=f"{'TIMEOUT ' if timed else ''}GrammarLimitError: {exc}"[:300])
+        return Outcome(
+            "unsupported-error", detail=f"{'TIMEOUT ' if timed else ''}GrammarLimitError: {exc}"[:300]
+        )
     except (UnsupportedSchemaError, InvalidSchemaError, RecursionError) as exc:
         return Outcome("unsupported-error", detail=f"{type(exc).__name__}: {exc}"[:300])
     except _Timeout:
@@ -190,7 +193,9 @@ def classify(case: Case, checker: Checker, *, remotes: dict[str, Any] | None = N
             out.invalid_total += 1
             out.invalid_rejected += ok
         if not ok:
-            out.detail = out.detail or f"{'valid' if valid else 'invalid'} instance misjudged: {texts[0][:200]}"
+            out.detail = (
+                out.detail or f"{'valid' if valid else 'invalid'} instance misjudged: {texts[0][:200]}"
+            )
     if out.invalid_rejected < out.invalid_total:
         out.category = "false-positive"
     elif out.valid_accepted < out.valid_total:
@@ -215,8 +220,11 @@ def jsts_cases() -> Iterator[Case]:
     for path in sorted(JSTS_DIR.rglob("*.json")):
         rel = path.relative_to(JSTS_DIR).as_posix()
         for i, group in enumerate(json.loads(path.read_text(encoding="utf-8"))):
-            yield Case(f"{rel}#{i}: {group['description']}", group["schema"],
-                       [(t["data"], bool(t["valid"])) for t in group["tests"]])
+            yield Case(
+                f"{rel}#{i}: {group['description']}",
+                group["schema"],
+                [(t["data"], bool(t["valid"])) for t in group["tests"]],
+            )
 
 
 def maskbench_files() -> list[Path]:
@@ -245,8 +253,9 @@ def fp_allowed(key: str) -> bool:
 # -- running, summarizing, golden files ---------------------------------------------------------------
 
 
-def run(cases: Iterator[Case], checker: Checker, remotes: dict[str, Any] | None = None,
-        progress: bool = False) -> dict[str, Outcome]:
+def run(
+    cases: Iterator[Case], checker: Checker, remotes: dict[str, Any] | None = None, progress: bool = False
+) -> dict[str, Outcome]:
     """Classify all cases."""
     out: dict[str, Outcome] = {}
     for case in cases:

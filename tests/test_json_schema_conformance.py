@@ -59,7 +59,9 @@ def test_maskbench_sample_ratchet() -> None:
 def test_maskbench_full_ratchet() -> None:
     _require(conformance.MASKBENCH_DIR)
     golden = conformance.load_golden("maskbench")
-    results = conformance.run(conformance.maskbench_cases(conformance.maskbench_files()), _checker("maskbench"))
+    results = conformance.run(
+        conformance.maskbench_cases(conformance.maskbench_files()), _checker("maskbench")
+    )
     bad = conformance.regressions(results, golden["cases"])
     assert not bad, "\n".join(bad)
 

@@ -28,14 +28,21 @@ def test_types_and_integer_policy() -> None:
     check({"type": ["null", "boolean"]}, [None, True, False], [0, '"x"'])
     check({"type": "integer"}, ["0", "-12", "7"], ["1.0", "1e2", "01", "-"])
     check({"type": "number"}, ["0", "-1.5", "1e-3", "2E+10"], ["01", ".5", "1.", "NaN"])
-    check(True, [1, "\"x\"", [], {}], [])
+    check(True, [1, '"x"', [], {}], [])
     check(False, [], [1, None])
 
 
 def test_number_bounds_are_exact_at_the_boundaries() -> None:
-    check({"type": "number", "minimum": 1.5, "exclusiveMaximum": 3},
-          ["1.5", "1.50", "2", "2.999", "1.51"], ["1.49", "3", "3.0", "-2", "1e0"])
-    check({"type": "integer", "minimum": -10, "maximum": 25}, ["-10", "0", "-0", "25", "9"], ["-11", "26", "100"])
+    check(
+        {"type": "number", "minimum": 1.5, "exclusiveMaximum": 3},
+        ["1.5", "1.50", "2", "2.999", "1.51"],
+        ["1.49", "3", "3.0", "-2", "1e0"],
+    )
+    check(
+        {"type": "integer", "minimum": -10, "maximum": 25},
+        ["-10", "0", "-0", "25", "9"],
+        ["-11", "26", "100"],
+    )
     check({"type": "number", "exclusiveMinimum": 0}, ["0.001", "5"], ["0", "0.000", "-0.1"])
 
 
@@ -43,12 +50,16 @@ def test_multiple_of() -> None:
     check({"type": "integer", "multipleOf": 7}, ["0", "14", "-21", "700"], ["1", "15", "-22"])
     check({"type": "integer", "multipleOf": 5, "minimum": 0}, ["0", "5", "100"], ["-5", "3"])
     check({"type": "number", "multipleOf": 0.01}, ["1.25", "3", "0.10"], ["1.255"])
-    check({"type": "integer", "multipleOf": 3, "minimum": 2, "maximum": 10}, ["3", "6", "9"], ["0", "12", "4"])
+    check(
+        {"type": "integer", "multipleOf": 3, "minimum": 2, "maximum": 10}, ["3", "6", "9"], ["0", "12", "4"]
+    )
 
 
 def test_string_lengths_count_escapes_as_one_character() -> None:
     schema = {"type": "string", "minLength": 2, "maxLength": 3}
-    check(schema, ['"ab"', '"a\\n"', '"\\u00e9\\"x"', '"💩💩"', '"\\ud83d\\ude00a"'], ['"a"', '"abcd"', '"\\n"'])
+    check(
+        schema, ['"ab"', '"a\\n"', '"\\u00e9\\"x"', '"💩💩"', '"\\ud83d\\ude00a"'], ['"a"', '"abcd"', '"\\n"']
+    )
     check({"type": "string"}, ['"\\/\\b\\f\\r\\t"', '"\\u0041"'], ['"\n"', '"\\x"', '"\\ud800"', '"a'])
 
 
@@ -58,15 +69,24 @@ def test_pattern_is_an_unanchored_search() -> None:
 
 
 def test_pattern_intersected_with_lengths() -> None:
-    check({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
-          ['"ab"', '"abcd"'], ['"a"', '"abcde"', '"aB"'])
-    check({"allOf": [{"pattern": "a"}, {"pattern": "b"}], "type": "string"}, ['"ab"', '"xbya"'], ['"aa"', '"b"'])
+    check(
+        {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
+        ['"ab"', '"abcd"'],
+        ['"a"', '"abcde"', '"aB"'],
+    )
+    check(
+        {"allOf": [{"pattern": "a"}, {"pattern": "b"}], "type": "string"}, ['"ab"', '"xbya"'], ['"aa"', '"b"']
+    )
 
 
 @pytest.mark.parametrize(
     ("fmt", "good", "bad"),
     [
-        ("date", ["2024-02-29", "2000-02-29", "2021-12-31"], ["2023-02-29", "1900-02-29", "2021-04-31", "2021-13-01"]),
+        (
+            "date",
+            ["2024-02-29", "2000-02-29", "2021-12-31"],
+            ["2023-02-29", "1900-02-29", "2021-04-31", "2021-13-01"],
+        ),
         ("time", ["23:59:60Z", "12:00:00.5+05:30"], ["24:00:00Z", "12:00:00", "12:60:00Z"]),
         ("date-time", ["2020-01-01T00:00:00Z", "2020-01-01t00:00:00z"], ["2020-01-01 00:00:00Z"]),
         ("duration", ["P1Y2M", "PT5M", "P2W"], ["P", "PT", "P1W2D"]),
@@ -83,9 +103,16 @@ def test_formats_are_assertions(fmt: str, good: list[str], bad: list[str]) -> No
 
 
 def test_object_declared_order_required_and_additional() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["b"]}
-    check(schema, [{"b": "x"}, {"a": 1, "b": "x"}, {"a": 1, "b": "x", "c": [None]}],
-          [{"a": 1}, {}, '{"b":"x","a":1}', '{"b":"x","a":"y"}', {"a": "1", "b": "x"}])
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "required": ["b"],
+    }
+    check(
+        schema,
+        [{"b": "x"}, {"a": 1, "b": "x"}, {"a": 1, "b": "x", "c": [None]}],
+        [{"a": 1}, {}, '{"b":"x","a":1}', '{"b":"x","a":"y"}', {"a": "1", "b": "x"}],
+    )
     closed = {**schema, "additionalProperties": False}
     check(closed, [{"b": "x"}], [{"b": "x", "c": 1}])
     typed = {**schema, "additionalProperties": {"type": "boolean"}}
@@ -93,25 +120,40 @@ def test_object_declared_order_required_and_additional() -> None:
 
 
 def test_pattern_properties_property_names_and_counts() -> None:
-    check({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
-          [{}, {"x-a": 1}], [{"x-a": "s"}, {"y": 1}])
+    check(
+        {"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
+        [{}, {"x-a": 1}],
+        [{"x-a": "s"}, {"y": 1}],
+    )
     check({"type": "object", "propertyNames": {"maxLength": 2}}, [{"ab": 1}], [{"abc": 1}])
-    check({"type": "object", "minProperties": 1, "maxProperties": 2}, [{"a": 1}, {"a": 1, "b": 2}],
-          [{}, {"a": 1, "b": 2, "c": 3}])
+    check(
+        {"type": "object", "minProperties": 1, "maxProperties": 2},
+        [{"a": 1}, {"a": 1, "b": 2}],
+        [{}, {"a": 1, "b": 2, "c": 3}],
+    )
 
 
 def test_arrays() -> None:
-    check({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
-          [[], [1], [1, "a"]], [[1, 2], [1, "a", 3], ["a"]])
-    check({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
-          [[1, 2], [1, 2, 3]], [[1], [1, 2, 3, 4], [1, "a"]])
+    check(
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+        [[], [1], [1, "a"]],
+        [[1, 2], [1, "a", 3], ["a"]],
+    )
+    check(
+        {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+        [[1, 2], [1, 2, 3]],
+        [[1], [1, 2, 3, 4], [1, "a"]],
+    )
     check({"type": "array", "contains": {"const": 5}}, [[5], [1, 5, 2]], [[], [1, 2]])
     check({"type": "array", "items": [{"type": "integer"}], "additionalItems": False}, [[1]], [[1, 2]])
 
 
 def test_enum_const_use_json_equality() -> None:
-    check({"enum": [1, "a", None, [1, 2], {"x": 1, "y": 2}]},
-          ["1", "1.0", '"a"', "null", "[1,2]", '{"y":2,"x":1}'], ["2", '"b"', "[2,1]", "true"])
+    check(
+        {"enum": [1, "a", None, [1, 2], {"x": 1, "y": 2}]},
+        ["1", "1.0", '"a"', "null", "[1,2]", '{"y":2,"x":1}'],
+        ["2", '"b"', "[2,1]", "true"],
+    )
     check({"const": 0}, ["0", "-0", "0.0"], ["false", "1"])
     check({"type": "string", "enum": ["a", 1, "b"], "maxLength": 0}, [], ['"a"', "1"])
 
@@ -119,24 +161,68 @@ def test_enum_const_use_json_equality() -> None:
 def test_any_of_one_of_all_of_not() -> None:
     check({"anyOf": [{"type": "integer", "minimum": 3}, {"type": "null"}]}, ["3", "null"], ["2", '"x"'])
     check({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ['"x"', "1"], ["null"])
-    check({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                     {"properties": {"a": {"minimum": 5}}}]}, [{"a": 5}], [{"a": 4}, {}])
+    check(
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"minimum": 5}}},
+            ]
+        },
+        [{"a": 5}],
+        [{"a": 4}, {}],
+    )
     check({"not": {"type": ["string", "null"]}}, ["1", "[]"], ['"x"', "null"])
-    check({"type": "object", "properties": {"k": {"type": "string"}}, "anyOf": [{"required": ["k"]}, {"maxProperties": 0}]},
-          [{}, {"k": "v"}], [{"j": 1}])
+    check(
+        {
+            "type": "object",
+            "properties": {"k": {"type": "string"}},
+            "anyOf": [{"required": ["k"]}, {"maxProperties": 0}],
+        },
+        [{}, {"k": "v"}],
+        [{"j": 1}],
+    )
 
 
 def test_refs_recursion_anchors_and_ids() -> None:
-    node = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                               "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
-                               "required": ["v", "next"], "additionalProperties": False}},
-            "$ref": "#/$defs/node"}
-    check(node, [{"v": 1, "next": {"v": 2, "next": None}}], [{"v": 1}, {"v": 1, "next": {"v": "x", "next": None}}])
+    node = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]},
+                },
+                "required": ["v", "next"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    check(
+        node,
+        [{"v": 1, "next": {"v": 2, "next": None}}],
+        [{"v": 1}, {"v": 1, "next": {"v": "x", "next": None}}],
+    )
     check({"$defs": {"a": {"$anchor": "num", "type": "integer"}}, "$ref": "#num"}, ["1"], ['"x"'])
-    check({"$id": "https://example.com/root.json", "$defs": {"b": {"$id": "b.json", "type": "boolean"}},
-           "items": {"$ref": "b.json"}, "type": "array"}, [[True]], [[1]])
-    check({"properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}, [{"b": 1}], [{"b": "x"}])
-    check({"$ref": "http://r.example/x.json"}, ["1"], ['"s"'], remotes={"http://r.example/x.json": {"type": "integer"}})
+    check(
+        {
+            "$id": "https://example.com/root.json",
+            "$defs": {"b": {"$id": "b.json", "type": "boolean"}},
+            "items": {"$ref": "b.json"},
+            "type": "array",
+        },
+        [[True]],
+        [[1]],
+    )
+    check(
+        {"properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}, [{"b": 1}], [{"b": "x"}]
+    )
+    check(
+        {"$ref": "http://r.example/x.json"},
+        ["1"],
+        ['"s"'],
+        remotes={"http://r.example/x.json": {"type": "integer"}},
+    )
 
 
 def test_whitespace_modes() -> None:
@@ -149,14 +235,23 @@ def test_whitespace_modes() -> None:
 
 def test_dependencies_split_into_disjoint_cases() -> None:
     check({"type": "object", "dependentRequired": {"a": ["b"]}}, [{}, {"b": 1}, {"a": 1, "b": 2}], [{"a": 1}])
-    check({"type": "object", "properties": {"a": {"type": "integer"}},
-           "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}}},
-          [{}, {"a": 1, "b": "x"}, {"b": 1}], [{"a": 1}, {"a": 1, "b": 2}])
+    check(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}},
+        },
+        [{}, {"a": 1, "b": "x"}, {"b": 1}],
+        [{"a": 1}, {"a": 1, "b": 2}],
+    )
 
 
 def test_enum_filtered_by_keywords_a_grammar_cannot_express() -> None:
-    check({"enum": [1, 2, 3, "x"], "not": {"enum": [2]}, "oneOf": [{"type": "integer"}, {"const": 3}]},
-          ["1"], ["2", "3", '"x"'])
+    check(
+        {"enum": [1, 2, 3, "x"], "not": {"enum": [2]}, "oneOf": [{"type": "integer"}, {"const": 3}]},
+        ["1"],
+        ["2", "3", '"x"'],
+    )
     check({"enum": [[1, 1], [1, 2]], "uniqueItems": True}, ["[1,2]"], ["[1,1]"])
 
 
@@ -164,10 +259,21 @@ def test_complements_for_not_if_then_else_and_overlapping_one_of() -> None:
     check({"not": {"minimum": 3}}, ["2.5", "-1"], ["3", "4", '"x"', "null"])
     check({"type": "string", "not": {"enum": ["a", "b"]}}, ['"c"', '"ab"', '""'], ['"a"', '"b"'])
     check({"type": "string", "not": {"pattern": "^x"}}, ['"ax"'], ['"xa"'])
-    check({"if": {"properties": {"k": {"const": "n"}}, "required": ["k"]},
-           "then": {"properties": {"v": {"type": "integer"}}}, "else": {"properties": {"v": {"type": "string"}}}},
-          [{"k": "n", "v": 1}, {"k": "s", "v": "x"}, {"v": "x"}], [{"k": "n", "v": "x"}, {"k": "s", "v": 1}])
+    check(
+        {
+            "if": {"properties": {"k": {"const": "n"}}, "required": ["k"]},
+            "then": {"properties": {"v": {"type": "integer"}}},
+            "else": {"properties": {"v": {"type": "string"}}},
+        },
+        [{"k": "n", "v": 1}, {"k": "s", "v": "x"}, {"v": "x"}],
+        [{"k": "n", "v": "x"}, {"k": "s", "v": 1}],
+    )
     check({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", "2.5", '"x"'], ["2", "3"])
-    check({"oneOf": [{"required": ["a"]}, {"required": ["b"]}], "type": "object"},
-          [{"a": 1}, {"b": 1}], [{}, {"a": 1, "b": 2}])
-    check({"type": "number", "not": {"type": "integer"}, "minimum": 1, "maximum": 2}, ["1.5"], ["1", "2", "0.5"])
+    check(
+        {"oneOf": [{"required": ["a"]}, {"required": ["b"]}], "type": "object"},
+        [{"a": 1}, {"b": 1}],
+        [{}, {"a": 1, "b": 2}],
+    )
+    check(
+        {"type": "number", "not": {"type": "integer"}, "minimum": 1, "maximum": 2}, ["1.5"], ["1", "2", "0.5"]
+    )

@@ -69,9 +69,14 @@ def test_schema_from_signature_covers_each_type_family() -> None:
     assert props["location"]["$ref"] == "#/$defs/Location"
     assert p["$defs"]["Location"]["required"] == ["city"]
     assert p["$defs"]["Location"]["additionalProperties"] is False  # strict: nested objects are closed too
-    assert "additionalProperties" not in Tool.from_function(get_weather, strict=False).parameters["$defs"]["Location"]
+    assert (
+        "additionalProperties"
+        not in Tool.from_function(get_weather, strict=False).parameters["$defs"]["Location"]
+    )
     assert props["unit"] == {
-        "enum": ["c", "f"], "type": "string", "default": "c",
+        "enum": ["c", "f"],
+        "type": "string",
+        "default": "c",
         "description": "Temperature unit, Celsius or Fahrenheit.",
     }
     assert props["days"]["description"] == "How many days." and props["days"]["maximum"] == 7
@@ -138,11 +143,17 @@ def test_docstring_styles(doc: str) -> None:
     t = Tool.from_function(search)
     assert t.description == "Search the web."
     assert t.parameters["properties"]["query"]["description"] == "What to search for."
-    assert t.parameters["properties"]["limit"] == {"type": "integer", "default": 5, "description": "Max results."}
+    assert t.parameters["properties"]["limit"] == {
+        "type": "integer",
+        "default": 5,
+        "description": "Max results.",
+    }
 
 
 def test_docstring_edge_cases() -> None:
-    numpy_pair = "Sum.\n\nParameters\n----------\nx, y : int\n    Operands.\n\nReturns\n-------\nint\n    The sum.\n"
+    numpy_pair = (
+        "Sum.\n\nParameters\n----------\nx, y : int\n    Operands.\n\nReturns\n-------\nint\n    The sum.\n"
+    )
     assert parse_docstring(numpy_pair) == ("Sum.", {"x": "Operands.", "y": "Operands."})
     # Prose after a section belongs to it, not to the summary shown to the model.
     assert parse_docstring("Do it.\n\nReturns:\n    nothing\n\nTrailing prose.\n") == ("Do it.", {})
@@ -170,7 +181,10 @@ def test_parameters_without_json_form_are_rejected() -> None:
         pass
 
     for func in (takes_callback, takes_opaque):
-        with pytest.raises(ToolDefinitionError, match=f"tool '{func.__name__}': .*(no JSON Schema|unsupported parameter type)"):
+        with pytest.raises(
+            ToolDefinitionError,
+            match=f"tool '{func.__name__}': .*(no JSON Schema|unsupported parameter type)",
+        ):
             Tool.from_function(func)
 
 
@@ -201,7 +215,12 @@ def test_openai_shape_and_round_trip() -> None:
     spec = t.to_openai()
     assert spec == {
         "type": "function",
-        "function": {"name": "get_weather", "description": t.description, "parameters": t.parameters, "strict": True},
+        "function": {
+            "name": "get_weather",
+            "description": t.description,
+            "parameters": t.parameters,
+            "strict": True,
+        },
     }
     back = Tool.from_openai(spec)
     assert back == t and back.function is None
@@ -216,7 +235,9 @@ def test_openai_shape_and_round_trip() -> None:
 def test_validation_returns_python_values_and_reports_every_error() -> None:
     t = Tool.from_function(get_weather)
     args = t.validate_arguments('{"location": {"city": "Oslo"}, "scale": "fahrenheit"}')
-    assert args["location"] == Location(city="Oslo") and args["scale"] is Unit.FAHRENHEIT and args["days"] == 1
+    assert (
+        args["location"] == Location(city="Oslo") and args["scale"] is Unit.FAHRENHEIT and args["days"] == 1
+    )
     with pytest.raises(ToolArgumentsError) as info:
         t.validate_arguments({"location": {}, "unit": "k", "days": 9, "extra": 1})
     locs = {tuple(e["loc"]) for e in info.value.errors}
@@ -230,7 +251,10 @@ def test_validation_returns_python_values_and_reports_every_error() -> None:
 
 def test_spec_only_tools_validate_against_their_schema() -> None:
     t = Tool.from_openai(
-        {"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+        {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+        }
     )
     assert t.validate_arguments({"n": 3}) == {"n": 3}
     with pytest.raises(ToolArgumentsError) as info:

@@ -61,7 +61,7 @@ def book(
 
 TOOLS = [get_weather, add, book]
 NAMES = ["hermes", "llama3_json", "deepseek_v3", "deepseek_v31"]
-WEATHER = ToolCall("get_weather", {"city": "Paris </tool_call>; {\"x"})
+WEATHER = ToolCall("get_weather", {"city": 'Paris </tool_call>; {"x'})
 ADD = ToolCall("add", {"a": 1, "b": -2})
 
 
@@ -77,7 +77,12 @@ def random_calls(seed: int, n: int) -> list[list[ToolCall]]:
         texts = random_strings(Grammar.from_json_schema(t.parameters), 3 * n, seed, max_repeat=4)
         # Lone surrogates (from \\ud800 escapes) cannot be written as UTF-8 text; models never emit them.
         values = [json.loads(s) for s in texts]
-        pools[t.name] = [v for v in values if json.dumps(v, ensure_ascii=False).encode("utf-8", "ignore").decode() == json.dumps(v, ensure_ascii=False)]
+        pools[t.name] = [
+            v
+            for v in values
+            if json.dumps(v, ensure_ascii=False).encode("utf-8", "ignore").decode()
+            == json.dumps(v, ensure_ascii=False)
+        ]
     rng = random.Random(seed)
     return [
         [ToolCall(name, rng.choice(pools[name])) for name in rng.choices(list(pools), k=rng.randint(1, 3))]
@@ -111,7 +116,11 @@ def transcripts(fmt: ToolCallFormat) -> list[str]:
     calls = fmt.render_assistant_tool_calls([WEATHER, ADD])
     texts = [calls, fmt.render_assistant_tool_calls([ADD]), "Plain answer with a < b and {braces}.\n", "  "]
     if not isinstance(fmt, llama3.Llama3JsonFormat):  # Llama replies are either text or calls, not both
-        texts += [f"Let me check <tool.\n\n{calls}", f"{calls}\n\nDone. <｜tool▁calls", "<tool_call>\n{bad}\n</tool_call>"]
+        texts += [
+            f"Let me check <tool.\n\n{calls}",
+            f"{calls}\n\nDone. <｜tool▁calls",
+            "<tool_call>\n{bad}\n</tool_call>",
+        ]
     else:
         texts += [f"{llama3.PYTHON_TAG}{calls}", '{"answer": 42}', f" {calls}\n"]
     return texts
@@ -160,7 +169,12 @@ def test_malformed_calls_stay_text() -> None:
 def test_openai_shapes() -> None:
     assert ADD.to_openai()["function"] == {"name": "add", "arguments": '{"a": 1, "b": -2}'}
     first = ToolCallDelta(0, id="call_1", name="add").to_openai()
-    assert first == {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": ""}}
+    assert first == {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "add", "arguments": ""},
+    }
     assert ToolCallDelta(0, arguments='{"a"').to_openai() == {"index": 0, "function": {"arguments": '{"a"'}}
 
 
@@ -189,9 +203,22 @@ def test_stream_equals_parse_on_fragment_soup(fmt: ToolCallFormat) -> None:
     """Random mixes of delimiters, their prefixes, JSON bits and whole calls, cut at random points."""
     rng = random.Random(11)
     fragments = [
-        hermes.CALL_OPEN, hermes.CALL_CLOSE, "<tool_", "\n", " ", "{", "}", "x", '"name"', "; ",
-        deepseek.CALLS_BEGIN, deepseek.CALL_BEGIN, deepseek.CALLS_END, deepseek.CALLS_BEGIN[:5],
-        llama3.PYTHON_TAG, fmt.render_assistant_tool_calls([ADD]),
+        hermes.CALL_OPEN,
+        hermes.CALL_CLOSE,
+        "<tool_",
+        "\n",
+        " ",
+        "{",
+        "}",
+        "x",
+        '"name"',
+        "; ",
+        deepseek.CALLS_BEGIN,
+        deepseek.CALL_BEGIN,
+        deepseek.CALLS_END,
+        deepseek.CALLS_BEGIN[:5],
+        llama3.PYTHON_TAG,
+        fmt.render_assistant_tool_calls([ADD]),
     ]
     for _ in range(300):
         text = "".join(rng.choice(fragments) for _ in range(rng.randint(0, 6)))
@@ -229,7 +256,9 @@ def test_grammar_modes(fmt: ToolCallFormat) -> None:
     assert_accepts(named, one)
     assert_rejects(named, fmt.render_assistant_tool_calls([WEATHER]))
     assert_rejects(named, two)
-    assert_accepts(fmt.grammar(TOOLS, tool_choice={"name": "get_weather"}), fmt.render_assistant_tool_calls([WEATHER]))
+    assert_accepts(
+        fmt.grammar(TOOLS, tool_choice={"name": "get_weather"}), fmt.render_assistant_tool_calls([WEATHER])
+    )
     none = fmt.grammar(TOOLS, tool_choice="none")
     assert_accepts(none, "Only words.")
     assert_rejects(none, one)
@@ -262,7 +291,10 @@ def test_free_text_cannot_open_a_call() -> None:
 
 def test_compact_whitespace_grammar() -> None:
     g = get_format("deepseek_v31").grammar(TOOLS, whitespace="compact")
-    assert_accepts(g, f'{deepseek.CALLS_BEGIN}{deepseek.CALL_BEGIN}add{deepseek.SEP}{{"a":1,"b":2}}{deepseek.CALL_END}{deepseek.CALLS_END}')
+    assert_accepts(
+        g,
+        f'{deepseek.CALLS_BEGIN}{deepseek.CALL_BEGIN}add{deepseek.SEP}{{"a":1,"b":2}}{deepseek.CALL_END}{deepseek.CALLS_END}',
+    )
     assert_rejects(g, get_format("deepseek_v31").render_assistant_tool_calls([ADD]))
 
 
@@ -289,4 +321,7 @@ def test_stream_does_not_rescan_settled_output() -> None:
     assert parser._base > len("Intro text. ")  # the finished call is settled
     tail = parser.feed(" words") + parser.finish()
     assert "".join(e.text for e in tail if isinstance(e, ContentDelta)) == " words"
-    assert f.parse("Intro text. " + f.render_assistant_tool_calls([ADD]) + "\nmore words").content == "Intro text.\nmore words"
+    assert (
+        f.parse("Intro text. " + f.render_assistant_tool_calls([ADD]) + "\nmore words").content
+        == "Intro text.\nmore words"
+    )

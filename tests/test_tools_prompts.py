@@ -37,7 +37,11 @@ TRANSCRIPT = [
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            },
             {"id": "c2", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
         ],
     },
@@ -54,8 +58,13 @@ def test_hermes_prompt_and_transcript() -> None:
     assert system.startswith("Be brief.\n\n# Tools")
     listed = system.split("<tools>\n")[1].split("\n</tools>")[0].splitlines()
     assert [json.loads(line) for line in listed] == [t.to_openai() for t in TOOLS]
-    assert f.parse(msgs[2]["content"]).tool_calls == [ToolCall("get_weather", {"city": "Paris"}), ToolCall("add", {"a": 1, "b": 2})]
-    assert msgs[3]["content"] == "<tool_response>\nsunny\n</tool_response>\n<tool_response>\n3\n</tool_response>"
+    assert f.parse(msgs[2]["content"]).tool_calls == [
+        ToolCall("get_weather", {"city": "Paris"}),
+        ToolCall("add", {"a": 1, "b": 2}),
+    ]
+    assert (
+        msgs[3]["content"] == "<tool_response>\nsunny\n</tool_response>\n<tool_response>\n3\n</tool_response>"
+    )
     assert "tool_calls" in TRANSCRIPT[2]  # the input is not modified
     rendered = f.render_tools(TRANSCRIPT[:2], TOOLS, lambda m: "|".join(x["role"] for x in m))
     assert rendered == "system|user"
@@ -69,14 +78,23 @@ def test_llama3_prompt_and_transcript() -> None:
     assert msgs[0]["content"] == "Be brief."
     assert msgs[1]["content"].startswith("Given the following functions")
     assert msgs[1]["content"].endswith("Weather in Paris, and 1 + 2?")
-    assert msgs[2]["content"] == '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}'
+    assert (
+        msgs[2]["content"]
+        == '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}'
+    )
 
 
 def test_deepseek_prompt_and_transcript() -> None:
     for name, result in [
-        ("deepseek_v3", f"{deepseek.OUTPUTS_BEGIN}{deepseek.OUTPUT_BEGIN}sunny{deepseek.OUTPUT_END}\n"
-         f"{deepseek.OUTPUT_BEGIN}3{deepseek.OUTPUT_END}{deepseek.OUTPUTS_END}"),
-        ("deepseek_v31", f"{deepseek.OUTPUT_BEGIN}sunny{deepseek.OUTPUT_END}{deepseek.OUTPUT_BEGIN}3{deepseek.OUTPUT_END}"),
+        (
+            "deepseek_v3",
+            f"{deepseek.OUTPUTS_BEGIN}{deepseek.OUTPUT_BEGIN}sunny{deepseek.OUTPUT_END}\n"
+            f"{deepseek.OUTPUT_BEGIN}3{deepseek.OUTPUT_END}{deepseek.OUTPUTS_END}",
+        ),
+        (
+            "deepseek_v31",
+            f"{deepseek.OUTPUT_BEGIN}sunny{deepseek.OUTPUT_END}{deepseek.OUTPUT_BEGIN}3{deepseek.OUTPUT_END}",
+        ),
     ]:
         msgs = get_format(name).render_tools(TRANSCRIPT, TOOLS)
         assert isinstance(msgs, list)
@@ -109,7 +127,11 @@ def test_deepseek_delimiters_are_single_tokens() -> None:
     tokenizers = pytest.importorskip("tokenizers")
     path = os.path.join(spec.submodule_search_locations[0], "tokenizer.json")
     tok = tokenizers.Tokenizer.from_file(path)
-    assert get_format("deepseek_v3").delimiters == get_format("deepseek_v31").delimiters == deepseek.SPECIAL_TOKENS
+    assert (
+        get_format("deepseek_v3").delimiters
+        == get_format("deepseek_v31").delimiters
+        == deepseek.SPECIAL_TOKENS
+    )
     for token in deepseek.SPECIAL_TOKENS:
         ids = tok.encode(token, add_special_tokens=False).ids
         assert len(ids) == 1 and tok.token_to_id(token) == ids[0], token
@@ -130,10 +152,15 @@ def test_plain_chatml_template_gets_hermes_tools() -> None:
     jinja2 = pytest.importorskip("jinja2")
     template = jinja2.Environment().from_string(CHATML)
     f = detect_format(CHATML)
-    prompt = f.render_tools(TRANSCRIPT, TOOLS, lambda msgs: template.render(messages=msgs, add_generation_prompt=True))
+    prompt = f.render_tools(
+        TRANSCRIPT, TOOLS, lambda msgs: template.render(messages=msgs, add_generation_prompt=True)
+    )
     assert isinstance(prompt, str)
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        in prompt
+    )
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 

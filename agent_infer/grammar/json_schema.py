@@ -40,12 +40,48 @@ MAX_FLATTEN_DEPTH = 64
 MAX_LINE_INDENT = 40
 
 KNOWN = {
-    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
-    "properties", "patternProperties", "additionalProperties", "required", "propertyNames", "minProperties",
-    "maxProperties", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
-    "items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains",
-    "unevaluatedItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
+    "type",
+    "enum",
+    "const",
+    "$ref",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "required",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "unevaluatedItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "$dynamicRef",
+    "$recursiveRef",
+    "$recursiveAnchor",
 }
 
 
@@ -94,7 +130,9 @@ def json_schema_to_grammar(
     if max_whitespace < 0 or (indent is not None and indent < 0):
         raise ConfigError("max_whitespace and indent must be non-negative")
     registry, root = build_registry(_load(schema), remotes)
-    comp = Compiler(registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent)
+    comp = Compiler(
+        registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
+    )
     body = comp.lower(root, "", 0)
     rules = [("root", body), *comp.rules.items()]
     return Grammar(tuple(rules), "root", tuple(comp.warnings))
@@ -112,16 +150,18 @@ def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
         return schema
     out = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
     if "if" in schema and ("then" in schema or "else" in schema):
-        out["__conditionals"] = [{"if": schema["if"], "then": schema.get("then", True),
-                                  "else": schema.get("else", True)}]
+        out["__conditionals"] = [
+            {"if": schema["if"], "then": schema.get("then", True), "else": schema.get("else", True)}
+        ]
     return out
 
 
 class Compiler:
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
-    def __init__(self, registry: Registry, *, strict: bool, whitespace: str, max_whitespace: int,
-                 indent: int | None) -> None:
+    def __init__(
+        self, registry: Registry, *, strict: bool, whitespace: str, max_whitespace: int, indent: int | None
+    ) -> None:
         self.registry = registry
         self.strict = strict
         self.indent = indent
@@ -139,8 +179,10 @@ class Compiler:
         if whitespace == "compact" or indent is not None:
             self.ws: Expr = Empty()
         else:
-            self.rules["ws"] = alt(Repeat(blank, 0, max_whitespace),
-                                   seq(alt(lit("\n"), lit("\r\n")), Repeat(blank, 0, max(MAX_LINE_INDENT, max_whitespace))))
+            self.rules["ws"] = alt(
+                Repeat(blank, 0, max_whitespace),
+                seq(alt(lit("\n"), lit("\r\n")), Repeat(blank, 0, max(MAX_LINE_INDENT, max_whitespace))),
+            )
             self.ws = Ref("ws")
 
     # -- reporting -----------------------------------------------------------------------------
@@ -287,12 +329,16 @@ class Compiler:
             parts.append(self.flatten(target, self.where(target, pointer), level + 1))
         for i, sub in enumerate(schema.get("allOf", [])):
             parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
-        if parts and any(isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x)
-                         for x in [rest, *parts]):
+        if parts and any(
+            isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x)
+            for x in [rest, *parts]
+        ):
             # Which properties count as evaluated depends on the schema structure that merging erases.
             self.unsupported("unevaluatedProperties", pointer, "unevaluated* combined with $ref/allOf")
-            parts = [{k: v for k, v in p.items() if not k.startswith("unevaluated")} if isinstance(p, dict) else p
-                     for p in parts]
+            parts = [
+                {k: v for k, v in p.items() if not k.startswith("unevaluated")} if isinstance(p, dict) else p
+                for p in parts
+            ]
             rest = {k: v for k, v in rest.items() if not k.startswith("unevaluated")}
         # Referenced/allOf parts first, then the sibling keywords: a base type's properties come
         # before the extension's in the declared order.
@@ -317,9 +363,13 @@ class Compiler:
             try:
                 self._dfa_cache[pattern] = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
             except UnsupportedRegexError as exc:
-                raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer) from exc
+                raise UnsupportedSchemaError(
+                    f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer
+                ) from exc
             except GrammarSyntaxError as exc:
-                raise InvalidSchemaError(f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer) from exc
+                raise InvalidSchemaError(
+                    f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer
+                ) from exc
         return self._dfa_cache[pattern]
 
     # -- the dispatcher -------------------------------------------------------------------------
@@ -407,7 +457,9 @@ class Compiler:
             self.unsupported(exc.keyword, exc.pointer, "allOf cannot be merged exactly")
             return a
 
-    def value_matcher(self, schema: Any, pointer: str, *, strict: bool, record: bool = False) -> Callable[[Any], bool]:
+    def value_matcher(
+        self, schema: Any, pointer: str, *, strict: bool, record: bool = False
+    ) -> Callable[[Any], bool]:
         """A predicate "this JSON value is valid under ``schema``", via the schema's own grammar.
 
         ``record`` copies the sub-compilation's warnings (when its result shapes this grammar).

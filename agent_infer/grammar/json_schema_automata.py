@@ -97,7 +97,11 @@ class _NFA:
 def _partition(ranges: list[tuple[tuple[int, int], ...]]) -> list[tuple[int, int]]:
     """Disjoint intervals refining every given range set (only covered parts)."""
     points = sorted({p for rs in ranges for lo, hi in rs for p in (lo, hi + 1)})
-    return [(a, b - 1) for a, b in itertools.pairwise(points) if any(lo <= a <= hi for rs in ranges for lo, hi in rs)]
+    return [
+        (a, b - 1)
+        for a, b in itertools.pairwise(points)
+        if any(lo <= a <= hi for rs in ranges for lo, hi in rs)
+    ]
 
 
 def expr_to_dfa(e: Expr, max_states: int = 4000) -> DFA:
@@ -190,7 +194,9 @@ def dfa_complement(a: DFA) -> DFA:
 def dfa_length(min_len: int, max_len: int | None) -> DFA:
     """Strings of ``min_len`` to ``max_len`` code points."""
     n = max(min_len, 0) if max_len is None else max_len
-    edges: list[list[Edge]] = [[(0, MAX_CP, min(i + 1, n))] if (max_len is None or i < n) else [] for i in range(n + 1)]
+    edges: list[list[Edge]] = [
+        [(0, MAX_CP, min(i + 1, n))] if (max_len is None or i < n) else [] for i in range(n + 1)
+    ]
     accept = {i for i in range(n + 1) if i >= min_len}
     return DFA(edges, accept)
 
@@ -234,7 +240,9 @@ def dfa_to_rules(a: DFA, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
         for lo, hi, t in a.edges[s]:
             if t in live:
                 by_target.setdefault(t, []).append((lo, hi))
-        branches: list[Expr] = [seq(encode_class(CharClass(tuple(rs))), Ref(f"{prefix}{t}")) for t, rs in by_target.items()]
+        branches: list[Expr] = [
+            seq(encode_class(CharClass(tuple(rs))), Ref(f"{prefix}{t}")) for t, rs in by_target.items()
+        ]
         if s in a.accept:
             branches.append(Empty())
         rules.append((f"{prefix}{s}", alt(*branches)))

@@ -78,8 +78,13 @@ def duration() -> Expr:
 
 def ipv4() -> Expr:
     """Dotted quad, octets 0-255 without leading zeros."""
-    octet = alt(DIGIT, seq(chars("1-9"), DIGIT), seq(lit("1"), DIGIT, DIGIT), seq(lit("2"), chars("0-4"), DIGIT),
-                seq(lit("25"), chars("0-5")))
+    octet = alt(
+        DIGIT,
+        seq(chars("1-9"), DIGIT),
+        seq(lit("1"), DIGIT, DIGIT),
+        seq(lit("2"), chars("0-4"), DIGIT),
+        seq(lit("25"), chars("0-5")),
+    )
     return seq(octet, Repeat(seq(lit("."), octet), 3, 3))
 
 
@@ -116,7 +121,7 @@ def email() -> Expr:
     """RFC 5321 mailbox: dot-atom or quoted local part; hostname or bracketed IP domain."""
     atext = chars("a-zA-Z0-9!#$%&'*+/=?^_`{|}~-")
     dot_atom = seq(plus(atext), star(seq(lit("."), plus(atext))))
-    qtext = chars(' !#-[]-~')
+    qtext = chars(" !#-[]-~")
     quoted = seq(lit('"'), star(alt(qtext, seq(lit("\\"), chars(" -~")))), lit('"'))
     domain = alt(hostname(), seq(lit("["), ipv4(), lit("]")), seq(lit("[IPv6:"), ipv6(), lit("]")))
     return seq(alt(dot_atom, quoted), lit("@"), domain)
@@ -124,7 +129,13 @@ def email() -> Expr:
 
 def uuid() -> Expr:
     """8-4-4-4-12 hex digits."""
-    return seq(*(x for i, k in enumerate((8, 4, 4, 4, 12)) for x in ((lit("-"),) if i else ()) + (Repeat(HEXDIG, k, k),)))
+    return seq(
+        *(
+            x
+            for i, k in enumerate((8, 4, 4, 4, 12))
+            for x in ((lit("-"),) if i else ()) + (Repeat(HEXDIG, k, k),)
+        )
+    )
 
 
 _UNRESERVED = "a-zA-Z0-9._~"
@@ -137,14 +148,19 @@ def _uri_parts() -> dict[str, Expr]:
     pchar = alt(chars(_UNRESERVED + _SUB_DELIMS + ":@-"), pct)
     userinfo = seq(star(alt(chars(_UNRESERVED + _SUB_DELIMS + ":-"), pct)), lit("@"))
     future = seq(chars("vV"), plus(HEXDIG), lit("."), plus(chars(_UNRESERVED + _SUB_DELIMS + ":-")))
-    host = alt(seq(lit("["), alt(ipv6(), future), lit("]")), star(alt(chars(_UNRESERVED + _SUB_DELIMS + "-"), pct)))
+    host = alt(
+        seq(lit("["), alt(ipv6(), future), lit("]")), star(alt(chars(_UNRESERVED + _SUB_DELIMS + "-"), pct))
+    )
     abempty = star(seq(lit("/"), star(pchar)))
     return {
         "authority": seq(lit("//"), opt(userinfo), host, opt(seq(lit(":"), star(DIGIT))), abempty),
         "absolute": seq(lit("/"), opt(seq(plus(pchar), abempty))),
         "rootless": seq(plus(pchar), abempty),
         "noscheme": seq(plus(alt(chars(_UNRESERVED + _SUB_DELIMS + "@-"), pct)), abempty),
-        "tail": seq(opt(seq(lit("?"), star(alt(pchar, chars("/?"))))), opt(seq(lit("#"), star(alt(pchar, chars("/?")))))),
+        "tail": seq(
+            opt(seq(lit("?"), star(alt(pchar, chars("/?"))))),
+            opt(seq(lit("#"), star(alt(pchar, chars("/?"))))),
+        ),
     }
 
 

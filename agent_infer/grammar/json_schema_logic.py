@@ -144,13 +144,18 @@ def lower_dependencies(c: Compiler, flat: dict[str, Any], pointer: str, depth: i
     dschemas = flat.get("dependentSchemas", {})
     for trigger, need in deps.items():
         if not isinstance(need, list) or not all(isinstance(n, str) for n in need):
-            raise InvalidSchemaError("dependentRequired values must be arrays of strings",
-                                     pointer=f"{pointer}/dependentRequired/{trigger}")
+            raise InvalidSchemaError(
+                "dependentRequired values must be arrays of strings",
+                pointer=f"{pointer}/dependentRequired/{trigger}",
+            )
     base = {k: v for k, v in flat.items() if k not in ("dependentRequired", "dependentSchemas")}
     triggers = list(dict.fromkeys([*deps, *dschemas]))
     if len(triggers) > MAX_DEPENDENCY_TRIGGERS:
-        c.unsupported("dependentRequired" if deps else "dependentSchemas", pointer,
-                         f"more than {MAX_DEPENDENCY_TRIGGERS} dependency triggers")
+        c.unsupported(
+            "dependentRequired" if deps else "dependentSchemas",
+            pointer,
+            f"more than {MAX_DEPENDENCY_TRIGGERS} dependency triggers",
+        )
         return c.lower(base, pointer, depth)
     cases: list[Expr] = []
     for mask in itertools.product((False, True), repeat=len(triggers)):
@@ -173,8 +178,11 @@ def _finite_one_of(c: Compiler, branches: list[dict[str, Any]], pointer: str, de
     from agent_infer.grammar.json_schema_values import value_valid
 
     candidates = [v for b in branches for v in (values(b) or [])]
-    keep = [v for v in candidates
-            if sum(value_valid(c, b, v, f"{pointer}/oneOf/{i}") for i, b in enumerate(branches)) == 1]
+    keep = [
+        v
+        for v in candidates
+        if sum(value_valid(c, b, v, f"{pointer}/oneOf/{i}") for i, b in enumerate(branches)) == 1
+    ]
     return lower_values(c, keep, {}, pointer, depth)
 
 
@@ -186,12 +194,14 @@ def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer
     from agent_infer.grammar.json_schema_negate import negate
 
     n = len(branches)
-    overlaps = [[j for j in range(n) if j != i and not disjoint_pair(c, branches[i], branches[j])]
-                for i in range(n)]
+    overlaps = [
+        [j for j in range(n) if j != i and not disjoint_pair(c, branches[i], branches[j])] for i in range(n)
+    ]
     if not any(overlaps):
         return branches
-    if n > MAX_EXCLUSIVE_BRANCHES or any(isinstance(b, dict) and any(k.startswith("unevaluated") for k in b)
-                                         for b in branches):
+    if n > MAX_EXCLUSIVE_BRANCHES or any(
+        isinstance(b, dict) and any(k.startswith("unevaluated") for k in b) for b in branches
+    ):
         return None
     negs: dict[int, Any] = {}
     for j in {j for row in overlaps for j in row}:
@@ -227,5 +237,8 @@ def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
         except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
             return False
 
-    return all(disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
-               for i, a in enumerate(branches) for b in branches[i + 1:])
+    return all(
+        disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
+        for i, a in enumerate(branches)
+        for b in branches[i + 1 :]
+    )

@@ -20,12 +20,40 @@ TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 # Keywords with no effect on validation; dropped silently.
 ANNOTATIONS = {
-    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
-    "contentMediaType", "contentEncoding", "contentSchema", "$schema", "$id", "$anchor", "$dynamicAnchor",
-    "$vocabulary", "$defs", "definitions", "discriminator", "example", "externalDocs", "xml",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+    "contentSchema",
+    "$schema",
+    "$id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
+    "$defs",
+    "definitions",
+    "discriminator",
+    "example",
+    "externalDocs",
+    "xml",
     # editor and generator metadata (VS Code, Snowplow, code generators): never assertions
-    "markdownDescription", "markdownEnumDescriptions", "enumDescriptions", "deprecationMessage",
-    "errorMessage", "defaultSnippets", "doNotSuggest", "self", "readonly", "tsType", "javaType",
+    "markdownDescription",
+    "markdownEnumDescriptions",
+    "enumDescriptions",
+    "deprecationMessage",
+    "errorMessage",
+    "defaultSnippets",
+    "doNotSuggest",
+    "self",
+    "readonly",
+    "tsType",
+    "javaType",
 }
 _MIN = {"minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains"}
 _MAX = {"maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum", "maxContains"}
@@ -37,8 +65,12 @@ def is_annotation(key: str) -> bool:
     """True for keywords that never affect validity (``x-``/``_`` extensions, draft-04 ``id``)."""
     # "_name" is how stripped benchmark schemas and some tools disable a keyword.
     # ("__" marks the compiler's own internal keywords, which are not annotations.)
-    return key in ANNOTATIONS or key.startswith("x-") or (key.startswith("_") and not key.startswith("__")) \
+    return (
+        key in ANNOTATIONS
+        or key.startswith("x-")
+        or (key.startswith("_") and not key.startswith("__"))
         or key == "id"
+    )
 
 
 def canon(v: Any) -> Any:
@@ -115,7 +147,9 @@ class Merger:
         self.pointer = pointer
 
     def fail(self, keyword: str, why: str) -> UnsupportedSchemaError:
-        return UnsupportedSchemaError(f"allOf cannot be merged exactly: {why}", keyword=keyword, pointer=self.pointer)
+        return UnsupportedSchemaError(
+            f"allOf cannot be merged exactly: {why}", keyword=keyword, pointer=self.pointer
+        )
 
     def _for_key(self, s: dict[str, Any], name: str) -> Any:
         if name in s.get("properties", {}):
@@ -146,7 +180,9 @@ class Merger:
             n = max(len(pa), len(pb))
             out.pop("prefixItems", None)
             if n:
-                out["prefixItems"] = [_both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)]
+                out["prefixItems"] = [
+                    _both(pa[i] if i < len(pa) else ia, pb[i] if i < len(pb) else ib) for i in range(n)
+                ]
             items = _both(ia, ib)
             if items is not True:
                 out["items"] = items
@@ -158,7 +194,12 @@ class Merger:
             out.pop("const", None)
             out["enum"] = [v for v in va if canon(v) in keep]
         for key, vb in b.items():
-            if is_annotation(key) or key in _OBJECT or key in _ARRAY or (va is not None and vb_ is not None and key in ("enum", "const")):
+            if (
+                is_annotation(key)
+                or key in _OBJECT
+                or key in _ARRAY
+                or (va is not None and vb_ is not None and key in ("enum", "const"))
+            ):
                 continue
             if key not in out:
                 out[key] = vb
@@ -192,7 +233,9 @@ class Merger:
             out["patternProperties"] = pb
             out["additionalProperties"] = addb
         else:
-            raise self.fail("patternProperties", "patternProperties next to another branch's additionalProperties")
+            raise self.fail(
+                "patternProperties", "patternProperties next to another branch's additionalProperties"
+            )
 
     def _merge_key(self, key: str, va: Any, vb: Any, a: dict[str, Any], b: dict[str, Any]) -> Any:
         if va == vb and key not in ("anyOf", "oneOf"):
@@ -246,9 +289,14 @@ def disjoint(a: Any, b: Any, flat_property: Callable[[Any], Any]) -> bool:
     if va is not None and vb is not None and not ({canon(x) for x in va} & {canon(x) for x in vb}):
         return True
     for vals, types in ((va, tb), (vb, ta)):
-        if vals is not None and types is not None and all(json_type(v) not in types and
-                                                          not (json_type(v) == "integer" and "number" in types)
-                                                          for v in vals):
+        if (
+            vals is not None
+            and types is not None
+            and all(
+                json_type(v) not in types and not (json_type(v) == "integer" and "number" in types)
+                for v in vals
+            )
+        ):
             return True
     if ta is not None and tb is not None:
         common = ta & tb
@@ -260,6 +308,10 @@ def disjoint(a: Any, b: Any, flat_property: Callable[[Any], Any]) -> bool:
                 pb = flat_property(b.get("properties", {}).get(name, True))
                 if isinstance(pa, dict) and isinstance(pb, dict):
                     xa, xb = values(pa), values(pb)
-                    if xa is not None and xb is not None and not ({canon(x) for x in xa} & {canon(x) for x in xb}):
+                    if (
+                        xa is not None
+                        and xb is not None
+                        and not ({canon(x) for x in xa} & {canon(x) for x in xb})
+                    ):
                         return True
     return False

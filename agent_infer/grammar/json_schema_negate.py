@@ -16,13 +16,18 @@ if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
 
 _BOUND_FLIP = {
-    "minimum": "exclusiveMaximum", "maximum": "exclusiveMinimum",
-    "exclusiveMinimum": "maximum", "exclusiveMaximum": "minimum",
+    "minimum": "exclusiveMaximum",
+    "maximum": "exclusiveMinimum",
+    "exclusiveMinimum": "maximum",
+    "exclusiveMaximum": "minimum",
 }
 _COUNT_FLIP = {
-    "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
-    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
-    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
 }
 MAX_DEPTH = 8
 
@@ -59,7 +64,9 @@ def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None
     return _any(parts)
 
 
-def _negate_keyword(c: Compiler, key: str, v: Any, flat: dict[str, Any], pointer: str, depth: int) -> Any | None:
+def _negate_keyword(
+    c: Compiler, key: str, v: Any, flat: dict[str, Any], pointer: str, depth: int
+) -> Any | None:
     if key == "type":
         return {"not": {"type": v}}
     if key == "required":

@@ -126,7 +126,12 @@ def _frac_between(a: str, a_strict: bool, b: str, b_strict: bool) -> list[Piece]
 
 def _with_dot(pieces: list[Piece]) -> Expr:
     """The optional ``.digits`` part whose digit string is in the union of ``pieces``."""
-    tails = {"": Empty(), "any": star(DIGIT), "zeros": star(lit("0")), "nz": seq(star(lit("0")), NONZERO, star(DIGIT))}
+    tails = {
+        "": Empty(),
+        "any": star(DIGIT),
+        "zeros": star(lit("0")),
+        "nz": seq(star(lit("0")), NONZERO, star(DIGIT)),
+    }
     parts: list[Expr] = []
     for prefix, rng, tail in pieces:
         body = seq(lit(prefix), _digit(*rng) if rng else Empty(), tails[tail])
@@ -167,12 +172,18 @@ def magnitude(lo: Fraction, lo_strict: bool, hi: Fraction | None, hi_strict: boo
     """Unsigned numerals (no exponent) with value in the interval; lo >= 0."""
     if integer:
         a = int(lo) + 1 if lo_strict and lo.denominator == 1 else _ceil(lo)
-        b = None if hi is None else (int(hi) - 1 if hi_strict and hi.denominator == 1 else hi.numerator // hi.denominator)
+        b = (
+            None
+            if hi is None
+            else (int(hi) - 1 if hi_strict and hi.denominator == 1 else hi.numerator // hi.denominator)
+        )
         return uint_range(a, b)
     li, lf = _split(lo)
     if hi is None:
-        return alt(seq(uint_range(li, li), _with_dot(_frac_ge(lf, lo_strict))),
-                   seq(uint_range(li + 1, None), opt(FRACTION)))
+        return alt(
+            seq(uint_range(li, li), _with_dot(_frac_ge(lf, lo_strict))),
+            seq(uint_range(li + 1, None), opt(FRACTION)),
+        )
     hi_i, hf = _split(hi)
     if li == hi_i:
         return seq(uint_range(li, li), _with_dot(_frac_between(lf, lo_strict, hf, hi_strict)))
@@ -184,8 +195,9 @@ def magnitude(lo: Fraction, lo_strict: bool, hi: Fraction | None, hi_strict: boo
     return alt(*parts)
 
 
-def bounded_number(lo: Fraction | None, lo_strict: bool, hi: Fraction | None, hi_strict: bool,
-                   integer: bool) -> Expr | None:
+def bounded_number(
+    lo: Fraction | None, lo_strict: bool, hi: Fraction | None, hi_strict: bool, integer: bool
+) -> Expr | None:
     """JSON numerals (without exponent) in the interval; None if a bound is not a finite decimal."""
     for v in (lo, hi):
         if v is not None and not _is_decimal(v):
@@ -225,8 +237,9 @@ def residue_rules(n: int, prefix: str) -> list[tuple[str, Expr]]:
     return rules
 
 
-def enumerate_multiples(step: Fraction, lo: Fraction | None, lo_strict: bool, hi: Fraction | None,
-                        hi_strict: bool) -> list[Fraction] | None:
+def enumerate_multiples(
+    step: Fraction, lo: Fraction | None, lo_strict: bool, hi: Fraction | None, hi_strict: bool
+) -> list[Fraction] | None:
     """All multiples of ``step`` in a bounded interval, or None if unbounded or too many."""
     if lo is None or hi is None:
         return None

@@ -72,7 +72,10 @@ def value_expr(c: Compiler, v: Any, depth: int) -> Expr:
     if isinstance(v, dict):
         if not v:
             return c.empty("{", "}")
-        members = [seq(lit('"'), encode_literal(k), lit('"'), c.colon(), value_expr(c, x, depth + 1)) for k, x in v.items()]
+        members = [
+            seq(lit('"'), encode_literal(k), lit('"'), c.colon(), value_expr(c, x, depth + 1))
+            for k, x in v.items()
+        ]
         orders = itertools.permutations(members) if len(members) <= 3 else [members]
         bodies = [seq(o[0], *(seq(c.sep(depth), m) for m in o[1:])) for o in orders]
         return c.container("{", "}", alt(*bodies), False, depth)
@@ -162,7 +165,9 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         return keys is True or (isinstance(keys, DFA) and dfa_accepts(keys, name))
 
     def schema_for(name: str) -> Any:
-        hits = [v for p, v in pats.items() if dfa_accepts(c.pattern_dfa(p, f"{pointer}/patternProperties"), name)]
+        hits = [
+            v for p, v in pats.items() if dfa_accepts(c.pattern_dfa(p, f"{pointer}/patternProperties"), name)
+        ]
         if name in props:
             return _all_of(props[name], *hits)
         return _all_of(*hits) if hits else additional
@@ -202,8 +207,16 @@ def _invalid(msg: str, pointer: str) -> Exception:
     return InvalidSchemaError(msg, pointer=pointer)
 
 
-def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, names: list[str],
-                  pats: dict[str, Any], additional: Any, keys: DFA | bool) -> Expr | None:
+def _extra_member(
+    c: Compiler,
+    flat: dict[str, Any],
+    pointer: str,
+    depth: int,
+    names: list[str],
+    pats: dict[str, Any],
+    additional: Any,
+    keys: DFA | bool,
+) -> Expr | None:
     """One additional member (``"key": value``) over keys outside ``names``, or None if none allowed."""
     if keys is False:
         return None
@@ -242,7 +255,11 @@ def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, n
         key = c.key_cache[cache_key]
         if key is None:
             continue
-        here = f"{pointer}/patternProperties/{_escape(chosen[0])}" if chosen else f"{pointer}/additionalProperties"
+        here = (
+            f"{pointer}/patternProperties/{_escape(chosen[0])}"
+            if chosen
+            else f"{pointer}/additionalProperties"
+        )
         out.append(seq(key, c.colon(), c.lower(value_schema, here, depth + 1)))
     if not out:
         return None
@@ -250,12 +267,16 @@ def _extra_member(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, n
     return Ref(name)
 
 
-def _members(c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, depth: int) -> tuple[Expr | None, bool]:
+def _members(
+    c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, depth: int
+) -> tuple[Expr | None, bool]:
     """Non-empty member lists (declared order, then extras) and whether ``{}`` is allowed."""
     sep = c.sep(depth)
     # tails[i][k]: members from position i on; k = 1 once something was emitted (needs a comma).
-    tail: list[Expr] = [star(seq(sep, extra)) if extra is not None else Empty(),
-                        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(())]
+    tail: list[Expr] = [
+        star(seq(sep, extra)) if extra is not None else Empty(),
+        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(()),
+    ]
     nullable = True
     for expr, is_required in reversed(members):
         with_comma = seq(sep, expr, tail[0])
@@ -276,12 +297,21 @@ def _big(e: Expr) -> bool:
     return not isinstance(e, Empty | Ref | Literal | Alt) or (isinstance(e, Alt) and len(e.items) > 1)
 
 
-def _counted(c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
-             depth: int, pointer: str) -> Expr:
+def _counted(
+    c: Compiler,
+    members: list[tuple[Expr, bool]],
+    extra: Expr | None,
+    lo: int,
+    hi: int | None,
+    depth: int,
+    pointer: str,
+) -> Expr:
     """Members with the number of properties kept in [lo, hi] (states: position x count)."""
     cap = hi if hi is not None else max(lo, 1)
     if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
-        c.unsupported("maxProperties" if hi is not None else "minProperties", pointer, "property count too large")
+        c.unsupported(
+            "maxProperties" if hi is not None else "minProperties", pointer, "property count too large"
+        )
         body, nullable = _members(c, members, extra, depth)  # non-strict: drop the count, keep the rest
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     sep = c.sep(depth)
@@ -329,7 +359,9 @@ def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> 
     if hi is not None and hi < lo:
         return _never()
     if flat.get("uniqueItems") is True and not (hi is not None and hi <= 1):
-        c.unsupported("uniqueItems", f"{pointer}/uniqueItems", "uniqueItems is only supported for maxItems <= 1")
+        c.unsupported(
+            "uniqueItems", f"{pointer}/uniqueItems", "uniqueItems is only supported for maxItems <= 1"
+        )
     sep = c.sep(depth)
     contains = flat.get("contains")
     min_contains = count(flat, "minContains", pointer)
@@ -349,7 +381,9 @@ def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> 
     r_min = max(0, lo - m)
     r_max = None if hi is None else max(0, hi - m)
     # rest after at least one element: more items, each preceded by a separator
-    rest: Expr = c.repeat(seq(sep, item_expr), r_min, r_max) if r_max != 0 else (Empty() if r_min == 0 else _never())
+    rest: Expr = (
+        c.repeat(seq(sep, item_expr), r_min, r_max) if r_max != 0 else (Empty() if r_min == 0 else _never())
+    )
     first_tail: Expr | None = None
     if hi == 0:
         return c.empty("[", "]")

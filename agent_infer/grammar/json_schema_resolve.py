@@ -20,8 +20,17 @@ DEFAULT_BASE = "urn:agent-infer:schema"
 
 # Keywords whose value is a schema, a map of schemas, or a list of schemas.
 SCHEMA_KEYWORDS = {
-    "additionalProperties", "propertyNames", "items", "contains", "not", "if", "then",
-    "else", "unevaluatedProperties", "unevaluatedItems", "contentSchema",
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contentSchema",
 }
 MAP_KEYWORDS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
 LIST_KEYWORDS = {"allOf", "anyOf", "oneOf", "prefixItems"}
@@ -52,7 +61,9 @@ class Registry:
         if isinstance(node, bool):
             return node
         if not isinstance(node, dict):
-            raise InvalidSchemaError(f"a schema must be an object or a boolean, got {type(node).__name__}", pointer=pointer)
+            raise InvalidSchemaError(
+                f"a schema must be an object or a boolean, got {type(node).__name__}", pointer=pointer
+            )
         out: dict[str, Any] = {}
         ident = node.get("$id")
         if isinstance(ident, str):
@@ -89,7 +100,9 @@ class Registry:
                 if key == "dependencies":
                     for name, dep in value.items():
                         target = "dependentRequired" if isinstance(dep, list) else "dependentSchemas"
-                        walked = dep if isinstance(dep, list) else self._walk(dep, base, f"{here}/{_escape(name)}")
+                        walked = (
+                            dep if isinstance(dep, list) else self._walk(dep, base, f"{here}/{_escape(name)}")
+                        )
                         out.setdefault(target, {})[name] = walked
                     continue
                 out[key] = {k: self._walk(v, base, f"{here}/{_escape(k)}") for k, v in value.items()}
@@ -119,8 +132,9 @@ class Registry:
         doc = self.resources.get(doc_uri)
         if doc is None:
             if doc_uri.startswith(("http://", "https://")) and not doc_uri.startswith(DEFAULT_BASE):
-                raise UnsupportedSchemaError(f"remote reference {uri!r} is not in `remotes`", keyword="$ref",
-                                             pointer=pointer)
+                raise UnsupportedSchemaError(
+                    f"remote reference {uri!r} is not in `remotes`", keyword="$ref", pointer=pointer
+                )
             raise InvalidSchemaError(f"$ref {uri!r} does not resolve", pointer=pointer)
         if not frag:
             return doc
@@ -140,13 +154,22 @@ class Registry:
         return node
 
 
-_COUNTS = {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-           "maxContains"}
+_COUNTS = {
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+}
 _NUMBERS = {"minimum", "maximum", "multipleOf"}
 
 
 def _check_shape(key: str, value: Any, pointer: str) -> None:
     """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer)."""
+
     def is_num(v: Any) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -167,7 +190,9 @@ def _check_shape(key: str, value: Any, pointer: str) -> None:
         problem = "must be a string"
     elif key == "uniqueItems" and not isinstance(value, bool):
         problem = "must be a boolean"
-    elif key == "type" and not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(t, str) for t in value))):
+    elif key == "type" and not (
+        isinstance(value, str) or (isinstance(value, list) and all(isinstance(t, str) for t in value))
+    ):
         problem = "must be a string or an array of strings"
     if problem:
         raise InvalidSchemaError(f"{key} {problem}", pointer=pointer)

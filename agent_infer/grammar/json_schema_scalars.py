@@ -131,7 +131,9 @@ def _search(pattern: str, pointer: str) -> Expr:
     try:
         return regex_search_expr(pattern, dialect="ecma")
     except UnsupportedRegexError as exc:
-        raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer) from exc
+        raise UnsupportedSchemaError(
+            f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer
+        ) from exc
     except GrammarSyntaxError as exc:
         raise InvalidSchemaError(f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer) from exc
 
@@ -175,8 +177,11 @@ def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bo
         step = Fraction(step.numerator)  # an integer is a multiple of p/q iff it is one of p
     listed = num.enumerate_multiples(step, lo, lo_strict, hi, hi_strict)
     if listed is not None:
-        exprs = [num.bounded_number(v, False, v, False, integer) for v in listed
-                 if not integer or v.denominator == 1]
+        exprs = [
+            num.bounded_number(v, False, v, False, integer)
+            for v in listed
+            if not integer or v.denominator == 1
+        ]
         return alt(*(e for e in exprs if e is not None))
     zero = Fraction(0)
     one_sided = not bounded or (hi is None and lo == zero) or (lo is None and hi == zero)
@@ -193,8 +198,15 @@ def _is_power_of_ten(n: int) -> bool:
     return n > 0 and str(n).strip("0") == "1" and str(n).startswith("1")
 
 
-def _integer_multiples(c: Compiler, n: int, lo: Fraction | None, lo_strict: bool, hi: Fraction | None,
-                       hi_strict: bool, integer: bool) -> Expr:
+def _integer_multiples(
+    c: Compiler,
+    n: int,
+    lo: Fraction | None,
+    lo_strict: bool,
+    hi: Fraction | None,
+    hi_strict: bool,
+    integer: bool,
+) -> Expr:
     """Multiples of n; optionally only the non-negative or non-positive ones (bound at 0)."""
     prefix = f"mod{n}-"
     if f"{prefix}0" not in c.rules:
@@ -214,7 +226,9 @@ def _integer_multiples(c: Compiler, n: int, lo: Fraction | None, lo_strict: bool
 
 def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     """Numbers that are not integers (``not: {type: integer}``): a fraction with a non-zero digit."""
-    fractional = seq(opt(lit("-")), num.INT_MAGNITUDE, lit("."), star(num.DIGIT), chars("1-9"), star(num.DIGIT))
+    fractional = seq(
+        opt(lit("-")), num.INT_MAGNITUDE, lit("."), star(num.DIGIT), chars("1-9"), star(num.DIGIT)
+    )
     if "multipleOf" in flat:
         c.unsupported("not", f"{pointer}/not", "non-integer numbers with multipleOf are not supported")
     lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)

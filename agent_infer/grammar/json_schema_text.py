@@ -83,9 +83,15 @@ def _u_escape(lo: int, hi: int) -> Expr:
         a = max(lo, 0x10000)
         ha, la = divmod(a - 0x10000, 0x400)
         hb, lb = divmod(hi - 0x10000, 0x400)
+
         def pair(h1: int, h2: int, l1: int, l2: int) -> Expr:
-            return seq(lit("\\u"), hex_range(0xD800 + h1, 0xD800 + h2, 4),
-                       lit("\\u"), hex_range(0xDC00 + l1, 0xDC00 + l2, 4))
+            return seq(
+                lit("\\u"),
+                hex_range(0xD800 + h1, 0xD800 + h2, 4),
+                lit("\\u"),
+                hex_range(0xDC00 + l1, 0xDC00 + l2, 4),
+            )
+
         if ha == hb:
             out.append(pair(ha, ha, la, lb))
         else:
@@ -174,7 +180,9 @@ JSON_CHAR: Expr = alt(
     CharClass(((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)), negated=True),
     seq(lit("\\"), chars('"\\/bfnrt')),
     seq(lit("\\u"), alt(seq(chars("0-9a-cA-Ce-fE-F"), HEX), seq(chars("dD"), chars("0-7"))), HEX, HEX),
-    seq(lit("\\u"), chars("dD"), chars("89abAB"), HEX, HEX, lit("\\u"), chars("dD"), chars("c-fC-F"), HEX, HEX),
+    seq(
+        lit("\\u"), chars("dD"), chars("89abAB"), HEX, HEX, lit("\\u"), chars("dD"), chars("c-fC-F"), HEX, HEX
+    ),
 )
 
 

@@ -15,8 +15,17 @@ from agent_infer.grammar.json_schema_merge import canon, is_annotation, values
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
 
-_LOGIC = ("not", "anyOf", "oneOf", "__conditionals", "uniqueItems", "dependentRequired", "dependentSchemas",
-          "enum", "const")
+_LOGIC = (
+    "not",
+    "anyOf",
+    "oneOf",
+    "__conditionals",
+    "uniqueItems",
+    "dependentRequired",
+    "dependentSchemas",
+    "enum",
+    "const",
+)
 MAX_DEPTH = 32
 
 
@@ -25,7 +34,9 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     if depth > MAX_DEPTH:
         from agent_infer.errors import GrammarLimitError
 
-        raise GrammarLimitError(f"schema nesting deeper than {MAX_DEPTH} while checking enum values at {pointer}")
+        raise GrammarLimitError(
+            f"schema nesting deeper than {MAX_DEPTH} while checking enum values at {pointer}"
+        )
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return flat

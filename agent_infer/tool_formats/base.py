@@ -86,7 +86,6 @@ class ToolCallDelta:
 StreamEvent = ContentDelta | ToolCallDelta
 
 
-
 ChatRender = Callable[[list[dict[str, Any]]], str]
 
 
@@ -207,7 +206,11 @@ def _join(prompt: str, content: str, role: str) -> str:
 def _call_from_openai(entry: Mapping[str, Any]) -> ToolCall:
     fn = entry.get("function", entry)
     args = fn.get("arguments", {})
-    return ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else dict(args), entry.get("id") or new_call_id())
+    return ToolCall(
+        fn["name"],
+        json.loads(args) if isinstance(args, str) else dict(args),
+        entry.get("id") or new_call_id(),
+    )
 
 
 class StreamParser:

@@ -29,7 +29,17 @@ OUTPUTS_BEGIN = "<｜tool▁outputs▁begin｜>"
 OUTPUTS_END = "<｜tool▁outputs▁end｜>"
 OUTPUT_BEGIN = "<｜tool▁output▁begin｜>"
 OUTPUT_END = "<｜tool▁output▁end｜>"
-SPECIAL_TOKENS = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP, OUTPUTS_BEGIN, OUTPUTS_END, OUTPUT_BEGIN, OUTPUT_END)
+SPECIAL_TOKENS = (
+    CALLS_BEGIN,
+    CALLS_END,
+    CALL_BEGIN,
+    CALL_END,
+    SEP,
+    OUTPUTS_BEGIN,
+    OUTPUTS_END,
+    OUTPUT_BEGIN,
+    OUTPUT_END,
+)
 
 V3_CALL_TYPE = "function"
 V3_ARGS_OPEN = "\n```json\n"
@@ -130,7 +140,9 @@ class _DeepSeekBase(ToolCallFormat):
         b = GrammarBuilder(strict, whitespace)
         if mode == "none":
             return b.build(b.text_without(CALLS_BEGIN))
-        call = b.add("call", alt(*(self._call_expr(t.name, b.arguments(i, t)) for i, t in enumerate(allowed))))
+        call = b.add(
+            "call", alt(*(self._call_expr(t.name, b.arguments(i, t)) for i, t in enumerate(allowed)))
+        )
         parallel = parallel_tool_calls and mode != "named"
         sep = lit(self.call_separator)
         block = b.add("block", seq(lit(CALLS_BEGIN), repeat_calls(call, sep, parallel), lit(CALLS_END)))
@@ -144,13 +156,17 @@ class DeepSeekV3Format(_DeepSeekBase):
 
     name = "deepseek_v3"
     call_separator = "\n"
-    _layout = Layout(CALL_BEGIN, V3_CALL_TYPE, SEP, ("until", "\n"), W, "```json", W, Layout.ARGS, W, "```", W, CALL_END)
+    _layout = Layout(
+        CALL_BEGIN, V3_CALL_TYPE, SEP, ("until", "\n"), W, "```json", W, Layout.ARGS, W, "```", W, CALL_END
+    )
 
     def _call_text(self, name: str, args_json: str) -> str:
         return f"{CALL_BEGIN}{V3_CALL_TYPE}{SEP}{name}{V3_ARGS_OPEN}{args_json}{V3_ARGS_CLOSE}{CALL_END}"
 
     def _call_expr(self, name: str, args: Expr) -> Expr:
-        return seq(lit(f"{CALL_BEGIN}{V3_CALL_TYPE}{SEP}{name}{V3_ARGS_OPEN}"), args, lit(V3_ARGS_CLOSE + CALL_END))
+        return seq(
+            lit(f"{CALL_BEGIN}{V3_CALL_TYPE}{SEP}{name}{V3_ARGS_OPEN}"), args, lit(V3_ARGS_CLOSE + CALL_END)
+        )
 
     def _format_line(self) -> str:
         return (
@@ -183,7 +199,10 @@ class DeepSeekV31Format(_DeepSeekBase):
         )
 
     def render_tool_result(self, results: Sequence[tuple[str, str]]) -> dict[str, str]:
-        return {"role": "user", "content": "".join(f"{OUTPUT_BEGIN}{content}{OUTPUT_END}" for _, content in results)}
+        return {
+            "role": "user",
+            "content": "".join(f"{OUTPUT_BEGIN}{content}{OUTPUT_END}" for _, content in results),
+        }
 
 
 __all__ = ["SPECIAL_TOKENS", "DeepSeekV3Format", "DeepSeekV31Format"]

@@ -21,10 +21,15 @@ def resolve_choice(tools: Sequence[Tool], tool_choice: ToolChoice) -> tuple[str,
         name = tool_choice.get("name") or tool_choice.get("function", {}).get("name")
         chosen = [t for t in tools if t.name == name]
         if not chosen:
-            raise ToolDefinitionError(f"tool_choice names {name!r}, which is not one of the tools", field="tool_choice")
+            raise ToolDefinitionError(
+                f"tool_choice names {name!r}, which is not one of the tools", field="tool_choice"
+            )
         return "named", chosen
     if tool_choice not in ("auto", "required", "none"):
-        raise ToolDefinitionError(f"tool_choice must be 'auto', 'required', 'none' or {{'name': ...}}, not {tool_choice!r}", field="tool_choice")
+        raise ToolDefinitionError(
+            f"tool_choice must be 'auto', 'required', 'none' or {{'name': ...}}, not {tool_choice!r}",
+            field="tool_choice",
+        )
     if tool_choice != "none" and not tools:
         if tool_choice == "required":
             raise ToolDefinitionError("tool_choice='required' needs at least one tool", field="tool_choice")
@@ -47,7 +52,9 @@ class GrammarBuilder:
 
     def arguments(self, index: int, tool: Tool) -> Ref:
         """A reference to the rule of JSON text valid for ``tool``'s parameters."""
-        g = Grammar.from_json_schema(tool.parameters, strict=self.strict and tool.strict, whitespace=self.whitespace)
+        g = Grammar.from_json_schema(
+            tool.parameters, strict=self.strict and tool.strict, whitespace=self.whitespace
+        )
         mapping = {name: f"t{index}-{name}" for name, _ in g.rules}
         self.rules.extend((mapping[name], _rename(expr, mapping)) for name, expr in g.rules)
         return Ref(mapping[g.root])

@@ -26,8 +26,28 @@ CALL_SEPARATOR = "\n"
 
 W = Layout.WS
 # Name first, as every Hermes-style model writes it; that order is what lets the name stream early.
-_CALL = Layout(W, "{", W, '"name"', W, ":", W, Layout.NAME_STR, W, ",", W, '"arguments"', W, ":", W,
-               Layout.ARGS, W, "}", W, CALL_CLOSE)
+_CALL = Layout(
+    W,
+    "{",
+    W,
+    '"name"',
+    W,
+    ":",
+    W,
+    Layout.NAME_STR,
+    W,
+    ",",
+    W,
+    '"arguments"',
+    W,
+    ":",
+    W,
+    Layout.ARGS,
+    W,
+    "}",
+    W,
+    CALL_CLOSE,
+)
 _CLOSE = Layout(W, CALL_CLOSE)
 
 
@@ -107,8 +127,21 @@ class HermesFormat(ToolCallFormat):
         for i, t in enumerate(allowed):
             args = b.arguments(i, t)
             bodies.append(
-                seq(lit('"name"'), ws, lit(":"), ws, lit(json.dumps(t.name)), ws, lit(","), ws,
-                    lit('"arguments"'), ws, lit(":"), ws, args)
+                seq(
+                    lit('"name"'),
+                    ws,
+                    lit(":"),
+                    ws,
+                    lit(json.dumps(t.name)),
+                    ws,
+                    lit(","),
+                    ws,
+                    lit('"arguments"'),
+                    ws,
+                    lit(":"),
+                    ws,
+                    args,
+                )
             )
         call = b.add("call", seq(lit(CALL_OPEN + "\n{"), ws, alt(*bodies), ws, lit("}\n" + CALL_CLOSE)))
         if mode == "named":

@@ -26,8 +26,26 @@ ARGUMENTS_KEY = '"parameters"'
 
 W = Layout.WS
 # Llama writes "parameters"; "arguments" is accepted on input because fine-tunes mix them up.
-_CALL = Layout(W, "{", W, '"name"', W, ":", W, Layout.NAME_STR, W, ",", W, (ARGUMENTS_KEY, '"arguments"'), W, ":",
-               W, Layout.ARGS, W, "}")
+_CALL = Layout(
+    W,
+    "{",
+    W,
+    '"name"',
+    W,
+    ":",
+    W,
+    Layout.NAME_STR,
+    W,
+    ",",
+    W,
+    (ARGUMENTS_KEY, '"arguments"'),
+    W,
+    ":",
+    W,
+    Layout.ARGS,
+    W,
+    "}",
+)
 _SEP = re.compile(r"\s*;?\s*")
 # A reply that opens like a call is parsed as calls, so free text may not open like one.
 _CALL_STARTS = ("{", PYTHON_TAG, " ", "\t", "\n", "\r")
@@ -109,12 +127,28 @@ class Llama3JsonFormat(ToolCallFormat):
         for i, t in enumerate(allowed):
             args = b.arguments(i, t)
             bodies.append(
-                seq(lit('"name"'), ws, lit(":"), ws, lit(json.dumps(t.name)), ws, lit(","), ws,
-                    lit(ARGUMENTS_KEY), ws, lit(":"), ws, args)
+                seq(
+                    lit('"name"'),
+                    ws,
+                    lit(":"),
+                    ws,
+                    lit(json.dumps(t.name)),
+                    ws,
+                    lit(","),
+                    ws,
+                    lit(ARGUMENTS_KEY),
+                    ws,
+                    lit(":"),
+                    ws,
+                    args,
+                )
             )
         call = b.add("call", seq(lit("{"), ws, alt(*bodies), ws, lit("}")))
         sep = alt(*(lit(s) for s in SEPARATORS))
-        calls = b.add("calls", seq(opt(lit(PYTHON_TAG)), repeat_calls(call, sep, parallel_tool_calls and mode != "named")))
+        calls = b.add(
+            "calls",
+            seq(opt(lit(PYTHON_TAG)), repeat_calls(call, sep, parallel_tool_calls and mode != "named")),
+        )
         if mode in ("required", "named"):
             return b.build(calls)
         return b.build(alt(calls, b.text_not_starting(_CALL_STARTS)))
