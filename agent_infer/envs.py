@@ -72,6 +72,12 @@ def num_threads() -> int:
     return _int("AGENT_INFER_NUM_THREADS", 0)
 
 
+def native_linear() -> bool:
+    """``AGENT_INFER_NATIVE_LINEAR``: GGUF models on the CPU in float32 keep packed weights for the
+    native batch-invariant kernel (default on); off dequantizes to float32 torch matmuls."""
+    return _flag("AGENT_INFER_NATIVE_LINEAR", True)
+
+
 def grammar_threads() -> int:
     """``AGENT_INFER_GRAMMAR_THREADS``: threads for batch mask fills; 0 means one per core."""
     return _int("AGENT_INFER_GRAMMAR_THREADS", 0)

@@ -1,8 +1,9 @@
 """A sequence's logits must be bit-identical whether it runs alone or batched with others.
 
 The engine relies on this for reproducible structured output: batching must not change a greedy
-choice. The model guarantees it by padding matmul rows to a multiple of 4 (MKL computes a row the
-same way for any such row count) and by running attention per sequence.
+choice. With torch matmuls the model pads rows to a multiple of 4 (MKL computes a row the same way
+for any such row count); with the native packed kernel (GGUF, CPU, fp32) every row count is exact
+by construction and nothing is padded. Attention runs per sequence on both paths.
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.fixture(
+    scope="module",
+    params=[(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
+    ids=["fp32-native", "fp32-torch", "bf16"],
+)
 def lm(request: pytest.FixtureRequest) -> LoadedModel:
-    return load_model(default_model_path(), device=torch.device("cpu"), dtype=request.param)
+    dtype, native = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENT_INFER_NATIVE_LINEAR", "1" if native else "0")
+        loaded = load_model(default_model_path(), device=torch.device("cpu"), dtype=dtype)
+    assert loaded.model.packed == native
+    return loaded
 
 
 def _prompts(lm: LoadedModel) -> list[list[int]]:
@@ -36,7 +46,7 @@ def _prompts(lm: LoadedModel) -> list[list[int]]:
 
 
 def test_linear_rows_do_not_depend_on_batch_size(lm: LoadedModel) -> None:
-    """The measured MKL property the model's padding relies on, on a real weight."""
+    """The LM head (largest matmul): the native kernel's guarantee, or the MKL property padding relies on."""
     w = lm.model.embed  # 49152 x 576, the largest matmul (LM head)
     x = torch.randn(67, w.shape[1], generator=torch.Generator().manual_seed(0))
     one = lm.model.compute_logits(x[:1])

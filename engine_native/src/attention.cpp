@@ -1,0 +1,206 @@
+// Decode attention over the paged KV cache: one call per layer for every sequence that adds a single
+// token, instead of one SDPA call per sequence.
+//
+// Batch invariance by construction: the work item is (sequence, kv head); its scores, softmax and
+// weighted sum run in a fixed order (positions ascending) with code that does not depend on the
+// batch, on which thread runs it, or on the other sequences. The ISA is chosen once per process.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bindings.h"
+#include "parallel.h"
+
+namespace nb = nanobind;
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 AVX-512 headers, see linear.cpp
+#endif
+
+namespace agent_infer {
+namespace {
+
+bool has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+const bool g_avx512 = has_avx512();
+
+// dot(a, b) over d floats; d is a multiple of 16 on this path.
+__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, size_t d) {
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+  for (size_t i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  alignas(64) float t[16];
+  _mm512_store_ps(t, acc);
+  float lo = 0.0f, hi = 0.0f;  // two independent chains, fixed order
+  for (int i = 0; i < 8; ++i) {
+    lo += t[i];
+    hi += t[i + 8];
+  }
+  return lo + hi;
+}
+
+// out += p * v over d floats.
+__attribute__((target("avx512f"))) void axpy_avx512(float* out, float p, const float* v, size_t d) {
+  const __m512 pv = _mm512_set1_ps(p);
+  for (size_t i = 0; i < d; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + i), _mm512_loadu_ps(out + i)));
+}
+
+float dot_scalar(const float* a, const float* b, size_t d) {
+  float acc = 0.0f;
+  for (size_t i = 0; i < d; ++i) acc = std::fma(a[i], b[i], acc);
+  return acc;
+}
+
+void axpy_scalar(float* out, float p, const float* v, size_t d) {
+  for (size_t i = 0; i < d; ++i) out[i] = std::fma(p, v[i], out[i]);
+}
+
+struct Args {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  const int64_t* rows;
+  const int64_t* tables;
+  const int64_t* ctx;
+  size_t max_blocks, block_size, heads, kv_heads, dim, num_slots;
+  float scale;
+  bool simd;
+};
+
+void attend(const Args& a, size_t seq, size_t g, std::vector<float>& scores) {
+  const size_t group = a.heads / a.kv_heads;
+  const size_t ctx = static_cast<size_t>(a.ctx[seq]);
+  const size_t row = static_cast<size_t>(a.rows[seq]);
+  const int64_t* table = a.tables + seq * a.max_blocks;
+  const size_t d = a.dim;
+  scores.resize(group * ctx);
+  for (size_t j = 0; j < ctx; ++j) {
+    const size_t slot = static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const float* kp = a.k + (slot * a.kv_heads + g) * d;
+    for (size_t h = 0; h < group; ++h) {
+      const float* qp = a.q + (row * a.heads + g * group + h) * d;
+      scores[h * ctx + j] = (a.simd ? dot_avx512(qp, kp, d) : dot_scalar(qp, kp, d)) * a.scale;
+    }
+  }
+  for (size_t h = 0; h < group; ++h) {
+    float* s = scores.data() + h * ctx;
+    float mx = s[0];
+    for (size_t j = 1; j < ctx; ++j) mx = std::max(mx, s[j]);
+    float sum = 0.0f;
+    for (size_t j = 0; j < ctx; ++j) {
+      s[j] = std::exp(s[j] - mx);
+      sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+    float* o = a.out + (row * a.heads + g * group + h) * d;
+    std::fill(o, o + d, 0.0f);
+    for (size_t j = 0; j < ctx; ++j) {
+      const size_t slot = static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+      const float* vp = a.v + (slot * a.kv_heads + g) * d;
+      if (a.simd)
+        axpy_avx512(o, s[j], vp, d);
+      else
+        axpy_scalar(o, s[j], vp, d);
+    }
+    for (size_t i = 0; i < d; ++i) o[i] *= inv;
+  }
+}
+
+template <typename T>
+const T* checked(const nb::ndarray<nb::ro>& a, const char* name, size_t ndim) {
+  if (a.dtype() != nb::dtype<T>())
+    throw nb::type_error((std::string("decode_attention: ") + name + " has the wrong dtype").c_str());
+  if (a.device_type() != nb::device::cpu::value || a.ndim() != ndim)
+    throw std::invalid_argument(std::string("decode_attention: ") + name + " must be a " + std::to_string(ndim) +
+                                "-D CPU array");
+  int64_t expect = 1;
+  for (size_t i = ndim; i-- > 0;) {
+    if (a.shape(i) > 1 && a.stride(i) != expect)
+      throw std::invalid_argument(std::string("decode_attention: ") + name + " must be C-contiguous");
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+  return static_cast<const T*>(a.data());
+}
+
+// q [R, H, D]; k_cache/v_cache [slots, Hkv, D]; out [R, H*D]; rows/context_lens [B]; block_tables [B, max_blocks].
+void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::ndarray<nb::ro> v_cache,
+                      nb::ndarray<> out, nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> block_tables,
+                      nb::ndarray<nb::ro> context_lens, int64_t block_size, double scale, int num_threads) {
+  Args a{};
+  a.q = checked<float>(q, "q", 3);
+  a.k = checked<float>(k_cache, "k_cache", 3);
+  a.v = checked<float>(v_cache, "v_cache", 3);
+  a.rows = checked<int64_t>(rows, "rows", 1);
+  a.tables = checked<int64_t>(block_tables, "block_tables", 2);
+  a.ctx = checked<int64_t>(context_lens, "context_lens", 1);
+  const nb::ndarray<nb::ro> out_ro(out);
+  checked<float>(out_ro, "out", 2);
+  a.out = static_cast<float*>(out.data());
+  const size_t r = q.shape(0), batch = rows.shape(0);
+  a.heads = q.shape(1);
+  a.dim = q.shape(2);
+  a.kv_heads = k_cache.shape(1);
+  a.num_slots = k_cache.shape(0);
+  a.max_blocks = block_tables.shape(1);
+  if (block_size < 1) throw std::invalid_argument("decode_attention: block_size must be >= 1");
+  a.block_size = static_cast<size_t>(block_size);
+  a.scale = static_cast<float>(scale);
+  if (a.kv_heads == 0 || a.heads % a.kv_heads)
+    throw std::invalid_argument("decode_attention: query heads must be a multiple of kv heads");
+  for (size_t i = 0; i < 3; ++i)
+    if (v_cache.shape(i) != k_cache.shape(i)) throw std::invalid_argument("decode_attention: k/v caches differ in shape");
+  if (k_cache.shape(2) != a.dim) throw std::invalid_argument("decode_attention: q and cache head dims differ");
+  if (out.shape(0) != r || out.shape(1) != a.heads * a.dim)
+    throw std::invalid_argument("decode_attention: out must be [rows, heads*dim]");
+  if (context_lens.shape(0) != batch || block_tables.shape(0) != batch)
+    throw std::invalid_argument("decode_attention: rows, block_tables and context_lens disagree on the batch");
+  for (size_t s = 0; s < batch; ++s) {
+    const int64_t ctx = a.ctx[s];
+    if (a.rows[s] < 0 || static_cast<size_t>(a.rows[s]) >= r)
+      throw std::out_of_range("decode_attention: rows[" + std::to_string(s) + "] is outside q");
+    if (ctx < 1 || static_cast<size_t>(ctx) > a.max_blocks * a.block_size)
+      throw std::invalid_argument("decode_attention: context_lens[" + std::to_string(s) + "] is out of range");
+    for (size_t b = 0; b < (static_cast<size_t>(ctx) + a.block_size - 1) / a.block_size; ++b) {
+      const int64_t blk = a.tables[s * a.max_blocks + b];
+      if (blk < 0 || static_cast<size_t>(blk + 1) * a.block_size > a.num_slots)
+        throw std::out_of_range("decode_attention: block table of sequence " + std::to_string(s) +
+                                " references a block beyond the cache");
+    }
+  }
+  a.simd = g_avx512 && a.dim % 16 == 0;
+  const size_t items = batch * a.kv_heads;
+  nb::gil_scoped_release release;
+  parallel_for(num_threads, items, [&](size_t item) {
+    thread_local std::vector<float> scores;
+    attend(a, item / a.kv_heads, item % a.kv_heads, scores);
+  });
+}
+
+}  // namespace
+
+void register_attention(nb::module_& m) {
+  m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+        nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
+        nb::arg("num_threads") = 1,
+        "Single-token attention for a batch of sequences over the paged KV cache (float32, GQA); writes "
+        "out[rows[i]] for each sequence i. The GIL is released.");
+}
+
+}  // namespace agent_infer

@@ -1,0 +1,278 @@
+"""The native packed-weight linear kernel: accuracy against torch and batch invariance by construction.
+
+Weights are built as GGUF blocks (Q4_1, Q8_0, Q4_0, F16, BF16, F32 bytes), dequantized with the
+torch loader's own functions for the reference, and packed by ``_native.PackedLinear``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from agent_infer.model import qlinear
+from agent_infer.model.gguf_reader import _DEQUANT
+
+_native = pytest.importorskip("agent_infer._native")
+if not hasattr(_native, "PackedLinear"):
+    pytest.skip("native extension built without the linear kernel", allow_module_level=True)
+
+F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+TYPES = [Q4_1, Q8_0, Q4_0, F32, F16, BF16]
+
+
+def _supports(isa: str) -> bool:
+    current = _native.linear_isa()
+    try:
+        _native.linear_set_isa(isa)
+    except ValueError:
+        return False
+    finally:
+        _native.linear_set_isa(current)
+    return True
+
+
+ISAS = [isa for isa in ("avx512", "avx2", "scalar") if _supports(isa)]
+
+
+@pytest.fixture(autouse=True)
+def _restore_isa() -> Iterator[None]:
+    yield
+    _native.linear_set_isa("best")
+
+
+def _raw(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """Random GGUF bytes for an ``[n, k]`` tensor of ``ggml_type`` (scales kept in a realistic range)."""
+    rng = np.random.default_rng(seed)
+    if ggml_type == F32:
+        return torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)).view(torch.uint8).reshape(-1)
+    if ggml_type in (F16, BF16):
+        w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32))
+        return w.to(torch.float16 if ggml_type == F16 else torch.bfloat16).view(torch.uint8).reshape(-1)
+    blocks = n * k // 32
+    d = (rng.uniform(0.001, 0.05, blocks) * rng.choice([-1, 1], blocks)).astype(np.float16)
+    if ggml_type == Q8_0:
+        q = rng.integers(-128, 128, (blocks, 32), dtype=np.int8)
+        out = np.concatenate([d.view(np.uint8).reshape(blocks, 2), q.view(np.uint8)], axis=1)
+    elif ggml_type == Q4_0:
+        qs = rng.integers(0, 256, (blocks, 16), dtype=np.uint8)
+        out = np.concatenate([d.view(np.uint8).reshape(blocks, 2), qs], axis=1)
+    else:
+        m = rng.uniform(-0.4, 0.1, blocks).astype(np.float16)
+        qs = rng.integers(0, 256, (blocks, 16), dtype=np.uint8)
+        out = np.concatenate(
+            [d.view(np.uint8).reshape(blocks, 2), m.view(np.uint8).reshape(blocks, 2), qs], axis=1
+        )
+    return torch.from_numpy(np.ascontiguousarray(out)).reshape(-1)
+
+
+def _layer(ggml_type: int, n: int, k: int, seed: int = 0) -> tuple[object, torch.Tensor]:
+    raw = _raw(ggml_type, n, k, seed)
+    ref = _DEQUANT[ggml_type](raw).reshape(n, k)
+    return _native.PackedLinear(raw, ggml_type, n, k), ref
+
+
+def _run(packed: object, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    out = torch.empty(x.shape[0], packed.n)  # type: ignore[attr-defined]
+    packed.forward(x, out, threads)  # type: ignore[attr-defined]
+    return out
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("shape", [(1, 32), (17, 64), (45, 96), (130, 160)])
+def test_matches_torch_reference(ggml_type: int, shape: tuple[int, int]) -> None:
+    n, k = shape
+    packed, w = _layer(ggml_type, n, k, seed=n + k)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(20, k, generator=gen)
+    ref = x.double() @ w.double().T
+    bound = (x.abs().double() @ w.abs().double().T).max().item()
+    for m in range(1, 21):
+        got = _run(packed, x[:m].contiguous(), threads=2)
+        # a k-long fp32 FMA chain: error well under 1e-5 of the magnitude of the summed terms
+        assert (got.double() - ref[:m]).abs().max().item() <= 1e-5 * bound, m
+        torch.testing.assert_close(got, (x[:m] @ w.T), rtol=1e-4, atol=1e-5 * bound)
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0, F32])
+def test_rows_bit_identical_for_any_batch_and_thread_count(ggml_type: int) -> None:
+    n, k = 133, 96  # 9 column groups, the last one partial
+    packed, _ = _layer(ggml_type, n, k, seed=7)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([_run(packed, x[r : r + 1].contiguous()) for r in range(x.shape[0])])
+    for m in (2, 3, 7, 8, 9, 16, 17, 37):
+        for threads in (1, 2, 3, 5, 16):
+            got = _run(packed, x[:m].contiguous(), threads)
+            assert torch.equal(got, alone[:m]), (m, threads)
+    # the same row inside different batches, at different offsets
+    for start in (0, 5, 11):
+        got = _run(packed, x[start : start + 20].contiguous(), 2)
+        assert torch.equal(got, alone[start : start + 20]), start
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0, F32])
+def test_every_isa_gives_identical_bits(ggml_type: int) -> None:
+    packed, _ = _layer(ggml_type, 50, 64, seed=11)
+    x = torch.randn(11, 64, generator=torch.Generator().manual_seed(5))
+    results = []
+    for isa in ISAS:
+        _native.linear_set_isa(isa)
+        assert _native.linear_isa() == isa
+        results.append(_run(packed, x, 2))
+    for r in results[1:]:
+        assert torch.equal(r, results[0])
+
+
+def test_dequantized_values_equal_the_torch_loader() -> None:
+    """An identity input reads the packed weights back: they equal the loader's fp32 values exactly."""
+    for ggml_type in TYPES:
+        packed, w = _layer(ggml_type, 19, 64, seed=2)
+        assert torch.equal(_run(packed, torch.eye(64)), w.T.contiguous()), ggml_type
+
+
+def test_quant_linear_module_and_bias() -> None:
+    w = torch.randn(24, 40)
+    b = torch.randn(24)
+    layer = qlinear.QuantLinear.from_float(w, b)
+    x = torch.randn(5, 40)
+    torch.testing.assert_close(layer(x), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    assert layer(torch.empty(0, 40)).shape == (0, 24)
+    # non-contiguous input is made contiguous, not rejected
+    xt = torch.randn(40, 5).T
+    torch.testing.assert_close(layer(xt), xt @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+def test_errors_are_typed_and_clear() -> None:
+    packed, _ = _layer(Q4_1, 16, 64)
+    with pytest.raises(TypeError, match="x must be float32"):
+        packed.forward(torch.zeros(2, 64, dtype=torch.float64), torch.empty(2, 16))  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="out must be float32"):
+        packed.forward(torch.zeros(2, 64), torch.empty(2, 16, dtype=torch.float16))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="x has 63 columns, expected 64"):
+        packed.forward(torch.zeros(2, 63), torch.empty(2, 16))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"out must be \[2, 16\]"):
+        packed.forward(torch.zeros(2, 64), torch.empty(3, 16))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="must be 2-D"):
+        packed.forward(torch.zeros(64), torch.empty(1, 16))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        packed.forward(torch.zeros(64, 2).T, torch.empty(2, 16))  # type: ignore[attr-defined]
+    raw = _raw(Q4_1, 16, 64, 0)
+    with pytest.raises(ValueError, match="expected 640"):
+        _native.PackedLinear(raw[:-1], Q4_1, 16, 64)
+    with pytest.raises(ValueError, match="not a multiple of the quantization block"):
+        _native.PackedLinear(raw, Q4_1, 20, 48)
+    with pytest.raises(ValueError, match="unsupported ggml type 12"):
+        _native.PackedLinear(raw, 12, 16, 64)
+    with pytest.raises(TypeError, match="uint8"):
+        _native.PackedLinear(raw.view(torch.int8), Q4_1, 16, 64)
+    with pytest.raises(ValueError, match="positive"):
+        _native.PackedLinear(raw, Q4_1, 0, 64)
+    with pytest.raises(ValueError, match="unknown ISA"):
+        _native.linear_set_isa("sse9")
+    with pytest.raises(ValueError, match=">= 1"):
+        qlinear.set_num_threads(0)
+
+
+def test_gguf_model_uses_packed_layers_and_can_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent_infer.model.loader import default_model_path, load_model
+
+    assert qlinear.use_native_linear(torch.device("cpu"), torch.float32)
+    assert not qlinear.use_native_linear(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
+    assert not qlinear.use_native_linear(torch.device("cpu"), torch.float32)
+    lm = load_model(default_model_path(), device=torch.device("cpu"))
+    assert not lm.model.packed and isinstance(lm.model.layers[0].qkv, torch.nn.Parameter)
+
+
+# --- decode attention -------------------------------------------------------------------------
+
+
+def _attention_case(
+    ctx_lens: list[int], heads: int = 6, kv_heads: int = 2, dim: int = 32, block_size: int = 4, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-c // block_size) for c in ctx_lens) + 3
+    k = torch.randn(num_blocks * block_size, kv_heads, dim, generator=gen)
+    v = torch.randn(num_blocks * block_size, kv_heads, dim, generator=gen)
+    q = torch.randn(len(ctx_lens), heads, dim, generator=gen)
+    perm = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, non-monotonic blocks
+    width = max(-(-c // block_size) for c in ctx_lens)
+    tables = torch.zeros(len(ctx_lens), width, dtype=torch.int64)
+    for i, c in enumerate(ctx_lens):
+        n = -(-c // block_size)
+        tables[i, :n] = torch.tensor([perm.pop() for _ in range(n)])
+    return q, k, v, tables, torch.tensor(ctx_lens, dtype=torch.int64)
+
+
+def _decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: torch.Tensor,
+    ctx: torch.Tensor,
+    threads: int = 1,
+) -> torch.Tensor:
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
+    rows = torch.arange(q.shape[0], dtype=torch.int64)
+    _native.decode_attention(q, k, v, out, rows, tables, ctx, 4, q.shape[2] ** -0.5, threads)
+    return out
+
+
+@pytest.mark.parametrize("dim", [32, 64, 24])  # 24: the portable path (not a multiple of 16)
+def test_decode_attention_matches_sdpa(dim: int) -> None:
+    ctx_lens = [1, 5, 17, 64]
+    q, k, v, tables, ctx = _attention_case(ctx_lens, dim=dim)
+    got = _decode(q, k, v, tables, ctx, threads=2)
+    for i, c in enumerate(ctx_lens):
+        blocks = tables[i, : -(-c // 4)]
+        slots = (blocks[:, None] * 4 + torch.arange(4)).reshape(-1)[:c]
+        ks = k[slots].transpose(0, 1)[None]
+        vs = v[slots].transpose(0, 1)[None]
+        ref = torch.nn.functional.scaled_dot_product_attention(q[i][None, :, None], ks, vs, enable_gqa=True)
+        torch.testing.assert_close(got[i], ref.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_is_batch_invariant() -> None:
+    ctx_lens = [3, 40, 9, 77, 1, 16]
+    q, k, v, tables, ctx = _attention_case(ctx_lens, seed=4)
+    alone = torch.cat(
+        [_decode(q[i : i + 1], k, v, tables[i : i + 1], ctx[i : i + 1]) for i in range(len(ctx_lens))]
+    )
+    for threads in (1, 2, 3, 8):
+        assert torch.equal(_decode(q, k, v, tables, ctx, threads), alone), threads
+    # a sub-batch in another order
+    order = [4, 1, 3]
+    got = _decode(q[order].contiguous(), k, v, tables[order].contiguous(), ctx[order].contiguous(), 2)
+    assert torch.equal(got, alone[order])
+
+
+def test_decode_attention_errors() -> None:
+    q, k, v, tables, ctx = _attention_case([5, 9])
+    out = torch.empty(2, q.shape[1] * q.shape[2])
+    rows = torch.arange(2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="q has the wrong dtype"):
+        _native.decode_attention(q.double(), k, v, out, rows, tables, ctx, 4, 1.0)
+    bad = tables.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(IndexError, match="beyond the cache"):
+        _native.decode_attention(q, k, v, out, rows, bad, ctx, 4, 1.0)
+    with pytest.raises(ValueError, match="context_lens"):
+        _native.decode_attention(q, k, v, out, rows, tables, torch.tensor([5, 99]), 4, 1.0)
+    with pytest.raises(IndexError, match="rows"):
+        _native.decode_attention(q, k, v, out, torch.tensor([0, 2]), tables, ctx, 4, 1.0)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        _native.decode_attention(q[:, :5].contiguous(), k, v, torch.empty(2, 160), rows, tables, ctx, 4, 1.0)
+
+
+def test_pool_survives_back_to_back_calls_of_different_sizes() -> None:
+    """Regression: a late worker must not mix one call's generation with another call's chunk count."""
+    small, _ = _layer(Q4_1, 16, 64, seed=1)  # one chunk: runs inline
+    mid, _ = _layer(Q4_1, 130, 64, seed=2)  # 3 chunks
+    big, _ = _layer(Q8_0, 1000, 64, seed=3)  # 16 chunks
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    want = [_run(layer, x) for layer in (small, mid, big)]
+    for i in range(1500):
+        layer = (small, mid, big)[i % 3]
+        assert torch.equal(_run(layer, x, threads=2 + i % 2), want[i % 3])
