@@ -42,18 +42,29 @@ struct State {
   uint32_t byte_begin = 0, byte_end = 0, ref_begin = 0, ref_end = 0;
 };
 
+// Tokens at sorted positions [begin, end) all leave a loop region (see CompiledGrammar::
+// region_of) after `depth` bytes, entering the region's exit state number `exit`; `flag`: the
+// rule could already have finished at a position in [1, depth) with the next byte following it.
+struct RegionExit {
+  int32_t begin, end, depth, exit, flag;
+};
+
 // What one automaton state does with every token, in isolation from its context.
 struct StateMask {
   std::vector<uint32_t> accepted_bits;  // a full bitset over the vocabulary, or empty
   std::vector<int32_t> accepted_ids;    // used instead when few tokens are accepted
   std::vector<int32_t> uncertain;       // positions in TokenizerInfo::sorted, ascending
+  std::vector<RegionExit> exits;        // only in the cached walk of a loop region
   size_t bytes() const {
-    return sizeof(*this) + accepted_bits.capacity() * 4 + accepted_ids.capacity() * 4 + uncertain.capacity() * 4;
+    return sizeof(*this) + accepted_bits.capacity() * 4 + accepted_ids.capacity() * 4 + uncertain.capacity() * 4 +
+           exits.capacity() * sizeof(RegionExit);
   }
 };
 
 // Stores accepted tokens densely or as a sorted id list, whichever is smaller.
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
+// Adds base's uncertain positions (disjoint from out's) to out's, keeping them sorted.
+void merge_uncertain(StateMask& out, const StateMask* base);
 
 class TokenizerInfo {
  public:
@@ -73,6 +84,7 @@ class TokenizerInfo {
   // First sorted index after i whose token does not start with the first plen bytes of token i
   // (tokens sharing a prefix are contiguous in sorted order).
   size_t run_end(size_t i, size_t plen) const;
+  std::vector<uint32_t> first_byte_end;
   size_t max_token_len = 0;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
@@ -136,10 +148,24 @@ class CompiledGrammar {
   // Canonical description of rule r's automaton (with its callees when `calls`), memoized.
   const std::string& rule_key(int32_t r, bool calls) const;
   std::string structure_key(int32_t s) const;
-  std::shared_ptr<const StateMask> compute_mask(int32_t s) const;
+  // The token walks classify the sorted tokens of each range, all of which share their first
+  // `depth` bytes and reach `state` after them; `base` (if any) holds tokens accepted already.
+  struct WalkRange {
+    size_t begin, end, depth;
+    int32_t state;
+    uint8_t flag;  // as the walks' flag[depth]
+  };
+  std::shared_ptr<const StateMask> compute_mask(const std::vector<WalkRange>& ranges, const StateMask* base) const;
   // For states from which the rule may call other rules mid-token (grammar_walk.cpp).
   bool calls_within_reach(int32_t s) const;
-  std::shared_ptr<const StateMask> compute_mask_with_calls(int32_t s) const;
+  std::shared_ptr<const StateMask> compute_mask_with_calls(const std::vector<WalkRange>& ranges,
+                                                           const StateMask* base) const;
+  // Loop regions (string contents): the states reachable from s through byte edges without
+  // passing a state with rule references, if s lies on a cycle among them. Fills the
+  // region's canonical serialization and its exit states (targets outside the region, in
+  // order of first appearance); false if s has no such region.
+  bool region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const;
+  std::shared_ptr<const StateMask> compute_region(int32_t s) const;
 
   mutable std::unique_ptr<std::atomic<const StateMask*>[]> masks_;
   mutable std::mutex mu_;

@@ -32,6 +32,15 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     sorted_data += tokens[id];
     sorted_off.push_back(static_cast<uint32_t>(sorted_data.size()));
   }
+  // first_byte_end[b]: end of the run of tokens starting with byte b (the walks' commonest skip).
+  first_byte_end.assign(256, 0);
+  {
+    size_t j = 0;
+    for (int b = 0; b < 256; ++b) {
+      while (j < sorted.size() && static_cast<uint8_t>(tokens[sorted[j]][0]) <= b) ++j;
+      first_byte_end[static_cast<size_t>(b)] = static_cast<uint32_t>(j);
+    }
+  }
   lcp.assign(sorted.size(), 0);
   for (size_t i = 1; i < sorted.size(); ++i) {
     const std::string& a = tokens[sorted[i - 1]];
@@ -40,6 +49,14 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     while (k < n && a[k] == b[k]) ++k;
     lcp[i] = static_cast<uint16_t>(k);
   }
+}
+
+void merge_uncertain(StateMask& out, const StateMask* base) {
+  if (!base || base->uncertain.empty()) return;
+  std::vector<int32_t> merged(out.uncertain.size() + base->uncertain.size());
+  std::merge(out.uncertain.begin(), out.uncertain.end(), base->uncertain.begin(), base->uncertain.end(),
+             merged.begin());
+  out.uncertain.swap(merged);
 }
 
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted) {
@@ -56,11 +73,25 @@ void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted
 }
 
 size_t TokenizerInfo::run_end(size_t i, size_t plen) const {
+  const size_t n = sorted.size();
+  if (plen == 1) return first_byte_end[static_cast<uint8_t>(*sorted_ptr(i))];
   const char* p = sorted_ptr(i);
-  size_t lo = i + 1, hi = sorted.size();
+  auto shares = [&](size_t j) { return sorted_len(j) >= plen && std::memcmp(sorted_ptr(j), p, plen) == 0; };
+  // Gallop before bisecting: most runs are short, so this costs O(log run) instead of O(log n).
+  size_t good = i, step = 1, hi = n;  // tokens [i, good] share the prefix; hi does not (or is n)
+  for (;;) {
+    const size_t probe = good + step;
+    if (probe >= n || !shares(probe)) {
+      hi = std::min(probe, n);
+      break;
+    }
+    good = probe;
+    step *= 2;
+  }
+  size_t lo = good + 1;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (sorted_len(mid) >= plen && std::memcmp(sorted_ptr(mid), p, plen) == 0) {
+    if (shares(mid)) {
       lo = mid + 1;
     } else {
       hi = mid;
@@ -93,10 +124,42 @@ size_t TokenizerInfo::cache_entries() {
   return cache_.size();
 }
 
+namespace {
+// 128-bit digest of a byte string (two independent 64-bit mixes): keys are stored per cached
+// mask, so they stay short however large the structure they name.
+std::string digest(const std::string& data, char kind) {
+  uint64_t h1 = 1469598103934665603ull ^ data.size(), h2 = 0x9E3779B97F4A7C15ull;
+  size_t i = 0;
+  for (; i + 8 <= data.size(); i += 8) {  // word at a time: component serializations reach megabytes
+    uint64_t w;
+    std::memcpy(&w, data.data() + i, 8);
+    h1 = (h1 ^ w) * 0x100000001b3ull;
+    h1 ^= h1 >> 31;
+    h2 = (h2 + w + 1) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 29;
+  }
+  for (; i < data.size(); ++i) {
+    const uint64_t ch = static_cast<unsigned char>(data[i]);
+    h1 = (h1 ^ ch) * 0x100000001b3ull;
+    h2 = (h2 + ch + 1) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 29;
+  }
+  std::string key(1, kind);
+  key.append(reinterpret_cast<const char*>(&h1), sizeof(h1));
+  key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
+  return key;
+}
+}  // namespace
+
 // The classification of a state depends on its rule's automaton and escape sets (plain walk),
 // or on the automata of every rule reachable through calls plus the rule's follow set (pushdown
 // walk). Rules are laid out contiguously, so "rule key + local state index" names the state
 // canonically: identical rules in different grammars share their masks.
+//
+// The pushdown key is a Merkle digest over the rule call graph's strongly connected components:
+// a component is serialized once, naming callees outside it by their own digest, so every key
+// of a grammar costs O(grammar size) in total. (Serializing everything reachable per rule was
+// quadratic: hundreds of milliseconds for large schemas, paid on first-seen states mid-decode.)
 const std::string& CompiledGrammar::rule_key(int32_t r, bool calls) const {
   std::lock_guard<std::mutex> lock(key_mu_);
   const int c = calls ? 1 : 0;
@@ -104,91 +167,178 @@ const std::string& CompiledGrammar::rule_key(int32_t r, bool calls) const {
     rule_key_done_[c].assign(rule_start.size(), 0);
     rule_keys_[c].assign(rule_start.size(), std::string());
   }
-  std::string& key = rule_keys_[c][r];
-  if (rule_key_done_[c][r]) return key;
-  rule_key_done_[c][r] = 1;
-  auto put = [&](int32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  std::vector<int32_t> order{r};
-  std::unordered_map<int32_t, int32_t> index{{r, 0}};
-  key = calls ? "G" : "F";
-  if (calls) {
-    for (uint32_t w : follow[r]) put(static_cast<int32_t>(w));
-  }
+  if (rule_key_done_[c][r]) return rule_keys_[c][r];
   const size_t S = states.size();
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (key.size() > (64u << 20)) {
-      key.clear();  // too large to be worth sharing
-      return key;
-    }
-    const int32_t rr = order[i];
-    const int32_t first = rule_start[rr];
-    size_t last = static_cast<size_t>(first);
+  auto rule_end = [&](int32_t rr) {
+    size_t last = static_cast<size_t>(rule_start[rr]);
     while (last < S && states[last].rule == rr) ++last;
-    put(static_cast<int32_t>(last - first));
+    return last;
+  };
+  auto put = [](std::string& out, int32_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  if (!calls) {
+    rule_key_done_[0][r] = 1;
+    std::string ser = "F";
+    const int32_t first = rule_start[r];
+    const size_t last = rule_end(r);
+    put(ser, static_cast<int32_t>(last - static_cast<size_t>(first)));
     for (size_t q = static_cast<size_t>(first); q < last; ++q) {
       const State& st = states[q];
-      put(st.final ? 1 : 0);
-      if (!calls) {
-        for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
-      }
-      put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+      put(ser, st.final ? 1 : 0);
+      for (uint32_t w : escape[q]) put(ser, static_cast<int32_t>(w));
+      put(ser, static_cast<int32_t>(st.byte_end - st.byte_begin));
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        put((byte_edges[e].lo << 8) | byte_edges[e].hi);
-        put(byte_edges[e].target - first);
-      }
-      if (!calls) continue;
-      put(static_cast<int32_t>(st.ref_end - st.ref_begin));
-      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-        const RefEdge& re = ref_edges[e];
-        auto it = index.find(re.rule);
-        if (it == index.end()) {
-          it = index.emplace(re.rule, static_cast<int32_t>(order.size())).first;
-          order.push_back(re.rule);
-        }
-        put(it->second);
-        put(re.target - first);
+        put(ser, (byte_edges[e].lo << 8) | byte_edges[e].hi);
+        put(ser, byte_edges[e].target - first);
       }
     }
+    rule_keys_[0][r] = digest(ser, 'F');
+    return rule_keys_[0][r];
   }
-  // Keep a 128-bit digest, not the serialization: state keys are stored per cached mask.
-  uint64_t h1 = 1469598103934665603ull, h2 = 0x9E3779B97F4A7C15ull;
-  for (unsigned char ch : key) {
-    h1 = (h1 ^ ch) * 1099511628211ull;
-    h2 = (h2 + ch + 1) * 0xff51afd7ed558ccdull;
-    h2 ^= h2 >> 29;
+  // Iterative Tarjan over the rules reachable from r whose keys are not known yet; components
+  // complete callees-first, so an outside callee's digest is always ready when it is named.
+  const size_t R = rule_start.size();
+  std::vector<int32_t> order(R, -1), low(R, 0), comp_stack;
+  std::vector<uint8_t> on_stack(R, 0);
+  struct Frame {
+    int32_t rule;
+    uint32_t edge, end;
+  };
+  std::vector<Frame> frames;
+  int32_t counter = 0;
+  auto open = [&](int32_t rr) {
+    order[rr] = low[rr] = counter++;
+    comp_stack.push_back(rr);
+    on_stack[rr] = 1;
+    const int32_t first = rule_start[rr];
+    const size_t last = rule_end(rr);
+    frames.push_back({rr, states[first].ref_begin, states[last - 1].ref_end});
+  };
+  open(r);
+  while (!frames.empty()) {
+    Frame& f = frames.back();
+    if (f.edge < f.end) {
+      const int32_t callee = ref_edges[f.edge++].rule;
+      if (rule_key_done_[1][callee]) continue;
+      if (order[callee] < 0) {
+        open(callee);
+      } else if (on_stack[callee]) {
+        low[f.rule] = std::min(low[f.rule], order[callee]);
+      }
+      continue;
+    }
+    const int32_t rr = f.rule;
+    frames.pop_back();
+    if (!frames.empty()) low[frames.back().rule] = std::min(low[frames.back().rule], low[rr]);
+    if (low[rr] != order[rr]) continue;
+    std::vector<int32_t> members;
+    int32_t m;
+    do {
+      m = comp_stack.back();
+      comp_stack.pop_back();
+      on_stack[m] = 0;
+      members.push_back(m);
+    } while (m != rr);
+    std::sort(members.begin(), members.end());
+    std::unordered_map<int32_t, int32_t> ordinal;
+    for (size_t i = 0; i < members.size(); ++i) ordinal[members[i]] = static_cast<int32_t>(i);
+    std::string ser;
+    for (int32_t mr : members) {
+      const int32_t first = rule_start[mr];
+      const size_t last = rule_end(mr);
+      put(ser, static_cast<int32_t>(last - static_cast<size_t>(first)));
+      for (size_t q = static_cast<size_t>(first); q < last; ++q) {
+        const State& st = states[q];
+        put(ser, st.final ? 1 : 0);
+        put(ser, static_cast<int32_t>(st.byte_end - st.byte_begin));
+        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+          put(ser, (byte_edges[e].lo << 8) | byte_edges[e].hi);
+          put(ser, byte_edges[e].target - first);
+        }
+        put(ser, static_cast<int32_t>(st.ref_end - st.ref_begin));
+        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+          const RefEdge& re = ref_edges[e];
+          auto it = ordinal.find(re.rule);
+          if (it != ordinal.end()) {
+            put(ser, -1 - it->second);  // a member of this component
+          } else {
+            ser += rule_keys_[1][re.rule];  // fixed-size digest of an outside callee
+          }
+          put(ser, re.target - first);
+        }
+      }
+    }
+    const std::string comp = digest(ser, 'C');
+    for (size_t i = 0; i < members.size(); ++i) {
+      std::string named = comp;
+      put(named, static_cast<int32_t>(i));
+      rule_keys_[1][members[i]] = digest(named, 'G');
+      rule_key_done_[1][members[i]] = 1;
+    }
   }
-  const char kind = key[0];
-  key.assign(1, kind);
-  key.append(reinterpret_cast<const char*>(&h1), sizeof(h1));
-  key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
-  return key;
+  return rule_keys_[1][r];
 }
 
 std::string CompiledGrammar::structure_key(int32_t s) const {
   const bool calls = calls_within_reach(s);
   const int32_t r = states[s].rule;
-  const std::string& base = rule_key(r, calls);
-  if (base.empty()) return base;
-  std::string key = base;
+  std::string key = rule_key(r, calls);
+  // The pushdown walk reads the follow set of the item's own rule only, so it joins the state's
+  // key here rather than the rule digests that callers embed.
+  if (calls) key.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
   int32_t local = s - rule_start[r];
   key.append(reinterpret_cast<const char*>(&local), sizeof(local));
   return key;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(int32_t s) const {
+namespace {
+// Seeds a walk's accepted bitset with the tokens `base` accepts already.
+size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
+  if (!base) return 0;
+  size_t n = base->accepted_ids.size();
+  if (!base->accepted_bits.empty()) {
+    std::copy(base->accepted_bits.begin(), base->accepted_bits.end(), bits.begin());
+    n = 0;
+    for (uint32_t w : bits) n += static_cast<size_t>(__builtin_popcount(w));
+  }
+  for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  return n;
+}
+
+// Per-thread state -> row index scratch, reset entry by entry after each walk: clearing a vector
+// of every grammar state per first-seen state cost ~0.1 ms on grammars with 10^5 states.
+struct RowIndex {
+  std::vector<int32_t> row_of;
+  std::vector<int32_t> touched;
+  explicit RowIndex(size_t n) : row_of(tls_rows()) {
+    if (row_of.size() < n) row_of.resize(n, -1);
+  }
+  ~RowIndex() {
+    for (int32_t q : touched) row_of[static_cast<size_t>(q)] = -1;
+    tls_rows().swap(row_of);
+  }
+  static std::vector<int32_t>& tls_rows() {
+    thread_local std::vector<int32_t> rows;
+    return rows;
+  }
+};
+}  // namespace
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(const std::vector<WalkRange>& ranges,
+                                                               const StateMask* base) const {
   const TokenizerInfo& t = *tok;
-  const size_t n = t.sorted.size();
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
-  size_t n_accepted = 0;
+  size_t n_accepted = seed_bits(base, bits);
   // Dense 256-entry transition rows for the states this walk meets (the walk is the hot loop).
-  std::vector<int32_t> row_of(states.size(), -1);
+  RowIndex index(states.size());
+  std::vector<int32_t>& row_of = index.row_of;
   std::vector<int32_t> rows;
   std::vector<const ByteSet*> row_escape;
   auto row = [&](int32_t q) -> int32_t {
     if (row_of[q] >= 0) return row_of[q];
     int32_t r = static_cast<int32_t>(row_escape.size());
     row_of[q] = r;
+    index.touched.push_back(q);
     rows.resize(rows.size() + 256, -1);
     const State& st = states[q];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
@@ -204,41 +354,191 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(int32_t s) const 
   // "uncertain". Both depend on the first d bytes alone, so they are shared along the trie.
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1);
-  stack[0] = row(s);
-  flag[0] = 0;
-  size_t valid = 0;  // stack entries valid for the previous token
+  for (const WalkRange& range : ranges) {
+    const size_t depth0 = range.depth;
+    stack[depth0] = row(range.state);
+    flag[depth0] = range.flag;
+    size_t valid = depth0;  // stack entries valid for the previous token
+    for (size_t i = range.begin; i < range.end; ++i) {
+      size_t l = i == range.begin ? depth0 : t.lcp[i];
+      long dead_at = -1;  // the token died reading byte dead_at
+      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
+      const size_t len = t.sorted_len(i);
+      size_t d = std::min(l, valid);
+      while (d < len) {
+        int32_t nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
+        if (nx < 0) {
+          dead_at = static_cast<long>(d);
+          break;
+        }
+        stack[d + 1] = row(nx);
+        flag[d + 1] = flag[d] | static_cast<uint8_t>(d > 0 && has(*row_escape[stack[d]], tokb[d]));
+        ++d;
+      }
+      valid = d;
+      if (dead_at < 0) {
+        const int32_t id = t.sorted[i];
+        bits[id >> 5] |= 1u << (id & 31);
+        ++n_accepted;
+        continue;
+      }
+      // Every token sharing the dead prefix shares this token's fate: classify the run at once.
+      size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+      if (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d]))) {
+        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+      }
+      i = end - 1;
+    }
+  }
+  merge_uncertain(*out, base);
+  finish_mask(*out, std::move(bits), n_accepted);
+  out->uncertain.shrink_to_fit();
+  return out;
+}
+
+bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const {
+  // Bounded so that the search stays cheap next to the walk it replaces.
+  constexpr size_t kMaxRegion = 512;
+  auto inside = [&](int32_t q) { return states[q].ref_end == states[q].ref_begin; };
+  if (!inside(s)) return false;
+  bool any_final = false;
+  std::unordered_map<int32_t, int32_t> region{{s, 0}}, exit_ids;
+  std::vector<int32_t> order{s};
+  key->assign(1, 'R');
+  bool cyclic = false;
+  auto put = [&](int32_t v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (size_t i = 0; i < order.size(); ++i) {
+    const State& st = states[order[i]];
+    any_final |= st.final;
+    put(st.final ? 1 : 0);
+    put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      put((be.lo << 8) | be.hi);
+      cyclic |= be.target == s;
+      if (inside(be.target)) {
+        auto it = region.find(be.target);
+        if (it == region.end()) {
+          if (order.size() >= kMaxRegion) return false;
+          it = region.emplace(be.target, static_cast<int32_t>(order.size())).first;
+          order.push_back(be.target);
+        }
+        put(it->second);
+      } else {
+        auto it = exit_ids.find(be.target);
+        if (it == exit_ids.end()) {
+          it = exit_ids.emplace(be.target, static_cast<int32_t>(exits->size())).first;
+          exits->push_back(be.target);
+        }
+        put(-1 - it->second);
+      }
+    }
+  }
+  // A final region state lets control leave the rule with any byte of its follow set (both walks
+  // read exactly that as its escape set, since region states call nothing).
+  if (any_final) key->append(reinterpret_cast<const char*>(follow[states[s].rule].data()), sizeof(ByteSet));
+  return cyclic;
+}
+
+// Walks every token through a loop region alone: tokens that stay inside are accepted, tokens
+// that die inside are rejected or uncertain exactly as in the full walks (region states call
+// nothing, so their only escape is finishing the rule: the follow set at final states), and
+// each run of tokens sharing the prefix that leaves the region is recorded as an exit. The
+// result depends on the region's shape (and follow set) only, so every string-content state of
+// every rule with the same string syntax shares it; each such state then walks just its exits.
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) const {
+  const TokenizerInfo& t = *tok;
+  const size_t n = t.sorted.size();
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+  size_t n_accepted = 0;
+  std::string unused;
+  std::vector<int32_t> exit_states;
+  region_of(s, &unused, &exit_states);
+  std::unordered_map<int32_t, int32_t> exit_of;
+  for (size_t k = 0; k < exit_states.size(); ++k) exit_of[exit_states[k]] = static_cast<int32_t>(k);
+  // Rows over region states only; an exit edge is stored as -2 - (exit number).
+  std::unordered_map<int32_t, int32_t> row_of;
+  std::vector<int32_t> rows;
+  std::vector<int32_t> pending;
+  auto row = [&](int32_t q) -> int32_t {
+    auto it = row_of.find(q);
+    if (it != row_of.end()) return it->second;
+    const int32_t r = static_cast<int32_t>(row_of.size());
+    row_of.emplace(q, r);
+    rows.resize(rows.size() + 256, -1);
+    const State& st = states[q];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      auto ex = exit_of.find(be.target);
+      for (int b = be.lo; b <= be.hi; ++b) {
+        rows[static_cast<size_t>(r) * 256 + b] = ex == exit_of.end() ? be.target : -2 - ex->second;
+      }
+    }
+    return r;
+  };
+  // Resolve every region state to its row up front so that the hot loop reads rows only.
+  std::vector<int32_t> state_row;
+  {
+    std::vector<int32_t> work{s};
+    row(s);
+    while (!work.empty()) {
+      int32_t q = work.back();
+      work.pop_back();
+      const int32_t r = row_of[q];
+      for (int b = 0; b < 256; ++b) {
+        const int32_t nx = rows[static_cast<size_t>(r) * 256 + b];
+        if (nx >= 0 && row_of.find(nx) == row_of.end()) {
+          row(nx);
+          work.push_back(nx);
+        }
+      }
+    }
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (rows[k] >= 0) rows[k] = row_of[rows[k]];  // state -> row
+    }
+  }
+  std::vector<uint8_t> row_final(row_of.size());
+  for (const auto& kv : row_of) row_final[static_cast<size_t>(kv.second)] = states[kv.first].final ? 1 : 0;
+  const ByteSet& fol = follow[states[s].rule];
+  // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
+  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && has(fol, b); };
+  std::vector<int32_t> stack(t.max_token_len + 1);
+  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  stack[0] = row_of[s];
+  size_t valid = 0;
   for (size_t i = 0; i < n; ++i) {
-    size_t l = i == 0 ? 0 : t.lcp[i];
-    long dead_at = -1;  // the token died reading byte dead_at
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
     const size_t len = t.sorted_len(i);
-    size_t d = std::min(l, valid);
+    size_t d = std::min<size_t>(i == 0 ? 0 : t.lcp[i], valid);
+    int32_t nx = 0;
     while (d < len) {
-      int32_t nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
-      if (nx < 0) {
-        dead_at = static_cast<long>(d);
-        break;
-      }
-      stack[d + 1] = row(nx);
-      flag[d + 1] = flag[d] | static_cast<uint8_t>(d > 0 && has(*row_escape[stack[d]], tokb[d]));
+      nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
+      if (nx < 0) break;
+      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(d, stack[d], tokb[d]));
+      stack[d + 1] = nx;
       ++d;
     }
     valid = d;
-    if (dead_at < 0) {
+    if (d == len) {
       const int32_t id = t.sorted[i];
       bits[id >> 5] |= 1u << (id & 31);
       ++n_accepted;
       continue;
     }
-    // Every token sharing the dead prefix shares this token's fate: classify the run at once.
-    size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-    if (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d]))) {
+    // The run of tokens sharing the first d + 1 bytes dies (nx == -1) or exits here together.
+    const size_t end = t.run_end(i, d + 1);
+    const bool escaped = flag[d] || escapes(d, stack[d], tokb[d]);
+    if (nx <= -2) {
+      out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
+                            escaped ? 1 : 0});
+    } else if (escaped) {
       for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
     }
     i = end - 1;
   }
   finish_mask(*out, std::move(bits), n_accepted);
-  out->uncertain.shrink_to_fit();
+  out->exits.shrink_to_fit();
   return out;
 }
 
@@ -247,11 +547,30 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   if (p) return *p;
   const bool calls = calls_within_reach(s);
   std::string key = structure_key(s);
-  std::shared_ptr<const StateMask> m = key.empty() ? nullptr : tok->cache_get(key);
+  std::shared_ptr<const StateMask> m = tok->cache_get(key);
   if (!m) {
-    std::shared_ptr<const StateMask> fresh = calls ? compute_mask_with_calls(s) : nullptr;
-    if (!fresh) fresh = compute_mask(s);
-    m = key.empty() ? fresh : tok->cache_put(key, fresh);
+    // A state inside a loop region reuses the region's shared walk and classifies only the
+    // tokens that leave the region; any other state walks every token.
+    std::string region_key;
+    std::vector<int32_t> exit_states;
+    std::shared_ptr<const StateMask> region;
+    if (region_of(s, &region_key, &exit_states)) {
+      region_key = digest(region_key, 'R');
+      region = tok->cache_get(region_key);
+      if (!region) region = tok->cache_put(region_key, compute_region(s));
+    }
+    std::vector<WalkRange> ranges;
+    if (region) {
+      for (const RegionExit& e : region->exits) {
+        ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
+                          exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
+      }
+    } else {
+      ranges.push_back({0, tok->sorted.size(), 0, s, 0});
+    }
+    std::shared_ptr<const StateMask> fresh = calls ? compute_mask_with_calls(ranges, region.get()) : nullptr;
+    if (!fresh) fresh = compute_mask(ranges, region.get());
+    m = tok->cache_put(key, fresh);
   }
   std::lock_guard<std::mutex> lock(mu_);
   p = masks_[s].load(std::memory_order_acquire);

@@ -23,12 +23,21 @@ constexpr size_t kMaxSets = 8192;
 
 bool CompiledGrammar::calls_within_reach(int32_t s) const { return reach_call[s] != 0; }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_t s) const {
+std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const std::vector<WalkRange>& ranges,
+                                                                          const StateMask* base) const {
   const TokenizerInfo& t = *tok;
-  const size_t n = t.sorted.size();
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
   size_t n_accepted = 0;
+  if (base) {
+    n_accepted = base->accepted_ids.size();
+    if (!base->accepted_bits.empty()) {
+      bits = base->accepted_bits;
+      n_accepted = 0;
+      for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
+    }
+    for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  }
 
   struct Node {
     int32_t ret, parent, depth;
@@ -118,54 +127,66 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(int32_
     return intern_set(leave);
   };
 
-  cfg.assign(1, Item{s, -1});
   std::vector<int32_t> set_at(t.max_token_len + 1);
-  set_at[0] = intern_set(0);
   // flag[d]: the item's rule could have finished at some position j in [1, d) with byte j able
-  // to follow it (or the stack overflowed there).
+  // to follow it (or the stack overflowed there). Ranges starting at depth > 0 come out of a
+  // loop region, whose walk computed the flag up to there.
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
-  const ByteSet& fol = follow[states[s].rule];
-  auto escapes = [&](size_t d, uint8_t b) {
-    const uint8_t leave = sets[set_at[d]].leave;
-    return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
-  };
-
-  size_t valid = 0;
-  for (size_t i = 0; i < n; ++i) {
-    size_t l = i == 0 ? 0 : t.lcp[i];
-    long dead_at = -1;
-    const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
-    const size_t len = t.sorted_len(i);
-    size_t d = std::min(l, valid);
-    while (d < len) {
-      const size_t slot = static_cast<size_t>(set_at[d]) * 256 + tokb[d];
-      int32_t next = trans[slot];
-      if (next == -2) {
-        next = transition(set_at[d], tokb[d]);
-        if (overflow || sets.size() > kMaxSets) return nullptr;
-        trans[slot] = next;
+  for (const WalkRange& range : ranges) {
+    const size_t depth0 = range.depth;
+    // At byte 0 the start state is not expanded: the items it would predict are in the Earley
+    // set with masks of their own. Deeper starts are reached by a byte, so they are expanded as
+    // transition() would have.
+    cfg.assign(1, Item{range.state, -1});
+    seen.clear();
+    const uint8_t leave0 = depth0 == 0 ? 0 : closure();
+    if (overflow) return nullptr;
+    set_at[depth0] = intern_set(leave0);
+    flag[depth0] = range.flag;
+    // Every range's state belongs to the item's rule (they are byte-edge targets within it).
+    const ByteSet& fol = follow[states[range.state].rule];
+    auto escapes = [&](size_t d, uint8_t b) {
+      const uint8_t leave = sets[set_at[d]].leave;
+      return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
+    };
+    size_t valid = depth0;
+    for (size_t i = range.begin; i < range.end; ++i) {
+      size_t l = i == range.begin ? depth0 : t.lcp[i];
+      long dead_at = -1;
+      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
+      const size_t len = t.sorted_len(i);
+      size_t d = std::min(l, valid);
+      while (d < len) {
+        const size_t slot = static_cast<size_t>(set_at[d]) * 256 + tokb[d];
+        int32_t next = trans[slot];
+        if (next == -2) {
+          next = transition(set_at[d], tokb[d]);
+          if (overflow || sets.size() > kMaxSets) return nullptr;
+          trans[slot] = next;
+        }
+        if (next < 0) {
+          dead_at = static_cast<long>(d);
+          break;
+        }
+        flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(d, tokb[d]));
+        set_at[d + 1] = next;
+        ++d;
       }
-      if (next < 0) {
-        dead_at = static_cast<long>(d);
-        break;
+      valid = d;
+      if (dead_at < 0) {
+        const int32_t id = t.sorted[i];
+        bits[id >> 5] |= 1u << (id & 31);
+        ++n_accepted;
+        continue;
       }
-      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(d, tokb[d]));
-      set_at[d + 1] = next;
-      ++d;
+      size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+      if (flag[d] || escapes(d, tokb[d])) {
+        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+      }
+      i = end - 1;
     }
-    valid = d;
-    if (dead_at < 0) {
-      const int32_t id = t.sorted[i];
-      bits[id >> 5] |= 1u << (id & 31);
-      ++n_accepted;
-      continue;
-    }
-    size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-    if (flag[d] || escapes(d, tokb[d])) {
-      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
-    }
-    i = end - 1;
   }
+  merge_uncertain(*out, base);
   finish_mask(*out, std::move(bits), n_accepted);
   out->uncertain.shrink_to_fit();
   return out;
