@@ -32,7 +32,7 @@ def main() -> None:
 
     ask = [{"role": "user", "content": "Recommend one classic novel. Answer in JSON."}]
     start = time.perf_counter()
-    out = llm.chat(ask, SamplingParams(temperature=0, max_tokens=128, structured=Book))[0]
+    out = llm.chat(ask, SamplingParams(temperature=0.6, seed=1, max_tokens=128, structured=Book))[0]
     book = out.outputs[0].parsed
     print(f"[pydantic] {out.text}")
     print(f"           -> {book!r} ({len(out.token_ids)} tokens, {time.perf_counter() - start:.1f}s)\n")
@@ -60,9 +60,9 @@ def main() -> None:
     out = llm.chat(ask, SamplingParams(temperature=0, structured=["yes", "no"]))[0]
     print(f"[choice] {out.text}\n")
 
-    out = llm.generate(
-        "A SQL query listing users older than 30:\n",
-        SamplingParams(temperature=0, max_tokens=48, structured=StructuredOutput.builtin("sql_select")),
+    ask = [{"role": "user", "content": "Write a SQL query that lists the names of users older than 30."}]
+    out = llm.chat(
+        ask, SamplingParams(temperature=0, max_tokens=48, structured=StructuredOutput.builtin("sql_select"))
     )[0]
     print(f"[ebnf: sql_select] {out.text!r} (finish: {out.finish_reason})")
 
