@@ -65,6 +65,8 @@ struct StateMask {
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
 // Adds base's uncertain positions (disjoint from out's) to out's, keeping them sorted.
 void merge_uncertain(StateMask& out, const StateMask* base);
+// Seeds a walk's accepted bitset with the tokens `base` (if any) accepts; returns their count.
+size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits);
 
 class TokenizerInfo {
  public:
@@ -141,6 +143,10 @@ class CompiledGrammar {
   bool scans(int32_t s) const { return states[s].byte_end > states[s].byte_begin; }
   // The token classification of state s (computed on first use, shared through the tokenizer).
   const StateMask& mask_for(int32_t s) const;
+  // Outcomes of the run-time check of large uncertain sets, keyed by a digest of the parse
+  // context the check reads (Matcher::context_key); values: the tokens the check allowed.
+  std::shared_ptr<const StateMask> checked_get(const std::string& key) const;
+  void checked_put(const std::string& key, std::shared_ptr<const StateMask> allowed) const;
   size_t memory_bytes() const;
 
  private:
@@ -170,6 +176,9 @@ class CompiledGrammar {
   mutable std::unique_ptr<std::atomic<const StateMask*>[]> masks_;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMask>> owned_;
+  mutable std::mutex checked_mu_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const StateMask>> checked_;
+  mutable size_t checked_bytes_ = 0;
   mutable std::mutex key_mu_;
   mutable std::vector<std::string> rule_keys_[2];
   mutable std::vector<uint8_t> rule_key_done_[2];
@@ -228,6 +237,9 @@ class Matcher {
   bool last_set_can_end() const;
   bool any_byte_possible() const;
   void check_uncertain(uint32_t* mask);
+  // Digest of everything the Earley steps from the current set can read: its items and, through
+  // origins, every earlier set that completions may scan (origins renumbered by discovery).
+  std::string context_key();
 
   std::shared_ptr<const CompiledGrammar> g_;
   bool terminate_without_eos_;
@@ -245,6 +257,9 @@ class Matcher {
   uint32_t stamp_ = 0;
   std::vector<int32_t> scratch_;
   std::vector<int32_t> merged_;
+  std::vector<uint32_t> allowed_before_;
+  std::vector<int32_t> ctx_sets_;
+  std::unordered_map<int32_t, int32_t> ctx_ids_;
 };
 
 }  // namespace grammar

@@ -13,6 +13,8 @@ namespace {
 inline uint64_t item_key(int32_t state, int32_t origin) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(origin);
 }
+// Uncertain sets at least this large have their check memoized per parse context.
+constexpr size_t kMemoUncertain = 1024;
 inline size_t mix(uint64_t k) {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdull;
@@ -309,7 +311,31 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
   if (contributors > 1) {
     scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   }
-  if (!scratch_.empty()) check_uncertain(mask);
+  if (scratch_.size() >= kMemoUncertain) {
+    // Large uncertain sets recur with the same parse context (every test decoding a schema,
+    // every request reusing it), and checking them costs milliseconds: memoize the outcome.
+    const std::string key = context_key();
+    if (auto hit = g.checked_get(key)) {
+      if (!hit->accepted_bits.empty()) {
+        for (int64_t w = 0; w < vw; ++w) mask[w] |= hit->accepted_bits[static_cast<size_t>(w)];
+      }
+      for (int32_t id : hit->accepted_ids) mask[id >> 5] |= 1u << (id & 31);
+    } else {
+      allowed_before_.assign(mask, mask + vw);
+      check_uncertain(mask);
+      std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+      size_t n = 0;
+      for (int64_t w = 0; w < vw; ++w) {
+        bits[static_cast<size_t>(w)] = mask[w] & ~allowed_before_[static_cast<size_t>(w)];
+        n += static_cast<size_t>(__builtin_popcount(bits[static_cast<size_t>(w)]));
+      }
+      auto allowed = std::make_shared<StateMask>();
+      finish_mask(*allowed, std::move(bits), n);
+      g.checked_put(key, std::move(allowed));
+    }
+  } else if (!scratch_.empty()) {
+    check_uncertain(mask);
+  }
   if (!terminate_without_eos_ && last_set_can_end()) {
     for (int32_t e : t.eos_ids) {
       if (e < words * 32) mask[e >> 5] |= 1u << (e & 31);
@@ -323,6 +349,63 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
   int32_t tail = t.vocab_size - static_cast<int32_t>((vw - 1) * 32);
   uint32_t full = tail >= 32 ? 0xFFFFFFFFu : ((1u << tail) - 1);
   return (mask[vw - 1] & full) != full;
+}
+
+std::string Matcher::context_key() {
+  // Sets are renumbered in discovery order (the current one is 0), so equal contexts at
+  // different positions of the input share a key.
+  std::string ser;
+  auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  ctx_ids_.clear();
+  ctx_sets_.clear();
+  const int32_t cur = static_cast<int32_t>(set_begin_.size()) - 1;
+  ctx_ids_.emplace(cur, 0);
+  ctx_sets_.push_back(cur);
+  for (size_t k = 0; k < ctx_sets_.size(); ++k) {
+    const int32_t set = ctx_sets_[k];
+    const uint32_t begin = set_begin_[static_cast<size_t>(set)];
+    const uint32_t end = set == cur ? static_cast<uint32_t>(items_.size()) : set_begin_[static_cast<size_t>(set) + 1];
+    put(static_cast<int32_t>(end - begin));
+    for (uint32_t j = begin; j < end; ++j) {
+      const Item& it = items_[j];
+      auto found = ctx_ids_.find(it.origin);
+      if (found == ctx_ids_.end()) {
+        found = ctx_ids_.emplace(it.origin, static_cast<int32_t>(ctx_sets_.size())).first;
+        ctx_sets_.push_back(it.origin);
+      }
+      put(it.state);
+      put(found->second);
+    }
+  }
+  // 128-bit digest: the key is stored per memoized outcome.
+  uint64_t h1 = 1469598103934665603ull ^ ser.size(), h2 = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i + 4 <= ser.size(); i += 4) {
+    uint32_t w;
+    std::memcpy(&w, ser.data() + i, 4);
+    h1 = (h1 ^ w) * 0x100000001b3ull;
+    h1 ^= h1 >> 31;
+    h2 = (h2 + w + 1) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 29;
+  }
+  std::string key(reinterpret_cast<const char*>(&h1), sizeof(h1));
+  key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
+  return key;
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::checked_get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  auto it = checked_.find(key);
+  return it == checked_.end() ? nullptr : it->second;
+}
+
+void CompiledGrammar::checked_put(const std::string& key, std::shared_ptr<const StateMask> allowed) const {
+  // Bounded per grammar (and left out of memory_bytes(), which the compiler's LRU cache reads
+  // once at insertion): past the budget new outcomes are simply recomputed each time.
+  constexpr size_t kMaxCheckedBytes = size_t{8} << 20;
+  const size_t bytes = key.size() + allowed->bytes() + 64;
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  if (checked_bytes_ + bytes > kMaxCheckedBytes) return;
+  if (checked_.emplace(key, std::move(allowed)).second) checked_bytes_ += bytes;
 }
 
 std::vector<std::array<int64_t, 5>> Matcher::debug_items() const {

@@ -28,16 +28,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const 
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
-  size_t n_accepted = 0;
-  if (base) {
-    n_accepted = base->accepted_ids.size();
-    if (!base->accepted_bits.empty()) {
-      bits = base->accepted_bits;
-      n_accepted = 0;
-      for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
-    }
-    for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
-  }
+  size_t n_accepted = seed_bits(base, bits);
 
   struct Node {
     int32_t ret, parent, depth;
