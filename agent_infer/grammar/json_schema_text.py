@@ -16,6 +16,8 @@ one character, so ``Repeat(JSON_CHAR, n, m)`` is exact for ``minLength``/``maxLe
 
 from __future__ import annotations
 
+import functools
+
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
@@ -115,11 +117,14 @@ def _subtract(ranges: tuple[tuple[int, int], ...], lo: int, hi: int) -> list[tup
     return out
 
 
+@functools.lru_cache(maxsize=8192)
 def encode_class(cls: CharClass) -> Expr:
     """The JSON-text encodings of one code point from ``cls`` (see module docstring).
 
     When ``cls`` contains every non-ASCII code point, that part is ``Ref(HIGH_RULE)`` (the caller
     defines it as :data:`HIGH_EXPR`): negated classes are common and their escape forms are large.
+    Cached: schemas repeat the same classes and literal characters, and the escape grammars of
+    wide ranges are costly to rebuild (IR nodes are immutable, so sharing results is safe).
     """
     ranges = cls.normalized()
     high: list[Expr] = []
