@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import sys
@@ -81,8 +82,27 @@ def _tokenizer_path(name: str) -> Path | None:
             return None
         path = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
     else:
-        path = ROOT / "build" / "bench_tokenizers" / "smollm2" / "tokenizer.json"
+        path = ROOT / "build" / "test_tokenizers" / "smollm2" / "tokenizer.json"
+        if not path.is_file():
+            _write_smollm2_tokenizer(path)
     return path if path.is_file() else None
+
+
+def _write_smollm2_tokenizer(path: Path) -> None:
+    """The engine's own SmolLM2 tokenizer (built from the GGUF metadata), saved as tokenizer.json."""
+    from agent_infer.model.gguf_reader import GGUFFile
+    from agent_infer.model.loader import default_model_path
+    from agent_infer.model.tokenizer import Tokenizer
+
+    try:
+        gguf = default_model_path()
+    except Exception:
+        return  # the default model is not installed: the caller reports the tokenizer as missing
+    tokenizer = Tokenizer.from_gguf_metadata(GGUFFile(gguf).metadata, str(gguf))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tokenizer.hf_tokenizer.save(str(tmp))
+    tmp.replace(path)
 
 
 class Checker:
