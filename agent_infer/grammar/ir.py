@@ -317,6 +317,12 @@ class Grammar:
                 return expr
         raise KeyError(name)
 
+    def prefixed(self, prefix: str) -> tuple[tuple[tuple[str, Expr], ...], str]:
+        """The rules renamed ``prefix + name`` (references too) and the renamed root: the pieces to
+        embed this grammar inside another one without name clashes."""
+        mapping = {name: f"{prefix}{name}" for name, _ in self.rules}
+        return tuple((mapping[name], _rename(expr, mapping)) for name, expr in self.rules), mapping[self.root]
+
     def fingerprint(self) -> str:
         """A stable hash of the printed grammar, used as a compile-cache key."""
         return hashlib.sha256(f"{self.root}\n{self}".encode()).hexdigest()
@@ -447,9 +453,9 @@ def _combine(grammars: Sequence[Grammar], join: Any) -> Grammar:
     roots: list[Expr] = []
     warnings: list[str] = []
     for i, g in enumerate(grammars):
-        mapping = {name: f"g{i}-{name}" for name, _ in g.rules}
-        rules.extend((mapping[name], _rename(expr, mapping)) for name, expr in g.rules)
-        roots.append(Ref(mapping[g.root]))
+        renamed, root = g.prefixed(f"g{i}-")
+        rules.extend(renamed)
+        roots.append(Ref(root))
         warnings.extend(g.warnings)
     return Grammar((("root", join(*roots)), *rules), "root", tuple(warnings))
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, Seq, alt, chars, lit, seq
+from agent_infer.grammar.ir import Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
 from agent_infer.tools import Tool, ToolDefinitionError
 
 ToolChoice = str | Mapping[str, Any]
@@ -55,9 +56,34 @@ class GrammarBuilder:
         g = Grammar.from_json_schema(
             tool.parameters, strict=self.strict and tool.strict, whitespace=self.whitespace
         )
-        mapping = {name: f"t{index}-{name}" for name, _ in g.rules}
-        self.rules.extend((mapping[name], _rename(expr, mapping)) for name, expr in g.rules)
-        return Ref(mapping[g.root])
+        renamed, root = g.prefixed(f"t{index}-")
+        self.rules.extend(renamed)
+        return Ref(root)
+
+    def call_members(self, tools: Sequence[Tool], arguments_key: str) -> Expr:
+        """One alternative per tool: the members ``"name": "<tool>", "<arguments_key>": <arguments>``
+        of a JSON call object, in that order (the order the formats render and stream-parse)."""
+        ws = self.ws()
+        return alt(
+            *(
+                seq(
+                    lit('"name"'),
+                    ws,
+                    lit(":"),
+                    ws,
+                    lit(json.dumps(tool.name)),
+                    ws,
+                    lit(","),
+                    ws,
+                    lit(json.dumps(arguments_key)),
+                    ws,
+                    lit(":"),
+                    ws,
+                    self.arguments(i, tool),
+                )
+                for i, tool in enumerate(tools)
+            )
+        )
 
     def ws(self) -> Expr:
         """Optional whitespace between envelope tokens, as loose as the argument JSON's."""
@@ -103,20 +129,6 @@ def _kmp_next(marker: str, k: int, c: str) -> int:
         if k == 0:
             return 0
         k = max(j for j in range(k) if marker[:k].endswith(marker[:j]))
-
-
-def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
-    # Grammar.union/concat rename the same way but also wrap the root; here the argument
-    # grammar's root must sit inside a call envelope, so the rules are embedded directly.
-    if isinstance(expr, Ref):
-        return Ref(mapping[expr.name])
-    if isinstance(expr, Seq):
-        return Seq(tuple(_rename(e, mapping) for e in expr.items))
-    if isinstance(expr, Alt):
-        return Alt(tuple(_rename(e, mapping) for e in expr.items))
-    if isinstance(expr, Repeat):
-        return Repeat(_rename(expr.item, mapping), expr.min, expr.max)
-    return expr
 
 
 def repeat_calls(call: Expr, sep: Expr, parallel: bool) -> Expr:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from agent_infer.grammar.ir import Expr, Grammar, alt, lit, opt, seq
+from agent_infer.grammar.ir import Grammar, lit, opt, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
 from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
 from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, held_back, scan_object
@@ -123,27 +123,12 @@ class HermesFormat(ToolCallFormat):
         if mode == "none":
             return b.build(b.text_without(CALL_OPEN))
         ws = b.ws()
-        bodies: list[Expr] = []
-        for i, t in enumerate(allowed):
-            args = b.arguments(i, t)
-            bodies.append(
-                seq(
-                    lit('"name"'),
-                    ws,
-                    lit(":"),
-                    ws,
-                    lit(json.dumps(t.name)),
-                    ws,
-                    lit(","),
-                    ws,
-                    lit('"arguments"'),
-                    ws,
-                    lit(":"),
-                    ws,
-                    args,
-                )
-            )
-        call = b.add("call", seq(lit(CALL_OPEN + "\n{"), ws, alt(*bodies), ws, lit("}\n" + CALL_CLOSE)))
+        call = b.add(
+            "call",
+            seq(
+                lit(CALL_OPEN + "\n{"), ws, b.call_members(allowed, "arguments"), ws, lit("}\n" + CALL_CLOSE)
+            ),
+        )
         if mode == "named":
             return b.build(call)
         calls = b.add("calls", repeat_calls(call, lit(CALL_SEPARATOR), parallel_tool_calls))

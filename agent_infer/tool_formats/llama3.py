@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from agent_infer.grammar.ir import Expr, Grammar, alt, lit, opt, seq
+from agent_infer.grammar.ir import Grammar, alt, lit, opt, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
 from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
 from agent_infer.tool_formats.scanning import Layout, Piece, call_piece
@@ -123,27 +123,9 @@ class Llama3JsonFormat(ToolCallFormat):
         if mode == "none":
             return b.build(b.text_not_starting(_CALL_STARTS))
         ws = b.ws()
-        bodies: list[Expr] = []
-        for i, t in enumerate(allowed):
-            args = b.arguments(i, t)
-            bodies.append(
-                seq(
-                    lit('"name"'),
-                    ws,
-                    lit(":"),
-                    ws,
-                    lit(json.dumps(t.name)),
-                    ws,
-                    lit(","),
-                    ws,
-                    lit(ARGUMENTS_KEY),
-                    ws,
-                    lit(":"),
-                    ws,
-                    args,
-                )
-            )
-        call = b.add("call", seq(lit("{"), ws, alt(*bodies), ws, lit("}")))
+        call = b.add(
+            "call", seq(lit("{"), ws, b.call_members(allowed, json.loads(ARGUMENTS_KEY)), ws, lit("}"))
+        )
         sep = alt(*(lit(s) for s in SEPARATORS))
         calls = b.add(
             "calls",
