@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from agent_infer.grammar.ir import Expr, Grammar, alt, lit, opt, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
 from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
-from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, held_back
+from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, text_until
 from agent_infer.tools import Tool
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -89,14 +89,10 @@ class _DeepSeekBase(ToolCallFormat):
         pieces: list[Piece] = []
         pos = start
         while True:
-            k = text.find(CALLS_BEGIN, pos)
+            k, text_piece = text_until(text, pos, CALLS_BEGIN, final)
+            pieces.append(text_piece)
             if k < 0:
-                seg = text[pos:]
-                if not final:
-                    seg = seg[: len(seg) - held_back(seg, [CALLS_BEGIN])]
-                pieces.append(Piece(False, seg, resume=pos + len(seg)))
                 return pieces
-            pieces.append(Piece(False, text[pos:k]))
             p = k + len(CALLS_BEGIN)
             n_calls = 0
             while True:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from agent_infer.grammar.ir import Grammar, lit, opt, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
 from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
-from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, held_back, scan_object
+from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, scan_object, text_until
 from agent_infer.tools import Tool
 
 CALL_OPEN = "<tool_call>"
@@ -85,14 +85,10 @@ class HermesFormat(ToolCallFormat):
         pieces: list[Piece] = []
         pos = start
         while True:
-            k = text.find(CALL_OPEN, pos)
+            k, text_piece = text_until(text, pos, CALL_OPEN, final)
+            pieces.append(text_piece)
             if k < 0:
-                seg = text[pos:]
-                if not final:
-                    seg = seg[: len(seg) - held_back(seg, [CALL_OPEN])]
-                pieces.append(Piece(False, seg, resume=pos + len(seg)))
                 return pieces
-            pieces.append(Piece(False, text[pos:k]))
             body = k + len(CALL_OPEN)
             status, end, name, args = _CALL.match(text, body, final)
             if status == "fail":

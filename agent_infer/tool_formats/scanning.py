@@ -78,6 +78,21 @@ def held_back(text: str, markers: Sequence[str]) -> int:
     return best
 
 
+def text_until(text: str, pos: int, marker: str, final: bool) -> tuple[int, Piece]:
+    """The plain text from ``pos`` to the next ``marker``: (marker index, text piece).
+
+    The index is -1 when no marker follows; then, unless ``final``, a tail that could still grow
+    into the marker is held back and the piece records where the next scan resumes.
+    """
+    k = text.find(marker, pos)
+    if k >= 0:
+        return k, Piece(False, text[pos:k])
+    seg = text[pos:]
+    if not final:
+        seg = seg[: len(seg) - held_back(seg, [marker])]
+    return -1, Piece(False, seg, resume=pos + len(seg))
+
+
 def scan_object(text: str, pos: int) -> int | None:
     """End of the JSON object starting at ``pos``; None if it is unfinished; -1 if none starts there."""
     if not text.startswith("{", pos):

@@ -389,58 +389,36 @@ class Determinizer {
   Dfa dfa_;
 };
 
+// Length in words of the instruction at ``pc`` (opcodes and layout in grammar.h); shared by every
+// linear scan over a rule's program so they agree on the encoding.
+size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
+  switch (code[pc]) {
+    case kEmpty:
+      return 1;
+    case kLiteral:
+      return 2 + static_cast<size_t>(code.at(pc + 1));
+    case kClass:
+      return 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+    case kSeq:
+    case kAlt:
+    case kRef:
+      return 2;
+    case kRepeat:
+      return 3;
+    default:
+      throw DefinitionError("malformed grammar code (unknown opcode)");
+  }
+}
+
 void collect_refs(const std::vector<int32_t>& code, std::vector<int32_t>& out) {
-  for (size_t pc = 0; pc < code.size();) {
-    switch (code[pc]) {
-      case kEmpty:
-        pc += 1;
-        break;
-      case kLiteral:
-        pc += 2 + code.at(pc + 1);
-        break;
-      case kClass:
-        pc += 2 + 2 * static_cast<size_t>(code.at(pc + 1));
-        break;
-      case kSeq:
-      case kAlt:
-        pc += 2;
-        break;
-      case kRepeat:
-        pc += 3;
-        break;
-      case kRef:
-        out.push_back(code.at(pc + 1));
-        pc += 2;
-        break;
-      default:
-        throw DefinitionError("malformed grammar code (unknown opcode)");
-    }
+  for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
+    if (code[pc] == kRef) out.push_back(code.at(pc + 1));
   }
 }
 
 bool has_unbounded_repeat(const std::vector<int32_t>& code) {
-  for (size_t pc = 0; pc < code.size();) {
-    switch (code[pc]) {
-      case kEmpty:
-        pc += 1;
-        break;
-      case kLiteral:
-        pc += 2 + code.at(pc + 1);
-        break;
-      case kClass:
-        pc += 2 + 2 * static_cast<size_t>(code.at(pc + 1));
-        break;
-      case kSeq:
-      case kAlt:
-        pc += 2;
-        break;
-      case kRepeat:
-        if (code.at(pc + 2) < 0) return true;
-        pc += 3;
-        break;
-      default:
-        pc += 2;
-    }
+  for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
+    if (code[pc] == kRepeat && code.at(pc + 2) < 0) return true;
   }
   return false;
 }
