@@ -1,8 +1,8 @@
 """The ``agent-infer`` command: one-off structured generation from the shell.
 
 ``agent-infer generate "prompt" --schema schema.json`` (or ``--regex``, ``--choice``, ``--grammar``,
-``--builtin``, ``--json-object``) prints the constrained output. ``agent-infer serve`` (the
-OpenAI-compatible server) is not built yet and says so.
+``--builtin``, ``--json-object``) prints the constrained output. ``agent-infer serve`` runs the
+OpenAI-compatible HTTP server (FastAPI + uvicorn; see ``docs/server.md``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,25 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not built yet)")
-    serve.add_argument("--model", default=None)
-    serve.add_argument("--host", default="127.0.0.1")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument(
+        "--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None)
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="required as 'Authorization: Bearer KEY' (default: $AGENT_INFER_API_KEY)",
+    )
+    serve.add_argument("--served-model-name", default=None, help="model id clients send (default: file name)")
+    serve.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    serve.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted")
+    serve.add_argument(
+        "--tool-format", default=None, help="tool-call format (default: from the chat template)"
+    )
+    serve.add_argument("--max-num-seqs", type=int, default=64, help="requests batched together")
+    serve.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 1024 * 1024)
     return parser
 
 
@@ -83,18 +97,36 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from agent_infer import envs
+    from agent_infer.engine.config import EngineConfig
+    from agent_infer.server import ServerConfig, serve
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or envs.api_key(),
+        model_name=args.served_model_name,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_limit=args.max_tokens_limit,
+        tool_format=args.tool_format,
+    )
+    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"agent-infer serve: warning: listening on {args.host} without an API key", file=sys.stderr)
+    engine_config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, kv_cache_memory_bytes=args.kv_cache_memory_bytes
+    )
+    serve(args.model, config, engine_config)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``agent-infer`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "generate":
             return _generate(args)
-        print(
-            "agent-infer serve: the OpenAI-compatible server is not built yet (it is planned on top of "
-            "the SDK); use the Python API (agent_infer.LLM) meanwhile",
-            file=sys.stderr,
-        )
-        return 2
+        return _serve(args)
     except (AgentInferError, OSError, json.JSONDecodeError) as exc:
         print(f"agent-infer: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -81,3 +81,21 @@ def native_linear() -> bool:
 def grammar_threads() -> int:
     """``AGENT_INFER_GRAMMAR_THREADS``: threads for batch mask fills; 0 means one per core."""
     return _int("AGENT_INFER_GRAMMAR_THREADS", 0)
+
+
+_MASK_BACKENDS = ("auto", "cpu", "torch", "triton", "cuda")
+
+
+def mask_backend() -> str:
+    """``AGENT_INFER_MASK_BACKEND``: auto | cpu | torch | triton | cuda, the kernel that applies token
+    bitmasks to logits (default auto: C++ on CPU float32, Triton then CUDA on NVIDIA, torch elsewhere)."""
+    value = _get("AGENT_INFER_MASK_BACKEND", "auto").lower()
+    if value not in _MASK_BACKENDS:
+        raise ConfigError(f"AGENT_INFER_MASK_BACKEND={value!r}; expected one of {', '.join(_MASK_BACKENDS)}")
+    return value
+
+
+def api_key() -> str | None:
+    """``AGENT_INFER_API_KEY``: the key ``agent-infer serve`` requires as ``Authorization: Bearer`` (unset: none)."""
+    value = _get("AGENT_INFER_API_KEY", "")
+    return value or None

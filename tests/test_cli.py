@@ -37,6 +37,6 @@ def test_bad_schema_is_reported_not_raised(tmp_path: Path, capsys: pytest.Captur
     assert "minLength" in capsys.readouterr().err
 
 
-def test_serve_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+def test_serve_rejects_a_bad_limit_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--max-body-bytes", "0"]) == 1
+    assert "max_body_bytes" in capsys.readouterr().err

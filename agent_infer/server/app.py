@@ -1,0 +1,212 @@
+"""The FastAPI application: routes, API-key check, body limit, error shapes and engine lifecycle."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.llm_engine import LLMEngine
+from agent_infer.server.async_engine import AsyncEngine
+from agent_infer.server.chat import create_chat_completion
+from agent_infer.server.completions import create_completion
+from agent_infer.server.config import ServerConfig
+from agent_infer.server.errors import ApiError, validation_error
+from agent_infer.server.metrics import ServerMetrics
+from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
+from agent_infer.server.state import ServerState
+from agent_infer.tool_formats import detect_format, get_format
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def served_name(engine: LLMEngine) -> str:
+    """The default model id: the model file's (or folder's) name without a ``.gguf`` suffix."""
+    path = Path(engine.loaded.path)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving ``engine``; the engine thread starts and stops with the app's lifespan."""
+    config = config or ServerConfig()
+    metrics = ServerMetrics()
+    tokenizer = engine.tokenizer
+    fmt = get_format(config.tool_format) if config.tool_format else detect_format(tokenizer.chat_template)
+    state = ServerState(
+        engine=AsyncEngine(engine, metrics),
+        config=config,
+        model_name=config.model_name or served_name(engine),
+        tokenizer=tokenizer,
+        tool_format=fmt,
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.engine.stop()
+
+    app = FastAPI(title="agent-infer", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+    _install_error_handlers(app)
+
+    async def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # compare_digest takes time independent of where the strings differ.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
+            raise ApiError(
+                401, "missing or wrong API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
+
+    guarded = [Depends(require_key)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        text = metrics.render(state.engine.snapshot, len(state.active))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_name,
+                        "object": "model",
+                        "created": state.created,
+                        "owned_by": "agent-infer",
+                        "max_model_len": engine.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat(request: Request) -> Response:
+        body = await _read_json(request, ChatCompletionRequest, config.max_body_bytes)
+        return await create_chat_completion(state, body, request)
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(request: Request) -> Response:
+        body = await _read_json(request, CompletionRequest, config.max_body_bytes)
+        return await create_completion(state, body, request)
+
+    app.add_middleware(_CountRequests, metrics=metrics)
+    return app
+
+
+async def _read_json(request: Request, model: type[M], limit: int) -> M:
+    """Read at most ``limit`` bytes of body, parse JSON, validate strictly against ``model``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", code="body_too_large"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    async def validation(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse(ApiError(400, f"{loc}: {first.get('msg')}", param=loc).body(), status_code=400)
+
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error", exc_info=exc)
+        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body()
+        return JSONResponse(body, status_code=500)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(Exception, unexpected)
+
+
+class _CountRequests:
+    """ASGI wrapper counting responses by route and status (it only watches ``send``)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in _ENDPOINTS else "other"
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.observe_request(endpoint, int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+_ENDPOINTS = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"})
+
+
+def serve(
+    model: str | None = None,
+    config: ServerConfig | None = None,
+    engine_config: EngineConfig | None = None,
+) -> None:
+    """Load ``model``, build the app and run it with uvicorn until interrupted."""
+    import uvicorn
+
+    config = config or ServerConfig()
+    engine = LLMEngine(model, engine_config)
+    app = create_app(engine, config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)

@@ -1,0 +1,264 @@
+"""One background thread drives ``LLMEngine.step()``; asyncio handlers talk to it through queues.
+
+The engine is not thread-safe, so every call on it (add, abort, step) happens on the engine
+thread. Handlers submit commands and await a future (``add`` raises the engine's synchronous
+``InvalidRequestError`` in the caller); outputs are handed to each request's :class:`RequestStream`
+on the event loop with one ``call_soon_threadsafe`` per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from agent_infer.engine.llm_engine import LLMEngine, Prompt
+from agent_infer.engine.output import RequestOutput
+from agent_infer.errors import EngineError
+from agent_infer.sampling_params import SamplingParams
+from agent_infer.server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+# How long the idle engine thread sleeps between checks for shutdown (commands wake it at once).
+_IDLE_WAIT_S = 0.5
+
+
+class EngineStoppedError(EngineError):
+    """The engine thread is not running (server shutting down, or it crashed)."""
+
+
+class RequestStream:
+    """The latest output of one request, for one consumer on the event loop.
+
+    Outputs are cumulative snapshots, so a consumer slower than the engine only needs the newest
+    one: keeping just that bounds memory whatever the speed difference.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        #: The request field that carried the output constraint (named in errors), if any.
+        self.constraint_field: str | None = None
+        self._latest: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+        self.finished = False
+
+    def put(self, output: RequestOutput) -> None:
+        """Called on the event loop with the request's newest snapshot."""
+        self._latest = output
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Called on the event loop when the engine cannot continue this request."""
+        self._error = error
+        self._event.set()
+
+    async def next(self) -> RequestOutput:
+        """The next unseen snapshot (waits for one); raises the failure, if any."""
+        await self._event.wait()
+        self._event.clear()
+        if self._error is not None:
+            raise self._error
+        output = self._latest
+        if output is None:  # only set together with the event above
+            raise EngineStoppedError("request stream woke without an output")
+        self.finished = output.finished
+        return output
+
+    async def final(self) -> RequestOutput:
+        """Wait for the finished output."""
+        while True:
+            output = await self.next()
+            if output.finished:
+                return output
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    stream: RequestStream
+    future: concurrent.futures.Future[None]
+
+
+@dataclass
+class EngineSnapshot:
+    """Scheduler and KV-pool numbers, written by the engine thread after each iteration."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+
+
+class AsyncEngine:
+    """Runs an :class:`LLMEngine` on its own thread and serves many asyncio requests at once."""
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.snapshot = EngineSnapshot(
+            kv_blocks_total=engine.block_manager.num_blocks,
+            kv_blocks_free=engine.block_manager.num_free_blocks,
+        )
+        self._commands: queue.SimpleQueue[_Add | str] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; outputs are delivered on the calling thread's event loop."""
+        if self._thread is not None:
+            raise EngineError("the async engine is already started")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="agent-infer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort everything in flight and join the engine thread."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+
+    # --- requests (event loop side) ------------------------------------------------------------
+
+    async def add(self, request_id: str, prompt: Prompt, params: SamplingParams) -> RequestStream:
+        """Queue a request; raises what ``LLMEngine.add_request`` raises (e.g. InvalidRequestError)."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
+        stream = RequestStream(request_id)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._commands.put(_Add(request_id, prompt, params, stream, future))
+        self._wake.set()
+        await asyncio.wrap_future(future)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to stop a request and free its KV blocks (no-op once it finished)."""
+        self._commands.put(request_id)
+        self._wake.set()
+
+    # --- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping.is_set():
+            self._wake.clear()
+            self._apply_commands()
+            if not engine.has_unfinished_requests():
+                self._update_snapshot()
+                self._wake.wait(_IDLE_WAIT_S)
+                continue
+            start = time.perf_counter()
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # an engine bug: fail what is in flight, keep serving
+                logger.exception("engine step failed")
+                self._fail_all(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+                continue
+            self.metrics.observe_step(time.perf_counter() - start)
+            self._deliver(outputs)
+            self._update_snapshot()
+        self._shutdown()
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, str):
+                if command in self._streams:
+                    self.engine.abort(command)
+                continue
+            start = time.perf_counter()
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params)
+            except BaseException as exc:
+                command.future.set_exception(exc)
+                continue
+            if command.params.structured is not None:
+                self.metrics.observe_compile(time.perf_counter() - start)
+            self._streams[command.request_id] = command.stream
+            command.future.set_result(None)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        batch: list[tuple[RequestStream, RequestOutput]] = []
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+                self.metrics.observe_finished(output)
+            batch.append((stream, output))
+        if batch and self._loop is not None:
+            self._loop.call_soon_threadsafe(_put_all, batch)
+
+    def _fail_all(self, error: BaseException) -> None:
+        streams = list(self._streams.items())
+        self._streams.clear()
+        for request_id, _ in streams:
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                logger.exception("abort of %s failed", request_id)
+        # Deliver the aborts' outputs so the engine forgets the requests and frees their blocks.
+        try:
+            while self.engine.has_unfinished_requests() and not self.engine.scheduler.has_unfinished():
+                self.engine.step()
+        except Exception:
+            logger.exception("draining aborted requests failed")
+        if self._loop is not None and streams:
+            self._loop.call_soon_threadsafe(_fail_all, [s for _, s in streams], error)
+
+    def _update_snapshot(self) -> None:
+        scheduler = self.engine.scheduler
+        blocks = self.engine.block_manager
+        self.snapshot = EngineSnapshot(
+            waiting=len(scheduler.waiting),
+            running=len(scheduler.running),
+            kv_blocks_total=blocks.num_blocks,
+            kv_blocks_free=blocks.num_free_blocks,
+        )
+
+    def _shutdown(self) -> None:
+        # Reject adds that raced the shutdown, then end what is in flight.
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                command.future.set_exception(EngineStoppedError("the server is shutting down"))
+        self._fail_all(EngineStoppedError("the server is shutting down"))
+        self._update_snapshot()
+
+
+def _put_all(batch: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, output in batch:
+        stream.put(output)
+
+
+def _fail_all(streams: list[RequestStream], error: BaseException) -> None:
+    for stream in streams:
+        stream.fail(error)
+
+
+__all__ = ["AsyncEngine", "EngineSnapshot", "EngineStoppedError", "RequestStream"]

@@ -1,0 +1,215 @@
+"""Request bodies of the OpenAI-compatible API as Pydantic models.
+
+Every model forbids unknown keys, and bodies are validated in strict JSON mode (no ``"0.5"`` for a
+number, no ``true`` for an integer), so a misspelt or unsupported field is a 400 naming it instead
+of being silently ignored. Fields OpenAI defines but this server cannot honour are declared so that
+their *values* can be checked (``check_supported``): the neutral value passes, anything else is
+rejected by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_infer.server.errors import ApiError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ContentPart(_Strict):
+    """A content part. Only ``text`` parts are served; the other kinds OpenAI defines are declared so
+    that they are rejected as unsupported (by ``check_supported``) rather than as unknown fields."""
+
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+
+
+class ToolCallFunction(_Strict):
+    """The function half of an assistant tool call echoed back in the transcript."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    """An assistant tool call in the transcript."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Strict):
+    """One transcript message. ``refusal``/``annotations``/``audio``/``function_call`` are accepted
+    because clients echo assistant messages back verbatim; only their empty values are."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    refusal: None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
+
+
+class FunctionSpec(_Strict):
+    """A function tool's definition."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    """A tool entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    """The function named by a forced ``tool_choice``."""
+
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Strict):
+    """``response_format.json_schema``: ``strict: false`` lets unenforceable keywords be skipped."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``response_format``: text, any JSON object, or a JSON Schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM-style ``structured_outputs``: exactly one constraint."""
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: a final usage chunk when ``include_usage``."""
+
+    include_usage: bool = False
+
+
+class _CommonRequest(_Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+
+    def check_common(self) -> None:
+        """Reject values this server cannot honour, naming the field."""
+        if self.n not in (None, 1):
+            raise ApiError(400, f"n={self.n} is unsupported: this server returns one choice", param="n")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ApiError(400, f"{name} is unsupported (only 0 is accepted)", param=name)
+        if self.logit_bias:
+            raise ApiError(
+                400, "logit_bias is unsupported (only an empty map is accepted)", param="logit_bias"
+            )
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+
+class ChatCompletionRequest(_CommonRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def check_supported(self) -> None:
+        """Reject values this server cannot honour, naming the field."""
+        self.check_common()
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+                if part.type != "text" or part.text is None:
+                    raise ApiError(
+                        400,
+                        f"content part type {part.type!r} is unsupported: this model reads text parts only",
+                        param=f"messages.{i}.content.{j}",
+                    )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", param="max_tokens")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+
+
+class CompletionRequest(_CommonRequest):
+    """``POST /v1/completions`` (one prompt per request)."""
+
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+
+    def check_supported(self) -> None:
+        """Reject values this server cannot honour, naming the field."""
+        self.check_common()
+        if self.echo:
+            raise ApiError(400, "echo=true is unsupported", param="echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is unsupported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, f"best_of={self.best_of} is unsupported", param="best_of")
+        texts = isinstance(self.prompt, list) and bool(self.prompt) and isinstance(self.prompt[0], str)
+        if texts and len(self.prompt) != 1:
+            raise ApiError(
+                400, "a list of several prompts is unsupported; send one per request", param="prompt"
+            )
