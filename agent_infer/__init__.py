@@ -21,6 +21,17 @@ _LAZY = {
     "GrammarCompiler": "agent_infer.grammar",
     "GrammarMatcher": "agent_infer.grammar",
     "TokenizerInfo": "agent_infer.grammar",
+    "Client": "agent_infer.client",
+    "AsyncClient": "agent_infer.client",
+    "RunResult": "agent_infer.client",
+    "tool": "agent_infer.tools",
+    "Tool": "agent_infer.tools",
+    "ToolRetry": "agent_infer.tools",
+    "ValidationRetryError": "agent_infer.errors",
+    "MaxTurnsExceeded": "agent_infer.errors",
+    "ToolCallError": "agent_infer.errors",
+    "RemoteError": "agent_infer.errors",
+    "UnsupportedSchemaError": "agent_infer.errors",
 }
 
 __all__ = ["AgentInferError", "__version__", *_LAZY]

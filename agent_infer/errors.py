@@ -127,5 +127,60 @@ class GrammarLimitError(GrammarError):
     """A resource limit was hit (grammar size, lexer/automaton states, compile time, per-step work)."""
 
 
+class TokenBitmaskError(GrammarError):
+    """A token bitmask does not fit the logits it is applied to (shape, dtype, device or row indices)."""
+
+
 class TokenizerError(AgentInferError, ValueError):
     """A tokenizer could not be read or is of an unsupported kind."""
+
+
+# --- the client, tools and agents ----------------------------------------------------------------
+
+
+class ValidationRetryError(AgentInferError):
+    """Every attempt's output failed validation (Pydantic validators beyond the schema, or truncation).
+
+    ``attempts`` is how many outputs were tried, ``raw_outputs`` their texts and ``errors`` the
+    validation error text of each, in order.
+    """
+
+    def __init__(self, message: str, *, raw_outputs: list[str], errors: list[str]) -> None:
+        lines = [message, *(f"  attempt {i + 1}: {e}" for i, e in enumerate(errors))]
+        super().__init__("\n".join(lines))
+        self.attempts = len(raw_outputs)
+        self.raw_outputs = raw_outputs
+        self.errors = errors
+
+
+class MaxTurnsExceeded(AgentInferError):
+    """An agent run reached ``max_turns`` without a final answer; ``transcript`` has every message."""
+
+    def __init__(self, message: str, *, transcript: list[dict[str, object]], max_turns: int) -> None:
+        super().__init__(message)
+        self.transcript = transcript
+        self.max_turns = max_turns
+
+
+class ToolCallError(AgentInferError):
+    """A tool call could not be completed (the tool kept asking for corrections, or the reply was unusable).
+
+    ``tool`` names the tool, ``arguments`` are the last arguments the model sent.
+    """
+
+    def __init__(self, message: str, *, tool: str, arguments: object = None) -> None:
+        super().__init__(f"{message} (tool {tool!r})")
+        self.tool = tool
+        self.arguments = arguments
+
+
+class RemoteError(AgentInferError):
+    """A remote OpenAI-compatible server answered with an error (or not at all: ``status`` 0).
+
+    ``status`` is the HTTP status, ``body`` the response text (or the transport error).
+    """
+
+    def __init__(self, message: str, *, status: int, body: str) -> None:
+        super().__init__(f"{message} (HTTP {status}): {body[:500]}")
+        self.status = status
+        self.body = body

@@ -1,0 +1,15 @@
+"""The agent-facing SDK: :class:`Client` / :class:`AsyncClient` on a local model or a remote server.
+
+See ``docs/sdk.md``. ``generate(schema=...)`` returns validated values, ``generate_stream`` yields
+partial objects, ``chat(tools=...)`` returns OpenAI-shaped assistant messages, ``run`` is the
+agent loop.
+"""
+
+from __future__ import annotations
+
+from agent_infer.client.agent import RunResult
+from agent_infer.client.async_client import AsyncClient
+from agent_infer.client.client import Client
+from agent_infer.client.request import StreamChunk, Usage
+
+__all__ = ["AsyncClient", "Client", "RunResult", "StreamChunk", "Usage"]

@@ -1,0 +1,248 @@
+"""The agent loop behind ``client.run``: call the model, execute its tool calls, repeat until an answer.
+
+Like :mod:`generation`, the loop is a generator (``run_flow``) yielding either a
+:class:`ModelRequest` (sent back a :class:`ModelResponse`) or a :class:`ToolBatch` (sent back one
+:data:`Outcome` per call), so the sync and async clients share it and differ only in how they call
+the model and run tools (threads vs. ``asyncio.gather``).
+
+With a ``schema`` the final answer is a call of an extra tool, ``final_result``, whose parameters
+are the schema (the pydantic-ai approach): under ``tool_choice="required"`` every turn is a real
+tool call or the answer, and the answer's arguments are validated like ``generate(schema=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from agent_infer.client.generation import OutputInvalid, decode
+from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage
+from agent_infer.errors import MaxTurnsExceeded, ToolCallError
+from agent_infer.tools import Tool, ToolArgumentsError, ToolDefinitionError, ToolRetry
+
+__all__ = [
+    "FINAL_TOOL",
+    "Outcome",
+    "PendingCall",
+    "RunResult",
+    "ToolBatch",
+    "aexecute",
+    "execute",
+    "run_flow",
+]
+
+FINAL_TOOL = "final_result"
+_WRAP_KEY = "result"
+
+#: How one tool call went: ("ok" | "retry" | "error", the text shown to the model).
+Outcome = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``client.run`` returns: the final ``output``, every message, and the summed token usage."""
+
+    output: Any
+    transcript: list[Message]
+    usage: Usage
+    turns: int
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """One tool call the model made (``tool`` is None when it named no known tool)."""
+
+    id: str
+    name: str
+    arguments: str
+    tool: Tool | None
+
+
+@dataclass(frozen=True)
+class ToolBatch:
+    """The calls of one assistant turn, to run concurrently when ``parallel``."""
+
+    calls: list[PendingCall]
+    parallel: bool
+
+
+def _render_result(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, pydantic.BaseModel):
+        return result.model_dump_json()
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def _classify(exc: BaseException) -> Outcome:
+    if isinstance(exc, ToolRetry):
+        return "retry", str(exc)
+    if isinstance(exc, ToolArgumentsError):
+        return "error", f"Error: {exc}"
+    return "error", f"Error: {type(exc).__name__}: {exc}"
+
+
+def execute(call: PendingCall) -> Outcome:
+    """Run one call in this thread; exceptions become the text the model sees."""
+    if call.tool is None:
+        return "error", f"Error: there is no tool named {call.name!r}"
+    try:
+        return "ok", _render_result(call.tool.invoke(call.arguments))
+    except Exception as exc:  # a failing tool is reported to the model, not raised
+        return _classify(exc)
+
+
+async def aexecute(call: PendingCall) -> Outcome:
+    """Async :func:`execute` (sync tools run in a worker thread)."""
+    if call.tool is None:
+        return "error", f"Error: there is no tool named {call.name!r}"
+    try:
+        return "ok", _render_result(await call.tool.ainvoke(call.arguments))
+    except Exception as exc:
+        return _classify(exc)
+
+
+def final_tool(constraint: Constraint) -> Tool:
+    """The ``final_result`` tool whose arguments are the answer (non-object schemas are wrapped)."""
+    schema = constraint.value
+    if not (isinstance(schema, dict) and schema.get("type") == "object"):
+        schema = {"type": "object", "properties": {_WRAP_KEY: schema}, "required": [_WRAP_KEY]}
+    return Tool(
+        name=FINAL_TOOL,
+        description="Give the final answer. Call this once you have everything you need.",
+        parameters=schema,
+    )
+
+
+def check_tools(tools: Sequence[Tool], constraint: Constraint | None) -> None:
+    """Tools for ``run`` must be callable, and ``final_result`` is reserved when a schema is given."""
+    for t in tools:
+        if t.function is None:
+            raise ToolDefinitionError(
+                f"tool {t.name!r} has no Python function; run() executes tools", field="tools"
+            )
+        if constraint is not None and t.name == FINAL_TOOL:
+            raise ToolDefinitionError(
+                f"the tool name {FINAL_TOOL!r} is reserved for the final answer when schema= is given",
+                field="tools",
+            )
+
+
+def _final_value(constraint: Constraint, arguments: str) -> Any:
+    args = json.loads(arguments) if arguments.strip() else {}
+    if not (isinstance(constraint.value, dict) and constraint.value.get("type") == "object"):
+        args = args.get(_WRAP_KEY) if isinstance(args, dict) else args
+    return decode(constraint, json.dumps(args, ensure_ascii=False), "stop")
+
+
+def run_flow(
+    request: ModelRequest,
+    tools: Sequence[Tool],
+    constraint: Constraint | None,
+    *,
+    max_turns: int,
+    max_tool_retries: int,
+) -> Generator[ModelRequest | ToolBatch, Any, RunResult]:
+    """The agent loop; see the module docstring for the protocol."""
+    by_name = {t.name: t for t in tools}
+    all_tools = (*tools, final_tool(constraint)) if constraint is not None else tuple(tools)
+    transcript = list(request.messages)
+    usage = Usage()
+    retries: dict[str, int] = {}
+    answered: dict[tuple[str, str], str] = {}
+    choice = request.tool_choice
+    for turn in range(1, max_turns + 1):
+        response: ModelResponse = yield dataclasses.replace(
+            request, messages=list(transcript), tools=all_tools, constraint=None, tool_choice=choice
+        )
+        usage = usage + response.usage
+        transcript.append(response.message)
+        calls = response.tool_calls
+        if not calls:
+            if constraint is None:
+                return RunResult(response.content, transcript, usage, turn)
+            transcript.append({"role": "user", "content": f"Answer by calling {FINAL_TOOL}."})
+            continue
+        pending = [
+            PendingCall(
+                c.get("id") or f"call_{turn}_{i}",
+                c["function"]["name"],
+                c["function"].get("arguments") or "{}",
+                by_name.get(c["function"]["name"]),
+            )
+            for i, c in enumerate(calls)
+        ]
+        final = next((p for p in pending if p.name == FINAL_TOOL), None)
+        if final is not None and constraint is not None:
+            try:
+                return RunResult(_final_value(constraint, final.arguments), transcript, usage, turn)
+            except (OutputInvalid, json.JSONDecodeError) as exc:
+                transcript.append(_tool_message(final, f"Error: the answer is not valid: {exc}"))
+                continue
+        # A call repeated with the same arguments is answered from the earlier result instead of
+        # running again (tools may have side effects), and the next turn must answer: a model that
+        # repeats itself has got all it will get from the tools (small models loop otherwise).
+        fresh = [p for p in pending if _key(p) not in answered]
+        outcomes: list[Outcome] = (yield ToolBatch(fresh, request.parallel_tool_calls)) if fresh else []
+        results = dict(zip((_key(p) for p in fresh), outcomes))
+        for call in pending:
+            if call in fresh:
+                status, text = results[_key(call)]
+                if status == "ok":
+                    answered[_key(call)] = text
+            else:
+                status, text = "ok", f"{answered[_key(call)]}\n({_repeat_hint(constraint)})"
+                choice = {"name": FINAL_TOOL} if constraint is not None else "none"
+            if status == "retry":
+                retries[call.name] = retries.get(call.name, 0) + 1
+                if retries[call.name] > max_tool_retries:
+                    raise ToolCallError(
+                        f"the tool asked for a corrected call more than {max_tool_retries} time(s): {text}",
+                        tool=call.name,
+                        arguments=call.arguments,
+                    )
+                text = f"Retry: {text}\nCall the tool again with corrected arguments."
+            transcript.append(_tool_message(call, text))
+    raise MaxTurnsExceeded(
+        f"no final answer after {max_turns} model call(s)", transcript=transcript, max_turns=max_turns
+    )
+
+
+def _key(call: PendingCall) -> tuple[str, str]:
+    try:
+        canonical = json.dumps(json.loads(call.arguments), sort_keys=True)
+    except json.JSONDecodeError:
+        canonical = call.arguments
+    return call.name, canonical
+
+
+def _repeat_hint(constraint: Constraint | None) -> str:
+    then = f"call {FINAL_TOOL} with the answer" if constraint is not None else "answer the user"
+    return f"You already made this call and this is its result; now {then}."
+
+
+def _tool_message(call: PendingCall, content: str) -> Message:
+    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+def validate_run_options(max_turns: int, max_tool_retries: int) -> None:
+    """Typed errors for nonsense loop bounds."""
+    from agent_infer.errors import InvalidRequestError
+
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise InvalidRequestError(
+            f"max_turns must be a positive integer, got {max_turns!r}", field="max_turns"
+        )
+    if isinstance(max_tool_retries, bool) or not isinstance(max_tool_retries, int) or max_tool_retries < 0:
+        raise InvalidRequestError(
+            f"max_tool_retries must be a non-negative integer, got {max_tool_retries!r}",
+            field="max_tool_retries",
+        )

@@ -1,0 +1,386 @@
+"""``Client``: structured generation, tool-calling chat and agent runs on a local model or a remote server.
+
+``Client()`` loads the default model on first use; ``Client(model=path)`` any supported local
+model; ``Client(base_url=..., api_key=..., model=name)`` an OpenAI-compatible server. The same
+methods exist on :class:`~agent_infer.client.async_client.AsyncClient` as coroutines.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from agent_infer.client.agent import (
+    Outcome,
+    RunResult,
+    ToolBatch,
+    check_tools,
+    execute,
+    run_flow,
+    validate_run_options,
+)
+from agent_infer.client.generation import PartialStream, generate_flow
+from agent_infer.client.local import LocalBackend
+from agent_infer.client.remote import RemoteBackend
+from agent_infer.client.request import (
+    Constraint,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    ToolChoice,
+    Usage,
+    as_messages,
+)
+from agent_infer.errors import ConfigError, InvalidRequestError
+from agent_infer.tools import Tool, as_tools
+
+T = TypeVar("T")
+ToolLike = Tool | Callable[..., Any] | Mapping[str, Any]
+Backend = LocalBackend | RemoteBackend
+
+
+class ClientBase:
+    """What the sync and async clients share: backend selection and request building."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        engine: Any = None,
+        tool_format: str | None = None,
+        **engine_config: Any,
+    ) -> None:
+        self._backend: Backend | None = None
+        self._backend_lock = threading.Lock()
+        self._model = model
+        self._tool_format = tool_format
+        self._usage = Usage()
+        self._usage_lock = threading.Lock()
+        if base_url is not None:
+            if engine is not None or engine_config or tool_format is not None:
+                raise ConfigError(
+                    "engine, engine options and tool_format apply to local models, not base_url"
+                )
+            self._backend = RemoteBackend(base_url, model or "default", api_key=api_key, timeout=timeout)
+        elif engine is not None:
+            if model is not None or engine_config:
+                raise ConfigError("give either engine= or model=/engine options, not both")
+            self._backend = LocalBackend(engine, self._format())
+        elif api_key is not None:
+            raise ConfigError("api_key needs base_url (a local model takes no key)")
+        else:
+            from agent_infer.engine.config import EngineConfig
+
+            # Checked now so a misspelt option fails here, not at the first call.
+            self._config = EngineConfig.from_kwargs(**engine_config)
+
+    @classmethod
+    def from_llm(cls: type[T], llm: Any, *, tool_format: str | None = None) -> T:
+        """A client on an existing :class:`~agent_infer.LLM` (shares its engine and loaded weights).
+
+        The client steps that engine from its own thread: do not call ``llm.generate`` at the same
+        time, or each would consume the other's outputs. For both at once, build a second engine on
+        the same weights (``LLMEngine(loaded=llm.engine.loaded)``).
+        """
+        return cls(engine=llm.engine, tool_format=tool_format)  # type: ignore[call-arg]
+
+    def _format(self) -> Any:
+        if self._tool_format is None:
+            return None
+        from agent_infer.tool_formats import get_format
+
+        return get_format(self._tool_format)
+
+    @property
+    def backend(self) -> Backend:
+        """The local or remote backend (a local model is loaded here, on first use)."""
+        with self._backend_lock:
+            if self._backend is None:
+                from agent_infer.engine.llm_engine import LLMEngine
+
+                engine = LLMEngine(self._model, self._config)
+                self._backend = LocalBackend(engine, self._format())
+            return self._backend
+
+    @property
+    def is_remote(self) -> bool:
+        """True when calls go to a server."""
+        return isinstance(self._backend, RemoteBackend)
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by every call of this client so far."""
+        return self._usage
+
+    def _count(self, usage: Usage | None) -> None:
+        if usage is not None:
+            with self._usage_lock:
+                self._usage = self._usage + usage
+
+    @staticmethod
+    def _request(
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        constraint: Constraint | None = None,
+        tools: Sequence[Tool] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        system: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+    ) -> ModelRequest:
+        if not isinstance(parallel_tool_calls, bool):
+            raise InvalidRequestError("parallel_tool_calls must be a bool", field="parallel_tool_calls")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop) if stop else None
+        return ModelRequest(
+            as_messages(prompt_or_messages, system),
+            constraint,
+            tuple(tools),
+            tool_choice,
+            parallel_tool_calls,
+            temperature,
+            max_tokens,
+            seed,
+            top_p,
+            stops,
+        )
+
+
+def check_retries(max_retries: int) -> None:
+    """``max_retries`` must be a non-negative integer."""
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise InvalidRequestError(
+            f"max_retries must be a non-negative integer, got {max_retries!r}", field="max_retries"
+        )
+
+
+def tool_list(tools: Iterable[ToolLike] | None) -> list[Tool]:
+    """Tools from callables, ``Tool``\\ s or OpenAI specs (duplicates are an error)."""
+    return as_tools(tools)
+
+
+class Client(ClientBase):
+    """The synchronous client. Methods are thread-safe; concurrent local calls share batches.
+
+    Decoding defaults to greedy (``temperature=0``) and ``max_tokens=512``.
+    """
+
+    def _drive(
+        self, flow: Generator[Any, Any, T], tools: Callable[[ToolBatch], list[Outcome]] | None = None
+    ) -> T:
+        """Run a request/response generator: model requests go to the backend, tool batches to ``tools``."""
+        backend = self.backend
+        try:
+            op = next(flow)
+            while True:
+                if isinstance(op, ToolBatch):
+                    assert tools is not None
+                    result: Any = tools(op)
+                else:
+                    result = backend.complete(op)
+                    self._count(result.usage)
+                op = flow.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    def generate(
+        self,
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: Any = None,
+        choice: Sequence[str] | None = None,
+        max_retries: int = 2,
+        system: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+    ) -> Any:
+        """Generate under at most one constraint; returns a validated value.
+
+        ``schema=`` a Pydantic model (-> an instance) or a JSON Schema dict (-> the parsed JSON);
+        ``regex=``, ``grammar=`` (GBNF text or a ``Grammar``) or ``choice=`` (-> the text); none
+        -> free text. Output that fails validators beyond the schema is re-asked with the error
+        appended, at most ``max_retries`` times, then :class:`ValidationRetryError`.
+        """
+        check_retries(max_retries)
+        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+        request = self._request(
+            prompt_or_messages,
+            constraint=constraint,
+            system=system,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            top_p=top_p,
+            stop=stop,
+        )
+        value, _ = self._drive(generate_flow(request, max_retries))
+        return value
+
+    def generate_stream(
+        self,
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: Any = None,
+        choice: Sequence[str] | None = None,
+        system: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+    ) -> Iterator[Any]:
+        """Yield partial values as the output grows; the last item is the full validated value.
+
+        With a Pydantic ``schema`` the partials are ``model_construct`` instances holding only the
+        fields that have arrived (closed subtrees validated); with a dict schema, plain partial
+        JSON values; otherwise the text so far. Every partial is prefix-consistent with the final.
+        """
+        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+        request = self._request(
+            prompt_or_messages,
+            constraint=constraint,
+            system=system,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            top_p=top_p,
+            stop=stop,
+        )
+        partials = PartialStream(constraint)
+        reason = "stop"
+        for chunk in self.backend.stream(request):
+            yield from partials.feed(chunk.content)
+            reason = chunk.finish_reason or reason
+            self._count(chunk.usage)
+        yield partials.finish(reason)
+
+    def chat(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolLike] | None = None,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+    ) -> Message:
+        """One assistant turn, OpenAI-shaped: ``{"role", "content", "tool_calls"?}``.
+
+        ``tool_choice`` is "auto" (text or calls), "none", "required" (at least one call) or
+        ``{"name": tool}`` (exactly that call); locally the model's native format constrains it.
+        """
+        request = self._request(
+            messages,
+            tools=tool_list(tools),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            top_p=top_p,
+            stop=stop,
+        )
+        response: ModelResponse = self.backend.complete(request)
+        self._count(response.usage)
+        return response.message
+
+    def chat_stream(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolLike] | None = None,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+    ) -> Iterator[StreamChunk]:
+        """Stream one assistant turn: text deltas and OpenAI-shaped tool-call deltas, then the finish reason."""
+        request = self._request(
+            messages,
+            tools=tool_list(tools),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
+        for chunk in self.backend.stream(request):
+            self._count(chunk.usage)
+            yield chunk
+
+    def run(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolLike],
+        schema: Any = None,
+        max_turns: int = 10,
+        tool_choice: ToolChoice | None = None,
+        parallel_tool_calls: bool = True,
+        max_tool_retries: int = 2,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+    ) -> RunResult:
+        """The agent loop: call the model, execute its tool calls, repeat until a final answer.
+
+        Without ``schema`` the answer is the first reply without tool calls (``tool_choice``
+        defaults to "auto"); with one, the model answers by calling ``final_result`` with
+        schema-valid arguments (``tool_choice`` defaults to "required"). Tool errors go back to the
+        model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
+        tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
+        """
+        validate_run_options(max_turns, max_tool_retries)
+        constraint = Constraint.from_keywords(schema=schema)
+        tool_objs = tool_list(tools)
+        check_tools(tool_objs, constraint)
+        request = self._request(
+            messages,
+            tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
+            parallel_tool_calls=parallel_tool_calls,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
+        flow = run_flow(
+            request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries
+        )
+        return self._drive(flow, self._run_tools)
+
+    @staticmethod
+    def _run_tools(batch: ToolBatch) -> list[Outcome]:
+        if not batch.parallel or len(batch.calls) < 2:
+            return [execute(call) for call in batch.calls]
+        with ThreadPoolExecutor(max_workers=len(batch.calls)) as pool:
+            return list(pool.map(execute, batch.calls))
+
+    def close(self) -> None:
+        """Abort open local requests / close the HTTP connections."""
+        if self._backend is not None:
+            self._backend.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,157 @@
+"""Structured generation shared by the sync and async clients: decode, validate, re-ask, stream partials.
+
+The retry logic is a generator (``generate_flow``) that yields each :class:`ModelRequest` and is sent
+the :class:`ModelResponse`; ``Client`` drives it with blocking calls and ``AsyncClient`` with
+``await``, so both behave identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Generator
+from typing import Any
+
+import pydantic
+
+from agent_infer.client.partial_json import PartialJSON, PartialJSONError, partial_model
+from agent_infer.client.request import Constraint, ModelRequest, ModelResponse, Usage
+from agent_infer.errors import ValidationRetryError
+
+__all__ = ["OutputInvalid", "PartialStream", "decode", "generate_flow"]
+
+
+class OutputInvalid(Exception):
+    """Internal: one output failed validation; the message is what the model is told."""
+
+
+def decode(constraint: Constraint | None, text: str, finish_reason: str) -> Any:
+    """The value of one output under ``constraint``: a model instance, parsed JSON, or the text.
+
+    Raises :class:`OutputInvalid` when the output was cut off or does not validate (validators
+    beyond the schema locally; anything at all from a remote server that ignored the constraint).
+    """
+    if constraint is None:
+        return text  # free text cut at max_tokens is still an answer
+    if finish_reason == "length":
+        raise OutputInvalid("the output was cut off at max_tokens before it was complete")
+    if constraint.kind == "grammar":
+        return text
+    if constraint.kind == "choice":
+        if text not in constraint.value:
+            raise OutputInvalid(f"{text!r} is not one of {list(constraint.value)!r}")
+        return text
+    if constraint.kind == "regex":
+        if re.fullmatch(constraint.value, text) is None:
+            raise OutputInvalid(f"{text!r} does not match the pattern {constraint.value!r}")
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OutputInvalid(f"the output is not valid JSON: {exc}") from None
+    if constraint.model is not None:
+        try:
+            return constraint.model.model_validate(value)
+        except pydantic.ValidationError as exc:
+            raise OutputInvalid(_pydantic_errors(exc)) from None
+    _check_json_schema(constraint.value, value)
+    return value
+
+
+def _pydantic_errors(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors(include_url=False)
+    )
+
+
+def _check_json_schema(schema: Any, value: Any) -> None:
+    """Dict schemas: checked with ``jsonschema`` when it is installed (grammar-constrained output
+    already conforms; this catches a remote server that did not constrain)."""
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    problems = list(jsonschema.Draft202012Validator(schema).iter_errors(value))
+    if problems:
+        raise OutputInvalid(
+            "; ".join(f"/{'/'.join(map(str, p.absolute_path))}: {p.message}" for p in problems)
+        )
+
+
+def _feedback(error: str) -> str:
+    return f"That answer failed validation: {error}\nAnswer again with the problems fixed."
+
+
+def generate_flow(
+    request: ModelRequest, max_retries: int
+) -> Generator[ModelRequest, ModelResponse, tuple[Any, Usage]]:
+    """Ask, validate, and re-ask with the validation error appended, at most ``max_retries`` times."""
+    raw_outputs: list[str] = []
+    errors: list[str] = []
+    usage = Usage()
+    messages = request.messages
+    for _ in range(max_retries + 1):
+        response = yield dataclasses.replace(request, messages=messages)
+        usage = usage + response.usage
+        text = response.content
+        try:
+            return decode(request.constraint, text, response.finish_reason), usage
+        except OutputInvalid as exc:
+            raw_outputs.append(text)
+            errors.append(str(exc))
+            messages = [
+                *messages,
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": _feedback(str(exc))},
+            ]
+    raise ValidationRetryError(
+        f"no valid output after {len(raw_outputs)} attempt(s)", raw_outputs=raw_outputs, errors=errors
+    )
+
+
+class PartialStream:
+    """Turns streamed text into partial values (see :mod:`partial_json`); ``finish`` gives the final value.
+
+    JSON schemas yield partial objects (Pydantic partials built with ``model_construct`` for a
+    model, plain dicts for a dict schema) whenever the prefix-consistent view changes; other
+    constraints yield the text so far.
+    """
+
+    def __init__(self, constraint: Constraint | None) -> None:
+        self._constraint = constraint
+        self._parser = PartialJSON() if constraint is not None and constraint.is_json else None
+        self._text = ""
+        self._last: Any = None
+
+    def feed(self, delta: str) -> list[Any]:
+        """Add streamed text; returns the partial values that became visible (zero or one)."""
+        if not delta:
+            return []
+        self._text += delta
+        if self._parser is None:
+            return [self._text]
+        try:
+            self._parser.feed(delta)
+        except PartialJSONError:
+            return []  # not JSON (a server that ignored the constraint): decided in finish()
+        root = self._parser.root
+        if root is None:
+            return []
+        view = root.to_python()
+        if view == self._last:
+            return []
+        self._last = view
+        assert self._constraint is not None
+        if self._constraint.model is not None:
+            return [partial_model(root, self._constraint.model)]
+        return [view]
+
+    def finish(self, finish_reason: str) -> Any:
+        """The validated final value; :class:`ValidationRetryError` (one attempt) when it is not valid."""
+        try:
+            return decode(self._constraint, self._text, finish_reason)
+        except OutputInvalid as exc:
+            raise ValidationRetryError(
+                "the streamed output is not valid", raw_outputs=[self._text], errors=[str(exc)]
+            ) from None

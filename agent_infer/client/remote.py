@@ -1,0 +1,271 @@
+"""The remote backend: any OpenAI-compatible ``/v1/chat/completions`` server over httpx.
+
+JSON schemas go as ``response_format: {"type": "json_schema", "json_schema": {..., "strict": true}}``;
+regex, grammar and choice as vLLM's ``structured_outputs: {"regex" | "grammar" | "choice": ...}``;
+tools as ``tools`` / ``tool_choice`` / ``parallel_tool_calls``. Streaming reads server-sent events,
+tool-call deltas included. An HTTP error becomes :class:`RemoteError` with the status and body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from agent_infer.client.request import (
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    Usage,
+    arguments_text,
+    assistant_message,
+)
+from agent_infer.errors import ConfigError, RemoteError
+from agent_infer.tool_formats import ToolCallDelta
+
+_PATH = "/chat/completions"
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:
+        raise ConfigError(
+            "the remote client needs httpx: pip install 'agent-infer[server]' (or httpx)"
+        ) from None
+    return httpx
+
+
+def request_body(model: str, request: ModelRequest, stream: bool) -> dict[str, Any]:
+    """The chat-completions JSON body for ``request``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [_wire_message(m) for m in request.messages],
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_tokens": request.max_tokens,
+    }
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if request.stop:
+        body["stop"] = list(request.stop)
+    c = request.constraint
+    if c is not None:
+        if c.kind == "json_schema":
+            name = getattr(c.model, "__name__", None) or "output"
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": c.value, "strict": True},
+            }
+        elif c.kind == "choice":
+            body["structured_outputs"] = {"choice": list(c.value)}
+        elif c.kind == "regex":
+            body["structured_outputs"] = {"regex": c.value}
+        else:
+            body["structured_outputs"] = {"grammar": c.grammar_text}
+    if request.tools:
+        body["tools"] = [t.to_openai() for t in request.tools]
+        choice = request.tool_choice
+        if isinstance(choice, Mapping) and "function" not in choice:
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        body["tool_choice"] = choice
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(message)
+    if out.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": c.get("id"),
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": arguments_text(c["function"].get("arguments", {})),
+                },
+            }
+            for c in out["tool_calls"]
+        ]
+    return out
+
+
+def _usage(data: Any) -> Usage:
+    if not isinstance(data, Mapping):
+        return Usage(requests=1)
+    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0), 1)
+
+
+def parse_response(data: Any) -> ModelResponse:
+    """A ``chat.completion`` object as a :class:`ModelResponse`."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        calls = [
+            {
+                "id": c.get("id") or f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": arguments_text(c["function"].get("arguments") or "{}"),
+                },
+            }
+            for i, c in enumerate(message.get("tool_calls") or [])
+        ]
+        return ModelResponse(
+            assistant_message(message.get("content"), calls),
+            choice.get("finish_reason") or "stop",
+            _usage(data.get("usage")),
+        )
+    except (KeyError, IndexError, TypeError) as exc:
+        raise RemoteError(
+            f"the server's reply is not a chat completion ({type(exc).__name__}: {exc})",
+            status=200,
+            body=json.dumps(data)[:2000] if not isinstance(data, str) else data,
+        ) from None
+
+
+def parse_event(data: Mapping[str, Any]) -> StreamChunk:
+    """One ``chat.completion.chunk`` as a :class:`StreamChunk`."""
+    usage = _usage(data["usage"]) if data.get("usage") else None
+    choices = data.get("choices") or []
+    if not choices:
+        return StreamChunk(usage=usage)
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    calls = tuple(
+        ToolCallDelta(
+            index=int(c.get("index", 0)),
+            id=c.get("id"),
+            name=(c.get("function") or {}).get("name"),
+            arguments=(c.get("function") or {}).get("arguments") or "",
+        )
+        for c in delta.get("tool_calls") or []
+    )
+    return StreamChunk(delta.get("content") or "", calls, choice.get("finish_reason"), usage)
+
+
+class _SSE:
+    """Server-sent-event lines to decoded JSON payloads (``[DONE]`` ends the stream)."""
+
+    @staticmethod
+    def payload(line: str) -> Any:
+        if not line.startswith("data:"):
+            return None  # comments, event names, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return StopIteration
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError:
+            raise RemoteError("the server sent an event that is not JSON", status=200, body=data) from None
+
+
+def _check(status: int, text: str) -> None:
+    if status >= 400:
+        raise RemoteError("the server rejected the request", status=status, body=text)
+
+
+class RemoteBackend:
+    """Model calls against an OpenAI-compatible server; sync and async clients are made on first use."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = timeout
+        self._sync: Any = None
+        self._async: Any = None
+
+    @property
+    def _url(self) -> str:
+        return self.base_url + _PATH
+
+    def _client(self) -> Any:
+        if self._sync is None:
+            self._sync = _httpx().Client(headers=self._headers, timeout=self._timeout)
+        return self._sync
+
+    def _aclient(self) -> Any:
+        if self._async is None:
+            self._async = _httpx().AsyncClient(headers=self._headers, timeout=self._timeout)
+        return self._async
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """One blocking chat-completions call."""
+        httpx = _httpx()
+        try:
+            r = self._client().post(self._url, json=request_body(self.model, request, False))
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach {self._url}", status=0, body=str(exc)) from exc
+        _check(r.status_code, r.text)
+        return parse_response(_json(r.text))
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamChunk]:
+        """A streamed call: one chunk per server event."""
+        httpx = _httpx()
+        body = request_body(self.model, request, True)
+        try:
+            with self._client().stream("POST", self._url, json=body) as r:
+                if r.status_code >= 400:
+                    _check(r.status_code, r.read().decode("utf-8", "replace"))
+                for line in r.iter_lines():
+                    payload = _SSE.payload(line)
+                    if payload is StopIteration:
+                        return
+                    if payload is not None:
+                        yield parse_event(payload)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"the stream from {self._url} failed", status=0, body=str(exc)) from exc
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        """Async :meth:`complete`."""
+        httpx = _httpx()
+        try:
+            r = await self._aclient().post(self._url, json=request_body(self.model, request, False))
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach {self._url}", status=0, body=str(exc)) from exc
+        _check(r.status_code, r.text)
+        return parse_response(_json(r.text))
+
+    async def astream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Async :meth:`stream`."""
+        httpx = _httpx()
+        body = request_body(self.model, request, True)
+        try:
+            async with self._aclient().stream("POST", self._url, json=body) as r:
+                if r.status_code >= 400:
+                    _check(r.status_code, (await r.aread()).decode("utf-8", "replace"))
+                async for line in r.aiter_lines():
+                    payload = _SSE.payload(line)
+                    if payload is StopIteration:
+                        return
+                    if payload is not None:
+                        yield parse_event(payload)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"the stream from {self._url} failed", status=0, body=str(exc)) from exc
+
+    def close(self) -> None:
+        """Close the sync HTTP connection pool (the async one closes in :meth:`aclose`)."""
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    async def aclose(self) -> None:
+        """Close both connection pools."""
+        self.close()
+        if self._async is not None:
+            await self._async.aclose()
+            self._async = None
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise RemoteError("the server's reply is not JSON", status=200, body=text) from None

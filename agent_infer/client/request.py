@@ -1,0 +1,216 @@
+"""What a client asks a backend for and what comes back: one model call, local or remote.
+
+The ``Client`` logic (validation retries, streaming partials, the agent loop) is written against
+these types only, so the local engine and a remote OpenAI-compatible server are interchangeable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_infer.errors import InvalidRequestError
+from agent_infer.grammar.ir import Grammar
+from agent_infer.tool_formats.base import ToolCallDelta
+from agent_infer.tools import Tool
+
+Message = dict[str, Any]
+ToolChoice = str | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The output constraint of one call: ``kind`` is json_schema, regex, grammar or choice.
+
+    ``value`` is the JSON Schema dict, the regex, the grammar (GBNF text or a :class:`Grammar`) or
+    the tuple of choices; ``model`` the Pydantic class when the schema came from one.
+    """
+
+    kind: str
+    value: Any
+    model: Any = field(default=None, compare=False)
+
+    @classmethod
+    def from_keywords(
+        cls, *, schema: Any = None, regex: str | None = None, grammar: Any = None, choice: Any = None
+    ) -> Constraint | None:
+        """The one constraint among the keywords (None when none is given); two or more is an error."""
+        given = {
+            k: v
+            for k, v in (("schema", schema), ("regex", regex), ("grammar", grammar), ("choice", choice))
+            if v is not None
+        }
+        if len(given) > 1:
+            raise InvalidRequestError(
+                f"give at most one of schema=, regex=, grammar=, choice= (got {', '.join(given)})",
+                field=next(iter(given)),
+            )
+        if schema is not None:
+            if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+                return cls("json_schema", close_objects(schema.model_json_schema()), schema)
+            if isinstance(schema, dict | bool):
+                return cls("json_schema", schema)
+            raise InvalidRequestError(
+                f"schema must be a Pydantic model class or a JSON Schema dict, got {type(schema).__name__}",
+                field="schema",
+            )
+        if regex is not None:
+            if not isinstance(regex, str) or not regex:
+                raise InvalidRequestError("regex must be a non-empty string", field="regex")
+            return cls("regex", regex)
+        if grammar is not None:
+            if not isinstance(grammar, str | Grammar):
+                raise InvalidRequestError(
+                    "grammar must be GBNF text or an agent_infer.grammar.Grammar", field="grammar"
+                )
+            return cls("grammar", grammar)
+        if choice is not None:
+            if (
+                isinstance(choice, str)
+                or not isinstance(choice, Sequence)
+                or not choice
+                or not all(isinstance(c, str) for c in choice)
+            ):
+                raise InvalidRequestError("choice must be a non-empty list of strings", field="choice")
+            return cls("choice", tuple(choice))
+        return None
+
+    @property
+    def is_json(self) -> bool:
+        """True when the output is a JSON document."""
+        return self.kind == "json_schema"
+
+    @property
+    def grammar_text(self) -> str:
+        """The grammar as GBNF text (what a remote server is sent)."""
+        return str(self.value)  # a Grammar prints as GBNF
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call: the conversation, an optional constraint or tools, and decoding settings."""
+
+    messages: list[Message]
+    constraint: Constraint | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = None
+    top_p: float = 1.0
+    stop: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts, summed over every model call of an operation."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.requests + other.requests,
+        )
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """One model call's answer: the assistant message (OpenAI shape), its raw text and usage."""
+
+    message: Message
+    finish_reason: str
+    usage: Usage
+
+    @property
+    def content(self) -> str:
+        """The assistant's text ('' when it only called tools)."""
+        return self.message.get("content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The OpenAI-shaped tool calls (``arguments`` as JSON text)."""
+        return list(self.message.get("tool_calls") or [])
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """A piece of a streamed answer: new text and/or tool-call deltas; the last has ``finish_reason``."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+def close_objects(schema: Any) -> Any:
+    """``additionalProperties: false`` on every object schema with declared properties (OpenAI's strict
+    rule): Pydantic drops unknown keys anyway, and an open object lets a model add keys forever."""
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        k: (
+            {name: close_objects(sub) for name, sub in v.items()}
+            if k in ("properties", "$defs", "definitions") and isinstance(v, dict)
+            else v
+            if k in ("enum", "const", "default", "examples")
+            else close_objects(v)
+        )
+        for k, v in schema.items()
+    }
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def assistant_message(content: str | None, tool_calls: Sequence[Mapping[str, Any]]) -> Message:
+    """An OpenAI assistant message (``tool_calls`` only when there are some)."""
+    message: Message = {"role": "assistant", "content": content if content else None}
+    if tool_calls:
+        message["tool_calls"] = [dict(c) for c in tool_calls]
+    elif message["content"] is None:
+        message["content"] = ""
+    return message
+
+
+def as_messages(
+    prompt_or_messages: str | Sequence[Mapping[str, Any]], system: str | None = None
+) -> list[Message]:
+    """A plain prompt becomes one user message; a message list is checked and copied."""
+    if isinstance(prompt_or_messages, str):
+        if not prompt_or_messages:
+            raise InvalidRequestError("the prompt is empty", field="prompt")
+        messages: list[Message] = [{"role": "user", "content": prompt_or_messages}]
+    elif isinstance(prompt_or_messages, Sequence) and prompt_or_messages:
+        messages = []
+        for i, m in enumerate(prompt_or_messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                raise InvalidRequestError(
+                    f"messages[{i}] must be a mapping with a string 'role'", field=f"messages[{i}]"
+                )
+            messages.append(dict(m))
+    else:
+        raise InvalidRequestError(
+            "give a prompt string or a non-empty list of chat messages", field="prompt_or_messages"
+        )
+    if system is not None:
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def arguments_text(arguments: Any) -> str:
+    """Tool-call arguments as JSON text (OpenAI sends text; some servers send objects)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
