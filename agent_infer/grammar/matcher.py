@@ -100,7 +100,7 @@ class GrammarMatcher:
     def find_forced_string(self) -> str:
         """The text the grammar fixes next (cut to whole UTF-8 characters)."""
         data, _ = self._m.forced_bytes()
-        return _whole_chars(bytes(data)).decode("utf-8")
+        return _whole_chars(_from_char_start(bytes(data))).decode("utf-8")
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar fixes next, canonically tokenized and safe to append without sampling.
@@ -112,6 +112,10 @@ class GrammarMatcher:
         """
         info = self._compiled.tokenizer_info
         data, must_end = self.find_forced_bytes()
+        if data and (data[0] & 0xC0) == 0x80:
+            # The last accepted token ended inside a multi-byte character: the rest of that
+            # character has no canonical tokenization of its own, so let the model sample it.
+            return []
         text_bytes = _whole_chars(data)
         if len(text_bytes) < len(data):
             must_end = False
@@ -146,6 +150,14 @@ class GrammarMatcher:
 
 # Continuations tried when checking that forced token boundaries are stable.
 _PROBES = ("a", "Z", "0", " ", " a", "\n", '"', "'", ",", ".", "}", "é", "日", "xxxxxxxx", "_", "-")
+
+
+def _from_char_start(data: bytes) -> bytes:
+    """``data`` without leading UTF-8 continuation bytes (the tail of a character begun earlier)."""
+    start = 0
+    while start < len(data) and start < 3 and (data[start] & 0xC0) == 0x80:
+        start += 1
+    return data[start:]
 
 
 def _whole_chars(data: bytes) -> bytes:
