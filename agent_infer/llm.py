@@ -19,7 +19,9 @@ class LLM:
     """Loads a model once and runs batches of prompts to completion.
 
     ``model`` is a GGUF file or Hugging Face directory (None: the default SmolLM2-135M-Instruct).
-    Keyword arguments are :class:`EngineConfig` fields; an unknown one raises ``ConfigError``.
+    Keyword arguments are :class:`EngineConfig` fields (e.g. ``async_scheduling``,
+    ``forced_tokens``, ``grammar_workers`` for structured generation); an unknown one raises
+    ``ConfigError``.
     """
 
     def __init__(self, model: str | None = None, **config: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from agent_infer import envs
 from agent_infer.errors import ConfigError
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -20,6 +21,11 @@ class EngineConfig:
     The KV pool is ``num_kv_blocks`` blocks of ``block_size`` tokens when given; otherwise as many
     blocks as fit in ``kv_cache_memory_bytes``. ``max_model_len`` of None means the model's own
     context length. ``accelerator`` of None defers to ``AGENT_INFER_ACCELERATOR``.
+
+    Structured generation: ``async_scheduling`` fills grammar bitmasks on a background thread
+    while the forward pass runs (None defers to ``AGENT_INFER_ASYNC_SCHEDULING``, default on);
+    ``forced_tokens`` appends the tokens a grammar fixes without sampling them (jump-forward);
+    ``grammar_workers`` is the size of the pool that compiles request grammars.
     """
 
     block_size: int = 16
@@ -31,6 +37,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "float32"
     accelerator: str | None = None
+    async_scheduling: bool | None = None
+    forced_tokens: bool = True
+    grammar_workers: int = 2
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
@@ -39,8 +48,12 @@ class EngineConfig:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError("enable_prefix_caching must be a bool")
+        _positive_int("grammar_workers", self.grammar_workers)
+        for name in ("enable_prefix_caching", "forced_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ConfigError("async_scheduling must be a bool or None")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; expected one of {', '.join(_DTYPES)}")
 
@@ -52,6 +65,13 @@ class EngineConfig:
             if key not in known:
                 raise ConfigError(f"unknown engine option {key!r}; known: {', '.join(sorted(known))}")
         return cls(**kwargs)
+
+    @property
+    def use_async_scheduling(self) -> bool:
+        """Whether the mask fill overlaps the forward pass (the field, else the environment)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return envs.async_scheduling()
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,36 +1,55 @@
-"""Grammar constraints inside the engine: compile per request, mask logits, advance matchers.
+"""Grammar constraints inside the engine: lower per request, compile in a pool, mask logits.
 
-The two-level interface between engine and grammar (vLLM v1 style): the engine asks this manager
-for a matcher when a constrained request arrives, and hands it each step's logits rows to mask.
-Everything grammar-specific (tokenizer vocabulary bytes, compile cache) lives behind it.
+The two-level interface between engine and grammar (vLLM v1 style): the engine lowers a
+constrained request's constraint when it arrives (cheap; a bad constraint fails that request at
+once), submits the token-level compile to a worker pool, and hands each step's sampling rows to
+be masked. Everything grammar-specific (tokenizer vocabulary bytes, compile cache) lives here.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import torch
 
+from agent_infer.engine.grammar_worker import GrammarWorkerPool
+from agent_infer.engine.mask_filler import MaskFiller, PendingMasks
 from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.structured import StructuredOutput
 
 if TYPE_CHECKING:
     from agent_infer.engine.sequence import Sequence
     from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+    from agent_infer.grammar.ir import Grammar
     from agent_infer.grammar.matcher import GrammarMatcher
     from agent_infer.model.tokenizer import Tokenizer
 
 
 class GrammarManager:
-    """Compiles request constraints for one model's tokenizer and applies their token masks."""
+    """Compiles request constraints for one model's tokenizer and applies their token masks.
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+    ``num_workers`` threads compile grammars; ``overlap`` fills bitmasks on a background thread
+    during the forward pass (see :mod:`agent_infer.engine.mask_filler`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        *,
+        num_workers: int = 2,
+        overlap: bool = False,
+    ) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
         self._lock = threading.Lock()
+        self._pool = GrammarWorkerPool(self.compile, num_workers)
+        self.filler = MaskFiller(vocab_size, overlap=overlap)
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -46,32 +65,56 @@ class GrammarManager:
                 self._compiler = GrammarCompiler(info)
             return self._compiler
 
-    def compile(self, structured: StructuredOutput) -> CompiledGrammar:
-        """Lower and compile one constraint; front-end errors surface as InvalidRequestError."""
+    # --- compile -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def lower(structured: StructuredOutput) -> Grammar:
+        """Constraint -> IR; a front-end error becomes InvalidRequestError(field="structured")."""
         try:
-            return self.compiler.compile(structured.to_grammar())
+            return structured.to_grammar()
         except GrammarError as exc:
             raise InvalidRequestError(f"invalid constraint: {exc}", field="structured") from exc
 
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        """Token-level compile of a lowered grammar (cached across requests by the compiler)."""
+        return self.compiler.compile(grammar)
+
+    def submit(self, grammar: Grammar) -> Future[GrammarMatcher]:
+        """Compile ``grammar`` in the worker pool; the future yields a fresh matcher."""
+        return self._pool.submit(grammar)
+
     def new_matcher(self, structured: StructuredOutput) -> GrammarMatcher:
-        """A fresh matcher for one request."""
+        """Lower and compile synchronously: a fresh matcher for one request."""
         from agent_infer.grammar.matcher import GrammarMatcher
 
-        return GrammarMatcher(self.compile(structured))
+        grammar = self.lower(structured)
+        try:
+            return GrammarMatcher(self.compile(grammar))
+        except GrammarError as exc:
+            raise InvalidRequestError(f"invalid constraint: {exc}", field="structured") from exc
 
-    def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """Mask rows of ``logits`` (one per sequence, in order) whose sequence has a matcher."""
-        rows = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
-        matchers = [m for m in (seq.matcher for seq in seqs) if m is not None]
-        if not rows:
+    # --- masks -------------------------------------------------------------------------------------
+
+    def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
+        """Begin filling the bitmask for sampling rows ``seqs`` (in order); None if none is constrained."""
+        return self.filler.start([seq.matcher for seq in seqs])
+
+    def apply_masks(self, logits: torch.Tensor, pending: PendingMasks | None) -> None:
+        """Join the fill started by :meth:`start_masks` and ``-inf`` the disallowed logits."""
+        if pending is None:
             return
-        from agent_infer.grammar.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
-        from agent_infer.grammar.matcher import fill_next_token_bitmask_batch
+        from agent_infer.grammar.bitmask import apply_token_bitmask_inplace
 
-        bitmask = allocate_token_bitmask(len(seqs), logits.shape[-1])
-        fill_next_token_bitmask_batch(matchers, bitmask, rows)
-        index = torch.tensor(rows, dtype=torch.int64)
-        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        bitmask = pending.result()
+        index = torch.tensor(pending.rows, dtype=torch.int64)
+        if logits.device.type == "cpu":
             apply_token_bitmask_inplace(logits, bitmask, index)
         else:
-            apply_token_bitmask_inplace(logits, bitmask.to(logits.device), index.to(logits.device))
+            apply_token_bitmask_inplace(
+                logits, bitmask.to(logits.device, non_blocking=True), index.to(logits.device)
+            )
+
+    def shutdown(self) -> None:
+        """Stop the compile pool and the fill thread."""
+        self._pool.shutdown()
+        self.filler.shutdown()

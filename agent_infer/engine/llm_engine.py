@@ -29,6 +29,10 @@ Prompt = str | list[int] | list[dict[str, Any]]
 # starts a decode (SentencePiece) still produce the right text.
 _DETOKENIZE_CONTEXT = 5
 
+# How long step() blocks for a grammar compile when nothing else can run; short, so that aborts
+# and new requests are still served promptly.
+_GRAMMAR_POLL_SECONDS = 0.05
+
 
 class LLMEngine:
     """Accepts requests, steps the batch, and reports progress as :class:`RequestOutput`.
@@ -63,7 +67,13 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler()
-        self.grammar = GrammarManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.grammar = GrammarManager(
+            self.tokenizer,
+            self.vocab_size,
+            self.eos_token_ids,
+            num_workers=self.config.grammar_workers,
+            overlap=self.config.use_async_scheduling,
+        )
         self.requests: dict[str, Sequence] = {}
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
@@ -100,8 +110,9 @@ class LLMEngine:
             generator=None if params.greedy else make_generator(params, self.accelerator.device),
         )
         if params.structured is not None:
-            # Compiled before queueing so a bad constraint fails this request alone, at once.
-            seq.matcher = self.grammar.new_matcher(params.structured)
+            # Lowered here so a bad constraint fails this request alone, at once; the token-level
+            # compile runs in the worker pool while the request waits in WAITING_FOR_GRAMMAR.
+            seq.grammar_future = self.grammar.submit(self.grammar.lower(params.structured))
         seq.prefix_offset = max(len(token_ids) - _DETOKENIZE_CONTEXT, 0)
         seq.read_offset = len(token_ids)
         self.requests[request_id] = seq
@@ -146,6 +157,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batch; return outputs of requests that produced a token or finished."""
         outputs, self._pending = self._pending, []
+        self.scheduler.wait_for_grammars(_GRAMMAR_POLL_SECONDS)
         plan = self.scheduler.schedule()
         for seq in plan.failed:
             outputs.append(self._release(seq))
@@ -187,11 +199,19 @@ class LLMEngine:
     def _forward_and_sample(
         self, batch: list[ScheduledSequence]
     ) -> dict[Sequence, tuple[int, dict[int, float] | None]]:
-        logits = self.runner.run(batch)
+        seqs = [item.seq for item in batch if item.samples]
+        # With async scheduling the fill runs on a background thread during the forward pass; the
+        # matchers already hold every token accepted so far, forced ones included.
+        pending = self.grammar.start_masks(seqs)
+        try:
+            logits = self.runner.run(batch)
+        except BaseException:
+            if pending is not None:
+                pending.wait_quietly()  # the retry path must not fill these matchers concurrently
+            raise
         if logits is None:
             return {}
-        seqs = [item.seq for item in batch if item.samples]
-        self.grammar.apply_masks(logits, seqs)
+        self.grammar.apply_masks(logits, pending)
         result: SamplerOutput = self.sampler(logits, seqs)
         return {seq: (tok, lp) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
 
@@ -210,11 +230,30 @@ class LLMEngine:
         if seq.matcher is not None and not seq.matcher.accept_token(token):
             # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
             raise EngineError(f"grammar rejected sampled token {token} despite the mask")
-        seq.append_token(token)
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
+        if self._append(seq, token):
+            return
+        # Forced tokens have no model distribution to report, so requests asking for logprobs
+        # sample every token instead of jumping forward.
+        if self.config.forced_tokens and seq.matcher is not None and seq.logprobs is None:
+            self._jump_forward(seq)
+
+    def _jump_forward(self, seq: Sequence) -> None:
+        """Append the tokens the grammar fixes next; the scheduler feeds them as one chunk."""
+        assert seq.matcher is not None
+        for token in seq.matcher.forced_tokens():
+            if not seq.matcher.accept_token(token):
+                raise EngineError(f"grammar rejected its own forced token {token}")
+            seq.num_forced_tokens += 1
+            if self._append(seq, token):
+                return
+
+    def _append(self, seq: Sequence, token: int) -> bool:
+        """Record one accepted token and apply the stop conditions; True when ``seq`` finished."""
+        seq.append_token(token)
         params = seq.params
         grammar_done = seq.matcher is not None and seq.matcher.is_terminated()
         if (
@@ -224,12 +263,13 @@ class LLMEngine:
         ):
             # The stop token stays in token_ids but its text is not part of the answer.
             self._finish(seq, FinishReason.STOP)
-            return
+            return True
         self._detokenize(seq)
         if params.stop_strings and self._truncate_at_stop(seq):
             self._finish(seq, FinishReason.STOP)
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, FinishReason.LENGTH)
+        return seq.is_finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish(reason)

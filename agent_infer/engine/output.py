@@ -11,13 +11,15 @@ from agent_infer.engine.sequence import FinishReason, Sequence
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    """Timings in seconds (``time.perf_counter`` clock) and preemption count of one request."""
+    """Timings in seconds (``time.perf_counter`` clock), preemptions, and how many output tokens
+    the grammar forced (appended by jump-forward without sampling)."""
 
     arrival_time: float
     first_scheduled_time: float | None
     first_token_time: float | None
     finished_time: float | None
     num_preemptions: int
+    num_forced_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -110,6 +112,7 @@ class RequestOutput:
                 first_token_time=m.first_token_time,
                 finished_time=m.finished_time,
                 num_preemptions=m.num_preemptions,
+                num_forced_tokens=seq.num_forced_tokens,
             ),
         )
 

@@ -5,12 +5,18 @@ arrival order: a decoding sequence costs one token, a sequence mid-prefill costs
 Whatever budget is left admits waiting sequences, whose prompt may be cut into a chunk. When the
 KV pool is exhausted, the newest running sequence is preempted: its blocks are freed and it goes
 back to the head of the queue; its generated tokens are kept and re-prefilled when it returns.
+
+A constrained request whose grammar is still compiling waits outside the queue
+(``WAITING_FOR_GRAMMAR``) and joins the tail of the queue once its compile is done; a failed compile
+ends that request alone. Several uncomputed tokens of a running sequence (forced tokens appended by
+jump-forward, or a recompute after preemption) are fed as one chunk like a prefill.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 from agent_infer.engine.block_manager import BlockManager
@@ -61,23 +67,59 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.waiting_for_grammar: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new sequence."""
+        """Queue a new sequence (held back while ``seq.grammar_future`` is pending)."""
+        if seq.grammar_future is not None:
+            seq.status = SequenceStatus.WAITING_FOR_GRAMMAR
+            self.waiting_for_grammar.append(seq)
+            return
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        """True while any sequence waits or runs."""
-        return bool(self.waiting or self.running)
+        """True while any sequence compiles its grammar, waits or runs."""
+        return bool(self.waiting or self.running or self.waiting_for_grammar)
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block up to ``timeout`` s for a compile when nothing else could run (no busy loop)."""
+        if self.waiting or self.running or not self.waiting_for_grammar:
+            return
+        futures = [s.grammar_future for s in self.waiting_for_grammar if s.grammar_future is not None]
+        wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def _promote_compiled(self) -> list[Sequence]:
+        """Move sequences whose grammar is compiled into the queue; return those whose compile failed."""
+        failed: list[Sequence] = []
+        for seq in list(self.waiting_for_grammar):
+            future = seq.grammar_future
+            if future is not None and not future.done():
+                continue
+            self.waiting_for_grammar.remove(seq)
+            seq.grammar_future = None
+            if future is not None and future.cancelled():  # the pool was shut down under it
+                seq.finish(FinishReason.ERROR, "grammar compile was cancelled (engine shutting down)")
+                failed.append(seq)
+                continue
+            exc = future.exception() if future is not None else None
+            if exc is not None:
+                seq.finish(FinishReason.ERROR, f"grammar compile failed: {type(exc).__name__}: {exc}")
+                failed.append(seq)
+                continue
+            if future is not None:
+                seq.matcher = future.result()
+            seq.status = SequenceStatus.WAITING
+            self.waiting.append(seq)
+        return failed
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch (running sequences first, then admissions)."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
-        failed: list[Sequence] = []
+        failed: list[Sequence] = self._promote_compiled()
 
         # Iterate over a snapshot: preemption removes victims from the tail of ``self.running``.
         queue = list(self.running)
@@ -147,5 +189,10 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.waiting_for_grammar:
+            self.waiting_for_grammar.remove(seq)
+            if seq.grammar_future is not None:
+                seq.grammar_future.cancel()  # a compile already running still completes, unused
+                seq.grammar_future = None
         if seq.block_table:
             self.block_manager.deallocate(seq)

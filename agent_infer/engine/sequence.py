@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
 
 
 class SequenceStatus(enum.Enum):
-    """Where a sequence is: waiting for KV blocks, in the running batch, or done."""
+    """Where a sequence is: compiling its grammar, waiting for KV blocks, running, or done."""
 
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -76,6 +78,9 @@ class Sequence:
         # Grammar state of a constrained request (None when unconstrained); it advances with every
         # sampled token and survives preemption, since generated tokens are kept and re-prefilled.
         self.matcher: GrammarMatcher | None = None
+        # The matcher being built by the grammar worker pool while the status is WAITING_FOR_GRAMMAR.
+        self.grammar_future: Future[GrammarMatcher] | None = None
+        self.num_forced_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.output_text = ""
         # Incremental detokenization state: text is decoded from ``prefix_offset`` so multi-token

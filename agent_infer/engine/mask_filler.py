@@ -1,0 +1,80 @@
+"""Token-bitmask filling for one step's constrained rows, optionally overlapped with the forward pass.
+
+With overlap on, the fill starts on a background thread before the model runs and the engine
+joins it right before sampling; the native fill releases the GIL, so it proceeds while torch
+computes. The matchers must not change between :meth:`MaskFiller.start` and the join: the
+engine accepts tokens only in postprocess, after sampling, so this holds by construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.matcher import GrammarMatcher
+
+
+class PendingMasks:
+    """The bitmask for one step's sampling rows: already filling in the background, or filled on demand."""
+
+    def __init__(
+        self,
+        matchers: list[GrammarMatcher],
+        rows: list[int],
+        num_rows: int,
+        vocab_size: int,
+        executor: ThreadPoolExecutor | None,
+    ) -> None:
+        self.matchers = matchers
+        self.rows = rows
+        self._num_rows = num_rows
+        self._vocab_size = vocab_size
+        self._future: Future[torch.Tensor] | None = executor.submit(self._fill) if executor else None
+
+    def _fill(self) -> torch.Tensor:
+        from agent_infer.grammar.bitmask import allocate_token_bitmask
+        from agent_infer.grammar.matcher import fill_next_token_bitmask_batch
+
+        bitmask = allocate_token_bitmask(self._num_rows, self._vocab_size)
+        fill_next_token_bitmask_batch(self.matchers, bitmask, self.rows)
+        return bitmask
+
+    def result(self) -> torch.Tensor:
+        """The filled int32 bitmask ``[num_rows, words]`` (rows without a matcher allow everything)."""
+        return self._future.result() if self._future is not None else self._fill()
+
+    def wait_quietly(self) -> None:
+        """Block until a background fill is over, ignoring its outcome (the step is being abandoned)."""
+        if self._future is not None:
+            # The abandoned step reports its own error; the fill's outcome adds nothing.
+            with contextlib.suppress(Exception):
+                self._future.result()
+
+
+class MaskFiller:
+    """Starts bitmask fills for a step's sampling rows; ``overlap`` puts them on a background thread."""
+
+    def __init__(self, vocab_size: int, *, overlap: bool) -> None:
+        self.vocab_size = vocab_size
+        self.overlap = overlap
+        # One thread: fills of consecutive steps never run concurrently (matchers are not shared-safe).
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-infer-mask") if overlap else None
+        )
+
+    def start(self, matchers: list[GrammarMatcher | None]) -> PendingMasks | None:
+        """Begin filling one row per entry (None: unconstrained row); None when no row is constrained."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return None
+        active = [m for m in matchers if m is not None]
+        return PendingMasks(active, rows, len(matchers), self.vocab_size, self._executor)
+
+    def shutdown(self) -> None:
+        """Release the background thread."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
