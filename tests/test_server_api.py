@@ -43,6 +43,22 @@ def test_models_health_and_metrics(client: Any, server: LiveServer) -> None:
     assert re.search(r'agent_infer_http_requests_total\{endpoint="/v1/models",status="200"\} [1-9]', text)
 
 
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^agent_infer_{name} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} missing from /metrics"
+    return float(found.group(1))
+
+
+def test_metrics_count_grammar_compiles_and_mask_fills(client: Any, server: LiveServer) -> None:
+    before = httpx.get(server.base_url + "/metrics").text
+    _chat(client, server, "Pick one.", extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    after = httpx.get(server.base_url + "/metrics").text
+    for name in ("grammar_compile_seconds_count", "grammar_mask_seconds_count"):
+        assert _metric(after, name) > _metric(before, name)
+    assert _metric(after, "grammar_mask_seconds_sum") > 0
+    assert _metric(after, "requests_waiting_for_grammar") == 0
+
+
 def test_chat_completion(client: Any, server: LiveServer) -> None:
     resp = _chat(client, server, "Say hello.")
     choice = resp.choices[0]

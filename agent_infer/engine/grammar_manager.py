@@ -8,8 +8,11 @@ be masked. Everything grammar-specific (tokenizer vocabulary bytes, compile cach
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,6 +28,16 @@ if TYPE_CHECKING:
     from agent_infer.grammar.ir import Grammar
     from agent_infer.grammar.matcher import GrammarMatcher
     from agent_infer.model.tokenizer import Tokenizer
+
+
+@dataclass
+class GrammarTimings:
+    """Cumulative grammar work since the engine started, read by metrics (e.g. the server's /metrics)."""
+
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    mask_fills: int = 0
+    mask_seconds: float = 0.0
 
 
 class GrammarManager:
@@ -50,6 +63,8 @@ class GrammarManager:
         self._lock = threading.Lock()
         self._pool = GrammarWorkerPool(self.compile, num_workers)
         self.filler = MaskFiller(vocab_size, overlap=overlap)
+        self._timings = GrammarTimings()
+        self._timings_lock = threading.Lock()
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -77,7 +92,19 @@ class GrammarManager:
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         """Token-level compile of a lowered grammar (cached across requests by the compiler)."""
-        return self.compiler.compile(grammar)
+        start = time.perf_counter()
+        try:
+            return self.compiler.compile(grammar)
+        finally:
+            elapsed = time.perf_counter() - start
+            with self._timings_lock:
+                self._timings.compiles += 1
+                self._timings.compile_seconds += elapsed
+
+    def timings(self) -> GrammarTimings:
+        """A copy of the cumulative compile and mask-fill counters."""
+        with self._timings_lock:
+            return dataclasses.replace(self._timings)
 
     def submit(self, grammar: Grammar) -> Future[GrammarMatcher]:
         """Compile ``grammar`` in the worker pool; the future yields a fresh matcher."""
@@ -106,6 +133,9 @@ class GrammarManager:
         from agent_infer.grammar.bitmask import apply_token_bitmask_inplace
 
         bitmask = pending.result()
+        with self._timings_lock:
+            self._timings.mask_fills += 1
+            self._timings.mask_seconds += pending.fill_seconds
         index = torch.tensor(pending.rows, dtype=torch.int64)
         if logits.device.type == "cpu":
             apply_token_bitmask_inplace(logits, bitmask, index)

@@ -9,6 +9,7 @@ engine accepts tokens only in postprocess, after sampling, so this holds by cons
 from __future__ import annotations
 
 import contextlib
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -33,14 +34,18 @@ class PendingMasks:
         self.rows = rows
         self._num_rows = num_rows
         self._vocab_size = vocab_size
+        #: Seconds the fill took (set once it has run), for the grammar metrics.
+        self.fill_seconds = 0.0
         self._future: Future[torch.Tensor] | None = executor.submit(self._fill) if executor else None
 
     def _fill(self) -> torch.Tensor:
         from agent_infer.grammar.bitmask import allocate_token_bitmask
         from agent_infer.grammar.matcher import fill_next_token_bitmask_batch
 
+        start = time.perf_counter()
         bitmask = allocate_token_bitmask(self._num_rows, self._vocab_size)
         fill_next_token_bitmask_batch(self.matchers, bitmask, self.rows)
+        self.fill_seconds = time.perf_counter() - start
         return bitmask
 
     def result(self) -> torch.Tensor:

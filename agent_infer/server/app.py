@@ -209,4 +209,8 @@ def serve(
     config = config or ServerConfig()
     engine = LLMEngine(model, engine_config)
     app = create_app(engine, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
+    finally:
+        # The engine is ours alone here, so its compile pool and fill thread can go with the server.
+        engine.grammar.shutdown()

@@ -14,8 +14,9 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agent_infer.engine.grammar_manager import GrammarTimings
 from agent_infer.engine.llm_engine import LLMEngine, Prompt
 from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import EngineError
@@ -92,9 +93,11 @@ class EngineSnapshot:
     """Scheduler and KV-pool numbers, written by the engine thread after each iteration."""
 
     waiting: int = 0
+    waiting_for_grammar: int = 0
     running: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
+    grammar: GrammarTimings = field(default_factory=GrammarTimings)
 
 
 class AsyncEngine:
@@ -233,9 +236,11 @@ class AsyncEngine:
         blocks = self.engine.block_manager
         self.snapshot = EngineSnapshot(
             waiting=len(scheduler.waiting),
+            waiting_for_grammar=len(scheduler.waiting_for_grammar),
             running=len(scheduler.running),
             kv_blocks_total=blocks.num_blocks,
             kv_blocks_free=blocks.num_free_blocks,
+            grammar=self.engine.grammar.timings(),
         )
 
     def _shutdown(self) -> None:

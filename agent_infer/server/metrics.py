@@ -102,6 +102,12 @@ class ServerMetrics:
             [("", sums["generation_tokens"])],
         )
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])
+        metric(
+            "requests_waiting_for_grammar",
+            "gauge",
+            "Requests whose grammar is still compiling.",
+            [("", snapshot.waiting_for_grammar)],
+        )
         metric("requests_running", "gauge", "Requests in the running batch.", [("", snapshot.running)])
         metric("active_streams", "gauge", "Requests with a waiting HTTP client.", [("", active_streams)])
         metric("kv_blocks_total", "gauge", "KV-cache blocks in the pool.", [("", snapshot.kv_blocks_total)])
@@ -117,8 +123,8 @@ class ServerMetrics:
         for key, name, help_text in (
             (
                 "compile_s",
-                "grammar_compile_seconds",
-                "add_request time of constrained requests (lowering + compile).",
+                "grammar_admission_seconds",
+                "add_request time of constrained requests (lowering the constraint, queueing its compile).",
             ),
             ("step_s", "engine_step_seconds", "Engine step time (forward, masks, sampling)."),
             ("ttft_s", "time_to_first_token_seconds", "Engine arrival to first token."),
@@ -126,6 +132,19 @@ class ServerMetrics:
         ):
             # A summary's samples are NAME_sum and NAME_count: the suffix rides in the label slot.
             metric(name, "summary", help_text, [("_sum", sums[key]), ("_count", counts.get(key, 0))])
+        timings = snapshot.grammar
+        metric(
+            "grammar_compile_seconds",
+            "summary",
+            "Token-level grammar compiles in the engine's worker pool (cache hits included).",
+            [("_sum", timings.compile_seconds), ("_count", timings.compiles)],
+        )
+        metric(
+            "grammar_mask_seconds",
+            "summary",
+            "Token-bitmask fills, one per engine step with constrained rows.",
+            [("_sum", timings.mask_seconds), ("_count", timings.mask_fills)],
+        )
         return "\n".join(lines) + "\n"
 
 
