@@ -212,7 +212,8 @@ class OursEngine(Engine):
             "schema": "strict (front-end default: unenforceable keyword = compile error)",
             "cache": ("cache_enabled=False" if "cache_enabled" in ckw else "no cache switch")
             + (
-                "; TokenizerInfo mask cache rebuilt per schema (cold)"
+                "; TokenizerInfo mask cache rebuilt per schema (cold; its constructor precomputes the"
+                " common JSON string-content classes, as llguidance's slices)"
                 if self.cold
                 else "; TokenizerInfo mask cache kept (warm)"
             ),

@@ -65,3 +65,63 @@ def test_shared_region_and_memoized_checks_exact() -> None:
     # The memoized check only runs for large uncertain sets: make sure this case has them.
     assert _check_pass(compiled, ids, positions) >= 1024
     _check_pass(compiled, ids, positions)  # the memoized outcomes and cached regions now hit
+
+
+# Additional keys must avoid the declared names: every prefix of a declared name is its own
+# dense key state, assembled from first-byte pieces shared with the other key automaton below.
+# The maxLength string's positions share pieces for short tokens; long runs of spaces and
+# dashes are walked per position.
+OPEN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "outer": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "nameless": {"type": "boolean"}},
+            "additionalProperties": {"type": "integer"},
+        },
+        "city": {"type": "string", "maxLength": 30},
+    },
+    "additionalProperties": {"type": "integer"},
+}
+OPEN_DOC = {
+    "outer": {"name": "x", "nam": 1, "namelessly": 2, "n\u00e9": 3, 'q"\\': 4},
+    "city": "a-      --- b",
+    "cit": 5,
+    "city2": 6,
+}
+
+
+def test_first_byte_pieces_exact() -> None:
+    info = tokenizer_info("deepseek")
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(OPEN_SCHEMA, whitespace="compact")
+    )
+    text = json.dumps(OPEN_DOC, ensure_ascii=False, separators=(",", ":"))
+    # Byte-level steps put the matcher on every prefix state of the key automata.
+    tok = hf_tokenizer("deepseek")
+    ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+    _check_pass(compiled, ids, set(range(0, len(ids), 4)))
+    _check_pass(compiled, ids, set(range(1, len(ids), 7)))  # pieces and state masks now cached
+
+
+# Short rules called from several places (`pair` stays a rule: it is recursive) make every longer
+# token uncertain; the run-time
+# check walks them as a pushdown automaton over the Earley context, which must agree with the
+# Earley steps, also through left recursion (`list`), nullable rules (`opt`) and calls inside
+# the token.
+CHECK_GBNF = r"""
+root ::= "<" pair pair opt pair ">" | "{" list "}"
+list ::= list "," pair | pair
+pair ::= ch ch | "(" pair ")"
+opt ::= ch | ""
+ch ::= [a-zA-Z0-9 ] | "-"
+"""
+
+
+def test_pushdown_check_matches_earley() -> None:
+    info = tokenizer_info("deepseek")
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(Grammar.from_ebnf(CHECK_GBNF))
+    tok = hf_tokenizer("deepseek")
+    for text in ("<ab cd-e>", "{ab,c-,(de),f ,gh}"):
+        ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+        assert _check_pass(compiled, ids, set(range(len(ids)))) >= 128

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from test_grammar_core_support import tokenizer_info
 
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher
-
-from test_grammar_core_support import tokenizer_info
 
 
 @pytest.mark.parametrize("name", ["smollm2", "deepseek"])

@@ -65,6 +65,8 @@ struct StateMask {
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
 // Adds base's uncertain positions (disjoint from out's) to out's, keeping them sorted.
 void merge_uncertain(StateMask& out, const StateMask* base);
+// 128-bit digest of `data` prefixed by `kind` (17 bytes): the form of every cache key.
+std::string digest(const std::string& data, char kind);
 // Seeds a walk's accepted bitset with the tokens `base` (if any) accepts; returns their count.
 size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits);
 
@@ -172,6 +174,17 @@ class CompiledGrammar {
   // order of first appearance); false if s has no such region.
   bool region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const;
   std::shared_ptr<const StateMask> compute_region(int32_t s) const;
+  // First-byte pieces (grammar_pieces.cpp): a dense state's classification assembled from the
+  // classifications of each first-byte run at the byte's target, cached under a key of the
+  // target's reachable sub-automaton; nullptr for sparse states (the plain walks are cheap there).
+  std::shared_ptr<const StateMask> compute_by_first_byte(int32_t s) const;
+  bool piece_calls(int32_t t) const;
+  // Key of what a walk entering t reads; memoized with the number of states it names.
+  std::string local_key(int32_t t) const;
+  size_t local_size(int32_t t) const;  // > 512: named by its rule
+
+  mutable std::mutex local_mu_;
+  mutable std::unordered_map<int32_t, std::pair<std::string, size_t>> local_keys_;
 
   mutable std::unique_ptr<std::atomic<const StateMask*>[]> masks_;
   mutable std::mutex mu_;
@@ -237,6 +250,8 @@ class Matcher {
   bool last_set_can_end() const;
   bool any_byte_possible() const;
   void check_uncertain(uint32_t* mask);
+  // The same check as a memoized pushdown walk (grammar_check.cpp); false if it gave up.
+  bool check_uncertain_walk(uint32_t* mask);
   // Digest of everything the Earley steps from the current set can read: its items and, through
   // origins, every earlier set that completions may scan (origins renumbered by discovery).
   std::string context_key();

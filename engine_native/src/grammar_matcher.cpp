@@ -15,6 +15,8 @@ inline uint64_t item_key(int32_t state, int32_t origin) {
 }
 // Uncertain sets at least this large have their check memoized per parse context.
 constexpr size_t kMemoUncertain = 1024;
+// From this many uncertain tokens on, the pushdown walk beats per-byte Earley sets.
+constexpr size_t kWalkUncertain = 128;
 inline size_t mix(uint64_t k) {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdull;
@@ -322,7 +324,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
       for (int32_t id : hit->accepted_ids) mask[id >> 5] |= 1u << (id & 31);
     } else {
       allowed_before_.assign(mask, mask + vw);
-      check_uncertain(mask);
+      if (!check_uncertain_walk(mask)) check_uncertain(mask);
       std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
       size_t n = 0;
       for (int64_t w = 0; w < vw; ++w) {
@@ -333,6 +335,8 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
       finish_mask(*allowed, std::move(bits), n);
       g.checked_put(key, std::move(allowed));
     }
+  } else if (scratch_.size() >= kWalkUncertain) {
+    if (!check_uncertain_walk(mask)) check_uncertain(mask);
   } else if (!scratch_.empty()) {
     check_uncertain(mask);
   }

@@ -124,7 +124,6 @@ size_t TokenizerInfo::cache_entries() {
   return cache_.size();
 }
 
-namespace {
 // 128-bit digest of a byte string (two independent 64-bit mixes): keys are stored per cached
 // mask, so they stay short however large the structure they name.
 std::string digest(const std::string& data, char kind) {
@@ -149,7 +148,6 @@ std::string digest(const std::string& data, char kind) {
   key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
   return key;
 }
-}  // namespace
 
 // The classification of a state depends on its rule's automaton and escape sets (plain walk),
 // or on the automata of every rule reachable through calls plus the rule's follow set (pushdown
@@ -567,7 +565,9 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     } else {
       ranges.push_back({0, tok->sorted.size(), 0, s, 0});
     }
-    std::shared_ptr<const StateMask> fresh = calls ? compute_mask_with_calls(ranges, region.get()) : nullptr;
+    // A dense state outside a loop region assembles its mask from cached first-byte pieces.
+    std::shared_ptr<const StateMask> fresh = region ? nullptr : compute_by_first_byte(s);
+    if (!fresh && calls) fresh = compute_mask_with_calls(ranges, region.get());
     if (!fresh) fresh = compute_mask(ranges, region.get());
     m = tok->cache_put(key, fresh);
   }

@@ -1,0 +1,200 @@
+// First-byte pieces: a cheap first visit for dense automaton states outside loop regions.
+//
+// A token's fate from state s depends only on where its first byte leads: the walks never mark
+// a token uncertain at byte 0 (what s could predict or complete there is in the Earley set with
+// masks of its own), so the tokens of the run starting with byte b are classified exactly as a
+// walk entering t = step(s, b) at depth 1 classifies them. That classification depends only on
+// the part of the grammar reachable from t, so it is cached per (reachable sub-automaton of t,
+// b) in the tokenizer and shared by every state, rule and grammar that leads there: e.g. all
+// the prefix states of a "key other than these property names" automaton lead, for most bytes,
+// into the same free string-content state, so only the first of them pays for a full walk; the
+// others assemble their mask from cached pieces (an OR over the accepted ids) and walk only the
+// runs of the bytes that continue a property name.
+#include <algorithm>
+#include <cstring>
+
+#include "grammar.h"
+
+namespace agent_infer {
+namespace grammar {
+
+namespace {
+// Sparse states walk few tokens and stay on the direct walks.
+constexpr size_t kMinPieceTokens = 4096;
+// Sub-automata larger than this are named by their rule's key instead (exact, shared less).
+constexpr size_t kMaxLocalStates = 512;
+// A first visit starts pieces only if the target most tokens go to reaches at most this many
+// states (a loop, a call): such targets are shared by many states. A long finite chain (the
+// positions of a counted repeat) is unique to each position: splitting its walk into cached
+// pieces would only add work, so such states keep the direct walk.
+constexpr size_t kMaxSharedStates = 64;
+}  // namespace
+
+bool CompiledGrammar::piece_calls(int32_t t) const {
+  // The walk entering t at depth 1 expands t's own references, so they count here too.
+  return states[t].ref_end > states[t].ref_begin || reach_call[t] != 0;
+}
+
+// Canonical serialization of what a walk entering t reads: the states reachable from t (through
+// byte edges, and in the pushdown walk also through reference returns), numbered in discovery
+// order, with their edges, final flags and escape sets (plain walk) or callee digests and the
+// rule's follow set (pushdown walk).
+std::string CompiledGrammar::local_key(int32_t t) const {
+  {
+    std::lock_guard<std::mutex> lock(local_mu_);
+    auto it = local_keys_.find(t);
+    if (it != local_keys_.end()) return it->second.first;
+  }
+  const bool calls = piece_calls(t);
+  const int32_t r = states[t].rule;
+  std::unordered_map<int32_t, int32_t> num{{t, 0}};
+  std::vector<int32_t> order{t};
+  bool overflow = false;
+  auto reach = [&](int32_t q) {
+    if (num.count(q) || overflow) return;
+    if (order.size() >= kMaxLocalStates) {
+      overflow = true;
+      return;
+    }
+    num.emplace(q, static_cast<int32_t>(order.size()));
+    order.push_back(q);
+  };
+  for (size_t i = 0; i < order.size() && !overflow; ++i) {
+    const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(byte_edges[e].target);
+    if (calls) {
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(ref_edges[e].target);
+    }
+  }
+  std::string ser(1, calls ? 'c' : 'p');
+  auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  if (!overflow) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int32_t q = order[i];
+      const State& st = states[q];
+      put(st.final ? 1 : 0);
+      if (!calls) {
+        for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
+      }
+      put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        put((byte_edges[e].lo << 8) | byte_edges[e].hi);
+        put(num.at(byte_edges[e].target));
+      }
+      if (calls) {
+        put(static_cast<int32_t>(st.ref_end - st.ref_begin));
+        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+          ser += rule_key(ref_edges[e].rule, true);
+          put(num.at(ref_edges[e].target));
+        }
+      }
+    }
+  } else {
+    // Named by the whole rule (as the per-state cache does) plus t's index inside it.
+    ser.assign(1, calls ? 'C' : 'P');
+    ser += rule_key(r, calls);
+    put(t - rule_start[r]);
+  }
+  if (calls) ser.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
+  std::string key = digest(ser, 'L');
+  std::lock_guard<std::mutex> lock(local_mu_);
+  const size_t size = overflow ? kMaxLocalStates + 1 : order.size();
+  return local_keys_.emplace(t, std::make_pair(std::move(key), size)).first->second.first;
+}
+
+size_t CompiledGrammar::local_size(int32_t t) const {
+  local_key(t);
+  std::lock_guard<std::mutex> lock(local_mu_);
+  return local_keys_.at(t).second;
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t s) const {
+  const TokenizerInfo& tk = *tok;
+  auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
+  std::array<int32_t, 256> target{};
+  size_t live = 0;
+  for (int b = 0; b < 256; ++b) {
+    target[static_cast<size_t>(b)] = step(s, static_cast<uint8_t>(b));
+    if (target[static_cast<size_t>(b)] >= 0) live += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b);
+  }
+  if (live < kMinPieceTokens) return nullptr;
+  // Pieces pay off when they are shared (see kMaxSharedStates).
+  {
+    int best = -1;
+    size_t best_n = 0;
+    std::unordered_map<int32_t, size_t> by_target;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = target[static_cast<size_t>(b)];
+      if (t < 0) continue;
+      const size_t n = (by_target[t] += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b));
+      if (n > best_n) {
+        best_n = n;
+        best = b;
+      }
+    }
+    const int32_t t = target[static_cast<size_t>(best)];
+    std::string key = local_key(t);
+    key.push_back(static_cast<char>(best));
+    if (!tok->cache_get(key) && local_size(t) > kMaxSharedStates) return nullptr;
+  }
+
+  std::array<std::shared_ptr<const StateMask>, 256> piece;
+  std::array<std::string, 256> piece_key;
+  std::unordered_map<int32_t, std::vector<int>> missing;  // target -> bytes without a cached piece
+  for (int b = 0; b < 256; ++b) {
+    const int32_t t = target[static_cast<size_t>(b)];
+    if (t < 0 || run_begin(b) == tk.first_byte_end[static_cast<size_t>(b)]) continue;
+    std::string& key = piece_key[static_cast<size_t>(b)];
+    key = local_key(t);
+    key.push_back(static_cast<char>(b));
+    piece[static_cast<size_t>(b)] = tok->cache_get(key);
+    if (!piece[static_cast<size_t>(b)]) missing[t].push_back(b);
+  }
+  // One walk per target over all of its missing runs, split into per-byte pieces afterwards.
+  std::vector<uint32_t> scratch(static_cast<size_t>(tk.words));
+  for (const auto& kv : missing) {
+    const int32_t t = kv.first;
+    std::vector<WalkRange> ranges;
+    for (int b : kv.second) {
+      ranges.push_back({run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], 1, t, 0});
+    }
+    std::shared_ptr<const StateMask> walked = piece_calls(t) ? compute_mask_with_calls(ranges, nullptr) : nullptr;
+    if (!walked) walked = compute_mask(ranges, nullptr);
+    std::fill(scratch.begin(), scratch.end(), 0u);
+    seed_bits(walked.get(), scratch);
+    size_t u = 0;
+    for (int b : kv.second) {
+      const size_t lo = run_begin(b), hi = tk.first_byte_end[static_cast<size_t>(b)];
+      auto p = std::make_shared<StateMask>();
+      for (size_t j = lo; j < hi; ++j) {
+        const int32_t id = tk.sorted[j];
+        if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+      }
+      // Uncertain positions are ascending and runs are visited in byte order.
+      while (u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < lo) ++u;
+      while (u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < hi) {
+        p->uncertain.push_back(walked->uncertain[u++]);
+      }
+      p->accepted_ids.shrink_to_fit();
+      p->uncertain.shrink_to_fit();
+      piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
+    }
+  }
+
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
+  size_t n_accepted = 0;
+  for (int b = 0; b < 256; ++b) {
+    const StateMask* p = piece[static_cast<size_t>(b)].get();
+    if (!p) continue;
+    for (int32_t id : p->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    n_accepted += p->accepted_ids.size();
+    out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
+  }
+  // Pieces come in byte order, so their uncertain positions are already sorted.
+  finish_mask(*out, std::move(bits), n_accepted);
+  return out;
+}
+
+}  // namespace grammar
+}  // namespace agent_infer
