@@ -1,0 +1,411 @@
+"""Structured generation side by side: the same JSON-Schema workload on every engine, one run.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_structured.py --quick   # ~1-2 min here
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_structured.py           # the reported run
+
+Workload: ``--schemas`` JSON Schemas drawn with ``--seed`` from ``../shared/data/maskbench-dev``
+among those our compiler accepts (and whose compact text is at most 1,200 characters, so the
+prompt stays realistic); each prompt is the chat template around "produce a JSON object matching
+this schema" plus the schema. Greedy decoding, fixed ``--max-tokens``, default model (the
+SmolLM2-135M-Instruct GGUF), 2 CPU threads for every engine, prefix caching off. Grammars are
+compiled before the timed runs by every engine (ours: an untimed warm-up pass).
+
+Rows: ours unconstrained (natural EOS, and length-matched: ``ignore_eos`` with each request's token
+count from the constrained forced-off run, so both rows decode exactly the same number of tokens);
+ours constrained with overlap (async scheduling) on/off x forced tokens on/off;
+llama-cpp-python with ``LlamaGrammar.from_json_schema`` (no batched API: requests run one after
+another, so its concurrency-8 column is the sequential run); transformers + XGrammar's
+``LogitsProcessor`` (one left-padded batched ``generate`` per 8 requests). Concurrency 1: requests
+one at a time; concurrency 8: ours submits 8 requests to one ``generate`` call.
+
+Metrics: tokens/s = generated tokens / wall time of the whole row; wall per request = mean
+per-request latency; % valid = outputs that parse and validate against their schema (jsonschema),
+finish ``stop``. Forced-token metric: wall time per JSON object with forced tokens on, versus
+generating the same number of tokens unconstrained (``ignore_eos``, ``max_tokens`` = the object's
+token count), both at concurrency 1. We time decoding rather than a prefill of the text, because
+decoding token by token is what producing the object costs without jump-forward; a prefill would
+be a lower bound no sampler reaches. Both totals and post-first-token times are reported.
+With ``--repeats N`` our rows run N interleaved passes: wall time (and tokens/s) is the median
+pass, per-request times come from the last pass. Peers run once.
+Results: a markdown table on stdout, raw JSON in ``bench_results/structured-<UTC>.json``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# benchmarks/ is on sys.path when this file runs as a script
+from structured_peers import LlamaCppPeer, Result, TransformersXGrammarPeer
+
+THREADS = 2
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "maskbench-dev"
+SYSTEM = "You are a precise assistant. Answer with a single JSON object and nothing else."
+
+
+@dataclasses.dataclass
+class Request:
+    """One benchmark request: the schema's file name, the schema, and the prompt (ids and text)."""
+
+    name: str
+    schema: dict[str, Any]
+    prompt_ids: list[int]
+
+
+def pick_workload(loaded: Any, n: int, seed: int, data: Path) -> list[Request]:
+    """``n`` schemas chosen by ``seed`` among those that compile with ours, each with its prompt."""
+    from agent_infer.grammar.compiler import GrammarCompiler
+    from agent_infer.grammar.tokenizer_info import TokenizerInfo
+    from agent_infer.structured import as_structured
+
+    tok = loaded.tokenizer
+    info = TokenizerInfo.from_tokenizer(
+        tok.hf_tokenizer,
+        vocab_size=loaded.config.vocab_size,
+        eos_token_ids=sorted(loaded.config.eos_token_ids),
+    )
+    compiler = GrammarCompiler(info)
+    files = sorted(data.glob("*.json"))
+    random.Random(seed).shuffle(files)
+    chosen: list[Request] = []
+    for path in files:
+        schema = json.loads(path.read_text())["schema"]
+        text = json.dumps(schema, separators=(",", ":"))
+        if not isinstance(schema, dict) or len(text) > 1200:
+            continue
+        try:
+            compiler.compile(as_structured(schema).to_grammar())
+        except Exception as exc:  # not compilable by ours: not part of the workload
+            print(f"  skip {path.name}: {type(exc).__name__}", file=sys.stderr)
+            continue
+        task = schema.get("description") or schema.get("title") or path.stem.replace("_", " ")
+        user = f"Task: {task}\nProduce one JSON object that matches this JSON Schema:\n{text}"
+        chat = tok.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        )
+        chosen.append(Request(path.name, schema, tok.encode(chat)))
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+def validate(text: str, schema: dict[str, Any]) -> str | None:
+    """None when ``text`` is JSON valid under ``schema``; else the reason."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    try:
+        error = jsonschema.exceptions.best_match(
+            jsonschema.validators.validator_for(schema)(schema).iter_errors(value)
+        )
+    except Exception as exc:  # a schema jsonschema itself cannot evaluate
+        return f"validator failed: {type(exc).__name__}: {exc}"
+    return None if error is None else f"schema: {error.message[:200]}"
+
+
+class Ours:
+    """agent-infer's engine with given options, on weights shared by every row."""
+
+    def __init__(self, loaded: Any, **options: Any) -> None:
+        from agent_infer.engine.config import EngineConfig
+        from agent_infer.engine.llm_engine import LLMEngine
+        from agent_infer.llm import LLM
+
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        missing = [k for k in options if k not in known]
+        if missing:
+            raise RuntimeError(f"EngineConfig has no option {', '.join(missing)} (engine not updated)")
+        config = EngineConfig.from_kwargs(enable_prefix_caching=False, **options)
+        self.llm = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
+
+    def run(
+        self,
+        requests: list[Request],
+        max_tokens: list[int],
+        structured: bool,
+        concurrency: int,
+        ignore_eos: bool = False,
+    ) -> list[Result]:
+        """Groups of ``concurrency`` requests per ``generate`` call; per-request times from engine metrics."""
+        from agent_infer import SamplingParams
+
+        results: list[Result] = []
+        for i in range(0, len(requests), concurrency):
+            group = requests[i : i + concurrency]
+            params = [
+                SamplingParams(
+                    temperature=0.0,
+                    max_tokens=m,
+                    ignore_eos=ignore_eos,
+                    structured=r.schema if structured else None,
+                )
+                for r, m in zip(group, max_tokens[i : i + concurrency])
+            ]
+            outs = self.llm.generate([r.prompt_ids for r in group], params)
+            for out in outs:
+                c, m = out.outputs[0], out.metrics
+                total = (m.finished_time or 0.0) - m.arrival_time
+                decode = None if m.first_token_time is None else (m.finished_time or 0.0) - m.first_token_time
+                results.append(
+                    Result(c.text, len(c.token_ids), c.finish_reason or "?", total, decode, c.token_ids)
+                )
+        return results
+
+
+def summarise(
+    label: str,
+    conc: int,
+    requests: list[Request],
+    results: list[Result | None],
+    wall: float,
+    note: str = "",
+    check: bool = True,
+) -> dict[str, Any]:
+    """One table row (plus raw per-request results) from a timed run."""
+    ran = [(r, res) for r, res in zip(requests, results) if res is not None]
+    errors = [validate(res.text, r.schema) if check else None for r, res in ran]
+    valid = sum(e is None and res.finish == "stop" for e, (_, res) in zip(errors, ran)) if check else None
+    tokens = sum(res.tokens for _, res in ran)
+    return {
+        "row": label, "concurrency": conc, "requests": len(ran), "skipped": len(requests) - len(ran),
+        "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall if wall else 0.0,
+        "per_request_s": statistics.mean(res.seconds for _, res in ran) if ran else None,
+        "per_request_decode_s": statistics.mean(res.decode_seconds for _, res in ran if res.decode_seconds is not None)
+        if any(res.decode_seconds is not None for _, res in ran) else None,
+        "valid_pct": None if valid is None or not requests else 100.0 * valid / len(requests),
+        "finish": {f: sum(res.finish == f for _, res in ran) for f in sorted({res.finish for _, res in ran})},
+        "note": note,
+        "results": [{"schema": r.name, "text": res.text, "tokens": res.tokens, "finish": res.finish,
+                     "seconds": res.seconds, "error": e} for (r, res), e in zip(ran, errors)],
+    }  # fmt: skip
+
+
+def timed(fn: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every row, print the table and the targets, save JSON."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--schemas", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument(
+        "--conc1-requests", type=int, default=None, help="requests in concurrency-1 rows (default all)"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes over our rows (median wall)")
+    parser.add_argument(
+        "--quick", action="store_true", help="8 schemas, 64 tokens, overlap on only, no transformers"
+    )
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=["llama_cpp", "transformers", "overlap_off"]
+    )
+    parser.add_argument(
+        "--peer-requests", type=int, default=None, help="requests llama.cpp runs (default all)"
+    )
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.schemas, args.max_tokens = 8, 64
+        args.conc1_requests = args.conc1_requests or 1
+        args.peer_requests = args.peer_requests or 4
+        args.skip = sorted({*args.skip, "transformers", "overlap_off"})
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    args.out = args.out or ROOT / "bench_results" / f"structured-{stamp}.json"
+    torch.set_num_threads(THREADS)
+    os.environ["AGENT_INFER_NUM_THREADS"] = str(THREADS)
+    from agent_infer.model.loader import load_model
+
+    loaded = load_model()
+    requests = pick_workload(loaded, args.schemas, args.seed, args.data)
+    print(f"workload: {len(requests)} schemas: {', '.join(r.name for r in requests)}", file=sys.stderr)
+    solo = requests[: args.conc1_requests or len(requests)]
+    cap = [args.max_tokens] * len(requests)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(
+            f"  {row['row']} c={row['concurrency']}: {row['tok_per_s']:.1f} tok/s, valid {row['valid_pct']}",
+            file=sys.stderr,
+        )
+
+    configs = {
+        "ours constrained, overlap on, forced on": {"async_scheduling": True, "forced_tokens": True},
+        "ours constrained, overlap on, forced off": {"async_scheduling": True, "forced_tokens": False},
+        "ours constrained, overlap off, forced on": {"async_scheduling": False, "forced_tokens": True},
+        "ours constrained, overlap off, forced off": {"async_scheduling": False, "forced_tokens": False},
+    }
+    if "overlap_off" in args.skip:
+        configs = {k: v for k, v in configs.items() if "overlap on" in k}
+        notes.append("overlap-off rows skipped (--quick or --skip overlap_off)")
+    engines: dict[str, Ours] = {}
+    for label, options in configs.items():
+        try:
+            engines[label] = Ours(loaded, **options)
+            # Warm-up: compiles every grammar into the engine's cache; 3-token prompts keep prefill cheap.
+            stubs = [dataclasses.replace(r, prompt_ids=r.prompt_ids[:3]) for r in requests]
+            engines[label].run(stubs, [1] * len(stubs), True, 8)
+        except Exception as exc:
+            notes.append(f"{label}: not run ({type(exc).__name__}: {exc})")
+    plain = Ours(loaded)
+    runs: dict[tuple[str, int], list[Result]] = {}
+    walls: dict[tuple[str, int], list[float]] = {}
+    meta: dict[tuple[str, int], tuple[list[Request], str, bool]] = {}
+
+    def measure(
+        label: str, conc: int, reqs: list[Request], fn: Any, note: str = "", check: bool = True
+    ) -> None:
+        res, wall = timed(fn)
+        runs[(label, conc)] = list(res)
+        walls.setdefault((label, conc), []).append(wall)
+        meta[(label, conc)] = (reqs, note, check)
+        print(f"  {label} c={conc}: {wall:.1f} s", file=sys.stderr)
+
+    # Rows are interleaved within each repeat, so load from other processes hits them alike; greedy
+    # decoding is deterministic, so every repeat produces the same tokens and only the times vary.
+    for _ in range(args.repeats):
+        for conc, reqs in ((8, requests), (1, solo)):
+            measure(
+                "ours unconstrained",
+                conc,
+                reqs,
+                lambda r=reqs, c=conc: plain.run(r, cap, False, c),
+                check=False,
+            )
+            for label, eng in engines.items():
+                measure(label, conc, reqs, lambda e=eng, r=reqs, c=conc: e.run(r, cap, True, c))
+            ref = runs.get(("ours constrained, overlap on, forced off", conc))
+            if ref is not None:
+                n = [max(1, x.tokens) for x in ref]
+                run = lambda r=reqs, c=conc, n=n: plain.run(r, n, False, c, ignore_eos=True)  # noqa: E731
+                measure(
+                    "ours unconstrained, length-matched",
+                    conc,
+                    reqs,
+                    run,
+                    "same token counts as forced off",
+                    False,
+                )
+        forced_on = runs.get(("ours constrained, overlap on, forced on", 1))
+        if forced_on is not None:
+            n = [max(1, x.tokens) for x in forced_on]
+            run = lambda n=n: plain.run(solo, n, False, 1, ignore_eos=True)  # noqa: E731
+            label = "ours unconstrained, same tokens as forced on"
+            measure(label, 1, solo, run, "forced-token metric reference", False)
+    for key, samples in walls.items():
+        reqs, note, check = meta[key]
+        note = f"{note}; median of {len(samples)}" if len(samples) > 1 else note
+        add(
+            summarise(
+                key[0], key[1], reqs, list(runs[key]), statistics.median(samples), note.lstrip("; "), check
+            )
+        )
+
+    save(rows, notes, args)  # a peer that brings the process down must not take our rows with it
+    gguf = Path(loaded.path)
+    schemas = {r.name: r.schema for r in requests}
+    if "llama_cpp" not in args.skip:
+        try:
+            peer = LlamaCppPeer(gguf, THREADS)
+            peer_reqs = requests[: args.peer_requests or len(requests)]
+            res = peer.run(peer_reqs, args.max_tokens)
+            wall = sum(r.seconds for r in res if r is not None)  # per-request times, child start excluded
+            problems = "; ".join(f"{k}: {v[:80]}" for k, v in peer.errors.items())
+            note = "sequential (no batched API); " + (
+                f"not run: {problems}" if problems else "all schemas ran"
+            )
+            add(summarise(peer.name, 1, peer_reqs, res, wall, note))
+            rows.append({**rows[-1], "concurrency": 8, "note": note + "; same run as concurrency 1"})
+        except Exception as exc:
+            notes.append(f"llama-cpp-python: not run ({type(exc).__name__}: {exc})")
+    if "transformers" not in args.skip:
+        try:
+            hf = TransformersXGrammarPeer(gguf)
+            hf.prepare(schemas)
+            note = f"{len(hf.errors)} schemas did not compile" if hf.errors else "left-padded batch"
+            for conc, reqs in ((8, requests), (1, solo)):
+                res, wall = timed(lambda reqs=reqs, conc=conc: hf.run(reqs, args.max_tokens, conc))
+                add(summarise(hf.name, conc, reqs, res, wall, note))
+        except Exception as exc:
+            notes.append(f"transformers + XGrammar: not run ({type(exc).__name__}: {exc})")
+    else:
+        notes.append("transformers + XGrammar: skipped (--quick or --skip transformers)")
+    save(rows, notes, args)
+    report(rows, notes, args, requests, loaded)
+    return 0
+
+
+def save(rows: list[dict[str, Any]], notes: list[str], args: Any) -> None:
+    """Write everything measured so far to ``args.out`` (JSON)."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "notes": notes}
+    args.out.write_text(json.dumps(payload, indent=1))
+
+
+def report(
+    rows: list[dict[str, Any]], notes: list[str], args: Any, requests: list[Request], loaded: Any
+) -> None:
+    """Print the markdown table and the issue's targets; save everything as JSON."""
+    print(
+        f"\n{len(requests)} MaskBench schemas (seed {args.seed}), greedy, max_tokens {args.max_tokens}, "
+        f"{THREADS} threads, model {Path(loaded.path).name}, torch {torch.__version__}\n"
+    )
+    print(
+        "| engine / setting | conc | requests | tokens | wall s | tokens/s | s per request | % valid | finish | note |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: -r["concurrency"]):
+        valid = "-" if r["valid_pct"] is None else f"{r['valid_pct']:.0f}"
+        per = "-" if r["per_request_s"] is None else f"{r['per_request_s']:.2f}"
+        finish = ", ".join(f"{k} {v}" for k, v in r["finish"].items())
+        print(f"| {r['row']} | {r['concurrency']} | {r['requests']} | {r['tokens']} | {r['wall_s']:.1f} | "
+              f"{r['tok_per_s']:.1f} | {per} | {valid} | {finish} | {r['note']} |")  # fmt: skip
+    by = {(r["row"], r["concurrency"]): r for r in rows}
+
+    def ratio(a: tuple[str, int], b: tuple[str, int], key: str) -> str:
+        x, y = by.get(a), by.get(b)
+        if not x or not y or not x.get(key) or not y.get(key):
+            return "n/a"
+        return f"{x[key] / y[key]:.2f}"
+
+    print("\nTargets (issue 5):")
+    for conc in (8, 1):
+        print(f"* constrained (overlap on, forced off) / unconstrained length-matched tokens/s, conc {conc}: "
+              f"{ratio(('ours constrained, overlap on, forced off', conc), ('ours unconstrained, length-matched', conc), 'tok_per_s')} (target >= 0.97)")  # fmt: skip
+    ref = "ours unconstrained, same tokens as forced on"
+    print(f"* wall per JSON object, forced on / unconstrained same tokens, conc 1: "
+          f"{ratio(('ours constrained, overlap on, forced on', 1), (ref, 1), 'per_request_s')} total, "
+          f"{ratio(('ours constrained, overlap on, forced on', 1), (ref, 1), 'per_request_decode_s')} after the first token (target <= 0.7)")  # fmt: skip
+    print(f"* ours constrained (overlap on, forced on) / llama.cpp constrained tokens/s at 8 concurrent: "
+          f"{ratio(('ours constrained, overlap on, forced on', 8), ('llama-cpp-python + GBNF', 8), 'tok_per_s')} (target >= 2)")  # fmt: skip
+    for note in notes:
+        print(f"* {note}")
+    print(f"\nraw results: {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
