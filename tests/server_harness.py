@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import uvicorn
 
 from agent_infer.engine.config import EngineConfig
@@ -59,3 +60,21 @@ def running_server(
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def server_fixture(config: ServerConfig | None = None, **engine_options: Any) -> Any:
+    """A module-scoped ``server`` fixture serving the session's model (``server = server_fixture()``)."""
+
+    @pytest.fixture(scope="module")
+    def server(loaded_model: Any) -> Iterator[LiveServer]:
+        with running_server(loaded_model, config, **engine_options) as live:
+            yield live
+
+    return server
+
+
+def openai_client(live: LiveServer) -> Any:
+    """The official ``openai`` client on ``live``, without retries so that every error shows."""
+    import openai
+
+    return openai.OpenAI(base_url=live.v1, api_key="unused", max_retries=0, timeout=120)

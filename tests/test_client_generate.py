@@ -112,21 +112,29 @@ def test_validator_retry_then_success(client: Client) -> None:
     assert client.usage.requests == before + 2  # one re-ask
 
 
-def test_validation_retry_error_carries_every_attempt(client: Client) -> None:
-    class Never(BaseModel):
-        word: str = Field(max_length=8)
+class Never(BaseModel):
+    """Valid JSON for the schema, rejected by its validator every time."""
 
-        @field_validator("word")
-        @classmethod
-        def reject(cls, v: str) -> str:
-            raise ValueError("never good enough")
+    word: str = Field(max_length=8)
 
+    @field_validator("word")
+    @classmethod
+    def reject(cls, v: str) -> str:
+        raise ValueError("never good enough")
+
+
+def check_every_attempt_reported(client: Client) -> None:
+    """One re-ask, then a ValidationRetryError carrying both attempts (shared with the remote tests)."""
     with pytest.raises(ValidationRetryError) as info:
         client.generate("Say one word.", schema=Never, max_retries=1)
     err = info.value
     assert err.attempts == 2 and len(err.raw_outputs) == 2 and len(err.errors) == 2
     assert all("never good enough" in e for e in err.errors)
     assert all(raw.startswith("{") for raw in err.raw_outputs)
+
+
+def test_validation_retry_error_carries_every_attempt(client: Client) -> None:
+    check_every_attempt_reported(client)
 
 
 def test_truncated_output_is_a_validation_failure(client: Client) -> None:

@@ -9,18 +9,15 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field, field_validator
-from server_harness import LiveServer, running_server
+from pydantic import BaseModel, Field
+from server_harness import LiveServer, server_fixture
+from test_client_generate import check_every_attempt_reported
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
-from agent_infer.errors import MaxTurnsExceeded, RemoteError, ValidationRetryError
+from agent_infer.errors import MaxTurnsExceeded, RemoteError
 
-
-@pytest.fixture(scope="module")
-def server(loaded_model: Any) -> Iterator[LiveServer]:
-    with running_server(loaded_model) as live:
-        yield live
+server = server_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +57,7 @@ def test_generate_schema_choice_regex_grammar(client: Client) -> None:
 
 
 def test_validators_re_ask_over_the_wire(client: Client) -> None:
-    class Strict(BaseModel):
-        name: str = Field(max_length=10)
-
-        @field_validator("name")
-        @classmethod
-        def reject(cls, v: str) -> str:
-            raise ValueError("rejected on purpose")
-
-    with pytest.raises(ValidationRetryError) as info:
-        client.generate("A name.", schema=Strict, max_retries=1)
-    assert info.value.attempts == 2 and all("rejected on purpose" in e for e in info.value.errors)
+    check_every_attempt_reported(client)
 
 
 def test_stream_partials_are_prefixes(client: Client) -> None:

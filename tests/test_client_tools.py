@@ -238,6 +238,18 @@ def test_tool_errors_go_back_to_the_model_and_turns_are_bounded(client: Client) 
     assert info.value.max_turns == 2
 
 
+def _run_pinned(client: Client, prompt: str, fn: Callable[..., Any], **options: Any) -> Any:
+    """``run`` with every turn made to call ``fn``, one call at a time."""
+    return client.run(
+        prompt,
+        tools=[fn],
+        tool_choice={"name": fn.__name__},
+        max_tokens=40,
+        parallel_tool_calls=False,
+        **options,
+    )
+
+
 def test_tool_retry_asks_for_a_corrected_call(client: Client) -> None:
     attempts: list[int] = []
 
@@ -249,14 +261,7 @@ def test_tool_retry_asks_for_a_corrected_call(client: Client) -> None:
         return "ok"
 
     with pytest.raises(MaxTurnsExceeded) as info:
-        client.run(
-            "Pick a number.",
-            tools=[pick],
-            tool_choice={"name": "pick"},
-            max_turns=2,
-            max_tokens=40,
-            parallel_tool_calls=False,
-        )
+        _run_pinned(client, "Pick a number.", pick, max_turns=2)
     contents = [m["content"] for m in info.value.transcript if m["role"] == "tool"]
     assert contents[0].startswith("Retry: use a different number") and contents[1] == "ok"
 
@@ -265,15 +270,7 @@ def test_tool_retry_asks_for_a_corrected_call(client: Client) -> None:
         raise ToolRetry("no")
 
     with pytest.raises(ToolCallError) as err:
-        client.run(
-            "Go.",
-            tools=[stubborn],
-            tool_choice={"name": "stubborn"},
-            max_turns=5,
-            max_tool_retries=1,
-            max_tokens=40,
-            parallel_tool_calls=False,
-        )
+        _run_pinned(client, "Go.", stubborn, max_turns=5, max_tool_retries=1)
     assert err.value.tool == "stubborn"
 
 

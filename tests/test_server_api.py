@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
 import pytest
 from pydantic import BaseModel
-from server_harness import LiveServer, running_server
+from server_harness import LiveServer, openai_client, server_fixture
 
 openai = pytest.importorskip("openai")
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model: Any) -> Iterator[LiveServer]:
-    with running_server(loaded_model) as live:
-        yield live
+server = server_fixture()
 
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> Any:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def _chat(client: Any, server: LiveServer, content: str, **kw: Any) -> Any:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from server_harness import LiveServer, running_server
+from server_harness import LiveServer, server_fixture
 
 from agent_infer.server import ServerConfig
 
@@ -17,11 +16,7 @@ openai = pytest.importorskip("openai")
 KEY = "s3cret-key"
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model: Any) -> Iterator[LiveServer]:
-    config = ServerConfig(api_key=KEY, max_body_bytes=64 * 1024, max_tokens_limit=512)
-    with running_server(loaded_model, config) as live:
-        yield live
+server = server_fixture(ServerConfig(api_key=KEY, max_body_bytes=64 * 1024, max_tokens_limit=512))
 
 
 def _post(server: LiveServer, body: Any, path: str = "/chat/completions", **kw: Any) -> httpx.Response:

@@ -6,12 +6,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from server_harness import LiveServer, running_server
+from server_harness import LiveServer, server_fixture
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -28,10 +27,7 @@ CLIENTS = 32
 DISCONNECT_EVERY = 6  # clients 0, 6, 12, ... hang up after a few chunks
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model: Any) -> Iterator[LiveServer]:
-    with running_server(loaded_model, max_num_seqs=CLIENTS) as live:
-        yield live
+server = server_fixture(max_num_seqs=CLIENTS)
 
 
 def _metrics(server: LiveServer) -> dict[str, float]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server_harness import LiveServer, running_server
+from server_harness import LiveServer, openai_client, server_fixture
 
 openai = pytest.importorskip("openai")
 
@@ -41,15 +40,12 @@ TOOLS = [WEATHER, ADD]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model: Any) -> Iterator[LiveServer]:
-    with running_server(loaded_model) as live:
-        yield live
+server = server_fixture()
 
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> Any:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def _create(client: Any, server: LiveServer, messages: list[Any], **kw: Any) -> Any:

@@ -8,22 +8,15 @@ uses ``httpx.AsyncClient``. Async tools are awaited; sync tools run in worker th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agent_infer.client.agent import (
-    Outcome,
-    RunResult,
-    ToolBatch,
-    aexecute,
-    check_tools,
-    run_flow,
-    validate_run_options,
-)
-from agent_infer.client.client import ClientBase, ToolLike, check_retries, tool_list
-from agent_infer.client.generation import PartialStream, generate_flow
+from agent_infer.client import call
+from agent_infer.client.agent import Outcome, RunResult, ToolBatch, aexecute
+from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
+from agent_infer.client.client import ClientBase
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Constraint, Message, ModelResponse, StreamChunk, ToolChoice
+from agent_infer.client.request import Message, StreamChunk, ToolChoice
 
 T = TypeVar("T")
 
@@ -39,19 +32,26 @@ class AsyncClient(ClientBase):
             return await asyncio.to_thread(lambda: self.backend)
         return self._backend
 
-    async def _drive(self, flow: Generator[Any, Any, T]) -> T:
+    async def _drive(self, flow: Flow[T]) -> T:
+        """Perform a flow's steps: model requests awaited on the backend, tool batches concurrently."""
         backend = await self._abackend()
-        try:
-            op = next(flow)
-            while True:
-                if isinstance(op, ToolBatch):
-                    result: Any = await self._run_tools(op)
-                else:
-                    result = await backend.acomplete(op)
-                    self._count(result.usage)
-                op = flow.send(result)
-        except StopIteration as stop:
-            return stop.value
+        step = FlowStep(flow)
+        while not step.done:
+            op = step.op
+            if isinstance(op, ToolBatch):
+                step.send(await self._run_tools(op))
+            else:
+                step.send(self._counted(await backend.acomplete(op)))
+        return step.result()
+
+    async def _stream(self, stream_call: StreamCall) -> AsyncIterator[Any]:
+        backend = await self._abackend()
+        async for chunk in backend.astream(stream_call.request):
+            self._count(chunk.usage)
+            for item in stream_call.feed(chunk):
+                yield item
+        for item in stream_call.finish():
+            yield item
 
     async def generate(
         self,
@@ -70,20 +70,11 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
     ) -> Any:
         """See :meth:`Client.generate`."""
-        check_retries(max_retries)
-        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
-        request = self._request(
-            prompt_or_messages,
-            constraint=constraint,
-            system=system,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        flow = call.generate_call(
+            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
         )
-        value, _ = await self._drive(generate_flow(request, max_retries))
-        return value
+        return await self._drive(flow)
 
     async def generate_stream(
         self,
@@ -101,26 +92,12 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
-        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
-        request = self._request(
-            prompt_or_messages,
-            constraint=constraint,
-            system=system,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        partials = call.generate_stream_call(
+            prompt_or_messages, schema, regex, grammar, choice, system, decoding
         )
-        backend = await self._abackend()
-        partials = PartialStream(constraint)
-        reason = "stop"
-        async for chunk in backend.astream(request):
-            for partial in partials.feed(chunk.content):
-                yield partial
-            reason = chunk.finish_reason or reason
-            self._count(chunk.usage)
-        yield partials.finish(reason)
+        async for item in self._stream(partials):
+            yield item
 
     async def chat(
         self,
@@ -136,21 +113,8 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
     ) -> Message:
         """See :meth:`Client.chat`."""
-        request = self._request(
-            messages,
-            tools=tool_list(tools),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
-        )
-        backend = await self._abackend()
-        response: ModelResponse = await backend.acomplete(request)
-        self._count(response.usage)
-        return response.message
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        return await self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
     async def chat_stream(
         self,
@@ -164,18 +128,9 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """See :meth:`Client.chat_stream`."""
-        request = self._request(
-            messages,
-            tools=tool_list(tools),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-        )
-        backend = await self._abackend()
-        async for chunk in backend.astream(request):
-            self._count(chunk.usage)
+        decoding = Decoding(temperature, max_tokens, seed)
+        chunks = call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding)
+        async for chunk in self._stream(chunks):
             yield chunk
 
     async def run(
@@ -193,21 +148,11 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
-        validate_run_options(max_turns, max_tool_retries)
-        constraint = Constraint.from_keywords(schema=schema)
-        tool_objs = tool_list(tools)
-        check_tools(tool_objs, constraint)
-        request = self._request(
-            messages,
-            tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
+        decoding = Decoding(temperature, max_tokens, seed)
+        flow = call.run_call(
+            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
         )
-        return await self._drive(
-            run_flow(request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries)
-        )
+        return await self._drive(flow)
 
     @staticmethod
     async def _run_tools(batch: ToolBatch) -> list[Outcome]:

@@ -8,42 +8,24 @@ methods exist on :class:`~agent_infer.client.async_client.AsyncClient` as corout
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from agent_infer.client.agent import (
-    Outcome,
-    RunResult,
-    ToolBatch,
-    check_tools,
-    execute,
-    run_flow,
-    validate_run_options,
-)
-from agent_infer.client.generation import PartialStream, generate_flow
+from agent_infer.client import call
+from agent_infer.client.agent import Outcome, RunResult, ToolBatch, execute
+from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.local import LocalBackend
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import (
-    Constraint,
-    Message,
-    ModelRequest,
-    ModelResponse,
-    StreamChunk,
-    ToolChoice,
-    Usage,
-    as_messages,
-)
-from agent_infer.errors import ConfigError, InvalidRequestError
-from agent_infer.tools import Tool, as_tools
+from agent_infer.client.request import Message, ModelResponse, StreamChunk, ToolChoice, Usage
+from agent_infer.errors import ConfigError
 
 T = TypeVar("T")
-ToolLike = Tool | Callable[..., Any] | Mapping[str, Any]
 Backend = LocalBackend | RemoteBackend
 
 
 class ClientBase:
-    """What the sync and async clients share: backend selection and request building."""
+    """What the sync and async clients share: backend selection and usage counting (the logic is in :mod:`call`)."""
 
     def __init__(
         self,
@@ -123,49 +105,9 @@ class ClientBase:
             with self._usage_lock:
                 self._usage = self._usage + usage
 
-    @staticmethod
-    def _request(
-        prompt_or_messages: str | Sequence[Mapping[str, Any]],
-        *,
-        constraint: Constraint | None = None,
-        tools: Sequence[Tool] = (),
-        tool_choice: ToolChoice = "auto",
-        parallel_tool_calls: bool = True,
-        system: str | None = None,
-        temperature: float = 0.0,
-        max_tokens: int = 512,
-        seed: int | None = None,
-        top_p: float = 1.0,
-        stop: str | Sequence[str] | None = None,
-    ) -> ModelRequest:
-        if not isinstance(parallel_tool_calls, bool):
-            raise InvalidRequestError("parallel_tool_calls must be a bool", field="parallel_tool_calls")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop) if stop else None
-        return ModelRequest(
-            as_messages(prompt_or_messages, system),
-            constraint,
-            tuple(tools),
-            tool_choice,
-            parallel_tool_calls,
-            temperature,
-            max_tokens,
-            seed,
-            top_p,
-            stops,
-        )
-
-
-def check_retries(max_retries: int) -> None:
-    """``max_retries`` must be a non-negative integer."""
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise InvalidRequestError(
-            f"max_retries must be a non-negative integer, got {max_retries!r}", field="max_retries"
-        )
-
-
-def tool_list(tools: Iterable[ToolLike] | None) -> list[Tool]:
-    """Tools from callables, ``Tool``\\ s or OpenAI specs (duplicates are an error)."""
-    return as_tools(tools)
+    def _counted(self, response: ModelResponse) -> ModelResponse:
+        self._count(response.usage)
+        return response
 
 
 class Client(ClientBase):
@@ -174,23 +116,22 @@ class Client(ClientBase):
     Decoding defaults to greedy (``temperature=0``) and ``max_tokens=512``.
     """
 
-    def _drive(
-        self, flow: Generator[Any, Any, T], tools: Callable[[ToolBatch], list[Outcome]] | None = None
-    ) -> T:
-        """Run a request/response generator: model requests go to the backend, tool batches to ``tools``."""
+    def _drive(self, flow: Flow[T]) -> T:
+        """Perform a flow's steps: model requests on the backend, tool batches in threads."""
         backend = self.backend
-        try:
-            op = next(flow)
-            while True:
-                if isinstance(op, ToolBatch):
-                    assert tools is not None
-                    result: Any = tools(op)
-                else:
-                    result = backend.complete(op)
-                    self._count(result.usage)
-                op = flow.send(result)
-        except StopIteration as stop:
-            return stop.value
+        step = FlowStep(flow)
+        while not step.done:
+            op = step.op
+            step.send(
+                self._run_tools(op) if isinstance(op, ToolBatch) else self._counted(backend.complete(op))
+            )
+        return step.result()
+
+    def _stream(self, stream_call: StreamCall) -> Iterator[Any]:
+        for chunk in self.backend.stream(stream_call.request):
+            self._count(chunk.usage)
+            yield from stream_call.feed(chunk)
+        yield from stream_call.finish()
 
     def generate(
         self,
@@ -215,20 +156,11 @@ class Client(ClientBase):
         -> free text. Output that fails validators beyond the schema is re-asked with the error
         appended, at most ``max_retries`` times, then :class:`ValidationRetryError`.
         """
-        check_retries(max_retries)
-        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
-        request = self._request(
-            prompt_or_messages,
-            constraint=constraint,
-            system=system,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        flow = call.generate_call(
+            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
         )
-        value, _ = self._drive(generate_flow(request, max_retries))
-        return value
+        return self._drive(flow)
 
     def generate_stream(
         self,
@@ -251,24 +183,10 @@ class Client(ClientBase):
         fields that have arrived (closed subtrees validated); with a dict schema, plain partial
         JSON values; otherwise the text so far. Every partial is prefix-consistent with the final.
         """
-        constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
-        request = self._request(
-            prompt_or_messages,
-            constraint=constraint,
-            system=system,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        yield from self._stream(
+            call.generate_stream_call(prompt_or_messages, schema, regex, grammar, choice, system, decoding)
         )
-        partials = PartialStream(constraint)
-        reason = "stop"
-        for chunk in self.backend.stream(request):
-            yield from partials.feed(chunk.content)
-            reason = chunk.finish_reason or reason
-            self._count(chunk.usage)
-        yield partials.finish(reason)
 
     def chat(
         self,
@@ -288,20 +206,8 @@ class Client(ClientBase):
         ``tool_choice`` is "auto" (text or calls), "none", "required" (at least one call) or
         ``{"name": tool}`` (exactly that call); locally the model's native format constrains it.
         """
-        request = self._request(
-            messages,
-            tools=tool_list(tools),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            top_p=top_p,
-            stop=stop,
-        )
-        response: ModelResponse = self.backend.complete(request)
-        self._count(response.usage)
-        return response.message
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        return self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
     def chat_stream(
         self,
@@ -315,18 +221,10 @@ class Client(ClientBase):
         seed: int | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream one assistant turn: text deltas and OpenAI-shaped tool-call deltas, then the finish reason."""
-        request = self._request(
-            messages,
-            tools=tool_list(tools),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
+        decoding = Decoding(temperature, max_tokens, seed)
+        yield from self._stream(
+            call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding)
         )
-        for chunk in self.backend.stream(request):
-            self._count(chunk.usage)
-            yield chunk
 
     def run(
         self,
@@ -350,22 +248,11 @@ class Client(ClientBase):
         model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
         tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
         """
-        validate_run_options(max_turns, max_tool_retries)
-        constraint = Constraint.from_keywords(schema=schema)
-        tool_objs = tool_list(tools)
-        check_tools(tool_objs, constraint)
-        request = self._request(
-            messages,
-            tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
-            parallel_tool_calls=parallel_tool_calls,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
+        decoding = Decoding(temperature, max_tokens, seed)
+        flow = call.run_call(
+            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
         )
-        flow = run_flow(
-            request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries
-        )
-        return self._drive(flow, self._run_tools)
+        return self._drive(flow)
 
     @staticmethod
     def _run_tools(batch: ToolBatch) -> list[Outcome]:

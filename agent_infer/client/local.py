@@ -186,18 +186,9 @@ class LocalBackend:
 
     def _outputs(self, request: ModelRequest) -> Iterator[RequestOutput]:
         inbox: queue.SimpleQueue[RequestOutput | BaseException] = queue.SimpleQueue()
-        request_id = self._submit(request, inbox.put)
-        finished = False
-        try:
-            while not finished:
-                item = inbox.get()
-                if isinstance(item, BaseException):
-                    raise EngineError(f"the engine failed: {type(item).__name__}: {item}") from item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self._abort(request_id)
+        with _OpenRequest(self, self._submit(request, inbox.put)) as open_request:
+            while not open_request.finished:
+                yield open_request.accept(inbox.get())
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Run one model call to the end."""
@@ -220,18 +211,9 @@ class LocalBackend:
             loop.call_soon_threadsafe(inbox.put_nowait, item)
 
         # Tokenizing and lowering a grammar take milliseconds: not on the event loop.
-        request_id = await asyncio.to_thread(self._submit, request, sink)
-        finished = False
-        try:
-            while not finished:
-                item = await inbox.get()
-                if isinstance(item, BaseException):
-                    raise EngineError(f"the engine failed: {type(item).__name__}: {item}") from item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self._abort(request_id)
+        with _OpenRequest(self, await asyncio.to_thread(self._submit, request, sink)) as open_request:
+            while not open_request.finished:
+                yield open_request.accept(await inbox.get())
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Async :meth:`complete`: many concurrent calls are batched together by the engine."""
@@ -251,6 +233,29 @@ class LocalBackend:
             for request_id in list(self._sinks):
                 self.engine.abort(request_id)
             self._sinks.clear()
+
+
+class _OpenRequest:
+    """One submitted request while its caller reads it: aborted on exit unless it finished."""
+
+    def __init__(self, backend: LocalBackend, request_id: str) -> None:
+        self._backend = backend
+        self._request_id = request_id
+        self.finished = False
+
+    def accept(self, item: RequestOutput | BaseException) -> RequestOutput:
+        """The next output from the stepping thread (an engine failure raises :class:`EngineError`)."""
+        if isinstance(item, BaseException):
+            raise EngineError(f"the engine failed: {type(item).__name__}: {item}") from item
+        self.finished = item.finished
+        return item
+
+    def __enter__(self) -> _OpenRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.finished:
+            self._backend._abort(self._request_id)
 
 
 class _DeltaSplitter:

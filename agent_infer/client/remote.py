@@ -8,6 +8,7 @@ tool-call deltas included. An HTTP error becomes :class:`RemoteError` with the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
@@ -148,25 +149,45 @@ def parse_event(data: Mapping[str, Any]) -> StreamChunk:
     return StreamChunk(delta.get("content") or "", calls, choice.get("finish_reason"), usage)
 
 
-class _SSE:
-    """Server-sent-event lines to decoded JSON payloads (``[DONE]`` ends the stream)."""
+class _EventReader:
+    """Server-sent-event lines to chunks; ``done`` once the server sends ``[DONE]``."""
 
-    @staticmethod
-    def payload(line: str) -> Any:
-        if not line.startswith("data:"):
-            return None  # comments, event names, blank separators
+    def __init__(self) -> None:
+        self.done = False
+
+    def feed(self, line: str) -> list[StreamChunk]:
+        """The chunk this line carries (none for comments, event names and blank separators)."""
+        if self.done or not line.startswith("data:"):
+            return []
         data = line[5:].strip()
         if data == "[DONE]":
-            return StopIteration
+            self.done = True
+            return []
         try:
-            return json.loads(data)
+            return [parse_event(json.loads(data))]
         except json.JSONDecodeError:
             raise RemoteError("the server sent an event that is not JSON", status=200, body=data) from None
 
 
-def _check(status: int, text: str) -> None:
+def _reply(status: int, body: bytes | str) -> Any:
+    """The JSON of a reply; an HTTP error status raises :class:`RemoteError` with the body."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     if status >= 400:
         raise RemoteError("the server rejected the request", status=status, body=text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise RemoteError("the server's reply is not JSON", status=200, body=text) from None
+
+
+@contextlib.contextmanager
+def _transport_errors(message: str) -> Iterator[None]:
+    """Connection failures and timeouts become :class:`RemoteError` (status 0)."""
+    httpx = _httpx()
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise RemoteError(message, status=0, body=str(exc)) from exc
 
 
 class RemoteBackend:
@@ -198,57 +219,42 @@ class RemoteBackend:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """One blocking chat-completions call."""
-        httpx = _httpx()
-        try:
+        with _transport_errors(f"cannot reach {self._url}"):
             r = self._client().post(self._url, json=request_body(self.model, request, False))
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"cannot reach {self._url}", status=0, body=str(exc)) from exc
-        _check(r.status_code, r.text)
-        return parse_response(_json(r.text))
+        return parse_response(_reply(r.status_code, r.text))
 
     def stream(self, request: ModelRequest) -> Iterator[StreamChunk]:
         """A streamed call: one chunk per server event."""
-        httpx = _httpx()
         body = request_body(self.model, request, True)
-        try:
-            with self._client().stream("POST", self._url, json=body) as r:
-                if r.status_code >= 400:
-                    _check(r.status_code, r.read().decode("utf-8", "replace"))
-                for line in r.iter_lines():
-                    payload = _SSE.payload(line)
-                    if payload is StopIteration:
-                        return
-                    if payload is not None:
-                        yield parse_event(payload)
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"the stream from {self._url} failed", status=0, body=str(exc)) from exc
+        failed = _transport_errors(f"the stream from {self._url} failed")
+        with failed, self._client().stream("POST", self._url, json=body) as r:
+            if r.status_code >= 400:
+                _reply(r.status_code, r.read())
+            events = _EventReader()
+            for line in r.iter_lines():
+                yield from events.feed(line)
+                if events.done:
+                    return
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Async :meth:`complete`."""
-        httpx = _httpx()
-        try:
+        with _transport_errors(f"cannot reach {self._url}"):
             r = await self._aclient().post(self._url, json=request_body(self.model, request, False))
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"cannot reach {self._url}", status=0, body=str(exc)) from exc
-        _check(r.status_code, r.text)
-        return parse_response(_json(r.text))
+        return parse_response(_reply(r.status_code, r.text))
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Async :meth:`stream`."""
-        httpx = _httpx()
         body = request_body(self.model, request, True)
-        try:
+        with _transport_errors(f"the stream from {self._url} failed"):
             async with self._aclient().stream("POST", self._url, json=body) as r:
                 if r.status_code >= 400:
-                    _check(r.status_code, (await r.aread()).decode("utf-8", "replace"))
+                    _reply(r.status_code, await r.aread())
+                events = _EventReader()
                 async for line in r.aiter_lines():
-                    payload = _SSE.payload(line)
-                    if payload is StopIteration:
+                    for chunk in events.feed(line):
+                        yield chunk
+                    if events.done:
                         return
-                    if payload is not None:
-                        yield parse_event(payload)
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"the stream from {self._url} failed", status=0, body=str(exc)) from exc
 
     def close(self) -> None:
         """Close the sync HTTP connection pool (the async one closes in :meth:`aclose`)."""
@@ -262,10 +268,3 @@ class RemoteBackend:
         if self._async is not None:
             await self._async.aclose()
             self._async = None
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise RemoteError("the server's reply is not JSON", status=200, body=text) from None

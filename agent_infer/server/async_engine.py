@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from agent_infer.engine.grammar_manager import GrammarTimings
@@ -180,12 +181,16 @@ class AsyncEngine:
             self._update_snapshot()
         self._shutdown()
 
-    def _apply_commands(self) -> None:
+    def _queued_commands(self) -> Iterator[_Add | str]:
+        """The commands queued so far, without waiting for more."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _apply_commands(self) -> None:
+        for command in self._queued_commands():
             if isinstance(command, str):
                 if command in self._streams:
                     self.engine.abort(command)
@@ -245,11 +250,7 @@ class AsyncEngine:
 
     def _shutdown(self) -> None:
         # Reject adds that raced the shutdown, then end what is in flight.
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        for command in self._queued_commands():
             if isinstance(command, _Add):
                 command.future.set_exception(EngineStoppedError("the server is shutting down"))
         self._fail_all(EngineStoppedError("the server is shutting down"))

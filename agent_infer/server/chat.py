@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import AgentInferError, GrammarError, InvalidRequestError
+from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
-from agent_infer.server.async_engine import RequestStream
 from agent_infer.server.errors import ApiError, constraint_error
 from agent_infer.server.params import (
     build_constraint,
@@ -24,8 +21,9 @@ from agent_infer.server.params import (
     warning_headers,
 )
 from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage
+from agent_infer.server.responder import Responder
 from agent_infer.server.state import ServerState
-from agent_infer.server.streaming import DONE, EngineStreamingResponse, IncrementalText, error_event, sse
+from agent_infer.server.streaming import Increment
 from agent_infer.structured import StructuredOutput
 from agent_infer.tool_formats import ContentDelta, ToolCallFormat
 from agent_infer.tools import Tool
@@ -147,133 +145,75 @@ async def create_chat_completion(
     params = build_sampling(
         req, max_tokens=max_tokens, structured=plan.structured, logprobs=plan.top_logprobs
     )
-    request_id = state.new_id("chatcmpl")
-    stream = await state.submit(request_id, plan.messages, params, plan.constraint_field)
-    if req.stream:
-        first = await state.first_output(stream, request)
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        body = _chunks(state, plan, request_id, first, stream, params.stop_strings, include_usage)
-        return EngineStreamingResponse(
-            body, lambda: state.release(request_id, False), warning_headers(plan.warnings)
-        )
-    output = await state.final_output(stream, request)
-    return JSONResponse(_response(state, plan, request_id, output), headers=warning_headers(plan.warnings))
+    responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
+    headers = warning_headers(plan.warnings)
+    return await responder.respond(req, request, plan.messages, params, plan.constraint_field, headers)
 
 
-def _response(state: ServerState, plan: ChatPlan, request_id: str, output: RequestOutput) -> dict[str, Any]:
-    completion = output.outputs[0]
-    message: dict[str, Any] = {"role": "assistant", "content": completion.text, "refusal": None}
-    finish = completion.finish_reason
-    if plan.tool_format is not None:
-        parsed = plan.tool_format.parse(completion.text)
-        if parsed.tool_calls:
-            message["content"] = parsed.content or None
-            message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
-            if finish == "stop":
-                finish = "tool_calls"
-    logprobs = None
-    if plan.top_logprobs is not None and completion.logprobs is not None:
-        logprobs = {
-            "content": chat_logprobs(
-                state.tokenizer, completion.token_ids, completion.logprobs, plan.top_logprobs
-            )
-        }
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": state.model_name,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": _usage(output),
-    }
+class _ChatResponder(Responder):
+    """Chat choices: an assistant ``message`` (tool calls parsed in the model's format) or streamed deltas."""
 
+    body_object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    chunk_fingerprint = True
 
-def _usage(output: RequestOutput) -> dict[str, int]:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    def __init__(self, state: ServerState, request_id: str, plan: ChatPlan) -> None:
+        super().__init__(state, request_id)
+        self._plan = plan
+        self._parser = plan.tool_format.stream_parser() if plan.tool_format is not None else None
+        self._saw_calls = False
 
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]]) -> dict[str, Any]:
+        assert self._plan.top_logprobs is not None
+        return {"content": chat_logprobs(self.state.tokenizer, token_ids, entries, self._plan.top_logprobs)}
 
-async def _chunks(
-    state: ServerState,
-    plan: ChatPlan,
-    request_id: str,
-    first: RequestOutput,
-    stream: RequestStream,
-    stop: tuple[str, ...],
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    created = int(time.time())
+    def choice(self, output: RequestOutput) -> dict[str, Any]:
+        """The assistant message; "tool_calls" as the finish reason when it called tools."""
+        completion = output.outputs[0]
+        message: dict[str, Any] = {"role": "assistant", "content": completion.text, "refusal": None}
+        finish = completion.finish_reason
+        if self._plan.tool_format is not None:
+            parsed = self._plan.tool_format.parse(completion.text)
+            if parsed.tool_calls:
+                message["content"] = parsed.content or None
+                message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
+                if finish == "stop":
+                    finish = "tool_calls"
+        logprobs = None
+        if self._plan.top_logprobs is not None and completion.logprobs is not None:
+            logprobs = self._logprobs(completion.token_ids, completion.logprobs)
+        return {"message": message, "logprobs": logprobs, "finish_reason": finish}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
-        payload: dict[str, Any] = {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": state.model_name,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }
-        if include_usage:
-            payload["usage"] = None
-        return sse(payload)
+    def opening(self) -> list[dict[str, Any]]:
+        """The role comes first, with empty content."""
+        return [{"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
-    finished = False
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        text = IncrementalText(stop)
-        parser = plan.tool_format.stream_parser() if plan.tool_format is not None else None
-        saw_calls = False
-        output = first
-        while True:
-            step = text.advance(output)
-            deltas: list[dict[str, Any]] = []
-            if parser is not None:
-                events = parser.feed(step.text) if step.text else []
-                if output.finished:
-                    events += parser.finish()
-                for event in events:
-                    if isinstance(event, ContentDelta):
-                        deltas.append({"content": event.text})
-                    else:
-                        saw_calls = True
-                        deltas.append({"tool_calls": [event.to_openai()]})
-            elif step.text:
-                deltas.append({"content": step.text})
-            logprobs = None
-            if plan.top_logprobs is not None and step.token_ids:
-                entries = chat_logprobs(state.tokenizer, step.token_ids, step.logprobs, plan.top_logprobs)
-                logprobs = {"content": entries}
-                if not deltas:
-                    deltas.append({"content": ""})
-            for i, delta in enumerate(deltas):
-                yield chunk(delta, logprobs=logprobs if i == 0 else None)
+    def increment(self, step: Increment, output: RequestOutput) -> list[dict[str, Any]]:
+        """Text and tool-call deltas; the step's logprobs ride on the first."""
+        deltas: list[dict[str, Any]] = []
+        if self._parser is not None:
+            events = self._parser.feed(step.text) if step.text else []
             if output.finished:
-                finished = True
-                reason = output.finish_reason
-                if reason in ("error", "abort"):
-                    yield error_event(
-                        output.outputs[0].error or f"request ended: {reason}", reason or "error"
-                    )
-                    yield DONE
-                    return
-                yield chunk({}, finish="tool_calls" if saw_calls and reason == "stop" else reason)
-                if include_usage:
-                    yield sse(
-                        {
-                            "id": request_id,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": state.model_name,
-                            "choices": [],
-                            "usage": _usage(output),
-                        }
-                    )
-                yield DONE
-                return
-            output = await stream.next()
-    except AgentInferError as exc:
-        yield error_event(str(exc), type(exc).__name__)
-        yield DONE
-    finally:
-        state.release(request_id, finished)
+                events += self._parser.finish()
+            for event in events:
+                if isinstance(event, ContentDelta):
+                    deltas.append({"content": event.text})
+                else:
+                    self._saw_calls = True
+                    deltas.append({"tool_calls": [event.to_openai()]})
+        elif step.text:
+            deltas.append({"content": step.text})
+        logprobs = None
+        if self._plan.top_logprobs is not None and step.token_ids:
+            logprobs = self._logprobs(step.token_ids, step.logprobs)
+            if not deltas:
+                deltas.append({"content": ""})
+        return [
+            {"delta": delta, "logprobs": logprobs if i == 0 else None, "finish_reason": None}
+            for i, delta in enumerate(deltas)
+        ]
+
+    def finish(self, reason: str | None) -> dict[str, Any]:
+        """An empty delta; "tool_calls" when the model called tools and stopped."""
+        finish = "tool_calls" if self._saw_calls and reason == "stop" else reason
+        return {"delta": {}, "logprobs": None, "finish_reason": finish}

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import AgentInferError
-from agent_infer.server.async_engine import RequestStream
 from agent_infer.server.params import (
     build_constraint,
     build_sampling,
@@ -20,8 +16,9 @@ from agent_infer.server.params import (
     warning_headers,
 )
 from agent_infer.server.protocol import CompletionRequest
+from agent_infer.server.responder import Responder
 from agent_infer.server.state import ServerState
-from agent_infer.server.streaming import DONE, EngineStreamingResponse, IncrementalText, error_event, sse
+from agent_infer.server.streaming import Increment
 
 # OpenAI's default for /v1/completions when max_tokens is not given.
 _DEFAULT_MAX_TOKENS = 16
@@ -38,40 +35,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     params = build_sampling(
         req, max_tokens=max_tokens, structured=constraint.structured, logprobs=req.logprobs
     )
-    request_id = state.new_id("cmpl")
-    stream = await state.submit(request_id, prompt, params, constraint.field)
+    responder = _TextResponder(state, state.new_id("cmpl"), req.logprobs)
     headers = warning_headers(constraint.warnings)
-    if req.stream:
-        first = await state.first_output(stream, request)
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        body = _chunks(state, req.logprobs, request_id, first, stream, params.stop_strings, include_usage)
-        return EngineStreamingResponse(body, lambda: state.release(request_id, False), headers)
-    output = await state.final_output(stream, request)
-    completion = output.outputs[0]
-    logprobs = None
-    if req.logprobs is not None and completion.logprobs is not None:
-        logprobs = completion_logprobs(
-            state.tokenizer, completion.token_ids, completion.logprobs, req.logprobs, 0
-        )
-    return JSONResponse(
-        {
-            "id": request_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.model_name,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": completion.text,
-                    "logprobs": logprobs,
-                    "finish_reason": completion.finish_reason,
-                }
-            ],
-            "usage": _usage(output),
-        },
-        headers=headers,
-    )
+    return await responder.respond(req, request, prompt, params, constraint.field, headers)
 
 
 def _prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
@@ -83,75 +49,40 @@ def _prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
     return [int(t) for t in prompt]
 
 
-def _usage(output: RequestOutput) -> dict[str, int]:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+class _TextResponder(Responder):
+    """Text choices: the whole ``text``, or its increments (logprobs offsets count streamed text)."""
 
+    body_object = "text_completion"
+    chunk_object = "text_completion"
+    chunk_fingerprint = False
 
-async def _chunks(
-    state: ServerState,
-    top_logprobs: int | None,
-    request_id: str,
-    first: RequestOutput,
-    stream: RequestStream,
-    stop: tuple[str, ...],
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    created = int(time.time())
+    def __init__(self, state: ServerState, request_id: str, top_logprobs: int | None) -> None:
+        super().__init__(state, request_id)
+        self._top_logprobs = top_logprobs
+        self._offset = 0
 
-    def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
-        payload: dict[str, Any] = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": state.model_name,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-        }
-        if include_usage:
-            payload["usage"] = None
-        return sse(payload)
+    def choice(self, output: RequestOutput) -> dict[str, Any]:
+        """The generated text and its finish reason."""
+        completion = output.outputs[0]
+        logprobs = None
+        if self._top_logprobs is not None and completion.logprobs is not None:
+            logprobs = completion_logprobs(
+                self.state.tokenizer, completion.token_ids, completion.logprobs, self._top_logprobs, 0
+            )
+        return {"text": completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
 
-    finished = False
-    offset = 0
-    try:
-        text = IncrementalText(stop)
-        output = first
-        while True:
-            step = text.advance(output)
-            logprobs = None
-            if top_logprobs is not None and step.token_ids:
-                logprobs = completion_logprobs(
-                    state.tokenizer, step.token_ids, step.logprobs, top_logprobs, offset
-                )
-            offset += len(step.text)
-            if step.text or logprobs is not None:
-                yield chunk(step.text, logprobs=logprobs)
-            if output.finished:
-                finished = True
-                reason = output.finish_reason
-                if reason in ("error", "abort"):
-                    yield error_event(
-                        output.outputs[0].error or f"request ended: {reason}", reason or "error"
-                    )
-                    yield DONE
-                    return
-                yield chunk("", finish=reason)
-                if include_usage:
-                    yield sse(
-                        {
-                            "id": request_id,
-                            "object": "text_completion",
-                            "created": created,
-                            "model": state.model_name,
-                            "choices": [],
-                            "usage": _usage(output),
-                        }
-                    )
-                yield DONE
-                return
-            output = await stream.next()
-    except AgentInferError as exc:
-        yield error_event(str(exc), type(exc).__name__)
-        yield DONE
-    finally:
-        state.release(request_id, finished)
+    def increment(self, step: Increment, output: RequestOutput) -> list[dict[str, Any]]:
+        """The new text (with its logprobs), when there is any."""
+        logprobs = None
+        if self._top_logprobs is not None and step.token_ids:
+            logprobs = completion_logprobs(
+                self.state.tokenizer, step.token_ids, step.logprobs, self._top_logprobs, self._offset
+            )
+        self._offset += len(step.text)
+        if not step.text and logprobs is None:
+            return []
+        return [{"text": step.text, "logprobs": logprobs, "finish_reason": None}]
+
+    def finish(self, reason: str | None) -> dict[str, Any]:
+        """Empty text with the finish reason."""
+        return {"text": "", "logprobs": None, "finish_reason": reason}

@@ -82,29 +82,26 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "literal", "dict"
 def constraint_error(exc: BaseException, where: str) -> ApiError:
     """A 400 for a constraint that does not lower, naming ``where`` it came from and the schema location."""
     cause = exc.__cause__ if isinstance(exc, InvalidRequestError) and exc.__cause__ is not None else exc
+    detail, code = _constraint_detail(cause)
+    return ApiError(400, f"{where}: {detail}", param=where, code=code)
+
+
+def _constraint_detail(cause: BaseException) -> tuple[str, str | None]:
+    """What is wrong with a constraint, and the error ``code`` for that kind of problem."""
     if isinstance(cause, UnsupportedSchemaError):
-        return ApiError(
-            400,
-            f"{where}: unsupported JSON Schema keyword {cause.keyword!r} at {cause.pointer or '/'}: {cause}",
-            param=where,
-            code="unsupported_schema",
-        )
+        at = cause.pointer or "/"
+        return f"unsupported JSON Schema keyword {cause.keyword!r} at {at}: {cause}", "unsupported_schema"
     if isinstance(cause, InvalidSchemaError):
-        return ApiError(
-            400,
-            f"{where}: invalid JSON Schema at {cause.pointer or '/'}: {cause}",
-            param=where,
-            code="invalid_schema",
-        )
+        return f"invalid JSON Schema at {cause.pointer or '/'}: {cause}", "invalid_schema"
     if isinstance(cause, GrammarSyntaxError):
-        return ApiError(400, f"{where}: {cause}", param=where, code="grammar_syntax")
+        return str(cause), "grammar_syntax"
     if isinstance(cause, GrammarLimitError):
-        return ApiError(400, f"{where}: constraint too large: {cause}", param=where, code="grammar_limit")
+        return f"constraint too large: {cause}", "grammar_limit"
     if isinstance(cause, GrammarError):
-        return ApiError(400, f"{where}: invalid constraint: {cause}", param=where, code="invalid_constraint")
+        return f"invalid constraint: {cause}", "invalid_constraint"
     if isinstance(cause, InvalidRequestError):
-        return ApiError(400, f"{where}: {cause}", param=where)
-    return ApiError(400, f"{where}: {type(cause).__name__}: {cause}", param=where)
+        return str(cause), None
+    return f"{type(cause).__name__}: {cause}", None
 
 
 def request_error(exc: InvalidRequestError, constraint_field: str | None) -> ApiError:

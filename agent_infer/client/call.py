@@ -1,0 +1,237 @@
+"""What each client method asks for, without I/O: the sans-IO core both ``Client`` and ``AsyncClient`` drive.
+
+A method's arguments are checked and turned into a *flow*: a generator that yields a
+:class:`ModelRequest` (sent back the :class:`ModelResponse`) or a :class:`ToolBatch` (sent back one
+outcome per call) and returns the method's result. Streaming methods become a :class:`StreamCall`
+(the request, and how chunks turn into the items the caller sees). The two clients differ only in
+how they perform those steps: blocking calls and threads, or ``await`` and ``asyncio.gather``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from agent_infer.client.agent import RunResult, ToolBatch, check_tools, run_flow, validate_run_options
+from agent_infer.client.generation import PartialStream, generate_flow
+from agent_infer.client.request import (
+    Constraint,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamChunk,
+    ToolChoice,
+    as_messages,
+)
+from agent_infer.errors import InvalidRequestError
+from agent_infer.tools import Tool, as_tools
+
+T = TypeVar("T")
+ToolLike = Tool | Callable[..., Any] | Mapping[str, Any]
+Prompt = str | Sequence[Mapping[str, Any]]
+#: A method's logic: yields model requests and tool batches, returns the method's result.
+Flow = Generator[ModelRequest | ToolBatch, Any, T]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The decoding settings every client method takes (in its signature's order)."""
+
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = None
+    top_p: float = 1.0
+    stop: str | Sequence[str] | None = None
+
+
+def check_retries(max_retries: int) -> None:
+    """``max_retries`` must be a non-negative integer."""
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise InvalidRequestError(
+            f"max_retries must be a non-negative integer, got {max_retries!r}", field="max_retries"
+        )
+
+
+def build_request(
+    prompt_or_messages: Prompt,
+    decoding: Decoding,
+    *,
+    constraint: Constraint | None = None,
+    tools: Sequence[Tool] = (),
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+    system: str | None = None,
+) -> ModelRequest:
+    """One model call from a method's arguments; bad input raises :class:`InvalidRequestError`."""
+    if not isinstance(parallel_tool_calls, bool):
+        raise InvalidRequestError("parallel_tool_calls must be a bool", field="parallel_tool_calls")
+    stop = decoding.stop
+    stops = (stop,) if isinstance(stop, str) else tuple(stop) if stop else None
+    return ModelRequest(
+        as_messages(prompt_or_messages, system),
+        constraint,
+        tuple(tools),
+        tool_choice,
+        parallel_tool_calls,
+        decoding.temperature,
+        decoding.max_tokens,
+        decoding.seed,
+        decoding.top_p,
+        stops,
+    )
+
+
+def generate_call(
+    prompt_or_messages: Prompt,
+    schema: Any,
+    regex: str | None,
+    grammar: Any,
+    choice: Sequence[str] | None,
+    max_retries: int,
+    system: str | None,
+    decoding: Decoding,
+) -> Flow[Any]:
+    """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times."""
+    check_retries(max_retries)
+    constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+    request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
+    return _value_only(generate_flow(request, max_retries))
+
+
+def _value_only(flow: Generator[ModelRequest, ModelResponse, tuple[Any, Any]]) -> Flow[Any]:
+    value, _ = yield from flow
+    return value
+
+
+def chat_request(
+    messages: Prompt,
+    tools: Iterable[ToolLike] | None,
+    tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
+    decoding: Decoding,
+) -> ModelRequest:
+    """The one model call of ``chat`` / ``chat_stream``."""
+    return build_request(
+        messages,
+        decoding,
+        tools=as_tools(tools),
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+    )
+
+
+def chat_call(
+    messages: Prompt,
+    tools: Iterable[ToolLike] | None,
+    tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
+    decoding: Decoding,
+) -> Flow[Message]:
+    """``chat``: one call; the result is its assistant message."""
+    return _message_of(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+
+
+def chat_stream_call(
+    messages: Prompt,
+    tools: Iterable[ToolLike] | None,
+    tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
+    decoding: Decoding,
+) -> StreamCall:
+    """``chat_stream``: one streamed call whose chunks go to the caller as they are."""
+    return StreamCall(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+
+
+def _message_of(request: ModelRequest) -> Flow[Message]:
+    response: ModelResponse = yield request
+    return response.message
+
+
+def run_call(
+    messages: Prompt,
+    tools: Iterable[ToolLike],
+    schema: Any,
+    max_turns: int,
+    tool_choice: ToolChoice | None,
+    parallel_tool_calls: bool,
+    max_tool_retries: int,
+    decoding: Decoding,
+) -> Flow[RunResult]:
+    """``run``: the agent loop (``tool_choice`` defaults to "required" with a schema, else "auto")."""
+    validate_run_options(max_turns, max_tool_retries)
+    constraint = Constraint.from_keywords(schema=schema)
+    tool_objs = as_tools(tools)
+    check_tools(tool_objs, constraint)
+    request = build_request(
+        messages,
+        decoding,
+        tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
+        parallel_tool_calls=parallel_tool_calls,
+    )
+    return run_flow(request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries)
+
+
+class FlowStep(Generic[T]):
+    """Where a flow stands: the pending ``op`` to perform, or ``done`` with its :meth:`result`."""
+
+    def __init__(self, flow: Flow[T]) -> None:
+        self._flow = flow
+        self.done = False
+        self._value: Any = None
+        self.op: ModelRequest | ToolBatch
+        self._advance(lambda: next(flow))
+
+    def send(self, result: Any) -> None:
+        """Hand the result of ``op`` to the flow and move to its next step."""
+        self._advance(lambda: self._flow.send(result))
+
+    def _advance(self, step: Callable[[], ModelRequest | ToolBatch]) -> None:
+        try:
+            self.op = step()
+        except StopIteration as stop:
+            self.done, self._value = True, stop.value
+
+    def result(self) -> T:
+        """The flow's return value (once ``done``)."""
+        assert self.done
+        return self._value
+
+
+class StreamCall:
+    """A streaming method: its ``request``, and the items each chunk (and the end) gives the caller.
+
+    Plain (``chat_stream``): every chunk as it is. With ``partials`` (``generate_stream``): the
+    partial values the text reveals, then the validated final value.
+    """
+
+    def __init__(self, request: ModelRequest, partials: PartialStream | None = None) -> None:
+        self.request = request
+        self._partials = partials
+        self._reason = "stop"
+
+    def feed(self, chunk: StreamChunk) -> list[Any]:
+        """The items this chunk makes visible."""
+        if self._partials is None:
+            return [chunk]
+        self._reason = chunk.finish_reason or self._reason
+        return self._partials.feed(chunk.content)
+
+    def finish(self) -> list[Any]:
+        """The items after the last chunk (the final value when streaming partials)."""
+        return [] if self._partials is None else [self._partials.finish(self._reason)]
+
+
+def generate_stream_call(
+    prompt_or_messages: Prompt,
+    schema: Any,
+    regex: str | None,
+    grammar: Any,
+    choice: Sequence[str] | None,
+    system: str | None,
+    decoding: Decoding,
+) -> StreamCall:
+    """``generate_stream``: one constrained streamed call read as partial values."""
+    constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+    request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
+    return StreamCall(request, PartialStream(constraint))
