@@ -9,8 +9,11 @@ be masked. Everything grammar-specific (tokenizer vocabulary bytes, compile cach
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +31,28 @@ if TYPE_CHECKING:
     from agent_infer.grammar.ir import Grammar
     from agent_infer.grammar.matcher import GrammarMatcher
     from agent_infer.model.tokenizer import Tokenizer
+
+
+_LOWERED_CACHE_SIZE = 256
+
+
+def _lowering_key(structured: StructuredOutput) -> Hashable | None:
+    """What determines a constraint's IR, or None when it is cheap or already IR (not cached).
+
+    Schema dicts are keyed by their JSON text in declared order (property order is part of the
+    grammar); Pydantic models by the class object itself.
+    """
+    if structured.kind == "grammar":
+        return None
+    try:
+        value: Hashable = structured.value
+        if structured.kind == "json_schema":
+            value = structured.model if structured.model is not None else json.dumps(structured.value)
+        key = (structured.kind, value, structured.options)
+        hash(key)
+    except (TypeError, ValueError):  # not JSON-serializable or not hashable: lower every time
+        return None
+    return key
 
 
 @dataclass
@@ -64,6 +89,8 @@ class GrammarManager:
         self._pool = GrammarWorkerPool(self.compile, num_workers)
         self.filler = MaskFiller(vocab_size, overlap=overlap)
         self._timings = GrammarTimings()
+        self._lowered: OrderedDict[Hashable, Grammar] = OrderedDict()
+        self._lowered_lock = threading.Lock()
         self._timings_lock = threading.Lock()
 
     @property
@@ -82,13 +109,30 @@ class GrammarManager:
 
     # --- compile -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def lower(structured: StructuredOutput) -> Grammar:
-        """Constraint -> IR; a front-end error becomes InvalidRequestError(field="structured")."""
+    def lower(self, structured: StructuredOutput) -> Grammar:
+        """Constraint -> IR; a front-end error becomes InvalidRequestError(field="structured").
+
+        Lowered grammars are kept in a small LRU: agents send the same schema request after
+        request, and lowering a schema with patterns or formats can take tens of milliseconds
+        on the engine thread.
+        """
+        key = _lowering_key(structured)
+        if key is not None:
+            with self._lowered_lock:
+                hit = self._lowered.get(key)
+                if hit is not None:
+                    self._lowered.move_to_end(key)
+                    return hit
         try:
-            return structured.to_grammar()
+            grammar = structured.to_grammar()
         except GrammarError as exc:
             raise InvalidRequestError(f"invalid constraint: {exc}", field="structured") from exc
+        if key is not None:
+            with self._lowered_lock:
+                self._lowered[key] = grammar
+                while len(self._lowered) > _LOWERED_CACHE_SIZE:
+                    self._lowered.popitem(last=False)
+        return grammar
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         """Token-level compile of a lowered grammar (cached across requests by the compiler)."""
