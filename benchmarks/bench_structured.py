@@ -123,6 +123,10 @@ def validate(text: str, schema: dict[str, Any]) -> str | None:
 class Ours:
     """agent-infer's engine with given options, on weights shared by every row."""
 
+    #: JSON layout our grammars allow ("flexible": bounded optional whitespace, the default;
+    #: "compact": none, so keys and punctuation become forced tokens). Set from --whitespace.
+    whitespace = "flexible"
+
     def __init__(self, loaded: Any, **options: Any) -> None:
         from agent_infer.engine.config import EngineConfig
         from agent_infer.engine.llm_engine import LLMEngine
@@ -145,6 +149,7 @@ class Ours:
     ) -> list[Result]:
         """Groups of ``concurrency`` requests per ``generate`` call; per-request times from engine metrics."""
         from agent_infer import SamplingParams
+        from agent_infer.structured import StructuredOutput
 
         results: list[Result] = []
         for i in range(0, len(requests), concurrency):
@@ -154,7 +159,11 @@ class Ours:
                     temperature=0.0,
                     max_tokens=m,
                     ignore_eos=ignore_eos,
-                    structured=r.schema if structured else None,
+                    structured=(
+                        StructuredOutput.json_schema(r.schema, whitespace=self.whitespace)
+                        if structured
+                        else None
+                    ),
                 )
                 for r, m in zip(group, max_tokens[i : i + concurrency])
             ]
@@ -224,9 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peer-requests", type=int, default=None, help="requests llama.cpp runs (default all)"
     )
+    parser.add_argument(
+        "--whitespace",
+        choices=("flexible", "compact"),
+        default="flexible",
+        help="JSON layout of our constrained rows (peers keep their own defaults)",
+    )
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    Ours.whitespace = args.whitespace
     if args.quick:
         args.schemas, args.max_tokens = 8, 64
         args.conc1_requests = args.conc1_requests or 1
@@ -259,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours constrained, overlap off, forced on": {"async_scheduling": False, "forced_tokens": True},
         "ours constrained, overlap off, forced off": {"async_scheduling": False, "forced_tokens": False},
     }
+    notes.append(f"our JSON whitespace: {args.whitespace} (peers: their defaults)")
     if "overlap_off" in args.skip:
         configs = {k: v for k, v in configs.items() if "overlap on" in k}
         notes.append("overlap-off rows skipped (--quick or --skip overlap_off)")
