@@ -18,14 +18,14 @@ from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
 
-# Two string properties with the same syntax (one shared region walk) and a maxLength string,
-# which the front end splits into finite power-of-two rules whose ends make most tokens
-# uncertain mid-string (the memoized run-time check).
+# Two string properties with the same syntax (one shared region walk) and a maxLength string too
+# long for 256-character chunks, which the front end splits into finite power-of-two rules whose
+# ends make most tokens uncertain mid-string (the memoized run-time check).
 SCHEMA = {
     "type": "object",
     "properties": {
         "name": {"type": "string"},
-        "city": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 100000},
         "note": {"type": "string"},
     },
     "required": ["name", "city", "note"],

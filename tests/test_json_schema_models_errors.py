@@ -148,12 +148,24 @@ def test_annotations_and_vendor_extensions_are_ignored() -> None:
     assert _rec(schema).accepts("5")
 
 
-def test_large_counts_use_doubling_rules_not_counted_repeats() -> None:
+def test_large_counts_use_chunks_or_doubling_rules() -> None:
+    """Long strings become 256-character chunks plus a counted tail; huge ones doubling rules."""
     from agent_infer.grammar.ir import Repeat, walk
 
-    g = json_schema_to_grammar({"type": "string", "minLength": 3, "maxLength": 32767})
-    counts = [n.max for _, e in g.rules for n in walk(e) if isinstance(n, Repeat) and n.max is not None]
-    assert max(counts) <= 40 and len(g.rules) < 60
+    def counts(g: Grammar) -> list[int]:
+        return [n.max for _, e in g.rules for n in walk(e) if isinstance(n, Repeat) and n.max is not None]
+
+    g = json_schema_to_grammar({"type": "string", "minLength": 3, "maxLength": 1000})
+    assert max(counts(g)) <= 256 and len(g.rules) < 60
+    rec = ReferenceRecognizer(g)
+    # 1000 = 3 + 3 * 256 + 229: the lengths around every chunk boundary and both ends.
+    for n in (3, 4, 258, 259, 260, 514, 515, 770, 771, 772, 999, 1000):
+        assert rec.accepts('"' + "x" * n + '"'), n
+    for n in (0, 2, 1001, 1030):
+        assert not rec.accepts('"' + "x" * n + '"'), n
+
+    g = json_schema_to_grammar({"type": "string", "minLength": 3, "maxLength": 10**6})
+    assert max(counts(g)) <= 256 and len(g.rules) < 80
     rec = ReferenceRecognizer(g)
     assert rec.accepts('"' + "x" * 300 + '"') and not rec.accepts('"xx"')
 

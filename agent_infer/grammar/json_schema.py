@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 MAX_RULES = 50_000
 MAX_INLINE_REPEAT = 32
+# Chunked repeats (Compiler._chunked) up to this many chunks; longer ones use doubling rules.
+MAX_CHUNKS = 256
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64
 # After a newline, flexible whitespace allows this much indentation (json.dumps(indent=2) to depth 20).
@@ -172,6 +174,7 @@ class Compiler:
         self.rules["char"] = JSON_CHAR  # shared: every string body refers to it
         self.rules[HIGH_RULE] = HIGH_EXPR  # shared by encoded classes that include all non-ASCII
         self._blocks: dict[Expr, list[str]] = {}
+        self._shared: dict[Expr, str] = {}
         self.key_cache: dict[str, Expr | None] = {}
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
         self.char: Expr = Ref("char")
@@ -231,8 +234,11 @@ class Compiler:
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def repeat(self, item: Expr, lo: int, hi: int | None) -> Expr:
-        """``item{lo,hi}``; large counts use binary "doubling" rules instead of a counted Repeat.
+    def repeat(self, item: Expr, lo: int, hi: int | None, inline_limit: int = MAX_INLINE_REPEAT) -> Expr:
+        """``item{lo,hi}``; counts above ``inline_limit`` use chunks or binary "doubling" rules.
+
+        A limit above MAX_INLINE_REPEAT (string characters) asks for ``inline_limit``-item chunks
+        (``_chunked``) when at most MAX_CHUNKS of them are needed.
 
         Matchers expand counted repeats into automaton states, so ``{0,32767}`` would be 32K
         copies. With ``E_k`` = exactly 2^k items (``E_k ::= E_(k-1) E_(k-1)``) and ``U_k`` = fewer
@@ -241,12 +247,28 @@ class Compiler:
         """
         if hi == 0:
             return Empty()
-        if (hi if hi is not None else lo) <= MAX_INLINE_REPEAT:
+        if (hi if hi is not None else lo) <= inline_limit:
             return Repeat(item, lo, hi)
+        if inline_limit > MAX_INLINE_REPEAT and hi is not None and lo <= inline_limit:
+            if hi - lo < inline_limit:
+                return Repeat(item, lo, hi)
+            if (hi - lo) // inline_limit <= MAX_CHUNKS:
+                return self._chunked(item, lo, hi, inline_limit)
         head = self._exactly(item, lo)
         if hi is None:
             return seq(head, Repeat(item, 0, None))
         return seq(head, self._up_to(item, hi - lo))
+
+    def _chunked(self, item: Expr, lo: int, hi: int, size: int) -> Expr:
+        """``item{lo,hi}`` as ``lo`` items, then whole chunks of ``size`` items (one shared rule)
+        and a counted tail: every position is a uniform chain position (see grammar_short.cpp),
+        and the length after the head, ``a * size + b`` with ``b < size``, has exactly one parse.
+        """
+        block = self.shared_rule("chunk", Repeat(item, size, size))
+        q, r = divmod(hi - lo, size)
+        fewer = seq(Repeat(block, 0, q - 1) if q > 1 else Empty(), Repeat(item, 0, size - 1))
+        full = seq(Repeat(block, q, q) if q > 1 else block, Repeat(item, 0, r) if r else Empty())
+        return seq(Repeat(item, lo, lo) if lo else Empty(), alt(fewer, full))
 
     def _power(self, item: Expr, k: int) -> Expr:
         """E_k: exactly 2^k copies of ``item`` (a shared rule)."""
@@ -266,6 +288,13 @@ class Compiler:
         k = n.bit_length() - 1
         below = seq(*(opt(self._power(item, i)) for i in range(k - 1, -1, -1)))
         return alt(below, seq(self._power(item, k), self._up_to(item, n - (1 << k))))
+
+    def shared_rule(self, hint: str, expr: Expr) -> Ref:
+        """A reference to one rule per distinct ``expr``, so that equal expressions share states."""
+        name = self._shared.get(expr)
+        if name is None:
+            name = self._shared[expr] = self.add_rule(hint, expr)
+        return Ref(name)
 
     def add_rule(self, hint: str, expr: Expr) -> str:
         """Add a rule with a fresh name derived from ``hint``."""

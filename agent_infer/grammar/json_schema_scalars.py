@@ -28,6 +28,15 @@ from agent_infer.grammar.json_schema_text import encode_expr
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
 
+# String characters repeat inline up to this count (other items: Compiler.repeat's default):
+# one chain of positions, whose masks the native cache shares across positions (short-token
+# masks), instead of doubling rules whose block ends make most tokens uncertain. About 35
+# automaton states per position.
+MAX_INLINE_CHAR_REPEAT = 256
+# The native compiler keeps rules with longer counted repeats out of their callers (kMaxInlineRepeat
+# in grammar_compile.cpp).
+_MAX_INLINED_REPEAT = 32
+
 # Extra formats that are cheap to state exactly.
 _JSON_POINTER = star(seq(lit("/"), star(alt(chars("~/", negated=True), seq(lit("~"), chars("01"))))))
 EXTRA_FORMATS = {
@@ -99,7 +108,7 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     not_pats = list(flat.get("__not_patterns", []))
     plain = not excluded and not not_pats
     if not pats and fmt_expr is None and plain:
-        return c.repeat(c.char, lo, hi)
+        return c.repeat(c.char, lo, hi, MAX_INLINE_CHAR_REPEAT)
     if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
         return encode_expr(_search(pats[0], f"{pointer}/pattern"))
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
@@ -143,7 +152,19 @@ def lower_string(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     body = string_body(c, flat, pointer)
     if body is None:
         return alt()
+    if _has_long_repeat(body, 3):
+        # A long counted chain (≈ 35 automaton states per character) is built once per bound and
+        # kept out of its callers (the compiler does not inline repeats this long); the closing
+        # quote stays inside, so the rule finishes only after it.
+        return c.shared_rule("string", seq(lit('"'), body, lit('"')))
     return seq(lit('"'), body, lit('"'))
+
+
+def _has_long_repeat(expr: Expr, depth: int) -> bool:
+    """Whether ``expr`` holds (near its top) a counted repeat the compiler will not inline."""
+    if isinstance(expr, Repeat):
+        return (expr.max if expr.max is not None else expr.min) > _MAX_INLINED_REPEAT
+    return depth > 0 and any(_has_long_repeat(ch, depth - 1) for ch in expr.children())
 
 
 def _bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:

@@ -90,6 +90,10 @@ class TokenizerInfo {
   size_t run_end(size_t i, size_t plen) const;
   std::vector<uint32_t> first_byte_end;
   size_t max_token_len = 0;
+  // Tokens longer than this many bytes are "long" for short-token masks (grammar_short.cpp);
+  // long_sorted lists their sorted positions, ascending.
+  static constexpr size_t kShortTokenLen = 16;
+  std::vector<int32_t> long_sorted;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -182,6 +186,17 @@ class CompiledGrammar {
   // Key of what a walk entering t reads; memoized with the number of states it names.
   std::string local_key(int32_t t) const;
   size_t local_size(int32_t t) const;  // > 512: named by its rule
+  // Short-token masks (grammar_short.cpp): the classification of s's tokens of at most
+  // kShortTokenLen bytes depends only on the states within kShortTokenLen - 1 bytes of s, so it
+  // is cached under a key of that neighbourhood; positions of a counted repeat (a `maxLength`
+  // string) are alike there while their end is farther away, and then walk only long tokens.
+  // short_key: empty if the neighbourhood is too large or holds everything reachable from s.
+  const std::string& short_key(int32_t s) const;
+  // The cached short part plus a walk of the long tokens; nullptr if not cached yet.
+  std::shared_ptr<const StateMask> compute_from_short(int32_t s, bool calls) const;
+  // Caches the short part of a freshly computed full mask of s (when s has a short key).
+  void put_short(int32_t s, const StateMask& full) const;
+  mutable std::unordered_map<int32_t, std::string> short_keys_;
 
   mutable std::mutex local_mu_;
   mutable std::unordered_map<int32_t, std::pair<std::string, size_t>> local_keys_;

@@ -416,15 +416,21 @@ void collect_refs(const std::vector<int32_t>& code, std::vector<int32_t>& out) {
   }
 }
 
-bool has_unbounded_repeat(const std::vector<int32_t>& code) {
+// Rules with loops, or with counted repeats longer than this, are not inlined: a long chain
+// (a `maxLength` string) is built once and its positions' masks are shared by every caller.
+constexpr int32_t kMaxInlineRepeat = 32;
+
+bool has_unbounded_or_long_repeat(const std::vector<int32_t>& code) {
   for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-    if (code[pc] == kRepeat && code.at(pc + 2) < 0) return true;
+    if (code[pc] == kRepeat && (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
+      return true;
+    }
   }
   return false;
 }
 
 // Rules worth inlining: not recursive, a finite language, and small once expanded. Rules with
-// loops (strings, numbers) stay separate so their states' masks are shared across grammars.
+// loops (strings, numbers) or long chains stay separate so their states' masks are shared.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root) {
   const size_t R = rules.size();
   std::vector<std::vector<int32_t>> refs(R);
@@ -436,7 +442,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
   const int64_t kMaxInline = 2000;
   std::function<void(int32_t)> visit = [&](int32_t r) {
     st[r] = 1;
-    bool ok = !has_unbounded_repeat(rules[r]);
+    bool ok = !has_unbounded_or_long_repeat(rules[r]);
     int64_t total = static_cast<int64_t>(rules[r].size());
     for (int32_t q : refs[r]) {
       if (q < 0 || static_cast<size_t>(q) >= R) throw DefinitionError("reference to unknown rule");

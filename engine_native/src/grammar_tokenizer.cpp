@@ -41,6 +41,9 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
       first_byte_end[static_cast<size_t>(b)] = static_cast<uint32_t>(j);
     }
   }
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (tokens[sorted[i]].size() > kShortTokenLen) long_sorted.push_back(static_cast<int32_t>(i));
+  }
   lcp.assign(sorted.size(), 0);
   for (size_t i = 1; i < sorted.size(); ++i) {
     const std::string& a = tokens[sorted[i - 1]];
@@ -565,10 +568,14 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     } else {
       ranges.push_back({0, tok->sorted.size(), 0, s, 0});
     }
-    // A dense state outside a loop region assembles its mask from cached first-byte pieces.
-    std::shared_ptr<const StateMask> fresh = region ? nullptr : compute_by_first_byte(s);
+    // A dense state outside a loop region reuses the short-token mask of a state alike within
+    // a short token's reach (counted repeats), or assembles its mask from cached first-byte pieces.
+    std::shared_ptr<const StateMask> fresh = region ? nullptr : compute_from_short(s, calls);
+    const bool from_short = fresh != nullptr;
+    if (!fresh && !region) fresh = compute_by_first_byte(s);
     if (!fresh && calls) fresh = compute_mask_with_calls(ranges, region.get());
     if (!fresh) fresh = compute_mask(ranges, region.get());
+    if (!region && !from_short) put_short(s, *fresh);
     m = tok->cache_put(key, fresh);
   }
   std::lock_guard<std::mutex> lock(mu_);
