@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from test_engine_structured import _drain
 
 from agent_infer import SamplingParams
 from agent_infer.engine.config import EngineConfig
@@ -25,15 +26,6 @@ SCHEMA = {
 # Lowers fine (a well-formed grammar) but its language is empty: the compile, not the front end, fails.
 EMPTY_LANGUAGE = StructuredOutput.ebnf('root ::= a\na ::= a "x"\n')
 ARITHMETIC = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]{1,3}\n'
-
-
-def _drain(engine: Any) -> dict[str, Any]:
-    done: dict[str, Any] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
 
 
 def test_config_options_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

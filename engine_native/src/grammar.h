@@ -185,6 +185,10 @@ class CompiledGrammar {
   bool piece_calls(int32_t t) const;
   // Key of what a walk entering t reads; memoized with the number of states it names.
   std::string local_key(int32_t t) const;
+  // Appends state q's part of a neighbourhood key (local_key, short_key): final flag, escape set
+  // when `with_escape`, byte edges, and callee digests when `calls`; targets renumbered by `num`.
+  void append_state_key(int32_t q, bool calls, bool with_escape, const std::unordered_map<int32_t, int32_t>& num,
+                        std::string& ser) const;
   size_t local_size(int32_t t) const;  // > 512: named by its rule
   // Short-token masks (grammar_short.cpp): the classification of s's tokens of at most
   // kShortTokenLen bytes depends only on the states within kShortTokenLen - 1 bytes of s, so it

@@ -39,6 +39,28 @@ bool CompiledGrammar::piece_calls(int32_t t) const {
 // byte edges, and in the pushdown walk also through reference returns), numbered in discovery
 // order, with their edges, final flags and escape sets (plain walk) or callee digests and the
 // rule's follow set (pushdown walk).
+void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape,
+                                       const std::unordered_map<int32_t, int32_t>& num, std::string& ser) const {
+  auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  const State& st = states[q];
+  put(st.final ? 1 : 0);
+  if (with_escape) {
+    for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
+  }
+  put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+  for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+    put((byte_edges[e].lo << 8) | byte_edges[e].hi);
+    put(num.at(byte_edges[e].target));
+  }
+  if (calls) {
+    put(static_cast<int32_t>(st.ref_end - st.ref_begin));
+    for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
+      ser += rule_key(ref_edges[e].rule, true);
+      put(num.at(ref_edges[e].target));
+    }
+  }
+}
+
 std::string CompiledGrammar::local_key(int32_t t) const {
   {
     std::lock_guard<std::mutex> lock(local_mu_);
@@ -69,26 +91,7 @@ std::string CompiledGrammar::local_key(int32_t t) const {
   std::string ser(1, calls ? 'c' : 'p');
   auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   if (!overflow) {
-    for (size_t i = 0; i < order.size(); ++i) {
-      const int32_t q = order[i];
-      const State& st = states[q];
-      put(st.final ? 1 : 0);
-      if (!calls) {
-        for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
-      }
-      put(static_cast<int32_t>(st.byte_end - st.byte_begin));
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        put((byte_edges[e].lo << 8) | byte_edges[e].hi);
-        put(num.at(byte_edges[e].target));
-      }
-      if (calls) {
-        put(static_cast<int32_t>(st.ref_end - st.ref_begin));
-        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-          ser += rule_key(ref_edges[e].rule, true);
-          put(num.at(ref_edges[e].target));
-        }
-      }
-    }
+    for (int32_t q : order) append_state_key(q, calls, !calls, num, ser);
   } else {
     // Named by the whole rule (as the per-state cache does) plus t's index inside it.
     ser.assign(1, calls ? 'C' : 'P');

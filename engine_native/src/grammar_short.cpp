@@ -90,21 +90,7 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
         put(-7);  // beyond reach: only its existence is read
         continue;
       }
-      const State& st = states[q];
-      put(st.final ? 1 : 0);
-      for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
-      put(static_cast<int32_t>(st.byte_end - st.byte_begin));
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        put((byte_edges[e].lo << 8) | byte_edges[e].hi);
-        put(num.at(byte_edges[e].target));
-      }
-      if (calls) {
-        put(static_cast<int32_t>(st.ref_end - st.ref_begin));
-        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-          ser += rule_key(ref_edges[e].rule, true);
-          put(num.at(ref_edges[e].target));
-        }
-      }
+      append_state_key(q, calls, true, num, ser);
     }
     ser.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
     key = digest(ser, 'S');
