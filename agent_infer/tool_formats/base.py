@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_infer.grammar.ir import Grammar
-from agent_infer.tool_formats.grammar_parts import ToolChoice
+from agent_infer.grammar.ir import Expr, Grammar, opt, seq
+from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, resolve_choice
 from agent_infer.tool_formats.scanning import Piece, assemble, merge_text
 from agent_infer.tools import Tool
 
@@ -184,7 +184,6 @@ class ToolCallFormat(ABC):
         """An incremental parser: ``feed(delta)`` as text arrives, ``finish()`` at the end."""
         return StreamParser(self)
 
-    @abstractmethod
     def grammar(
         self,
         tools: Sequence[Tool],
@@ -195,6 +194,26 @@ class ToolCallFormat(ABC):
         whitespace: str = "flexible",
     ) -> Grammar:
         """The grammar of outputs allowed under ``tool_choice`` (auto / required / none / {"name": X})."""
+        mode, allowed = resolve_choice(tools, tool_choice)
+        b = GrammarBuilder(strict, whitespace)
+        if mode == "none":
+            return b.build(self._plain_text(b))
+        calls = self._calls(b, mode, allowed, parallel_tool_calls and mode != "named")
+        if mode in ("required", "named"):
+            return b.build(calls)
+        return b.build(self._text_or_calls(b, calls))
+
+    @abstractmethod
+    def _plain_text(self, b: GrammarBuilder) -> Expr:
+        """Free text that cannot open a call (tool_choice "none")."""
+
+    @abstractmethod
+    def _calls(self, b: GrammarBuilder, mode: str, allowed: list[Tool], parallel: bool) -> Expr:
+        """The call block: one call of ``allowed`` tools, or with ``parallel`` several."""
+
+    def _text_or_calls(self, b: GrammarBuilder, calls: Expr) -> Expr:
+        """tool_choice "auto": text, optionally followed by calls."""
+        return seq(self._plain_text(b), opt(calls))
 
 
 def _join(prompt: str, content: str, role: str) -> str:

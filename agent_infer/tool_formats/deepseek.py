@@ -14,9 +14,9 @@ import json
 from abc import abstractmethod
 from collections.abc import Sequence
 
-from agent_infer.grammar.ir import Expr, Grammar, alt, lit, opt, seq
+from agent_infer.grammar.ir import Expr, alt, lit, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
-from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
+from agent_infer.tool_formats.grammar_parts import GrammarBuilder, repeat_calls
 from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, text_until
 from agent_infer.tools import Tool
 
@@ -123,28 +123,15 @@ class _DeepSeekBase(ToolCallFormat):
                 pieces.append(Piece(False, "", resume=pos))
                 break
 
-    def grammar(
-        self,
-        tools: Sequence[Tool],
-        *,
-        tool_choice: ToolChoice = "auto",
-        parallel_tool_calls: bool = True,
-        strict: bool = True,
-        whitespace: str = "flexible",
-    ) -> Grammar:
-        mode, allowed = resolve_choice(tools, tool_choice)
-        b = GrammarBuilder(strict, whitespace)
-        if mode == "none":
-            return b.build(b.text_without(CALLS_BEGIN))
+    def _plain_text(self, b: GrammarBuilder) -> Expr:
+        return b.text_without(CALLS_BEGIN)
+
+    def _calls(self, b: GrammarBuilder, mode: str, allowed: list[Tool], parallel: bool) -> Expr:
         call = b.add(
             "call", alt(*(self._call_expr(t.name, b.arguments(i, t)) for i, t in enumerate(allowed)))
         )
-        parallel = parallel_tool_calls and mode != "named"
         sep = lit(self.call_separator)
-        block = b.add("block", seq(lit(CALLS_BEGIN), repeat_calls(call, sep, parallel), lit(CALLS_END)))
-        if mode in ("required", "named"):
-            return b.build(block)
-        return b.build(seq(b.text_without(CALLS_BEGIN), opt(block)))
+        return b.add("block", seq(lit(CALLS_BEGIN), repeat_calls(call, sep, parallel), lit(CALLS_END)))
 
 
 class DeepSeekV3Format(_DeepSeekBase):

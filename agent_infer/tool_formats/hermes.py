@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from agent_infer.grammar.ir import Grammar, lit, opt, seq
+from agent_infer.grammar.ir import Expr, lit, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
-from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
+from agent_infer.tool_formats.grammar_parts import GrammarBuilder, repeat_calls
 from agent_infer.tool_formats.scanning import Layout, Piece, call_piece, scan_object, text_until
 from agent_infer.tools import Tool
 
@@ -105,19 +105,10 @@ class HermesFormat(ToolCallFormat):
             pos = end
             piece.resume = pos
 
-    def grammar(
-        self,
-        tools: Sequence[Tool],
-        *,
-        tool_choice: ToolChoice = "auto",
-        parallel_tool_calls: bool = True,
-        strict: bool = True,
-        whitespace: str = "flexible",
-    ) -> Grammar:
-        mode, allowed = resolve_choice(tools, tool_choice)
-        b = GrammarBuilder(strict, whitespace)
-        if mode == "none":
-            return b.build(b.text_without(CALL_OPEN))
+    def _plain_text(self, b: GrammarBuilder) -> Expr:
+        return b.text_without(CALL_OPEN)
+
+    def _calls(self, b: GrammarBuilder, mode: str, allowed: list[Tool], parallel: bool) -> Expr:
         ws = b.ws()
         call = b.add(
             "call",
@@ -126,11 +117,8 @@ class HermesFormat(ToolCallFormat):
             ),
         )
         if mode == "named":
-            return b.build(call)
-        calls = b.add("calls", repeat_calls(call, lit(CALL_SEPARATOR), parallel_tool_calls))
-        if mode == "required":
-            return b.build(calls)
-        return b.build(seq(b.text_without(CALL_OPEN), opt(calls)))
+            return call
+        return b.add("calls", repeat_calls(call, lit(CALL_SEPARATOR), parallel))
 
 
 def _any_order_call(text: str, start: int, final: bool) -> tuple[Piece | None, int]:

@@ -12,9 +12,9 @@ import json
 import re
 from collections.abc import Sequence
 
-from agent_infer.grammar.ir import Grammar, alt, lit, opt, seq
+from agent_infer.grammar.ir import Expr, alt, lit, opt, seq
 from agent_infer.tool_formats.base import ToolCall, ToolCallFormat
-from agent_infer.tool_formats.grammar_parts import GrammarBuilder, ToolChoice, repeat_calls, resolve_choice
+from agent_infer.tool_formats.grammar_parts import GrammarBuilder, repeat_calls
 from agent_infer.tool_formats.scanning import Layout, Piece, call_piece
 from agent_infer.tools import Tool
 
@@ -109,31 +109,20 @@ class Llama3JsonFormat(ToolCallFormat):
         # stream may already have sent) the rest is text, so that no streamed call is taken back.
         return [*pieces, Piece(False, text[pos:])] if pieces else [Piece(False, text)]
 
-    def grammar(
-        self,
-        tools: Sequence[Tool],
-        *,
-        tool_choice: ToolChoice = "auto",
-        parallel_tool_calls: bool = True,
-        strict: bool = True,
-        whitespace: str = "flexible",
-    ) -> Grammar:
-        mode, allowed = resolve_choice(tools, tool_choice)
-        b = GrammarBuilder(strict, whitespace)
-        if mode == "none":
-            return b.build(b.text_not_starting(_CALL_STARTS))
+    def _plain_text(self, b: GrammarBuilder) -> Expr:
+        return b.text_not_starting(_CALL_STARTS)
+
+    def _calls(self, b: GrammarBuilder, mode: str, allowed: list[Tool], parallel: bool) -> Expr:
         ws = b.ws()
         call = b.add(
             "call", seq(lit("{"), ws, b.call_members(allowed, json.loads(ARGUMENTS_KEY)), ws, lit("}"))
         )
         sep = alt(*(lit(s) for s in SEPARATORS))
-        calls = b.add(
-            "calls",
-            seq(opt(lit(PYTHON_TAG)), repeat_calls(call, sep, parallel_tool_calls and mode != "named")),
-        )
-        if mode in ("required", "named"):
-            return b.build(calls)
-        return b.build(alt(calls, b.text_not_starting(_CALL_STARTS)))
+        return b.add("calls", seq(opt(lit(PYTHON_TAG)), repeat_calls(call, sep, parallel)))
+
+    def _text_or_calls(self, b: GrammarBuilder, calls: Expr) -> Expr:
+        # A reply is either calls or text, never text then calls (the call must open the reply).
+        return alt(calls, self._plain_text(b))
 
 
 __all__ = ["PYTHON_TAG", "TOOL_RESULT_ROLE", "Llama3JsonFormat"]
