@@ -18,9 +18,19 @@ class SamplingParams:
     reproducible per request, independent of what else is in the batch. ``logprobs=n`` returns the
     sampled token's log-probability plus the ``n`` most likely alternatives at every step.
     ``stop`` strings are cut from the returned text; ``stop_token_ids`` end the request like EOS.
+    Repetition control follows vLLM and OpenAI: ``repetition_penalty`` (> 0, 1 = off) divides the
+    positive logits and multiplies the negative ones of every token already in the prompt or the
+    output; ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2], 0 = off) subtract a constant,
+    and a constant per occurrence, from the logits of tokens already in the output.
     ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
     a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
     :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
+    ``close_on_length`` (constrained requests only): instead of stopping mid-document at
+    ``max_tokens`` (finish reason ``length``), end with the grammar's shortest completion so the
+    output always parses (finish reason ``stop``; ``metrics.num_closing_tokens`` counts the tokens
+    the engine wrote). The shortest completion fills required parts with minimal values (``""``,
+    ``0``, the first enum member), so the content of a closed document is cut short. Not
+    combinable with ``logprobs`` (closing tokens are not sampled).
     """
 
     temperature: float = 1.0
@@ -33,7 +43,11 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     structured: Any = None
+    close_on_length: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -76,8 +90,26 @@ class SamplingParams:
             _check_int(self.logprobs, "logprobs")
             if self.logprobs < 0:
                 raise InvalidRequestError(f"logprobs must be >= 0, got {self.logprobs}", field="logprobs")
+        _check_number(self.repetition_penalty, "repetition_penalty")
+        if not 0.0 < self.repetition_penalty < float("inf"):
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0 and finite, got {self.repetition_penalty}",
+                field="repetition_penalty",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(value, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", field=name)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError("ignore_eos must be a bool", field="ignore_eos")
+        if not isinstance(self.close_on_length, bool):
+            raise InvalidRequestError("close_on_length must be a bool", field="close_on_length")
+        if self.close_on_length and self.logprobs is not None:
+            raise InvalidRequestError(
+                "close_on_length cannot be combined with logprobs: closing tokens are not sampled",
+                field="close_on_length",
+            )
         # Normalise to tuples so a frozen params object cannot be mutated through a shared list.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_ids(self.stop_token_ids))
@@ -98,6 +130,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding picks the arg-max token (no randomness)."""
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """True when any repetition, presence or frequency penalty is active."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -28,6 +28,8 @@ class Result:
     seconds: float
     decode_seconds: float | None = None  # after the first token, where the engine reports it
     token_ids: list[int] | None = None
+    cpu_seconds: float | None = None  # process CPU time, where the request ran alone in this process
+    forced_tokens: int | None = None  # output tokens appended by jump-forward (ours only)
 
 
 class LlamaCppPeer:

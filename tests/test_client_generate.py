@@ -142,6 +142,23 @@ def test_truncated_output_is_a_validation_failure(client: Client) -> None:
         client.generate("Describe a person.", schema=Person, max_tokens=3, max_retries=0)
 
 
+class Story(BaseModel):
+    title: str
+    text: str
+    tags: list[str] = Field(min_length=1)
+
+
+def test_close_on_length_returns_a_valid_object_within_the_budget(client: Client) -> None:
+    prompt = "Write a very long story about a dragon as JSON with a title, the text and tags."
+    with pytest.raises(ValidationRetryError, match="cut off"):
+        client.generate(prompt, schema=Story, max_tokens=40, max_retries=0)
+    before = client.usage
+    story = client.generate(prompt, schema=Story, max_tokens=40, max_retries=0, close_on_length=True)
+    assert isinstance(story, Story) and story.tags
+    used = client.usage.completion_tokens - before.completion_tokens
+    assert 0 < used <= 40 and client.usage.requests == before.requests + 1
+
+
 def test_errors_name_the_problem(client: Client) -> None:
     class Unenforceable(BaseModel):
         x: list[int] = Field(json_schema_extra={"contains": {"type": "integer"}, "maxContains": 2})

@@ -102,6 +102,18 @@ def test_run_executes_tools_over_the_wire(client: Client) -> None:
     assert isinstance(done.output, str) and done.turns == 1
 
 
+class Story(BaseModel):
+    title: str
+    text: str
+    tags: list[str] = Field(min_length=1)
+
+
+def test_close_on_length_over_the_wire(client: Client) -> None:
+    prompt = "Write a very long story about a dragon as JSON with a title, the text and tags."
+    story = client.generate(prompt, schema=Story, max_tokens=40, max_retries=0, close_on_length=True)
+    assert isinstance(story, Story) and story.tags
+
+
 def test_remote_errors(server: LiveServer) -> None:
     with pytest.raises(RemoteError) as wrong_model:
         Client(base_url=server.v1, model="no-such-model").generate("hi", max_tokens=4)

@@ -79,23 +79,25 @@ def _chat(llm: Any, temperature: float) -> list[Any]:
 def _forced_consistent(llm: Any, schema: dict[str, Any], tokens: list[int]) -> bool:
     """Would jump-forward have appended exactly the tokens greedy decoding chose here?
 
-    Replays ``tokens`` the way the engine jumps: after each sampled token the grammar's forced
-    tokens are appended. If the sampled text always agrees with them, forced-on greedy decoding
-    sees the same tokens and must produce the same output.
+    Replays ``tokens`` the way the engine jumps: the grammar's leading forced tokens are prefilled
+    with the prompt, and after each sampled token its forced tokens are appended. If the sampled
+    text always agrees with them, forced-on greedy decoding sees the same tokens and must produce
+    the same output.
     """
     matcher = GrammarMatcher(llm.engine.grammar.compile(Grammar.from_json_schema(schema)))
     pos = 0
-    while pos < len(tokens):
+    forced = matcher.forced_tokens()
+    while True:
+        if forced and pos < len(tokens):
+            if tokens[pos : pos + len(forced)] != forced:
+                return False
+            assert all(matcher.accept_token(t) for t in forced)
+            pos += len(forced)
+        if pos >= len(tokens):
+            return True
         assert matcher.accept_token(tokens[pos])
         pos += 1
         forced = matcher.forced_tokens()
-        if not forced or pos == len(tokens):
-            continue
-        if tokens[pos : pos + len(forced)] != forced:
-            return False
-        assert all(matcher.accept_token(t) for t in forced)
-        pos += len(forced)
-    return True
 
 
 def _assert_valid(outs: list[Any]) -> None:
@@ -204,3 +206,62 @@ def test_stop_string_inside_forced_text(make_llm: Callable[..., Any]) -> None:
     assert '"rank"' not in out.text and out.text.startswith("{")
     assert out.outputs[0].parsed is None  # cut short of a complete document
     assert ReferenceRecognizer(StructuredOutput.json_schema(SCHEMAS[0]).to_grammar()).is_prefix(out.text)
+
+
+def _record_forwards(llm: Any) -> list[list[int]]:
+    """Tokens each sequence feeds per forward pass, recorded from the engine's model runner."""
+    calls: list[list[int]] = []
+    runner = llm.engine.runner
+    run = runner.run
+
+    def recording(batch: Any) -> Any:
+        calls.append([item.num_new_tokens for item in batch])
+        return run(batch)
+
+    runner.run = recording
+    return calls
+
+
+COMPACT_CITY = StructuredOutput.json_schema(SCHEMAS[0], whitespace="compact")
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_leading_forced_tokens_are_prefilled_with_the_prompt(
+    make_llm: Callable[..., Any], forced: bool
+) -> None:
+    llm = make_llm(forced_tokens=forced, enable_prefix_caching=False)
+    calls = _record_forwards(llm)
+    tok = llm.engine.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True)
+    prompt = tok.encode(chat, add_special_tokens=False)
+    params = SamplingParams(temperature=0, max_tokens=48, structured=COMPACT_CITY)
+    out = llm.generate([prompt], params)[0]
+    leading = GrammarMatcher(llm.engine.grammar.compile(COMPACT_CITY.to_grammar())).forced_tokens()
+    assert leading, "the compact grammar fixes no leading tokens: the test checks nothing"
+    assert out.text.startswith(tok.decode(leading))
+    if forced:  # forced off, the model may spell the same text with other tokens
+        assert out.token_ids[: len(leading)] == leading
+    assert out.finish_reason == "stop", out.text
+    jsonschema.validate(json.loads(out.text), SCHEMAS[0])
+    # Forced on: the first forward pass is the prompt plus the leading forced tokens; every pass
+    # samples one token, so forced runs (each fed as one chunk) cost no pass of their own.
+    assert calls[0] == [len(prompt) + (len(leading) if forced else 0)]
+    assert len(calls) == len(out.token_ids) - out.metrics.num_forced_tokens
+    assert (out.metrics.num_forced_tokens > 0) == forced
+
+
+def test_output_fixed_by_the_grammar_needs_no_forward_pass(make_llm: Callable[..., Any]) -> None:
+    llm = make_llm(forced_tokens=True)
+    calls = _record_forwards(llm)
+    outs = llm.generate(
+        ["Say it:", "Say it again:"],
+        [
+            SamplingParams(temperature=0, max_tokens=16, structured=["the-only-choice"]),
+            SamplingParams(temperature=0, max_tokens=2, structured=["the-only-choice"]),
+        ],
+    )
+    assert outs[0].finish_reason == "stop" and outs[0].text == "the-only-choice"
+    assert outs[0].outputs[0].token_ids[-1] in llm.engine.eos_token_ids
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 2
+    assert "the-only-choice".startswith(outs[1].text)
+    assert calls == []

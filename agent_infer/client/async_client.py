@@ -68,9 +68,10 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> Any:
         """See :meth:`Client.generate`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
             prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
         )
@@ -90,9 +91,10 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         partials = call.generate_stream_call(
             prompt_or_messages, schema, regex, grammar, choice, system, decoding
         )
@@ -111,9 +113,10 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> Message:
         """See :meth:`Client.chat`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         return await self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
     async def chat_stream(

@@ -43,6 +43,7 @@ class Decoding:
     seed: int | None = None
     top_p: float = 1.0
     stop: str | Sequence[str] | None = None
+    close_on_length: bool = False
 
 
 def check_retries(max_retries: int) -> None:
@@ -66,6 +67,8 @@ def build_request(
     """One model call from a method's arguments; bad input raises :class:`InvalidRequestError`."""
     if not isinstance(parallel_tool_calls, bool):
         raise InvalidRequestError("parallel_tool_calls must be a bool", field="parallel_tool_calls")
+    if not isinstance(decoding.close_on_length, bool):
+        raise InvalidRequestError("close_on_length must be a bool", field="close_on_length")
     stop = decoding.stop
     stops = (stop,) if isinstance(stop, str) else tuple(stop) if stop else None
     return ModelRequest(
@@ -79,6 +82,7 @@ def build_request(
         decoding.seed,
         decoding.top_p,
         stops,
+        decoding.close_on_length,
     )
 
 

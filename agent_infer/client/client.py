@@ -148,6 +148,7 @@ class Client(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> Any:
         """Generate under at most one constraint; returns a validated value.
 
@@ -155,8 +156,11 @@ class Client(ClientBase):
         ``regex=``, ``grammar=`` (GBNF text or a ``Grammar``) or ``choice=`` (-> the text); none
         -> free text. Output that fails validators beyond the schema is re-asked with the error
         appended, at most ``max_retries`` times, then :class:`ValidationRetryError`.
+        ``close_on_length=True`` (local engine, or a server of ours): a constrained output that would
+        run out of ``max_tokens`` ends with the grammar's shortest completion instead, so it still
+        parses (content cut short).
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
             prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
         )
@@ -176,6 +180,7 @@ class Client(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> Iterator[Any]:
         """Yield partial values as the output grows; the last item is the full validated value.
 
@@ -183,7 +188,7 @@ class Client(ClientBase):
         fields that have arrived (closed subtrees validated); with a dict schema, plain partial
         JSON values; otherwise the text so far. Every partial is prefix-consistent with the final.
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         yield from self._stream(
             call.generate_stream_call(prompt_or_messages, schema, regex, grammar, choice, system, decoding)
         )
@@ -200,13 +205,14 @@ class Client(ClientBase):
         seed: int | None = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
     ) -> Message:
         """One assistant turn, OpenAI-shaped: ``{"role", "content", "tool_calls"?}``.
 
         ``tool_choice`` is "auto" (text or calls), "none", "required" (at least one call) or
         ``{"name": tool}`` (exactly that call); locally the model's native format constrains it.
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         return self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
     def chat_stream(

@@ -121,6 +121,7 @@ class LocalBackend:
             seed=request.seed,
             stop=list(request.stop) if request.stop else None,
             structured=structured,
+            close_on_length=request.close_on_length,
         )
         return messages, params
 

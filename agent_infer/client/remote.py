@@ -50,6 +50,9 @@ def request_body(model: str, request: ModelRequest, stream: bool) -> dict[str, A
         body["seed"] = request.seed
     if request.stop:
         body["stop"] = list(request.stop)
+    if request.close_on_length:
+        # Our server's extension (like vLLM's extra sampling fields); only sent when asked for.
+        body["close_on_length"] = True
     c = request.constraint
     if c is not None:
         if c.kind == "json_schema":

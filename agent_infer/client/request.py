@@ -102,6 +102,7 @@ class ModelRequest:
     seed: int | None = None
     top_p: float = 1.0
     stop: tuple[str, ...] | None = None
+    close_on_length: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import torch
 from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.block_manager import BlockManager
+from agent_infer.engine.closing import closing_after
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.model_runner import ModelRunner
@@ -66,6 +67,7 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler.on_grammar_ready = self._jump_at_start
         self.sampler = Sampler()
         self.grammar = GrammarManager(
             self.tokenizer,
@@ -230,10 +232,12 @@ class LLMEngine:
         if seq.matcher is not None and not seq.matcher.accept_token(token):
             # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
             raise EngineError(f"grammar rejected sampled token {token} despite the mask")
-        if seq.logprobs is not None and logprobs is not None:
-            seq.logprobs.append(logprobs)
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
+        if seq.params.close_on_length and self._close(seq, token):
+            return
+        if seq.logprobs is not None and logprobs is not None:
+            seq.logprobs.append(logprobs)
         if self._append(seq, token):
             return
         # Forced tokens have no model distribution to report, so requests asking for logprobs
@@ -241,15 +245,42 @@ class LLMEngine:
         if self.config.forced_tokens and seq.matcher is not None and seq.logprobs is None:
             self._jump_forward(seq)
 
+    def _jump_at_start(self, seq: Sequence) -> bool:
+        """Append the tokens the grammar fixes before any sampling (e.g. ``{"name":``), so they are
+        prefilled with the prompt instead of costing a step of their own; True when ``seq`` ended."""
+        if not self.config.forced_tokens or seq.logprobs is not None:
+            return False
+        try:
+            self._jump_forward(seq)
+        except Exception as exc:  # one request's failure must not take the batch down
+            self._fail(seq, exc)
+        return seq.is_finished
+
     def _jump_forward(self, seq: Sequence) -> None:
         """Append the tokens the grammar fixes next; the scheduler feeds them as one chunk."""
         assert seq.matcher is not None
         for token in seq.matcher.forced_tokens():
             if not seq.matcher.accept_token(token):
                 raise EngineError(f"grammar rejected its own forced token {token}")
+            if seq.params.close_on_length and self._close(seq, token):
+                return
             seq.num_forced_tokens += 1
             if self._append(seq, token):
                 return
+
+    def _close(self, seq: Sequence, token: int) -> bool:
+        """Budget-aware closing (closing.py): True when ``token`` was replaced and ``seq`` finished."""
+        closing = closing_after(seq, token, self.max_model_len)
+        if closing is None:
+            return False
+        assert seq.matcher is not None
+        for t in closing:
+            if not seq.matcher.accept_token(t):
+                raise EngineError(f"grammar rejected its own closing token {t}")
+            seq.num_closing_tokens += 1
+            if self._append(seq, t):
+                return True
+        raise EngineError("closing tokens did not finish the request")
 
     def _append(self, seq: Sequence, token: int) -> bool:
         """Record one accepted token and apply the stop conditions; True when ``seq`` finished."""

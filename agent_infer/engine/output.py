@@ -12,7 +12,8 @@ from agent_infer.engine.sequence import FinishReason, Sequence
 @dataclass(frozen=True)
 class RequestMetrics:
     """Timings in seconds (``time.perf_counter`` clock), preemptions, and how many output tokens
-    the grammar forced (appended by jump-forward without sampling)."""
+    the grammar forced (appended by jump-forward without sampling) or the engine wrote to close
+    the document within ``max_tokens`` (``SamplingParams.close_on_length``)."""
 
     arrival_time: float
     first_scheduled_time: float | None
@@ -20,6 +21,7 @@ class RequestMetrics:
     finished_time: float | None
     num_preemptions: int
     num_forced_tokens: int = 0
+    num_closing_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -113,6 +115,7 @@ class RequestOutput:
                 finished_time=m.finished_time,
                 num_preemptions=m.num_preemptions,
                 num_forced_tokens=seq.num_forced_tokens,
+                num_closing_tokens=seq.num_closing_tokens,
             ),
         )
 

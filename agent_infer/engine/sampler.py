@@ -1,4 +1,4 @@
-"""Token selection from logits: greedy, temperature, top-k, top-p, min-p, with per-request seeds.
+"""Token selection from logits: penalties, then greedy, temperature, top-k, top-p, min-p, with per-request seeds.
 
 Randomness is batch-invariant: every sampled row is processed on its own and draws exactly one
 uniform number from its request's ``torch.Generator`` (inverse-CDF sampling), so a seeded request
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.sampling_params import SamplingParams
 
@@ -45,11 +46,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Sample from ``logits`` (float32 ``[len(seqs), vocab]``); row ``i`` belongs to ``seqs[i]``."""
         params = [seq.params for seq in seqs]
+        scores = apply_penalties(logits, seqs)
         # Greedy rows need one batched kernel and one device-to-host copy.
-        token_ids: list[int] = logits.argmax(dim=-1).tolist()
+        token_ids: list[int] = scores.argmax(dim=-1).tolist()
         for i, p in enumerate(params):
             if not p.greedy:
-                token_ids[i] = sample_row(logits[i], p, seqs[i].generator)
+                token_ids[i] = sample_row(scores[i], p, seqs[i].generator)
 
         logprobs: list[dict[int, float] | None] = [None] * len(seqs)
         if any(p.logprobs is not None for p in params):

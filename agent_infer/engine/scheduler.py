@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
@@ -46,7 +47,8 @@ class ScheduledSequence:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """What one step runs, plus sequences the scheduler had to end (they cannot fit in the pool)."""
+    """What one step runs, plus sequences that ended before running (``failed``: no room in the pool,
+    a failed grammar compile, or an output the grammar fixed entirely)."""
 
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
@@ -69,6 +71,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.waiting_for_grammar: list[Sequence] = []
         self.num_preemptions = 0
+        #: Called with a sequence whose matcher just arrived, before it joins the queue.
+        self.on_grammar_ready: Callable[[Sequence], bool] | None = None
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (held back while ``seq.grammar_future`` is pending)."""
@@ -110,6 +114,11 @@ class Scheduler:
                 continue
             if future is not None:
                 seq.matcher = future.result()
+                # The engine's hook appends the grammar's leading forced tokens, so they are
+                # prefilled with the prompt; True means they ended the request (nothing to sample).
+                if self.on_grammar_ready is not None and self.on_grammar_ready(seq):
+                    failed.append(seq)
+                    continue
             seq.status = SequenceStatus.WAITING
             self.waiting.append(seq)
         return failed

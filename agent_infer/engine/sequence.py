@@ -81,6 +81,7 @@ class Sequence:
         # The matcher being built by the grammar worker pool while the status is WAITING_FOR_GRAMMAR.
         self.grammar_future: Future[GrammarMatcher] | None = None
         self.num_forced_tokens = 0  # output tokens appended by jump-forward, not sampled
+        self.num_closing_tokens = 0  # output tokens appended to close within max_tokens
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.output_text = ""
         # Incremental detokenization state: text is decoded from ``prefix_offset`` so multi-token

@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, NativeExtensionMissingError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 from agent_infer.native import load_native
@@ -21,37 +21,18 @@ DEFAULT_MAX_ITEMS_PER_STEP = 200_000
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
-    """Append the prefix encoding of ``expr`` (see grammar.h) to ``out``."""
+    """Append the prefix encoding of ``expr`` (see grammar.h) to ``out`` (iteratively, any depth)."""
     stack: list[Expr] = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, Literal):
-            try:
-                data = node.text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise GrammarDefinitionError(
-                    f"literal {node.text!r} contains a lone surrogate, which has no UTF-8 encoding"
-                ) from None
-            out.append(_LITERAL)
-            out.append(len(data))
-            out.extend(data)
-        elif isinstance(node, CharClass):
-            ranges = node.normalized()
-            out.append(_CLASS)
-            out.append(len(ranges))
-            for lo, hi in ranges:
-                out.append(lo)
-                out.append(hi)
+        if isinstance(node, Literal | CharClass):
+            out.extend(_leaf(node))
         elif isinstance(node, Seq | Alt):
             out.append(_SEQ if isinstance(node, Seq) else _ALT)
             out.append(len(node.items))
             stack.extend(reversed(node.items))
         elif isinstance(node, Repeat):
-            if node.min > _INT32_MAX or (node.max is not None and node.max > _INT32_MAX):
-                raise GrammarLimitError(f"repeat bounds {{{node.min},{node.max}}} are too large")
-            out.append(_REPEAT)
-            out.append(node.min)
-            out.append(-1 if node.max is None else node.max)
+            out.extend(_repeat_head(node))
             stack.append(node.item)
         elif isinstance(node, Ref):
             out.append(_REF)
@@ -62,15 +43,146 @@ def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
             raise GrammarDefinitionError(f"not an IR node: {node!r}")
 
 
+# Literal programs by text: keys, punctuation and keywords recur across rules and grammars.
+_LITERAL_CHUNKS: dict[str, tuple[int, ...]] = {}
+_MAX_LITERAL_CHUNKS = 1 << 16
+
+
+def _leaf(node: Literal | CharClass) -> tuple[int, ...]:
+    """The program of a Literal or CharClass node (cached: on the class node, by text for literals)."""
+    if isinstance(node, CharClass):
+        chunk = node._program
+        if chunk is None:
+            ranges = node.normalized()
+            chunk = (_CLASS, len(ranges), *(x for pair in ranges for x in pair))
+            object.__setattr__(node, "_program", chunk)
+        return chunk
+    text = node.text
+    chunk = _LITERAL_CHUNKS.get(text)
+    if chunk is None:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise GrammarDefinitionError(
+                f"literal {text!r} contains a lone surrogate, which has no UTF-8 encoding"
+            ) from None
+        chunk = (_LITERAL, len(data), *data)
+        if len(_LITERAL_CHUNKS) >= _MAX_LITERAL_CHUNKS:
+            _LITERAL_CHUNKS.clear()
+        _LITERAL_CHUNKS[text] = chunk
+    return chunk
+
+
+def _repeat_head(node: Repeat) -> tuple[int, int, int]:
+    if node.min > _INT32_MAX or (node.max is not None and node.max > _INT32_MAX):
+        raise GrammarLimitError(f"repeat bounds {{{node.min},{node.max}}} are too large")
+    return (_REPEAT, node.min, -1 if node.max is None else node.max)
+
+
+class _Serializer:
+    """Programs of one grammar's rules. A composite node met again (subtrees are shared within and
+    between rules) copies the slice its first occurrence wrote instead of being walked again."""
+
+    def __init__(self, index: dict[str, int]) -> None:
+        self.index = index
+        self.refs = {name: (_REF, i) for name, i in index.items()}
+        self.programs: list[list[int]] = []
+        # id(node) -> where its first occurrence was written, packed into one int as
+        # rule << 64 | start << 32 | end: ints are not tracked by the cyclic GC, tuples would be.
+        self.spans: dict[int, int] = {}
+        self.rule = 0
+
+    def emit(self, node: Expr, out: list[int]) -> None:
+        kind = type(node)
+        if kind is Literal or kind is CharClass:
+            out.extend(_leaf(node))  # type: ignore[arg-type]
+            return
+        if kind is Ref:
+            out.extend(self.refs[node.name])  # type: ignore[attr-defined]
+            return
+        if kind is Empty:
+            out.append(_EMPTY)
+            return
+        span = self.spans.get(id(node))
+        if span is not None:
+            out.extend(self.programs[span >> 64][(span >> 32) & 0xFFFFFFFF : span & 0xFFFFFFFF])
+            return
+        start = len(out)
+        if kind is Seq or kind is Alt:
+            items = node.items  # type: ignore[attr-defined]
+            out.extend((_SEQ if kind is Seq else _ALT, len(items)))
+            emit, refs, literals = self.emit, self.refs, _LITERAL_CHUNKS
+            # Leaves and references are most children: handled inline, without a call.
+            for item in items:
+                k = type(item)
+                if k is Literal:
+                    out.extend(literals.get(item.text) or _leaf(item))
+                elif k is Ref:
+                    out.extend(refs[item.name])
+                elif k is CharClass:
+                    out.extend(item._program or _leaf(item))
+                else:
+                    emit(item, out)
+        elif kind is Repeat:
+            out.extend(_repeat_head(node))  # type: ignore[arg-type]
+            self.emit(node.item, out)  # type: ignore[attr-defined]
+        else:
+            _serialize_expr(node, self.index, out)  # subclasses and foreign nodes: the general path
+        self.spans[id(node)] = self.rule << 64 | start << 32 | len(out)
+
+    def rule_program(self, expr: Expr) -> list[int]:
+        """Serialize the next rule's body (rules go in grammar order)."""
+        code: list[int] = []
+        self.rule = len(self.programs)
+        self.programs.append(code)
+        try:
+            self.emit(expr, code)
+        except RecursionError:
+            # Nesting deeper than the interpreter's stack: the iterative walk writes the same program.
+            code.clear()
+            self.spans = {k: v for k, v in self.spans.items() if v >> 64 != self.rule}
+            _serialize_expr(expr, self.index, code)
+        return code
+
+
+_KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref)  # the order serialize_rules expects
+_native_serialize: Any = None
+
+
+def _native_serializer() -> Any:
+    """``_native.serialize_rules``, or False when the extension (or this function in it) is missing."""
+    global _native_serialize
+    if _native_serialize is None:
+        try:
+            _native_serialize = getattr(load_native(), "serialize_rules", False)
+        except NativeExtensionMissingError:
+            _native_serialize = False
+    return _native_serialize
+
+
 def serialize_grammar(grammar: Grammar) -> tuple[list[list[int]], int]:
     """Flat per-rule integer programs and the root's rule index."""
     index = {name: i for i, (name, _) in enumerate(grammar.rules)}
-    programs: list[list[int]] = []
+    native = _native_serializer()
+    if native:
+        # The same programs, written in C++; None for anything it leaves to the Python path
+        # below (foreign node types, literals with lone surrogates, out-of-range bounds...).
+        programs = native([expr for _, expr in grammar.rules], index, _KINDS)
+        if programs is not None:
+            return programs, index[grammar.root]
+    return serialize_grammar_python(grammar, index)
+
+
+def serialize_grammar_python(
+    grammar: Grammar, index: dict[str, int] | None = None
+) -> tuple[list[list[int]], int]:
+    """:func:`serialize_grammar` without the native fast path (the reference it must match)."""
+    if index is None:
+        index = {name: i for i, (name, _) in enumerate(grammar.rules)}
+    ser = _Serializer(index)
     for _, expr in grammar.rules:
-        code: list[int] = []
-        _serialize_expr(expr, index, code)
-        programs.append(code)
-    return programs, index[grammar.root]
+        ser.rule_program(expr)
+    return ser.programs, index[grammar.root]
 
 
 class CompiledGrammar:

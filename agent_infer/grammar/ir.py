@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_infer.errors import GrammarDefinitionError
 
@@ -31,12 +31,18 @@ if TYPE_CHECKING:
 
 MAX_CODEPOINT = 0x10FFFF
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Names joined by NUL all match _NAME_RE when this matches (NUL is in no valid name).
+_NAMES_RE = re.compile(r"[A-Za-z0-9_-]+(?:\x00[A-Za-z0-9_-]+)*\Z")
 
 
 class Expr:
     """Base class of IR nodes. Nodes are frozen dataclasses: hashable and comparable."""
 
     __slots__ = ()
+    # Set on a composite node (object.__setattr__; not a dataclass field) once its subtree is
+    # known to hold no Ref: grammar validation then skips it, in this grammar and every other
+    # one sharing the node (the fixed JSON rules, cached string encodings).
+    _ref_free: ClassVar[bool] = False
 
     def children(self) -> tuple[Expr, ...]:
         """Direct sub-expressions."""
@@ -65,6 +71,10 @@ class CharClass(Expr):
 
     ranges: tuple[tuple[int, int], ...]
     negated: bool = False
+    # Per-instance caches, set with object.__setattr__ (class variables, so not dataclass fields:
+    # equality, hashing and printing are unchanged).
+    _normalized: ClassVar[tuple[tuple[int, int], ...] | None] = None
+    _program: ClassVar[tuple[int, ...] | None] = None
 
     def __post_init__(self) -> None:
         for lo, hi in self.ranges:
@@ -73,23 +83,33 @@ class CharClass(Expr):
 
     def normalized(self) -> tuple[tuple[int, int], ...]:
         """The sorted, merged, non-negated ranges this class matches (may be empty)."""
-        merged: list[list[int]] = []
-        for lo, hi in sorted(self.ranges):
-            if merged and lo <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        if not self.negated:
-            return tuple((a, b) for a, b in merged)
-        out: list[tuple[int, int]] = []
-        nxt = 0
-        for lo, hi in merged:
-            if lo > nxt:
-                out.append((nxt, lo - 1))
-            nxt = hi + 1
-        if nxt <= MAX_CODEPOINT:
-            out.append((nxt, MAX_CODEPOINT))
-        return tuple(out)
+        # Cached on the instance: front ends and the serializer ask for it many times per node.
+        cached = self._normalized
+        if cached is None:
+            cached = _normalize(self.ranges, self.negated)
+            object.__setattr__(self, "_normalized", cached)
+        return cached
+
+
+def _normalize(ranges: tuple[tuple[int, int], ...], negated: bool) -> tuple[tuple[int, int], ...]:
+    merged: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            if hi > merged[-1][1]:
+                merged[-1][1] = hi
+        else:
+            merged.append([lo, hi])
+    if not negated:
+        return tuple((a, b) for a, b in merged)
+    out: list[tuple[int, int]] = []
+    nxt = 0
+    for lo, hi in merged:
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODEPOINT:
+        out.append((nxt, MAX_CODEPOINT))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -289,19 +309,26 @@ class Grammar:
         if ordered != self.rules:
             object.__setattr__(self, "rules", ordered)
         names = [name for name, _ in self.rules]
-        seen: set[str] = set()
-        for name in names:
-            if not _NAME_RE.match(name):
-                raise GrammarDefinitionError(f"invalid rule name {name!r} (use letters, digits, '_' and '-')")
-            if name in seen:
-                raise GrammarDefinitionError(f"rule {name!r} is defined twice")
-            seen.add(name)
+        seen: set[str] = set(names)
+        # One regex pass over all names; only when it fails (or a name repeats) does the per-name
+        # loop run, which reports the first offending name in rule order.
+        if len(seen) != len(names) or not _NAMES_RE.match("\x00".join(names)):
+            seen = set()
+            for name in names:
+                if not _NAME_RE.match(name):
+                    raise GrammarDefinitionError(
+                        f"invalid rule name {name!r} (use letters, digits, '_' and '-')"
+                    )
+                if name in seen:
+                    raise GrammarDefinitionError(f"rule {name!r} is defined twice")
+                seen.add(name)
         if self.root not in seen:
             raise GrammarDefinitionError(f"root rule {self.root!r} is not defined")
-        for name, expr in self.rules:
-            missing = _undefined_ref(expr, seen)
-            if missing is not None:
-                raise GrammarDefinitionError(f"rule {name!r} refers to undefined rule {missing!r}")
+        from agent_infer.grammar.ir_references import first_undefined_ref
+
+        found = first_undefined_ref(self.rules, seen)
+        if found is not None:
+            raise GrammarDefinitionError(f"rule {found[0]!r} refers to undefined rule {found[1]!r}")
 
     # -- access --
 
@@ -417,21 +444,6 @@ class Grammar:
     def concat(cls, *grammars: Grammar) -> Grammar:
         """A string of each of ``grammars`` in order."""
         return _combine(grammars, seq)
-
-
-def _undefined_ref(expr: Expr, names: set[str]) -> str | None:
-    """The first referenced rule name not in ``names`` (a tight loop: big schemas have ~10^5 nodes)."""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Ref):
-            if node.name not in names:
-                return node.name
-        elif isinstance(node, Seq | Alt):
-            stack.extend(node.items)
-        elif isinstance(node, Repeat):
-            stack.append(node.item)
-    return None
 
 
 def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:

@@ -10,6 +10,7 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -140,6 +141,22 @@ def json_schema_to_grammar(
     return Grammar(tuple(rules), "root", tuple(comp.warnings))
 
 
+_RESERVED = frozenset(("root", "ws", "char", HIGH_RULE))
+_NON_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _rule_base(hint: str) -> str:
+    """The rule-name stem of ``hint``: runs of other characters become ``-``, at most 40 characters."""
+    return _NON_NAME.sub("-", hint).strip("-")[-40:] or "s"
+
+
+@functools.lru_cache(maxsize=4096)
+def _near_keyword(keyword: str) -> list[str]:
+    """The known keyword ``keyword`` is likely a typo of (at most one; a pure function of it)."""
+    return difflib.get_close_matches(keyword, sorted(KNOWN), n=1, cutoff=0.8)
+
+
 def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
     """Keep keywords that qualify each other paired before merging (allOf) mixes schema objects.
 
@@ -177,6 +194,9 @@ class Compiler:
         self._shared: dict[Expr, str] = {}
         self.key_cache: dict[str, Expr | None] = {}
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
+        self._next_suffix: dict[str, int] = {}
+        # id(enum list) -> (the list, its canonical values), for json_schema_values
+        self.canon_sets: dict[int, tuple[Any, set[Any]]] = {}
         self.char: Expr = Ref("char")
         blank = chars(" \t")
         if whitespace == "compact" or indent is not None:
@@ -199,7 +219,7 @@ class Compiler:
     def unknown_keyword(self, keyword: str, pointer: str) -> None:
         """A keyword from no JSON Schema vocabulary: a likely typo of a real keyword fails closed
         (strict), anything else is an annotation, as validators treat it, noted in the warnings."""
-        near = difflib.get_close_matches(keyword, sorted(KNOWN), n=1, cutoff=0.8)
+        near = _near_keyword(keyword)
         if near:
             self.unsupported(keyword, pointer, f"unknown keyword {keyword!r} (did you mean {near[0]!r}?)")
         else:
@@ -306,12 +326,17 @@ class Compiler:
         """A fresh, valid rule name derived from ``hint``."""
         if len(self.rules) >= MAX_RULES:
             raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
-        base = re.sub(r"[^A-Za-z0-9_-]+", "-", hint).strip("-")[-40:] or "s"
-        name, k = base, 1
-        while name in self.rules or name in ("root", "ws", "char", HIGH_RULE):
+        base = _rule_base(hint)
+        # Names are only ever added, so every suffix below the last one taken for ``base`` is
+        # still taken: resume the search there (the smallest free suffix, as a scan from 1 finds).
+        k = self._next_suffix.get(base, 1)
+        name = base if k == 1 else f"{base}-{k}"
+        rules = self.rules
+        while name in rules or name in _RESERVED:
             k += 1
             name = f"{base}-{k}"
-        self.rules[name] = Alt(())  # reserve; replaced when the body is built
+        self._next_suffix[base] = k
+        rules[name] = Alt(())  # reserve; replaced when the body is built
         return name
 
     def lower(self, schema: Any, pointer: str, depth: int) -> Expr:

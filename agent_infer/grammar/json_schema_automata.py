@@ -9,11 +9,10 @@ JSON-encoded (:func:`encode_class`). Every step is bounded by ``max_states``.
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq, alt, seq
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.json_schema_text import MAX_CP, encode_class
 
 Edge = tuple[int, int, int]  # lo, hi, target
@@ -25,6 +24,8 @@ class DFA:
 
     edges: list[list[Edge]]
     accept: set[int]
+    # _live's answer, kept: emptiness tests and rule emission both need it (DFAs are not mutated).
+    live: set[int] | None = field(default=None, compare=False, repr=False)
 
 
 class _NFA:
@@ -94,17 +95,10 @@ class _NFA:
         return frozenset(out)
 
 
-def _partition(ranges: list[tuple[tuple[int, int], ...]]) -> list[tuple[int, int]]:
-    """Disjoint intervals refining every given range set (only covered parts)."""
-    points = sorted({p for rs in ranges for lo, hi in rs for p in (lo, hi + 1)})
-    return [
-        (a, b - 1)
-        for a, b in itertools.pairwise(points)
-        if any(lo <= a <= hi for rs in ranges for lo, hi in rs)
-    ]
+_DEFAULT_MAX_STATES = 4000
 
 
-def expr_to_dfa(e: Expr, max_states: int = 4000) -> DFA:
+def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
     """Determinize a decoded-string expression (no Refs)."""
     nfa = _NFA(max_states * 4)
     start = nfa.new()
@@ -114,21 +108,46 @@ def expr_to_dfa(e: Expr, max_states: int = 4000) -> DFA:
     order = [first]
     edges: list[list[Edge]] = []
     accept: set[int] = set()
+    moves_of = nfa.moves
+    closures: dict[frozenset[int], frozenset[int]] = {}
     i = 0
     while i < len(order):
         cur = order[i]
         if final in cur:
             accept.add(i)
-        moves = [(rs, t) for s in cur for rs, t in nfa.moves[s]]
+        # Sweep the range boundaries of every move once: between two consecutive boundaries the
+        # set of NFA targets is constant. Only covered intervals become edges, in ascending order.
+        events: list[tuple[int, int, int]] = []
+        for s in cur:
+            for rs, t in moves_of[s]:
+                for lo, hi in rs:
+                    events.append((lo, 1, t))
+                    events.append((hi + 1, -1, t))
+        events.sort()
+        active: dict[int, int] = {}
         out: list[Edge] = []
-        for lo, hi in _partition([rs for rs, _ in moves]):
-            target = nfa.closure(frozenset(t for rs, t in moves if any(a <= lo <= b for a, b in rs)))
-            if target not in index:
-                if len(order) >= max_states:
-                    raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
-                index[target] = len(order)
-                order.append(target)
-            out.append((lo, hi, index[target]))
+        k, n = 0, len(events)
+        while k < n:
+            point = events[k][0]
+            while k < n and events[k][0] == point:
+                _, step, t = events[k]
+                left = active.get(t, 0) + step
+                if left:
+                    active[t] = left
+                else:
+                    del active[t]
+                k += 1
+            if active and k < n:
+                moved = frozenset(active)
+                target = closures.get(moved)
+                if target is None:
+                    target = closures[moved] = nfa.closure(moved)
+                if target not in index:
+                    if len(order) >= max_states:
+                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                    index[target] = len(order)
+                    order.append(target)
+                out.append((point, events[k][0] - 1, index[target]))
         edges.append(_merge(out))
         i += 1
     return DFA(edges, accept)
@@ -157,17 +176,27 @@ def dfa_intersect(a: DFA, b: DFA, max_states: int = 4000) -> DFA:
         if x in a.accept and y in b.accept:
             accept.add(i)
         out: list[Edge] = []
+        # Every DFA here keeps its edges sorted and disjoint, so the b-edges meeting an a-edge are
+        # one run, found by a pointer that only moves forward. Pairs come in the same order as a
+        # nested loop over both lists (a-major), so new states get the same numbers.
+        eb = b.edges[y]
+        nb = len(eb)
+        j0 = 0
         for lo1, hi1, t1 in a.edges[x]:
-            for lo2, hi2, t2 in b.edges[y]:
-                lo, hi = max(lo1, lo2), min(hi1, hi2)
-                if lo > hi:
-                    continue
-                if (t1, t2) not in index:
+            while j0 < nb and eb[j0][1] < lo1:
+                j0 += 1
+            j = j0
+            while j < nb and eb[j][0] <= hi1:
+                lo2, hi2, t2 = eb[j]
+                j += 1
+                pair = (t1, t2)
+                target = index.get(pair)
+                if target is None:
                     if len(order) >= max_states:
                         raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
-                    index[(t1, t2)] = len(order)
-                    order.append((t1, t2))
-                out.append((lo, hi, index[(t1, t2)]))
+                    target = index[pair] = len(order)
+                    order.append(pair)
+                out.append((lo1 if lo1 > lo2 else lo2, hi1 if hi1 < hi2 else hi2, target))
         edges.append(_merge(out))
         i += 1
     return DFA(edges, accept)
@@ -208,6 +237,12 @@ def dfa_is_empty(a: DFA) -> bool:
 
 def _live(a: DFA) -> set[int]:
     """States reachable from the start that can reach an accepting state."""
+    if a.live is None:
+        a.live = _find_live(a)
+    return a.live
+
+
+def _find_live(a: DFA) -> set[int]:
     reach = {0}
     stack = [0]
     while stack:
@@ -229,24 +264,101 @@ def _live(a: DFA) -> set[int]:
     return live
 
 
+# Class ranges -> the items its JSON encoding contributes to ``seq(encoding, next)``; key
+# automata of different objects repeat the same edge classes. Bounded like encode_class's cache.
+_HEADS: dict[tuple[tuple[int, int], ...], tuple[Expr, ...]] = {}
+_MAX_HEADS = 8192
+
+
+def _encoded_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
+    head = _HEADS.get(ranges)
+    if head is None:
+        enc = encode_class(CharClass(ranges))
+        head = enc.items if isinstance(enc, Seq) else () if isinstance(enc, Empty) else (enc,)
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        _HEADS[ranges] = head
+    return head
+
+
 def dfa_to_rules(a: DFA, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
     """JSON-encoded right-linear rules ``{prefix}{state}``; returns the start expression and rules."""
     live = _live(a)
     if 0 not in live:
         return Alt(()), []
     rules: list[tuple[str, Expr]] = []
+    refs: dict[int, Ref] = {}
+    empty = Empty()
     for s in sorted(live):
         by_target: dict[int, list[tuple[int, int]]] = {}
         for lo, hi, t in a.edges[s]:
             if t in live:
                 by_target.setdefault(t, []).append((lo, hi))
-        branches: list[Expr] = [
-            seq(encode_class(CharClass(tuple(rs))), Ref(f"{prefix}{t}")) for t, rs in by_target.items()
-        ]
+        # Built directly as seq(encode_class(...), Ref) and alt(...) would: the branches end in
+        # distinct references and none is an Alt, so alt() would neither flatten nor drop any.
+        branches: list[Expr] = []
+        for t, rs in by_target.items():
+            ref = refs.get(t)
+            if ref is None:
+                ref = refs[t] = Ref(f"{prefix}{t}")
+            head = _encoded_head(tuple(rs))
+            branches.append(Seq((*head, ref)) if head else ref)
         if s in a.accept:
-            branches.append(Empty())
-        rules.append((f"{prefix}{s}", alt(*branches)))
+            branches.append(empty)
+        body = branches[0] if len(branches) == 1 else Alt(tuple(branches))
+        rules.append((f"{prefix}{s}", body))
     return Ref(f"{prefix}0"), rules
+
+
+def names_complement_rules(
+    names: list[str], prefix: str, trie: DFA | None = None
+) -> tuple[Expr, list[tuple[str, Expr]]]:
+    """``dfa_to_rules(dfa_complement(names_dfa(names)), prefix)`` read off the trie directly.
+
+    In that complement every trie state is live (its gaps lead to the accepting sink, numbered
+    after the trie), a state's targets come in code point order with the sink where its first gap
+    is, and only the names themselves are rejected. ``trie``: ``names_dfa(names)`` if at hand.
+    """
+    if trie is None:
+        trie = names_dfa(names)
+    sink = len(trie.edges)
+    sink_ref = Ref(f"{prefix}{sink}")
+    empty = Empty()
+    rules: list[tuple[str, Expr]] = []
+    for s, out in enumerate(trie.edges):
+        gaps: list[tuple[int, int]] = []
+        children: list[tuple[int, int]] = []
+        sink_at = -1
+        nxt = 0
+        for cp, _, child in out:
+            if cp > nxt:
+                if sink_at < 0:
+                    sink_at = len(children)
+                gaps.append((nxt, cp - 1))
+            children.append((cp, child))
+            nxt = cp + 1
+        if nxt <= MAX_CP:
+            if sink_at < 0:
+                sink_at = len(children)
+            gaps.append((nxt, MAX_CP))
+        branches: list[Expr] = []
+        for k, (cp, child) in enumerate(children):
+            if k == sink_at:
+                branches.append(_branch(tuple(gaps), sink_ref))
+            branches.append(_branch(((cp, cp),), Ref(f"{prefix}{child}")))
+        if sink_at == len(children):
+            branches.append(_branch(tuple(gaps), sink_ref))
+        if s not in trie.accept:
+            branches.append(empty)
+        rules.append((f"{prefix}{s}", branches[0] if len(branches) == 1 else Alt(tuple(branches))))
+    rules.append((f"{prefix}{sink}", Alt((_branch(((0, MAX_CP),), sink_ref), empty))))
+    return Ref(f"{prefix}0"), rules
+
+
+def _branch(ranges: tuple[tuple[int, int], ...], ref: Ref) -> Expr:
+    """``seq(encode_class(CharClass(ranges)), ref)``."""
+    head = _encoded_head(ranges)
+    return Seq((*head, ref)) if head else ref
 
 
 def dfa_accepts(a: DFA, text: str) -> bool:
@@ -264,7 +376,43 @@ def dfa_accepts(a: DFA, text: str) -> bool:
 
 
 def names_dfa(names: list[str]) -> DFA:
-    """Exactly the given strings."""
-    from agent_infer.grammar.ir import lit
+    """Exactly the given strings.
 
-    return expr_to_dfa(alt(*(lit(n) for n in names)) if names else Alt(()))
+    The trie of the names, numbered breadth first with children in code point order: the DFA
+    that determinizing ``alt(*map(lit, names))`` gives (each prefix is one subset of NFA states,
+    met first from its parent), with its state limits and errors, without the subset construction.
+    """
+    distinct = list(dict.fromkeys(names))
+    # NFA states that construction would allocate: the start, then for an alternation its end
+    # and per branch a start plus one state per character; a single name only its characters.
+    nfa_states = 1 + (
+        sum(len(n) for n in distinct) if len(distinct) == 1 else 1 + sum(1 + len(n) for n in distinct)
+    )
+    nfa_limit = _DEFAULT_MAX_STATES * 4
+    if nfa_states > nfa_limit:
+        raise GrammarLimitError(f"string constraint automaton exceeds {nfa_limit} states")
+    # Each trie node: the names that pass through it, and its depth (the prefix length).
+    order: list[list[str]] = [distinct]
+    depth = [0]
+    edges: list[list[Edge]] = []
+    accept: set[int] = set()
+    i = 0
+    while i < len(order):
+        group, d = order[i], depth[i]
+        children: dict[str, list[str]] = {}
+        for name in group:
+            if len(name) == d:
+                accept.add(i)
+            else:
+                children.setdefault(name[d], []).append(name)
+        out: list[Edge] = []
+        for ch in sorted(children):
+            if len(order) >= _DEFAULT_MAX_STATES:
+                raise GrammarLimitError(f"string constraint automaton exceeds {_DEFAULT_MAX_STATES} states")
+            cp = ord(ch)
+            out.append((cp, cp, len(order)))
+            order.append(children[ch])
+            depth.append(d + 1)
+        edges.append(out)
+        i += 1
+    return DFA(edges, accept)

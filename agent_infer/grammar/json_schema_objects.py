@@ -23,6 +23,7 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
+    names_complement_rules,
     names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
@@ -145,6 +146,17 @@ def _key_expr(c: Compiler, dfa: DFA | None, hint: str) -> Expr:
     return seq(lit('"'), Ref(name), lit('"'))
 
 
+def _names_complement_key(c: Compiler, names: list[str], hint: str) -> Expr:
+    """``_key_expr(c, dfa_complement(names_dfa(names)), hint)`` (that language is never empty)."""
+    trie = names_dfa(names)  # raises for too many names before a rule name is taken, as there
+    name = c.fresh(hint)
+    start, rules = names_complement_rules(names, name + "-", trie)
+    for rule_name, expr in rules:
+        c.rules[rule_name] = expr
+    c.rules[name] = start
+    return seq(lit('"'), Ref(name), lit('"'))
+
+
 def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
     """An object under properties/required/additional/pattern properties/propertyNames/counts."""
     props = flat.get("properties", {})
@@ -243,6 +255,9 @@ def _extra_member(
             continue
         # Objects that share declared names share the key automaton's rules.
         cache_key = json.dumps([sorted(names), list(pats), list(mask), pn])
+        if cache_key not in c.key_cache and names and keys is True and not pats:
+            # The common case, "any key but the declared names": rules read off the names' trie.
+            c.key_cache[cache_key] = _names_complement_key(c, names, f"{pointer}-key")
         if cache_key not in c.key_cache:
             dfa = base()
             for p, m in zip(pats, mask):

@@ -8,9 +8,10 @@ keywords are checked by running the schema's own (strict) grammar on the value's
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.grammar.json_schema_merge import canon, is_annotation, values
+from agent_infer.grammar.json_schema_merge import TYPES, canon, is_annotation
 
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
@@ -40,8 +41,10 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return flat
-    vals = values(flat)
-    if vals is not None and canon(v) not in {canon(x) for x in vals}:
+    if "const" in flat:
+        if canon(v) != canon(flat["const"]):
+            return False
+    elif "enum" in flat and canon(v) not in _canon_set(c, flat["enum"]):
         return False
     if "enum" in flat and "const" in flat and canon(v) != canon(flat["const"]):
         return False
@@ -71,4 +74,41 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     rest = {k: x for k, x in flat.items() if k not in _LOGIC and not is_annotation(k)}
     if not rest:
         return True
+    by_type = _type_only(rest, v)
+    if by_type is not None:
+        return by_type
     return c.value_matcher(rest, pointer, strict=c.strict, record=True)(v)
+
+
+def _canon_set(c: Compiler, enum: Any) -> set[Any]:
+    """``{canon(x) for x in enum}``, built once per enum list of a compile (enums are checked
+    value by value against themselves: quadratic otherwise)."""
+    hit = c.canon_sets.get(id(enum))
+    if hit is None or hit[0] is not enum:
+        hit = c.canon_sets[id(enum)] = (enum, {canon(x) for x in enum})
+    return hit[1]
+
+
+def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
+    """The answer of the ``{"type": ...}`` grammar for a scalar ``v``, without building it (None:
+    not that case). That grammar takes any JSON string, null or boolean of an allowed type, any
+    integer for "integer" (INTEGER: digits only), any finite float only for "number" (NUMBER takes
+    every ``repr``; INTEGER none, as it has a '.' or an exponent)."""
+    if len(rest) != 1 or "type" not in rest:
+        return None
+    t = rest["type"]
+    names = t if isinstance(t, list) else [t]
+    if not all(isinstance(n, str) and n in TYPES for n in names):
+        return None  # the grammar path reports the bad type name
+    kind = type(v)
+    if v is None:
+        return "null" in names
+    if kind is bool:
+        return "boolean" in names
+    if kind is str:
+        return "string" in names
+    if kind is int:
+        return "integer" in names or "number" in names
+    if kind is float:
+        return "number" in names and math.isfinite(v)
+    return None

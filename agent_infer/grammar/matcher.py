@@ -142,6 +142,48 @@ class GrammarMatcher:
             out.append(info.eos_token_ids[0])
         return out
 
+    def shortest_completion(self) -> bytes | None:
+        """The fewest bytes that complete the text so far to a string of the grammar.
+
+        ``b""`` when the grammar can end now; None once the matcher has terminated. Where the
+        grammar leaves a choice of byte, readable ASCII (``a``, ``0``, ``A``, then the lowest
+        printable) is preferred.
+        """
+        data = self._m.shortest_completion()
+        return None if data is None else bytes(data)
+
+    def closing_tokens(self) -> list[int] | None:
+        """Tokens that end the document by its shortest completion, then EOS (unless not needed).
+
+        The completion is tokenized canonically; bytes finishing a character begun by the last
+        token use single-byte tokens. Returns None when the completion cannot be written in this
+        tokenizer's tokens or the matcher has terminated. The matcher itself is not advanced.
+        """
+        data = self.shortest_completion()
+        if data is None:
+            return None
+        info = self._compiled.tokenizer_info
+        head = len(data) - len(_from_char_start(data))
+        out: list[int] = []
+        for b in data[:head]:
+            token = info.byte_token(b)
+            if token is None:
+                return None
+            out.append(token)
+        rest = data[head:]
+        if rest:
+            try:
+                text = rest.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            out.extend(info.encode(text))
+        # Canonical tokenization may merge or split differently from the bytes: check they agree.
+        if b"".join(info.token_bytes(t) for t in out) != data:
+            return None
+        if not self._terminate_without_eos and info.eos_token_ids:
+            out.append(info.eos_token_ids[0])
+        return out
+
     @property
     def num_accepted_steps(self) -> int:
         """Steps currently available to :meth:`rollback`."""

@@ -119,7 +119,7 @@ _STRING_CONTEXTS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ),
     (
         {"type": "object", "properties": {"a": _STR, "b": _STR}, "required": ["a"]},
-        ('{"a":"', '{"a":"x","c', '{"a":"x","c":"'),
+        ('{"a":"', '{"a":"x","', '{"a":"x","c', '{"a":"x","c":"'),
     ),
     ({"type": "object", "properties": {"a": _STR, "b": {"type": "array", "items": _STR}}}, ('{"a":"',)),
     (
@@ -291,6 +291,17 @@ class TokenizerInfo:
         if token_id >= len(self._token_bytes) or token_id in self._eos:
             return b""
         return self._token_bytes[token_id]
+
+    def byte_token(self, byte: int) -> int | None:
+        """The id of a token that is exactly the single byte ``byte`` (None if there is none)."""
+        table = self.__dict__.get("_byte_tokens")
+        if table is None:
+            found: dict[int, int] = {}
+            for tid, data in enumerate(self._token_bytes):
+                if len(data) == 1 and tid not in self._eos and data[0] not in found:
+                    found[data[0]] = tid
+            table = self.__dict__.setdefault("_byte_tokens", found)
+        return table.get(byte)
 
     def encode(self, text: str) -> list[int]:
         """Canonical tokenization of ``text`` without special tokens (empty if unknown)."""

@@ -133,7 +133,11 @@ def build_sampling(
             stop_token_ids=req.stop_token_ids,
             seed=req.seed,
             logprobs=logprobs,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
             structured=structured,
+            close_on_length=bool(req.close_on_length),
         )
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param=exc.field) from exc

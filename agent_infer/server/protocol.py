@@ -137,8 +137,11 @@ class _CommonRequest(_Strict):
     n: int | None = Field(default=None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # vLLM extensions: multiplicative repetition penalty; close the document at max_tokens.
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    close_on_length: bool | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -148,9 +151,6 @@ class _CommonRequest(_Strict):
         """Reject values this server cannot honour, naming the field."""
         if self.n not in (None, 1):
             raise ApiError(400, f"n={self.n} is unsupported: this server returns one choice", param="n")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ApiError(400, f"{name} is unsupported (only 0 is accepted)", param=name)
         if self.logit_bias:
             raise ApiError(
                 400, "logit_bias is unsupported (only an empty map is accepted)", param="logit_bias"

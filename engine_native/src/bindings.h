@@ -6,6 +6,10 @@ namespace agent_infer {
 void register_bitmask(nanobind::module_& m);
 // Grammar compiler and matcher.
 void register_grammar(nanobind::module_& m);
+// Opt-in mask-time profile of the grammar core (grammar_profile.cpp).
+void register_grammar_profile(nanobind::module_& m);
+// IR grammar -> flat rule programs, the fast path of compiler.serialize_grammar (grammar_serialize.cpp).
+void register_grammar_serialize(nanobind::module_& m);
 // Batch-invariant packed-weight CPU linear layer.
 void register_linear(nanobind::module_& m);
 // Paged decode attention over the KV cache.

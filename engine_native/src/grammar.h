@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace agent_infer {
@@ -55,6 +56,8 @@ struct StateMask {
   std::vector<int32_t> accepted_ids;    // used instead when few tokens are accepted
   std::vector<int32_t> uncertain;       // positions in TokenizerInfo::sorted, ascending
   std::vector<RegionExit> exits;        // only in the cached walk of a loop region
+  // Only in a union of first-byte pieces (grammar_pieces.cpp): the first bytes whose runs it holds.
+  std::array<uint32_t, 8> first_bytes{};
   size_t bytes() const {
     return sizeof(*this) + accepted_bits.capacity() * 4 + accepted_ids.capacity() * 4 + uncertain.capacity() * 4 +
            exits.capacity() * sizeof(RegionExit);
@@ -120,6 +123,9 @@ class CompiledGrammar {
                   int32_t root, const Limits& limits);
 
   std::shared_ptr<TokenizerInfo> tok;
+  // Unique per grammar for the process's lifetime: names it in per-thread caches (grammar_walk.cpp).
+  static uint64_t new_uid();
+  const uint64_t uid = new_uid();
   std::vector<State> states;
   std::vector<ByteEdge> byte_edges;
   std::vector<RefEdge> ref_edges;
@@ -154,8 +160,21 @@ class CompiledGrammar {
   std::shared_ptr<const StateMask> checked_get(const std::string& key) const;
   void checked_put(const std::string& key, std::shared_ptr<const StateMask> allowed) const;
   size_t memory_bytes() const;
+  // Shortest completions (grammar_complete.cpp), built on first use: per state, the fewest bytes
+  // that lead to a final state of its rule (rule references cost their rule's shortest string),
+  // and the edge that starts such a string (kind: 0 stop here, 1 byte edge, 2 rule reference).
+  struct Completion {
+    std::vector<int64_t> dist;
+    std::vector<uint8_t> kind;
+    std::vector<uint32_t> edge;
+  };
+  const Completion& completion() const;
+  // Appends the shortest string from state s to a final state of its rule (see completion()).
+  void append_shortest(int32_t s, std::string& out, int depth) const;
 
  private:
+  mutable std::once_flag completion_once_;
+  mutable std::unique_ptr<Completion> completion_;
   void compute_follow_sets(const Limits& limits);
   // Canonical description of rule r's automaton (with its callees when `calls`), memoized.
   const std::string& rule_key(int32_t r, bool calls) const;
@@ -172,12 +191,38 @@ class CompiledGrammar {
   bool calls_within_reach(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask_with_calls(const std::vector<WalkRange>& ranges,
                                                            const StateMask* base) const;
+  // Parts of a walk split across threads (grammar_pool.cpp). A part walks its ranges as the whole
+  // walk would; `resume`: its first range continues the previous part's last one, so the tail of
+  // a dead run begun there is skipped (the previous part classified it). The assembled parts
+  // equal the unsplit walk's result. nullptr from the pushdown part: it gave up.
+  std::shared_ptr<const StateMask> compute_mask_part(const std::vector<WalkRange>& ranges, const StateMask* base,
+                                                     bool resume) const;
+  std::shared_ptr<const StateMask> compute_mask_with_calls_part(const std::vector<WalkRange>& ranges,
+                                                                const StateMask* base, bool resume) const;
+  // Runs a large walk in parts on the threads of the batch fill this thread serves, if any;
+  // false: not split (the caller walks alone). *out is nullptr if a pushdown part gave up.
+  bool split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
+                  std::shared_ptr<const StateMask>* out) const;
+  // The loop-region walk over sorted positions [begin, end) (`resume` as above), and its split.
+  std::shared_ptr<const StateMask> compute_region_part(int32_t s, size_t begin, size_t end, bool resume) const;
+  bool split_region(int32_t s, std::shared_ptr<const StateMask>* out) const;
+
+ public:
+  // Test hook: state s's walks (plain, pushdown if it calls, region if in one, and the plain
+  // walk of its first-byte runs) computed whole and in parts of `part_tokens` give equal masks.
+  bool split_matches_whole(int32_t s, size_t part_tokens) const;
+
+ private:
   // Loop regions (string contents): the states reachable from s through byte edges without
   // passing a state with rule references, if s lies on a cycle among them. Fills the
   // region's canonical serialization and its exit states (targets outside the region, in
   // order of first appearance); false if s has no such region.
   bool region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const;
   std::shared_ptr<const StateMask> compute_region(int32_t s) const;
+  // The region of t walked with every token's first byte taken as read into t (cached in the
+  // tokenizer; grammar_region_pieces.cpp): first-byte pieces of targets inside loop regions.
+  // Fills t's exit states; nullptr if t has no loop region.
+  std::shared_ptr<const StateMask> region_at_depth1(int32_t t, std::vector<int32_t>* exits) const;
   // First-byte pieces (grammar_pieces.cpp): a dense state's classification assembled from the
   // classifications of each first-byte run at the byte's target, cached under a key of the
   // target's reachable sub-automaton; nullptr for sparse states (the plain walks are cheap there).
@@ -188,6 +233,9 @@ class CompiledGrammar {
   // Appends state q's part of a neighbourhood key (local_key, short_key): final flag, escape set
   // when `with_escape`, byte edges, and callee digests when `calls`; targets renumbered by `num`.
   void append_state_key(int32_t q, bool calls, bool with_escape, const std::unordered_map<int32_t, int32_t>& num,
+                        std::string& ser) const;
+  // The same with the numbering in a flat per-state array (short_key's scratch).
+  void append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
                         std::string& ser) const;
   size_t local_size(int32_t t) const;  // > 512: named by its rule
   // Short-token masks (grammar_short.cpp): the classification of s's tokens of at most
@@ -256,6 +304,9 @@ class Matcher {
   bool can_terminate() const;
   // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
   std::string forced_bytes(bool* must_end);
+  // The shortest bytes that complete the text so far to a string of the grammar ("" when it can
+  // end now); false (out untouched) if the matcher is terminated. grammar_complete.cpp.
+  bool shortest_completion(std::string* out) const;
   int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
   // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
   std::vector<std::array<int64_t, 5>> debug_items() const;
@@ -295,6 +346,22 @@ class Matcher {
   std::vector<int32_t> ctx_sets_;
   std::unordered_map<int32_t, int32_t> ctx_ids_;
 };
+
+// Batch mask fill (grammar_pool.cpp): row rows[i] of `data` (`words` int32 words per row) for
+// matchers[i], i < n, on up to `threads` threads (0: all) of the process-wide pool, whose size is
+// fixed by the first call (`pool_size` threads, 0 = one per core); results[i] as fill_mask.
+// A thread out of rows helps with the first-visit walks other rows are running.
+void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t* data, int64_t words,
+                size_t threads, unsigned pool_size, uint8_t* results);
+// Counters since the process started (tests and profiles): walks split across a batch fill's
+// threads, batch fills pool threads joined, and rows pool threads filled.
+struct BatchStats {
+  uint64_t split_walks, helper_joins, helper_rows;
+};
+BatchStats batch_stats();
+// Split thresholds (tests use tiny parts to put part seams everywhere): walks with fewer live
+// tokens stay whole; part_tokens 0 = sized by the thread count. Returns the previous values.
+std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens);
 
 }  // namespace grammar
 }  // namespace agent_infer

@@ -7,9 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <condition_variable>
-#include <functional>
-#include <thread>
+#include <algorithm>
 
 #include "bindings.h"
 #include "grammar.h"
@@ -23,93 +21,6 @@ using grammar::CompiledGrammar;
 using grammar::Matcher;
 using grammar::TokenizerInfo;
 using Mask = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-
-// One process-wide pool for batch mask fills; workers pull row indices from a shared counter.
-class Pool {
- public:
-  explicit Pool(unsigned n) {
-    for (unsigned i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-  size_t size() const { return workers_.size(); }
-
-  // Runs fn(i) for i in [0, n) on up to `threads` threads (the caller included).
-  void run(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-    std::atomic<size_t> next{0};
-    std::exception_ptr error;
-    std::mutex err_mu;
-    auto body = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < n;) {
-        try {
-          fn(i);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(err_mu);
-          if (!error) error = std::current_exception();
-        }
-      }
-    };
-    size_t helpers = std::min(threads > 0 ? threads - 1 : 0, std::min(workers_.size(), n > 0 ? n - 1 : 0));
-    std::atomic<size_t> pending{helpers};
-    std::mutex done_mu;
-    std::condition_variable done_cv;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (size_t h = 0; h < helpers; ++h) {
-        tasks_.push_back([&] {
-          body();
-          if (pending.fetch_sub(1) == 1) {
-            std::lock_guard<std::mutex> l(done_mu);
-            done_cv.notify_all();
-          }
-        });
-      }
-    }
-    cv_.notify_all();
-    body();
-    std::unique_lock<std::mutex> lock(done_mu);
-    done_cv.wait(lock, [&] { return pending.load() == 0; });
-    if (error) std::rethrow_exception(error);
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-        if (stop_ && tasks_.empty()) return;
-        task = std::move(tasks_.back());
-        tasks_.pop_back();
-      }
-      task();
-    }
-  }
-  std::vector<std::thread> workers_;
-  std::vector<std::function<void()>> tasks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-};
-
-std::mutex g_pool_mu;
-Pool* g_pool = nullptr;  // leaked on purpose: joining threads during interpreter exit can deadlock
-
-Pool& pool(unsigned want) {
-  std::lock_guard<std::mutex> lock(g_pool_mu);
-  if (!g_pool) {
-    unsigned n = want > 0 ? want : std::max(1u, std::thread::hardware_concurrency());
-    g_pool = new Pool(n > 1 ? n - 1 : 0);
-  }
-  return *g_pool;
-}
 
 void check_width(const Mask& mask, const TokenizerInfo& tok) {
   if (static_cast<int64_t>(mask.shape(1)) < tok.words) {
@@ -177,6 +88,17 @@ void register_grammar(nb::module_& m) {
           nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
           nb::arg("max_items"))
       .def("memory_bytes", &CompiledGrammar::memory_bytes)
+      .def(
+          "split_matches_whole",
+          [](const CompiledGrammar& g, int32_t state, size_t part_tokens) {
+            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
+              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
+                                      std::to_string(g.states.size()) + " states");
+            }
+            nb::gil_scoped_release release;
+            return g.split_matches_whole(state, part_tokens);
+          },
+          nb::arg("state"), nb::arg("part_tokens"))
       .def_prop_ro("num_states", [](const CompiledGrammar& g) { return g.states.size(); });
 
   nb::class_<Matcher>(m, "GrammarMatcher")
@@ -210,6 +132,11 @@ void register_grammar(nb::module_& m) {
         bool must_end = false;
         std::string s = mt.forced_bytes(&must_end);
         return std::make_pair(nb::bytes(s.data(), s.size()), must_end);
+      })
+      .def("shortest_completion", [](const Matcher& mt) -> nb::object {
+        std::string s;
+        if (!mt.shortest_completion(&s)) return nb::none();
+        return nb::bytes(s.data(), s.size());
       });
 
   m.def(
@@ -223,20 +150,30 @@ void register_grammar(nb::module_& m) {
         }
         if (indices.size() != matchers.size()) throw std::invalid_argument("indices and matchers differ in length");
         const int64_t words = static_cast<int64_t>(mask.shape(1));
-        int32_t* data = mask.data();
         std::vector<uint8_t> results(matchers.size(), 0);
         {
           nb::gil_scoped_release release;
-          Pool& p = pool(static_cast<unsigned>(pool_size));
-          size_t threads = num_threads > 0 ? static_cast<size_t>(num_threads) : p.size() + 1;
-          p.run(matchers.size(), threads, [&](size_t i) {
-            results[i] = matchers[i]->fill_mask(data + indices[i] * words, words) ? 1 : 0;
-          });
+          grammar::fill_batch(matchers.data(), indices.data(), matchers.size(), mask.data(), words,
+                              num_threads > 0 ? static_cast<size_t>(num_threads) : 0,
+                              static_cast<unsigned>(std::max(pool_size, 0)), results.data());
         }
         std::vector<bool> out(results.begin(), results.end());
         return out;
       },
       nb::arg("matchers"), nb::arg("bitmask"), nb::arg("indices"), nb::arg("num_threads"), nb::arg("pool_size"));
+  m.def(
+      "grammar_batch_stats",
+      [] {
+        const grammar::BatchStats st = grammar::batch_stats();
+        nb::dict out;
+        out["split_walks"] = st.split_walks;
+        out["helper_joins"] = st.helper_joins;
+        out["helper_rows"] = st.helper_rows;
+        return out;
+      },
+      "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows.");
+  m.def("grammar_split_tuning", &grammar::set_split_tuning, nb::arg("min_split_tokens"), nb::arg("part_tokens"),
+        "Set the split thresholds of batch-fill walks (part_tokens 0 = by thread count); returns the old ones.");
 }
 
 }  // namespace agent_infer

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_profile.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -26,6 +27,7 @@ constexpr size_t kMaxSets = 1 << 14;
 }  // namespace
 
 bool Matcher::check_uncertain_walk(uint32_t* mask) {
+  profile::Scope scope(profile::kCheckWalk);
   const CompiledGrammar& g = *g_;
   const TokenizerInfo& t = *g.tok;
   // Stacks: v >= 0 is a return node, v < 0 the Earley history set -1 - v.

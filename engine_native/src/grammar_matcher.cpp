@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_profile.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -224,6 +225,7 @@ void Matcher::rollback(int32_t n) {
 }
 
 void Matcher::check_uncertain(uint32_t* mask) {
+  profile::Scope scope(profile::kCheckEarley);
   const TokenizerInfo& t = *g_->tok;
   const uint32_t base = static_cast<uint32_t>(set_begin_.size());
   size_t depth = 0;
@@ -316,7 +318,11 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
   if (scratch_.size() >= kMemoUncertain) {
     // Large uncertain sets recur with the same parse context (every test decoding a schema,
     // every request reusing it), and checking them costs milliseconds: memoize the outcome.
-    const std::string key = context_key();
+    std::string key;
+    {
+      profile::Scope scope(profile::kContextKey);
+      key = context_key();
+    }
     if (auto hit = g.checked_get(key)) {
       if (!hit->accepted_bits.empty()) {
         for (int64_t w = 0; w < vw; ++w) mask[w] |= hit->accepted_bits[static_cast<size_t>(w)];

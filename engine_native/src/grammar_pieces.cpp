@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_profile.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -28,6 +29,8 @@ constexpr size_t kMaxLocalStates = 512;
 // positions of a counted repeat) is unique to each position: splitting its walk into cached
 // pieces would only add work, so such states keep the direct walk.
 constexpr size_t kMaxSharedStates = 64;
+// Byte groups leading this many tokens into one target are assembled from a cached union.
+constexpr size_t kMinUnionTokens = 2048;
 }  // namespace
 
 bool CompiledGrammar::piece_calls(int32_t t) const {
@@ -39,29 +42,47 @@ bool CompiledGrammar::piece_calls(int32_t t) const {
 // byte edges, and in the pushdown walk also through reference returns), numbered in discovery
 // order, with their edges, final flags and escape sets (plain walk) or callee digests and the
 // rule's follow set (pushdown walk).
-void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape,
-                                       const std::unordered_map<int32_t, int32_t>& num, std::string& ser) const {
+namespace {
+template <class Num, class RuleKey>
+void append_state(const CompiledGrammar& g, int32_t q, bool calls, bool with_escape, const Num& num,
+                  const RuleKey& rule_key, std::string& ser) {
   auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  const State& st = states[q];
+  const State& st = g.states[q];
   put(st.final ? 1 : 0);
   if (with_escape) {
-    for (uint32_t w : escape[q]) put(static_cast<int32_t>(w));
+    for (uint32_t w : g.escape[q]) put(static_cast<int32_t>(w));
   }
   put(static_cast<int32_t>(st.byte_end - st.byte_begin));
   for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-    put((byte_edges[e].lo << 8) | byte_edges[e].hi);
-    put(num.at(byte_edges[e].target));
+    put((g.byte_edges[e].lo << 8) | g.byte_edges[e].hi);
+    put(num(g.byte_edges[e].target));
   }
   if (calls) {
     put(static_cast<int32_t>(st.ref_end - st.ref_begin));
     for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-      ser += rule_key(ref_edges[e].rule, true);
-      put(num.at(ref_edges[e].target));
+      ser += rule_key(g.ref_edges[e].rule);
+      put(num(g.ref_edges[e].target));
     }
   }
 }
+}  // namespace
+
+void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape,
+                                       const std::unordered_map<int32_t, int32_t>& num, std::string& ser) const {
+  append_state(
+      *this, q, calls, with_escape, [&](int32_t x) { return num.at(x); },
+      [&](int32_t r) -> const std::string& { return rule_key(r, true); }, ser);
+}
+
+void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
+                                       std::string& ser) const {
+  append_state(
+      *this, q, calls, with_escape, [&](int32_t x) { return num_of[static_cast<size_t>(x)]; },
+      [&](int32_t r) -> const std::string& { return rule_key(r, true); }, ser);
+}
 
 std::string CompiledGrammar::local_key(int32_t t) const {
+  profile::Scope scope(profile::kLocalKey);
   {
     std::lock_guard<std::mutex> lock(local_mu_);
     auto it = local_keys_.find(t);
@@ -141,12 +162,40 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     if (!tok->cache_get(key) && local_size(t) > kMaxSharedStates) return nullptr;
   }
 
+  // Bytes grouped by target. A large group (the bytes leading into free string content, say)
+  // is taken from the cached union of its target's pieces, stored densely with the bytes it was
+  // built for: a state whose group differs by a few bytes (the prefix states of a key automaton,
+  // which differ in the bytes that continue a property name) copies it, clears the runs of
+  // bytes it lacks and ORs the pieces of bytes it adds, instead of ORing ~10^5 ids.
+  struct Group {
+    CompiledGrammar::ByteSet bytes{};
+    size_t tokens = 0;
+    std::string key;
+    std::shared_ptr<const StateMask> ref;
+  };
+  std::unordered_map<int32_t, Group> groups;
+  for (int b = 0; b < 256; ++b) {
+    const int32_t t = target[static_cast<size_t>(b)];
+    if (t < 0 || run_begin(b) == tk.first_byte_end[static_cast<size_t>(b)]) continue;
+    Group& grp = groups[t];
+    grp.bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+    grp.tokens += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b);
+  }
+  for (auto& kv : groups) {
+    Group& grp = kv.second;
+    if (grp.tokens < kMinUnionTokens) continue;
+    grp.key = local_key(kv.first) + "UU";  // 19 bytes: never a piece key (18)
+    grp.ref = tok->cache_get(grp.key);
+  }
+
   std::array<std::shared_ptr<const StateMask>, 256> piece;
   std::array<std::string, 256> piece_key;
   std::unordered_map<int32_t, std::vector<int>> missing;  // target -> bytes without a cached piece
   for (int b = 0; b < 256; ++b) {
     const int32_t t = target[static_cast<size_t>(b)];
     if (t < 0 || run_begin(b) == tk.first_byte_end[static_cast<size_t>(b)]) continue;
+    const Group& grp = groups[t];
+    if (grp.ref && has(grp.ref->first_bytes, static_cast<uint8_t>(b))) continue;  // in the union
     std::string& key = piece_key[static_cast<size_t>(b)];
     key = local_key(t);
     key.push_back(static_cast<char>(b));
@@ -161,8 +210,25 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     for (int b : kv.second) {
       ranges.push_back({run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], 1, t, 0});
     }
-    std::shared_ptr<const StateMask> walked = piece_calls(t) ? compute_mask_with_calls(ranges, nullptr) : nullptr;
-    if (!walked) walked = compute_mask(ranges, nullptr);
+    // A target inside a loop region: the region's shared depth-1 walk, plus the exit runs of
+    // these bytes walked from their exit states (the split below reads only these runs).
+    std::vector<int32_t> exit_states;
+    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states);
+    if (region) {
+      ranges.clear();
+      for (const RegionExit& e : region->exits) {
+        const uint8_t b0 = static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(e.begin)]]);
+        if (std::find(kv.second.begin(), kv.second.end(), static_cast<int>(b0)) == kv.second.end()) continue;
+        ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
+                          exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
+      }
+    }
+    std::shared_ptr<const StateMask> walked;
+    {
+      profile::Scope scope(profile::kPiecesWalk);
+      walked = piece_calls(t) ? compute_mask_with_calls(ranges, region.get()) : nullptr;
+      if (!walked) walked = compute_mask(ranges, region.get());
+    }
     std::fill(scratch.begin(), scratch.end(), 0u);
     seed_bits(walked.get(), scratch);
     size_t u = 0;
@@ -186,16 +252,56 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
 
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
-  size_t n_accepted = 0;
+  auto first_byte = [&](int32_t pos) {
+    return static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(pos)]]);
+  };
+  for (auto& kv : groups) {
+    Group& grp = kv.second;
+    if (grp.key.empty()) continue;
+    if (grp.ref) {
+      // The union minus the runs of bytes this state sends elsewhere (or nowhere)...
+      std::copy(grp.ref->accepted_bits.begin(), grp.ref->accepted_bits.end(), scratch.begin());
+      for (int b = 0; b < 256; ++b) {
+        if (!has(grp.ref->first_bytes, static_cast<uint8_t>(b)) || has(grp.bytes, static_cast<uint8_t>(b))) continue;
+        for (size_t j = run_begin(b); j < tk.first_byte_end[static_cast<size_t>(b)]; ++j) {
+          const int32_t id = tk.sorted[j];
+          scratch[static_cast<size_t>(id) >> 5] &= ~(1u << (id & 31));
+        }
+      }
+      for (int32_t pos : grp.ref->uncertain) {
+        if (has(grp.bytes, first_byte(pos))) out->uncertain.push_back(pos);
+      }
+      // ...plus the pieces of the bytes the union lacks (ORed below, from `piece`).
+    } else {
+      // First state with this target: build the union from its pieces and cache it.
+      auto uni = std::make_shared<StateMask>();
+      std::fill(scratch.begin(), scratch.end(), 0u);
+      for (int b = 0; b < 256; ++b) {
+        if (!has(grp.bytes, static_cast<uint8_t>(b))) continue;
+        const StateMask* p = piece[static_cast<size_t>(b)].get();
+        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        uni->uncertain.insert(uni->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
+        piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
+      }
+      uni->accepted_bits = scratch;
+      uni->first_bytes = grp.bytes;
+      out->uncertain.insert(out->uncertain.end(), uni->uncertain.begin(), uni->uncertain.end());
+      tok->cache_put(grp.key, std::move(uni));
+    }
+    for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
+  }
   for (int b = 0; b < 256; ++b) {
     const StateMask* p = piece[static_cast<size_t>(b)].get();
     if (!p) continue;
     for (int32_t id : p->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
-    n_accepted += p->accepted_ids.size();
     out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
   }
-  // Pieces come in byte order, so their uncertain positions are already sorted.
+  // Runs are disjoint, so the positions are distinct; groups interleave them.
+  std::sort(out->uncertain.begin(), out->uncertain.end());
+  size_t n_accepted = 0;
+  for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
   finish_mask(*out, std::move(bits), n_accepted);
+  out->uncertain.shrink_to_fit();
   return out;
 }
 

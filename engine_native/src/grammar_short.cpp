@@ -10,9 +10,10 @@
 // walks every token, the others copy the cached short part and walk only the long tokens
 // (under 1 % of a vocabulary). Near the end each position is unique and walks as before.
 #include <algorithm>
-#include <deque>
+#include <array>
 
 #include "grammar.h"
+#include "grammar_profile.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -24,9 +25,25 @@ constexpr int32_t kMaxDepth = static_cast<int32_t>(TokenizerInfo::kShortTokenLen
 constexpr size_t kMaxShortStates = 4096;
 // Sparse states walk few tokens; keying them would cost more than the walk.
 constexpr size_t kMinShortTokens = 4096;
+constexpr int32_t kUnseen = -1;
+struct Scratch {
+  std::vector<int32_t> dist;  // by state; kUnseen outside a key computation
+  std::vector<int32_t> num;   // by state; -1 outside a key computation
+  std::vector<int32_t> touched;
+  std::array<std::vector<int32_t>, kMaxDepth + 2> bucket;
+};
+Scratch& scratch(size_t n_states) {
+  thread_local Scratch sc;
+  if (sc.dist.size() < n_states) {
+    sc.dist.resize(n_states, kUnseen);
+    sc.num.resize(n_states, -1);
+  }
+  return sc;
+}
 }  // namespace
 
 const std::string& CompiledGrammar::short_key(int32_t s) const {
+  profile::Scope scope(profile::kShortKey);
   {
     std::lock_guard<std::mutex> lock(local_mu_);
     auto it = short_keys_.find(s);
@@ -34,45 +51,66 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
   }
   const bool calls = calls_within_reach(s);
   const int32_t r = states[s].rule;
-  // Distances in bytes by a 0-1 BFS: returning from a call reads no byte of the caller's (the
-  // callee may be nullable; callees are described whole by their digests).
-  std::unordered_map<int32_t, int32_t> dist{{s, 0}};
-  std::deque<std::pair<int32_t, int32_t>> queue{{s, 0}};
+  // Per-thread flat arrays indexed by state (reset entry by entry): hash maps cost most of the
+  // key on the positions of a counted repeat (hundreds of states per neighbourhood).
+  Scratch& sc = scratch(states.size());
+  std::vector<int32_t>& dist = sc.dist;
+  std::vector<int32_t> order;
+  // Leaves the scratch clean however this returns (rule_key may throw on a grammar limit).
+  struct Reset {
+    Scratch& sc;
+    std::vector<int32_t>& order;
+    ~Reset() {
+      for (int32_t q : order) sc.num[static_cast<size_t>(q)] = -1;
+      for (int32_t q : sc.touched) sc.dist[static_cast<size_t>(q)] = kUnseen;
+      sc.touched.clear();
+    }
+  } reset{sc, order};
+  // Distances in bytes by a 0-1 BFS, one bucket per distance: returning from a call reads no
+  // byte of the caller's (the callee may be nullable; callees are described whole by digests).
   bool overflow = false;
-  auto relax = [&](int32_t q, int32_t d, bool front) {
-    auto it = dist.find(q);
-    if (it != dist.end() && it->second <= d) return;
-    if (it == dist.end() && dist.size() >= kMaxShortStates) {
-      overflow = true;
-      return;
+  size_t n_seen = 0;
+  auto relax = [&](int32_t q, int32_t d) {
+    int32_t& dq = dist[static_cast<size_t>(q)];
+    if (dq != kUnseen && dq <= d) return;
+    if (dq == kUnseen) {
+      if (n_seen >= kMaxShortStates) {
+        overflow = true;
+        return;
+      }
+      ++n_seen;
+      sc.touched.push_back(q);
     }
-    dist[q] = d;
-    if (front) {
-      queue.emplace_front(q, d);
-    } else {
-      queue.emplace_back(q, d);
-    }
+    dq = d;
+    sc.bucket[static_cast<size_t>(d)].push_back(q);
   };
-  while (!queue.empty() && !overflow) {
-    const auto [q, d] = queue.front();
-    queue.pop_front();
-    if (d != dist.at(q) || d > kMaxDepth) continue;
-    const State& st = states[q];
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) relax(byte_edges[e].target, d + 1, false);
-    if (calls) {
-      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) relax(ref_edges[e].target, d, true);
+  for (auto& b : sc.bucket) b.clear();
+  relax(s, 0);
+  for (int32_t d = 0; d <= kMaxDepth && !overflow; ++d) {
+    std::vector<int32_t>& bucket = sc.bucket[static_cast<size_t>(d)];
+    for (size_t i = 0; i < bucket.size() && !overflow; ++i) {
+      const int32_t q = bucket[i];
+      if (dist[static_cast<size_t>(q)] != d) continue;
+      const State& st = states[q];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) relax(byte_edges[e].target, d + 1);
+      if (calls) {
+        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) relax(ref_edges[e].target, d);
+      }
     }
   }
   bool beyond = false;
-  for (const auto& kv : dist) beyond |= kv.second > kMaxDepth;
+  for (int32_t q : sc.touched) beyond |= dist[static_cast<size_t>(q)] > kMaxDepth;
   std::string key;
   if (!overflow && beyond) {
     // Canonical numbering: discovery order from s, expanding only the states within reach.
-    auto inside = [&](int32_t q) { return dist.at(q) <= kMaxDepth; };
-    std::unordered_map<int32_t, int32_t> num{{s, 0}};
-    std::vector<int32_t> order{s};
+    auto inside = [&](int32_t q) { return dist[static_cast<size_t>(q)] <= kMaxDepth; };
+    std::vector<int32_t>& num = sc.num;
+    order.push_back(s);
+    num[static_cast<size_t>(s)] = 0;
     auto reach = [&](int32_t q) {
-      if (num.emplace(q, static_cast<int32_t>(order.size())).second) order.push_back(q);
+      if (num[static_cast<size_t>(q)] >= 0) return;
+      num[static_cast<size_t>(q)] = static_cast<int32_t>(order.size());
+      order.push_back(q);
     };
     for (size_t i = 0; i < order.size(); ++i) {
       if (!inside(order[i])) continue;
@@ -83,6 +121,7 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
       }
     }
     std::string ser(1, calls ? 'c' : 'p');
+    ser.reserve(order.size() * 64);
     auto put = [&](int32_t v) { ser.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     put(kMaxDepth);
     for (int32_t q : order) {
@@ -112,6 +151,67 @@ bool dense(const CompiledGrammar& g, int32_t s) {
 }
 }  // namespace
 
+namespace {
+// The plain walk (CompiledGrammar::compute_mask) of the long tokens from s, stepping through the
+// edge lists instead of building a 256-entry row per state met: the long tokens of a counted
+// repeat's position run deep into the chain, meeting hundreds of states a few times each.
+std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, const StateMask* base) {
+  const TokenizerInfo& t = *g.tok;
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+  size_t n_accepted = seed_bits(base, bits);
+  std::vector<int32_t> stack(t.max_token_len + 1);
+  std::vector<uint8_t> flag(t.max_token_len + 1);
+  // escapes(q, d, b): control could leave the rule at byte d (>= 1) of the token, reading b.
+  auto escapes = [&](int32_t q, size_t d, uint8_t b) { return d > 0 && CompiledGrammar::has(g.escape[q], b); };
+  const std::vector<int32_t>& longs = t.long_sorted;
+  for (size_t k = 0; k < longs.size();) {
+    // A block of consecutive sorted positions: prefixes are shared inside it.
+    size_t k_end = k + 1;
+    while (k_end < longs.size() && longs[k_end] == longs[k_end - 1] + 1) ++k_end;
+    const size_t begin = static_cast<size_t>(longs[k]), end_pos = static_cast<size_t>(longs[k_end - 1]) + 1;
+    k = k_end;
+    stack[0] = s;
+    flag[0] = 0;
+    size_t valid = 0;
+    for (size_t i = begin; i < end_pos; ++i) {
+      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
+      const size_t len = t.sorted_len(i);
+      size_t d = std::min<size_t>(i == begin ? 0 : t.lcp[i], valid);
+      long dead_at = -1;
+      while (d < len) {
+        const int32_t nx = g.step(stack[d], tokb[d]);
+        if (nx < 0) {
+          dead_at = static_cast<long>(d);
+          break;
+        }
+        flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], d, tokb[d]));
+        stack[d + 1] = nx;
+        ++d;
+      }
+      valid = d;
+      if (dead_at < 0) {
+        const int32_t id = t.sorted[i];
+        bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        ++n_accepted;
+        continue;
+      }
+      // The run sharing the dead prefix: past this block it holds short tokens, which `base`
+      // classifies (alike, from the same neighbourhood).
+      const size_t run = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+      if (flag[d] || escapes(stack[d], d, tokb[d])) {
+        for (size_t j = i; j < std::min(run, end_pos); ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+      }
+      i = run - 1;
+    }
+  }
+  merge_uncertain(*out, base);
+  finish_mask(*out, std::move(bits), n_accepted);
+  out->uncertain.shrink_to_fit();
+  return out;
+}
+}  // namespace
+
 std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, bool calls) const {
   if (!dense(*this, s) || short_key(s).empty()) return nullptr;
   std::shared_ptr<const StateMask> part = tok->cache_get(short_key(s));
@@ -126,7 +226,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, 
     ranges.push_back({static_cast<size_t>(longs[i]), static_cast<size_t>(longs[j - 1]) + 1, 0, s, 0});
     i = j;
   }
-  std::shared_ptr<const StateMask> out = calls ? compute_mask_with_calls(ranges, part.get()) : nullptr;
+  if (!calls) return walk_long(*this, s, part.get());
+  std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, part.get());
   if (!out) out = compute_mask(ranges, part.get());
   return out;
 }

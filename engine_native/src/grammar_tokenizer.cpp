@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_profile.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -325,6 +326,13 @@ struct RowIndex {
 
 std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(const std::vector<WalkRange>& ranges,
                                                                const StateMask* base) const {
+  std::shared_ptr<const StateMask> split;
+  if (split_walk(ranges, base, false, &split)) return split;
+  return compute_mask_part(ranges, base, false);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::vector<WalkRange>& ranges,
+                                                                    const StateMask* base, bool resume) const {
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
@@ -384,7 +392,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(const std::vector
       }
       // Every token sharing the dead prefix shares this token's fate: classify the run at once.
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-      if (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d]))) {
+      const bool continued = resume && i == range.begin && &range == &ranges.front() && t.lcp[i] > dead_at;
+      if (!continued && (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d])))) {
         for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
       }
       i = end - 1;
@@ -447,8 +456,14 @@ bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t
 // result depends on the region's shape (and follow set) only, so every string-content state of
 // every rule with the same string syntax shares it; each such state then walks just its exits.
 std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) const {
+  std::shared_ptr<const StateMask> split;
+  if (split_region(s, &split)) return split;
+  return compute_region_part(s, 0, tok->sorted.size(), false);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(int32_t s, size_t begin, size_t stop,
+                                                                      bool resume) const {
   const TokenizerInfo& t = *tok;
-  const size_t n = t.sorted.size();
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
   size_t n_accepted = 0;
@@ -507,10 +522,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) cons
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
   stack[0] = row_of[s];
   size_t valid = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = begin; i < stop; ++i) {
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
     const size_t len = t.sorted_len(i);
-    size_t d = std::min<size_t>(i == 0 ? 0 : t.lcp[i], valid);
+    size_t d = std::min<size_t>(i == begin ? 0 : t.lcp[i], valid);
     int32_t nx = 0;
     while (d < len) {
       nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
@@ -529,10 +544,12 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) cons
     // The run of tokens sharing the first d + 1 bytes dies (nx == -1) or exits here together.
     const size_t end = t.run_end(i, d + 1);
     const bool escaped = flag[d] || escapes(d, stack[d], tokb[d]);
-    if (nx <= -2) {
+    // A part resuming inside a run leaves it to the previous part, which classified it.
+    const bool continued = resume && i == begin && t.lcp[i] > d;
+    if (!continued && nx <= -2) {
       out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
                             escaped ? 1 : 0});
-    } else if (escaped) {
+    } else if (!continued && escaped) {
       for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
     }
     i = end - 1;
@@ -546,8 +563,13 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   const StateMask* p = masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   const bool calls = calls_within_reach(s);
-  std::string key = structure_key(s);
-  std::shared_ptr<const StateMask> m = tok->cache_get(key);
+  std::string key;
+  std::shared_ptr<const StateMask> m;
+  {
+    profile::Scope scope(profile::kStateKey);
+    key = structure_key(s);
+    m = tok->cache_get(key);
+  }
   if (!m) {
     // A state inside a loop region reuses the region's shared walk and classifies only the
     // tokens that leave the region; any other state walks every token.
@@ -557,7 +579,10 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     if (region_of(s, &region_key, &exit_states)) {
       region_key = digest(region_key, 'R');
       region = tok->cache_get(region_key);
-      if (!region) region = tok->cache_put(region_key, compute_region(s));
+      if (!region) {
+        profile::Scope scope(profile::kRegionWalk);
+        region = tok->cache_put(region_key, compute_region(s));
+      }
     }
     std::vector<WalkRange> ranges;
     if (region) {
@@ -570,12 +595,30 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     }
     // A dense state outside a loop region reuses the short-token mask of a state alike within
     // a short token's reach (counted repeats), or assembles its mask from cached first-byte pieces.
-    std::shared_ptr<const StateMask> fresh = region ? nullptr : compute_from_short(s, calls);
+    std::shared_ptr<const StateMask> fresh;
+    if (!region) {
+      profile::Scope scope(profile::kShortFill);
+      fresh = compute_from_short(s, calls);
+    }
     const bool from_short = fresh != nullptr;
-    if (!fresh && !region) fresh = compute_by_first_byte(s);
-    if (!fresh && calls) fresh = compute_mask_with_calls(ranges, region.get());
-    if (!fresh) fresh = compute_mask(ranges, region.get());
-    if (!region && !from_short) put_short(s, *fresh);
+    if (!fresh && !region) {
+      profile::Scope scope(profile::kPieces);
+      fresh = compute_by_first_byte(s);
+    }
+    const profile::Kind walk_kind =
+        region ? profile::kRegionExits : (calls ? profile::kFullCalls : profile::kFullPlain);
+    if (!fresh && calls) {
+      profile::Scope scope(walk_kind);
+      fresh = compute_mask_with_calls(ranges, region.get());
+    }
+    if (!fresh) {
+      profile::Scope scope(region ? profile::kRegionExits : profile::kFullPlain);
+      fresh = compute_mask(ranges, region.get());
+    }
+    if (!region && !from_short) {
+      profile::Scope scope(profile::kPutShort);
+      put_short(s, *fresh);
+    }
     m = tok->cache_put(key, fresh);
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,7 @@
 // (state, return stack); references push, finishing a callee pops, and only finishing with an
 // empty stack (or an over-deep stack, e.g. left recursion) makes a dying token uncertain.
 #include <algorithm>
+#include <atomic>
 
 #include "grammar.h"
 
@@ -23,18 +24,63 @@ constexpr size_t kMaxSets = 8192;
 
 bool CompiledGrammar::calls_within_reach(int32_t s) const { return reach_call[s] != 0; }
 
+uint64_t CompiledGrammar::new_uid() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+// The pushdown walks' DFA over configuration sets for one grammar (named by its uid, which is
+// never reused, unlike an address), kept per thread between walks.
+struct SetDfa {
+  struct Node {
+    int32_t ret, parent, depth;
+  };
+  struct CfgSet {
+    size_t begin, end;
+    uint8_t leave;
+  };
+  uint64_t grammar = 0;
+  std::vector<Node> nodes;
+  std::unordered_map<uint64_t, int32_t> node_ids;
+  std::vector<Item> pool;
+  std::vector<CfgSet> sets;
+  std::unordered_map<std::string, int32_t> set_ids;
+  std::vector<int32_t> trans;
+};
+// Past this many sets (1 KiB of transitions each) the next walk starts afresh.
+constexpr size_t kKeepSets = 4096;
+SetDfa& set_dfa(uint64_t grammar) {
+  thread_local SetDfa dfa;
+  if (dfa.grammar != grammar || dfa.sets.size() > kKeepSets) {
+    dfa = SetDfa();
+    dfa.grammar = grammar;
+  }
+  return dfa;
+}
+}  // namespace
+
 std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const std::vector<WalkRange>& ranges,
                                                                           const StateMask* base) const {
+  std::shared_ptr<const StateMask> split;
+  if (split_walk(ranges, base, true, &split)) return split;
+  return compute_mask_with_calls_part(ranges, base, false);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(const std::vector<WalkRange>& ranges,
+                                                                               const StateMask* base,
+                                                                               bool resume) const {
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
   size_t n_accepted = seed_bits(base, bits);
 
-  struct Node {
-    int32_t ret, parent, depth;
-  };
-  std::vector<Node> nodes;
-  std::unordered_map<uint64_t, int32_t> node_ids;
+  // The lazily built DFA over configuration sets depends on the grammar alone (each walk only
+  // picks its start set), so consecutive walks on this thread over the same grammar share it.
+  SetDfa& dfa = set_dfa(uid);
+  std::vector<SetDfa::Node>& nodes = dfa.nodes;
+  std::unordered_map<uint64_t, int32_t>& node_ids = dfa.node_ids;
+  const size_t sets_before = dfa.sets.size();
   auto intern = [&](int32_t ret, int32_t parent) {
     uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(ret)) << 32) | static_cast<uint32_t>(parent + 1);
     auto it = node_ids.find(k);
@@ -84,18 +130,17 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const 
     }
     return leave;
   };
-  struct CfgSet {
-    size_t begin, end;
-    uint8_t leave;
-  };
-  std::vector<Item> pool;
-  std::vector<CfgSet> sets;
-  std::unordered_map<std::string, int32_t> set_ids;
-  std::vector<int32_t> trans;  // sets.size() * 256; -2 unknown, -1 dead
+  std::vector<Item>& pool = dfa.pool;
+  std::vector<SetDfa::CfgSet>& sets = dfa.sets;
+  std::unordered_map<std::string, int32_t>& set_ids = dfa.set_ids;
+  std::vector<int32_t>& trans = dfa.trans;  // sets.size() * 256; -2 unknown, -1 dead
   auto intern_set = [&](uint8_t leave) {
     std::sort(cfg.begin(), cfg.end(),
               [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
+    // `leave` joins the key: a walk's unexpanded start set ({(s, -1)}, leave 0) must not stand
+    // for the same configurations reached by a byte, where s may be final (leave 1).
     std::string key(reinterpret_cast<const char*>(cfg.data()), cfg.size() * sizeof(Item));
+    key.push_back(static_cast<char>(leave));
     auto it = set_ids.find(key);
     if (it != set_ids.end()) return it->second;
     int32_t id = static_cast<int32_t>(sets.size());
@@ -152,7 +197,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const 
         int32_t next = trans[slot];
         if (next == -2) {
           next = transition(set_at[d], tokb[d]);
-          if (overflow || sets.size() > kMaxSets) return nullptr;
+          if (overflow || sets.size() - sets_before > kMaxSets) return nullptr;
           trans[slot] = next;
         }
         if (next < 0) {
@@ -171,7 +216,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const 
         continue;
       }
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-      if (flag[d] || escapes(d, tokb[d])) {
+      const bool continued = resume && i == range.begin && &range == &ranges.front() && t.lcp[i] > dead_at;
+      if (!continued && (flag[d] || escapes(d, tokb[d]))) {
         for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
       }
       i = end - 1;

@@ -11,6 +11,8 @@ NB_MODULE(_native, m) {
   m.attr("ABI_VERSION") = 1;
   agent_infer::register_bitmask(m);
   agent_infer::register_grammar(m);
+  agent_infer::register_grammar_profile(m);
+  agent_infer::register_grammar_serialize(m);
   agent_infer::register_linear(m);
   agent_infer::register_attention(m);
 }

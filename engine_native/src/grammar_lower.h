@@ -1,0 +1,169 @@
+// Internal interfaces of the lowering (grammar_compile.cpp and its satellites): program -> NFA
+// (grammar_nfa.cpp), NFA -> DFA (grammar_determinize.cpp), equal-rule merging
+// (grammar_dedupe.cpp). Not used by the matcher.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "grammar.h"
+
+namespace agent_infer {
+namespace grammar {
+
+// Length in words of the instruction at `pc` (opcodes and layout in grammar.h). A rule's program
+// is prefix-coded, so stepping by this visits every instruction in pre-order.
+size_t instruction_length(const std::vector<int32_t>& code, size_t pc);
+
+// Rules whose programs are equal once every reference is replaced by its target's class (the
+// coarsest such partition) derive the same language, so their callers can share one automaton.
+// If any rules merge, writes the programs with every reference redirected to its class's
+// representative (the root for the root's class, else the lowest index) and returns true.
+// Returns false (nothing merged, `out` untouched) also when finding the partition costs too much.
+bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t root,
+                       std::vector<std::vector<int32_t>>* out);
+
+// Rules to inline into their callers: not recursive, a finite language, small once expanded.
+std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root);
+
+// The compile-time budget (Limits::max_compile_seconds), checked every 1024 calls.
+struct Deadline {
+  std::chrono::steady_clock::time_point end;
+  int counter = 0;
+  void check() {
+    if ((++counter & 1023) == 0 && std::chrono::steady_clock::now() > end) {
+      throw LimitError("grammar compilation exceeded its time budget");
+    }
+  }
+};
+
+// One rule's Thompson NFA over bytes with rule references, edges grouped by source state.
+struct Nfa {
+  int32_t start = 0, accept = 0;
+  std::vector<uint32_t> eps_begin, byte_begin, ref_begin;  // per state, size states + 1
+  std::vector<int32_t> eps;
+  std::vector<ByteEdge> bytes;
+  std::vector<RefEdge> refs;
+  size_t size() const { return eps_begin.empty() ? 0 : eps_begin.size() - 1; }
+};
+
+// Builds rules' NFAs, reusing its buffers from rule to rule.
+class NfaBuilder {
+ public:
+  NfaBuilder(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& inline_rule,
+             int64_t max_states, Deadline& deadline)
+      : rules_(rules), inline_rule_(inline_rule), max_states_(max_states), deadline_(deadline) {}
+  void build_rule(int32_t r, Nfa* out);
+
+  // An inlined rule's trimmed, minimized automaton (byte edges only: inlined rules call only
+  // inlined rules), spliced into callers instead of re-expanding its program each time.
+  struct Fragment {
+    bool usable = false;  // false: the program is expanded instead (automaton too large)
+    std::vector<uint8_t> final;
+    std::vector<uint32_t> begin;  // per state, size states + 1
+    std::vector<ByteEdge> bytes;
+  };
+
+ private:
+  const Fragment& fragment(int32_t r);  // grammar_fragment.cpp
+  struct ByteSeq {
+    int n = 0;
+    std::array<std::pair<uint8_t, uint8_t>, 4> r{};
+  };
+  int32_t fresh();
+  int32_t build(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail);
+  int32_t build_node(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail);
+  static void utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out);
+
+  const std::vector<std::vector<int32_t>>& rules_;
+  const std::vector<uint8_t>& inline_rule_;
+  int64_t max_states_;
+  Deadline& deadline_;
+  int64_t total_ = 0;  // states created across all rules (the grammar-size limit)
+  int depth_ = 0;      // expression nesting, bounded so deep input cannot overflow the C++ stack
+  // A reference to the rule being built in tail position jumps back to its start
+  // (R ::= x R | "" is x*), so right recursion costs no parser items.
+  int32_t self_rule_ = -1, self_start_ = -1;
+  int32_t count_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> eps_;
+  std::vector<std::pair<int32_t, ByteEdge>> bytes_;
+  std::vector<std::pair<int32_t, RefEdge>> refs_;
+  std::vector<ByteSeq> seqs_;  // the byte sequences of every class met, back to back
+  std::unordered_map<const int32_t*, std::pair<uint32_t, uint32_t>> class_seqs_;  // [begin, end) in seqs_
+  // Shared with the builders of the fragments themselves (inlined rules inline others).
+  std::shared_ptr<std::unordered_map<int32_t, Fragment>> fragments_ =
+      std::make_shared<std::unordered_map<int32_t, Fragment>>();
+};
+
+// The automata of all lowered rules, back to back; a rule's states are contiguous, its start
+// first, and edge targets are indices into the pool.
+struct DfaPool {
+  std::vector<uint8_t> final;
+  std::vector<uint32_t> byte_begin{0}, ref_begin{0};  // per state, size states + 1
+  std::vector<ByteEdge> bytes;
+  std::vector<RefEdge> refs;
+  size_t size() const { return final.size(); }
+};
+
+// Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
+// live back to back in one buffer, interned through an open-addressing table; every buffer is
+// reused from rule to rule, so determinizing allocates only while its buffers grow.
+class Determinizer {
+ public:
+  Determinizer(int64_t max_states, Deadline& deadline) : max_states_(max_states), deadline_(deadline) {}
+  // Appends the DFA of `nfa` to `pool`; returns the pool index of its start state.
+  int32_t run(const Nfa& nfa, DfaPool* pool);
+
+ private:
+  void closure(const Nfa& nfa, std::vector<int32_t>& seed);  // into closure_, sorted
+  int32_t intern(const Nfa& nfa, DfaPool* pool);              // the set in closure_
+  void expand(const Nfa& nfa, int32_t d, DfaPool* pool);
+
+  int64_t max_states_;
+  int64_t total_ = 0;
+  Deadline& deadline_;
+  int32_t base_ = 0, count_ = 0;
+  std::vector<int32_t> set_data_;
+  std::vector<uint32_t> set_off_;
+  std::vector<uint64_t> set_hash_;
+  std::vector<int32_t> table_;      // set ids, -1 = empty; valid where table_gen_ == gen_
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+  std::vector<uint32_t> mark_;
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> stack_, closure_, current_, targets_, points_;
+  std::vector<ByteEdge> edges_;
+  std::vector<RefEdge> ref_pairs_;
+};
+
+// Merges the equivalent states of one rule's trimmed DFA that reach no cycle (see
+// grammar_minimize.cpp). Buffers are reused from rule to rule.
+class StateMerger {
+ public:
+  // The rule's states are pool states [b, b + n); live[x]: local state x survived trimming;
+  // rule_live[r]: references to rule r survive. rep[x] (local): the lowest-numbered state
+  // equivalent to x, for live x; -1 otherwise.
+  void run(const DfaPool& pool, uint32_t b, uint32_t n, const std::vector<uint8_t>& live,
+           const std::vector<uint8_t>& rule_live, std::vector<int32_t>* rep);
+
+ private:
+  void assign_class(const DfaPool& pool, uint32_t b, uint32_t x, const std::vector<uint8_t>& live,
+                    const std::vector<uint8_t>& rule_live);
+  static constexpr uint32_t kUnseen = ~0u, kDone = ~0u - 1;
+  std::vector<int32_t> cls_, class_min_;
+  std::vector<uint32_t> index_, low_, stack_;
+  std::vector<std::pair<uint32_t, uint32_t>> calls_;
+  std::vector<uint32_t> sig_, sig_data_, sig_off_;
+  std::vector<uint64_t> sig_hash_;
+  std::vector<int32_t> table_;
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+};
+
+}  // namespace grammar
+}  // namespace agent_infer

@@ -1,0 +1,270 @@
+// Batch mask fills on one process-wide thread pool, and the helping that lets first-visit walks
+// of one row run on several threads (the walks' cutting and assembly: grammar_split.cpp).
+//
+// A batch fill hands the rows of distinct matchers to the pool's threads, which claim them from
+// a shared counter. Once its states are cached a row costs microseconds, but a row that meets a
+// state for the first time may walk most of the sorted vocabulary (0.5-3 ms for 129k tokens),
+// and a step cannot end before its slowest row. Such a walk is published as a job of parts:
+// threads of the batch that run out of rows, and idle pool threads, claim parts from an atomic
+// counter.
+#include "grammar_pool.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <thread>
+
+#include "grammar.h"
+
+namespace agent_infer {
+namespace grammar {
+namespace {
+
+// Walks with fewer live tokens stay on their thread: a split costs a bitset per part, the merge
+// and waking the helpers, which only pays off for walks of hundreds of microseconds.
+constexpr size_t kMinSplitTokens = 16384;
+std::atomic<size_t> g_min_split_tokens{kMinSplitTokens};
+std::atomic<size_t> g_part_tokens{0};
+
+struct Batch;
+
+// One split walk: parts claimed from a counter by whichever threads come by.
+class Job {
+ public:
+  Job(const Batch* team, size_t parts, std::function<void(size_t)> run)
+      : team(team), n_(parts), run_(std::move(run)) {}
+  const Batch* const team;  // the batch fill whose row started the walk
+  // Claims and runs parts until none is left unclaimed.
+  void help() {
+    for (size_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) {
+      try {
+        run_(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        cv_.notify_all();
+      }
+    }
+  }
+  bool open() const { return next_.load(std::memory_order_relaxed) < n_; }
+  // Waits for the parts other threads claimed; rethrows the first part's error.
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == n_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  const size_t n_;
+  // Called for claimed parts only: a thread arriving after the walk ended claims nothing.
+  std::function<void(size_t)> run_;
+  std::atomic<size_t> next_{0}, done_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::exception_ptr error_;
+};
+
+std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0};
+
+// The batch fill this thread is working for (walks started here may split).
+thread_local const Batch* t_batch = nullptr;
+
+// One batch fill, on its caller's stack. Pool threads join it while it is listed and has rows
+// left; the caller waits only for threads that joined, never for one that has not woken yet
+// (on a loaded machine a wake-up can take longer than the whole batch).
+struct Batch {
+  Batch(Matcher* const* m, const int64_t* r, size_t count, int32_t* d, int64_t w, uint8_t* res, size_t t)
+      : matchers(m), rows(r), n(count), data(d), words(w), results(res), threads(t) {}
+  Matcher* const* matchers;
+  const int64_t* rows;
+  size_t n;
+  int32_t* data;
+  int64_t words;
+  uint8_t* results;
+  size_t threads;  // the caller included
+  size_t joined = 0, active = 0;  // pool threads that joined / are still working (pool mutex)
+  std::atomic<size_t> next{0};
+  std::mutex err_mu;
+  std::exception_ptr error;
+
+  bool wants_helper() const { return joined + 1 < threads && next.load(std::memory_order_relaxed) < n; }
+  // Returns the number of rows this thread filled.
+  size_t fill_rows() {
+    const Batch* prev = t_batch;
+    t_batch = this;
+    size_t filled = 0;
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n; ++filled) {
+      try {
+        results[i] = matchers[i]->fill_mask(data + rows[i] * words, words) ? 1 : 0;
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(err_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+    t_batch = prev;
+    return filled;
+  }
+};
+
+// Worker threads that join batch fills and help with split walks.
+class Pool {
+ public:
+  explicit Pool(unsigned n) {
+    for (unsigned i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  size_t size() const { return workers_.size(); }
+
+  // Fills the batch's rows on this thread and on pool threads that join in time.
+  void run(Batch& b) {
+    const bool helpers = b.threads > 1 && b.n > 1 && !workers_.empty();
+    if (helpers) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batches_.push_back(&b);  // capacity kept: a batch allocates nothing here
+      }
+      for (size_t k = 1; k < b.threads; ++k) work_cv_.notify_one();
+    }
+    b.fill_rows();
+    if (!helpers) {
+      finish_jobs(b);
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    batches_.erase(std::find(batches_.begin(), batches_.end(), &b));
+    // Out of rows: help the split walks of rows still running, until every joined thread is done.
+    for (;;) {
+      std::shared_ptr<Job> job = open_job(&b);
+      if (job) {
+        lock.unlock();
+        job->help();
+        job.reset();
+        lock.lock();
+        continue;
+      }
+      if (b.active == 0) return;
+      done_cv_.wait(lock);
+    }
+  }
+  void publish(const std::shared_ptr<Job>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(job);
+    }
+    work_cv_.notify_all();
+    done_cv_.notify_all();  // a batch caller waiting for its last rows can help
+  }
+  void retire(const Job* job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.erase(std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.get() == job; }));
+  }
+
+ private:
+  // A batch filled on its caller alone may still have published walks (idle pool threads help).
+  void finish_jobs(const Batch& b) {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job = open_job(&b);
+      }
+      if (!job) return;
+      job->help();
+    }
+  }
+  // An open job (of `team` only, if given); mu_ held.
+  std::shared_ptr<Job> open_job(const Batch* team) const {
+    for (const auto& j : jobs_) {
+      if (j->open() && (!team || j->team == team)) return j;
+    }
+    return nullptr;
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      // Parts of split walks first: another thread's row waits for them.
+      if (std::shared_ptr<Job> job = open_job(nullptr)) {
+        lock.unlock();
+        job->help();
+        job.reset();
+        lock.lock();
+        continue;
+      }
+      Batch* b = nullptr;
+      for (Batch* c : batches_) {
+        if (c->wants_helper()) {
+          b = c;
+          break;
+        }
+      }
+      if (!b) {
+        work_cv_.wait(lock);
+        continue;
+      }
+      ++b->joined;
+      ++b->active;
+      lock.unlock();
+      g_helper_joins.fetch_add(1, std::memory_order_relaxed);
+      g_helper_rows.fetch_add(b->fill_rows(), std::memory_order_relaxed);
+      lock.lock();
+      if (--b->active == 0) done_cv_.notify_all();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // pool threads wait here for batches and jobs
+  std::condition_variable done_cv_;  // batch callers wait here for joined threads
+  std::vector<Batch*> batches_;
+  std::vector<std::shared_ptr<Job>> jobs_;
+};
+
+std::mutex g_pool_mu;
+Pool* g_pool = nullptr;  // leaked on purpose: joining threads during interpreter exit can deadlock
+
+Pool& pool(unsigned want) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_pool) {
+    unsigned n = want > 0 ? want : std::max(1u, std::thread::hardware_concurrency());
+    g_pool = new Pool(n > 1 ? n - 1 : 0);
+  }
+  return *g_pool;
+}
+
+}  // namespace
+
+size_t batch_team_threads() { return t_batch ? t_batch->threads : 0; }
+
+void run_parts(size_t n, std::function<void(size_t)> part) {
+  auto job = std::make_shared<Job>(t_batch, n, std::move(part));
+  Pool& p = pool(0);  // exists: this thread serves a batch fill
+  p.publish(job);
+  job->help();
+  p.retire(job.get());
+  job->wait();
+}
+
+size_t split_min_tokens() { return g_min_split_tokens.load(std::memory_order_relaxed); }
+size_t split_part_tokens() { return g_part_tokens.load(std::memory_order_relaxed); }
+void count_split() { g_split_walks.fetch_add(1, std::memory_order_relaxed); }
+
+BatchStats batch_stats() {
+  return {g_split_walks.load(std::memory_order_relaxed), g_helper_joins.load(std::memory_order_relaxed),
+          g_helper_rows.load(std::memory_order_relaxed)};
+}
+
+std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens) {
+  return {g_min_split_tokens.exchange(min_split_tokens), g_part_tokens.exchange(part_tokens)};
+}
+
+void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t* data, int64_t words,
+                size_t threads, unsigned pool_size, uint8_t* results) {
+  Pool& p = pool(pool_size);
+  const size_t team = threads == 0 ? p.size() + 1 : std::min(threads, p.size() + 1);
+  Batch batch(matchers, rows, n, data, words, results, team);
+  p.run(batch);
+  if (batch.error) std::rethrow_exception(batch.error);
+}
+
+}  // namespace grammar
+}  // namespace agent_infer

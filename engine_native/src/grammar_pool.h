@@ -1,0 +1,23 @@
+// Internal interface between the batch-fill pool (grammar_pool.cpp) and the split walks
+// (grammar_split.cpp).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace agent_infer {
+namespace grammar {
+
+// Threads of the batch fill this thread is working for; 0 outside batch fills.
+size_t batch_team_threads();
+// Runs part(i) for i < n on this thread and whichever threads of the pool come by; rethrows the
+// first part's error. Only inside a batch fill.
+void run_parts(size_t n, std::function<void(size_t)> part);
+// Split thresholds (set_split_tuning): minimum live tokens, and fixed part size (0 = automatic).
+size_t split_min_tokens();
+size_t split_part_tokens();
+// Counts one split walk (batch_stats).
+void count_split();
+
+}  // namespace grammar
+}  // namespace agent_infer

@@ -1,0 +1,404 @@
+// Serialization of IR grammars (agent_infer/grammar/ir.py) to the flat per-rule programs of
+// grammar.h (enum Op), the work of agent_infer.grammar.compiler.serialize_grammar done without a
+// Python call per node. It writes exactly what the Python serializer writes; anything it does not
+// handle the same way (a foreign node type, a literal with a lone surrogate, an unknown rule name,
+// repeat bounds beyond int32, a non-tuple item list) makes it return None, and the caller runs the
+// Python serializer, which produces the program or the precise error.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "grammar.h"
+
+namespace nb = nanobind;
+
+namespace agent_infer {
+namespace {
+
+using Program = std::vector<int32_t>;
+constexpr int64_t kMaxCodepoint = 0x10FFFF;
+constexpr int64_t kInt32Max = 2147483647;
+
+// Owns one reference; Python C API calls below return new references.
+struct Owned {
+  PyObject* p = nullptr;
+  explicit Owned(PyObject* o) : p(o) {}
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() { Py_XDECREF(p); }
+};
+
+struct Kinds {
+  PyObject* empty;
+  PyObject* literal;
+  PyObject* cls;
+  PyObject* seq;
+  PyObject* alt;
+  PyObject* repeat;
+  PyObject* ref;
+};
+
+struct Names {
+  PyObject* items = PyUnicode_InternFromString("items");
+  PyObject* text = PyUnicode_InternFromString("text");
+  PyObject* ranges = PyUnicode_InternFromString("ranges");
+  PyObject* negated = PyUnicode_InternFromString("negated");
+  PyObject* item = PyUnicode_InternFromString("item");
+  PyObject* min = PyUnicode_InternFromString("min");
+  PyObject* max = PyUnicode_InternFromString("max");
+  PyObject* name = PyUnicode_InternFromString("name");
+};
+
+const Names& names() {
+  static const Names* n = new Names();  // interned for the process, never freed
+  return *n;
+}
+
+// Where a composite node's first occurrence was written: rule, start, end.
+struct Span {
+  uint32_t rule;
+  uint32_t start;
+  uint32_t end;
+};
+
+class Serializer {
+ public:
+  Serializer(const Kinds& kinds, PyObject* index) : k_(kinds), index_(index) {}
+
+  // Appends the program of ``node`` to programs[rule]; false: the Python path must decide.
+  bool emit(PyObject* root, uint32_t rule, std::vector<Program>& programs) {
+    const Names& nm = names();
+    Program& out = programs[rule];
+    // Work items: a node to write, or (finish != nullptr) the end of a composite node's span.
+    struct Item {
+      PyObject* node;
+      PyObject* finish;
+      uint32_t start;
+    };
+    std::vector<Item> stack{{root, nullptr, 0}};
+    std::vector<PyObject*> kids;
+    while (!stack.empty()) {
+      Item it = stack.back();
+      stack.pop_back();
+      if (it.finish != nullptr) {
+        spans_.emplace(it.finish, Span{rule, it.start, static_cast<uint32_t>(out.size())});
+        continue;
+      }
+      PyObject* node = it.node;
+      PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
+      if (type == k_.literal) {
+        Owned text(PyObject_GetAttr(node, nm.text));
+        if (text.p == nullptr || !PyUnicode_Check(text.p)) return fail();
+        Py_ssize_t size = 0;
+        const char* data = PyUnicode_AsUTF8AndSize(text.p, &size);
+        if (data == nullptr) return fail();  // a lone surrogate: the Python path raises
+        out.push_back(grammar::kLiteral);
+        out.push_back(static_cast<int32_t>(size));
+        for (Py_ssize_t i = 0; i < size; ++i) out.push_back(static_cast<unsigned char>(data[i]));
+      } else if (type == k_.ref) {
+        Owned name(PyObject_GetAttr(node, nm.name));
+        if (name.p == nullptr) return fail();
+        PyObject* i = PyDict_GetItemWithError(index_, name.p);  // borrowed
+        if (i == nullptr) return fail();
+        long v = PyLong_AsLong(i);
+        if (v == -1 && PyErr_Occurred()) return fail();
+        out.push_back(grammar::kRef);
+        out.push_back(static_cast<int32_t>(v));
+      } else if (type == k_.cls) {
+        if (!write_class(node, out)) return fail();
+      } else if (type == k_.empty) {
+        out.push_back(grammar::kEmpty);
+      } else if (type == k_.seq || type == k_.alt || type == k_.repeat) {
+        auto hit = spans_.find(node);
+        if (hit != spans_.end()) {
+          const Span s = hit->second;
+          // Resize first, then copy: the source may be ``out`` itself (an earlier part of it).
+          size_t at = out.size();
+          out.resize(at + (s.end - s.start));
+          const Program& from = programs[s.rule];
+          std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
+          continue;
+        }
+        uint32_t start = static_cast<uint32_t>(out.size());
+        stack.push_back({nullptr, node, start});
+        if (type == k_.repeat) {
+          Owned lo(PyObject_GetAttr(node, nm.min));
+          Owned hi(PyObject_GetAttr(node, nm.max));
+          Owned item(PyObject_GetAttr(node, nm.item));
+          if (lo.p == nullptr || hi.p == nullptr || item.p == nullptr) return fail();
+          int64_t min = 0, max = -1;
+          if (!bound(lo.p, min)) return fail();
+          if (hi.p != Py_None && !bound(hi.p, max)) return fail();
+          out.push_back(grammar::kRepeat);
+          out.push_back(static_cast<int32_t>(min));
+          out.push_back(static_cast<int32_t>(max));
+          stack.push_back({item.p, nullptr, 0});  // kept alive by the node
+        } else {
+          Owned items(PyObject_GetAttr(node, nm.items));
+          if (items.p == nullptr || !PyTuple_CheckExact(items.p)) return fail();
+          Py_ssize_t n = PyTuple_GET_SIZE(items.p);
+          out.push_back(type == k_.seq ? grammar::kSeq : grammar::kAlt);
+          out.push_back(static_cast<int32_t>(n));
+          for (Py_ssize_t i = n - 1; i >= 0; --i) stack.push_back({PyTuple_GET_ITEM(items.p, i), nullptr, 0});
+        }
+      } else {
+        return fail();  // subclasses and foreign nodes
+      }
+    }
+    return true;
+  }
+
+ private:
+  bool fail() {
+    PyErr_Clear();
+    return false;
+  }
+
+  static bool bound(PyObject* v, int64_t& out) {
+    if (!PyLong_CheckExact(v)) return false;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (x == -1 && PyErr_Occurred()) || x < 0 || x > kInt32Max) return false;
+    out = x;
+    return true;
+  }
+
+  // CharClass.normalized(): sorted, merged, complemented when negated.
+  bool write_class(PyObject* node, Program& out) {
+    const Names& nm = names();
+    Owned ranges(PyObject_GetAttr(node, nm.ranges));
+    Owned negated(PyObject_GetAttr(node, nm.negated));
+    if (ranges.p == nullptr || negated.p == nullptr || !PyTuple_CheckExact(ranges.p)) return false;
+    int neg = PyObject_IsTrue(negated.p);
+    if (neg < 0) return false;
+    pairs_.clear();
+    Py_ssize_t n = PyTuple_GET_SIZE(ranges.p);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* pr = PyTuple_GET_ITEM(ranges.p, i);
+      if (!PyTuple_CheckExact(pr) || PyTuple_GET_SIZE(pr) != 2) return false;
+      int64_t lo = 0, hi = 0;
+      if (!codepoint(PyTuple_GET_ITEM(pr, 0), lo) || !codepoint(PyTuple_GET_ITEM(pr, 1), hi)) return false;
+      pairs_.emplace_back(lo, hi);
+    }
+    std::sort(pairs_.begin(), pairs_.end());
+    merged_.clear();
+    for (const auto& [lo, hi] : pairs_) {
+      if (!merged_.empty() && lo <= merged_.back().second + 1) {
+        merged_.back().second = std::max(merged_.back().second, hi);
+      } else {
+        merged_.emplace_back(lo, hi);
+      }
+    }
+    if (neg != 0) {
+      pairs_.clear();
+      int64_t next = 0;
+      for (const auto& [lo, hi] : merged_) {
+        if (lo > next) pairs_.emplace_back(next, lo - 1);
+        next = hi + 1;
+      }
+      if (next <= kMaxCodepoint) pairs_.emplace_back(next, kMaxCodepoint);
+      merged_.swap(pairs_);
+    }
+    out.push_back(grammar::kClass);
+    out.push_back(static_cast<int32_t>(merged_.size()));
+    for (const auto& [lo, hi] : merged_) {
+      out.push_back(static_cast<int32_t>(lo));
+      out.push_back(static_cast<int32_t>(hi));
+    }
+    return true;
+  }
+
+  static bool codepoint(PyObject* v, int64_t& out) {
+    if (!PyLong_CheckExact(v)) return false;
+    long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) return false;
+    if (x < 0 || x > kMaxCodepoint) return false;
+    out = x;
+    return true;
+  }
+
+  const Kinds& k_;
+  PyObject* index_;
+  std::unordered_map<PyObject*, Span> spans_;
+  std::vector<std::pair<int64_t, int64_t>> pairs_, merged_;
+};
+
+// Whether every reference under ``bodies`` names a rule in ``defined``, in any order (the usual
+// case, so leaves are checked inline and never stacked): 1 yes, 0 no, -1 leave it to Python.
+int all_refs_defined(PyObject* bodies, PyObject* defined, const Kinds& k) {
+  const Names& nm = names();
+  std::unordered_set<PyObject*> visited;
+  std::vector<PyObject*> stack;
+  // 0 leaf, 1 defined ref, 2 undefined ref, 3 composite to walk, -1 unknown or error.
+  auto classify = [&](PyObject* node) -> int {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
+    if (type == k.literal || type == k.cls || type == k.empty) return 0;
+    if (type == k.ref) {
+      PyObject* name = PyObject_GetAttr(node, nm.name);
+      if (name == nullptr) return -1;
+      int in = PySet_Contains(defined, name);
+      Py_DECREF(name);
+      return in < 0 ? -1 : (in == 1 ? 1 : 2);
+    }
+    if (type == k.seq || type == k.alt || type == k.repeat) return 3;
+    return -1;
+  };
+  Py_ssize_t n = PyList_GET_SIZE(bodies);
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    PyObject* body = PyList_GET_ITEM(bodies, r);
+    int c = classify(body);
+    if (c == 3) {
+      if (visited.insert(body).second) stack.push_back(body);
+    } else if (c != 0 && c != 1) {
+      return c == 2 ? 0 : -1;
+    }
+    while (!stack.empty()) {
+      PyObject* node = stack.back();
+      stack.pop_back();
+      bool repeat = reinterpret_cast<PyObject*>(Py_TYPE(node)) == k.repeat;
+      PyObject* kids = PyObject_GetAttr(node, repeat ? nm.item : nm.items);
+      if (kids == nullptr) return -1;
+      if (repeat) {
+        c = classify(kids);
+        if (c == 3 && visited.insert(kids).second) stack.push_back(kids);
+        Py_DECREF(kids);  // the node keeps it alive
+        if (c == 2 || c < 0) return c == 2 ? 0 : -1;
+        continue;
+      }
+      if (!PyTuple_CheckExact(kids)) {
+        Py_DECREF(kids);
+        return -1;
+      }
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kids); ++i) {
+        PyObject* kid = PyTuple_GET_ITEM(kids, i);
+        c = classify(kid);
+        if (c == 3) {
+          if (visited.insert(kid).second) stack.push_back(kid);
+        } else if (c == 2 || c < 0) {
+          Py_DECREF(kids);
+          return c == 2 ? 0 : -1;
+        }
+      }
+      Py_DECREF(kids);
+    }
+  }
+  return 1;
+}
+
+// Grammar validation's walk (ir.py, _undefined_ref): rules in order, each pre-order with the last
+// child first, composite nodes met before skipped. Returns -1 when every reference is defined,
+// the rule index of the first undefined one (its name in ``missing``), or -2: leave it to Python.
+Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k, PyObject*& missing) {
+  int all = all_refs_defined(bodies, defined, k);
+  if (all < 0) {
+    PyErr_Clear();
+    return -2;
+  }
+  if (all == 1) return -1;
+  const Names& nm = names();
+  std::unordered_set<PyObject*> visited;
+  std::vector<PyObject*> stack;
+  Py_ssize_t n = PyList_GET_SIZE(bodies);
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    stack.assign(1, PyList_GET_ITEM(bodies, r));
+    while (!stack.empty()) {
+      PyObject* node = stack.back();
+      stack.pop_back();
+      PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
+      if (type == k.ref) {
+        PyObject* name = PyObject_GetAttr(node, nm.name);
+        if (name == nullptr) {
+          PyErr_Clear();
+          return -2;
+        }
+        int in = PySet_Contains(defined, name);
+        if (in < 0) {
+          Py_DECREF(name);
+          PyErr_Clear();
+          return -2;
+        }
+        if (in == 0) {
+          missing = name;  // new reference, handed to the caller
+          return r;
+        }
+        Py_DECREF(name);
+      } else if (type == k.seq || type == k.alt) {
+        if (!visited.insert(node).second) continue;
+        PyObject* items = PyObject_GetAttr(node, nm.items);
+        if (items == nullptr || !PyTuple_CheckExact(items)) {
+          Py_XDECREF(items);
+          PyErr_Clear();
+          return -2;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) stack.push_back(PyTuple_GET_ITEM(items, i));
+        Py_DECREF(items);  // the node keeps the tuple and its items alive
+      } else if (type == k.repeat) {
+        if (!visited.insert(node).second) continue;
+        PyObject* item = PyObject_GetAttr(node, nm.item);
+        if (item == nullptr) {
+          PyErr_Clear();
+          return -2;
+        }
+        stack.push_back(item);
+        Py_DECREF(item);
+      } else if (type != k.literal && type != k.cls && type != k.empty) {
+        return -2;  // subclasses and foreign nodes
+      }
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+void register_grammar_serialize(nb::module_& m) {
+  m.def(
+      "first_missing_ref",
+      [](nb::list bodies, nb::set defined, nb::tuple kinds) -> nb::object {
+        if (kinds.size() != 7) throw std::invalid_argument("first_missing_ref needs the 7 IR node classes");
+        PyObject* t = kinds.ptr();
+        Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
+                PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+        PyObject* missing = nullptr;
+        Py_ssize_t r = first_missing_ref(bodies.ptr(), defined.ptr(), k, missing);
+        if (r == -1) return nb::none();
+        if (r == -2) return nb::bool_(false);
+        return nb::make_tuple(r, nb::steal(missing));
+      },
+      nb::arg("bodies"), nb::arg("defined"), nb::arg("kinds"),
+      "The first undefined rule reference as (rule index, name), None if there is none, or False "
+      "where the Python walk must decide (node types it does not know).");
+
+  m.def(
+      "serialize_rules",
+      [](nb::list bodies, nb::dict index, nb::tuple kinds) -> std::optional<std::vector<Program>> {
+        if (kinds.size() != 7) throw std::invalid_argument("serialize_rules needs the 7 IR node classes");
+        PyObject* t = kinds.ptr();
+        Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
+                PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+        size_t n = bodies.size();
+        std::vector<Program> programs(n);
+        Serializer ser(k, index.ptr());
+        for (size_t r = 0; r < n; ++r) {
+          PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
+          if (!ser.emit(body, static_cast<uint32_t>(r), programs)) return std::nullopt;
+        }
+        return programs;
+      },
+      nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
+      "Flat programs of rule bodies (IR nodes) given the rule index; None where the Python "
+      "serializer must decide (it writes the same programs and raises the precise errors).");
+}
+
+}  // namespace agent_infer

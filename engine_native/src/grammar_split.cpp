@@ -1,0 +1,232 @@
+// First-visit walks split into parts for the threads of a batch fill (grammar_pool.cpp runs them).
+//
+// A walk's ranges of sorted token positions are cut into parts in walk order, each with about
+// its share of the live tokens, and every part is walked as the whole walk would walk it. The
+// parts' results, put together in order, reproduce the whole walk's result exactly; the only
+// seam is a run of tokens sharing a dead (or region-leaving) prefix that straddles a cut: the
+// part before the cut classifies the whole run, the part after it skips the run's rest (the
+// walks' `resume`).
+#include <algorithm>
+#include <atomic>
+
+#include "grammar.h"
+#include "grammar_pool.h"
+
+namespace agent_infer {
+namespace grammar {
+namespace {
+
+// Parts per thread: enough for the threads to finish close together, few enough that each part
+// amortizes its set-up (walk stack and transition rows; the pushdown walk re-interns its
+// configuration sets in every part).
+constexpr size_t kPartsPerThread = 4;
+constexpr size_t kMinPartTokens = 4096;
+
+template <class Range>
+struct Part {
+  std::vector<Range> ranges;
+  bool resume = false;  // the first range continues the previous part's last one
+};
+
+// Cuts a walk's ranges into parts in walk order, each with about its share of the live tokens;
+// empty if the walk is too small to split. A walk from byte 0 skips a first byte without an
+// edge in one lookup, so only tokens whose first byte is live count: a sparse state's walk over
+// the whole vocabulary is cheap and stays whole.
+template <class Range>
+std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<Range>& ranges, size_t threads,
+                                   size_t min_split, size_t part_tokens) {
+  const TokenizerInfo& tk = *g.tok;
+  auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
+  struct Segment {
+    size_t begin, end;
+    bool live;
+  };
+  std::vector<Segment> segments;
+  std::vector<size_t> seg_end;  // per range: one past its last segment
+  size_t total = 0;
+  for (const Range& r : ranges) {
+    if (r.depth > 0) {
+      seg_end.push_back(segments.size() + 1);
+      segments.push_back({r.begin, r.end, true});
+      total += r.end - r.begin;
+      continue;
+    }
+    for (int b = 0; b < 256; ++b) {
+      const size_t lo = std::max(r.begin, run_begin(b));
+      const size_t hi = std::min(r.end, static_cast<size_t>(tk.first_byte_end[static_cast<size_t>(b)]));
+      if (lo >= hi) continue;
+      const bool live = g.step(r.state, static_cast<uint8_t>(b)) >= 0;
+      segments.push_back({lo, hi, live});
+      if (live) total += hi - lo;
+    }
+    seg_end.push_back(segments.size());
+  }
+  if (total < min_split) return {};
+  const size_t slots = threads * kPartsPerThread;
+  const size_t target = part_tokens > 0 ? part_tokens : std::max(kMinPartTokens, (total + slots - 1) / slots);
+  std::vector<Part<Range>> parts(1);
+  size_t filled = 0, seg = 0;
+  for (size_t ri = 0; ri < ranges.size(); ++ri) {
+    const Range& r = ranges[ri];
+    std::vector<size_t> cuts;  // positions where a new part starts
+    for (; seg < seg_end[ri]; ++seg) {
+      const Segment& sg = segments[seg];
+      if (!sg.live) continue;
+      for (size_t a = sg.begin; a < sg.end;) {
+        if (filled >= target) {
+          cuts.push_back(a);
+          filled = 0;
+        }
+        const size_t take = std::min(sg.end - a, target - filled);
+        filled += take;
+        a += take;
+      }
+    }
+    // An empty range walks nothing, but the pushdown walk still expands its start: keep it.
+    size_t from = r.begin;
+    for (size_t cut : cuts) {
+      if (cut > from) parts.back().ranges.push_back({from, cut, r.depth, r.state, r.flag});
+      parts.emplace_back();
+      parts.back().resume = cut > r.begin;
+      from = cut;
+    }
+    parts.back().ranges.push_back({from, r.end, r.depth, r.state, r.flag});
+  }
+  if (parts.size() < 2) return {};
+  return parts;
+}
+
+template <class Range>
+std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<Range>& ranges, size_t threads) {
+  auto parts = cut_parts(g, ranges, threads, split_min_tokens(),
+                         split_part_tokens());
+  if (!parts.empty()) count_split();
+  return parts;
+}
+
+bool same_mask(const StateMask* a, const StateMask* b) {
+  if (!a || !b) return a == b;
+  auto same_exits = [&] {
+    return std::equal(a->exits.begin(), a->exits.end(), b->exits.begin(), b->exits.end(),
+                      [](const RegionExit& x, const RegionExit& y) {
+                        return x.begin == y.begin && x.end == y.end && x.depth == y.depth && x.exit == y.exit &&
+                               x.flag == y.flag;
+                      });
+  };
+  return a->accepted_bits == b->accepted_bits && a->accepted_ids == b->accepted_ids && a->uncertain == b->uncertain &&
+         same_exits();
+}
+
+// The parts' results put together as the unsplit walk builds its own: base's accepted tokens
+// plus every part's, the parts' uncertain positions and region exits in walk order, then base's
+// uncertain positions merged in.
+std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
+                                          const std::vector<std::shared_ptr<const StateMask>>& done,
+                                          const StateMask* base) {
+  auto mask = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
+  size_t n_accepted = seed_bits(base, bits);
+  size_t n_uncertain = 0, n_exits = 0;
+  for (const auto& d : done) {
+    n_uncertain += d->uncertain.size();
+    n_exits += d->exits.size();
+  }
+  mask->uncertain.reserve(n_uncertain);
+  mask->exits.reserve(n_exits);
+  for (const auto& d : done) {
+    if (!d->accepted_bits.empty()) {
+      for (size_t w = 0; w < bits.size(); ++w) {
+        bits[w] |= d->accepted_bits[w];
+        n_accepted += static_cast<size_t>(__builtin_popcount(d->accepted_bits[w]));
+      }
+    }
+    for (int32_t id : d->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    n_accepted += d->accepted_ids.size();
+    mask->uncertain.insert(mask->uncertain.end(), d->uncertain.begin(), d->uncertain.end());
+    mask->exits.insert(mask->exits.end(), d->exits.begin(), d->exits.end());
+  }
+  merge_uncertain(*mask, base);
+  finish_mask(*mask, std::move(bits), n_accepted);
+  mask->uncertain.shrink_to_fit();
+  return mask;
+}
+
+}  // namespace
+
+bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
+                                 std::shared_ptr<const StateMask>* out) const {
+  const size_t threads = batch_team_threads();
+  if (threads < 2) return false;
+  const std::vector<Part<WalkRange>> parts = cut_parts(*this, ranges, threads);
+  if (parts.empty()) return false;
+  std::vector<std::shared_ptr<const StateMask>> done(parts.size());
+  std::atomic<bool> gave_up{false};
+  run_parts(parts.size(), [&](size_t i) {
+    if (gave_up.load(std::memory_order_relaxed)) return;
+    const Part<WalkRange>& p = parts[i];
+    done[i] = calls ? compute_mask_with_calls_part(p.ranges, nullptr, p.resume)
+                    : compute_mask_part(p.ranges, nullptr, p.resume);
+    if (!done[i]) gave_up.store(true, std::memory_order_relaxed);
+  });
+  // A pushdown part that gives up makes the whole walk give up (the caller falls back to the
+  // plain walk); the unsplit walk, which interns every part's configuration sets, would too.
+  *out = gave_up.load() ? nullptr : assemble(*tok, done, base);
+  return true;
+}
+
+bool CompiledGrammar::split_region(int32_t s, std::shared_ptr<const StateMask>* out) const {
+  const size_t threads = batch_team_threads();
+  if (threads < 2) return false;
+  const std::vector<WalkRange> whole{{0, tok->sorted.size(), 0, s, 0}};
+  const std::vector<Part<WalkRange>> parts = cut_parts(*this, whole, threads);
+  if (parts.empty()) return false;
+  std::vector<std::shared_ptr<const StateMask>> done(parts.size());
+  run_parts(parts.size(), [&](size_t i) {
+    const WalkRange& r = parts[i].ranges.front();  // one range per part: the walk has one
+    done[i] = compute_region_part(s, r.begin, r.end, parts[i].resume);
+  });
+  *out = assemble(*tok, done, nullptr);
+  return true;
+}
+
+bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
+  const size_t n = tok->sorted.size();
+  // Parts run one after another here: the seams, not the threads, are under test.
+  auto check = [&](const std::vector<WalkRange>& ranges, auto&& walk) {
+    const std::shared_ptr<const StateMask> whole = walk(ranges, false);
+    const auto parts = cut_parts(*this, ranges, 1, 0, part_tokens);
+    if (parts.empty()) return true;
+    std::vector<std::shared_ptr<const StateMask>> done;
+    for (const auto& p : parts) {
+      done.push_back(walk(p.ranges, p.resume));
+      if (!done.back()) return whole == nullptr;  // a pushdown part gave up: so must the whole
+    }
+    return same_mask(whole.get(), assemble(*tok, done, nullptr).get());
+  };
+  auto plain = [&](const std::vector<WalkRange>& r, bool resume) { return compute_mask_part(r, nullptr, resume); };
+  auto calls = [&](const std::vector<WalkRange>& r, bool resume) {
+    return compute_mask_with_calls_part(r, nullptr, resume);
+  };
+  auto region = [&](const std::vector<WalkRange>& r, bool resume) {
+    return compute_region_part(s, r.front().begin, r.back().end, resume);
+  };
+  const std::vector<WalkRange> whole{{0, n, 0, s, 0}};
+  // The first-byte runs, each entered at depth 1 (as the piece walks do).
+  std::vector<WalkRange> runs;
+  for (int b = 0; b < 256; ++b) {
+    const size_t lo = b == 0 ? 0 : tok->first_byte_end[static_cast<size_t>(b) - 1];
+    const int32_t t = step(s, static_cast<uint8_t>(b));
+    if (t >= 0 && lo < tok->first_byte_end[static_cast<size_t>(b)]) {
+      runs.push_back({lo, tok->first_byte_end[static_cast<size_t>(b)], 1, t, 0});
+    }
+  }
+  bool ok = check(whole, plain) && check(runs, plain);
+  if (calls_within_reach(s)) ok = ok && check(whole, calls);
+  std::string key;
+  std::vector<int32_t> exits;
+  if (region_of(s, &key, &exits)) ok = ok && check(whole, region);
+  return ok;
+}
+
+}  // namespace grammar
+}  // namespace agent_infer

@@ -1,0 +1,177 @@
+"""The JSON Schema compiler's string automata and enum filters: fast constructions against general ones.
+
+``names_dfa`` builds a trie instead of determinizing ``alt(*names)``, ``names_complement_rules``
+reads "any key but these" off it, ``dfa_intersect`` walks sorted edges with a pointer, and enum
+values are checked against a bare ``{"type": ...}`` without building its grammar. Each must give
+exactly what the general construction gives: same states, same numbering, same rules, same errors.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.ir import Alt, alt, lit
+from agent_infer.grammar.json_schema import Compiler
+from agent_infer.grammar.json_schema_automata import (
+    DFA,
+    Edge,
+    dfa_complement,
+    dfa_intersect,
+    dfa_length,
+    dfa_to_rules,
+    expr_to_dfa,
+    names_complement_rules,
+    names_dfa,
+)
+from agent_infer.grammar.json_schema_resolve import build_registry
+from agent_infer.grammar.json_schema_values import _type_only
+from agent_infer.grammar.regex import regex_search_expr
+
+NAME_SETS = [
+    [],
+    [""],
+    ["", ""],
+    ["a", "a"],
+    ["", "a", "ab", "b"],
+    ["apiVersion", "kind", "metadata", "spec", "status"],
+    ["\x00a", "\x00", "b"],
+    ["é", "e\u0301", "\U0001f600x", "\ud800"],
+    [f"key{i}" for i in range(300)],
+]
+
+
+def _subset_construction(names: list[str]) -> DFA:
+    """What names_dfa was: determinize the alternation of the names as literals."""
+    return expr_to_dfa(alt(*(lit(n) for n in names)) if names else Alt(()))
+
+
+def _outcome(make: object) -> object:
+    try:
+        d = make()  # type: ignore[operator]
+    except GrammarLimitError as exc:
+        return ("error", str(exc))
+    return (d.edges, sorted(d.accept)) if isinstance(d, DFA) else d
+
+
+@pytest.mark.parametrize("names", [*NAME_SETS, ["x" * 4001, "y"], ["a" * 10 + str(i) for i in range(1500)]])
+def test_names_trie_is_the_determinized_alternation(names: list[str]) -> None:
+    """Same states in the same order, and the same limit errors (DFA states, then NFA states)."""
+    assert _outcome(lambda: names_dfa(names)) == _outcome(lambda: _subset_construction(names))
+
+
+@pytest.mark.parametrize("names", [n for n in NAME_SETS if n])
+def test_complement_rules_read_off_the_trie(names: list[str]) -> None:
+    general = dfa_to_rules(dfa_complement(_subset_construction(names)), "k-")
+    assert names_complement_rules(names, "k-") == general
+
+
+def _nested_intersect(a: DFA, b: DFA, max_states: int = 4000) -> DFA:
+    """The product construction with a plain nested loop over both edge lists."""
+    index = {(0, 0): 0}
+    order = [(0, 0)]
+    edges: list[list[Edge]] = []
+    accept: set[int] = set()
+    i = 0
+    while i < len(order):
+        x, y = order[i]
+        if x in a.accept and y in b.accept:
+            accept.add(i)
+        out: list[Edge] = []
+        for lo1, hi1, t1 in a.edges[x]:
+            for lo2, hi2, t2 in b.edges[y]:
+                lo, hi = max(lo1, lo2), min(hi1, hi2)
+                if lo > hi:
+                    continue
+                if (t1, t2) not in index:
+                    if len(order) >= max_states:
+                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                    index[(t1, t2)] = len(order)
+                    order.append((t1, t2))
+                out.append((lo, hi, index[(t1, t2)]))
+        out.sort()
+        merged: list[Edge] = []
+        for lo, hi, t in out:
+            if merged and merged[-1][2] == t and merged[-1][1] + 1 == lo:
+                merged[-1] = (merged[-1][0], hi, t)
+            else:
+                merged.append((lo, hi, t))
+        edges.append(merged)
+        i += 1
+    return DFA(edges, accept)
+
+
+PATTERNS = [
+    "^[a-z]{2,5}(\\d+|é)$",
+    "^(\\([0-9]{3}\\))?[0-9]{3}-[0-9]{4}$",
+    "[^\\s]+@[^\\s]+",
+    "^\\w+(\\.\\w+)*$",
+    "^(?:[A-Z]|[a-z]{3}|[0-9])+x?$",
+    "^[\\u4e00-\\u9fff]+$",
+]
+
+
+def test_pointer_intersection_matches_the_nested_loop() -> None:
+    dfas = [expr_to_dfa(regex_search_expr(p, dialect="ecma")) for p in PATTERNS]
+    dfas += [names_dfa(n) for n in NAME_SETS]
+    rng = random.Random(7)
+    for _ in range(150):
+        a, b = rng.choice(dfas), rng.choice(dfas)
+        if rng.random() < 0.5:
+            a = dfa_complement(a)
+        if rng.random() < 0.3:
+            b = dfa_length(rng.randint(0, 4), rng.choice([None, 2, 9]))
+        assert _outcome(lambda a=a, b=b: dfa_intersect(a, b)) == _outcome(
+            lambda a=a, b=b: _nested_intersect(a, b)
+        )
+    small = dfa_length(0, None)
+    assert _outcome(lambda: dfa_intersect(dfas[0], small, 3)) == _outcome(
+        lambda: _nested_intersect(dfas[0], small, 3)
+    )
+
+
+TYPES = [
+    "null",
+    "boolean",
+    "integer",
+    "number",
+    "string",
+    "object",
+    "array",
+    ["integer", "string"],
+    ["number"],
+    [],
+]
+VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**70,
+    1.0,
+    -0.0,
+    1.5e-7,
+    1e300,
+    float("inf"),
+    float("nan"),
+    "",
+    'a"\\\n\x01é\ud800',
+]
+
+
+@pytest.mark.parametrize("t", TYPES, ids=str)
+def test_type_only_enum_check_agrees_with_the_grammar(t: object) -> None:
+    """The shortcut decides exactly what running the ``{"type": t}`` grammar on the value decides."""
+    registry, _ = build_registry({}, None)
+    c = Compiler(registry, strict=True, whitespace="compact", max_whitespace=0, indent=None)
+    for v in VALUES:
+        rest = {"type": t}
+        quick = _type_only(rest, v)
+        assert quick is not None
+        assert quick == c.value_matcher(rest, "", strict=True)(v), (t, v)
+    assert _type_only({"type": "string", "maxLength": 2}, "abc") is None
+    assert _type_only({"type": "strin"}, "abc") is None
+    assert _type_only({"type": "string"}, ["a"]) is None
