@@ -91,7 +91,8 @@ class CharClass(Expr):
         return cached
 
 
-def _normalize(ranges: tuple[tuple[int, int], ...], negated: bool) -> tuple[tuple[int, int], ...]:
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sort and merge overlapping or adjacent inclusive code point ranges."""
     merged: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if merged and lo <= merged[-1][1] + 1:
@@ -99,17 +100,24 @@ def _normalize(ranges: tuple[tuple[int, int], ...], negated: bool) -> tuple[tupl
                 merged[-1][1] = hi
         else:
             merged.append([lo, hi])
-    if not negated:
-        return tuple((a, b) for a, b in merged)
+    return tuple((a, b) for a, b in merged)
+
+
+def complement_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """All code points (up to U+10FFFF) not in ``ranges``."""
     out: list[tuple[int, int]] = []
     nxt = 0
-    for lo, hi in merged:
+    for lo, hi in merge_ranges(ranges):
         if lo > nxt:
             out.append((nxt, lo - 1))
         nxt = hi + 1
     if nxt <= MAX_CODEPOINT:
         out.append((nxt, MAX_CODEPOINT))
     return tuple(out)
+
+
+def _normalize(ranges: tuple[tuple[int, int], ...], negated: bool) -> tuple[tuple[int, int], ...]:
+    return complement_ranges(ranges) if negated else merge_ranges(ranges)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Iterable
 from functools import cache
 
-from agent_infer.grammar.ir import MAX_CODEPOINT
+from agent_infer.grammar.ir import MAX_CODEPOINT, complement_ranges, merge_ranges
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -38,26 +38,12 @@ _ASCII = {
 
 def merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
     """Sort and merge overlapping or adjacent inclusive ranges."""
-    out: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((a, b) for a, b in out)
+    return merge_ranges(ranges)
 
 
 def complement(ranges: Iterable[tuple[int, int]]) -> Ranges:
     """All code points not in ``ranges``."""
-    out: list[tuple[int, int]] = []
-    nxt = 0
-    for lo, hi in merge(ranges):
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = hi + 1
-    if nxt <= MAX_CODEPOINT:
-        out.append((nxt, MAX_CODEPOINT))
-    return tuple(out)
+    return complement_ranges(ranges)
 
 
 @cache
