@@ -105,9 +105,10 @@ class GrammarMatcher:
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar fixes next, canonically tokenized and safe to append without sampling.
 
-        Unless the grammar must end right after the forced text, the last token is dropped, and so
-        is any further token whose boundary moves when probe continuations are appended (text that
-        follows could merge with it under canonical tokenization). When the grammar must end
+        Unless the grammar must end right after the forced text, a token is dropped from the end
+        while its boundary moves when probe continuations are appended (text that follows could
+        merge with it under canonical tokenization): each byte that may follow when there are
+        few, else generic probes after dropping the last token. When the grammar must end
         immediately, the EOS token is forced too.
         """
         info = self._compiled.tokenizer_info
@@ -133,9 +134,7 @@ class GrammarMatcher:
             if pos != len(text_bytes):
                 must_end = False
             if not must_end:
-                if out:
-                    out.pop()
-                for probe in _PROBES:
+                for probe in self._boundary_probes(text_bytes, out):
                     while out and info.encode(text + probe)[: len(out)] != out:
                         out.pop()
         if must_end and not self._terminate_without_eos and info.eos_token_ids:
@@ -184,12 +183,30 @@ class GrammarMatcher:
             out.append(info.eos_token_ids[0])
         return out
 
+    def _boundary_probes(self, text: bytes, out: list[int]) -> tuple[str, ...]:
+        """Continuations to check the forced tokens against; may drop the last token from ``out``.
+
+        When few bytes can follow the forced text (structure: ``":`` before a number, ``}``/``,``
+        after a value), each of them is a probe, so the last forced token stays when no such
+        continuation would merge with it. Otherwise the last token is dropped (text that follows
+        could merge with it) and the generic probes check the rest.
+        """
+        follow = self._m.next_bytes_after(text)
+        if follow and len(follow) <= _MAX_FOLLOW_BYTES and all(b < 0x80 for b in follow):
+            return tuple(chr(b) + tail for b in follow for tail in _FOLLOW_TAILS)
+        if out:
+            out.pop()
+        return _PROBES
+
     @property
     def num_accepted_steps(self) -> int:
         """Steps currently available to :meth:`rollback`."""
         return int(self._m.num_tokens())
 
 
+# Follow sets up to this size are probed byte by byte, each byte followed by each tail.
+_MAX_FOLLOW_BYTES = 8
+_FOLLOW_TAILS = ("", "a", "0", " ", '"')
 # Continuations tried when checking that forced token boundaries are stable.
 _PROBES = ("a", "Z", "0", " ", " a", "\n", '"', "'", ",", ".", "}", "é", "日", "xxxxxxxx", "_", "-")
 

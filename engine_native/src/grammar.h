@@ -307,6 +307,9 @@ class Matcher {
   // The shortest bytes that complete the text so far to a string of the grammar ("" when it can
   // end now); false (out untouched) if the matcher is terminated. grammar_complete.cpp.
   bool shortest_completion(std::string* out) const;
+  // The bytes that may come right after `data` (which must be accepted from the current state);
+  // false if `data` is rejected. The matcher is left as it was. grammar_complete.cpp.
+  bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
   int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
   // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
   std::vector<std::array<int64_t, 5>> debug_items() const;

@@ -133,6 +133,16 @@ void register_grammar(nb::module_& m) {
         std::string s = mt.forced_bytes(&must_end);
         return std::make_pair(nb::bytes(s.data(), s.size()), must_end);
       })
+      .def("next_bytes_after",
+           [](Matcher& mt, nb::bytes b) -> nb::object {
+             std::array<uint32_t, 8> set;
+             if (!mt.next_bytes_after(std::string(b.c_str(), b.size()), &set)) return nb::none();
+             std::vector<int> out;
+             for (int x = 0; x < 256; ++x) {
+               if ((set[x >> 5] >> (x & 31)) & 1u) out.push_back(x);
+             }
+             return nb::cast(out);
+           })
       .def("shortest_completion", [](const Matcher& mt) -> nb::object {
         std::string s;
         if (!mt.shortest_completion(&s)) return nb::none();

@@ -213,5 +213,29 @@ bool Matcher::shortest_completion(std::string* out) const {
   return true;
 }
 
+bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out) {
+  out->fill(0);
+  if (is_terminated()) return false;
+  const uint32_t base = static_cast<uint32_t>(set_begin_.size());
+  bool ok = true;
+  for (char c : data) {
+    if (!advance(static_cast<uint8_t>(c))) {
+      ok = false;
+      break;
+    }
+  }
+  if (ok) {
+    const CompiledGrammar& g = *g_;
+    for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+      const State& st = g.states[items_[k].state];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        for (int b = g.byte_edges[e].lo; b <= g.byte_edges[e].hi; ++b) (*out)[b >> 5] |= 1u << (b & 31);
+      }
+    }
+  }
+  while (set_begin_.size() > base) pop_set();
+  return ok;
+}
+
 }  // namespace grammar
 }  // namespace agent_infer
