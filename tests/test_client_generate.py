@@ -148,8 +148,12 @@ class Story(BaseModel):
     tags: list[str] = Field(min_length=1)
 
 
+# A document the model cannot finish in 40 tokens; also used by the remote client's test.
+STORY_PROMPT = "Write a very long story about a dragon as JSON with a title, the text and tags."
+
+
 def test_close_on_length_returns_a_valid_object_within_the_budget(client: Client) -> None:
-    prompt = "Write a very long story about a dragon as JSON with a title, the text and tags."
+    prompt = STORY_PROMPT
     with pytest.raises(ValidationRetryError, match="cut off"):
         client.generate(prompt, schema=Story, max_tokens=40, max_retries=0)
     before = client.usage

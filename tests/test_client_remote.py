@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 from server_harness import LiveServer, server_fixture
-from test_client_generate import check_every_attempt_reported
+from test_client_generate import STORY_PROMPT, Story, check_every_attempt_reported
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
@@ -102,15 +102,8 @@ def test_run_executes_tools_over_the_wire(client: Client) -> None:
     assert isinstance(done.output, str) and done.turns == 1
 
 
-class Story(BaseModel):
-    title: str
-    text: str
-    tags: list[str] = Field(min_length=1)
-
-
 def test_close_on_length_over_the_wire(client: Client) -> None:
-    prompt = "Write a very long story about a dragon as JSON with a title, the text and tags."
-    story = client.generate(prompt, schema=Story, max_tokens=40, max_retries=0, close_on_length=True)
+    story = client.generate(STORY_PROMPT, schema=Story, max_tokens=40, max_retries=0, close_on_length=True)
     assert isinstance(story, Story) and story.tags
 
 
