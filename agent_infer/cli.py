@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument(
+        "--speculative-tokens", type=int, default=0, help="prompt-lookup draft length (0 = no drafts)"
+    )
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     serve.add_argument(
@@ -55,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-num-seqs", type=int, default=64, help="requests batched together")
     serve.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 1024 * 1024)
+    serve.add_argument(
+        "--speculative-tokens", type=int, default=0, help="prompt-lookup draft length (0 = no drafts)"
+    )
     return parser
 
 
@@ -86,7 +92,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         structured=_structured(args),
     )
-    llm = LLM(args.model)
+    llm = LLM(args.model, speculative_tokens=args.speculative_tokens)
     if args.raw:
         out = llm.generate(args.prompt, params)[0]
     else:
@@ -114,7 +120,9 @@ def _serve(args: argparse.Namespace) -> int:
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"agent-infer serve: warning: listening on {args.host} without an API key", file=sys.stderr)
     engine_config = EngineConfig(
-        max_num_seqs=args.max_num_seqs, kv_cache_memory_bytes=args.kv_cache_memory_bytes
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        speculative_tokens=args.speculative_tokens,
     )
     serve(args.model, config, engine_config)
     return 0

@@ -66,6 +66,10 @@ FORCED_ON = "ours constrained, overlap on, forced on"
 FORCED_OFF = "ours constrained, overlap on, forced off"
 REF_OFF = "ours unconstrained, length-matched"
 REF_ON = "ours unconstrained, same tokens as forced on"
+DRAFTS_ON = "ours constrained, overlap on, forced on, drafts"
+PLAIN_DRAFTS = "ours unconstrained, drafts"
+REF_DRAFTS = "ours unconstrained, same tokens as forced on + drafts"
+UNCONSTRAINED = (PLAIN, PLAIN_DRAFTS)
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "maskbench-dev"
 
@@ -131,6 +135,8 @@ class Ours:
                         decode,
                         c.token_ids,
                         forced_tokens=m.num_forced_tokens,
+                        draft_tokens=m.num_draft_tokens,
+                        accepted_draft_tokens=m.num_accepted_draft_tokens,
                     )
                 )
         return results
@@ -160,6 +166,8 @@ def summarise(
         if any(res.decode_seconds is not None for _, res in ran) else None,
         "per_request_cpu_s": statistics.mean(cpus) if cpus else None,
         "forced_share": sum(forced) / tokens if forced and tokens else None,
+        "drafted": sum(res.draft_tokens or 0 for _, res in ran),
+        "accepted": sum(res.accepted_draft_tokens or 0 for _, res in ran),
         "valid_pct": None if valid is None or not requests else 100.0 * valid / len(requests),
         "finish": {f: sum(res.finish == f for _, res in ran) for f in sorted({res.finish for _, res in ran})},
         "note": note,
@@ -233,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         default="example",
         help="prompt style (see structured_workload.py): description + fields + example, or + schema text",
     )
+    parser.add_argument(
+        "--drafts",
+        type=int,
+        default=5,
+        help="speculative_tokens of the draft rows (prompt-lookup speculative decoding); 0 skips them",
+    )
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -269,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         "ours constrained, overlap off, forced on": {"async_scheduling": False, "forced_tokens": True},
         "ours constrained, overlap off, forced off": {"async_scheduling": False, "forced_tokens": False},
     }
+    if args.drafts:
+        configs[DRAFTS_ON] = {
+            "async_scheduling": True,
+            "forced_tokens": True,
+            "speculative_tokens": args.drafts,
+        }
     notes.append(f"our JSON whitespace: {args.whitespace} (peers: their defaults)")
     if "overlap_off" in args.skip:
         configs = {k: v for k, v in configs.items() if "overlap on" in k}
@@ -283,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             notes.append(f"{label}: not run ({type(exc).__name__}: {exc})")
     plain = Ours(loaded)
+    plains = {PLAIN: plain}
+    if args.drafts:
+        plains[PLAIN_DRAFTS] = Ours(loaded, speculative_tokens=args.drafts)
     passes: dict[tuple[str, int], list[list[Result]]] = {}
     walls: dict[tuple[str, int], list[float]] = {}
     meta: dict[tuple[str, int], tuple[list[Request], str, bool]] = {
@@ -290,11 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         for c, reqs in ((8, requests), (1, solo))
     }
     meta[(REF_ON, 1)] = (solo, "forced-token metric reference", False)
+    meta[(REF_DRAFTS, 1)] = (solo, "forced-token metric reference for the draft row", False)
 
     def record(label: str, conc: int, res: list[Result], wall: float) -> None:
         passes.setdefault((label, conc), []).append(res)
         walls.setdefault((label, conc), []).append(wall)
-        meta.setdefault((label, conc), (requests if conc == 8 else solo, "", label != PLAIN))
+        meta.setdefault((label, conc), (requests if conc == 8 else solo, "", label not in UNCONSTRAINED))
         print(f"  {label} c={conc}: {wall:.1f} s", file=sys.stderr)
 
     # Greedy decoding is deterministic, so every repeat produces the same tokens and only the times
@@ -302,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     # each one run on every configuration back to back (order rotated per request) and its
     # unconstrained references right after, so load from other processes hits paired runs alike.
     for rep in range(args.repeats):
-        for label, eng in ((PLAIN, plain), *engines.items()):
-            res, wall = timed(lambda e=eng, s=label != PLAIN: e.run(requests, cap, s, 8))
+        for label, eng in (*plains.items(), *engines.items()):
+            res, wall = timed(lambda e=eng, s=label not in UNCONSTRAINED: e.run(requests, cap, s, 8))
             record(label, 8, res, wall)
         if FORCED_OFF in engines:
             n = [max(1, x.tokens) for x in passes[(FORCED_OFF, 8)][-1]]
@@ -311,14 +335,14 @@ def main(argv: list[str] | None = None) -> int:
             record(REF_OFF, 8, res, wall)
         got: dict[str, list[Result]] = {}
         for i, req in enumerate(solo):
-            labels = [PLAIN, *engines]
+            labels = [*plains, *engines]
             k = (i + rep) % len(labels)
             one: dict[str, Result] = {}
             for label in labels[k:] + labels[:k]:
-                one[label] = solo_run(
-                    plain if label == PLAIN else engines[label], req, args.max_tokens, label != PLAIN
-                )
-            for ref, src in ((REF_OFF, FORCED_OFF), (REF_ON, FORCED_ON))[:: 1 if (i + rep) % 2 else -1]:
+                eng = plains[label] if label in plains else engines[label]
+                one[label] = solo_run(eng, req, args.max_tokens, label not in UNCONSTRAINED)
+            refs = ((REF_OFF, FORCED_OFF), (REF_ON, FORCED_ON), (REF_DRAFTS, DRAFTS_ON))
+            for ref, src in refs[:: 1 if (i + rep) % 2 else -1]:
                 if src in one:
                     one[ref] = solo_run(plain, req, max(1, one[src].tokens), False, ignore_eos=True)
             for label, res1 in one.items():
@@ -423,6 +447,17 @@ def report(
           f"token; CPU time {ratio(on, ref, 'per_request_cpu_s')}; median per-request ratio: wall "
           f"{paired(on, ref, 'seconds')}, CPU {paired(on, ref, 'cpu_seconds')}; forced tokens "
           f"{'n/a' if share is None else f'{100 * share:.0f}%'} of the output")  # fmt: skip
+    on, ref = (DRAFTS_ON, 1), (REF_DRAFTS, 1)
+    if on in by:
+        row = by[on]
+        print(f"* same, forced on + prompt-lookup drafts ({args.drafts}): {ratio(on, ref, 'per_request_s')} total, "
+              f"{ratio(on, ref, 'per_request_decode_s')} after the first token; CPU time "
+              f"{ratio(on, ref, 'per_request_cpu_s')}; median per-request ratio: wall {paired(on, ref, 'seconds')}; "
+              f"drafts accepted {row['accepted']}/{row['drafted']}")  # fmt: skip
+        for conc in (8, 1):
+            print(f"* speculation alone, unconstrained with / without drafts, wall per request, conc {conc}: "
+                  f"{ratio((PLAIN_DRAFTS, conc), (PLAIN, conc), 'per_request_s')}; constrained forced on "
+                  f"with / without drafts: {ratio((DRAFTS_ON, conc), (FORCED_ON, conc), 'per_request_s')}")  # fmt: skip
     print(f"* ours constrained (overlap on, forced on) / llama.cpp constrained tokens/s at 8 concurrent: "
           f"{ratio((FORCED_ON, 8), ('llama-cpp-python + GBNF', 8), 'tok_per_s')} (target >= 2)")  # fmt: skip
     for note in notes:

@@ -30,6 +30,8 @@ class Result:
     token_ids: list[int] | None = None
     cpu_seconds: float | None = None  # process CPU time, where the request ran alone in this process
     forced_tokens: int | None = None  # output tokens appended by jump-forward (ours only)
+    draft_tokens: int | None = None  # speculative draft tokens verified (ours only)
+    accepted_draft_tokens: int | None = None
 
 
 class LlamaCppPeer:

@@ -40,3 +40,13 @@ def test_bad_schema_is_reported_not_raised(tmp_path: Path, capsys: pytest.Captur
 def test_serve_rejects_a_bad_limit_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--max-body-bytes", "0"]) == 1
     assert "max_body_bytes" in capsys.readouterr().err
+
+
+def test_generate_with_drafts_and_a_bad_draft_length(capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = "Repeat exactly: red green blue red green blue"
+    assert main(["generate", prompt, "--max-tokens", "16", "--speculative-tokens", "4"]) == 0
+    with_drafts = capsys.readouterr().out
+    assert main(["generate", prompt, "--max-tokens", "16"]) == 0
+    assert capsys.readouterr().out == with_drafts  # greedy: drafts change the speed, not the text
+    assert main(["generate", prompt, "--speculative-tokens", "-1"]) == 1
+    assert "speculative_tokens" in capsys.readouterr().err

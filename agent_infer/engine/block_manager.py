@@ -135,13 +135,14 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the blocks ``seq`` needs for its current tokens are available."""
-        return self.blocks_needed(seq.num_tokens) - len(seq.block_table) <= self.num_free_blocks
+    def can_append(self, seq: Sequence, extra: int = 0) -> bool:
+        """Whether the blocks ``seq`` needs for its current tokens (plus ``extra`` draft tokens) are available."""
+        return self.blocks_needed(seq.num_tokens + extra) - len(seq.block_table) <= self.num_free_blocks
 
-    def append(self, seq: Sequence) -> None:
-        """Grow ``seq``'s block table to cover its current tokens (usually one new block or none)."""
-        missing = self.blocks_needed(seq.num_tokens) - len(seq.block_table)
+    def append(self, seq: Sequence, extra: int = 0) -> None:
+        """Grow ``seq``'s block table to cover its current tokens plus ``extra`` draft tokens
+        (usually one new block or none). Blocks a rejected draft reached stay with ``seq``."""
+        missing = self.blocks_needed(seq.num_tokens + extra) - len(seq.block_table)
         if missing > self.num_free_blocks:
             raise EngineError(f"not enough free KV blocks to extend sequence {seq.request_id!r}")
         for _ in range(missing):

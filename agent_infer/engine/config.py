@@ -26,6 +26,9 @@ class EngineConfig:
     while the forward pass runs (None defers to ``AGENT_INFER_ASYNC_SCHEDULING``, default on);
     ``forced_tokens`` appends the tokens a grammar fixes without sampling them (jump-forward);
     ``grammar_workers`` is the size of the pool that compiles request grammars.
+
+    Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
+    prompt-lookup draft verified per request and step (0 = off).
     """
 
     block_size: int = 16
@@ -40,6 +43,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     forced_tokens: bool = True
     grammar_workers: int = 2
+    speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
@@ -49,6 +53,10 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
         _positive_int("grammar_workers", self.grammar_workers)
+        if isinstance(self.speculative_tokens, bool) or not isinstance(self.speculative_tokens, int):
+            raise ConfigError(f"speculative_tokens must be an int, got {self.speculative_tokens!r}")
+        if not 0 <= self.speculative_tokens <= 32:
+            raise ConfigError(f"speculative_tokens must be in [0, 32], got {self.speculative_tokens}")
         for name in ("enable_prefix_caching", "forced_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")

@@ -166,9 +166,12 @@ class GrammarManager:
 
     # --- masks -------------------------------------------------------------------------------------
 
-    def start_masks(self, seqs: list[Sequence]) -> PendingMasks | None:
-        """Begin filling the bitmask for sampling rows ``seqs`` (in order); None if none is constrained."""
-        return self.filler.start([seq.matcher for seq in seqs])
+    def start_masks(
+        self, seqs: list[Sequence], drafts: list[tuple[int, ...]] | None = None
+    ) -> PendingMasks | None:
+        """Begin filling the bitmask for sampling sequences ``seqs`` (in order; ``drafts[i]`` adds a
+        row per draft token of ``seqs[i]``); None if none is constrained."""
+        return self.filler.start([seq.matcher for seq in seqs], drafts)
 
     def apply_masks(self, logits: torch.Tensor, pending: PendingMasks | None) -> None:
         """Join the fill started by :meth:`start_masks` and ``-inf`` the disallowed logits."""

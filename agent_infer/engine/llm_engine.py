@@ -19,6 +19,7 @@ from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.sampler import Sampler, SamplerOutput, make_generator
 from agent_infer.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from agent_infer.engine.sequence import FinishReason, Sequence
+from agent_infer.engine.speculator import Speculator, can_draft
 from agent_infer.errors import EngineError, InvalidRequestError, PromptTooLongError
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
@@ -75,6 +76,11 @@ class LLMEngine:
             self.eos_token_ids,
             num_workers=self.config.grammar_workers,
             overlap=self.config.use_async_scheduling,
+        )
+        self.speculator = (
+            Speculator(self.config.speculative_tokens, self.max_model_len)
+            if self.config.speculative_tokens
+            else None
         )
         self.requests: dict[str, Sequence] = {}
         # Outputs of requests ended outside a step (abort), delivered by the next step().
@@ -173,15 +179,15 @@ class LLMEngine:
                 outputs.append(self._release(seq))
                 continue
             if seq in sampled:
-                token, logprobs = sampled[seq]
+                tokens, logprobs = sampled[seq]
                 try:
-                    self._postprocess(seq, token, logprobs)
+                    self._postprocess(seq, tokens, logprobs)
                 except Exception as exc:  # one request's failure must not take the batch down
                     self._fail(seq, exc)
                 outputs.append(self._release(seq) if seq.is_finished else RequestOutput.from_sequence(seq))
         return outputs
 
-    def _execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[int, dict[int, float] | None]]:
+    def _execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
         """Forward and sample the batch; if the batch raises, retry items alone to isolate the culprit."""
         try:
             return self._forward_and_sample(plan.scheduled)
@@ -190,7 +196,7 @@ class LLMEngine:
                 self._fail(plan.scheduled[0].seq, exc)
                 return {}
         # Re-running an item rewrites the same KV slots with the same values, so retrying is safe.
-        sampled: dict[Sequence, tuple[int, dict[int, float] | None]] = {}
+        sampled: dict[Sequence, tuple[list[int], dict[int, float] | None]] = {}
         for item in plan.scheduled:
             try:
                 sampled.update(self._forward_and_sample([item]))
@@ -200,11 +206,15 @@ class LLMEngine:
 
     def _forward_and_sample(
         self, batch: list[ScheduledSequence]
-    ) -> dict[Sequence, tuple[int, dict[int, float] | None]]:
-        seqs = [item.seq for item in batch if item.samples]
+    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
+        """Run the model on ``batch``; per sampling sequence, the tokens it gains this step (one,
+        or with a draft the accepted draft tokens plus one) and the logprobs entry."""
+        items = [item for item in batch if item.samples]
+        seqs = [item.seq for item in items]
+        drafts = [item.draft for item in items]
         # With async scheduling the fill runs on a background thread during the forward pass; the
         # matchers already hold every token accepted so far, forced ones included.
-        pending = self.grammar.start_masks(seqs)
+        pending = self.grammar.start_masks(seqs, drafts if any(drafts) else None)
         try:
             logits = self.runner.run(batch)
         except BaseException:
@@ -214,8 +224,33 @@ class LLMEngine:
         if logits is None:
             return {}
         self.grammar.apply_masks(logits, pending)
-        result: SamplerOutput = self.sampler(logits, seqs)
-        return {seq: (tok, lp) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
+        if not any(drafts):
+            result: SamplerOutput = self.sampler(logits, seqs)
+            return {seq: ([tok], lp) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
+        return self._verify(logits, seqs, drafts)
+
+    def _verify(
+        self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[tuple[int, ...]]
+    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
+        """Sample the rows of sequences without a draft; verify the drafts of the others."""
+        assert self.speculator is not None
+        starts: list[int] = []
+        row = 0
+        for draft in drafts:
+            starts.append(row)
+            row += 1 + len(draft)
+        out: dict[Sequence, tuple[list[int], dict[int, float] | None]] = {}
+        plain = [i for i, draft in enumerate(drafts) if not draft]
+        if plain:
+            index = torch.tensor([starts[i] for i in plain], dtype=torch.int64, device=logits.device)
+            result = self.sampler(logits.index_select(0, index), [seqs[i] for i in plain])
+            for i, tok, lp in zip(plain, result.token_ids, result.logprobs):
+                out[seqs[i]] = ([tok], lp)
+        for i, draft in enumerate(drafts):
+            if draft:
+                rows = logits[starts[i] : starts[i] + 1 + len(draft)]
+                out[seqs[i]] = (self.speculator.verify(seqs[i], draft, rows), None)
+        return out
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
@@ -228,22 +263,32 @@ class LLMEngine:
 
     # --- postprocess -------------------------------------------------------------------------------
 
-    def _postprocess(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
-        if seq.matcher is not None and not seq.matcher.accept_token(token):
-            # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
-            raise EngineError(f"grammar rejected sampled token {token} despite the mask")
-        if seq.metrics.first_token_time is None:
-            seq.metrics.first_token_time = time.perf_counter()
-        if seq.params.close_on_length and self._close(seq, token):
-            return
-        if seq.logprobs is not None and logprobs is not None:
-            seq.logprobs.append(logprobs)
-        if self._append(seq, token):
-            return
+    def _postprocess(self, seq: Sequence, tokens: list[int], logprobs: dict[int, float] | None) -> None:
+        """Take this step's tokens (accepted draft tokens, then the sampled one), jump forward, and
+        propose the next draft."""
+        seq.draft_ids = []
+        num_drafted = len(tokens) - 1  # accepted draft tokens: their KV was written this step
+        for i, token in enumerate(tokens):
+            if seq.matcher is not None and not seq.matcher.accept_token(token):
+                # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
+                raise EngineError(f"grammar rejected sampled token {token} despite the mask")
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = time.perf_counter()
+            if seq.params.close_on_length and self._close(seq, token):
+                return
+            if seq.logprobs is not None and logprobs is not None:
+                seq.logprobs.append(logprobs)
+            finished = self._append(seq, token)
+            if i < num_drafted:
+                seq.num_computed_tokens += 1
+            if finished:
+                return
         # Forced tokens have no model distribution to report, so requests asking for logprobs
         # sample every token instead of jumping forward.
         if self.config.forced_tokens and seq.matcher is not None and seq.logprobs is None:
             self._jump_forward(seq)
+        if self.speculator is not None and not seq.is_finished and can_draft(seq.params):
+            self.speculator.propose(seq)
 
     def _jump_at_start(self, seq: Sequence) -> bool:
         """Append the tokens the grammar fixes before any sampling (e.g. ``{"name":``), so they are

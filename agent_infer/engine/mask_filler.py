@@ -29,9 +29,15 @@ class PendingMasks:
         num_rows: int,
         vocab_size: int,
         executor: ThreadPoolExecutor | None,
+        drafted: list[tuple[GrammarMatcher, int, tuple[int, ...]]] | None = None,
     ) -> None:
         self.matchers = matchers
-        self.rows = rows
+        self._plain_rows = rows
+        # Speculative decoding: (matcher, first row, draft) -> rows first.. first+len(draft), the
+        # masks after each draft prefix (the matcher walks the draft and is rolled back).
+        self._drafted = drafted or []
+        #: Every masked row (what apply_token_bitmask_inplace gets as its index).
+        self.rows = sorted([*rows, *(first + j for _, first, d in self._drafted for j in range(len(d) + 1))])
         self._num_rows = num_rows
         self._vocab_size = vocab_size
         #: Seconds the fill took (set once it has run), for the grammar metrics.
@@ -44,7 +50,22 @@ class PendingMasks:
 
         start = time.perf_counter()
         bitmask = allocate_token_bitmask(self._num_rows, self._vocab_size)
-        fill_next_token_bitmask_batch(self.matchers, bitmask, self.rows)
+        if self.matchers:
+            fill_next_token_bitmask_batch(self.matchers, bitmask, self._plain_rows)
+        for matcher, first, draft in self._drafted:
+            accepted = 0
+            try:
+                for j in range(len(draft) + 1):
+                    matcher.fill_next_token_bitmask(bitmask, first + j)
+                    if j < len(draft):
+                        if not matcher.accept_token(draft[j]):
+                            raise AssertionError(
+                                f"grammar rejected draft token {draft[j]} it accepted before"
+                            )
+                        accepted += 1
+            finally:
+                if accepted:
+                    matcher.rollback(accepted)
         self.fill_seconds = time.perf_counter() - start
         return bitmask
 
@@ -71,13 +92,27 @@ class MaskFiller:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-infer-mask") if overlap else None
         )
 
-    def start(self, matchers: list[GrammarMatcher | None]) -> PendingMasks | None:
-        """Begin filling one row per entry (None: unconstrained row); None when no row is constrained."""
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        if not rows:
+    def start(
+        self, matchers: list[GrammarMatcher | None], drafts: list[tuple[int, ...]] | None = None
+    ) -> PendingMasks | None:
+        """Begin filling the rows of one step's sampling sequences (None: unconstrained), in order;
+        ``drafts[i]`` gives sequence ``i`` one extra row per draft token. None when nothing is constrained."""
+        drafts = drafts or [()] * len(matchers)
+        plain: list[GrammarMatcher] = []
+        rows: list[int] = []
+        drafted: list[tuple[GrammarMatcher, int, tuple[int, ...]]] = []
+        row = 0
+        for matcher, draft in zip(matchers, drafts):
+            if matcher is not None:
+                if draft:
+                    drafted.append((matcher, row, draft))
+                else:
+                    plain.append(matcher)
+                    rows.append(row)
+            row += 1 + len(draft)
+        if not plain and not drafted:
             return None
-        active = [m for m in matchers if m is not None]
-        return PendingMasks(active, rows, len(matchers), self.vocab_size, self._executor)
+        return PendingMasks(plain, rows, row, self.vocab_size, self._executor, drafted)
 
     def shutdown(self) -> None:
         """Release the background thread."""

@@ -40,7 +40,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSequence]) -> torch.Tensor | None:
-        """Forward ``batch``; return float32 logits ``[k, vocab]`` for the k items that sample, in order.
+        """Forward ``batch``; return float32 logits for the items that sample, in order: one row
+        each, plus one row per draft token of items with a draft.
 
         Returns None when no item samples (every item is a partial prefill chunk).
         """
@@ -56,6 +57,8 @@ class ModelRunner:
             seq = item.seq
             end = item.start + item.num_new_tokens
             input_ids.extend(seq.token_ids[item.start : end])
+            input_ids.extend(item.draft)
+            end += len(item.draft)
             table = seq.block_table
             for pos in range(item.start, end):
                 positions.append(pos)
@@ -64,7 +67,8 @@ class ModelRunner:
             context_lens.append(end)
             block_tables.append(table)
             if item.samples:
-                sample_rows.append(len(input_ids) - 1)
+                # The last chunk token's row, then one row per draft token (verification).
+                sample_rows.extend(range(len(input_ids) - 1 - len(item.draft), len(input_ids)))
 
         device = self.device
         meta = AttentionMetadata(

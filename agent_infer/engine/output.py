@@ -13,7 +13,8 @@ from agent_infer.engine.sequence import FinishReason, Sequence
 class RequestMetrics:
     """Timings in seconds (``time.perf_counter`` clock), preemptions, and how many output tokens
     the grammar forced (appended by jump-forward without sampling) or the engine wrote to close
-    the document within ``max_tokens`` (``SamplingParams.close_on_length``)."""
+    the document within ``max_tokens`` (``SamplingParams.close_on_length``); with speculative
+    decoding, how many draft tokens were verified and how many of them were accepted."""
 
     arrival_time: float
     first_scheduled_time: float | None
@@ -22,6 +23,8 @@ class RequestMetrics:
     num_preemptions: int
     num_forced_tokens: int = 0
     num_closing_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -116,6 +119,8 @@ class RequestOutput:
                 num_preemptions=m.num_preemptions,
                 num_forced_tokens=seq.num_forced_tokens,
                 num_closing_tokens=seq.num_closing_tokens,
+                num_draft_tokens=seq.num_draft_tokens,
+                num_accepted_draft_tokens=seq.num_accepted_draft_tokens,
             ),
         )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
+from agent_infer.engine.speculator import draft_pays_off
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,26 @@ class ScheduledSequence:
     """One sequence's share of a step: tokens ``[start, start + num_new_tokens)`` are fed.
 
     ``samples`` is True when the chunk reaches the sequence's last token, so a new token is sampled;
-    a partial prefill chunk samples nothing.
+    a partial prefill chunk samples nothing. ``draft`` (speculative decoding) is fed after the
+    chunk, and each of its tokens gets a logits row of its own for verification.
     """
 
     seq: Sequence
     start: int
     num_new_tokens: int
     samples: bool
+    draft: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
-        """Schedule the next ``num_new_tokens`` uncomputed tokens of ``seq``."""
+    def of(cls, seq: Sequence, num_new_tokens: int, draft: tuple[int, ...] = ()) -> ScheduledSequence:
+        """Schedule the next ``num_new_tokens`` uncomputed tokens of ``seq`` (then ``draft``)."""
         start = seq.num_computed_tokens
-        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens, draft)
+
+    @property
+    def num_fed_tokens(self) -> int:
+        """Tokens this item feeds the model: the chunk plus the draft."""
+        return self.num_new_tokens + len(self.draft)
 
 
 @dataclass(frozen=True)
@@ -56,8 +64,8 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        """Total tokens fed to the model this step."""
-        return sum(s.num_new_tokens for s in self.scheduled)
+        """Total tokens fed to the model this step (drafts included)."""
+        return sum(s.num_fed_tokens for s in self.scheduled)
 
 
 class Scheduler:
@@ -135,6 +143,15 @@ class Scheduler:
         for seq in queue:
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
+            pending = seq.num_tokens - seq.num_computed_tokens
+            # A draft is only worth its rows when it fits whole, without preempting anyone, and
+            # when the request's drafts are accepted often enough for a batch this size.
+            if seq.draft_ids and (
+                pending + len(seq.draft_ids) > budget
+                or not self.block_manager.can_append(seq, len(seq.draft_ids))
+                or not draft_pays_off(seq, len(queue))
+            ):
+                seq.draft_ids = []
             while not self.block_manager.can_append(seq):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -143,10 +160,11 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            self.block_manager.append(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            scheduled.append(ScheduledSequence.of(seq, num_new))
-            budget -= num_new
+            self.block_manager.append(seq, len(seq.draft_ids))
+            num_new = min(pending, budget)
+            item = ScheduledSequence.of(seq, num_new, tuple(seq.draft_ids))
+            scheduled.append(item)
+            budget -= item.num_fed_tokens
 
         # Admitting new work in the same step as a preemption would just thrash the pool.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
@@ -177,6 +195,7 @@ class Scheduler:
         return SchedulerOutput(scheduled, preempted, failed)
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.draft_ids = []
         self.running.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING

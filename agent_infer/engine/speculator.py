@@ -1,0 +1,204 @@
+"""Speculative decoding with prompt-lookup drafts, checked by the grammar and verified in one pass.
+
+A draft is a guess of a request's next few tokens: where the newest tokens (an n-gram, n from 4
+down to 1) occurred earlier in the prompt or output, the tokens that followed them then are
+proposed again (prompt-lookup decoding: outputs copy names, values and keys from their context).
+A constrained request's draft is cut at the first token its grammar rejects and after any token
+past which the grammar fixes the text (jump-forward appends those), so every drafted token is one
+the mask would allow.
+
+The next step feeds the request's pending tokens plus its draft; the model returns logits for
+the last pending token and for each draft token, each masked by the grammar state at its
+position. Verification keeps the longest accepted draft prefix plus one token from the first row
+that disagrees (or a bonus token when all agree): greedy requests accept a draft token that is the
+row's arg-max, so they decode exactly the tokens they would without drafts; sampled requests use
+speculative sampling (accept with the row's probability of the token, else draw from the row with
+that token removed), which leaves the output distribution unchanged.
+
+The draft length follows a confidence schedule per request: it starts at
+``EngineConfig.speculative_tokens``, grows by one after a fully accepted draft and shrinks to one
+more than the accepted prefix after a rejection. Whether a draft is fed at all depends on the
+batch: a draft token costs one more row in the forward pass, while an accepted one saves its
+request a step, whose fixed cost is shared by the whole batch. With a step of ``B`` rows costing
+``a + b·B`` (on CPU, SmolLM2-135M: a ≈ 14 ms, b ≈ 2.4 ms), drafting pays off when a request's
+acceptance rate exceeds ``B / (B + a/b)``: 14% alone, 57% among eight. Each request keeps a moving
+average of its acceptance rate; the scheduler drops drafts below the threshold for the current
+batch (and nudges the average up, so a request that stopped drafting is tried again later).
+
+Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
+bookkeeping assumes one sampled token per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from agent_infer.engine.sampler import row_distribution, sample_row
+from agent_infer.engine.sequence import Sequence
+from agent_infer.sampling_params import SamplingParams
+
+#: Longest and shortest n-gram looked up; longer matches are tried first.
+MAX_NGRAM = 4
+MIN_NGRAM = 1
+#: Fixed cost of a forward step over the cost of one more row (``a/b`` in the module docstring).
+#: Measured on CPU; on accelerators extra rows are relatively cheaper, so this is conservative.
+STEP_COST_IN_ROWS = 6.0
+#: Weight of the newest draft in a request's acceptance average, and the average's start value.
+ACCEPTANCE_EMA = 0.3
+INITIAL_ACCEPTANCE = 0.6
+#: How far a skipped draft moves the average back up (retry after a few skipped steps).
+SKIP_RECOVERY = 0.05
+
+
+class NgramIndex:
+    """For each n-gram of a token list, where it last ended; grows as tokens are appended."""
+
+    __slots__ = ("indexed", "tables")
+
+    def __init__(self) -> None:
+        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(MAX_NGRAM + 1)]
+        self.indexed = 0  # n-grams ending at positions <= indexed are in the tables
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
+        length = len(tokens)
+        # Index every n-gram ending before the last position: the suffix itself must not match.
+        for end in range(max(self.indexed, 1), length):
+            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
+                self.tables[n][tuple(tokens[end - n : end])] = end
+        self.indexed = max(self.indexed, length - 1)
+        for n in range(min(MAX_NGRAM, length - 1), MIN_NGRAM - 1, -1):
+            found = self.tables[n].get(tuple(tokens[length - n :]))
+            if found is not None:
+                return tokens[found : found + k]
+        return []
+
+
+def draft_pays_off(seq: Sequence, batch_size: int) -> bool:
+    """Whether ``seq``'s acceptance average clears the break-even rate for ``batch_size`` rows;
+    when it does not, the average is nudged up so the request is tried again later."""
+    if seq.draft_acceptance >= batch_size / (batch_size + STEP_COST_IN_ROWS):
+        return True
+    seq.draft_acceptance = min(1.0, seq.draft_acceptance + SKIP_RECOVERY)
+    return False
+
+
+def can_draft(params: SamplingParams) -> bool:
+    """Whether a request with ``params`` may use drafts (see the module docstring)."""
+    return params.logprobs is None and not params.penalized and not params.close_on_length
+
+
+class Speculator:
+    """Proposes drafts for running sequences and verifies them against the model's rows."""
+
+    def __init__(self, max_tokens: int, max_model_len: int) -> None:
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+    def propose(self, seq: Sequence) -> None:
+        """Set ``seq.draft_ids`` for the next step (empty when nothing is worth drafting)."""
+        seq.draft_ids = []
+        if seq.spec_index is None:
+            seq.spec_index = NgramIndex()
+            seq.draft_len = self.max_tokens
+            seq.draft_acceptance = INITIAL_ACCEPTANCE
+        # Room for the draft and the token sampled after it, within max_tokens and the context.
+        room = min(
+            seq.params.max_tokens - seq.num_output_tokens,
+            self.max_model_len - seq.num_tokens,
+        )
+        k = min(seq.draft_len, room - 1)
+        if k <= 0:
+            return
+        draft = seq.spec_index.lookup(seq.token_ids, k)
+        if draft and seq.matcher is not None:
+            draft = _grammar_prefix(seq, draft)
+        seq.draft_ids = draft
+
+    def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> list[int]:
+        """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]``: the
+        accepted prefix of ``draft`` plus one sampled token; updates the draft-length schedule."""
+        params = seq.params
+        if params.greedy:
+            best: list[int] = rows.argmax(dim=-1).tolist()
+            n = 0
+            while n < len(draft) and best[n] == draft[n]:
+                n += 1
+            tokens = [*draft[:n], best[n]]
+        else:
+            tokens = _verify_sampled(rows, draft, params, seq.generator)
+            n = len(tokens) - 1
+        seq.num_draft_tokens += len(draft)
+        seq.num_accepted_draft_tokens += n
+        if draft:
+            full = n == len(draft)
+            seq.draft_len = min(self.max_tokens, seq.draft_len + 1) if full else max(1, n + 1)
+            rate = n / len(draft)
+            seq.draft_acceptance += ACCEPTANCE_EMA * (rate - seq.draft_acceptance)
+        return tokens
+
+
+def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
+    """The longest prefix of ``draft`` the grammar accepts, cut after a token the grammar must
+    follow with fixed text (jump-forward takes over there); the matcher is left unchanged."""
+    matcher = seq.matcher
+    assert matcher is not None
+    kept: list[int] = []
+    for token in draft:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        kept.append(token)
+        if matcher.is_terminated() or matcher.find_forced_bytes()[0]:
+            break
+    if kept:
+        matcher.rollback(len(kept))
+    return kept
+
+
+def _verify_sampled(
+    rows: torch.Tensor, draft: Seq[int], params: SamplingParams, generator: torch.Generator | None
+) -> list[int]:
+    """Speculative sampling for a deterministic draft: token ``d`` at row ``j`` is kept with the
+    row's probability of ``d``; on rejection the token is drawn from the row without ``d``."""
+    tokens: list[int] = []
+    for j, token in enumerate(draft):
+        probs, indices = row_distribution(rows[j], params)
+        p = _prob_of(probs, indices, token)
+        u = float(torch.rand((1,), generator=generator, device=probs.device, dtype=probs.dtype).item())
+        if u < p:
+            tokens.append(token)
+            continue
+        # Rejected: the residual distribution is the row's with the draft token removed.
+        tokens.append(_draw_without(probs, indices, token, generator))
+        return tokens
+    tokens.append(sample_row(rows[len(draft)], params, generator))
+    return tokens
+
+
+def _prob_of(probs: torch.Tensor, indices: torch.Tensor | None, token: int) -> float:
+    """Normalized probability of ``token`` under the (possibly candidate-restricted) distribution."""
+    total = float(probs.sum())
+    if total <= 0.0:
+        return 0.0
+    if indices is None:
+        return float(probs[token]) / total
+    hit = (indices == token).nonzero()
+    return float(probs[int(hit[0, 0])]) / total if hit.numel() else 0.0
+
+
+def _draw_without(
+    probs: torch.Tensor, indices: torch.Tensor | None, token: int, generator: torch.Generator | None
+) -> int:
+    """Draw from ``probs`` with ``token``'s mass removed (one uniform number)."""
+    probs = probs.clone()
+    if indices is None:
+        probs[token] = 0.0
+    else:
+        probs = probs.masked_fill(indices == token, 0.0)
+    cdf = torch.cumsum(probs, dim=0)
+    u = torch.rand((1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    pos = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1)
+    chosen = indices[pos] if indices is not None else pos
+    return int(chosen.item())

@@ -1,0 +1,205 @@
+"""Speculative decoding (prompt-lookup drafts) on the real default model, plus its pieces alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from agent_infer import SamplingParams
+from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.speculator import NgramIndex, _verify_sampled
+from agent_infer.errors import ConfigError
+from agent_infer.structured import StructuredOutput
+
+# Prompts whose answers copy from the prompt, so drafts are found and mostly accepted.
+COPY_PROMPTS = [
+    [
+        {
+            "role": "user",
+            "content": "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
+        }
+    ],
+    [
+        {
+            "role": "user",
+            "content": "List the numbers 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 again, separated by commas.",
+        }
+    ],
+    [{"role": "user", "content": "Write the word banana five times: banana banana banana"}],
+]
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
+    },
+    "required": ["name", "city", "age", "languages"],
+    "additionalProperties": False,
+}
+PERSON_PROMPT = [
+    {
+        "role": "user",
+        "content": 'Example: {"name": "Ada Lovelace", "city": "London", "age": 36, "languages": '
+        '["English", "French"]}. Give the same JSON object for Ada Lovelace.',
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def pair(make_llm: Callable[..., Any]) -> tuple[Any, Any]:
+    """The same engine without and with drafts (prefix caching off so both run the same steps)."""
+    return (
+        make_llm(enable_prefix_caching=False),
+        make_llm(enable_prefix_caching=False, speculative_tokens=5),
+    )
+
+
+def _chat(llm: Any, prompts: list[Any], params: SamplingParams) -> list[Any]:
+    ids = [
+        llm.tokenizer.encode(llm.tokenizer.apply_chat_template(p, add_generation_prompt=True))
+        for p in prompts
+    ]
+    return llm.generate(ids, params)
+
+
+def test_greedy_unconstrained_matches_plain_decoding(pair: tuple[Any, Any]) -> None:
+    plain, spec = pair
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    a = _chat(plain, COPY_PROMPTS, params)
+    b = _chat(spec, COPY_PROMPTS, params)
+    for x, y in zip(a, b):
+        assert y.outputs[0].token_ids == x.outputs[0].token_ids
+        assert y.outputs[0].finish_reason == x.outputs[0].finish_reason
+    drafted = sum(o.metrics.num_draft_tokens for o in b)
+    accepted = sum(o.metrics.num_accepted_draft_tokens for o in b)
+    assert drafted > 0 and 0 < accepted <= drafted
+    assert all(o.metrics.num_draft_tokens == 0 for o in a)
+
+
+def test_max_tokens_and_stop_strings_hold_with_drafts(pair: tuple[Any, Any]) -> None:
+    plain, spec = pair
+    for max_tokens in (1, 7, 13):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        x, y = _chat(plain, COPY_PROMPTS[:1], params)[0], _chat(spec, COPY_PROMPTS[:1], params)[0]
+        assert len(y.outputs[0].token_ids) <= max_tokens
+        assert y.outputs[0].token_ids == x.outputs[0].token_ids
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=["lazy"])
+    x, y = _chat(plain, COPY_PROMPTS[:1], params)[0], _chat(spec, COPY_PROMPTS[:1], params)[0]
+    assert y.outputs[0].text == x.outputs[0].text
+    assert "lazy" not in y.outputs[0].text
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_constrained_greedy_with_drafts_is_valid_and_same_text(
+    make_llm: Callable[..., Any], pair: tuple[Any, Any], forced: bool
+) -> None:
+    plain = pair[0] if forced else make_llm(enable_prefix_caching=False, forced_tokens=False)
+    spec = make_llm(enable_prefix_caching=False, forced_tokens=forced, speculative_tokens=5)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=120, structured=StructuredOutput.json_schema(PERSON, whitespace="compact")
+    )
+    x, y = _chat(plain, [PERSON_PROMPT], params)[0], _chat(spec, [PERSON_PROMPT], params)[0]
+    assert y.outputs[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(y.outputs[0].text), PERSON)
+    # Where a draft ends right before text the grammar fixes, the model may pick a different (valid)
+    # tokenization of that text than jump-forward's canonical one: compare text, not ids.
+    assert y.outputs[0].text == x.outputs[0].text
+    assert y.metrics.num_accepted_draft_tokens > 0
+
+
+def test_constrained_sampled_batch_with_drafts_is_valid(make_llm: Callable[..., Any]) -> None:
+    spec = make_llm(speculative_tokens=4)
+    structured = StructuredOutput.json_schema(PERSON)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=s, max_tokens=150, structured=structured)
+        for s in range(4)
+    ]
+    # A mixed batch: unconstrained requests with drafts run next to the constrained ones.
+    outs = _chat(
+        spec,
+        [PERSON_PROMPT] * 4 + COPY_PROMPTS[:2],
+        params + [SamplingParams(temperature=0.7, seed=9, max_tokens=30)] * 2,
+    )
+    for out in outs[:4]:
+        assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+        jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
+    again = _chat(spec, [PERSON_PROMPT], params[:1])[0]
+    assert again.outputs[0].token_ids == outs[0].outputs[0].token_ids  # seeded: reproducible
+
+
+def test_small_kv_pool_preempts_cleanly_with_drafts(
+    make_llm: Callable[..., Any], pair: tuple[Any, Any]
+) -> None:
+    # 12 blocks of 16 tokens cannot hold three ~80-token sequences: preemption drops drafts.
+    spec = make_llm(enable_prefix_caching=False, speculative_tokens=5, num_kv_blocks=12)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    a = _chat(pair[0], COPY_PROMPTS, params)
+    b = _chat(spec, COPY_PROMPTS, params)
+    assert [o.outputs[0].token_ids for o in b] == [o.outputs[0].token_ids for o in a]
+
+
+def test_logprobs_and_penalties_never_draft(pair: tuple[Any, Any]) -> None:
+    spec = pair[1]
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=20, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.2),
+    ):
+        out = _chat(spec, COPY_PROMPTS[:1], params)[0]
+        assert out.metrics.num_draft_tokens == 0
+        assert out.outputs[0].token_ids
+        if params.logprobs is not None:
+            assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
+
+
+def test_ngram_index_prefers_longest_latest_match() -> None:
+    index = NgramIndex()
+    tokens = [1, 2, 3, 9, 1, 2, 4, 7, 2]
+    # Suffix [2]: latest earlier occurrence is at 5 -> followed by 4, 7, 2.
+    assert index.lookup(tokens, 3) == [4, 7, 2]
+    tokens += [3]  # suffix [2, 3] occurs at 1..2 -> followed by 9, 1
+    assert index.lookup(tokens, 2) == [9, 1]
+    assert NgramIndex().lookup([5, 6, 7], 4) == []  # nothing repeats
+    assert NgramIndex().lookup([5], 4) == []
+
+
+def test_speculative_sampling_keeps_the_distribution() -> None:
+    probs = torch.tensor([0.1, 0.5, 0.05, 0.25, 0.1])
+    logits = probs.log().unsqueeze(0).repeat(2, 1)
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(1234)
+    trials = 20000
+    counts = torch.zeros(5)
+    for _ in range(trials):
+        first = _verify_sampled(logits, [3], params, gen)[0]
+        counts[first] += 1
+    freq = counts / trials
+    assert torch.allclose(freq, probs, atol=0.015), freq
+
+
+def test_speculative_tokens_is_validated() -> None:
+    with pytest.raises(ConfigError, match="speculative_tokens"):
+        EngineConfig(speculative_tokens=-1)
+    with pytest.raises(ConfigError, match="speculative_tokens"):
+        EngineConfig(speculative_tokens=True)
+
+
+def test_drafts_pay_off_only_above_the_break_even_rate_for_the_batch() -> None:
+    from agent_infer.engine.sequence import Sequence
+    from agent_infer.engine.speculator import draft_pays_off
+
+    seq = Sequence("r", [1, 2, 3], SamplingParams())
+    seq.draft_acceptance = 0.3
+    assert draft_pays_off(seq, 1)  # alone: break-even ~14%
+    assert not draft_pays_off(seq, 8)  # among eight: ~57%
+    assert seq.draft_acceptance > 0.3  # nudged up so drafting is retried later
+    for _ in range(20):
+        draft_pays_off(seq, 8)
+    assert draft_pays_off(seq, 8)
