@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument(
-        "--speculative-tokens", type=int, default=0, help="prompt-lookup draft length (0 = no drafts)"
+        "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
     )
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=64, help="requests batched together")
     serve.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 1024 * 1024)
     serve.add_argument(
-        "--speculative-tokens", type=int, default=0, help="prompt-lookup draft length (0 = no drafts)"
+        "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
     )
     return parser
 

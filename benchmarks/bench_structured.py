@@ -90,6 +90,8 @@ class Ours:
         missing = [k for k in options if k not in known]
         if missing:
             raise RuntimeError(f"EngineConfig has no option {', '.join(missing)} (engine not updated)")
+        # Speculative decoding is on by default; rows without "drafts" in their name decode plainly.
+        options.setdefault("speculative_tokens", 0)
         config = EngineConfig.from_kwargs(enable_prefix_caching=False, **options)
         self.llm = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
 

@@ -55,6 +55,24 @@ def test_metrics_count_grammar_compiles_and_mask_fills(client: Any, server: Live
     assert _metric(after, "requests_waiting_for_grammar") == 0
 
 
+def test_metrics_count_forced_and_draft_tokens(client: Any, server: LiveServer) -> None:
+    before = httpx.get(server.base_url + "/metrics").text
+    # Drafts are on by default: a reply that copies its prompt accepts some of them.
+    _chat(client, server, "Repeat exactly: one two three four five one two three four five", max_tokens=20)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    _chat(
+        client,
+        server,
+        "Answer in JSON.",
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    after = httpx.get(server.base_url + "/metrics").text
+    assert _metric(after, "draft_tokens_total") > _metric(before, "draft_tokens_total")
+    assert _metric(after, "accepted_draft_tokens_total") > _metric(before, "accepted_draft_tokens_total")
+    assert _metric(after, "accepted_draft_tokens_total") <= _metric(after, "draft_tokens_total")
+    assert _metric(after, "forced_tokens_total") > _metric(before, "forced_tokens_total")
+
+
 def test_chat_completion(client: Any, server: LiveServer) -> None:
     resp = _chat(client, server, "Say hello.")
     choice = resp.choices[0]

@@ -28,7 +28,7 @@ class EngineConfig:
     ``grammar_workers`` is the size of the pool that compiles request grammars.
 
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
-    prompt-lookup draft verified per request and step (0 = off).
+    prompt-lookup draft verified per request and step (0 = off; default 5, as DeepInfer's).
     """
 
     block_size: int = 16
@@ -43,7 +43,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     forced_tokens: bool = True
     grammar_workers: int = 2
-    speculative_tokens: int = 0
+    speculative_tokens: int = 5
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):

@@ -78,7 +78,7 @@ class LLMEngine:
             overlap=self.config.use_async_scheduling,
         )
         self.speculator = (
-            Speculator(self.config.speculative_tokens, self.max_model_len)
+            Speculator(self.config.speculative_tokens, self.max_model_len, self.config.forced_tokens)
             if self.config.speculative_tokens
             else None
         )
@@ -179,15 +179,17 @@ class LLMEngine:
                 outputs.append(self._release(seq))
                 continue
             if seq in sampled:
-                tokens, logprobs = sampled[seq]
+                tokens, logprobs, num_drafted = sampled[seq]
                 try:
-                    self._postprocess(seq, tokens, logprobs)
+                    self._postprocess(seq, tokens, logprobs, num_drafted)
                 except Exception as exc:  # one request's failure must not take the batch down
                     self._fail(seq, exc)
                 outputs.append(self._release(seq) if seq.is_finished else RequestOutput.from_sequence(seq))
         return outputs
 
-    def _execute(self, plan: SchedulerOutput) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
+    def _execute(
+        self, plan: SchedulerOutput
+    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
         """Forward and sample the batch; if the batch raises, retry items alone to isolate the culprit."""
         try:
             return self._forward_and_sample(plan.scheduled)
@@ -196,7 +198,7 @@ class LLMEngine:
                 self._fail(plan.scheduled[0].seq, exc)
                 return {}
         # Re-running an item rewrites the same KV slots with the same values, so retrying is safe.
-        sampled: dict[Sequence, tuple[list[int], dict[int, float] | None]] = {}
+        sampled: dict[Sequence, tuple[list[int], dict[int, float] | None, int]] = {}
         for item in plan.scheduled:
             try:
                 sampled.update(self._forward_and_sample([item]))
@@ -206,7 +208,7 @@ class LLMEngine:
 
     def _forward_and_sample(
         self, batch: list[ScheduledSequence]
-    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
+    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
         """Run the model on ``batch``; per sampling sequence, the tokens it gains this step (one,
         or with a draft the accepted draft tokens plus one) and the logprobs entry."""
         items = [item for item in batch if item.samples]
@@ -226,12 +228,12 @@ class LLMEngine:
         self.grammar.apply_masks(logits, pending)
         if not any(drafts):
             result: SamplerOutput = self.sampler(logits, seqs)
-            return {seq: ([tok], lp) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
+            return {seq: ([tok], lp, 0) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
         return self._verify(logits, seqs, drafts)
 
     def _verify(
         self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[tuple[int, ...]]
-    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None]]:
+    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
         """Sample the rows of sequences without a draft; verify the drafts of the others."""
         assert self.speculator is not None
         starts: list[int] = []
@@ -239,17 +241,18 @@ class LLMEngine:
         for draft in drafts:
             starts.append(row)
             row += 1 + len(draft)
-        out: dict[Sequence, tuple[list[int], dict[int, float] | None]] = {}
+        out: dict[Sequence, tuple[list[int], dict[int, float] | None, int]] = {}
         plain = [i for i, draft in enumerate(drafts) if not draft]
         if plain:
             index = torch.tensor([starts[i] for i in plain], dtype=torch.int64, device=logits.device)
             result = self.sampler(logits.index_select(0, index), [seqs[i] for i in plain])
             for i, tok, lp in zip(plain, result.token_ids, result.logprobs):
-                out[seqs[i]] = ([tok], lp)
+                out[seqs[i]] = ([tok], lp, 0)
         for i, draft in enumerate(drafts):
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
-                out[seqs[i]] = (self.speculator.verify(seqs[i], draft, rows), None)
+                tokens, num_drafted = self.speculator.verify(seqs[i], draft, rows)
+                out[seqs[i]] = (tokens, None, num_drafted)
         return out
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
@@ -263,11 +266,12 @@ class LLMEngine:
 
     # --- postprocess -------------------------------------------------------------------------------
 
-    def _postprocess(self, seq: Sequence, tokens: list[int], logprobs: dict[int, float] | None) -> None:
-        """Take this step's tokens (accepted draft tokens, then the sampled one), jump forward, and
-        propose the next draft."""
+    def _postprocess(
+        self, seq: Sequence, tokens: list[int], logprobs: dict[int, float] | None, num_drafted: int = 0
+    ) -> None:
+        """Take this step's tokens (``num_drafted`` accepted draft tokens, whose KV this step wrote,
+        then usually one sampled token), jump forward, and propose the next draft."""
         seq.draft_ids = []
-        num_drafted = len(tokens) - 1  # accepted draft tokens: their KV was written this step
         for i, token in enumerate(tokens):
             if seq.matcher is not None and not seq.matcher.accept_token(token):
                 # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
@@ -287,6 +291,9 @@ class LLMEngine:
         # sample every token instead of jumping forward.
         if self.config.forced_tokens and seq.matcher is not None and seq.logprobs is None:
             self._jump_forward(seq)
+        if not seq.is_finished and seq.num_computed_tokens >= seq.num_tokens:
+            # A whole draft was taken without a sampled token only because forced tokens follow it.
+            raise EngineError("no token left to feed after a draft (forced tokens expected)")
         if self.speculator is not None and not seq.is_finished and can_draft(seq.params):
             self.speculator.propose(seq)
 

@@ -86,6 +86,7 @@ class Sequence:
         # Speculative decoding (speculator.py): tokens guessed for the next step, fed after the
         # pending ones and verified there; not part of ``token_ids`` until accepted.
         self.draft_ids: list[int] = []
+        self.draft_then_forced = False  # the grammar forces tokens right after the whole draft
         self.draft_len = 0  # the request's current draft length (its confidence schedule)
         self.draft_acceptance = 0.0  # moving average of its drafts' acceptance rate (speculator.py)
         self.spec_index: NgramIndex | None = None

@@ -35,7 +35,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from agent_infer.engine.sampler import row_distribution, sample_row
+from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
 from agent_infer.sampling_params import SamplingParams
 
@@ -93,13 +93,15 @@ def can_draft(params: SamplingParams) -> bool:
 class Speculator:
     """Proposes drafts for running sequences and verifies them against the model's rows."""
 
-    def __init__(self, max_tokens: int, max_model_len: int) -> None:
+    def __init__(self, max_tokens: int, max_model_len: int, jump_forward: bool = True) -> None:
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
+        self.jump_forward = jump_forward
 
     def propose(self, seq: Sequence) -> None:
         """Set ``seq.draft_ids`` for the next step (empty when nothing is worth drafting)."""
         seq.draft_ids = []
+        seq.draft_then_forced = False
         if seq.spec_index is None:
             seq.spec_index = NgramIndex()
             seq.draft_len = self.max_tokens
@@ -114,22 +116,29 @@ class Speculator:
             return
         draft = seq.spec_index.lookup(seq.token_ids, k)
         if draft and seq.matcher is not None:
-            draft = _grammar_prefix(seq, draft)
+            draft, seq.draft_then_forced = _grammar_prefix(seq, draft, self.jump_forward)
         seq.draft_ids = draft
 
-    def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> list[int]:
-        """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]``: the
-        accepted prefix of ``draft`` plus one sampled token; updates the draft-length schedule."""
+    def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> tuple[list[int], int]:
+        """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]`` and how many
+        of them are draft tokens: the accepted prefix of ``draft``, then one token of the model's
+        own, except after a whole draft that jump-forward continues (plain decoding would append
+        forced tokens there, not sample). Updates the draft-length schedule."""
         params = seq.params
+        bonus = not seq.draft_then_forced
         if params.greedy:
             best: list[int] = rows.argmax(dim=-1).tolist()
             n = 0
             while n < len(draft) and best[n] == draft[n]:
                 n += 1
-            tokens = [*draft[:n], best[n]]
+            tokens = [*draft[:n]]
+            if n < len(draft) or bonus:
+                tokens.append(best[n])
         else:
-            tokens = _verify_sampled(rows, draft, params, seq.generator)
-            n = len(tokens) - 1
+            tokens = _verify_sampled(rows, draft, params, seq.generator, bonus)
+            n = min(len(tokens), len(draft))
+            if n and tokens[n - 1] != draft[n - 1]:
+                n -= 1
         seq.num_draft_tokens += len(draft)
         seq.num_accepted_draft_tokens += n
         if draft:
@@ -137,68 +146,47 @@ class Speculator:
             seq.draft_len = min(self.max_tokens, seq.draft_len + 1) if full else max(1, n + 1)
             rate = n / len(draft)
             seq.draft_acceptance += ACCEPTANCE_EMA * (rate - seq.draft_acceptance)
-        return tokens
+        return tokens, n
 
 
-def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
-    """The longest prefix of ``draft`` the grammar accepts, cut after a token the grammar must
-    follow with fixed text (jump-forward takes over there); the matcher is left unchanged."""
+def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tuple[list[int], bool]:
+    """The longest prefix of ``draft`` the grammar accepts, cut after a token that ends the grammar
+    or (with ``jump_forward``) that forced tokens follow, since the engine appends those itself;
+    True as the second value in that last case. The matcher is left unchanged."""
     matcher = seq.matcher
     assert matcher is not None
     kept: list[int] = []
+    forced_after = False
     for token in draft:
         if matcher.is_terminated() or not matcher.accept_token(token):
             break
         kept.append(token)
-        if matcher.is_terminated() or matcher.find_forced_bytes()[0]:
+        if matcher.is_terminated():
+            break
+        if jump_forward and matcher.forced_tokens():
+            forced_after = True
             break
     if kept:
         matcher.rollback(len(kept))
-    return kept
+    return kept, forced_after
 
 
 def _verify_sampled(
-    rows: torch.Tensor, draft: Seq[int], params: SamplingParams, generator: torch.Generator | None
+    rows: torch.Tensor,
+    draft: Seq[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    bonus: bool = True,
 ) -> list[int]:
-    """Speculative sampling for a deterministic draft: token ``d`` at row ``j`` is kept with the
-    row's probability of ``d``; on rejection the token is drawn from the row without ``d``."""
+    """Sample row by row exactly as plain decoding would (one number per token from the request's
+    generator) and stop at the first row whose token differs from the draft's; after a whole draft,
+    sample the next row only when ``bonus``."""
     tokens: list[int] = []
-    for j, token in enumerate(draft):
-        probs, indices = row_distribution(rows[j], params)
-        p = _prob_of(probs, indices, token)
-        u = float(torch.rand((1,), generator=generator, device=probs.device, dtype=probs.dtype).item())
-        if u < p:
-            tokens.append(token)
-            continue
-        # Rejected: the residual distribution is the row's with the draft token removed.
-        tokens.append(_draw_without(probs, indices, token, generator))
-        return tokens
-    tokens.append(sample_row(rows[len(draft)], params, generator))
+    for j in range(len(draft) + 1):
+        if j == len(draft) and not bonus:
+            break
+        token = sample_row(rows[j], params, generator)
+        tokens.append(token)
+        if j == len(draft) or token != draft[j]:
+            break
     return tokens
-
-
-def _prob_of(probs: torch.Tensor, indices: torch.Tensor | None, token: int) -> float:
-    """Normalized probability of ``token`` under the (possibly candidate-restricted) distribution."""
-    total = float(probs.sum())
-    if total <= 0.0:
-        return 0.0
-    if indices is None:
-        return float(probs[token]) / total
-    hit = (indices == token).nonzero()
-    return float(probs[int(hit[0, 0])]) / total if hit.numel() else 0.0
-
-
-def _draw_without(
-    probs: torch.Tensor, indices: torch.Tensor | None, token: int, generator: torch.Generator | None
-) -> int:
-    """Draw from ``probs`` with ``token``'s mass removed (one uniform number)."""
-    probs = probs.clone()
-    if indices is None:
-        probs[token] = 0.0
-    else:
-        probs = probs.masked_fill(indices == token, 0.0)
-    cdf = torch.cumsum(probs, dim=0)
-    u = torch.rand((1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
-    pos = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1)
-    chosen = indices[pos] if indices is not None else pos
-    return int(chosen.item())

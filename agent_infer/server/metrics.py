@@ -26,7 +26,18 @@ class ServerMetrics:
         self._requests: Counter[tuple[str, int]] = Counter()
         self._finish: Counter[str] = Counter()
         self._sums: dict[str, float] = dict.fromkeys(
-            ("prompt_tokens", "generation_tokens", "compile_s", "step_s", "ttft_s", "e2e_s"), 0.0
+            (
+                "prompt_tokens",
+                "generation_tokens",
+                "forced_tokens",
+                "draft_tokens",
+                "accepted_draft_tokens",
+                "compile_s",
+                "step_s",
+                "ttft_s",
+                "e2e_s",
+            ),
+            0.0,
         )
         self._counts: Counter[str] = Counter()
 
@@ -42,6 +53,9 @@ class ServerMetrics:
             self._finish[output.finish_reason or "unknown"] += 1
             self._sums["prompt_tokens"] += len(output.prompt_token_ids)
             self._sums["generation_tokens"] += len(output.token_ids)
+            self._sums["forced_tokens"] += m.num_forced_tokens
+            self._sums["draft_tokens"] += m.num_draft_tokens
+            self._sums["accepted_draft_tokens"] += m.num_accepted_draft_tokens
             if m.first_token_time is not None:
                 self._sums["ttft_s"] += m.first_token_time - m.arrival_time
                 self._counts["ttft_s"] += 1
@@ -100,6 +114,24 @@ class ServerMetrics:
             "counter",
             "Generated tokens of finished requests.",
             [("", sums["generation_tokens"])],
+        )
+        metric(
+            "forced_tokens_total",
+            "counter",
+            "Generated tokens appended by jump-forward (grammar-forced, not sampled).",
+            [("", sums["forced_tokens"])],
+        )
+        metric(
+            "draft_tokens_total",
+            "counter",
+            "Speculative draft tokens verified by the model.",
+            [("", sums["draft_tokens"])],
+        )
+        metric(
+            "accepted_draft_tokens_total",
+            "counter",
+            "Speculative draft tokens the model accepted.",
+            [("", sums["accepted_draft_tokens"])],
         )
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])
         metric(
