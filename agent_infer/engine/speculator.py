@@ -163,7 +163,8 @@ def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tupl
         kept.append(token)
         if matcher.is_terminated():
             break
-        if jump_forward and matcher.forced_tokens():
+        # forced_bytes() is cheap; forced_tokens() (canonical tokenization, probes) only if needed.
+        if jump_forward and matcher.find_forced_bytes()[0] and matcher.forced_tokens():
             forced_after = True
             break
     if kept:
