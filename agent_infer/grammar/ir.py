@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_infer.errors import GrammarDefinitionError
+from agent_infer.grammar.gc_pause import pauses_gc
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -49,6 +50,15 @@ class Expr:
         return ()
 
 
+# The node classes below have a hand-written ``__init__`` (which dataclass keeps) that stores
+# fields through a module-level ``object.__setattr__``: the generated frozen ``__init__`` looks
+# that up per field (about 25 % slower), and front ends build tens of thousands of nodes per large
+# schema. (Writing ``self.__dict__`` directly would be faster still, but materializes a dict per
+# node: +60 % memory and one more object for the cyclic collector to scan.) Equality, hashing,
+# printing and ``dataclasses.replace`` are unchanged.
+_set = object.__setattr__
+
+
 @dataclass(frozen=True)
 class Empty(Expr):
     """Matches the empty string."""
@@ -59,6 +69,10 @@ class Literal(Expr):
     """Matches ``text`` exactly. ``text`` must be non-empty (use :class:`Empty` otherwise)."""
 
     text: str
+
+    def __init__(self, text: str) -> None:
+        _set(self, "text", text)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not self.text:
@@ -75,6 +89,11 @@ class CharClass(Expr):
     # equality, hashing and printing are unchanged).
     _normalized: ClassVar[tuple[tuple[int, int], ...] | None] = None
     _program: ClassVar[tuple[int, ...] | None] = None
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...], negated: bool = False) -> None:
+        _set(self, "ranges", ranges)
+        _set(self, "negated", negated)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for lo, hi in self.ranges:
@@ -126,6 +145,9 @@ class Seq(Expr):
 
     items: tuple[Expr, ...]
 
+    def __init__(self, items: tuple[Expr, ...]) -> None:
+        _set(self, "items", items)
+
     def children(self) -> tuple[Expr, ...]:
         return self.items
 
@@ -135,6 +157,9 @@ class Alt(Expr):
     """Alternation: any one of ``items``. An empty ``items`` matches nothing."""
 
     items: tuple[Expr, ...]
+
+    def __init__(self, items: tuple[Expr, ...]) -> None:
+        _set(self, "items", items)
 
     def children(self) -> tuple[Expr, ...]:
         return self.items
@@ -147,6 +172,12 @@ class Repeat(Expr):
     item: Expr
     min: int = 0
     max: int | None = None
+
+    def __init__(self, item: Expr, min: int = 0, max: int | None = None) -> None:
+        _set(self, "item", item)
+        _set(self, "min", min)
+        _set(self, "max", max)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.min < 0 or (self.max is not None and self.max < self.min):
@@ -161,6 +192,9 @@ class Ref(Expr):
     """A reference to the rule called ``name``."""
 
     name: str
+
+    def __init__(self, name: str) -> None:
+        _set(self, "name", name)
 
 
 # --- small constructors, so front ends read like grammars -----------------------------------------
@@ -188,10 +222,24 @@ def alt(*items: Expr) -> Expr:
     """Alternation, flattening nested alternations and removing duplicates (first kept)."""
     flat: list[Expr] = []
     for item in items:
-        for sub in item.items if isinstance(item, Alt) else (item,):
-            if sub not in flat:
-                flat.append(sub)
-    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+        if isinstance(item, Alt):
+            flat.extend(item.items)
+        else:
+            flat.append(item)
+    if len(flat) > 8:
+        # Long alternations (enum values, counted choices): drop duplicates through a set
+        # instead of comparing every pair.
+        try:
+            seen: set[Expr] = set()
+            unique = [x for x in flat if not (x in seen or seen.add(x))]  # type: ignore[func-returns-value]
+            return unique[0] if len(unique) == 1 else Alt(tuple(unique))
+        except TypeError:  # an unhashable foreign node: compare pairwise below
+            pass
+    unique = []
+    for sub in flat:
+        if sub not in unique:
+            unique.append(sub)
+    return unique[0] if len(unique) == 1 else Alt(tuple(unique))
 
 
 def opt(item: Expr) -> Expr:
@@ -359,8 +407,12 @@ class Grammar:
         return tuple((mapping[name], _rename(expr, mapping)) for name, expr in self.rules), mapping[self.root]
 
     def fingerprint(self) -> str:
-        """A stable hash of the printed grammar, used as a compile-cache key."""
-        return hashlib.sha256(f"{self.root}\n{self}".encode()).hexdigest()
+        """A stable hash of the printed grammar (computed once per instance: grammars are immutable)."""
+        cached: str | None = getattr(self, "_fingerprint", None)
+        if cached is None:
+            cached = hashlib.sha256(f"{self.root}\n{self}".encode()).hexdigest()
+            object.__setattr__(self, "_fingerprint", cached)
+        return cached
 
     def __str__(self) -> str:
         return "\n".join(f"{name} ::= {_fmt(expr, 0)}" for name, expr in self.rules) + "\n"
@@ -381,6 +433,7 @@ class Grammar:
         return cls((("root", expr),), "root")
 
     @classmethod
+    @pauses_gc
     def from_regex(cls, pattern: str) -> Grammar:
         """Python ``re`` syntax, matched in full. Lookarounds and backreferences raise UnsupportedRegexError."""
         from agent_infer.grammar.regex import regex_to_grammar
@@ -388,6 +441,7 @@ class Grammar:
         return regex_to_grammar(pattern)
 
     @classmethod
+    @pauses_gc
     def from_json_schema(
         cls,
         schema: dict[str, Any] | str | type[BaseModel] | bool,
@@ -417,6 +471,7 @@ class Grammar:
         )
 
     @classmethod
+    @pauses_gc
     def from_ebnf(cls, text: str, *, syntax: str = "gbnf", start: str | None = None) -> Grammar:
         """An EBNF grammar in llama.cpp's GBNF (``syntax="gbnf"``, start ``root``) or Lark (start ``start``)."""
         if syntax == "gbnf":

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar import json_schema_logic as logic
 from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, opt, seq
+from agent_infer.grammar.json_schema_keys import KEY_RULE_PREFIX, SPECIAL_RULE, ComplementKeys
+from agent_infer.grammar.json_schema_memo import SchemaKeys
 from agent_infer.grammar.json_schema_merge import (
     TYPES,
     Merger,
@@ -141,14 +143,16 @@ def json_schema_to_grammar(
     return Grammar(tuple(rules), "root", tuple(comp.warnings))
 
 
-_RESERVED = frozenset(("root", "ws", "char", HIGH_RULE))
+_RESERVED = frozenset(("root", "ws", "char", HIGH_RULE, SPECIAL_RULE))
 _NON_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _rule_base(hint: str) -> str:
     """The rule-name stem of ``hint``: runs of other characters become ``-``, at most 40 characters."""
-    return _NON_NAME.sub("-", hint).strip("-")[-40:] or "s"
+    base = _NON_NAME.sub("-", hint).strip("-")[-40:] or "s"
+    # The shared key-trie rules own their prefix (json_schema_keys): keep other names out of it.
+    return "s-" + base if base.startswith(KEY_RULE_PREFIX) else base
 
 
 @functools.lru_cache(maxsize=4096)
@@ -185,7 +189,8 @@ class Compiler:
         self.strict = strict
         self.indent = indent
         self.rules: dict[str, Expr] = {}
-        self.memo: dict[tuple[str, int], str] = {}
+        self.memo: dict[tuple[int, int], str] = {}
+        self.schema_keys = SchemaKeys()
         self.warnings: list[str] = []
         self._dfa_cache: dict[str, DFA] = {}
         self.rules["char"] = JSON_CHAR  # shared: every string body refers to it
@@ -193,6 +198,7 @@ class Compiler:
         self._blocks: dict[Expr, list[str]] = {}
         self._shared: dict[Expr, str] = {}
         self.key_cache: dict[str, Expr | None] = {}
+        self.complement_keys = ComplementKeys(self.rules, MAX_RULES)
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
         self._next_suffix: dict[str, int] = {}
         # id(enum list) -> (the list, its canonical values), for json_schema_values
@@ -207,6 +213,9 @@ class Compiler:
                 seq(alt(lit("\n"), lit("\r\n")), Repeat(blank, 0, max(MAX_LINE_INDENT, max_whitespace))),
             )
             self.ws = Ref("ws")
+        self._colon = lit(": ") if indent is not None else seq(self.ws, lit(":"), self.ws)
+        self._seps: dict[int, Expr] = {}
+        self._empties: dict[str, Expr] = {}
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -237,11 +246,16 @@ class Compiler:
 
     def sep(self, depth: int) -> Expr:
         """An element separator: optional whitespace, comma, whitespace (or the pinned layout)."""
-        return seq(self.ws, lit(","), self.open(depth))
+        # Built once per depth (IR nodes are immutable): every member and element asks for it.
+        key = depth if self.indent is not None else 0
+        found = self._seps.get(key)
+        if found is None:
+            found = self._seps[key] = seq(self.ws, lit(","), self.open(depth))
+        return found
 
     def colon(self) -> Expr:
         """The key/value separator."""
-        return lit(": ") if self.indent is not None else seq(self.ws, lit(":"), self.ws)
+        return self._colon
 
     def container(self, open_: str, close_: str, body: Expr, nullable: bool, depth: int) -> Expr:
         """``open body close`` where ``body`` is non-empty members; the empty form if ``nullable``."""
@@ -250,7 +264,11 @@ class Compiler:
 
     def empty(self, open_: str, close_: str) -> Expr:
         """An empty container: ``{}`` (with optional blank inside in flexible mode)."""
-        return lit(open_ + close_) if self.indent is not None else seq(lit(open_), self.ws, lit(close_))
+        found = self._empties.get(open_ + close_)
+        if found is None:
+            found = lit(open_ + close_) if self.indent is not None else seq(lit(open_), self.ws, lit(close_))
+            self._empties[open_ + close_] = found
+        return found
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -344,7 +362,7 @@ class Compiler:
         if schema is False or (self.indent is not None and depth > MAX_INDENT_DEPTH):
             # Pinned layouts are depth-specific rules; nesting is capped (documented).
             return Alt(())
-        key = (json.dumps(schema, sort_keys=True, default=str), depth if self.indent is not None else 0)
+        key = (self.schema_keys.key(schema), depth if self.indent is not None else 0)
         name = self.memo.get(key)
         if name is None:
             name = self.fresh("any" if schema is True or schema == {} else pointer or "value")

@@ -9,6 +9,7 @@ JSON-encoded (:func:`encode_class`). Every step is bounded by ``max_states``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_infer.errors import GrammarLimitError
@@ -96,6 +97,7 @@ class _NFA:
 
 
 _DEFAULT_MAX_STATES = 4000
+TRIE_MAX_STATES = _DEFAULT_MAX_STATES  # names_dfa's limit on trie nodes
 
 
 def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
@@ -270,7 +272,8 @@ _HEADS: dict[tuple[tuple[int, int], ...], tuple[Expr, ...]] = {}
 _MAX_HEADS = 8192
 
 
-def _encoded_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
+def encoded_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
+    """``encode_class(CharClass(ranges))`` as sequence items (cached by ranges)."""
     head = _HEADS.get(ranges)
     if head is None:
         enc = encode_class(CharClass(ranges))
@@ -301,7 +304,7 @@ def dfa_to_rules(a: DFA, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
             ref = refs.get(t)
             if ref is None:
                 ref = refs[t] = Ref(f"{prefix}{t}")
-            head = _encoded_head(tuple(rs))
+            head = encoded_head(tuple(rs))
             branches.append(Seq((*head, ref)) if head else ref)
         if s in a.accept:
             branches.append(empty)
@@ -310,55 +313,75 @@ def dfa_to_rules(a: DFA, prefix: str) -> tuple[Expr, list[tuple[str, Expr]]]:
     return Ref(f"{prefix}0"), rules
 
 
+Head = Callable[[tuple[tuple[int, int], ...]], tuple[Expr, ...]]
+
+
 def names_complement_rules(
-    names: list[str], prefix: str, trie: DFA | None = None
+    names: list[str], prefix: str, trie: DFA | None = None, head: Head | None = None
 ) -> tuple[Expr, list[tuple[str, Expr]]]:
     """``dfa_to_rules(dfa_complement(names_dfa(names)), prefix)`` read off the trie directly.
 
     In that complement every trie state is live (its gaps lead to the accepting sink, numbered
     after the trie), a state's targets come in code point order with the sink where its first gap
     is, and only the names themselves are rejected. ``trie``: ``names_dfa(names)`` if at hand.
+    ``head``: how an edge class is encoded (default: :func:`encode_class`'s items, inline).
     """
     if trie is None:
         trie = names_dfa(names)
     sink = len(trie.edges)
     sink_ref = Ref(f"{prefix}{sink}")
-    empty = Empty()
     rules: list[tuple[str, Expr]] = []
     for s, out in enumerate(trie.edges):
-        gaps: list[tuple[int, int]] = []
-        children: list[tuple[int, int]] = []
-        sink_at = -1
-        nxt = 0
-        for cp, _, child in out:
-            if cp > nxt:
-                if sink_at < 0:
-                    sink_at = len(children)
-                gaps.append((nxt, cp - 1))
-            children.append((cp, child))
-            nxt = cp + 1
-        if nxt <= MAX_CP:
-            if sink_at < 0:
-                sink_at = len(children)
-            gaps.append((nxt, MAX_CP))
-        branches: list[Expr] = []
-        for k, (cp, child) in enumerate(children):
-            if k == sink_at:
-                branches.append(_branch(tuple(gaps), sink_ref))
-            branches.append(_branch(((cp, cp),), Ref(f"{prefix}{child}")))
-        if sink_at == len(children):
-            branches.append(_branch(tuple(gaps), sink_ref))
-        if s not in trie.accept:
-            branches.append(empty)
-        rules.append((f"{prefix}{s}", branches[0] if len(branches) == 1 else Alt(tuple(branches))))
-    rules.append((f"{prefix}{sink}", Alt((_branch(((0, MAX_CP),), sink_ref), empty))))
+        children = [(cp, Ref(f"{prefix}{child}")) for cp, _, child in out]
+        rules.append((f"{prefix}{s}", complement_node(children, s in trie.accept, sink_ref, head)))
+    rules.append((f"{prefix}{sink}", complement_sink(sink_ref, head)))
     return Ref(f"{prefix}0"), rules
 
 
-def _branch(ranges: tuple[tuple[int, int], ...], ref: Ref) -> Expr:
-    """``seq(encode_class(CharClass(ranges)), ref)``."""
-    head = _encoded_head(ranges)
-    return Seq((*head, ref)) if head else ref
+def complement_node(
+    children: list[tuple[int, Ref]], accepting: bool, sink_ref: Ref, head: Head | None = None
+) -> Expr:
+    """The rule of one trie node in "any key but these names": each child's code point leads to
+    the child's rule, the gaps between them to the accepting sink (kept in code point order), and
+    the key may end here unless the node spells a name (``accepting`` in the trie)."""
+    gaps: list[tuple[int, int]] = []
+    sink_at = -1
+    nxt = 0
+    for k, (cp, _) in enumerate(children):
+        if cp > nxt:
+            if sink_at < 0:
+                sink_at = k
+            gaps.append((nxt, cp - 1))
+        nxt = cp + 1
+    if nxt <= MAX_CP:
+        if sink_at < 0:
+            sink_at = len(children)
+        gaps.append((nxt, MAX_CP))
+    enc = head or encoded_head
+    branches: list[Expr] = []
+    for k, (cp, ref) in enumerate(children):
+        if k == sink_at:
+            branches.append(_branch(tuple(gaps), sink_ref, enc))
+        branches.append(_branch(((cp, cp),), ref, enc))
+    if sink_at == len(children):
+        branches.append(_branch(tuple(gaps), sink_ref, enc))
+    if not accepting:
+        branches.append(_EMPTY)
+    return branches[0] if len(branches) == 1 else Alt(tuple(branches))
+
+
+def complement_sink(sink_ref: Ref, head: Head | None = None) -> Expr:
+    """The accepting sink of "any key but these names" (``sink_ref`` names it): any rest of a key."""
+    return Alt((_branch(((0, MAX_CP),), sink_ref, head or encoded_head), _EMPTY))
+
+
+_EMPTY = Empty()
+
+
+def _branch(ranges: tuple[tuple[int, int], ...], ref: Ref, head: Head) -> Expr:
+    """``seq(<ranges encoded by head>, ref)``."""
+    items = head(ranges)
+    return Seq((*items, ref)) if items else ref
 
 
 def dfa_accepts(a: DFA, text: str) -> bool:

@@ -23,7 +23,6 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
-    names_complement_rules,
     names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
@@ -146,15 +145,10 @@ def _key_expr(c: Compiler, dfa: DFA | None, hint: str) -> Expr:
     return seq(lit('"'), Ref(name), lit('"'))
 
 
-def _names_complement_key(c: Compiler, names: list[str], hint: str) -> Expr:
-    """``_key_expr(c, dfa_complement(names_dfa(names)), hint)`` (that language is never empty)."""
-    trie = names_dfa(names)  # raises for too many names before a rule name is taken, as there
-    name = c.fresh(hint)
-    start, rules = names_complement_rules(names, name + "-", trie)
-    for rule_name, expr in rules:
-        c.rules[rule_name] = expr
-    c.rules[name] = start
-    return seq(lit('"'), Ref(name), lit('"'))
+def _names_complement_key(c: Compiler, names: list[str]) -> Expr:
+    """``_key_expr(c, dfa_complement(names_dfa(names)), ...)`` (that language is never empty), its
+    trie nodes shared with every other object's (:class:`ComplementKeys`)."""
+    return seq(lit('"'), c.complement_keys.start(names), lit('"'))
 
 
 def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
@@ -257,7 +251,7 @@ def _extra_member(
         cache_key = json.dumps([sorted(names), list(pats), list(mask), pn])
         if cache_key not in c.key_cache and names and keys is True and not pats:
             # The common case, "any key but the declared names": rules read off the names' trie.
-            c.key_cache[cache_key] = _names_complement_key(c, names, f"{pointer}-key")
+            c.key_cache[cache_key] = _names_complement_key(c, names)
         if cache_key not in c.key_cache:
             dfa = base()
             for p, m in zip(pats, mask):
@@ -294,11 +288,9 @@ def _members(
     ]
     nullable = True
     for expr, is_required in reversed(members):
-        with_comma = seq(sep, expr, tail[0])
-        first = seq(expr, tail[0])
         if is_required:
             nullable = False
-            tail = [with_comma, first]
+            tail = [seq(sep, expr, tail[0]), seq(expr, tail[0])]
         else:
             shared = [Ref(c.add_rule("obj-tail", t)) if _big(t) else t for t in tail]
             tail = [alt(seq(sep, expr, shared[0]), shared[0]), alt(seq(expr, shared[0]), shared[1])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from agent_infer.errors import (
 from agent_infer.grammar import json_schema_numbers as num
 from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
 from agent_infer.grammar.json_schema_automata import (
+    DFA,
     dfa_complement,
     dfa_intersect,
     dfa_length,
@@ -98,11 +100,9 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if fmt is not None:
         if not isinstance(fmt, str):
             raise InvalidSchemaError("format must be a string", pointer=f"{pointer}/format")
-        make = FORMATS.get(fmt) or EXTRA_FORMATS.get(fmt)
-        if make is None:
+        fmt_expr = _format_expr(fmt)
+        if fmt_expr is None:
             c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
-        else:
-            fmt_expr = make()
     # Complements from `not` (see json_schema_negate): excluded values and patterns.
     excluded = [x for x in flat.get("__not_values", []) if isinstance(x, str)]
     not_pats = list(flat.get("__not_patterns", []))
@@ -110,15 +110,15 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if not pats and fmt_expr is None and plain:
         return c.repeat(c.char, lo, hi, MAX_INLINE_CHAR_REPEAT)
     if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
-        return encode_expr(_search(pats[0], f"{pointer}/pattern"))
+        return _search(pats[0], f"{pointer}/pattern", encoded=True)
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
-        return encode_expr(fmt_expr)
+        return _encoded_format(fmt)
     dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
     dfas += [dfa_complement(c.pattern_dfa(p, f"{pointer}/not/pattern")) for p in not_pats]
     if excluded:
         dfas.append(dfa_complement(names_dfa(excluded)))
     if fmt_expr is not None:
-        dfas.append(expr_to_dfa(fmt_expr))
+        dfas.append(_format_dfa(fmt))
     if lo or hi is not None:
         dfas.append(dfa_length(lo, hi))
     if not dfas:
@@ -134,11 +134,42 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     return Ref(prefix)
 
 
-def _search(pattern: str, pointer: str) -> Expr:
+# Format and pattern expressions are pure functions of their name or text, and schemas repeat
+# them (a date-time expression is ~2 000 IR nodes, its JSON encoding more): built once per process.
+@functools.lru_cache(maxsize=64)
+def _format_expr(name: str) -> Expr | None:
+    make = FORMATS.get(name) or EXTRA_FORMATS.get(name)
+    return None if make is None else make()
+
+
+@functools.lru_cache(maxsize=64)
+def _encoded_format(name: str) -> Expr:
+    expr = _format_expr(name)
+    assert expr is not None  # only called for known formats
+    return encode_expr(expr)
+
+
+@functools.lru_cache(maxsize=64)
+def _format_dfa(name: str) -> DFA:
+    # DFAs are only read once built (their cached live set is a pure function of them).
+    expr = _format_expr(name)
+    assert expr is not None
+    return expr_to_dfa(expr)
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded_search(pattern: str) -> Expr:
+    """The JSON encoding of the strings containing a match of ``pattern`` (errors propagate uncached)."""
+    from agent_infer.grammar.regex import regex_search_expr
+
+    return encode_expr(regex_search_expr(pattern, dialect="ecma"))
+
+
+def _search(pattern: str, pointer: str, *, encoded: bool = False) -> Expr:
     from agent_infer.grammar.regex import regex_search_expr
 
     try:
-        return regex_search_expr(pattern, dialect="ecma")
+        return _encoded_search(pattern) if encoded else regex_search_expr(pattern, dialect="ecma")
     except UnsupportedRegexError as exc:
         raise UnsupportedSchemaError(
             f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer

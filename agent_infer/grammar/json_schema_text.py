@@ -49,8 +49,9 @@ def _hex_digit_class(lo: int, hi: int) -> CharClass:
     return CharClass(tuple(ranges))
 
 
+@functools.lru_cache(maxsize=4096)
 def hex_range(lo: int, hi: int, width: int) -> Expr:
-    """Fixed-width hex numerals (either case) with value in [lo, hi]."""
+    """Fixed-width hex numerals (either case) with value in [lo, hi] (cached: a pure function)."""
     if width == 0:
         return Empty()
     unit = 16 ** (width - 1)
@@ -73,8 +74,10 @@ def hex_range(lo: int, hi: int, width: int) -> Expr:
     return alt(*parts, *tail)
 
 
+@functools.lru_cache(maxsize=4096)
 def _u_escape(lo: int, hi: int) -> Expr:
-    """``\\uXXXX`` escapes (surrogate pairs for astral code points) of code points lo..hi."""
+    """``\\uXXXX`` escapes (surrogate pairs for astral code points) of code points lo..hi (cached:
+    key automata escape the same control and non-ASCII ranges in many edge classes)."""
     out: list[Expr] = []
     bmp_hi = min(hi, 0xFFFF)
     # Lone surrogates are not characters; escapes of them are not generated.

@@ -8,6 +8,7 @@ with the 0-based character position. Lazy and possessive quantifiers are read as
 
 from __future__ import annotations
 
+import functools
 import re
 
 from agent_infer.errors import GrammarLimitError, UnsupportedRegexError
@@ -273,10 +274,13 @@ def parse_regex(pattern: str, *, dialect: str = "python") -> Expr:
     return _strip(_parse_raw(pattern, dialect), True, True)
 
 
+@functools.lru_cache(maxsize=1024)
 def regex_search_expr(pattern: str, dialect: str = "ecma") -> Expr:
     """Strings *containing* a match of ``pattern`` (JSON Schema semantics), honouring ``^``/``$``.
 
     ``^`` pins only the start and ``$`` only the end; each alternative is padded separately.
+    Cached (a pure function; IR nodes are immutable): schemas repeat their patterns. Errors are
+    raised again on every call.
     """
     raw = _parse_raw(pattern, dialect)
     _strip(raw, True, True)  # validates anchor placement with the same errors as parse_regex

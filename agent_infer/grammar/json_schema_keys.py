@@ -1,0 +1,195 @@
+"""Rules for "any key but these names", shared node by node across every object of one grammar.
+
+An object without ``additionalProperties: false`` accepts any key except its declared names; the
+front end reads that language off the names' trie (:func:`names_complement_rules`). Objects with
+different names still share most of the trie's shape: every name's last node ("one more character,
+then anything") is the same rule, and so is every node whose remaining suffixes are equal
+(``...Name``, ``...Selector``, ``...Seconds``). Kubernetes schemas inline hundreds of objects, so
+writing each trie separately gave thousands of equal rules that the native compiler then had to
+find and merge. Building each trie bottom-up and interning a node by (does it end a name, its
+children's code points, their rules) writes each distinct node once. A node's rule depends on
+nothing else, so the table is process-wide (rules named ``char-key-N``): the next grammar with an
+``apiVersion``/``kind``/``metadata`` object reuses the nodes instead of building them again.
+
+Most edges of such a trie are "any character but these few letters": a class holding every
+control, quote, backslash, slash and non-ASCII code point, whose JSON encoding is a dozen escape
+alternatives. Those alternatives are the same in every such class, so they live in one rule,
+:data:`SPECIAL_RULE`, and an edge is ``[its plain printable ASCII] | char-special``: the same
+language in about a third of the program words, and one automaton fragment that the native
+compiler lowers once and splices into every caller instead of re-expanding per edge.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import MutableMapping
+from typing import Any
+
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
+from agent_infer.grammar.json_schema_automata import (
+    TRIE_MAX_STATES,
+    complement_sink,
+    encoded_head,
+    names_dfa,
+)
+from agent_infer.grammar.json_schema_text import MAX_CP, encode_class
+
+SPECIAL_RULE = "char-special"
+# Code points whose JSON encoding is not just themselves: controls, '"', '/', '\\', DEL and up.
+_SPECIAL = ((0x00, 0x1F), (0x22, 0x22), (0x2F, 0x2F), (0x5C, 0x5C), (0x7F, MAX_CP))
+# The rest of printable ASCII: a class of these encodes as itself (raw only).
+_PLAIN = ((0x20, 0x21), (0x23, 0x2E), (0x30, 0x5B), (0x5D, 0x7E))
+SPECIAL_EXPR: Expr = encode_class(CharClass(_SPECIAL))
+_SPECIAL_REF = Ref(SPECIAL_RULE)
+_HEADS: dict[tuple[tuple[int, int], ...], tuple[Expr, ...]] = {}
+_MAX_HEADS = 8192
+
+
+def _covers(ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ...]) -> bool:
+    """Whether the sorted disjoint ``ranges`` include every code point of ``part``."""
+    return all(any(lo <= a and b <= hi for lo, hi in ranges) for a, b in part)
+
+
+def _intersect(
+    ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    return tuple((max(lo, a), min(hi, b)) for lo, hi in ranges for a, b in part if max(lo, a) <= min(hi, b))
+
+
+def special_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
+    """The JSON encodings of one code point of ``ranges`` (sorted, disjoint), as sequence items,
+    with the escape alternatives of a class that holds every special code point referenced
+    through :data:`SPECIAL_RULE` (which the caller defines as :data:`SPECIAL_EXPR`)."""
+    head = _HEADS.get(ranges)
+    if head is None:
+        if _covers(ranges, _SPECIAL):
+            plain = _intersect(ranges, _PLAIN)
+            head = (Alt((CharClass(plain), _SPECIAL_REF)),) if plain else (_SPECIAL_REF,)
+        else:
+            head = encoded_head(ranges)
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        _HEADS[ranges] = head
+    return head
+
+
+KEY_RULE_PREFIX = "char-key-"
+"""Names of the shared key-trie rules (the JSON compiler never gives other rules such names)."""
+SINK_RULE = KEY_RULE_PREFIX + "rest"
+_SINK_REF = Ref(SINK_RULE)
+# Trie node -> (its rule's reference, body), for the whole process: a node's body depends only on
+# its key (whether it ends a name, its children's code points and rule names), so every grammar
+# that meets the node reuses both, and names never clash (a counter; a name is never reused,
+# even after the table is cleared, so entries made before and after a clear never mix).
+_NODES: dict[tuple[object, ...], tuple[Ref, Expr]] = {}
+_MAX_NODES = 1 << 14
+_NEXT_ID = itertools.count()
+
+
+class ComplementKeys:
+    """The complement-trie rules of one grammar, added to ``rules`` as tries need them (at most
+    ``max_rules`` rules in all, the front end's limit)."""
+
+    def __init__(self, rules: MutableMapping[str, Expr], max_rules: int) -> None:
+        self._rules = rules
+        self._max_rules = max_rules
+        # This grammar's nodes: a key keeps one rule within a grammar even if another thread
+        # replaces the process-wide entry meanwhile.
+        self._nodes: dict[tuple[object, ...], Ref] = {}
+
+    def start(self, names: list[str]) -> Ref:
+        """The rule for keys outside ``names`` (decoded strings, any order, repeats allowed).
+
+        Built like a minimal acyclic automaton from sorted words (Daciuk et al.): the path of the
+        previous name stays open, and when the next name leaves it, the nodes below the common
+        prefix are final and get interned, children before parents, each child in code point order.
+        """
+        distinct = sorted(set(names))
+        if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
+            names_dfa(distinct)  # may be over the automaton limits: the same errors as there
+        if SINK_RULE not in self._rules:
+            self._rules[SPECIAL_RULE] = SPECIAL_EXPR
+            self._rules[SINK_RULE] = _SINK_EXPR
+        # Open nodes along the previous name: [code point of the edge in, accepting, children].
+        path: list[list[Any]] = [[-1, False, []]]
+        prev = ""
+        for word in distinct:
+            p = 0
+            m = min(len(word), len(prev))
+            while p < m and word[p] == prev[p]:
+                p += 1
+            while len(path) > p + 1:
+                node = path.pop()
+                path[-1][2].append((node[0], self._intern(node[1], node[2])))
+            path.extend([ord(ch), False, []] for ch in word[p:])
+            path[-1][1] = True
+            prev = word
+        while len(path) > 1:
+            node = path.pop()
+            path[-1][2].append((node[0], self._intern(node[1], node[2])))
+        return self._intern(path[0][1], path[0][2])
+
+    def _intern(self, ends_name: bool, children: list[tuple[int, Ref]]) -> Ref:
+        key = (ends_name, *[x for cp, ref in children for x in (cp, ref.name)])
+        ref = self._nodes.get(key)
+        if ref is None:
+            hit = _NODES.get(key)
+            if hit is None:
+                if len(_NODES) >= _MAX_NODES:
+                    _NODES.clear()
+                hit = _NODES[key] = (
+                    Ref(f"{KEY_RULE_PREFIX}{next(_NEXT_ID)}"),
+                    _node_body(children, ends_name),
+                )
+            if len(self._rules) >= self._max_rules:
+                raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
+            ref = self._nodes[key] = hit[0]
+            self._rules[ref.name] = hit[1]
+        return ref
+
+
+# Child code points -> (the branch "a gap character, then the sink" or None, where it goes).
+_GAPS: dict[tuple[int, ...], tuple[Expr | None, int]] = {}
+
+
+def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
+    """:func:`complement_node` with :func:`special_head` edges and :data:`SINK_RULE` as the sink;
+    the gap branch is one shared node per layout of child code points."""
+    cps = tuple([cp for cp, _ in children])
+    gap = _GAPS.get(cps)
+    if gap is None:
+        gaps: list[tuple[int, int]] = []
+        sink_at = -1
+        nxt = 0
+        for k, cp in enumerate(cps):
+            if cp > nxt:
+                if sink_at < 0:
+                    sink_at = k
+                gaps.append((nxt, cp - 1))
+            nxt = cp + 1
+        if nxt <= MAX_CP:
+            if sink_at < 0:
+                sink_at = len(cps)
+            gaps.append((nxt, MAX_CP))
+        if len(_GAPS) >= _MAX_HEADS:
+            _GAPS.clear()
+        branch = Seq((*special_head(tuple(gaps)), _SINK_REF)) if gaps else None
+        gap = _GAPS[cps] = (branch, sink_at)
+    gap_branch, sink_at = gap
+    branches: list[Expr] = []
+    for k, (cp, ref) in enumerate(children):
+        if k == sink_at and gap_branch is not None:
+            branches.append(gap_branch)
+        branches.append(Seq((*special_head(((cp, cp),)), ref)))
+    if sink_at == len(children) and gap_branch is not None:
+        branches.append(gap_branch)
+    if not ends_name:
+        branches.append(_EMPTY)
+    return branches[0] if len(branches) == 1 else Alt(tuple(branches))
+
+
+_EMPTY = Empty()
+
+
+_SINK_EXPR = complement_sink(_SINK_REF, special_head)

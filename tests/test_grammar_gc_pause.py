@@ -1,0 +1,181 @@
+"""The cyclic-GC pause around grammar building: re-entrant, thread-safe, restores what it found."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agent_infer import grammar as g
+from agent_infer.errors import GrammarDefinitionError, InvalidSchemaError
+from agent_infer.grammar.gc_pause import gc_paused, pauses_gc
+
+
+@pytest.fixture(autouse=True)
+def _gc_enabled_around() -> Iterator[None]:
+    """Each test starts with collection enabled and leaves it as the rest of the suite expects."""
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    assert gc_paused.holders == 0
+    if was:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_pause_disables_and_restores() -> None:
+    with gc_paused:
+        assert not gc.isenabled()
+        assert gc_paused.holders == 1
+    assert gc.isenabled()
+
+
+def test_nested_pauses_restore_only_at_the_outermost_exit() -> None:
+    with gc_paused:
+        with gc_paused:
+            assert gc_paused.holders == 2
+        assert not gc.isenabled(), "the inner exit must not re-enable collection"
+    assert gc.isenabled()
+
+
+def test_never_enables_a_collector_the_caller_disabled() -> None:
+    gc.disable()
+    with gc_paused, gc_paused:
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_restores_on_exception() -> None:
+    with pytest.raises(ValueError, match="boom"), gc_paused:
+        raise ValueError("boom")
+    assert gc.isenabled()
+    assert gc_paused.holders == 0
+
+
+def test_decorator_passes_results_and_errors_through() -> None:
+    @pauses_gc
+    def work(x: int) -> tuple[int, bool]:
+        if x < 0:
+            raise GrammarDefinitionError("negative")
+        return x * 2, gc.isenabled()
+
+    assert work(4) == (8, False)
+    with pytest.raises(GrammarDefinitionError):
+        work(-1)
+    assert gc.isenabled()
+    assert work.__name__ == "work"
+
+
+def test_threads_overlapping_pauses_restore_after_the_last_one() -> None:
+    """Two threads hold the pause with interleaved exits: collection stays off until both left."""
+    entered = threading.Barrier(3)
+    first_may_leave = threading.Event()
+    first_left = threading.Event()
+    second_may_leave = threading.Event()
+    seen: dict[str, bool] = {}
+
+    def first() -> None:
+        with gc_paused:
+            entered.wait()
+            first_may_leave.wait()
+        first_left.set()
+
+    def second() -> None:
+        with gc_paused:
+            entered.wait()
+            second_may_leave.wait()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    entered.wait()
+    seen["both_in"] = gc.isenabled()
+    first_may_leave.set()
+    first_left.wait()
+    seen["one_left"] = gc.isenabled()
+    second_may_leave.set()
+    for t in threads:
+        t.join()
+    assert seen == {"both_in": False, "one_left": False}
+    assert gc.isenabled()
+
+
+def test_many_threads_compiling_at_once_restore_collection() -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def build(i: int) -> None:
+        try:
+            start.wait()
+            for k in range(20):
+                schema = {"type": "object", "properties": {f"p{i}_{k}": {"type": "integer"}}}
+                g.Grammar.from_json_schema(schema)
+                g.Grammar.from_regex(f"a{{{k}}}b")
+        except BaseException as exc:  # collected for the assertion in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert gc.isenabled()
+
+
+def test_front_ends_run_with_collection_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent_infer.grammar import gbnf, json_schema, regex
+
+    states: list[bool] = []
+
+    def wrap(module: object, name: str) -> None:
+        real = getattr(module, name)
+
+        def spy(*args: object, **kwargs: object) -> object:
+            states.append(gc.isenabled())
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+
+    wrap(json_schema, "json_schema_to_grammar")
+    wrap(regex, "regex_to_grammar")
+    wrap(gbnf, "parse_gbnf")
+    g.Grammar.from_json_schema({"type": "string"})
+    g.Grammar.from_regex("[a-z]+")
+    g.Grammar.from_ebnf('root ::= "x"')
+    assert states == [False, False, False]
+    assert gc.isenabled()
+
+
+def test_compiler_entry_points_pause_and_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent_infer.grammar import compiler as compiler_module
+
+    info = g.TokenizerInfo([b"a", b"b", b'"', b"{", b"}", b"1", b""], vocab_size=7, eos_token_ids=(6,))
+    comp = g.GrammarCompiler(info, cache_enabled=False)
+    states: list[bool] = []
+    real = compiler_module.serialize_grammar
+
+    def spy(grammar: g.Grammar) -> object:
+        states.append(gc.isenabled())
+        return real(grammar)
+
+    monkeypatch.setattr(compiler_module, "serialize_grammar", spy)
+    comp.compile_json_schema({"type": "integer"})
+    comp.compile_regex("a+b")
+    comp.compile_ebnf('root ::= "a" "b"?')
+    comp.compile_builtin("json")
+    comp.compile(g.Grammar.from_regex("b"))
+    assert states == [False] * 5
+    assert gc.isenabled()
+
+
+def test_errors_inside_front_ends_restore_collection() -> None:
+    with pytest.raises(InvalidSchemaError):
+        g.Grammar.from_json_schema({"type": "no-such-type"})
+    with pytest.raises(GrammarDefinitionError):
+        g.Grammar.from_ebnf("root ::= undefined-rule")
+    assert gc.isenabled()
+    assert gc_paused.holders == 0
