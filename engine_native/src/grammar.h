@@ -191,6 +191,11 @@ class CompiledGrammar {
   bool calls_within_reach(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask_with_calls(const std::vector<WalkRange>& ranges,
                                                            const StateMask* base) const;
+  // At least 4 096 tokens start with a byte s reads.
+  bool dense_start(int32_t s) const;
+  // The plain walk of s, its uncertain tokens then classified by the pushdown walk (the same
+  // classification as the pushdown walk alone, for less work; grammar_tokenizer.cpp).
+  std::shared_ptr<const StateMask> refine_with_calls(int32_t s) const;
   // Parts of a walk split across threads (grammar_pool.cpp). A part walks its ranges as the whole
   // walk would; `resume`: its first range continues the previous part's last one, so the tail of
   // a dead run begun there is skipped (the previous part classified it). The assembled parts
@@ -213,11 +218,30 @@ class CompiledGrammar {
   bool split_matches_whole(int32_t s, size_t part_tokens) const;
 
  private:
-  // Loop regions (string contents): the states reachable from s through byte edges without
-  // passing a state with rule references, if s lies on a cycle among them. Fills the
-  // region's canonical serialization and its exit states (targets outside the region, in
-  // order of first appearance); false if s has no such region.
+  // Loop regions (string contents): the strongly connected component of s among the states
+  // without rule references (through byte edges), if s lies on a cycle. Fills a digest of
+  // the region's canonical serialization and its exit states (targets outside the region, in
+  // order of first appearance); false if s has no such region. Memoized per state.
   bool region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const;
+  struct RegionMemo {
+    bool found = false;
+    std::string key;  // the serialization's digest ('R')
+    std::vector<int32_t> exits;
+    std::string digest_q;  // its digest of kind 'Q' (region pieces)
+  };
+  // A digest (kind 'Q') of s's region and its exits, memoized with region_of; false if s has no
+  // loop region.
+  bool region_digest_q(int32_t s, std::string* qkey, std::vector<int32_t>* exits) const;
+  mutable std::mutex region_mu_;
+  mutable std::unordered_map<int32_t, RegionMemo> region_memo_;
+  // A loop-region state's region walk assembled from depth-1 pieces of its first bytes' targets
+  // (grammar_region_pieces.cpp), in the numbering of `exits` (region_of's); nullptr for sparse
+  // states.
+  std::shared_ptr<const StateMask> region_by_first_byte(int32_t s, const std::vector<int32_t>& exits) const;
+  // The region of t walked over the given sorted runs, each run's first byte taken as read
+  // into t; exits numbered as in `exits` (region_of's for t).
+  std::shared_ptr<StateMask> walk_region_depth1(int32_t t, const std::vector<int32_t>& exits,
+                                                const std::vector<std::pair<size_t, size_t>>& runs) const;
   std::shared_ptr<const StateMask> compute_region(int32_t s) const;
   // The region of t walked with every token's first byte taken as read into t (cached in the
   // tokenizer; grammar_region_pieces.cpp): first-byte pieces of targets inside loop regions.

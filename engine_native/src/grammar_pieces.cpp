@@ -181,10 +181,13 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     grp.bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
     grp.tokens += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b);
   }
+  // Each target's key once (local_key locks and copies).
+  std::unordered_map<int32_t, std::string> tkey;
+  for (const auto& kv : groups) tkey.emplace(kv.first, local_key(kv.first));
   for (auto& kv : groups) {
     Group& grp = kv.second;
     if (grp.tokens < kMinUnionTokens) continue;
-    grp.key = local_key(kv.first) + "UU";  // 19 bytes: never a piece key (18)
+    grp.key = tkey[kv.first] + "UU";  // 19 bytes: never a piece key (18)
     grp.ref = tok->cache_get(grp.key);
   }
 
@@ -197,42 +200,21 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     const Group& grp = groups[t];
     if (grp.ref && has(grp.ref->first_bytes, static_cast<uint8_t>(b))) continue;  // in the union
     std::string& key = piece_key[static_cast<size_t>(b)];
-    key = local_key(t);
+    key = tkey[t];
     key.push_back(static_cast<char>(b));
     piece[static_cast<size_t>(b)] = tok->cache_get(key);
     if (!piece[static_cast<size_t>(b)]) missing[t].push_back(b);
   }
-  // One walk per target over all of its missing runs, split into per-byte pieces afterwards.
+  // Missing runs are walked, then split into per-byte pieces. Targets in loop regions walk
+  // alone (from their region's shared depth-1 walk); the others share one walk per kind (plain
+  // or pushdown): ranges carry their own start states, and one walk instead of one per target
+  // saves its fixed costs (a key state sends each property name's first letter elsewhere).
   std::vector<uint32_t> scratch(static_cast<size_t>(tk.words));
-  for (const auto& kv : missing) {
-    const int32_t t = kv.first;
-    std::vector<WalkRange> ranges;
-    for (int b : kv.second) {
-      ranges.push_back({run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], 1, t, 0});
-    }
-    // A target inside a loop region: the region's shared depth-1 walk, plus the exit runs of
-    // these bytes walked from their exit states (the split below reads only these runs).
-    std::vector<int32_t> exit_states;
-    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states);
-    if (region) {
-      ranges.clear();
-      for (const RegionExit& e : region->exits) {
-        const uint8_t b0 = static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(e.begin)]]);
-        if (std::find(kv.second.begin(), kv.second.end(), static_cast<int>(b0)) == kv.second.end()) continue;
-        ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
-                          exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
-      }
-    }
-    std::shared_ptr<const StateMask> walked;
-    {
-      profile::Scope scope(profile::kPiecesWalk);
-      walked = piece_calls(t) ? compute_mask_with_calls(ranges, region.get()) : nullptr;
-      if (!walked) walked = compute_mask(ranges, region.get());
-    }
+  auto split = [&](const std::vector<int>& bytes, const StateMask& walked) {
     std::fill(scratch.begin(), scratch.end(), 0u);
-    seed_bits(walked.get(), scratch);
+    seed_bits(&walked, scratch);
     size_t u = 0;
-    for (int b : kv.second) {
+    for (int b : bytes) {
       const size_t lo = run_begin(b), hi = tk.first_byte_end[static_cast<size_t>(b)];
       auto p = std::make_shared<StateMask>();
       for (size_t j = lo; j < hi; ++j) {
@@ -240,14 +222,57 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
         if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
       }
       // Uncertain positions are ascending and runs are visited in byte order.
-      while (u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < lo) ++u;
-      while (u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < hi) {
-        p->uncertain.push_back(walked->uncertain[u++]);
+      while (u < walked.uncertain.size() && static_cast<size_t>(walked.uncertain[u]) < lo) ++u;
+      while (u < walked.uncertain.size() && static_cast<size_t>(walked.uncertain[u]) < hi) {
+        p->uncertain.push_back(walked.uncertain[u++]);
       }
       p->accepted_ids.shrink_to_fit();
       p->uncertain.shrink_to_fit();
       piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
     }
+  };
+  std::vector<int> shared_bytes[2];  // [calls]: bytes of targets outside loop regions
+  for (const auto& kv : missing) {
+    const int32_t t = kv.first;
+    std::vector<int32_t> exit_states;
+    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states);
+    if (!region) {
+      auto& into = shared_bytes[piece_calls(t) ? 1 : 0];
+      into.insert(into.end(), kv.second.begin(), kv.second.end());
+      continue;
+    }
+    // A target inside a loop region: the region's shared depth-1 walk, plus the exit runs of
+    // these bytes walked from their exit states (the split below reads only these runs).
+    std::vector<WalkRange> ranges;
+    for (const RegionExit& e : region->exits) {
+      const uint8_t b0 = static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(e.begin)]]);
+      if (std::find(kv.second.begin(), kv.second.end(), static_cast<int>(b0)) == kv.second.end()) continue;
+      ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
+                        exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
+    }
+    std::shared_ptr<const StateMask> walked;
+    {
+      profile::Scope scope(profile::kPiecesWalk);
+      walked = piece_calls(t) ? compute_mask_with_calls(ranges, region.get()) : nullptr;
+      if (!walked) walked = compute_mask(ranges, region.get());
+    }
+    split(kv.second, *walked);
+  }
+  for (int calls = 0; calls < 2; ++calls) {
+    std::vector<int>& bytes = shared_bytes[calls];
+    if (bytes.empty()) continue;
+    std::sort(bytes.begin(), bytes.end());  // ranges in sorted-token order
+    std::vector<WalkRange> ranges;
+    for (int b : bytes) {
+      ranges.push_back({run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], 1, target[static_cast<size_t>(b)], 0});
+    }
+    std::shared_ptr<const StateMask> walked;
+    {
+      profile::Scope scope(profile::kPiecesWalk);
+      walked = calls ? compute_mask_with_calls(ranges, nullptr) : nullptr;
+      if (!walked) walked = compute_mask(ranges, nullptr);
+    }
+    split(bytes, *walked);
   }
 
   auto out = std::make_shared<StateMask>();

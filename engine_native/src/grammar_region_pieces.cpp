@@ -9,6 +9,7 @@
 // walks only the exit runs (tokens leaving the region, e.g. those containing the closing quote)
 // from their exit states, as mask_for does for region states at depth 0.
 #include <algorithm>
+#include <stdexcept>
 
 #include "grammar.h"
 #include "grammar_profile.h"
@@ -22,9 +23,14 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, st
   key = digest(key, 'Q');
   if (auto hit = tok->cache_get(key)) return hit;
   profile::Scope scope(profile::kRegionWalk);
+  return tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tok->sorted.size()}}));
+}
+
+std::shared_ptr<StateMask> CompiledGrammar::walk_region_depth1(int32_t t, const std::vector<int32_t>& exits,
+                                                               const std::vector<std::pair<size_t, size_t>>& runs) const {
   const TokenizerInfo& tk = *tok;
   std::unordered_map<int32_t, int32_t> exit_of;
-  for (size_t k = 0; k < exits->size(); ++k) exit_of[(*exits)[k]] = static_cast<int32_t>(k);
+  for (size_t k = 0; k < exits.size(); ++k) exit_of[exits[k]] = static_cast<int32_t>(k);
   // Dense rows over the region's states (all resolved up front); an exit edge is -2 - exit.
   std::unordered_map<int32_t, int32_t> row_of{{t, 0}};
   std::vector<int32_t> order{t};
@@ -57,42 +63,292 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, st
   std::vector<int32_t> stack(tk.max_token_len + 1);
   std::vector<uint8_t> flag(tk.max_token_len + 1, 0);
   stack[1] = 0;
-  size_t valid = 1;
-  const size_t n = tk.sorted.size();
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* tokb = reinterpret_cast<const uint8_t*>(tk.sorted_ptr(i));
-    const size_t len = tk.sorted_len(i);
-    // Byte 0 is taken as read (into t); deeper bytes share the walk along common prefixes.
-    size_t d = std::max<size_t>(1, std::min<size_t>(i == 0 ? 1 : tk.lcp[i], valid));
-    int32_t nx = 0;
-    while (d < len) {
-      nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
-      if (nx < 0) break;
-      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], tokb[d]));
-      stack[d + 1] = nx;
-      ++d;
+  for (const auto& run : runs) {
+    size_t valid = 1;
+    for (size_t i = run.first; i < run.second; ++i) {
+      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(tk.sorted_ptr(i));
+      const size_t len = tk.sorted_len(i);
+      // Byte 0 is taken as read (into t); deeper bytes share the walk along common prefixes.
+      size_t d = std::max<size_t>(1, std::min<size_t>(i == run.first ? 1 : tk.lcp[i], valid));
+      int32_t nx = 0;
+      while (d < len) {
+        nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
+        if (nx < 0) break;
+        flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], tokb[d]));
+        stack[d + 1] = nx;
+        ++d;
+      }
+      valid = d;
+      if (d >= len) {
+        const int32_t id = tk.sorted[i];
+        bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        ++n_accepted;
+        continue;
+      }
+      const size_t end = tk.run_end(i, d + 1);
+      const bool escaped = flag[d] || escapes(stack[d], tokb[d]);
+      if (nx <= -2) {
+        out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1),
+                              -2 - nx, escaped ? 1 : 0});
+      } else if (escaped) {
+        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+      }
+      i = end - 1;
     }
-    valid = d;
-    if (d >= len) {
-      const int32_t id = tk.sorted[i];
-      bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
-      ++n_accepted;
-      continue;
-    }
-    const size_t end = tk.run_end(i, d + 1);
-    const bool escaped = flag[d] || escapes(stack[d], tokb[d]);
-    if (nx <= -2) {
-      out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
-                            escaped ? 1 : 0});
-    } else if (escaped) {
-      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
-    }
-    i = end - 1;
   }
   finish_mask(*out, std::move(bits), n_accepted);
   out->exits.shrink_to_fit();
   out->uncertain.shrink_to_fit();
-  return tok->cache_put(key, std::move(out));
+  return out;
+}
+
+namespace {
+// As in grammar_pieces.cpp: sparse states keep the direct walk; large byte groups use a union.
+constexpr size_t kMinRegionPieceTokens = 4096;
+constexpr size_t kMinRegionUnionTokens = 2048;
+}  // namespace
+
+// A loop-region state's own region walk is unique to it (its key is rooted at it), but each
+// state of a `pattern` search automaton sends most first bytes to the same few states (back to
+// "nothing matched yet"). The walk of a run of tokens from s after its first byte b is the walk
+// of that run entering t = step(s, b) at depth 1 inside t's region, which depends only on that
+// region's shape and b: cached per (shape, b), and per shape as a dense union over the bytes
+// first seen leading there, so the next state copies the union and walks only its other runs.
+std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s,
+                                                                       const std::vector<int32_t>& exits) const {
+  const TokenizerInfo& tk = *tok;
+  auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
+  auto run_end = [&](int b) -> size_t { return tk.first_byte_end[static_cast<size_t>(b)]; };
+  std::array<int32_t, 256> target{};
+  size_t live = 0;
+  for (int b = 0; b < 256; ++b) {
+    target[static_cast<size_t>(b)] = step(s, static_cast<uint8_t>(b));
+    if (target[static_cast<size_t>(b)] >= 0) live += run_end(b) - run_begin(b);
+  }
+  if (live < kMinRegionPieceTokens) return nullptr;
+  std::unordered_map<int32_t, int32_t> exit_of;
+  for (size_t k = 0; k < exits.size(); ++k) exit_of[exits[k]] = static_cast<int32_t>(k);
+  struct Target {
+    bool exit = false;
+    int32_t exit_id = 0;
+    std::string key;             // digest of t's region shape ('Q')
+    std::vector<int32_t> exits;  // t's region exits, in t's numbering
+    ByteSet bytes{};
+    size_t tokens = 0;
+    std::shared_ptr<const StateMask> uni;
+  };
+  std::unordered_map<int32_t, Target> targets;
+  std::vector<int32_t> order;  // targets in order of first byte, for a deterministic walk order
+  for (int b = 0; b < 256; ++b) {
+    const int32_t t = target[static_cast<size_t>(b)];
+    if (t < 0 || run_begin(b) == run_end(b)) continue;
+    auto ins = targets.emplace(t, Target());
+    Target& x = ins.first->second;
+    if (ins.second) {
+      order.push_back(t);
+      auto ex = exit_of.find(t);
+      if (ex != exit_of.end()) {
+        x.exit = true;
+        x.exit_id = ex->second;
+      } else {
+        // t is in s's region, hence in the same loop: its own region is the same states.
+        if (!region_digest_q(t, &x.key, &x.exits)) return nullptr;
+      }
+    }
+    x.bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+    x.tokens += run_end(b) - run_begin(b);
+  }
+
+  std::array<std::shared_ptr<const StateMask>, 256> piece;
+  std::vector<uint32_t> scratch(static_cast<size_t>(tk.words));
+  auto first_byte = [&](int32_t pos) {
+    return static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(pos)]]);
+  };
+  std::unordered_map<int32_t, std::vector<int>> missing;  // target -> bytes without union or piece
+  size_t missing_tokens = 0;
+  for (int32_t t : order) {
+    Target& x = targets[t];
+    if (x.exit) continue;
+    if (x.tokens >= kMinRegionUnionTokens) x.uni = tok->cache_get(x.key + "UU");
+    for (int b = 0; b < 256; ++b) {
+      if (!has(x.bytes, static_cast<uint8_t>(b)) || (x.uni && has(x.uni->first_bytes, static_cast<uint8_t>(b)))) continue;
+      piece[static_cast<size_t>(b)] = tok->cache_get(x.key + static_cast<char>(b));
+      if (!piece[static_cast<size_t>(b)]) {
+        missing[t].push_back(b);
+        missing_tokens += run_end(b) - run_begin(b);
+      }
+    }
+  }
+  auto exit_in_t = [&](const Target& x, RegionExit e) {
+    for (size_t k = 0; k < x.exits.size(); ++k) {
+      if (x.exits[k] == exits[static_cast<size_t>(e.exit)]) {
+        e.exit = static_cast<int32_t>(k);
+        return e;
+      }
+    }
+    throw std::logic_error("region exit outside a neighbour's region");
+  };
+  if (2 * missing_tokens > live) {
+    // Nothing shared yet: s's own region walk (one pass) is the cheapest first visit, and its runs
+    // are exactly the pieces of its targets, which are cached from it for the states that follow.
+    std::shared_ptr<const StateMask> whole;
+    {
+      profile::Scope scope(profile::kRegionWalk);
+      whole = compute_region(s);
+    }
+    std::fill(scratch.begin(), scratch.end(), 0u);
+    seed_bits(whole.get(), scratch);
+    for (int32_t t : order) {
+      Target& x = targets[t];
+      auto it = missing.find(t);
+      if (x.exit || it == missing.end()) continue;
+      const bool build_union = x.tokens >= kMinRegionUnionTokens && !x.uni;
+      ByteSet bytes{};
+      for (int b : it->second) bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+      auto take = [&](const ByteSet& from, StateMask& p) {
+        for (int32_t pos : whole->uncertain) {
+          if (has(from, first_byte(pos))) p.uncertain.push_back(pos);
+        }
+        for (const RegionExit& e : whole->exits) {
+          if (has(from, first_byte(e.begin))) p.exits.push_back(exit_in_t(x, e));
+        }
+      };
+      if (build_union) {
+        auto uni = std::make_shared<StateMask>();
+        std::vector<uint32_t> ub(static_cast<size_t>(tk.words), 0);
+        for (int b : it->second) {
+          for (size_t j = run_begin(b); j < run_end(b); ++j) {
+            const int32_t id = tk.sorted[j];
+            ub[static_cast<size_t>(id) >> 5] |= scratch[static_cast<size_t>(id) >> 5] & (1u << (id & 31));
+          }
+        }
+        uni->accepted_bits = std::move(ub);
+        uni->first_bytes = bytes;
+        take(bytes, *uni);
+        tok->cache_put(x.key + "UU", std::move(uni));
+        continue;
+      }
+      for (int b : it->second) {
+        auto p = std::make_shared<StateMask>();
+        for (size_t j = run_begin(b); j < run_end(b); ++j) {
+          const int32_t id = tk.sorted[j];
+          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+        }
+        ByteSet one{};
+        one[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+        take(one, *p);
+        p->accepted_ids.shrink_to_fit();
+        tok->cache_put(x.key + static_cast<char>(b), std::move(p));
+      }
+    }
+    return whole;
+  }
+  for (const auto& kv : missing) {
+    const int32_t t = kv.first;
+    const Target& x = targets[t];
+    std::vector<std::pair<size_t, size_t>> runs;
+    for (int b : kv.second) runs.emplace_back(run_begin(b), run_end(b));
+    std::shared_ptr<StateMask> walked;
+    {
+      profile::Scope scope(profile::kRegionWalk);
+      walked = walk_region_depth1(t, x.exits, runs);
+    }
+    std::fill(scratch.begin(), scratch.end(), 0u);
+    seed_bits(walked.get(), scratch);
+    size_t u = 0, e = 0;
+    for (int b : kv.second) {
+      const size_t lo = run_begin(b), hi = run_end(b);
+      auto p = std::make_shared<StateMask>();
+      for (size_t j = lo; j < hi; ++j) {
+        const int32_t id = tk.sorted[j];
+        if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+      }
+      // Uncertain positions and exits are in walk order, and runs were walked in byte order.
+      for (; u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < hi; ++u) {
+        p->uncertain.push_back(walked->uncertain[u]);
+      }
+      for (; e < walked->exits.size() && static_cast<size_t>(walked->exits[e].begin) < hi; ++e) {
+        p->exits.push_back(walked->exits[e]);
+      }
+      p->accepted_ids.shrink_to_fit();
+      p->uncertain.shrink_to_fit();
+      p->exits.shrink_to_fit();
+      piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
+    }
+  }
+
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
+  auto add_exit = [&](const Target& x, RegionExit e) {
+    e.exit = exit_of.at(x.exits[static_cast<size_t>(e.exit)]);
+    out->exits.push_back(e);
+  };
+  for (int32_t t : order) {
+    Target& x = targets[t];
+    if (x.exit) {
+      // The first byte already leaves the region: the whole run exits at depth 1.
+      for (int b = 0; b < 256; ++b) {
+        if (!has(x.bytes, static_cast<uint8_t>(b))) continue;
+        out->exits.push_back({static_cast<int32_t>(run_begin(b)), static_cast<int32_t>(run_end(b)), 1, x.exit_id, 0});
+      }
+      continue;
+    }
+    if (x.tokens < kMinRegionUnionTokens) continue;
+    if (x.uni) {
+      // The union minus the runs of bytes this state sends elsewhere (or nowhere)...
+      std::copy(x.uni->accepted_bits.begin(), x.uni->accepted_bits.end(), scratch.begin());
+      for (int b = 0; b < 256; ++b) {
+        if (!has(x.uni->first_bytes, static_cast<uint8_t>(b)) || has(x.bytes, static_cast<uint8_t>(b))) continue;
+        for (size_t j = run_begin(b); j < run_end(b); ++j) {
+          const int32_t id = tk.sorted[j];
+          scratch[static_cast<size_t>(id) >> 5] &= ~(1u << (id & 31));
+        }
+      }
+      for (int32_t pos : x.uni->uncertain) {
+        if (has(x.bytes, first_byte(pos))) out->uncertain.push_back(pos);
+      }
+      for (const RegionExit& e : x.uni->exits) {
+        if (has(x.bytes, first_byte(e.begin))) add_exit(x, e);
+      }
+      // ...plus the pieces of the bytes the union lacks (ORed below, from `piece`).
+    } else {
+      // First state reaching this target with many tokens: build its union and cache it.
+      auto uni = std::make_shared<StateMask>();
+      std::fill(scratch.begin(), scratch.end(), 0u);
+      for (int b = 0; b < 256; ++b) {
+        if (!has(x.bytes, static_cast<uint8_t>(b))) continue;
+        const StateMask* p = piece[static_cast<size_t>(b)].get();
+        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        uni->uncertain.insert(uni->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
+        uni->exits.insert(uni->exits.end(), p->exits.begin(), p->exits.end());
+        piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
+      }
+      uni->accepted_bits = scratch;
+      uni->first_bytes = x.bytes;
+      out->uncertain.insert(out->uncertain.end(), uni->uncertain.begin(), uni->uncertain.end());
+      for (const RegionExit& e : uni->exits) add_exit(x, e);
+      tok->cache_put(x.key + "UU", std::move(uni));
+    }
+    for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
+  }
+  for (int b = 0; b < 256; ++b) {
+    const StateMask* p = piece[static_cast<size_t>(b)].get();
+    if (!p) continue;
+    const Target& x = targets[target[static_cast<size_t>(b)]];
+    for (int32_t id : p->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
+    for (const RegionExit& e : p->exits) add_exit(x, e);
+  }
+  // Runs are disjoint, so positions are distinct; the exits' walks must run in sorted order.
+  std::sort(out->uncertain.begin(), out->uncertain.end());
+  std::sort(out->exits.begin(), out->exits.end(),
+            [](const RegionExit& a, const RegionExit& b) { return a.begin < b.begin; });
+  size_t n_accepted = 0;
+  for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
+  finish_mask(*out, std::move(bits), n_accepted);
+  out->uncertain.shrink_to_fit();
+  out->exits.shrink_to_fit();
+  return out;
 }
 
 }  // namespace grammar

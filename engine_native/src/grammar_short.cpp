@@ -23,8 +23,6 @@ namespace {
 constexpr int32_t kMaxDepth = static_cast<int32_t>(TokenizerInfo::kShortTokenLen) - 1;
 // Larger neighbourhoods (wide alternations) cost more to key than a walk saves.
 constexpr size_t kMaxShortStates = 4096;
-// Sparse states walk few tokens; keying them would cost more than the walk.
-constexpr size_t kMinShortTokens = 4096;
 constexpr int32_t kUnseen = -1;
 struct Scratch {
   std::vector<int32_t> dist;  // by state; kUnseen outside a key computation
@@ -139,19 +137,6 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
 }
 
 namespace {
-bool dense(const CompiledGrammar& g, int32_t s) {
-  const TokenizerInfo& tk = *g.tok;
-  size_t live = 0;
-  const State& st = g.states[s];
-  for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-    const ByteEdge& be = g.byte_edges[e];
-    live += tk.first_byte_end[be.hi] - (be.lo == 0 ? 0 : tk.first_byte_end[be.lo - 1u]);
-  }
-  return live >= kMinShortTokens;
-}
-}  // namespace
-
-namespace {
 // The plain walk (CompiledGrammar::compute_mask) of the long tokens from s, stepping through the
 // edge lists instead of building a 256-entry row per state met: the long tokens of a counted
 // repeat's position run deep into the chain, meeting hundreds of states a few times each.
@@ -213,7 +198,7 @@ std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, 
 }  // namespace
 
 std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, bool calls) const {
-  if (!dense(*this, s) || short_key(s).empty()) return nullptr;
+  if (!dense_start(s) || short_key(s).empty()) return nullptr;
   std::shared_ptr<const StateMask> part = tok->cache_get(short_key(s));
   if (!part) return nullptr;
   // The long tokens, in blocks of consecutive sorted positions (the walks reuse common
@@ -233,7 +218,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, 
 }
 
 void CompiledGrammar::put_short(int32_t s, const StateMask& full) const {
-  if (!dense(*this, s) || short_key(s).empty() || tok->cache_get(short_key(s))) return;
+  if (!dense_start(s) || short_key(s).empty() || tok->cache_get(short_key(s))) return;
   const TokenizerInfo& tk = *tok;
   auto is_short = [&](int32_t id) { return tk.tokens[static_cast<size_t>(id)].size() <= TokenizerInfo::kShortTokenLen; };
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);

@@ -405,34 +405,144 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
   return out;
 }
 
+namespace {
+bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits);
+}  // namespace
+
 bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const {
+  // Memoized: the pieces of a region state ask for the regions of all its neighbours.
+  {
+    std::lock_guard<std::mutex> lock(region_mu_);
+    auto it = region_memo_.find(s);
+    if (it != region_memo_.end()) {
+      *key = it->second.key;
+      *exits = it->second.exits;
+      return it->second.found;
+    }
+  }
+  RegionMemo memo;
+  memo.found = find_region(*this, s, &memo.key, &memo.exits);
+  // Kept as digests (the serialization of a region reaches tens of KB).
+  if (memo.found) {
+    memo.digest_q = digest(memo.key, 'Q');
+    memo.key = digest(memo.key, 'R');
+  } else {
+    memo.key.clear();
+  }
+  *key = memo.key;
+  *exits = memo.exits;
+  const bool found = memo.found;
+  std::lock_guard<std::mutex> lock(region_mu_);
+  region_memo_.emplace(s, std::move(memo));
+  return found;
+}
+
+bool CompiledGrammar::region_digest_q(int32_t s, std::string* qkey, std::vector<int32_t>* exits) const {
+  std::string raw;
+  if (!region_of(s, &raw, exits)) return false;
+  std::lock_guard<std::mutex> lock(region_mu_);
+  *qkey = region_memo_.at(s).digest_q;
+  return true;
+}
+
+namespace {
+bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits) {
+  const auto& states = g.states;
+  const auto& byte_edges = g.byte_edges;
+  using ByteSet = CompiledGrammar::ByteSet;
   // Bounded so that the search stays cheap next to the walk it replaces.
   constexpr size_t kMaxRegion = 512;
   auto inside = [&](int32_t q) { return states[q].ref_end == states[q].ref_begin; };
   if (!inside(s)) return false;
-  bool any_final = false;
-  std::unordered_map<int32_t, int32_t> region{{s, 0}}, exit_ids;
+  // The region is s's strongly connected component among the states without references: what
+  // the loop can return to. States it only leads to (the closing quote of a string and the
+  // final state after it) are exits, walked per state, so the region (and its cached walk) is
+  // the same for every string of one syntax whatever follows the string.
+  // Per-thread state -> index scratch (reset entry by entry): grammars have up to 10^5 states.
+  thread_local std::vector<int32_t> idx;
+  if (idx.size() < states.size()) idx.resize(states.size(), -1);
   std::vector<int32_t> order{s};
-  key->assign(1, 'R');
-  bool cyclic = false;
-  auto put = [&](int32_t v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  idx[static_cast<size_t>(s)] = 0;
+  struct Reset {
+    std::vector<int32_t>& order;
+    ~Reset() {
+      for (int32_t q : order) idx[static_cast<size_t>(q)] = -1;
+    }
+  } reset{order};
   for (size_t i = 0; i < order.size(); ++i) {
     const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const int32_t q = byte_edges[e].target;
+      if (!inside(q) || idx[static_cast<size_t>(q)] >= 0) continue;
+      if (order.size() >= kMaxRegion) return false;
+      idx[static_cast<size_t>(q)] = static_cast<int32_t>(order.size());
+      order.push_back(q);
+    }
+  }
+  // Predecessor lists (CSR) within the forward set, then backward reachability to s.
+  const size_t n = order.size();
+  std::vector<int32_t> pstart(n + 1, 0), pred;
+  for (size_t i = 0; i < n; ++i) {
+    const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const int32_t k = inside(byte_edges[e].target) ? idx[static_cast<size_t>(byte_edges[e].target)] : -1;
+      if (k >= 0) ++pstart[static_cast<size_t>(k) + 1];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) pstart[i + 1] += pstart[i];
+  pred.resize(static_cast<size_t>(pstart[n]));
+  {
+    std::vector<int32_t> fill(pstart.begin(), pstart.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      const State& st = states[order[i]];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const int32_t k = inside(byte_edges[e].target) ? idx[static_cast<size_t>(byte_edges[e].target)] : -1;
+        if (k >= 0) pred[static_cast<size_t>(fill[static_cast<size_t>(k)]++)] = static_cast<int32_t>(i);
+      }
+    }
+  }
+  std::vector<uint8_t> back(n, 0);  // can reach s
+  bool cyclic = false;
+  {
+    std::vector<int32_t> work{0};
+    while (!work.empty()) {
+      const int32_t k = work.back();
+      work.pop_back();
+      for (int32_t j = pstart[static_cast<size_t>(k)]; j < pstart[static_cast<size_t>(k) + 1]; ++j) {
+        const int32_t p = pred[static_cast<size_t>(j)];
+        cyclic |= p == 0;
+        if (!back[static_cast<size_t>(p)]) {
+          back[static_cast<size_t>(p)] = 1;
+          work.push_back(p);
+        }
+      }
+    }
+  }
+  if (!cyclic) return false;
+  // Serialize the region in discovery order from s; num[k]: region number of forward index k
+  // (-1 unseen), exit_num: exit number of a target outside the region.
+  std::vector<int32_t> num(n, -1), members{0};
+  num[0] = 0;
+  std::unordered_map<int32_t, int32_t> exit_ids;
+  bool any_final = false;
+  key->assign(1, 'R');
+  key->reserve(64 * n);
+  auto put = [&](int32_t v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (size_t i = 0; i < members.size(); ++i) {
+    const State& st = states[order[static_cast<size_t>(members[i])]];
     any_final |= st.final;
     put(st.final ? 1 : 0);
     put(static_cast<int32_t>(st.byte_end - st.byte_begin));
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
       const ByteEdge& be = byte_edges[e];
       put((be.lo << 8) | be.hi);
-      cyclic |= be.target == s;
-      if (inside(be.target)) {
-        auto it = region.find(be.target);
-        if (it == region.end()) {
-          if (order.size() >= kMaxRegion) return false;
-          it = region.emplace(be.target, static_cast<int32_t>(order.size())).first;
-          order.push_back(be.target);
+      const int32_t k = inside(be.target) ? idx[static_cast<size_t>(be.target)] : -1;
+      if (k >= 0 && back[static_cast<size_t>(k)]) {
+        if (num[static_cast<size_t>(k)] < 0) {
+          num[static_cast<size_t>(k)] = static_cast<int32_t>(members.size());
+          members.push_back(k);
         }
-        put(it->second);
+        put(num[static_cast<size_t>(k)]);
       } else {
         auto it = exit_ids.find(be.target);
         if (it == exit_ids.end()) {
@@ -445,9 +555,10 @@ bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t
   }
   // A final region state lets control leave the rule with any byte of its follow set (both walks
   // read exactly that as its escape set, since region states call nothing).
-  if (any_final) key->append(reinterpret_cast<const char*>(follow[states[s].rule].data()), sizeof(ByteSet));
-  return cyclic;
+  if (any_final) key->append(reinterpret_cast<const char*>(g.follow[states[s].rule].data()), sizeof(ByteSet));
+  return true;
 }
+}  // namespace
 
 // Walks every token through a loop region alone: tokens that stay inside are accepted, tokens
 // that die inside are rejected or uncertain exactly as in the full walks (region states call
@@ -559,6 +670,41 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(int32_t s,
   return out;
 }
 
+bool CompiledGrammar::dense_start(int32_t s) const {
+  constexpr size_t kMinDense = 4096;
+  size_t live = 0;
+  const State& st = states[s];
+  for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+    const ByteEdge& be = byte_edges[e];
+    live += tok->first_byte_end[be.hi] - (be.lo == 0 ? 0 : tok->first_byte_end[be.lo - 1u]);
+  }
+  return live >= kMinDense;
+}
+
+// The pushdown walk of a dense state refines the plain walk: a token the plain walk accepts is
+// consumed inside the rule, which the pushdown walk follows too (accepted); one it rejects dies
+// before control could leave the rule, where the pushdown walk has no other configuration
+// (rejected). Only the plain walk's uncertain tokens need the pushdown walk, and they come in
+// runs that share the prefix where the rule could be left; the plain walk's rows cost less per
+// byte than the pushdown walk's configuration sets, so the dense part of the vocabulary is
+// cheaper there.
+std::shared_ptr<const StateMask> CompiledGrammar::refine_with_calls(int32_t s) const {
+  std::shared_ptr<const StateMask> plain = compute_mask({{0, tok->sorted.size(), 0, s, 0}}, nullptr);
+  if (plain->uncertain.empty()) return plain;
+  std::vector<WalkRange> ranges;
+  for (size_t i = 0; i < plain->uncertain.size();) {
+    size_t j = i + 1;
+    while (j < plain->uncertain.size() && plain->uncertain[j] == plain->uncertain[j - 1] + 1) ++j;
+    ranges.push_back({static_cast<size_t>(plain->uncertain[i]), static_cast<size_t>(plain->uncertain[j - 1]) + 1, 0, s, 0});
+    i = j;
+  }
+  StateMask accepted;
+  accepted.accepted_bits = plain->accepted_bits;
+  accepted.accepted_ids = plain->accepted_ids;
+  std::shared_ptr<const StateMask> refined = compute_mask_with_calls(ranges, &accepted);
+  return refined ? refined : plain;  // a pushdown walk that gives up leaves the coarser answer
+}
+
 const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   const StateMask* p = masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
@@ -580,8 +726,14 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
       region_key = digest(region_key, 'R');
       region = tok->cache_get(region_key);
       if (!region) {
+        // A dense region's walk from its first bytes' targets (shared by its neighbours'),
+        // else the region walk itself.
+        {
+          profile::Scope scope(profile::kPieces);
+          region = region_by_first_byte(s, exit_states);
+        }
         profile::Scope scope(profile::kRegionWalk);
-        region = tok->cache_put(region_key, compute_region(s));
+        region = tok->cache_put(region_key, region ? region : compute_region(s));
       }
     }
     std::vector<WalkRange> ranges;
@@ -607,7 +759,10 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     }
     const profile::Kind walk_kind =
         region ? profile::kRegionExits : (calls ? profile::kFullCalls : profile::kFullPlain);
-    if (!fresh && calls) {
+    if (!fresh && calls && !region && dense_start(s)) {
+      profile::Scope scope(walk_kind);
+      fresh = refine_with_calls(s);
+    } else if (!fresh && calls) {
       profile::Scope scope(walk_kind);
       fresh = compute_mask_with_calls(ranges, region.get());
     }

@@ -45,10 +45,15 @@ struct SetDfa {
   std::unordered_map<uint64_t, int32_t> node_ids;
   std::vector<Item> pool;
   std::vector<CfgSet> sets;
-  std::unordered_map<std::string, int32_t> set_ids;
-  std::vector<int32_t> trans;
+  // Sets by a 64-bit hash of their configurations and `leave`; equal hashes chain through
+  // set_next (compared item by item), so interning allocates no key.
+  std::unordered_map<uint64_t, int32_t> set_ids;
+  std::vector<int32_t> set_next;
+  // 16-bit set ids: the table is the walk's main memory traffic (one row per set, read at
+  // random), and the sets of one DFA stay below kKeepSets + kMaxSets.
+  std::vector<int16_t> trans;
 };
-// Past this many sets (1 KiB of transitions each) the next walk starts afresh.
+// Past this many sets (512 bytes of transitions each) the next walk starts afresh.
 constexpr size_t kKeepSets = 4096;
 SetDfa& set_dfa(uint64_t grammar) {
   thread_local SetDfa dfa;
@@ -132,22 +137,37 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   };
   std::vector<Item>& pool = dfa.pool;
   std::vector<SetDfa::CfgSet>& sets = dfa.sets;
-  std::unordered_map<std::string, int32_t>& set_ids = dfa.set_ids;
-  std::vector<int32_t>& trans = dfa.trans;  // sets.size() * 256; -2 unknown, -1 dead
+  std::unordered_map<uint64_t, int32_t>& set_ids = dfa.set_ids;
+  std::vector<int32_t>& set_next = dfa.set_next;
+  std::vector<int16_t>& trans = dfa.trans;  // sets.size() * 256; -2 unknown, -1 dead
+  static_assert(kKeepSets + kMaxSets < 32767, "set ids must fit the 16-bit transition table");
   auto intern_set = [&](uint8_t leave) {
     std::sort(cfg.begin(), cfg.end(),
               [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
     // `leave` joins the key: a walk's unexpanded start set ({(s, -1)}, leave 0) must not stand
     // for the same configurations reached by a byte, where s may be final (leave 1).
-    std::string key(reinterpret_cast<const char*>(cfg.data()), cfg.size() * sizeof(Item));
-    key.push_back(static_cast<char>(leave));
-    auto it = set_ids.find(key);
-    if (it != set_ids.end()) return it->second;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ leave;
+    for (const Item& c : cfg) {
+      h = (h ^ ((static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) | static_cast<uint32_t>(c.origin))) *
+          0xff51afd7ed558ccdull;
+      h ^= h >> 29;
+    }
+    auto it = set_ids.find(h);
+    const int32_t head = it == set_ids.end() ? -1 : it->second;
+    for (int32_t k = head; k >= 0; k = set_next[static_cast<size_t>(k)]) {
+      const SetDfa::CfgSet& cs = sets[static_cast<size_t>(k)];
+      if (cs.leave == leave && cs.end - cs.begin == cfg.size() &&
+          std::equal(cfg.begin(), cfg.end(), pool.begin() + static_cast<long>(cs.begin),
+                     [](const Item& x, const Item& y) { return x.state == y.state && x.origin == y.origin; })) {
+        return k;
+      }
+    }
     int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back({pool.size(), pool.size() + cfg.size(), leave});
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
-    set_ids.emplace(std::move(key), id);
+    set_next.push_back(head);
+    set_ids[h] = id;
     return id;
   };
   auto transition = [&](int32_t a, uint8_t b) {
@@ -168,6 +188,9 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   // to follow it (or the stack overflowed there). Ranges starting at depth > 0 come out of a
   // loop region, whose walk computed the flag up to there.
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  // live0: the first bytes live0_state reads (ranges from one state share it).
+  CompiledGrammar::ByteSet live0{};
+  int32_t live0_state = -1;
   for (const WalkRange& range : ranges) {
     const size_t depth0 = range.depth;
     // At byte 0 the start state is not expanded: the items it would predict are in the Earley
@@ -185,12 +208,28 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       const uint8_t leave = sets[set_at[d]].leave;
       return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
     };
+    // From depth 0, a first byte the start state cannot read kills its whole run, and no walk
+    // marks a token uncertain at byte 0: skip such runs without computing (and memoizing) the
+    // start set's dead transitions, most of a sparse state's walk.
+    if (depth0 == 0 && range.state != live0_state) {
+      live0_state = range.state;
+      live0.fill(0);
+      const State& st0 = states[range.state];
+      for (uint32_t e = st0.byte_begin; e < st0.byte_end; ++e) {
+        for (int b = byte_edges[e].lo; b <= byte_edges[e].hi; ++b) live0[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+      }
+    }
     size_t valid = depth0;
     for (size_t i = range.begin; i < range.end; ++i) {
       size_t l = i == range.begin ? depth0 : t.lcp[i];
       long dead_at = -1;
       const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
       const size_t len = t.sorted_len(i);
+      if (depth0 == 0 && l == 0 && !has(live0, tokb[0])) {
+        valid = 0;
+        i = std::max(i, static_cast<size_t>(t.first_byte_end[tokb[0]])) - 1;
+        continue;
+      }
       size_t d = std::min(l, valid);
       while (d < len) {
         const size_t slot = static_cast<size_t>(set_at[d]) * 256 + tokb[d];
@@ -198,7 +237,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
         if (next == -2) {
           next = transition(set_at[d], tokb[d]);
           if (overflow || sets.size() - sets_before > kMaxSets) return nullptr;
-          trans[slot] = next;
+          trans[slot] = static_cast<int16_t>(next);
         }
         if (next < 0) {
           dead_at = static_cast<long>(d);
