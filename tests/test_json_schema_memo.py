@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref, Repeat, Seq
+from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref, Seq
+from agent_infer.grammar.ir import _rename as rename_refs
 from agent_infer.grammar.json_schema_automata import encoded_head, names_complement_rules, names_dfa
 from agent_infer.grammar.json_schema_keys import (
     KEY_RULE_PREFIX,
@@ -124,16 +125,15 @@ NAME_SETS = [
 ]
 
 
+class _KeepOthers(dict[str, str]):
+    """A renaming that keeps names it does not list (char-high is a grammar-wide rule)."""
+
+    def __missing__(self, name: str) -> str:
+        return name
+
+
 def _rename(expr: Expr, mapping: dict[str, str]) -> Expr:
-    if isinstance(expr, Ref):
-        return Ref(mapping.get(expr.name, expr.name))  # char-high is a grammar-wide rule
-    if isinstance(expr, Seq):
-        return Seq(tuple(_rename(e, mapping) for e in expr.items))
-    if isinstance(expr, Alt):
-        return Alt(tuple(_rename(e, mapping) for e in expr.items))
-    if isinstance(expr, Repeat):
-        return Repeat(_rename(expr.item, mapping), expr.min, expr.max)
-    return expr
+    return rename_refs(expr, _KeepOthers(mapping))
 
 
 def test_shared_trie_nodes_are_the_per_object_rules_renamed() -> None:

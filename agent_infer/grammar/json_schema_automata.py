@@ -338,16 +338,13 @@ def names_complement_rules(
     return Ref(f"{prefix}0"), rules
 
 
-def complement_node(
-    children: list[tuple[int, Ref]], accepting: bool, sink_ref: Ref, head: Head | None = None
-) -> Expr:
-    """The rule of one trie node in "any key but these names": each child's code point leads to
-    the child's rule, the gaps between them to the accepting sink (kept in code point order), and
-    the key may end here unless the node spells a name (``accepting`` in the trie)."""
+def code_point_gaps(cps: list[int] | tuple[int, ...]) -> tuple[list[tuple[int, int]], int]:
+    """The code point ranges between sorted ``cps`` (and after the last, up to ``MAX_CP``), and the
+    index of the first child that comes after a gap (where the gap branch goes in code point order)."""
     gaps: list[tuple[int, int]] = []
     sink_at = -1
     nxt = 0
-    for k, (cp, _) in enumerate(children):
+    for k, cp in enumerate(cps):
         if cp > nxt:
             if sink_at < 0:
                 sink_at = k
@@ -355,8 +352,18 @@ def complement_node(
         nxt = cp + 1
     if nxt <= MAX_CP:
         if sink_at < 0:
-            sink_at = len(children)
+            sink_at = len(cps)
         gaps.append((nxt, MAX_CP))
+    return gaps, sink_at
+
+
+def complement_node(
+    children: list[tuple[int, Ref]], accepting: bool, sink_ref: Ref, head: Head | None = None
+) -> Expr:
+    """The rule of one trie node in "any key but these names": each child's code point leads to
+    the child's rule, the gaps between them to the accepting sink (kept in code point order), and
+    the key may end here unless the node spells a name (``accepting`` in the trie)."""
+    gaps, sink_at = code_point_gaps([cp for cp, _ in children])
     enc = head or encoded_head
     branches: list[Expr] = []
     for k, (cp, ref) in enumerate(children):

@@ -29,6 +29,7 @@ from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
 from agent_infer.grammar.json_schema_automata import (
     TRIE_MAX_STATES,
+    code_point_gaps,
     complement_sink,
     encoded_head,
     names_dfa,
@@ -159,19 +160,7 @@ def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
     cps = tuple([cp for cp, _ in children])
     gap = _GAPS.get(cps)
     if gap is None:
-        gaps: list[tuple[int, int]] = []
-        sink_at = -1
-        nxt = 0
-        for k, cp in enumerate(cps):
-            if cp > nxt:
-                if sink_at < 0:
-                    sink_at = k
-                gaps.append((nxt, cp - 1))
-            nxt = cp + 1
-        if nxt <= MAX_CP:
-            if sink_at < 0:
-                sink_at = len(cps)
-            gaps.append((nxt, MAX_CP))
+        gaps, sink_at = code_point_gaps(cps)
         if len(_GAPS) >= _MAX_HEADS:
             _GAPS.clear()
         branch = Seq((*special_head(tuple(gaps)), _SINK_REF)) if gaps else None
