@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from test_grammar_core_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
@@ -36,20 +34,14 @@ DOC = {"name": 'Ada "the" Lovelace', "city": "Saint-Rémy-de-Provence, Bouches",
 
 def _check_pass(compiled: object, ids: list[int], positions: set[int]) -> int:
     """Checks the mask at ``positions``; returns the largest uncertain set met on the way."""
-    info = compiled.tokenizer_info  # type: ignore[attr-defined]
     m = GrammarMatcher(compiled)  # type: ignore[arg-type]
-    bitmask = allocate_token_bitmask(1, info.vocab_size)
     most_uncertain = 0
     for pos, tid in enumerate(ids):
         # (state, rule, origin, accepted, uncertain) per scanning item of the current set.
         items = m._m.debug_items()
         most_uncertain = max([most_uncertain, *(int(it[4]) for it in items)])
         if pos in positions:
-            m.fill_next_token_bitmask(bitmask)
-            words = bitmask[0].numpy().view(np.uint32)
-            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
-            for t in range(info.vocab_size):
-                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            assert_mask_exact(m, pos)
         assert m.accept_token(tid), pos
     return most_uncertain
 

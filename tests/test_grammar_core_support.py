@@ -11,6 +11,9 @@ import os
 from functools import cache
 from pathlib import Path
 
+import numpy as np
+
+from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.ir import (
     CharClass,
     Expr,
@@ -25,6 +28,7 @@ from agent_infer.grammar.ir import (
     seq,
     star,
 )
+from agent_infer.grammar.matcher import GrammarMatcher
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
 _CACHE = Path(os.environ.get("AGENT_INFER_TEST_CACHE", "/tmp/agent_infer_test_cache"))
@@ -231,3 +235,15 @@ GRAMMARS = {
     "order": schema_order,
     "anyjson": schema_any_json_field,
 }
+
+
+def assert_mask_exact(m: GrammarMatcher, pos: int) -> None:
+    """Every token id's bit in ``m``'s mask equals whether a fork of ``m`` accepts it (``pos`` names
+    the position in failure messages)."""
+    info = m.compiled_grammar.tokenizer_info
+    bitmask = allocate_token_bitmask(1, info.vocab_size)
+    m.fill_next_token_bitmask(bitmask)
+    words = bitmask[0].numpy().view(np.uint32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
+    for t in range(info.vocab_size):
+        assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from test_grammar_core_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
@@ -37,17 +35,11 @@ DOC = {"stamp": "at 12 1999-1 2024-06:3x", "code": "a\u00e9 z", "word": "brn:x_1
 
 def _exhaustive(compiled: object, ids: list[int], positions: set[int]) -> int:
     """Checks every token id's mask bit at ``positions``; returns how many positions it checked."""
-    info = compiled.tokenizer_info  # type: ignore[attr-defined]
     m = GrammarMatcher(compiled)  # type: ignore[arg-type]
-    bitmask = allocate_token_bitmask(1, info.vocab_size)
     checked = 0
     for pos, tid in enumerate(ids):
         if pos in positions:
-            m.fill_next_token_bitmask(bitmask)
-            words = bitmask[0].numpy().view(np.uint32)
-            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
-            for t in range(info.vocab_size):
-                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            assert_mask_exact(m, pos)
             checked += 1
         assert m.accept_token(tid), pos
     return checked
