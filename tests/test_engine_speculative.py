@@ -12,7 +12,7 @@ import torch
 
 from agent_infer import SamplingParams
 from agent_infer.engine.config import EngineConfig
-from agent_infer.engine.speculator import NgramIndex, _verify_sampled
+from agent_infer.engine.speculator import NgramIndex, verify_rows
 from agent_infer.errors import ConfigError
 from agent_infer.structured import StructuredOutput
 
@@ -183,7 +183,7 @@ def test_speculative_sampling_keeps_the_distribution() -> None:
     trials = 20000
     counts = torch.zeros(5)
     for _ in range(trials):
-        first = _verify_sampled(logits, [3], params, gen)[0]
+        first = verify_rows(logits, [3], params, gen)[0][0]
         counts[first] += 1
     freq = counts / trials
     assert torch.allclose(freq, probs, atol=0.015), freq

@@ -72,25 +72,8 @@ class Sampler:
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Draw one token from a single ``[vocab]`` logits row under ``params`` (temperature > 0).
 
-    Consumes exactly one number from ``generator``.
-    """
-    probs, indices = row_distribution(logits, params)
-    cdf = torch.cumsum(probs, dim=0)
-    u = torch.rand((1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
-    # right=True lands on the first token whose cumulative mass exceeds u, never a zeroed one.
-    pos = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1)
-    chosen = indices[pos] if indices is not None else pos
-    return int(chosen.item())
-
-
-def row_distribution(
-    logits: torch.Tensor, params: SamplingParams
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The sampling distribution of one logits row (temperature > 0), not necessarily normalized.
-
-    Returns ``(probs, indices)``: ``probs[i]`` is the mass of token ``indices[i]``, or of token
-    ``i`` when ``indices`` is None (the whole vocabulary). Order of filters: temperature, top-k
-    (renormalised), top-p on what is left, then min-p relative to the most likely survivor.
+    Order of filters: temperature, top-k (renormalised), top-p on what is left, then min-p relative
+    to the most likely survivor. Consumes exactly one number from ``generator``.
     """
     scaled = logits / params.temperature
     vocab = scaled.shape[0]
@@ -116,4 +99,9 @@ def row_distribution(
         probs = torch.softmax(scaled, dim=0)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < probs.max() * params.min_p, 0.0)
-    return probs, indices
+    cdf = torch.cumsum(probs, dim=0)
+    u = torch.rand((1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    # right=True lands on the first token whose cumulative mass exceeds u, never a zeroed one.
+    pos = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1)
+    chosen = indices[pos] if indices is not None else pos
+    return int(chosen.item())

@@ -10,10 +10,13 @@ the mask would allow.
 The next step feeds the request's pending tokens plus its draft; the model returns logits for
 the last pending token and for each draft token, each masked by the grammar state at its
 position. Verification keeps the longest accepted draft prefix plus one token from the first row
-that disagrees (or a bonus token when all agree): greedy requests accept a draft token that is the
-row's arg-max, so they decode exactly the tokens they would without drafts; sampled requests use
-speculative sampling (accept with the row's probability of the token, else draw from the row with
-that token removed), which leaves the output distribution unchanged.
+that disagrees (or a bonus token when all agree, unless forced tokens follow the whole draft).
+Each row's token is chosen exactly as plain decoding would choose it (the arg-max, or an
+inverse-CDF draw of one number from the request's generator), and a draft token is accepted when
+it equals that choice. So greedy and seeded requests decode the same tokens with or without
+drafts, whatever the batch (up to the rounding of a multi-row forward pass); for a sampled request
+a draft token is accepted with exactly its probability under the row, as in speculative sampling
+with a deterministic draft.
 
 The draft length follows a confidence schedule per request: it starts at
 ``EngineConfig.speculative_tokens``, grows by one after a fully accepted draft and shrinks to one
@@ -35,6 +38,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from agent_infer.engine.closing import remaining_tokens
 from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
 from agent_infer.sampling_params import SamplingParams
@@ -107,11 +111,7 @@ class Speculator:
             seq.draft_len = self.max_tokens
             seq.draft_acceptance = INITIAL_ACCEPTANCE
         # Room for the draft and the token sampled after it, within max_tokens and the context.
-        room = min(
-            seq.params.max_tokens - seq.num_output_tokens,
-            self.max_model_len - seq.num_tokens,
-        )
-        k = min(seq.draft_len, room - 1)
+        k = min(seq.draft_len, remaining_tokens(seq, self.max_model_len) - 1)
         if k <= 0:
             return
         draft = seq.spec_index.lookup(seq.token_ids, k)
@@ -124,21 +124,7 @@ class Speculator:
         of them are draft tokens: the accepted prefix of ``draft``, then one token of the model's
         own, except after a whole draft that jump-forward continues (plain decoding would append
         forced tokens there, not sample). Updates the draft-length schedule."""
-        params = seq.params
-        bonus = not seq.draft_then_forced
-        if params.greedy:
-            best: list[int] = rows.argmax(dim=-1).tolist()
-            n = 0
-            while n < len(draft) and best[n] == draft[n]:
-                n += 1
-            tokens = [*draft[:n]]
-            if n < len(draft) or bonus:
-                tokens.append(best[n])
-        else:
-            tokens = _verify_sampled(rows, draft, params, seq.generator, bonus)
-            n = min(len(tokens), len(draft))
-            if n and tokens[n - 1] != draft[n - 1]:
-                n -= 1
+        tokens, n = verify_rows(rows, draft, seq.params, seq.generator, bonus=not seq.draft_then_forced)
         seq.num_draft_tokens += len(draft)
         seq.num_accepted_draft_tokens += n
         if draft:
@@ -172,22 +158,25 @@ def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tupl
     return kept, forced_after
 
 
-def _verify_sampled(
+def verify_rows(
     rows: torch.Tensor,
     draft: Seq[int],
     params: SamplingParams,
     generator: torch.Generator | None,
     bonus: bool = True,
-) -> list[int]:
-    """Sample row by row exactly as plain decoding would (one number per token from the request's
-    generator) and stop at the first row whose token differs from the draft's; after a whole draft,
-    sample the next row only when ``bonus``."""
+) -> tuple[list[int], int]:
+    """Choose each row's token as plain decoding would (arg-max, or one draw from ``generator``),
+    stopping at the first that differs from the draft's; after a whole draft, choose the next row's
+    only when ``bonus``. Returns the tokens and how many of them are accepted draft tokens."""
+    best: list[int] = rows.argmax(dim=-1).tolist() if params.greedy else []
     tokens: list[int] = []
+    accepted = 0
     for j in range(len(draft) + 1):
         if j == len(draft) and not bonus:
             break
-        token = sample_row(rows[j], params, generator)
+        token = best[j] if params.greedy else sample_row(rows[j], params, generator)
         tokens.append(token)
         if j == len(draft) or token != draft[j]:
             break
-    return tokens
+        accepted += 1
+    return tokens, accepted
