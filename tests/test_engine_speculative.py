@@ -57,7 +57,7 @@ PERSON_PROMPT = [
 def pair(make_llm: Callable[..., Any]) -> tuple[Any, Any]:
     """The same engine without and with drafts (prefix caching off so both run the same steps)."""
     return (
-        make_llm(enable_prefix_caching=False, speculative_tokens=0),
+        make_llm(enable_prefix_caching=False, speculative_tokens=0, boundary_drafts=False),
         make_llm(enable_prefix_caching=False, speculative_tokens=5),
     )
 
@@ -104,7 +104,9 @@ def test_constrained_greedy_with_drafts_is_valid_and_same_text(
     plain = (
         pair[0]
         if forced
-        else make_llm(enable_prefix_caching=False, forced_tokens=False, speculative_tokens=0)
+        else make_llm(
+            enable_prefix_caching=False, forced_tokens=False, speculative_tokens=0, boundary_drafts=False
+        )
     )
     spec = make_llm(enable_prefix_caching=False, forced_tokens=forced, speculative_tokens=5)
     params = SamplingParams(
@@ -116,6 +118,51 @@ def test_constrained_greedy_with_drafts_is_valid_and_same_text(
     # A draft stops where jump-forward takes over, so even the tokens match plain decoding.
     assert y.outputs[0].token_ids == x.outputs[0].token_ids
     assert y.metrics.num_accepted_draft_tokens > 0
+
+
+def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
+    make_llm: Callable[..., Any], pair: tuple[Any, Any]
+) -> None:
+    """With n-gram drafts off, the forced text's unsafe last tokens are still drafted and verified."""
+    boundary = make_llm(enable_prefix_caching=False, speculative_tokens=0, boundary_drafts=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=120, structured=StructuredOutput.json_schema(PERSON, whitespace="compact")
+    )
+    x, y = _chat(pair[0], [PERSON_PROMPT], params)[0], _chat(boundary, [PERSON_PROMPT], params)[0]
+    assert y.outputs[0].token_ids == x.outputs[0].token_ids
+    assert x.metrics.num_draft_tokens == 0
+    assert 0 < y.metrics.num_accepted_draft_tokens <= y.metrics.num_draft_tokens
+    # Only forced text is drafted: every draft token is one the grammar fixed at that point.
+    assert y.metrics.num_draft_tokens <= len(y.outputs[0].token_ids)
+
+
+def test_boundary_tokens_are_the_forced_text_left_to_the_model(loaded_model: Any) -> None:
+    """After jump-forward the grammar still fixes some text (its last token could merge with what
+    follows); the boundary draft is that text's canonical tokenization, and drafting it leaves the
+    matcher where it was."""
+    from agent_infer.engine.speculator import boundary_tokens
+    from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo
+
+    tok = loaded_model.tokenizer
+    info = TokenizerInfo.from_tokenizer(tok.hf_tokenizer, eos_token_ids=sorted(tok.eos_token_ids))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    m = GrammarMatcher(GrammarCompiler(info).compile_json_schema(schema, whitespace="compact"))
+    jumped = m.forced_tokens()
+    for t in jumped:
+        assert m.accept_token(t)
+    forced, _ = m.find_forced_bytes()
+    assert b'{"name":"'.startswith(b"".join(info.token_bytes(t) for t in jumped) + forced)
+    assert forced  # the boundary: jump-forward did not take all of '{"name":"'
+    before = m.num_accepted_steps
+    draft = boundary_tokens(m)
+    assert m.num_accepted_steps == before
+    assert draft == info.encode(forced.decode())
+    assert b"".join(info.token_bytes(t) for t in draft) == forced
+    for t in draft:
+        assert m.accept_token(t)
+    assert m.find_forced_bytes()[0] == b""  # the draft covers the whole forced text
+    m.rollback(len(draft))
+    assert boundary_tokens(m) == draft
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_drafts(make_llm: Callable[..., Any]) -> None:

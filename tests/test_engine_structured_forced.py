@@ -244,9 +244,11 @@ def test_leading_forced_tokens_are_prefilled_with_the_prompt(
     assert out.finish_reason == "stop", out.text
     jsonschema.validate(json.loads(out.text), SCHEMAS[0])
     # Forced on: the first forward pass is the prompt plus the leading forced tokens; every pass
-    # samples one token, so forced runs (each fed as one chunk) cost no pass of their own.
+    # samples one token, so forced runs (each fed as one chunk) cost no pass of their own, nor do
+    # accepted boundary drafts (the forced text's last tokens, verified in the same pass).
     assert calls[0] == [len(prompt) + (len(leading) if forced else 0)]
-    assert len(calls) == len(out.token_ids) - out.metrics.num_forced_tokens
+    saved = out.metrics.num_forced_tokens + out.metrics.num_accepted_draft_tokens
+    assert len(calls) == len(out.token_ids) - saved
     assert (out.metrics.num_forced_tokens > 0) == forced
 
 

@@ -25,6 +25,9 @@ class EngineConfig:
     Structured generation: ``async_scheduling`` fills grammar bitmasks on a background thread
     while the forward pass runs (None defers to ``AGENT_INFER_ASYNC_SCHEDULING``, default on);
     ``forced_tokens`` appends the tokens a grammar fixes without sampling them (jump-forward);
+    ``boundary_drafts`` (with ``forced_tokens``) feeds the forced text's last tokens, which
+    jump-forward leaves to the model because their boundary could still move, as a draft verified
+    in the same pass;
     ``grammar_workers`` is the size of the pool that compiles request grammars.
 
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
@@ -42,6 +45,7 @@ class EngineConfig:
     accelerator: str | None = None
     async_scheduling: bool | None = None
     forced_tokens: bool = True
+    boundary_drafts: bool = True
     grammar_workers: int = 2
     speculative_tokens: int = 5
 
@@ -57,7 +61,7 @@ class EngineConfig:
             raise ConfigError(f"speculative_tokens must be an int, got {self.speculative_tokens!r}")
         if not 0 <= self.speculative_tokens <= 32:
             raise ConfigError(f"speculative_tokens must be in [0, 32], got {self.speculative_tokens}")
-        for name in ("enable_prefix_caching", "forced_tokens"):
+        for name in ("enable_prefix_caching", "forced_tokens", "boundary_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):

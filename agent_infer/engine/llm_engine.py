@@ -77,9 +77,12 @@ class LLMEngine:
             num_workers=self.config.grammar_workers,
             overlap=self.config.use_async_scheduling,
         )
+        boundary = self.config.forced_tokens and self.config.boundary_drafts
         self.speculator = (
-            Speculator(self.config.speculative_tokens, self.max_model_len, self.config.forced_tokens)
-            if self.config.speculative_tokens
+            Speculator(
+                self.config.speculative_tokens, self.max_model_len, self.config.forced_tokens, boundary
+            )
+            if self.config.speculative_tokens or boundary
             else None
         )
         self.requests: dict[str, Sequence] = {}

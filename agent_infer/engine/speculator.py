@@ -14,7 +14,8 @@ that disagrees (or a bonus token when all agree, unless forced tokens follow the
 Each row's token is chosen exactly as plain decoding would choose it (the arg-max, or an
 inverse-CDF draw of one number from the request's generator), and a draft token is accepted when
 it equals that choice. So greedy and seeded requests decode the same tokens with or without
-drafts, whatever the batch (up to the rounding of a multi-row forward pass); for a sampled request
+drafts, whatever the batch (bit for bit on the native CPU path, where each row of a short chunk
+attends as if decoded alone; elsewhere up to the rounding of a multi-row pass); for a sampled request
 a draft token is accepted with exactly its probability under the row, as in speculative sampling
 with a deterministic draft.
 
@@ -27,6 +28,11 @@ request a step, whose fixed cost is shared by the whole batch. With a step of ``
 acceptance rate exceeds ``B / (B + a/b)``: 14% alone, 57% among eight. Each request keeps a moving
 average of its acceptance rate; the scheduler drops drafts below the threshold for the current
 batch (and nudges the average up, so a request that stopped drafting is tried again later).
+
+Boundary drafts (``EngineConfig.boundary_drafts``, on with forced tokens even when
+``speculative_tokens`` is 0): jump-forward leaves the last tokens of the forced text to the model
+when their boundary could still move (``":`` may merge into ``":"``); the canonical tokens of that
+text are drafted instead of an n-gram guess, since the text is certain and only the split is not.
 
 Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
 bookkeeping assumes one sampled token per step.
@@ -41,6 +47,7 @@ import torch
 from agent_infer.engine.closing import remaining_tokens
 from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
+from agent_infer.grammar.matcher import GrammarMatcher
 from agent_infer.sampling_params import SamplingParams
 
 #: Longest and shortest n-gram looked up; longer matches are tried first.
@@ -97,10 +104,13 @@ def can_draft(params: SamplingParams) -> bool:
 class Speculator:
     """Proposes drafts for running sequences and verifies them against the model's rows."""
 
-    def __init__(self, max_tokens: int, max_model_len: int, jump_forward: bool = True) -> None:
+    def __init__(
+        self, max_tokens: int, max_model_len: int, jump_forward: bool = True, boundary: bool = False
+    ) -> None:
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
         self.jump_forward = jump_forward
+        self.boundary = boundary
 
     def propose(self, seq: Sequence) -> None:
         """Set ``seq.draft_ids`` for the next step (empty when nothing is worth drafting)."""
@@ -108,13 +118,15 @@ class Speculator:
         seq.draft_then_forced = False
         if seq.spec_index is None:
             seq.spec_index = NgramIndex()
-            seq.draft_len = self.max_tokens
+            seq.draft_len = max(1, self.max_tokens)
             seq.draft_acceptance = INITIAL_ACCEPTANCE
         # Room for the draft and the token sampled after it, within max_tokens and the context.
-        k = min(seq.draft_len, remaining_tokens(seq, self.max_model_len) - 1)
-        if k <= 0:
+        room = remaining_tokens(seq, self.max_model_len) - 1
+        if room <= 0:
             return
-        draft = seq.spec_index.lookup(seq.token_ids, k)
+        draft = boundary_tokens(seq.matcher)[:room] if self.boundary and seq.matcher is not None else []
+        if not draft and self.max_tokens:
+            draft = seq.spec_index.lookup(seq.token_ids, min(seq.draft_len, room))
         if draft and seq.matcher is not None:
             draft, seq.draft_then_forced = _grammar_prefix(seq, draft, self.jump_forward)
         seq.draft_ids = draft
@@ -133,6 +145,38 @@ class Speculator:
             rate = n / len(draft)
             seq.draft_acceptance += ACCEPTANCE_EMA * (rate - seq.draft_acceptance)
         return tokens, n
+
+
+def boundary_tokens(matcher: GrammarMatcher) -> list[int]:
+    """The canonical tokens of the text the grammar fixes next but jump-forward left unsampled.
+
+    Jump-forward stops before a forced token whose boundary could still move (``":`` may become
+    ``":"`` once the value starts), so the model samples there. The text itself is certain, so its
+    tokens make a draft that costs one row each and is accepted whenever the model's own choice
+    agrees with the canonical split: the grammar's knowledge saves the step instead of a guess.
+    """
+    data, _ = matcher.find_forced_bytes()
+    if not data or (data[0] & 0xC0) == 0x80:
+        return []  # a character begun by the last token: no canonical split of its own
+    end = len(data)
+    lead = end - 1
+    while lead > 0 and (data[lead] & 0xC0) == 0x80:
+        lead -= 1
+    if data[lead] >= 0xC0 and end - lead < (2 if data[lead] < 0xE0 else 3 if data[lead] < 0xF0 else 4):
+        end = lead  # the forced text ends inside a character: draft only whole characters
+    if not end:
+        return []
+    info = matcher.compiled_grammar.tokenizer_info
+    text = data[:end]
+    tokens: list[int] = []
+    pos = 0
+    for tid in info.encode(text.decode("utf-8", errors="strict")):
+        piece = info.token_bytes(tid)
+        if not piece or text[pos : pos + len(piece)] != piece:
+            break
+        tokens.append(tid)
+        pos += len(piece)
+    return tokens
 
 
 def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tuple[list[int], bool]:

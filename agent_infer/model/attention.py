@@ -64,6 +64,11 @@ class AttentionPlan:
     decode: _DecodePlan | None = None
 
 
+#: Longest chunk whose queries the native decode kernel takes row by row (longer ones, i.e. prompt
+#: prefills, go through SDPA, which reuses each key across queries).
+NATIVE_MAX_QUERY = 16
+
+
 def _native_decode_available() -> bool:
     try:
         from agent_infer import _native
@@ -117,10 +122,15 @@ def plan_attention(
             raise EngineError(
                 f"sequence {i}: block table references a block beyond the {num_slots // bs}-block cache"
             )
-        if native_decode and q_len == 1:
-            dec_rows.append(start)
-            dec_tables.append(table[: (ctx + bs - 1) // bs])
-            dec_ctx.append(ctx)
+        if native_decode and q_len <= NATIVE_MAX_QUERY:
+            # Query j of a short chunk (forced tokens, a draft) attends to the first
+            # ctx - q_len + j + 1 positions: exactly what decoding that token alone computes, so
+            # jump-forward and speculation leave every row's logits bit-identical to plain decoding.
+            blocks_used = table[: (ctx + bs - 1) // bs]
+            for j in range(q_len):
+                dec_rows.append(start + j)
+                dec_tables.append(blocks_used)
+                dec_ctx.append(ctx - q_len + j + 1)
             continue
         mask = None
         causal = q_len == ctx and q_len > 1
