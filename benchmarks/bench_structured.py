@@ -15,7 +15,9 @@ untimed warm-up pass).
 
 Rows: ours unconstrained (natural EOS, and length-matched: ``ignore_eos`` with each request's token
 count from the constrained forced-off run, so both rows decode exactly the same number of tokens);
-ours constrained with overlap (async scheduling) on/off x forced tokens on/off;
+ours constrained with overlap (async scheduling) on/off x forced tokens on/off, and forced on
+without boundary drafts (jump-forward alone: the forced text's last tokens are sampled rather than
+verified as a draft);
 llama-cpp-python with ``LlamaGrammar.from_json_schema`` (no batched API: requests run one after
 another, so its concurrency-8 column is the sequential run); transformers + XGrammar's
 ``LogitsProcessor`` (one left-padded batched ``generate`` per 8 requests). Concurrency 1: requests
@@ -67,6 +69,7 @@ FORCED_OFF = "ours constrained, overlap on, forced off"
 REF_OFF = "ours unconstrained, length-matched"
 REF_ON = "ours unconstrained, same tokens as forced on"
 DRAFTS_ON = "ours constrained, overlap on, forced on, drafts"
+NO_BOUNDARY = "ours constrained, overlap on, forced on, no boundary drafts"
 PLAIN_DRAFTS = "ours unconstrained, drafts"
 REF_DRAFTS = "ours unconstrained, same tokens as forced on + drafts"
 UNCONSTRAINED = (PLAIN, PLAIN_DRAFTS)
@@ -226,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="8 schemas, 64 tokens, overlap on only, no transformers"
     )
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["llama_cpp", "transformers", "overlap_off"]
+        "--skip",
+        action="append",
+        default=[],
+        choices=["llama_cpp", "transformers", "overlap_off", "boundary_off"],
     )
     parser.add_argument(
         "--peer-requests", type=int, default=None, help="requests llama.cpp runs (default all)"
@@ -257,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         args.schemas, args.max_tokens = 8, 64
         args.conc1_requests = args.conc1_requests or 1
         args.peer_requests = args.peer_requests or 4
-        args.skip = sorted({*args.skip, "transformers", "overlap_off"})
+        args.skip = sorted({*args.skip, "transformers", "overlap_off", "boundary_off"})
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     args.out = args.out or ROOT / "bench_results" / f"structured-{stamp}.json"
     torch.set_num_threads(THREADS)
@@ -285,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours constrained, overlap off, forced on": {"async_scheduling": False, "forced_tokens": True},
         "ours constrained, overlap off, forced off": {"async_scheduling": False, "forced_tokens": False},
     }
+    if "boundary_off" not in args.skip:
+        configs[NO_BOUNDARY] = {"async_scheduling": True, "forced_tokens": True, "boundary_drafts": False}
     if args.drafts:
         configs[DRAFTS_ON] = {
             "async_scheduling": True,
@@ -449,6 +457,12 @@ def report(
           f"token; CPU time {ratio(on, ref, 'per_request_cpu_s')}; median per-request ratio: wall "
           f"{paired(on, ref, 'seconds')}, CPU {paired(on, ref, 'cpu_seconds')}; forced tokens "
           f"{'n/a' if share is None else f'{100 * share:.0f}%'} of the output")  # fmt: skip
+    if (NO_BOUNDARY, 1) in by:
+        nb = (NO_BOUNDARY, 1)
+        print(f"* same, forced on without boundary drafts (jump-forward alone): {ratio(nb, ref, 'per_request_s')} "
+              f"total; CPU time {ratio(nb, ref, 'per_request_cpu_s')}; median per-request ratio: wall "
+              f"{paired(nb, ref, 'seconds')}; boundary drafts accepted in the forced-on row "
+              f"{by[on]['accepted']}/{by[on]['drafted']}")  # fmt: skip
     on, ref = (DRAFTS_ON, 1), (REF_DRAFTS, 1)
     if on in by:
         row = by[on]
