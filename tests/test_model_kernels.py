@@ -220,9 +220,9 @@ def _decode(
     return out
 
 
-@pytest.mark.parametrize("dim", [32, 64, 24])  # 24: the portable path (not a multiple of 16)
+@pytest.mark.parametrize("dim", [32, 64, 128, 48, 24])  # 48: generic AVX-512; 24: portable path
 def test_decode_attention_matches_sdpa(dim: int) -> None:
-    ctx_lens = [1, 5, 17, 64]
+    ctx_lens = [1, 5, 16, 17, 64, 301]  # the softmax runs 16 positions at a time, then a tail
     q, k, v, tables, ctx = _attention_case(ctx_lens, dim=dim)
     got = _decode(q, k, v, tables, ctx, threads=2)
     for i, c in enumerate(ctx_lens):
