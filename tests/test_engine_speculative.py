@@ -125,10 +125,20 @@ def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
 ) -> None:
     """With n-gram drafts off, the forced text's unsafe last tokens are still drafted and verified."""
     boundary = make_llm(enable_prefix_caching=False, speculative_tokens=0, boundary_drafts=True)
-    params = SamplingParams(
-        temperature=0.0, max_tokens=120, structured=StructuredOutput.json_schema(PERSON, whitespace="compact")
-    )
+    structured = StructuredOutput.json_schema(PERSON, whitespace="compact")
+    params = SamplingParams(temperature=0.0, max_tokens=120, structured=structured)
+    fed: list[list[tuple[int, ...]]] = []
+    run = boundary.engine.runner.run
+    boundary.engine.runner.run = lambda batch: fed.append([i.draft for i in batch]) or run(batch)
     x, y = _chat(pair[0], [PERSON_PROMPT], params)[0], _chat(boundary, [PERSON_PROMPT], params)[0]
+    # The leading forced text's boundary rides along with the prompt's prefill.
+    from agent_infer.engine.speculator import boundary_tokens
+    from agent_infer.grammar import GrammarMatcher
+
+    m = GrammarMatcher(boundary.engine.grammar.compile(structured.to_grammar()))
+    for t in m.forced_tokens():
+        assert m.accept_token(t)
+    assert fed[0] == [tuple(boundary_tokens(m))] and fed[0][0]
     assert y.outputs[0].token_ids == x.outputs[0].token_ids
     assert x.metrics.num_draft_tokens == 0
     assert 0 < y.metrics.num_accepted_draft_tokens <= y.metrics.num_draft_tokens

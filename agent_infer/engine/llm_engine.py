@@ -307,6 +307,8 @@ class LLMEngine:
             return False
         try:
             self._jump_forward(seq)
+            if self.speculator is not None and not seq.is_finished and can_draft(seq.params):
+                self.speculator.propose(seq)  # e.g. the boundary of the leading forced text
         except Exception as exc:  # one request's failure must not take the batch down
             self._fail(seq, exc)
         return seq.is_finished

@@ -188,9 +188,22 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            scheduled.append(ScheduledSequence.of(seq, num_new))
-            budget -= num_new
+            pending = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(pending, budget)
+            # A draft set before the first pass (the boundary of the grammar's leading forced
+            # text) rides along with a prefill that completes in this step.
+            draft = tuple(seq.draft_ids)
+            if draft and (
+                num_new < pending
+                or num_new + len(draft) > budget
+                or not self.block_manager.can_append(seq, len(draft))
+            ):
+                seq.draft_ids, draft = [], ()
+            if draft:
+                self.block_manager.append(seq, len(draft))
+            item = ScheduledSequence.of(seq, num_new, draft)
+            scheduled.append(item)
+            budget -= item.num_fed_tokens
 
         return SchedulerOutput(scheduled, preempted, failed)
 
