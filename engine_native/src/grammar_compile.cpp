@@ -1,6 +1,7 @@
 // Lowering of the flat grammar IR to one deterministic byte automaton per rule.
 //
-// Equal rules are merged first (grammar_dedupe.cpp); then each rule reachable from the root is
+// Equal rules are merged first (grammar_dedupe.cpp) and continuations that many rules spell alike
+// are outlined into shared rules (grammar_outline.cpp); then each rule reachable from the root is
 // turned into a Thompson NFA (grammar_nfa.cpp: UTF-8 byte ranges, expanded repeats, small finite
 // rules inlined as their own minimized automata, grammar_fragment.cpp) and determinized with
 // byte ranges and rule references as the alphabet (grammar_determinize.cpp). Finally rules with
@@ -20,14 +21,18 @@ namespace grammar {
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std::vector<std::vector<int32_t>>& rules_in,
                                  int32_t root_, const Limits& limits)
     : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
-  const size_t R = rules_in.size();
-  if (root < 0 || static_cast<size_t>(root) >= R) throw DefinitionError("root rule index out of range");
+  if (root < 0 || static_cast<size_t>(root) >= rules_in.size()) {
+    throw DefinitionError("root rule index out of range");
+  }
   Deadline deadline{std::chrono::steady_clock::now() +
                     std::chrono::microseconds(static_cast<int64_t>(limits.max_compile_seconds * 1e6))};
-  std::vector<std::vector<int32_t>> merged_rules;
-  const std::vector<std::vector<int32_t>>& rules =
-      merge_equal_rules(rules_in, root, &merged_rules) ? merged_rules : rules_in;
-  std::vector<uint8_t> inl = choose_inline(rules, root);
+  std::vector<std::vector<int32_t>> own_rules;  // the rules once rewritten, if they are
+  const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
+  if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
+  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);
+  if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
+  const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
+  const size_t R = rules.size();  // outlined rules come after the grammar's own
 
   // Build the automata of the rules reachable from the root through non-inlined references.
   NfaBuilder nfa_builder(rules, inl, limits.max_nfa_states, deadline);

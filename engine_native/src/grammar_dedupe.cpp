@@ -49,17 +49,24 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
     }
   }
 
-  std::vector<int32_t> cls(R, 0);
-  std::vector<std::vector<int32_t>> members(1);
-  members[0].resize(R);
-  std::iota(members[0].begin(), members[0].end(), 0);
+  // The partition: class c's members are elems[seg_begin[c], seg_end[c]) (pos[r]: r's index in
+  // elems). A class is re-checked only through its touched members, those whose callees changed
+  // class since it was last checked: the others still share one key. When a class splits, its
+  // largest part keeps the class and only the members of the others change class (Hopcroft's
+  // rule), so a chain of N rules costs O(N) checks instead of re-keying the whole class N times.
+  std::vector<int32_t> cls(R, 0), elems(R);
+  std::vector<uint32_t> pos(R), seg_begin{0}, seg_end{static_cast<uint32_t>(R)};
+  std::iota(elems.begin(), elems.end(), 0);
+  std::iota(pos.begin(), pos.end(), 0u);
+  // Touched members of class c: a list through touched_next from touched_head[c] (-1 ends it).
+  std::vector<int32_t> touched_head{0}, touched_next(R);
+  for (size_t r = 0; r < R; ++r) touched_next[r] = r + 1 < R ? static_cast<int32_t>(r + 1) : -1;
+  std::vector<uint8_t> is_touched(R, 1), queued{1};
   std::vector<int32_t> queue{0};
-  std::vector<uint8_t> queued{1};
   // Splitting a long chain of classes re-checks its callers once per link; past this budget the
   // partition is abandoned (merging is an optimization, the unmerged grammar is equally exact).
   const size_t budget = 64 * total_words + 4096;
   size_t work = 0;
-
   auto key_hash = [&](int32_t r) {
     const std::vector<int32_t>& code = rules[r];
     uint64_t h = 1469598103934665603ull ^ code.size();
@@ -93,55 +100,121 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   };
 
   std::vector<std::pair<uint64_t, int32_t>> keyed;
-  std::vector<std::vector<int32_t>> groups;
+  std::vector<int32_t> t_list, order;                // order: the touched part, regrouped
+  std::vector<int32_t> group_first, group_of;        // a group's first member; keyed[k]'s group
+  std::vector<uint32_t> group_at;                    // where each group starts in elems
+  std::vector<std::pair<uint32_t, uint32_t>> parts;  // [begin, end) in elems after regrouping
   for (size_t qi = 0; qi < queue.size(); ++qi) {
     const int32_t c = queue[qi];
     queued[c] = 0;
-    if (members[c].size() < 2) continue;
+    t_list.clear();
+    for (int32_t r = touched_head[c]; r >= 0; r = touched_next[r]) t_list.push_back(r);
+    touched_head[c] = -1;
+    for (int32_t r : t_list) is_touched[r] = 0;
+    const uint32_t b = seg_begin[c], e = seg_end[c];
+    if (e - b < 2) continue;
+    // Move the touched members to the end of the segment: [b, mid) untouched, [mid, e) touched.
+    uint32_t mid = e;
+    for (int32_t r : t_list) {
+      --mid;
+      const int32_t other = elems[mid];
+      const uint32_t pr = pos[r];
+      elems[pr] = other;
+      pos[other] = pr;
+      elems[mid] = r;
+      pos[r] = mid;
+    }
     keyed.clear();
-    for (int32_t r : members[c]) keyed.push_back({key_hash(r), r});
+    for (uint32_t i = mid; i < e; ++i) keyed.push_back({key_hash(elems[i]), elems[i]});
     if (work > budget) return false;
     std::sort(keyed.begin(), keyed.end());
-    groups.clear();
+    // Groups of equal keys among the touched members; a group equal to the untouched members'
+    // key joins them (it goes first in `order`, right after the untouched part).
+    const bool has_untouched = mid > b;
+    const int32_t u = has_untouched ? elems[b] : -1;
+    const uint64_t u_hash = has_untouched ? key_hash(u) : 0;
+    order.clear();
+    parts.clear();
+    group_first.clear();
+    group_of.assign(keyed.size(), -1);
     for (size_t i = 0; i < keyed.size();) {
       size_t j = i;
       while (j < keyed.size() && keyed[j].first == keyed[i].first) ++j;
-      const size_t first_group = groups.size();
+      const size_t first_group = group_first.size();
       for (size_t k = i; k < j; ++k) {
         const int32_t r = keyed[k].second;
+        if (has_untouched && keyed[k].first == u_hash && same_key(u, r)) {
+          order.push_back(r);
+          continue;
+        }
         size_t g = first_group;
-        while (g < groups.size() && !same_key(groups[g][0], r)) ++g;
-        if (g == groups.size()) groups.emplace_back();
-        groups[g].push_back(r);
+        while (g < group_first.size() && !same_key(group_first[g], r)) ++g;
+        if (g == group_first.size()) group_first.push_back(r);
+        group_of[k] = static_cast<int32_t>(g);
       }
       i = j;
     }
-    if (groups.size() == 1) continue;
-    members[c] = std::move(groups[0]);
-    const size_t first_new = members.size();
-    for (size_t g = 1; g < groups.size(); ++g) {
-      for (int32_t r : groups[g]) cls[r] = static_cast<int32_t>(members.size());
-      members.push_back(std::move(groups[g]));
+    const size_t G = group_first.size();
+    if (G == 0 || (!has_untouched && G == 1)) continue;  // no split
+    uint32_t at = mid;
+    for (int32_t r : order) {
+      elems[at] = r;
+      pos[r] = at++;
+    }
+    if (at > b) parts.push_back({b, at});
+    // The groups after it, each contiguous (a counting sort of the touched members by group).
+    group_at.assign(G + 1, 0);
+    for (int32_t g : group_of) {
+      if (g >= 0) ++group_at[g + 1];
+    }
+    group_at[0] = at;
+    for (size_t g = 0; g < G; ++g) group_at[g + 1] += group_at[g];
+    for (size_t g = 0; g < G; ++g) parts.push_back({group_at[g], group_at[g + 1]});
+    for (size_t k = 0; k < keyed.size(); ++k) {
+      if (group_of[k] < 0) continue;
+      const int32_t r = keyed[k].second;
+      elems[group_at[group_of[k]]] = r;
+      pos[r] = group_at[group_of[k]]++;
+    }
+    size_t keep = 0;
+    for (size_t k = 1; k < parts.size(); ++k) {
+      if (parts[k].second - parts[k].first > parts[keep].second - parts[keep].first) keep = k;
+    }
+    seg_begin[c] = parts[keep].first;
+    seg_end[c] = parts[keep].second;
+    const size_t first_new = seg_begin.size();
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (k == keep) continue;
+      const int32_t nc = static_cast<int32_t>(seg_begin.size());
+      seg_begin.push_back(parts[k].first);
+      seg_end.push_back(parts[k].second);
+      touched_head.push_back(-1);
       queued.push_back(0);
+      for (uint32_t i = parts[k].first; i < parts[k].second; ++i) cls[elems[i]] = nc;
     }
     // Only after every member has its final class: a caller's class is the one to re-check.
-    for (size_t nc = first_new; nc < members.size(); ++nc) {
-      for (int32_t r : members[nc]) {
+    for (size_t nc = first_new; nc < seg_begin.size(); ++nc) {
+      for (uint32_t i = seg_begin[nc]; i < seg_end[nc]; ++i) {
+        const int32_t r = elems[i];
         for (uint32_t k = caller_begin[r]; k < caller_begin[r + 1]; ++k) {
-          const int32_t q = cls[callers[k]];
-          if (!queued[q]) {
-            queued[q] = 1;
-            queue.push_back(q);
+          const int32_t q = static_cast<int32_t>(callers[k]);
+          if (is_touched[q]) continue;
+          is_touched[q] = 1;
+          touched_next[q] = touched_head[cls[q]];
+          touched_head[cls[q]] = q;
+          if (!queued[cls[q]]) {
+            queued[cls[q]] = 1;
+            queue.push_back(cls[q]);
           }
         }
       }
     }
-    // The members that kept class c changed nothing their callers see; the split-off ones did.
   }
-  if (members.size() == R) return false;
+  const size_t C = seg_begin.size();
+  if (C == R) return false;
 
-  std::vector<int32_t> rep(members.size());
-  for (size_t c = 0; c < members.size(); ++c) rep[c] = *std::min_element(members[c].begin(), members[c].end());
+  std::vector<int32_t> rep(C);
+  for (size_t c = 0; c < C; ++c) rep[c] = *std::min_element(elems.begin() + seg_begin[c], elems.begin() + seg_end[c]);
   rep[cls[root]] = root;
   out->assign(rules.begin(), rules.end());
   for (size_t r = 0; r < R; ++r) {

@@ -5,6 +5,7 @@
 // Sets are numbered in the order they are first reached, expanding states in number order and,
 // within a state, byte ranges in ascending order before references by ascending rule index.
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "grammar.h"
@@ -35,10 +36,12 @@ void Determinizer::closure(const Nfa& nfa, std::vector<int32_t>& seed) {
     return;
   }
   if (mark_.size() < nfa.size()) mark_.resize(nfa.size(), 0);
+  if (bits_.size() < (nfa.size() + 63) / 64) bits_.resize((nfa.size() + 63) / 64, 0);
   if (++stamp_ == 0) {
     std::fill(mark_.begin(), mark_.end(), 0);
     stamp_ = 1;
   }
+  size_t lo_word = bits_.size(), hi_word = 0;
   stack_.swap(seed);
   while (!stack_.empty()) {
     const int32_t x = stack_.back();
@@ -47,11 +50,29 @@ void Determinizer::closure(const Nfa& nfa, std::vector<int32_t>& seed) {
     mark_[x] = stamp_;
     if (nfa.byte_begin[x] < nfa.byte_begin[x + 1] || nfa.ref_begin[x] < nfa.ref_begin[x + 1] || x == nfa.accept) {
       closure_.push_back(x);
+      const size_t w = static_cast<size_t>(x) >> 6;
+      bits_[w] |= uint64_t{1} << (x & 63);
+      lo_word = std::min(lo_word, w);
+      hi_word = std::max(hi_word, w);
     }
     for (uint32_t e = nfa.eps_begin[x]; e < nfa.eps_begin[x + 1]; ++e) stack_.push_back(nfa.eps[e]);
   }
   stack_.swap(seed);  // hand the (now empty) buffer back for reuse
-  std::sort(closure_.begin(), closure_.end());
+  if (closure_.size() <= 16) {
+    // Small sets sort faster than their words scan; the bits only have to be cleared.
+    std::sort(closure_.begin(), closure_.end());
+    for (int32_t x : closure_) bits_[static_cast<size_t>(x) >> 6] = 0;
+    return;
+  }
+  // Large sets (a pattern's search automaton: hundreds of states) come out of the bit words
+  // already sorted, instead of an O(n log n) sort per closure.
+  closure_.clear();
+  for (size_t w = lo_word; w <= hi_word; ++w) {
+    for (uint64_t word = bits_[w]; word != 0; word &= word - 1) {
+      closure_.push_back(static_cast<int32_t>((w << 6) | static_cast<size_t>(__builtin_ctzll(word))));
+    }
+    bits_[w] = 0;
+  }
 }
 
 int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
@@ -92,6 +113,79 @@ int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
   return id;
 }
 
+// Closes targets_ and adds the edge [a, b] to the set reached, joined with the previous edge when
+// it is adjacent and leads to the same state.
+void Determinizer::emit_interval(const Nfa& nfa, int32_t a, int32_t b, size_t first_edge, DfaPool* pool) {
+  closure(nfa, targets_);
+  const int32_t t = base_ + intern(nfa, pool);
+  if (pool->bytes.size() > first_edge && pool->bytes.back().target == t && pool->bytes.back().hi + 1 == a) {
+    pool->bytes.back().hi = static_cast<uint8_t>(b);
+  } else {
+    pool->bytes.push_back({static_cast<uint8_t>(a), static_cast<uint8_t>(b), t});
+  }
+}
+
+// The byte edges of a state with many NFA edges (a pattern's search automaton: hundreds of edges,
+// ~100 intervals). Edges are bucketed by where they start and end, and a sweep over the byte
+// boundaries keeps the active ones, so an interval costs its active edges rather than all of
+// them; an interval whose active targets equal the previous one's extends its edge unclosed.
+// The edges and the order sets are interned in are those of the plain interval scan.
+void Determinizer::sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool) {
+  const uint32_t E = static_cast<uint32_t>(edges_.size());
+  std::array<uint32_t, 258> start_at{}, end_at{};  // counts, then bucket starts, by position
+  std::array<uint64_t, 5> is_point{};
+  for (const ByteEdge& e : edges_) {
+    ++start_at[e.lo + 1];
+    ++end_at[e.hi + 2];
+    is_point[e.lo >> 6] |= uint64_t{1} << (e.lo & 63);
+    is_point[(e.hi + 1) >> 6] |= uint64_t{1} << ((e.hi + 1) & 63);
+  }
+  for (size_t p = 0; p < 257; ++p) {
+    start_at[p + 1] += start_at[p];
+    end_at[p + 1] += end_at[p];
+  }
+  by_lo_.resize(E);
+  by_end_.resize(E);
+  slot_.resize(E);
+  {
+    std::array<uint32_t, 258> fs = start_at, fe = end_at;
+    for (uint32_t e = 0; e < E; ++e) {
+      by_lo_[fs[edges_[e].lo]++] = e;
+      by_end_[fe[edges_[e].hi + 1]++] = e;
+    }
+  }
+  if (count_in_.size() < nfa.size()) count_in_.resize(nfa.size(), 0);
+  active_.clear();
+  bool live = false;  // the previous interval had active edges (pool->bytes.back() is its edge)
+  for (size_t w = 0; w < is_point.size(); ++w) {
+    for (uint64_t word = is_point[w]; word != 0; word &= word - 1) {
+      const int32_t a = static_cast<int32_t>((w << 6) | static_cast<size_t>(__builtin_ctzll(word)));
+      bool changed = false;
+      for (uint32_t k = end_at[a]; k < end_at[a + 1]; ++k) {
+        const uint32_t e = by_end_[k];
+        const uint32_t last = active_.back();
+        active_[slot_[e]] = last;
+        slot_[last] = slot_[e];
+        active_.pop_back();
+        changed |= --count_in_[edges_[e].target] == 0;
+      }
+      for (uint32_t k = start_at[a]; k < start_at[a + 1]; ++k) {
+        const uint32_t e = by_lo_[k];
+        slot_[e] = static_cast<uint32_t>(active_.size());
+        active_.push_back(e);
+        changed |= count_in_[edges_[e].target]++ == 0;
+      }
+      if (live && !changed) continue;  // same targets, same set: the run goes on
+      if (live) pool->bytes.back().hi = static_cast<uint8_t>(a - 1);  // the run ends before a
+      live = !active_.empty();
+      if (!live) continue;
+      targets_.clear();
+      for (uint32_t e : active_) targets_.push_back(edges_[e].target);
+      emit_interval(nfa, a, 255, first_edge, pool);  // 255 until the next point closes the run
+    }
+  }
+}
+
 void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
   // Copied out: interning new sets may reallocate set_data_.
   current_.assign(set_data_.begin() + set_off_[d], set_data_.begin() + set_off_[d + 1]);
@@ -109,7 +203,7 @@ void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
     targets_.assign(1, edges_[0].target);
     closure(nfa, targets_);
     pool->bytes.push_back({edges_[0].lo, edges_[0].hi, base_ + intern(nfa, pool)});
-  } else if (!edges_.empty()) {
+  } else if (edges_.size() <= 8) {
     points_.clear();
     for (const ByteEdge& e : edges_) {
       points_.push_back(e.lo);
@@ -124,14 +218,10 @@ void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
         if (e.lo <= a && b <= e.hi) targets_.push_back(e.target);
       }
       if (targets_.empty()) continue;
-      closure(nfa, targets_);
-      const int32_t t = base_ + intern(nfa, pool);
-      if (pool->bytes.size() > first_edge && pool->bytes.back().target == t && pool->bytes.back().hi + 1 == a) {
-        pool->bytes.back().hi = static_cast<uint8_t>(b);
-      } else {
-        pool->bytes.push_back({static_cast<uint8_t>(a), static_cast<uint8_t>(b), t});
-      }
+      emit_interval(nfa, a, b, first_edge, pool);
     }
+  } else {
+    sweep_edges(nfa, first_edge, pool);
   }
   pool->byte_begin.push_back(static_cast<uint32_t>(pool->bytes.size()));
   std::sort(ref_pairs_.begin(), ref_pairs_.end(),

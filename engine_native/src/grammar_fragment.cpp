@@ -16,37 +16,55 @@ namespace agent_infer {
 namespace grammar {
 
 const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
-  auto found = fragments_->find(r);
-  if (found != fragments_->end()) return found->second;
+  Shared& sh = *shared_;
+  auto found = sh.fragments.find(r);
+  if (found != sh.fragments.end()) return found->second;
   Fragment f;
-  // A separate builder: this one is in the middle of a caller. Inlined rules are not recursive,
-  // so nesting is bounded by the inlining depth.
-  NfaBuilder nested(rules_, inline_rule_, max_states_, deadline_);
-  nested.fragments_ = fragments_;
-  Nfa nfa;
+  // The next depth's builder: this one is in the middle of a caller. Inlined rules are not
+  // recursive, so nesting is bounded by the inlining depth.
+  if (sh.nested.size() <= level_) {
+    sh.nested.push_back(std::make_unique<NfaBuilder>(rules_, inline_rule_, max_states_, deadline_));
+    NfaBuilder& fresh = *sh.nested.back();
+    fresh.own_shared_.reset();
+    fresh.shared_ = shared_;
+    fresh.level_ = level_ + 1;
+  }
+  NfaBuilder& nested = *sh.nested[level_];
+  nested.total_ = 0;  // each fragment has the state budget a builder of its own had
+  Nfa& nfa = sh.nfa;
   nested.build_rule(r, &nfa);
-  DfaPool pool;
+  // Deeper fragments are complete from here on: the shared buffers below are free.
+  DfaPool& pool = sh.pool;
+  pool.final.clear();
+  pool.byte_begin.assign(1, 0);
+  pool.ref_begin.assign(1, 0);
+  pool.bytes.clear();
+  pool.refs.clear();
+  if (!sh.determinizer) sh.determinizer = std::make_unique<Determinizer>(0, deadline_);
   bool ok = true;
   try {
     // Subset construction can blow up on finite languages; past this the program is expanded.
-    Determinizer det(std::max<int64_t>(4096, 4 * static_cast<int64_t>(nfa.size())), deadline_);
-    det.run(nfa, &pool);
+    sh.determinizer->set_limit(std::max<int64_t>(4096, 4 * static_cast<int64_t>(nfa.size())));
+    sh.determinizer->run(nfa, &pool);
   } catch (const LimitError&) {
     ok = false;  // a spent time budget is reported by the caller's next check
   }
   ok = ok && pool.refs.empty();
   const uint32_t n = static_cast<uint32_t>(pool.size());
-  std::vector<uint8_t> live(n, 0);
+  std::vector<uint8_t>& live = sh.live;
+  live.assign(n, 0);
   if (ok) {
     // Trim: states that reach a final state (byte edges only).
-    std::vector<uint32_t> rev_begin(n + 1, 0), rev(pool.bytes.size());
+    std::vector<uint32_t>&rev_begin = sh.rev_begin, &rev = sh.rev, &fill = sh.fill, &stack = sh.stack;
+    rev_begin.assign(n + 1, 0);
+    rev.resize(pool.bytes.size());
     for (const ByteEdge& e : pool.bytes) ++rev_begin[e.target + 1];
     for (uint32_t x = 0; x < n; ++x) rev_begin[x + 1] += rev_begin[x];
-    std::vector<uint32_t> fill(rev_begin.begin(), rev_begin.end() - 1);
+    fill.assign(rev_begin.begin(), rev_begin.end() - 1);
     for (uint32_t x = 0; x < n; ++x) {
       for (uint32_t e = pool.byte_begin[x]; e < pool.byte_begin[x + 1]; ++e) rev[fill[pool.bytes[e].target]++] = x;
     }
-    std::vector<uint32_t> stack;
+    stack.clear();
     for (uint32_t x = 0; x < n; ++x) {
       if (pool.final[x]) {
         live[x] = 1;
@@ -66,10 +84,10 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
     ok = n > 0 && live[0];  // an empty language keeps the old expansion (and its dead end)
   }
   if (ok) {
-    std::vector<int32_t> rep;
-    StateMerger merger;
-    merger.run(pool, 0, n, live, std::vector<uint8_t>(), &rep);
-    std::vector<int32_t> remap(n, -1);
+    std::vector<int32_t>&rep = sh.rep, &remap = sh.remap;
+    static const std::vector<uint8_t> kNoRules;  // fragments have no references
+    sh.merger.run(pool, 0, n, live, kNoRules, &rep);
+    remap.assign(n, -1);
     int32_t next = 0;
     for (uint32_t x = 0; x < n; ++x) {
       if (live[x] && rep[x] == static_cast<int32_t>(x)) remap[x] = next++;
@@ -96,7 +114,7 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
     }
     f.usable = true;
   }
-  return fragments_->emplace(r, std::move(f)).first->second;
+  return sh.fragments.emplace(r, std::move(f)).first->second;
 }
 
 }  // namespace grammar

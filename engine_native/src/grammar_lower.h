@@ -1,6 +1,7 @@
 // Internal interfaces of the lowering (grammar_compile.cpp and its satellites): program -> NFA
 // (grammar_nfa.cpp), NFA -> DFA (grammar_determinize.cpp), equal-rule merging
-// (grammar_dedupe.cpp). Not used by the matcher.
+// (grammar_dedupe.cpp), outlining of shared continuations (grammar_outline.cpp). Not used by the
+// matcher.
 #pragma once
 
 #include <array>
@@ -19,6 +20,8 @@ namespace grammar {
 // Length in words of the instruction at `pc` (opcodes and layout in grammar.h). A rule's program
 // is prefix-coded, so stepping by this visits every instruction in pre-order.
 size_t instruction_length(const std::vector<int32_t>& code, size_t pc);
+// The position after the expression at `pc`.
+size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
 
 // Rules whose programs are equal once every reference is replaced by its target's class (the
 // coarsest such partition) derive the same language, so their callers can share one automaton.
@@ -30,6 +33,14 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
 
 // Rules to inline into their callers: not recursive, a finite language, small once expanded.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root);
+
+// Rewrites Seq(Alt(a..., Ref x), Ref y) (x inlined and big, y separate, the pair met at least
+// twice) as Alt(Seq(Alt(a...), Ref y), Ref z) with one appended rule z ::= x y per pair, so x's
+// automaton is built once instead of once per occurrence (grammar_outline.cpp). If anything is
+// outlined, writes the rules to `out` (which may be `rules` itself), extends `inline_rule` with
+// the new rules (not inlined) and returns true; else leaves both untouched and returns false.
+bool outline_continuations(const std::vector<std::vector<int32_t>>& rules, std::vector<std::vector<int32_t>>* out,
+                           std::vector<uint8_t>* inline_rule);
 
 // The compile-time budget (Limits::max_compile_seconds), checked every 1024 calls.
 struct Deadline {
@@ -52,12 +63,95 @@ struct Nfa {
   size_t size() const { return eps_begin.empty() ? 0 : eps_begin.size() - 1; }
 };
 
+// The automata of all lowered rules, back to back; a rule's states are contiguous, its start
+// first, and edge targets are indices into the pool.
+struct DfaPool {
+  std::vector<uint8_t> final;
+  std::vector<uint32_t> byte_begin{0}, ref_begin{0};  // per state, size states + 1
+  std::vector<ByteEdge> bytes;
+  std::vector<RefEdge> refs;
+  size_t size() const { return final.size(); }
+};
+
+// Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
+// live back to back in one buffer, interned through an open-addressing table; every buffer is
+// reused from rule to rule, so determinizing allocates only while its buffers grow.
+class Determinizer {
+ public:
+  Determinizer(int64_t max_states, Deadline& deadline) : max_states_(max_states), deadline_(deadline) {}
+  // A fresh state budget for the next runs (the buffers stay).
+  void set_limit(int64_t max_states) {
+    max_states_ = max_states;
+    total_ = 0;
+  }
+  // Appends the DFA of `nfa` to `pool`; returns the pool index of its start state.
+  int32_t run(const Nfa& nfa, DfaPool* pool);
+
+ private:
+  void closure(const Nfa& nfa, std::vector<int32_t>& seed);  // into closure_, sorted
+  int32_t intern(const Nfa& nfa, DfaPool* pool);              // the set in closure_
+  void expand(const Nfa& nfa, int32_t d, DfaPool* pool);
+  // Closes targets_ into a set and adds the byte edge [a, b] to it.
+  void emit_interval(const Nfa& nfa, int32_t a, int32_t b, size_t first_edge, DfaPool* pool);
+  void sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool);
+
+  int64_t max_states_;
+  int64_t total_ = 0;
+  Deadline& deadline_;
+  int32_t base_ = 0, count_ = 0;
+  std::vector<int32_t> set_data_;
+  std::vector<uint32_t> set_off_;
+  std::vector<uint64_t> set_hash_;
+  std::vector<int32_t> table_;      // set ids, -1 = empty; valid where table_gen_ == gen_
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+  std::vector<uint32_t> mark_;
+  std::vector<uint64_t> bits_;  // closure()'s members as bits (all zero between calls)
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> stack_, closure_, current_, targets_, points_;
+  std::vector<uint32_t> by_lo_, by_end_, active_, slot_;  // expand's sweep over byte boundaries
+  std::vector<int32_t> count_in_;  // per NFA state: active edges leading to it (zero between sweeps)
+  std::vector<ByteEdge> edges_;
+  std::vector<RefEdge> ref_pairs_;
+};
+
+// Merges the equivalent states of one rule's trimmed DFA that reach no cycle (see
+// grammar_minimize.cpp). Buffers are reused from rule to rule.
+class StateMerger {
+ public:
+  // The rule's states are pool states [b, b + n); live[x]: local state x survived trimming;
+  // rule_live[r]: references to rule r survive. rep[x] (local): the lowest-numbered state
+  // equivalent to x, for live x; -1 otherwise.
+  void run(const DfaPool& pool, uint32_t b, uint32_t n, const std::vector<uint8_t>& live,
+           const std::vector<uint8_t>& rule_live, std::vector<int32_t>* rep);
+
+ private:
+  void assign_class(const DfaPool& pool, uint32_t b, uint32_t x, const std::vector<uint8_t>& live,
+                    const std::vector<uint8_t>& rule_live);
+  static constexpr uint32_t kUnseen = ~0u, kDone = ~0u - 1;
+  std::vector<int32_t> cls_, class_min_;
+  std::vector<uint32_t> index_, low_, stack_;
+  std::vector<std::pair<uint32_t, uint32_t>> calls_;
+  std::vector<uint32_t> sig_, sig_data_, sig_off_;
+  std::vector<uint64_t> sig_hash_;
+  std::vector<int32_t> table_;
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+};
+
 // Builds rules' NFAs, reusing its buffers from rule to rule.
 class NfaBuilder {
  public:
   NfaBuilder(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& inline_rule,
              int64_t max_states, Deadline& deadline)
-      : rules_(rules), inline_rule_(inline_rule), max_states_(max_states), deadline_(deadline) {}
+      : rules_(rules),
+        inline_rule_(inline_rule),
+        max_states_(max_states),
+        deadline_(deadline),
+        own_shared_(std::make_unique<Shared>()),
+        shared_(own_shared_.get()) {}
+  NfaBuilder(const NfaBuilder&) = delete;
+  NfaBuilder& operator=(const NfaBuilder&) = delete;
   void build_rule(int32_t r, Nfa* out);
 
   // An inlined rule's trimmed, minimized automaton (byte edges only: inlined rules call only
@@ -93,77 +187,36 @@ class NfaBuilder {
   std::vector<std::pair<int32_t, int32_t>> eps_;
   std::vector<std::pair<int32_t, ByteEdge>> bytes_;
   std::vector<std::pair<int32_t, RefEdge>> refs_;
-  std::vector<ByteSeq> seqs_;  // the byte sequences of every class met, back to back
-  std::unordered_map<const int32_t*, std::pair<uint32_t, uint32_t>> class_seqs_;  // [begin, end) in seqs_
-  // Shared with the builders of the fragments themselves (inlined rules inline others).
-  std::shared_ptr<std::unordered_map<int32_t, Fragment>> fragments_ =
-      std::make_shared<std::unordered_map<int32_t, Fragment>>();
+  // Shared by a grammar's builders: the top one and those of the fragments themselves (inlined
+  // rules inline others), so each class is split and each fragment lowered once per grammar, and
+  // fragments reuse one set of work buffers instead of allocating their own.
+  struct Shared {
+    std::vector<ByteSeq> seqs;  // the byte sequences of every class met, back to back
+    // [begin, end) in seqs, by the class's address (programs do not change while lowering):
+    // open addressing in flat arrays, one lookup per class expanded.
+    std::vector<const int32_t*> class_key;
+    std::vector<std::pair<uint32_t, uint32_t>> class_span;
+    size_t class_count = 0;
+    // The span of the class at `key`; *fresh: just added (its span is to be filled in).
+    std::pair<uint32_t, uint32_t>& class_seqs(const int32_t* key, bool* fresh);
+    std::unordered_map<int32_t, Fragment> fragments;
+    // nested[d]: the builder of fragments met at inlining depth d + 1 (its caller is mid-build).
+    std::vector<std::unique_ptr<NfaBuilder>> nested;
+    // Determinizing and merging a fragment start once its NFA is complete, nested fragments
+    // included, so all depths share these.
+    std::unique_ptr<Determinizer> determinizer;
+    StateMerger merger;
+    Nfa nfa;
+    DfaPool pool;
+    std::vector<uint32_t> rev_begin, rev, fill, stack;
+    std::vector<uint8_t> live;
+    std::vector<int32_t> rep, remap;
+  };
+  size_t level_ = 0;  // inlining depth: 0 for the grammar's own builder
+  std::unique_ptr<Shared> own_shared_;  // set in the grammar's own builder only
+  Shared* shared_ = nullptr;
 };
 
-// The automata of all lowered rules, back to back; a rule's states are contiguous, its start
-// first, and edge targets are indices into the pool.
-struct DfaPool {
-  std::vector<uint8_t> final;
-  std::vector<uint32_t> byte_begin{0}, ref_begin{0};  // per state, size states + 1
-  std::vector<ByteEdge> bytes;
-  std::vector<RefEdge> refs;
-  size_t size() const { return final.size(); }
-};
-
-// Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
-// live back to back in one buffer, interned through an open-addressing table; every buffer is
-// reused from rule to rule, so determinizing allocates only while its buffers grow.
-class Determinizer {
- public:
-  Determinizer(int64_t max_states, Deadline& deadline) : max_states_(max_states), deadline_(deadline) {}
-  // Appends the DFA of `nfa` to `pool`; returns the pool index of its start state.
-  int32_t run(const Nfa& nfa, DfaPool* pool);
-
- private:
-  void closure(const Nfa& nfa, std::vector<int32_t>& seed);  // into closure_, sorted
-  int32_t intern(const Nfa& nfa, DfaPool* pool);              // the set in closure_
-  void expand(const Nfa& nfa, int32_t d, DfaPool* pool);
-
-  int64_t max_states_;
-  int64_t total_ = 0;
-  Deadline& deadline_;
-  int32_t base_ = 0, count_ = 0;
-  std::vector<int32_t> set_data_;
-  std::vector<uint32_t> set_off_;
-  std::vector<uint64_t> set_hash_;
-  std::vector<int32_t> table_;      // set ids, -1 = empty; valid where table_gen_ == gen_
-  std::vector<uint32_t> table_gen_;
-  uint32_t gen_ = 0;
-  std::vector<uint32_t> mark_;
-  uint32_t stamp_ = 0;
-  std::vector<int32_t> stack_, closure_, current_, targets_, points_;
-  std::vector<ByteEdge> edges_;
-  std::vector<RefEdge> ref_pairs_;
-};
-
-// Merges the equivalent states of one rule's trimmed DFA that reach no cycle (see
-// grammar_minimize.cpp). Buffers are reused from rule to rule.
-class StateMerger {
- public:
-  // The rule's states are pool states [b, b + n); live[x]: local state x survived trimming;
-  // rule_live[r]: references to rule r survive. rep[x] (local): the lowest-numbered state
-  // equivalent to x, for live x; -1 otherwise.
-  void run(const DfaPool& pool, uint32_t b, uint32_t n, const std::vector<uint8_t>& live,
-           const std::vector<uint8_t>& rule_live, std::vector<int32_t>* rep);
-
- private:
-  void assign_class(const DfaPool& pool, uint32_t b, uint32_t x, const std::vector<uint8_t>& live,
-                    const std::vector<uint8_t>& rule_live);
-  static constexpr uint32_t kUnseen = ~0u, kDone = ~0u - 1;
-  std::vector<int32_t> cls_, class_min_;
-  std::vector<uint32_t> index_, low_, stack_;
-  std::vector<std::pair<uint32_t, uint32_t>> calls_;
-  std::vector<uint32_t> sig_, sig_data_, sig_off_;
-  std::vector<uint64_t> sig_hash_;
-  std::vector<int32_t> table_;
-  std::vector<uint32_t> table_gen_;
-  uint32_t gen_ = 0;
-};
 
 }  // namespace grammar
 }  // namespace agent_infer

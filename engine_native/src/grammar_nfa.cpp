@@ -35,6 +35,30 @@ size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
   }
 }
 
+size_t skip_expression(const std::vector<int32_t>& code, size_t pc) {
+  switch (code.at(pc)) {
+    case kEmpty:
+      return pc + 1;
+    case kLiteral:
+      return pc + 2 + code.at(pc + 1);
+    case kClass:
+      return pc + 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+    case kSeq:
+    case kAlt: {
+      int32_t n = code.at(pc + 1);
+      pc += 2;
+      for (int32_t i = 0; i < n; ++i) pc = skip_expression(code, pc);
+      return pc;
+    }
+    case kRepeat:
+      return skip_expression(code, pc + 3);
+    case kRef:
+      return pc + 2;
+    default:
+      throw DefinitionError("malformed grammar code (unknown opcode)");
+  }
+}
+
 namespace {
 
 int utf8_len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
@@ -61,56 +85,31 @@ void utf8_encode(uint32_t cp, uint8_t* out) {
   }
 }
 
-size_t skip_expr(const std::vector<int32_t>& code, size_t pc) {
-  switch (code.at(pc)) {
-    case kEmpty:
-      return pc + 1;
-    case kLiteral:
-      return pc + 2 + code.at(pc + 1);
-    case kClass:
-      return pc + 2 + 2 * static_cast<size_t>(code.at(pc + 1));
-    case kSeq:
-    case kAlt: {
-      int32_t n = code.at(pc + 1);
-      pc += 2;
-      for (int32_t i = 0; i < n; ++i) pc = skip_expr(code, pc);
-      return pc;
-    }
-    case kRepeat:
-      return skip_expr(code, pc + 3);
-    case kRef:
-      return pc + 2;
-    default:
-      throw DefinitionError("malformed grammar code (unknown opcode)");
-  }
-}
-
-void collect_refs(const std::vector<int32_t>& code, std::vector<int32_t>& out) {
-  for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-    if (code[pc] == kRef) out.push_back(code.at(pc + 1));
-  }
-}
-
 // Rules with loops, or with counted repeats longer than this, are not inlined: a long chain
 // (a `maxLength` string) is built once and its positions' masks are shared by every caller.
 constexpr int32_t kMaxInlineRepeat = 32;
-
-bool has_unbounded_or_long_repeat(const std::vector<int32_t>& code) {
-  for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-    if (code[pc] == kRepeat && (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
-      return true;
-    }
-  }
-  return false;
-}
 
 }  // namespace
 
 // Rules with loops (strings, numbers) or long chains stay separate so their states' masks are shared.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root) {
   const size_t R = rules.size();
-  std::vector<std::vector<int32_t>> refs(R);
-  for (size_t r = 0; r < R; ++r) collect_refs(rules[r], refs[r]);
+  // References per rule, flat (one scan of each program, which also finds its long repeats).
+  std::vector<uint32_t> ref_begin(R + 1, 0);
+  std::vector<int32_t> ref_list;
+  std::vector<uint8_t> long_repeat(R, 0);
+  for (size_t r = 0; r < R; ++r) {
+    const std::vector<int32_t>& code = rules[r];
+    for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
+      if (code[pc] == kRef) {
+        ref_list.push_back(code.at(pc + 1));
+      } else if (code[pc] == kRepeat &&
+                 (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
+        long_repeat[r] = 1;
+      }
+    }
+    ref_begin[r + 1] = static_cast<uint32_t>(ref_list.size());
+  }
   // state: 0 = unvisited, 1 = in progress, 2 = done. size = estimated expanded code size, -1 = no.
   std::vector<int> st(R, 0);
   std::vector<int64_t> size(R, -1);
@@ -118,9 +117,10 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
   const int64_t kMaxInline = 2000;
   std::function<void(int32_t)> visit = [&](int32_t r) {
     st[r] = 1;
-    bool ok = !has_unbounded_or_long_repeat(rules[r]);
+    bool ok = !long_repeat[r];
     int64_t total = static_cast<int64_t>(rules[r].size());
-    for (int32_t q : refs[r]) {
+    for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
+      const int32_t q = ref_list[k];
       if (q < 0 || static_cast<size_t>(q) >= R) throw DefinitionError("reference to unknown rule");
       if (st[q] == 0) visit(q);
       if (st[q] == 1 || size[q] < 0) {
@@ -141,14 +141,45 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
   for (size_t r = 0; r < R; ++r) {
     if (!inl[r]) continue;
     // Confirm acyclicity from r (inlined rules only call inlined rules, which are acyclic by size).
-    for (int32_t q : refs[r]) {
-      if (!inl[q]) {
+    for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
+      if (!inl[ref_list[k]]) {
         inl[r] = 0;
         break;
       }
     }
   }
   return inl;
+}
+
+std::pair<uint32_t, uint32_t>& NfaBuilder::Shared::class_seqs(const int32_t* key, bool* fresh) {
+  if (2 * (class_count + 1) > class_key.size()) {
+    // Grow (and start) at half full: rehash every key into a table twice the size.
+    std::vector<const int32_t*> keys(std::max<size_t>(64, 2 * class_key.size()), nullptr);
+    std::vector<std::pair<uint32_t, uint32_t>> spans(keys.size());
+    for (size_t i = 0; i < class_key.size(); ++i) {
+      if (class_key[i] == nullptr) continue;
+      size_t j = (reinterpret_cast<uintptr_t>(class_key[i]) >> 2) * 0x9E3779B97F4A7C15ull >> 20;
+      for (j &= keys.size() - 1; keys[j] != nullptr; j = (j + 1) & (keys.size() - 1)) {
+      }
+      keys[j] = class_key[i];
+      spans[j] = class_span[i];
+    }
+    class_key.swap(keys);
+    class_span.swap(spans);
+  }
+  const size_t mask = class_key.size() - 1;
+  size_t j = ((reinterpret_cast<uintptr_t>(key) >> 2) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+  for (; class_key[j] != nullptr; j = (j + 1) & mask) {
+    if (class_key[j] == key) {
+      *fresh = false;
+      return class_span[j];
+    }
+  }
+  *fresh = true;
+  ++class_count;
+  class_key[j] = key;
+  class_span[j] = {0, 0};
+  return class_span[j];
 }
 
 // Splits [lo, hi] until each piece is a product of per-byte ranges of one encoded length.
@@ -258,19 +289,22 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
       int32_t count = code.at(pc + 1);
       // Programs do not change while lowering, so a class's split is memoized by its address
       // (an inlined JSON string character is expanded once per caller and repeat copy).
-      auto [it, fresh_class] = class_seqs_.try_emplace(&code[pc], 0, 0);
+      std::vector<ByteSeq>& seqs = shared_->seqs;
+      bool fresh_class = false;
+      std::pair<uint32_t, uint32_t> span = shared_->class_seqs(&code[pc], &fresh_class);
       if (fresh_class) {
-        const size_t first = seqs_.size();
+        const size_t first = seqs.size();
         for (int32_t i = 0; i < count; ++i) {
           utf8_split(static_cast<uint32_t>(code.at(pc + 2 + 2 * i)),
-                     static_cast<uint32_t>(code.at(pc + 3 + 2 * i)), seqs_);
+                     static_cast<uint32_t>(code.at(pc + 3 + 2 * i)), seqs);
         }
-        it->second = {static_cast<uint32_t>(first), static_cast<uint32_t>(seqs_.size())};
+        span = {static_cast<uint32_t>(first), static_cast<uint32_t>(seqs.size())};
+        shared_->class_seqs(&code[pc], &fresh_class) = span;
       }
       pc += 2 + 2 * static_cast<size_t>(count);
       int32_t end = fresh();
-      for (uint32_t k = it->second.first; k < it->second.second; ++k) {
-        const ByteSeq& s = seqs_[k];
+      for (uint32_t k = span.first; k < span.second; ++k) {
+        const ByteSeq& s = seqs[k];
         int32_t cur = from;
         for (int i = 0; i < s.n; ++i) {
           int32_t t = (i + 1 == s.n) ? end : fresh();
@@ -302,7 +336,7 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
     case kRepeat: {
       int32_t lo = code.at(pc + 1), hi = code.at(pc + 2);
       size_t child = pc + 3;
-      size_t after = skip_expr(code, child);
+      size_t after = skip_expression(code, child);
       int64_t copies = static_cast<int64_t>(lo) + (hi < 0 ? 1 : hi - lo);
       if (copies > max_states_) {
         throw LimitError("repeat {" + std::to_string(lo) + "," + std::to_string(hi) + "} is too large");
