@@ -212,8 +212,9 @@ class OursEngine(Engine):
             "schema": "strict (front-end default: unenforceable keyword = compile error)",
             "cache": ("cache_enabled=False" if "cache_enabled" in ckw else "no cache switch")
             + (
-                "; TokenizerInfo mask cache rebuilt per schema (cold; its constructor precomputes the"
-                " common JSON string-content classes, as llguidance's slices)"
+                "; TokenizerInfo mask cache rebuilt and front-end memos cleared per schema (cold; the"
+                " TokenizerInfo constructor precomputes the common JSON string-content classes, as"
+                " llguidance's slices)"
                 if self.cold
                 else "; TokenizerInfo mask cache kept (warm)"
             ),
@@ -222,6 +223,11 @@ class OursEngine(Engine):
 
     def before_schema(self) -> None:
         if self.cold:
+            # The front ends' process-wide memos (key tries, pattern and format automata, shared
+            # rule programs) would carry work from earlier schemas too.
+            clear = getattr(self.g, "clear_grammar_caches", None)
+            if clear is not None:
+                clear()
             self.info = self.g.TokenizerInfo(
                 self._vocab, vocab_size=self.info.vocab_size, eos_token_ids=self.info.eos_token_ids
             )

@@ -156,13 +156,13 @@ def test_compiler_entry_points_pause_and_restore(monkeypatch: pytest.MonkeyPatch
     info = g.TokenizerInfo([b"a", b"b", b'"', b"{", b"}", b"1", b""], vocab_size=7, eos_token_ids=(6,))
     comp = g.GrammarCompiler(info, cache_enabled=False)
     states: list[bool] = []
-    real = compiler_module.serialize_grammar
+    real = compiler_module._serialize_for_compile
 
     def spy(grammar: g.Grammar) -> object:
         states.append(gc.isenabled())
         return real(grammar)
 
-    monkeypatch.setattr(compiler_module, "serialize_grammar", spy)
+    monkeypatch.setattr(compiler_module, "_serialize_for_compile", spy)
     comp.compile_json_schema({"type": "integer"})
     comp.compile_regex("a+b")
     comp.compile_ebnf('root ::= "a" "b"?')

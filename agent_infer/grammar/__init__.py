@@ -20,6 +20,7 @@ _LAZY = {
     "allocate_token_bitmask": "agent_infer.grammar.bitmask",
     "apply_token_bitmask_inplace": "agent_infer.grammar.bitmask",
     "fill_next_token_bitmask_batch": "agent_infer.grammar.matcher",
+    "clear_grammar_caches": "agent_infer.grammar.caches",
 }
 
 __all__ = ["Grammar", *_LAZY]

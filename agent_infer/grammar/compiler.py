@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, NativeExtensionMissingError
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
@@ -184,12 +185,57 @@ def serialize_grammar_python(
     if index is None:
         index = {name: i for i, (name, _) in enumerate(grammar.rules)}
     ser = _Serializer(index)
-    for _, expr in grammar.rules:
-        ser.rule_program(expr)
+    for name, expr in grammar.rules:
+        try:
+            ser.rule_program(expr)
+        except KeyError as exc:  # Grammar.unchecked skips the validation that reports this earlier
+            raise GrammarDefinitionError(f"rule {name!r} refers to undefined rule {exc.args[0]!r}") from None
     return ser.programs, index[grammar.root]
 
 
-def _program_key(grammar: Grammar, programs: list[list[int]], root: int) -> str:
+def _serialize_for_compile(grammar: Grammar) -> tuple[Any, int]:
+    """The rule programs in the form the native compiler takes, and the root's index: native
+    ``SerializedRules`` (never converted to Python ints) when the extension serializes the
+    grammar, else the Python serializer's lists."""
+    index = {name: i for i, (name, _) in enumerate(grammar.rules)}
+    packed = _native_packer()
+    if packed:
+        # A front end may name rules whose bodies it shares across grammars (``_shared_prefix``):
+        # their programs are then cached natively by body object.
+        shared = getattr(grammar, "_shared_prefix", None)
+        programs = packed([expr for _, expr in grammar.rules], index, _KINDS, shared)
+        if programs is not None:
+            return programs, index[grammar.root]
+    return serialize_grammar_python(grammar, index)
+
+
+_native_pack: Any = None
+
+
+def _native_packer() -> Any:
+    """``_native.serialize_packed``, or False when the extension (or this function in it) is missing."""
+    global _native_pack
+    if _native_pack is None:
+        try:
+            native = load_native()
+            has_all = hasattr(native, "compile_serialized")
+            _native_pack = getattr(native, "serialize_packed", False) if has_all else False
+        except NativeExtensionMissingError:
+            _native_pack = False
+    return _native_pack
+
+
+def _program_bytes(programs: Any) -> bytes:
+    """Rule count, program lengths and words as int32 bytes, for either form of the programs."""
+    if not isinstance(programs, list):
+        return bytes(programs.tobytes())
+    flat = array("i", [len(programs)])
+    flat.extend(len(p) for p in programs)
+    flat.extend(itertools.chain.from_iterable(programs))
+    return flat.tobytes()
+
+
+def _program_key(grammar: Grammar, programs: Any, root: int) -> str:
     """The compile-cache key: a digest of the rule names and programs, which determine the automata.
 
     Hashing the programs the compile needs anyway costs a few ms for a 3 000-rule schema where
@@ -197,10 +243,9 @@ def _program_key(grammar: Grammar, programs: list[list[int]], root: int) -> str:
     print alike, up to how a character class is written (``[^...]`` or its ranges).
     """
     digest = hashlib.sha256()
-    digest.update(f"{root}\n{len(programs)}\n".encode())
+    digest.update(f"{root}\n{len(grammar.rules)}\n".encode())
     digest.update("\x00".join(name for name, _ in grammar.rules).encode())
-    digest.update(array("i", [len(p) for p in programs]).tobytes())
-    digest.update(array("i", itertools.chain.from_iterable(programs)).tobytes())
+    digest.update(_program_bytes(programs))
     return digest.hexdigest()
 
 
@@ -274,12 +319,12 @@ class GrammarCompiler:
     @pauses_gc
     def compile(self, grammar: Grammar) -> CompiledGrammar:
         """Compile an IR grammar (cached). Raises GrammarDefinitionError for an empty language."""
-        programs: list[list[int]] | None = None
+        programs: Any = None
         key = ""
         if self._cache_enabled:
             key = getattr(grammar, "_compile_key", "")
             if not key:
-                programs, root = serialize_grammar(grammar)
+                programs, root = _serialize_for_compile(grammar)
                 key = _program_key(grammar, programs, root)
                 # Grammars are immutable: the key is kept on the instance, so a grammar compiled
                 # again (the engine reuses lowered grammars across requests) costs a dict lookup.
@@ -290,8 +335,10 @@ class GrammarCompiler:
                     self._cache.move_to_end(key)
                     return hit
         if programs is None:
-            programs, root = serialize_grammar(grammar)
-        native = load_native().CompiledGrammar(
+            programs, root = _serialize_for_compile(grammar)
+        ext = load_native()
+        make = ext.CompiledGrammar if isinstance(programs, list) else ext.compile_serialized
+        native = make(
             self.tokenizer_info._native, programs, root, self._max_states, self._max_seconds, self._max_items
         )
         compiled = CompiledGrammar(grammar, self.tokenizer_info, native)
@@ -336,3 +383,6 @@ class GrammarCompiler:
     def cache_size_bytes(self) -> int:
         """Bytes held by cached compiled grammars."""
         return self._cache_bytes
+
+
+register_cache(_LITERAL_CHUNKS)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_infer.errors import GrammarDefinitionError
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 
 if TYPE_CHECKING:
@@ -71,8 +72,9 @@ class Literal(Expr):
     text: str
 
     def __init__(self, text: str) -> None:
+        if not text:  # __post_init__'s check, inline: front ends build many literals
+            raise GrammarDefinitionError("Literal text must be non-empty; use Empty()")
         _set(self, "text", text)
-        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not self.text:
@@ -177,7 +179,8 @@ class Repeat(Expr):
         _set(self, "item", item)
         _set(self, "min", min)
         _set(self, "max", max)
-        self.__post_init__()
+        if min < 0 or (max is not None and max < min):
+            self.__post_init__()  # raises
 
     def __post_init__(self) -> None:
         if self.min < 0 or (self.max is not None and self.max < self.min):
@@ -199,10 +202,22 @@ class Ref(Expr):
 
 # --- small constructors, so front ends read like grammars -----------------------------------------
 
+_SHORT_LITERALS: dict[str, Literal] = {}
+_EMPTY = Empty()
+
 
 def lit(text: str) -> Expr:
     """A literal, or Empty for the empty string."""
-    return Literal(text) if text else Empty()
+    # Punctuation and keywords ('"', ':', ',', "null"...) are asked for thousands of times per
+    # large schema: one shared node each (nodes are immutable).
+    node = _SHORT_LITERALS.get(text)
+    if node is None:
+        if not text:
+            return _EMPTY
+        node = Literal(text)
+        if len(text) <= 4 and len(_SHORT_LITERALS) < 4096:
+            _SHORT_LITERALS[text] = node
+    return node
 
 
 def seq(*items: Expr) -> Expr:
@@ -240,6 +255,19 @@ def alt(*items: Expr) -> Expr:
         if sub not in unique:
             unique.append(sub)
     return unique[0] if len(unique) == 1 else Alt(tuple(unique))
+
+
+def alt_disjoint(*items: Expr) -> Expr:
+    """Alternation of items whose languages are pairwise disjoint (so no two are equal): nested
+    alternations are flattened as by :func:`alt`, without its duplicate search, which hashes or
+    compares whole subtrees (a JSON value's object and array alternatives are large)."""
+    flat: list[Expr] = []
+    for item in items:
+        if isinstance(item, Alt):
+            flat.extend(item.items)
+        else:
+            flat.append(item)
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 
 def opt(item: Expr) -> Expr:
@@ -385,6 +413,23 @@ class Grammar:
         found = first_undefined_ref(self.rules, seen)
         if found is not None:
             raise GrammarDefinitionError(f"rule {found[0]!r} refers to undefined rule {found[1]!r}")
+
+    @classmethod
+    def unchecked(
+        cls, rules: tuple[tuple[str, Expr], ...], root: str = "root", warnings: tuple[str, ...] = ()
+    ) -> Grammar:
+        """A grammar from a front end whose rules are well formed by construction (valid distinct
+        names, the root first, every reference defined), without the validation walk over every
+        node: a large JSON Schema grammar holds ~10^5 nodes that the serializer walks anyway, and it
+        reports an undefined reference as GrammarDefinitionError when the grammar is compiled.
+        Anything else goes through the validating constructor."""
+        if not rules or rules[0][0] != root:
+            return cls(rules, root, warnings)
+        grammar = object.__new__(cls)
+        _set(grammar, "rules", rules)
+        _set(grammar, "root", root)
+        _set(grammar, "warnings", warnings)
+        return grammar
 
     # -- access --
 
@@ -553,3 +598,6 @@ def builtin_grammar_path(name: str) -> Path:
             return path
     available = sorted(p.stem for p in folder.iterdir() if p.suffix in (".gbnf", ".lark"))
     raise GrammarDefinitionError(f"no built-in grammar {name!r}; available: {', '.join(available)}")
+
+
+register_cache(_SHORT_LITERALS)

@@ -17,8 +17,36 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
+
+# Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
+# imported with the front end, not on first use: where no bytecode is cached (e.g. with
+# PYTHONDONTWRITEBYTECODE) compiling regex.py alone takes ~10 ms, which would land on whichever
+# schema first has a pattern.
+from agent_infer.grammar import (  # noqa: F401
+    ir_references,
+    json_schema_negate,
+    json_schema_values,
+    reference,
+    regex,
+)
 from agent_infer.grammar import json_schema_logic as logic
-from agent_infer.grammar.ir import Alt, Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, opt, seq
+from agent_infer.grammar import json_schema_objects as objects
+from agent_infer.grammar import json_schema_scalars as scalars
+from agent_infer.grammar.caches import register_cache
+from agent_infer.grammar.ir import (
+    Alt,
+    Empty,
+    Expr,
+    Grammar,
+    Ref,
+    Repeat,
+    alt,
+    alt_disjoint,
+    chars,
+    lit,
+    opt,
+    seq,
+)
 from agent_infer.grammar.json_schema_keys import KEY_RULE_PREFIX, SPECIAL_RULE, ComplementKeys
 from agent_infer.grammar.json_schema_memo import SchemaKeys
 from agent_infer.grammar.json_schema_merge import (
@@ -139,11 +167,19 @@ def json_schema_to_grammar(
         registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
     )
     body = comp.lower(root, "", 0)
-    rules = [("root", body), *comp.rules.items()]
-    return Grammar(tuple(rules), "root", tuple(comp.warnings))
+    # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule added
+    # with it, so the per-node validation walk is skipped (see Grammar.unchecked).
+    grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))
+    # Rules named char* ("char", "char-high", "char-special", the key-trie nodes) have bodies that
+    # are the same IR objects in every grammar: the serializer caches their programs (compiler.py).
+    object.__setattr__(grammar, "_shared_prefix", SHARED_RULE_PREFIX)
+    return grammar
 
 
 _RESERVED = frozenset(("root", "ws", "char", HIGH_RULE, SPECIAL_RULE))
+# Names of the rules whose bodies are process-wide IR objects (only they start with it: fresh names
+# come from _rule_base, and a JSON pointer hint never starts with "char").
+SHARED_RULE_PREFIX = "char"
 _NON_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -155,10 +191,17 @@ def _rule_base(hint: str) -> str:
     return "s-" + base if base.startswith(KEY_RULE_PREFIX) else base
 
 
+_KNOWN_SORTED = sorted(KNOWN)
+
+
 @functools.lru_cache(maxsize=4096)
 def _near_keyword(keyword: str) -> list[str]:
     """The known keyword ``keyword`` is likely a typo of (at most one; a pure function of it)."""
-    return difflib.get_close_matches(keyword, sorted(KNOWN), n=1, cutoff=0.8)
+    # A similarity ratio is at most 2 * min(len) / (sum of lengths): candidates whose lengths
+    # alone keep them under the cutoff could never be returned, so difflib is spared them.
+    n = len(keyword)
+    near = [k for k in _KNOWN_SORTED if 2 * min(n, len(k)) >= 0.8 * (n + len(k))]
+    return difflib.get_close_matches(keyword, near, n=1, cutoff=0.8) if near else []
 
 
 def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +232,7 @@ class Compiler:
         self.strict = strict
         self.indent = indent
         self.rules: dict[str, Expr] = {}
-        self.memo: dict[tuple[int, int], str] = {}
+        self.memo: dict[tuple[int, int], Ref] = {}
         self.schema_keys = SchemaKeys()
         self.warnings: list[str] = []
         self._dfa_cache: dict[str, DFA] = {}
@@ -197,7 +240,8 @@ class Compiler:
         self.rules[HIGH_RULE] = HIGH_EXPR  # shared by encoded classes that include all non-ASCII
         self._blocks: dict[Expr, list[str]] = {}
         self._shared: dict[Expr, str] = {}
-        self.key_cache: dict[str, Expr | None] = {}
+        # (sorted declared names, pattern names, pattern mask, propertyNames JSON) -> key expression
+        self.key_cache: dict[tuple[Any, ...], Expr | None] = {}
         self.complement_keys = ComplementKeys(self.rules, MAX_RULES)
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
         self._next_suffix: dict[str, int] = {}
@@ -363,12 +407,12 @@ class Compiler:
             # Pinned layouts are depth-specific rules; nesting is capped (documented).
             return Alt(())
         key = (self.schema_keys.key(schema), depth if self.indent is not None else 0)
-        name = self.memo.get(key)
-        if name is None:
+        ref = self.memo.get(key)
+        if ref is None:
             name = self.fresh("any" if schema is True or schema == {} else pointer or "value")
-            self.memo[key] = name
+            ref = self.memo[key] = Ref(name)  # IR nodes are immutable: one Ref serves every use
             self.rules[name] = self.lower_body(schema, pointer, depth)
-        return Ref(name)
+        return ref
 
     # -- schema flattening ----------------------------------------------------------------------
 
@@ -388,6 +432,9 @@ class Compiler:
             raise GrammarLimitError(f"$ref/allOf nesting deeper than {MAX_FLATTEN_DEPTH} at {pointer or '/'}")
         if not isinstance(schema, dict):
             raise InvalidSchemaError("a schema must be an object or a boolean", pointer=pointer)
+        if "$ref" not in schema and "allOf" not in schema:
+            # Nothing to merge (most schemas): no copy; lowering never mutates the schemas it reads.
+            return _lift_conditionals(schema)
         parts: list[Any] = []
         rest = _lift_conditionals({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
         if "$ref" in schema:
@@ -448,9 +495,6 @@ class Compiler:
 
     def lower_body(self, schema: Any, pointer: str, depth: int) -> Expr:
         """Lower one schema (not memoized; see :meth:`lower`)."""
-        from agent_infer.grammar import json_schema_objects as objects
-        from agent_infer.grammar import json_schema_scalars as scalars
-
         flat = self.flatten(schema, pointer)
         if flat is True:
             flat = {}
@@ -493,7 +537,8 @@ class Compiler:
                 out.append(scalars.lower_non_integer(self, flat, pointer))
             else:
                 out.append(scalars.lower_number(self, flat, pointer, integer=(t == "integer")))
-        return alt(*out) if out else Alt(())
+        # Each type's texts start differently (n, t/f, {, [, ", digit or -): disjoint languages.
+        return alt_disjoint(*out) if out else Alt(())
 
     def allowed_types(self, flat: dict[str, Any], pointer: str) -> list[str]:
         """Types to emit, in a fixed order; "integer" is folded into "number" when both allowed."""
@@ -554,3 +599,7 @@ class Compiler:
 
         self._matchers[key] = accepts
         return accepts
+
+
+register_cache(_rule_base)
+register_cache(_near_keyword)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.json_schema_text import MAX_CP, encode_class
 
@@ -446,3 +447,6 @@ def names_dfa(names: list[str]) -> DFA:
         edges.append(out)
         i += 1
     return DFA(edges, accept)
+
+
+register_cache(_HEADS)

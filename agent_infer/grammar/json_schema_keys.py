@@ -26,6 +26,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
 from agent_infer.grammar.json_schema_automata import (
     TRIE_MAX_STATES,
@@ -86,6 +87,14 @@ _SINK_REF = Ref(SINK_RULE)
 _NODES: dict[tuple[object, ...], tuple[Ref, Expr]] = {}
 _MAX_NODES = 1 << 14
 _NEXT_ID = itertools.count()
+# Sorted distinct names -> (the trie's start rule, every rule it needs): the same name sets recur
+# across grammars (an ObjectMeta or LabelSelector object in every Kubernetes schema), and a hit
+# only has to copy the rules instead of interning each trie node again. The rules of one entry
+# are consistent among themselves (names are never reused), whatever happened to _NODES since.
+_TRIES: dict[tuple[str, ...], tuple[Ref, tuple[tuple[str, Expr], ...]]] = {}
+# Suffix -> the chain of nodes spelling it (leaf first, its top last), see ComplementKeys._close.
+_CHAINS: dict[str, tuple[tuple[Ref, Expr], ...]] = {}
+_MAX_TRIES = 4096
 
 
 class ComplementKeys:
@@ -97,7 +106,9 @@ class ComplementKeys:
         self._max_rules = max_rules
         # This grammar's nodes: a key keeps one rule within a grammar even if another thread
         # replaces the process-wide entry meanwhile.
-        self._nodes: dict[tuple[object, ...], Ref] = {}
+        self._nodes: dict[tuple[object, ...], tuple[Ref, Expr]] = {}
+        # The nodes of the trie being built, in interning order (for _TRIES).
+        self._used: list[tuple[Ref, Expr]] = []
 
     def start(self, names: list[str]) -> Ref:
         """The rule for keys outside ``names`` (decoded strings, any order, repeats allowed).
@@ -106,12 +117,21 @@ class ComplementKeys:
         previous name stays open, and when the next name leaves it, the nodes below the common
         prefix are final and get interned, children before parents, each child in code point order.
         """
-        distinct = sorted(set(names))
-        if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
-            names_dfa(distinct)  # may be over the automaton limits: the same errors as there
+        distinct = tuple(sorted(set(names)))
         if SINK_RULE not in self._rules:
             self._rules[SPECIAL_RULE] = SPECIAL_EXPR
             self._rules[SINK_RULE] = _SINK_EXPR
+        hit = _TRIES.get(distinct)
+        if hit is not None:
+            rules = self._rules
+            added = sum(1 for name, _ in hit[1] if name not in rules)
+            if len(rules) + added > self._max_rules:
+                raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
+            rules.update(hit[1])
+            return hit[0]
+        if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
+            names_dfa(list(distinct))  # may be over the automaton limits: the same errors as there
+        self._used.clear()
         # Open nodes along the previous name: [code point of the edge in, accepting, children].
         path: list[list[Any]] = [[-1, False, []]]
         prev = ""
@@ -120,21 +140,63 @@ class ComplementKeys:
             m = min(len(word), len(prev))
             while p < m and word[p] == prev[p]:
                 p += 1
-            while len(path) > p + 1:
-                node = path.pop()
-                path[-1][2].append((node[0], self._intern(node[1], node[2])))
+            self._close(path, p, prev)
             path.extend([ord(ch), False, []] for ch in word[p:])
             path[-1][1] = True
             prev = word
-        while len(path) > 1:
+        self._close(path, 0, prev)
+        start = self._intern(path[0][1], path[0][2])
+        if len(_TRIES) >= _MAX_TRIES:
+            _TRIES.clear()
+        _TRIES[distinct] = (start, tuple({ref.name: body for ref, body in self._used}.items()))
+        return start
+
+    def _close(self, path: list[list[Any]], depth: int, word: str) -> None:
+        """Intern the open nodes below ``depth`` (``path`` spells ``word``), children first."""
+        # Most of them are a chain: the word's last node (a leaf) and the nodes above it that end
+        # no name and have no other child. Such a node depends only on the letters below it, so
+        # the chain is interned as one piece by that suffix (process-wide, like the nodes).
+        top = len(path) - 1
+        j = top
+        while j - 1 > depth and not path[j - 1][1] and not path[j - 1][2]:
+            j -= 1
+        if j < top:
+            cp = path[j][0]
+            del path[j:]
+            path[-1][2].append((cp, self._chain(word[j:])))
+        while len(path) > depth + 1:
             node = path.pop()
             path[-1][2].append((node[0], self._intern(node[1], node[2])))
-        return self._intern(path[0][1], path[0][2])
+
+    def _chain(self, suffix: str) -> Ref:
+        """The node that spells ``suffix`` and then ends a name, with no other way on (interned)."""
+        nodes = _CHAINS.get(suffix)
+        if nodes is None:
+            ref = self._intern(True, [])
+            for ch in reversed(suffix):
+                ref = self._intern(False, [(ord(ch), ref)])
+            nodes = tuple(self._used[-len(suffix) - 1 :])
+            if len(_CHAINS) >= _MAX_NODES:
+                _CHAINS.clear()
+            _CHAINS[suffix] = nodes
+            return ref
+        rules = self._rules
+        for ref, body in nodes:
+            if ref.name not in rules:
+                if len(rules) >= self._max_rules:
+                    raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
+                rules[ref.name] = body
+        self._used.extend(nodes)
+        return nodes[-1][0]
 
     def _intern(self, ends_name: bool, children: list[tuple[int, Ref]]) -> Ref:
-        key = (ends_name, *[x for cp, ref in children for x in (cp, ref.name)])
-        ref = self._nodes.get(key)
-        if ref is None:
+        if len(children) == 1:  # most nodes: a name's letters past its last branching
+            cp, child = children[0]
+            key: tuple[object, ...] = (ends_name, cp, child.name)
+        else:
+            key = (ends_name, *[x for cp, ref in children for x in (cp, ref.name)])
+        found = self._nodes.get(key)
+        if found is None:
             hit = _NODES.get(key)
             if hit is None:
                 if len(_NODES) >= _MAX_NODES:
@@ -145,13 +207,16 @@ class ComplementKeys:
                 )
             if len(self._rules) >= self._max_rules:
                 raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
-            ref = self._nodes[key] = hit[0]
-            self._rules[ref.name] = hit[1]
-        return ref
+            found = self._nodes[key] = hit
+            self._rules[hit[0].name] = hit[1]
+        self._used.append(found)
+        return found[0]
 
 
 # Child code points -> (the branch "a gap character, then the sink" or None, where it goes).
 _GAPS: dict[tuple[int, ...], tuple[Expr | None, int]] = {}
+# Code point -> special_head of it alone (the edge into a child; bounded by the names seen).
+_CP_HEADS: dict[int, tuple[Expr, ...]] = {}
 
 
 def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
@@ -170,7 +235,10 @@ def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
     for k, (cp, ref) in enumerate(children):
         if k == sink_at and gap_branch is not None:
             branches.append(gap_branch)
-        branches.append(Seq((*special_head(((cp, cp),)), ref)))
+        head = _CP_HEADS.get(cp)
+        if head is None:
+            head = _CP_HEADS[cp] = special_head(((cp, cp),))
+        branches.append(Seq((*head, ref)))
     if sink_at == len(children) and gap_branch is not None:
         branches.append(gap_branch)
     if not ends_name:
@@ -182,3 +250,10 @@ _EMPTY = Empty()
 
 
 _SINK_EXPR = complement_sink(_SINK_REF, special_head)
+
+register_cache(_HEADS)
+register_cache(_NODES)
+register_cache(_TRIES)
+register_cache(_CHAINS)
+register_cache(_GAPS)
+register_cache(_CP_HEADS)

@@ -61,6 +61,8 @@ def banned_types(c: Compiler, neg: Any) -> list[str] | None:
 
 def rewrite_logic(c: Compiler, flat: dict[str, Any], pointer: str) -> Any | None:
     """``if``/``then``/``else`` and general ``not`` as ``anyOf`` of complements, when expressible."""
+    if "not" not in flat and not flat.get("__conditionals"):
+        return None  # nothing to rewrite (the common case)
     from agent_infer.grammar.json_schema_negate import negate
 
     if any(k.startswith("unevaluated") for k in flat):

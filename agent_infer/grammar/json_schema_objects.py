@@ -189,7 +189,7 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
             continue
         here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
         value = c.lower(schema, here, depth + 1)
-        members.append((seq(lit('"'), encode_literal(name), lit('"'), c.colon(), value), is_required))
+        members.append((seq(_quoted_key(c, name), value), is_required))
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
     undeclared = len(names) - len(props)  # all present in members: a missing one returned above
     if lo == 0 and hi is None and 2 <= undeclared <= MAX_PERMUTED:
@@ -201,6 +201,19 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         body, nullable = _members(c, members, extra, depth)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     return _counted(c, members, extra, lo, hi, depth, pointer)
+
+
+def _quoted_key(c: Compiler, name: str) -> Expr:
+    """``"name"`` and the key/value separator: one literal when both are plain text (most keys,
+    compact layout), the same bytes in one IR node instead of four."""
+    key = encode_literal(name)
+    colon = c.colon()
+    if type(key) is Literal:
+        quoted = f'"{key.text}"'
+        if type(colon) is Literal:
+            return Literal(quoted + colon.text)
+        return seq(Literal(quoted), colon)
+    return seq(lit('"'), key, lit('"'), colon)
 
 
 def _escape(key: str) -> str:
@@ -229,7 +242,9 @@ def _extra_member(
     if len(pats) > MAX_PATTERN_REGIONS:
         c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
         pats = {}
-    pn = json.dumps(flat.get("propertyNames", True), sort_keys=True, default=str)
+    pn = json.dumps(flat["propertyNames"], sort_keys=True, default=str) if "propertyNames" in flat else "true"
+    sorted_names = tuple(sorted(names))
+    pat_names = tuple(pats)
     pdfas: dict[str, DFA] = {}
     base_cache: list[DFA | None] = []
 
@@ -248,7 +263,7 @@ def _extra_member(
         if value_schema is False:
             continue
         # Objects that share declared names share the key automaton's rules.
-        cache_key = json.dumps([sorted(names), list(pats), list(mask), pn])
+        cache_key = (sorted_names, pat_names, mask, pn)
         if cache_key not in c.key_cache and names and keys is True and not pats:
             # The common case, "any key but the declared names": rules read off the names' trie.
             c.key_cache[cache_key] = _names_complement_key(c, names)

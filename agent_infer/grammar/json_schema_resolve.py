@@ -10,11 +10,13 @@ become numbers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
+from agent_infer.grammar.caches import register_cache
 
 DEFAULT_BASE = "urn:agent-infer:schema"
 
@@ -36,10 +38,18 @@ MAP_KEYWORDS = {"properties", "patternProperties", "$defs", "definitions", "depe
 LIST_KEYWORDS = {"allOf", "anyOf", "oneOf", "prefixItems"}
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _defrag(uri: str) -> tuple[str, str]:
+    """``urldefrag(uri)`` as a plain pair (cached: generated schemas repeat their $ref URIs)."""
+    doc, frag = urldefrag(uri)
+    return doc, frag
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def _join(base: str, ref: str) -> str:
     # urljoin does not understand "urn:" bases; fragments and full URIs still work on them.
     if ref.startswith("#"):
-        return urldefrag(base)[0] + ref
+        return _defrag(base)[0] + ref
     if base.startswith("urn:") and ":" not in ref.split("/")[0]:
         return base.rsplit("/", 1)[0] + "/" + ref if "/" in base else ref
     return urljoin(base, ref)
@@ -52,6 +62,10 @@ class Registry:
         self.resources: dict[str, Any] = {}
         self.anchors: dict[str, Any] = {}
         self.pointers: dict[int, str] = {}  # id(normalized node) -> pointer, for error messages
+        # uri -> resolved node: generated schemas $ref the same definitions hundreds of times, and
+        # splitting the URI (urldefrag) costs more than the lookup (documents are not changed
+        # once registered; failures are not kept, so each raises with its own pointer).
+        self._resolved: dict[str, Any] = {}
 
     def add_document(self, schema: Any, uri: str) -> Any:
         """Normalize and register a document; return its normalized root."""
@@ -67,7 +81,7 @@ class Registry:
         out: dict[str, Any] = {}
         ident = node.get("$id")
         if isinstance(ident, str):
-            frag_less, frag = urldefrag(_join(base, ident))
+            frag_less, frag = _defrag(_join(base, ident))
             if frag_less:
                 base = frag_less
             if frag:  # draft-07 "$id": "#name" is an anchor
@@ -77,8 +91,20 @@ class Registry:
         if isinstance(node.get("$anchor"), str):
             self.anchors[f"{base}#{node['$anchor']}"] = out
         for key, value in node.items():
+            if key not in _STRUCTURAL:
+                # Most keywords are plain values: their pointer is only spelled out for an error.
+                if key in _SHAPED:
+                    _check_shape(key, value, f"{pointer}/{_escape(key)}")
+                if key in _EXCLUSIVE and isinstance(value, bool):
+                    # draft-04: a boolean flag on minimum/maximum
+                    bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+                    if value and bound in node:
+                        out[key] = node[bound]
+                        out["__drop_" + bound] = True
+                else:
+                    out[key] = value
+                continue
             here = f"{pointer}/{_escape(key)}"
-            _check_shape(key, value, here)
             if key == "$ref":
                 if not isinstance(value, str):
                     raise InvalidSchemaError("$ref must be a string", pointer=here)
@@ -110,23 +136,23 @@ class Registry:
                 if not isinstance(value, list) or (key != "prefixItems" and not value):
                     raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=here)
                 out[key] = [self._walk(v, base, f"{here}/{i}") for i, v in enumerate(value)]
-            elif key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
-                # draft-04: a boolean flag on minimum/maximum
-                bound = "minimum" if key == "exclusiveMinimum" else "maximum"
-                if value and bound in node:
-                    out[key] = node[bound]
-                    out["__drop_" + bound] = True
-            else:
-                out[key] = value
-        for bound in ("minimum", "maximum"):
-            if out.pop("__drop_" + bound, False):
-                out.pop(bound, None)
+        if "__drop_minimum" in out or "__drop_maximum" in out:
+            for bound in ("minimum", "maximum"):
+                if out.pop("__drop_" + bound, False):
+                    out.pop(bound, None)
         self.pointers[id(out)] = pointer
         return out
 
     def resolve(self, uri: str, pointer: str) -> Any:
         """The normalized schema ``uri`` points at; dangling → InvalidSchemaError, remote → Unsupported."""
-        doc_uri, frag = urldefrag(uri)
+        if uri in self._resolved:
+            return self._resolved[uri]
+        found = self._resolve(uri, pointer)
+        self._resolved[uri] = found
+        return found
+
+    def _resolve(self, uri: str, pointer: str) -> Any:
+        doc_uri, frag = _defrag(uri)
         if uri in self.anchors:
             return self.anchors[uri]
         doc = self.resources.get(doc_uri)
@@ -167,12 +193,31 @@ _COUNTS = {
 _NUMBERS = {"minimum", "maximum", "multipleOf"}
 
 
+# Keywords _check_shape looks at, and those _walk rewrites or descends into (the rest are copied).
+_SHAPED = frozenset(
+    (
+        *_COUNTS,
+        *_NUMBERS,
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "required",
+        "enum",
+        "pattern",
+        "format",
+        "uniqueItems",
+    )
+) | {"type"}
+_EXCLUSIVE = frozenset(("exclusiveMinimum", "exclusiveMaximum"))
+_STRUCTURAL = frozenset(("$ref", "additionalItems", *SCHEMA_KEYWORDS, *MAP_KEYWORDS, *LIST_KEYWORDS))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _check_shape(key: str, value: Any, pointer: str) -> None:
     """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer)."""
-
-    def is_num(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
-
+    is_num = _is_num
     problem = None
     if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
         problem = "must be a non-negative integer"
@@ -211,3 +256,7 @@ def build_registry(schema: Any, remotes: Mapping[str, Any] | None) -> tuple[Regi
     root = reg.add_document(schema, root_base)
     reg.resources.setdefault(root_base, root)
     return reg, root
+
+
+register_cache(_defrag)
+register_cache(_join)

@@ -13,6 +13,7 @@ from agent_infer.errors import (
     UnsupportedSchemaError,
 )
 from agent_infer.grammar import json_schema_numbers as num
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
 from agent_infer.grammar.json_schema_automata import (
     DFA,
@@ -296,3 +297,9 @@ def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     c.rules.update(rules)
     c.rules[prefix] = start
     return Ref(prefix)
+
+
+register_cache(_format_expr)
+register_cache(_encoded_format)
+register_cache(_format_dfa)
+register_cache(_encoded_search)

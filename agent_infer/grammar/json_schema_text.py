@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
@@ -197,3 +198,7 @@ JSON_CHAR: Expr = alt(
 HIGH_RULE = "char-high"
 # Any non-ASCII code point: raw, \uXXXX, or a surrogate pair.
 HIGH_EXPR: Expr = alt(CharClass(((0x80, MAX_CP),)), _u_escape(0x80, MAX_CP))
+
+register_cache(hex_range)
+register_cache(_u_escape)
+register_cache(encode_class)

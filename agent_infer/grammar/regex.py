@@ -13,6 +13,7 @@ import re
 
 from agent_infer.errors import GrammarLimitError, UnsupportedRegexError
 from agent_infer.grammar import regex_classes as rc
+from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import (
     MAX_CODEPOINT,
     Alt,
@@ -290,3 +291,6 @@ def regex_search_expr(pattern: str, dialect: str = "ecma") -> Expr:
 def regex_to_grammar(pattern: str, *, dialect: str = "python") -> Grammar:
     """A one-rule grammar fully matching ``pattern`` (what :meth:`Grammar.from_regex` returns)."""
     return Grammar.from_expr(parse_regex(pattern, dialect=dialect))
+
+
+register_cache(regex_search_expr)

@@ -4,8 +4,13 @@
 // handle the same way (a foreign node type, a literal with a lone surrogate, an unknown rule name,
 // repeat bounds beyond int32, a non-tuple item list) makes it return None, and the caller runs the
 // Python serializer, which produces the program or the precise error.
+//
+// ``serialize_packed`` keeps the programs native (SerializedRules) and ``compile_serialized`` lowers
+// them from there: a Kubernetes schema's ~90k program words then never become Python ints, which
+// cost about as much as the walk itself, once out of the serializer and once back into the compiler.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -20,6 +25,7 @@
 
 #include "bindings.h"
 #include "grammar.h"
+#include "grammar_body_cache.h"
 
 namespace nb = nanobind;
 
@@ -360,9 +366,122 @@ Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k
   return -1;
 }
 
+// Rule programs kept on the native side between serialization and compilation.
+struct SerializedRules {
+  std::vector<Program> programs;
+};
+
+// Programs of all rules; the bodies of rules named ``shared_prefix``... go through the body cache.
+std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb::tuple kinds,
+                                             std::optional<nb::str> shared_prefix) {
+  if (kinds.size() != 7) throw std::invalid_argument("serialize_rules needs the 7 IR node classes");
+  PyObject* t = kinds.ptr();
+  Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
+          PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+  size_t n = bodies.size();
+  SerializedRules out;
+  out.programs.resize(n);
+  Serializer ser(k, index.ptr());
+  // Rule index -> name (borrowed from ``index``), and which rules' bodies are process-wide.
+  std::vector<PyObject*> rule_names;
+  std::vector<uint8_t> shared;
+  if (shared_prefix.has_value() && PyDict_Size(index.ptr()) == static_cast<Py_ssize_t>(n)) {
+    rule_names.assign(n, nullptr);
+    shared.assign(n, 0);
+    PyObject* prefix = shared_prefix->ptr();
+    Py_ssize_t pos = 0;
+    PyObject *name = nullptr, *value = nullptr;
+    while (PyDict_Next(index.ptr(), &pos, &name, &value)) {
+      long r = PyLong_AsLong(value);
+      if (r < 0 || static_cast<size_t>(r) >= n || !PyUnicode_Check(name)) {
+        PyErr_Clear();
+        return std::nullopt;
+      }
+      rule_names[static_cast<size_t>(r)] = name;
+      int starts = static_cast<int>(PyUnicode_Tailmatch(name, prefix, 0, PY_SSIZE_T_MAX, -1));
+      if (starts < 0) {
+        PyErr_Clear();
+        return std::nullopt;
+      }
+      shared[static_cast<size_t>(r)] = static_cast<uint8_t>(starts);
+    }
+    for (PyObject* name : rule_names) {
+      if (name == nullptr) return std::nullopt;  // two names for one index: the Python path decides
+    }
+  }
+  BodyCache& cache = body_cache();
+  std::vector<std::pair<uint32_t, PyObject*>> refs;
+  for (size_t r = 0; r < n; ++r) {
+    PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
+    const bool cached = !shared.empty() && shared[r] != 0;
+    if (cached) {
+      if (const CachedBody* hit = cache.find(body)) {
+        if (!cache.write(*hit, index.ptr(), out.programs[r])) {
+          PyErr_Clear();
+          return std::nullopt;  // a rule this body calls is missing: the Python path reports it
+        }
+        continue;
+      }
+    }
+    if (!ser.emit(body, static_cast<uint32_t>(r), out.programs)) return std::nullopt;
+    if (cached) {
+      refs.clear();
+      if (find_refs(out.programs[r], rule_names, refs)) cache.insert(body, out.programs[r], refs);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_grammar_serialize(nb::module_& m) {
+  nb::class_<SerializedRules>(m, "SerializedRules",
+                              "Rule programs written by serialize_packed, kept native for compile_serialized.")
+      .def("__len__", [](const SerializedRules& s) { return s.programs.size(); })
+      .def(
+          "programs", [](const SerializedRules& s) { return s.programs; },
+          "The programs as lists of ints (what serialize_rules returns).")
+      .def(
+          "tobytes",
+          [](const SerializedRules& s) {
+            // Rule count, each program's length, then every word: int32 in native byte order.
+            std::vector<int32_t> flat;
+            size_t words = 0;
+            for (const Program& p : s.programs) words += p.size();
+            flat.reserve(1 + s.programs.size() + words);
+            flat.push_back(static_cast<int32_t>(s.programs.size()));
+            for (const Program& p : s.programs) flat.push_back(static_cast<int32_t>(p.size()));
+            for (const Program& p : s.programs) flat.insert(flat.end(), p.begin(), p.end());
+            return nb::bytes(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(int32_t));
+          },
+          "Rule count, program lengths and words as int32 bytes (what the compile-cache key hashes).");
+
+  m.def(
+      "clear_body_cache", [] { body_cache().clear(); },
+      "Forget the cached programs of shared rule bodies (the next serializations run cold).");
+  m.def("serialize_packed", &serialize_all, nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
+        nb::arg("shared_prefix").none() = nb::none(),
+        "serialize_rules, with the programs kept native (SerializedRules); None where the Python "
+        "serializer must decide. Bodies of rules whose names start with ``shared_prefix`` are IR "
+        "objects shared across grammars: their programs are cached by object, indices by name.");
+
+  m.def(
+      "compile_serialized",
+      [](std::shared_ptr<grammar::TokenizerInfo> tok, const SerializedRules& rules, int32_t root, int64_t max_states,
+         double max_seconds, int64_t max_items) {
+        // The same limits as CompiledGrammar.__init__ (grammar_bindings.cpp) derives from these arguments.
+        grammar::Limits lim;
+        lim.max_nfa_states = max_states * 4;
+        lim.max_dfa_states = max_states;
+        lim.max_compile_seconds = max_seconds;
+        lim.max_items_per_set = max_items;
+        nb::gil_scoped_release release;
+        return std::make_shared<grammar::CompiledGrammar>(std::move(tok), rules.programs, root, lim);
+      },
+      nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
+      nb::arg("max_items"), "CompiledGrammar(tokenizer, rules, ...) from SerializedRules.");
+
+
   m.def(
       "first_missing_ref",
       [](nb::list bodies, nb::set defined, nb::tuple kinds) -> nb::object {
