@@ -37,6 +37,7 @@ KINDS = {
     "check_walk",
     "check_earley",
     "context_key",
+    "twin",
 }
 
 

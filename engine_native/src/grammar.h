@@ -2,9 +2,11 @@
 // tokenizer-level adaptive token-mask cache. Design notes live in docs/grammar_engine.md.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -97,10 +99,17 @@ class TokenizerInfo {
   // long_sorted lists their sorted positions, ascending.
   static constexpr size_t kShortTokenLen = 16;
   std::vector<int32_t> long_sorted;
+  // Sorted positions of the tokens longer than kTwinLens[k] bytes, ascending (twin masks,
+  // grammar_twin.cpp: a state whose neighbourhood agrees with a computed one up to that depth
+  // walks only these).
+  static constexpr std::array<size_t, 8> kTwinLens{{6, 8, 10, 12, 16, 24, 32, 64}};
+  std::array<std::vector<int32_t>, 8> longer_sorted;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
   std::shared_ptr<const StateMask> cache_put(const std::string& key, std::shared_ptr<const StateMask> mask);
+  // Stores `mask` under `key`, replacing an entry (grown unions of first-byte pieces).
+  void cache_replace(const std::string& key, std::shared_ptr<const StateMask> mask);
   size_t cache_bytes();
   size_t cache_entries();
 
@@ -179,6 +188,14 @@ class CompiledGrammar {
   // Canonical description of rule r's automaton (with its callees when `calls`), memoized.
   const std::string& rule_key(int32_t r, bool calls) const;
   std::string structure_key(int32_t s) const;
+  // Whether rule r's pushdown digest (rule_key(r, true)) exists or is cheap to build (few
+  // states reachable through calls whose digests are missing).
+  bool pushdown_keys_ready(int32_t r) const;
+  // Rule r's pushdown digest where pushdown_keys_ready(r), else a name that only this grammar
+  // uses (its uid and r): keys holding it are never shared with other grammars.
+  std::string callee_name(int32_t r) const;
+  // Whether rule r's plain key (rule_key(r, false)) exists or is cheap to build (a small rule).
+  bool plain_key_cheap(int32_t r) const;
   // The token walks classify the sorted tokens of each range, all of which share their first
   // `depth` bytes and reach `state` after them; `base` (if any) holds tokens accepted already.
   struct WalkRange {
@@ -262,6 +279,10 @@ class CompiledGrammar {
   void append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
                         std::string& ser) const;
   size_t local_size(int32_t t) const;  // > 512: named by its rule
+  // Whether local_key(t) is memoized already; whether what a walk entering t reads is at most
+  // 64 states (counted without keying it).
+  bool local_key_known(int32_t t) const;
+  bool local_small(int32_t t) const;
   // Short-token masks (grammar_short.cpp): the classification of s's tokens of at most
   // kShortTokenLen bytes depends only on the states within kShortTokenLen - 1 bytes of s, so it
   // is cached under a key of that neighbourhood; positions of a counted repeat (a `maxLength`
@@ -273,6 +294,21 @@ class CompiledGrammar {
   // Caches the short part of a freshly computed full mask of s (when s has a short key).
   void put_short(int32_t s, const StateMask& full) const;
   mutable std::unordered_map<int32_t, std::string> short_keys_;
+  // Twin masks (grammar_twin.cpp): a dense state outside loop regions is classified like an
+  // earlier such state whose neighbourhood (as its walk reads it, calls included) agrees with its
+  // own up to the length of a token (the positions of a counted repeat far from its end), or
+  // takes the classification of the tokens up to the depth they agree on and walks only longer
+  // tokens.
+  // nullptr: no earlier state agrees far enough. *twin_whole: the twin's mask as it is.
+  std::shared_ptr<const StateMask> compute_from_twin(int32_t s, bool* twin_whole) const;
+  // Offers s's freshly computed mask as a twin to later states of the same local shape.
+  void remember_twin(int32_t s, const std::shared_ptr<const StateMask>& mask) const;
+  struct Twin {
+    int32_t state;
+    std::shared_ptr<const StateMask> mask;
+  };
+  mutable std::mutex twin_mu_;
+  mutable std::unordered_map<uint64_t, std::vector<Twin>> twins_;
 
   mutable std::mutex local_mu_;
   mutable std::unordered_map<int32_t, std::pair<std::string, size_t>> local_keys_;
@@ -286,6 +322,7 @@ class CompiledGrammar {
   mutable std::mutex key_mu_;
   mutable std::vector<std::string> rule_keys_[2];
   mutable std::vector<uint8_t> rule_key_done_[2];
+  mutable std::vector<uint8_t> digest_too_large_;  // pushdown_keys_ready's verdicts, by rule
 };
 
 struct Item {
@@ -373,6 +410,23 @@ class Matcher {
   std::vector<int32_t> ctx_sets_;
   std::unordered_map<int32_t, int32_t> ctx_ids_;
 };
+
+// Sorts v, which is made of sorted segments beginning at `starts` (ascending), by merging
+// them: the piece assemblies append per-byte results in segments, and sorting from scratch cost
+// more than the rest of their work on large uncertain lists.
+template <class T, class Less>
+void merge_segments(std::vector<T>& v, const std::vector<size_t>& starts, Less less) {
+  for (size_t k = 1; k < starts.size(); ++k) {
+    const size_t mid = std::min(starts[k], v.size());
+    const size_t end = k + 1 < starts.size() ? std::min(starts[k + 1], v.size()) : v.size();
+    std::inplace_merge(v.begin(), v.begin() + static_cast<long>(mid), v.begin() + static_cast<long>(end), less);
+  }
+}
+
+// The plain walk from s of the tokens at the given sorted positions (ascending; runs of
+// consecutive positions share prefixes), on top of `base` (grammar_short.cpp).
+std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_t s,
+                                                const std::vector<int32_t>& positions, const StateMask* base);
 
 // Batch mask fill (grammar_pool.cpp): row rows[i] of `data` (`words` int32 words per row) for
 // matchers[i], i < n, on up to `threads` threads (0: all) of the process-wide pool, whose size is

@@ -71,14 +71,14 @@ void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape,
                                        const std::unordered_map<int32_t, int32_t>& num, std::string& ser) const {
   append_state(
       *this, q, calls, with_escape, [&](int32_t x) { return num.at(x); },
-      [&](int32_t r) -> const std::string& { return rule_key(r, true); }, ser);
+      [&](int32_t r) { return callee_name(r); }, ser);
 }
 
 void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
                                        std::string& ser) const {
   append_state(
       *this, q, calls, with_escape, [&](int32_t x) { return num_of[static_cast<size_t>(x)]; },
-      [&](int32_t r) -> const std::string& { return rule_key(r, true); }, ser);
+      [&](int32_t r) { return callee_name(r); }, ser);
 }
 
 std::string CompiledGrammar::local_key(int32_t t) const {
@@ -116,7 +116,7 @@ std::string CompiledGrammar::local_key(int32_t t) const {
   } else {
     // Named by the whole rule (as the per-state cache does) plus t's index inside it.
     ser.assign(1, calls ? 'C' : 'P');
-    ser += rule_key(r, calls);
+    ser += calls ? callee_name(r) : rule_key(r, false);
     put(t - rule_start[r]);
   }
   if (calls) ser.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
@@ -124,6 +124,27 @@ std::string CompiledGrammar::local_key(int32_t t) const {
   std::lock_guard<std::mutex> lock(local_mu_);
   const size_t size = overflow ? kMaxLocalStates + 1 : order.size();
   return local_keys_.emplace(t, std::make_pair(std::move(key), size)).first->second.first;
+}
+
+bool CompiledGrammar::local_key_known(int32_t t) const {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  return local_keys_.count(t) != 0;
+}
+
+bool CompiledGrammar::local_small(int32_t t) const {
+  const bool calls = piece_calls(t);
+  std::vector<int32_t> order{t};
+  auto reach = [&](int32_t q) {
+    if (std::find(order.begin(), order.end(), q) == order.end()) order.push_back(q);
+  };
+  for (size_t i = 0; i < order.size() && order.size() <= kMaxSharedStates; ++i) {
+    const State& st = states[static_cast<size_t>(order[i])];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(byte_edges[e].target);
+    if (calls) {
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(ref_edges[e].target);
+    }
+  }
+  return order.size() <= kMaxSharedStates;
 }
 
 size_t CompiledGrammar::local_size(int32_t t) const {
@@ -157,6 +178,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       }
     }
     const int32_t t = target[static_cast<size_t>(best)];
+    // The key of a large sub-automaton costs up to 512 states' serialization (a position of a
+    // `format` string pays it on every first visit): counted first, and keyed only if small or
+    // keyed already (an earlier state's pieces may then have cached this one's).
+    if (!local_key_known(t) && !local_small(t)) return nullptr;
     std::string key = local_key(t);
     key.push_back(static_cast<char>(best));
     if (!tok->cache_get(key) && local_size(t) > kMaxSharedStates) return nullptr;
@@ -280,12 +305,38 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   auto first_byte = [&](int32_t pos) {
     return static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(pos)]]);
   };
+  // out->uncertain is filled in sorted segments (one per union, then the pieces in byte order),
+  // merged at the end in linear time.
+  std::vector<size_t> segments;
   for (auto& kv : groups) {
     Group& grp = kv.second;
     if (grp.key.empty()) continue;
+    segments.push_back(out->uncertain.size());
     if (grp.ref) {
-      // The union minus the runs of bytes this state sends elsewhere (or nowhere)...
       std::copy(grp.ref->accepted_bits.begin(), grp.ref->accepted_bits.end(), scratch.begin());
+      // The union grows by the pieces of this group's bytes it lacks (the first letters of the
+      // property names, for the first key state's union): the next key states of the object
+      // copy it and clear a few runs instead of ORing tens of thousands of ids again.
+      auto grown = std::make_shared<StateMask>();
+      grown->first_bytes = grp.ref->first_bytes;
+      for (int b = 0; b < 256; ++b) {
+        if (!has(grp.bytes, static_cast<uint8_t>(b)) || has(grp.ref->first_bytes, static_cast<uint8_t>(b))) continue;
+        const StateMask* p = piece[static_cast<size_t>(b)].get();
+        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        grown->uncertain.insert(grown->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
+        grown->first_bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+        piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
+      }
+      if (grown->first_bytes != grp.ref->first_bytes) {
+        const size_t added = grown->uncertain.size();
+        grown->uncertain.insert(grown->uncertain.end(), grp.ref->uncertain.begin(), grp.ref->uncertain.end());
+        std::inplace_merge(grown->uncertain.begin(), grown->uncertain.begin() + static_cast<long>(added),
+                           grown->uncertain.end());
+        grown->accepted_bits = scratch;
+        grp.ref = std::move(grown);
+        tok->cache_replace(grp.key, grp.ref);
+      }
+      // The union minus the runs of bytes this state sends elsewhere (or nowhere)...
       for (int b = 0; b < 256; ++b) {
         if (!has(grp.ref->first_bytes, static_cast<uint8_t>(b)) || has(grp.bytes, static_cast<uint8_t>(b))) continue;
         for (size_t j = run_begin(b); j < tk.first_byte_end[static_cast<size_t>(b)]; ++j) {
@@ -296,7 +347,6 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       for (int32_t pos : grp.ref->uncertain) {
         if (has(grp.bytes, first_byte(pos))) out->uncertain.push_back(pos);
       }
-      // ...plus the pieces of the bytes the union lacks (ORed below, from `piece`).
     } else {
       // First state with this target: build the union from its pieces and cache it.
       auto uni = std::make_shared<StateMask>();
@@ -315,6 +365,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     }
     for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
   }
+  segments.push_back(out->uncertain.size());
   for (int b = 0; b < 256; ++b) {
     const StateMask* p = piece[static_cast<size_t>(b)].get();
     if (!p) continue;
@@ -322,7 +373,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
   }
   // Runs are disjoint, so the positions are distinct; groups interleave them.
-  std::sort(out->uncertain.begin(), out->uncertain.end());
+  merge_segments(out->uncertain, segments, std::less<int32_t>());
   size_t n_accepted = 0;
   for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
   finish_mask(*out, std::move(bits), n_accepted);

@@ -27,6 +27,7 @@ enum Kind : int {
   kCheckWalk,      // run-time pushdown check of uncertain tokens
   kCheckEarley,    // run-time Earley check of uncertain tokens
   kContextKey,     // parse-context digest for memoized checks
+  kTwin,           // twin masks: neighbourhood comparisons and the walks of longer tokens
   kCount
 };
 

@@ -283,8 +283,12 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     e.exit = exit_of.at(x.exits[static_cast<size_t>(e.exit)]);
     out->exits.push_back(e);
   };
+  // Both lists are filled in sorted segments (per target, then the pieces in byte order).
+  std::vector<size_t> unc_segments, exit_segments;
   for (int32_t t : order) {
     Target& x = targets[t];
+    unc_segments.push_back(out->uncertain.size());
+    exit_segments.push_back(out->exits.size());
     if (x.exit) {
       // The first byte already leaves the region: the whole run exits at depth 1.
       for (int b = 0; b < 256; ++b) {
@@ -331,6 +335,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     }
     for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
   }
+  unc_segments.push_back(out->uncertain.size());
+  exit_segments.push_back(out->exits.size());
   for (int b = 0; b < 256; ++b) {
     const StateMask* p = piece[static_cast<size_t>(b)].get();
     if (!p) continue;
@@ -340,9 +346,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     for (const RegionExit& e : p->exits) add_exit(x, e);
   }
   // Runs are disjoint, so positions are distinct; the exits' walks must run in sorted order.
-  std::sort(out->uncertain.begin(), out->uncertain.end());
-  std::sort(out->exits.begin(), out->exits.end(),
-            [](const RegionExit& a, const RegionExit& b) { return a.begin < b.begin; });
+  merge_segments(out->uncertain, unc_segments, std::less<int32_t>());
+  merge_segments(out->exits, exit_segments, [](const RegionExit& a, const RegionExit& b) { return a.begin < b.begin; });
   size_t n_accepted = 0;
   for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
   finish_mask(*out, std::move(bits), n_accepted);

@@ -136,11 +136,11 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
   return short_keys_.emplace(s, std::move(key)).first->second;
 }
 
-namespace {
-// The plain walk (CompiledGrammar::compute_mask) of the long tokens from s, stepping through the
+// The plain walk (CompiledGrammar::compute_mask) of some tokens from s, stepping through the
 // edge lists instead of building a 256-entry row per state met: the long tokens of a counted
 // repeat's position run deep into the chain, meeting hundreds of states a few times each.
-std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, const StateMask* base) {
+std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_t s,
+                                                const std::vector<int32_t>& longs, const StateMask* base) {
   const TokenizerInfo& t = *g.tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
@@ -149,7 +149,6 @@ std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, 
   std::vector<uint8_t> flag(t.max_token_len + 1);
   // escapes(q, d, b): control could leave the rule at byte d (>= 1) of the token, reading b.
   auto escapes = [&](int32_t q, size_t d, uint8_t b) { return d > 0 && CompiledGrammar::has(g.escape[q], b); };
-  const std::vector<int32_t>& longs = t.long_sorted;
   for (size_t k = 0; k < longs.size();) {
     // A block of consecutive sorted positions: prefixes are shared inside it.
     size_t k_end = k + 1;
@@ -181,8 +180,8 @@ std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, 
         ++n_accepted;
         continue;
       }
-      // The run sharing the dead prefix: past this block it holds short tokens, which `base`
-      // classifies (alike, from the same neighbourhood).
+      // The run sharing the dead prefix: past this block it holds tokens not listed, which
+      // `base` classifies (alike, from a neighbourhood that agrees as far as they reach).
       const size_t run = t.run_end(i, static_cast<size_t>(dead_at) + 1);
       if (flag[d] || escapes(stack[d], d, tokb[d])) {
         for (size_t j = i; j < std::min(run, end_pos); ++j) out->uncertain.push_back(static_cast<int32_t>(j));
@@ -195,7 +194,6 @@ std::shared_ptr<const StateMask> walk_long(const CompiledGrammar& g, int32_t s, 
   out->uncertain.shrink_to_fit();
   return out;
 }
-}  // namespace
 
 std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, bool calls) const {
   if (!dense_start(s) || short_key(s).empty()) return nullptr;
@@ -211,7 +209,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, 
     ranges.push_back({static_cast<size_t>(longs[i]), static_cast<size_t>(longs[j - 1]) + 1, 0, s, 0});
     i = j;
   }
-  if (!calls) return walk_long(*this, s, part.get());
+  if (!calls) return walk_positions(*this, s, tok->long_sorted, part.get());
   std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, part.get());
   if (!out) out = compute_mask(ranges, part.get());
   return out;

@@ -43,7 +43,11 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     }
   }
   for (size_t i = 0; i < sorted.size(); ++i) {
-    if (tokens[sorted[i]].size() > kShortTokenLen) long_sorted.push_back(static_cast<int32_t>(i));
+    const size_t len = tokens[sorted[i]].size();
+    if (len > kShortTokenLen) long_sorted.push_back(static_cast<int32_t>(i));
+    for (size_t k = 0; k < kTwinLens.size(); ++k) {
+      if (len > kTwinLens[k]) longer_sorted[k].push_back(static_cast<int32_t>(i));
+    }
   }
   lcp.assign(sorted.size(), 0);
   for (size_t i = 1; i < sorted.size(); ++i) {
@@ -118,6 +122,17 @@ std::shared_ptr<const StateMask> TokenizerInfo::cache_put(const std::string& key
   return res.first->second;
 }
 
+void TokenizerInfo::cache_replace(const std::string& key, std::shared_ptr<const StateMask> mask) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto res = cache_.emplace(key, mask);
+  if (res.second) {
+    cache_bytes_ += mask->bytes() + key.size();
+    return;
+  }
+  cache_bytes_ = cache_bytes_ - res.first->second->bytes() + mask->bytes();
+  res.first->second = std::move(mask);
+}
+
 size_t TokenizerInfo::cache_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
   return cache_bytes_;
@@ -150,145 +165,6 @@ std::string digest(const std::string& data, char kind) {
   std::string key(1, kind);
   key.append(reinterpret_cast<const char*>(&h1), sizeof(h1));
   key.append(reinterpret_cast<const char*>(&h2), sizeof(h2));
-  return key;
-}
-
-// The classification of a state depends on its rule's automaton and escape sets (plain walk),
-// or on the automata of every rule reachable through calls plus the rule's follow set (pushdown
-// walk). Rules are laid out contiguously, so "rule key + local state index" names the state
-// canonically: identical rules in different grammars share their masks.
-//
-// The pushdown key is a Merkle digest over the rule call graph's strongly connected components:
-// a component is serialized once, naming callees outside it by their own digest, so every key
-// of a grammar costs O(grammar size) in total. (Serializing everything reachable per rule was
-// quadratic: hundreds of milliseconds for large schemas, paid on first-seen states mid-decode.)
-const std::string& CompiledGrammar::rule_key(int32_t r, bool calls) const {
-  std::lock_guard<std::mutex> lock(key_mu_);
-  const int c = calls ? 1 : 0;
-  if (rule_key_done_[c].empty()) {
-    rule_key_done_[c].assign(rule_start.size(), 0);
-    rule_keys_[c].assign(rule_start.size(), std::string());
-  }
-  if (rule_key_done_[c][r]) return rule_keys_[c][r];
-  const size_t S = states.size();
-  auto rule_end = [&](int32_t rr) {
-    size_t last = static_cast<size_t>(rule_start[rr]);
-    while (last < S && states[last].rule == rr) ++last;
-    return last;
-  };
-  auto put = [](std::string& out, int32_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  if (!calls) {
-    rule_key_done_[0][r] = 1;
-    std::string ser = "F";
-    const int32_t first = rule_start[r];
-    const size_t last = rule_end(r);
-    put(ser, static_cast<int32_t>(last - static_cast<size_t>(first)));
-    for (size_t q = static_cast<size_t>(first); q < last; ++q) {
-      const State& st = states[q];
-      put(ser, st.final ? 1 : 0);
-      for (uint32_t w : escape[q]) put(ser, static_cast<int32_t>(w));
-      put(ser, static_cast<int32_t>(st.byte_end - st.byte_begin));
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        put(ser, (byte_edges[e].lo << 8) | byte_edges[e].hi);
-        put(ser, byte_edges[e].target - first);
-      }
-    }
-    rule_keys_[0][r] = digest(ser, 'F');
-    return rule_keys_[0][r];
-  }
-  // Iterative Tarjan over the rules reachable from r whose keys are not known yet; components
-  // complete callees-first, so an outside callee's digest is always ready when it is named.
-  const size_t R = rule_start.size();
-  std::vector<int32_t> order(R, -1), low(R, 0), comp_stack;
-  std::vector<uint8_t> on_stack(R, 0);
-  struct Frame {
-    int32_t rule;
-    uint32_t edge, end;
-  };
-  std::vector<Frame> frames;
-  int32_t counter = 0;
-  auto open = [&](int32_t rr) {
-    order[rr] = low[rr] = counter++;
-    comp_stack.push_back(rr);
-    on_stack[rr] = 1;
-    const int32_t first = rule_start[rr];
-    const size_t last = rule_end(rr);
-    frames.push_back({rr, states[first].ref_begin, states[last - 1].ref_end});
-  };
-  open(r);
-  while (!frames.empty()) {
-    Frame& f = frames.back();
-    if (f.edge < f.end) {
-      const int32_t callee = ref_edges[f.edge++].rule;
-      if (rule_key_done_[1][callee]) continue;
-      if (order[callee] < 0) {
-        open(callee);
-      } else if (on_stack[callee]) {
-        low[f.rule] = std::min(low[f.rule], order[callee]);
-      }
-      continue;
-    }
-    const int32_t rr = f.rule;
-    frames.pop_back();
-    if (!frames.empty()) low[frames.back().rule] = std::min(low[frames.back().rule], low[rr]);
-    if (low[rr] != order[rr]) continue;
-    std::vector<int32_t> members;
-    int32_t m;
-    do {
-      m = comp_stack.back();
-      comp_stack.pop_back();
-      on_stack[m] = 0;
-      members.push_back(m);
-    } while (m != rr);
-    std::sort(members.begin(), members.end());
-    std::unordered_map<int32_t, int32_t> ordinal;
-    for (size_t i = 0; i < members.size(); ++i) ordinal[members[i]] = static_cast<int32_t>(i);
-    std::string ser;
-    for (int32_t mr : members) {
-      const int32_t first = rule_start[mr];
-      const size_t last = rule_end(mr);
-      put(ser, static_cast<int32_t>(last - static_cast<size_t>(first)));
-      for (size_t q = static_cast<size_t>(first); q < last; ++q) {
-        const State& st = states[q];
-        put(ser, st.final ? 1 : 0);
-        put(ser, static_cast<int32_t>(st.byte_end - st.byte_begin));
-        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-          put(ser, (byte_edges[e].lo << 8) | byte_edges[e].hi);
-          put(ser, byte_edges[e].target - first);
-        }
-        put(ser, static_cast<int32_t>(st.ref_end - st.ref_begin));
-        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
-          const RefEdge& re = ref_edges[e];
-          auto it = ordinal.find(re.rule);
-          if (it != ordinal.end()) {
-            put(ser, -1 - it->second);  // a member of this component
-          } else {
-            ser += rule_keys_[1][re.rule];  // fixed-size digest of an outside callee
-          }
-          put(ser, re.target - first);
-        }
-      }
-    }
-    const std::string comp = digest(ser, 'C');
-    for (size_t i = 0; i < members.size(); ++i) {
-      std::string named = comp;
-      put(named, static_cast<int32_t>(i));
-      rule_keys_[1][members[i]] = digest(named, 'G');
-      rule_key_done_[1][members[i]] = 1;
-    }
-  }
-  return rule_keys_[1][r];
-}
-
-std::string CompiledGrammar::structure_key(int32_t s) const {
-  const bool calls = calls_within_reach(s);
-  const int32_t r = states[s].rule;
-  std::string key = rule_key(r, calls);
-  // The pushdown walk reads the follow set of the item's own rule only, so it joins the state's
-  // key here rather than the rule digests that callers embed.
-  if (calls) key.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
-  int32_t local = s - rule_start[r];
-  key.append(reinterpret_cast<const char*>(&local), sizeof(local));
   return key;
 }
 
@@ -709,9 +585,16 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   const StateMask* p = masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   const bool calls = calls_within_reach(s);
+  // The shared cache pays off across grammars; within one grammar a state's key is its own.
+  // A pushdown key is the Merkle digest of the whole rule call graph below the state's rule:
+  // milliseconds on a large schema the first time (the root state of the first mask paid for
+  // the whole grammar). A plain key serializes the state's rule: half a millisecond for a long
+  // counted chain (a `maxLength` of 1 024). States whose key would cost that much are
+  // classified for this grammar alone, until their key exists anyway.
+  const bool keyed = calls ? pushdown_keys_ready(states[s].rule) : plain_key_cheap(states[s].rule);
   std::string key;
   std::shared_ptr<const StateMask> m;
-  {
+  if (keyed) {
     profile::Scope scope(profile::kStateKey);
     key = structure_key(s);
     m = tok->cache_get(key);
@@ -748,14 +631,26 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     // A dense state outside a loop region reuses the short-token mask of a state alike within
     // a short token's reach (counted repeats), or assembles its mask from cached first-byte pieces.
     std::shared_ptr<const StateMask> fresh;
-    if (!region) {
+    // A dense state may repeat the neighbourhood of an earlier one (grammar_twin.cpp): checked
+    // first, as it needs no key.
+    const bool twin_kind = !region && dense_start(s);
+    bool from_twin = false;
+    if (twin_kind) {
+      profile::Scope scope(profile::kTwin);
+      bool whole = false;
+      fresh = compute_from_twin(s, &whole);
+      from_twin = fresh != nullptr;
+    }
+    if (!fresh && !region) {
       profile::Scope scope(profile::kShortFill);
       fresh = compute_from_short(s, calls);
     }
-    const bool from_short = fresh != nullptr;
+    const bool from_short = fresh != nullptr && !from_twin;
+    bool from_pieces = false;
     if (!fresh && !region) {
       profile::Scope scope(profile::kPieces);
       fresh = compute_by_first_byte(s);
+      from_pieces = fresh != nullptr;
     }
     const profile::Kind walk_kind =
         region ? profile::kRegionExits : (calls ? profile::kFullCalls : profile::kFullPlain);
@@ -770,11 +665,13 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
       profile::Scope scope(region ? profile::kRegionExits : profile::kFullPlain);
       fresh = compute_mask(ranges, region.get());
     }
-    if (!region && !from_short) {
+    // Only a walk's result is worth a short-token entry: pieces and twins are cheap already.
+    if (!region && !from_short && !from_twin && !from_pieces) {
       profile::Scope scope(profile::kPutShort);
       put_short(s, *fresh);
     }
-    m = tok->cache_put(key, fresh);
+    m = keyed ? tok->cache_put(key, fresh) : fresh;
+    if (twin_kind && !from_twin) remember_twin(s, m);
   }
   std::lock_guard<std::mutex> lock(mu_);
   p = masks_[s].load(std::memory_order_acquire);

@@ -1,0 +1,154 @@
+"""Grammar core: twin masks (``grammar_twin.cpp``).
+
+A dense state that calls nothing within a token's reach takes the mask of an earlier state whose
+neighbourhood agrees with its own as far as the longest token reaches (positions of a counted
+string far from its end), or the classification of the tokens up to the depth they agree on
+(positions nearer the end) plus a walk of the longer ones. Every token's bit is checked against
+``accept_token`` on a fork all along strings with far and near positions (long runs of spaces and
+dashes make long tokens; escapes and multi-byte characters), on a fresh tokenizer cache, also for
+short bounded strings inside objects (whose positions compare through the pushdown walk), and the
+profile shows that the far positions are served by twins instead of walks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_grammar_core_support import hf_tokenizer, tokenizer_info
+
+from agent_infer import _native
+from agent_infer.grammar.bitmask import allocate_token_bitmask
+from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.ir import Grammar
+from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.tokenizer_info import TokenizerInfo
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "far": {"type": "string", "maxLength": 1000},
+        "near": {"type": "string", "minLength": 2, "maxLength": 150},
+    },
+    "required": ["far", "near"],
+    "additionalProperties": False,
+}
+# "near" is filled to its bound, so its positions meet the end at every distance.
+DOC = {
+    "far": ("lorem ipsum " + " " * 24 + "-" * 33 + ' "q" \\ \u00e9\u65e5\U0001f600 ') * 3,
+    "near": ("x" * 20 + " " * 30 + "=" * 20 + "\u00e9 tail " + "-" * 40 + "abc" * 12)[:150],
+}
+
+
+def _fresh(name: str) -> TokenizerInfo:
+    base = tokenizer_info(name)
+    return TokenizerInfo(
+        list(base.decoded_vocab), vocab_size=base.vocab_size, eos_token_ids=base.eos_token_ids
+    )
+
+
+def _mask_bits(m: GrammarMatcher, vocab_size: int) -> np.ndarray:
+    bitmask = allocate_token_bitmask(1, vocab_size)
+    m.fill_next_token_bitmask(bitmask)
+    words = bitmask[0].numpy().view(np.uint32)
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
+
+
+def _char_ids(name: str, text: str) -> list[int]:
+    """One token per character (or its few byte tokens): the matcher visits every position."""
+    tok = hf_tokenizer(name)
+    return [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+
+
+@pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 5), ("deepseek", 11)])
+def test_twin_masks_exact(tokenizer: str, stride: int) -> None:
+    info = _fresh(tokenizer)
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(SCHEMA, whitespace="compact")
+    )
+    text = json.dumps(DOC, ensure_ascii=False, separators=(",", ":"))
+    assert len(DOC["near"]) == 150
+    ids = _char_ids(tokenizer, text)
+    m = GrammarMatcher(compiled)
+    checked = 0
+    for pos, tid in enumerate(ids):
+        if pos % stride == 0 or len(ids) - pos < 24:
+            bits = _mask_bits(m, info.vocab_size)
+            for t in range(info.vocab_size):
+                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            checked += 1
+        else:
+            _mask_bits(m, info.vocab_size)  # every position visited, so twins chain along
+        assert m.accept_token(tid), pos
+    assert m.can_terminate()
+    assert checked > 40
+
+
+def test_far_positions_take_twin_masks() -> None:
+    """Past the first positions of a long bounded string, no position walks the vocabulary."""
+    info = _fresh("smollm2")
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema({"type": "string", "maxLength": 1000}, whitespace="compact")
+    )
+    ids = _char_ids("smollm2", '"' + "word " * 40)
+    m = GrammarMatcher(compiled)
+    walks = {"full_plain", "full_calls", "short_fill", "pieces_walk", "region_walk"}
+    counts: list[tuple[int, int]] = []
+    try:
+        _native.grammar_profile(True)
+        _native.grammar_profile()
+        for tid in ids:
+            _mask_bits(m, info.vocab_size)
+            prof = _native.grammar_profile()
+            counts.append((sum(prof[k][1] for k in walks & set(prof)), prof.get("twin", (0, 0))[1]))
+            assert m.accept_token(tid)
+    finally:
+        _native.grammar_profile(False)
+    assert len(counts) > 150
+    later = counts[20:]
+    assert sum(w for w, _ in later) == 0, later
+    assert sum(t for _, t in later) >= len(later)
+
+
+# Short bounded strings inlined into objects: their positions reach the rest of the object
+# (calls) within a token, so they take twins through the pushdown walk's neighbourhood.
+CALLS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "idTag": {"type": "string", "maxLength": 20},
+            "parent": {"type": "string", "minLength": 1, "maxLength": 24},
+            "n": {"type": "integer"},
+        },
+        "required": ["idTag", "n"],
+    },
+}
+CALLS_DOC = [
+    {"idTag": "12345678901234567890", "parent": "x" * 24, "n": 1},
+    {"idTag": 'ab \u00e9\\"    ------', "parent": "q", "n": 22},
+    {"idTag": "", "n": 3},
+]
+
+
+@pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 2), ("deepseek", 5)])
+def test_twin_masks_exact_with_calls(tokenizer: str, stride: int) -> None:
+    info = _fresh(tokenizer)
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(CALLS_SCHEMA, whitespace="compact")
+    )
+    ids = _char_ids(tokenizer, json.dumps(CALLS_DOC, ensure_ascii=False, separators=(",", ":")))
+    m = GrammarMatcher(compiled)
+    checked = 0
+    for pos, tid in enumerate(ids):
+        if pos % stride == 0:
+            bits = _mask_bits(m, info.vocab_size)
+            for t in range(info.vocab_size):
+                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            checked += 1
+        else:
+            _mask_bits(m, info.vocab_size)
+        assert m.accept_token(tid), pos
+    assert m.can_terminate()
+    assert checked > 20
