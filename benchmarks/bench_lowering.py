@@ -1,7 +1,8 @@
 """Native lowering alone: the ``CompiledGrammar`` constructor (IR programs -> automata) per schema.
 
-The JSON Schema front end and the serialization run untimed; each schema's programs are then
-lowered ``--reps`` times and the median process CPU time is kept (the box is shared, and the
+The JSON Schema front end and the serialization run untimed; each schema's programs (kept
+native, as ``GrammarCompiler.compile`` passes them to ``compile_serialized``; Python lists where
+the extension leaves a grammar to the Python serializer) are then lowered ``--reps`` times and the median process CPU time is kept (the box is shared, and the
 CPU clock is what ``bench_grammar.py --clock cpu`` reports too). ``--native PATH`` loads another
 build of the extension (e.g. a copy built from the previous commit), so two builds can be
 compared back to back on the same programs::
@@ -64,7 +65,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_grammar import load_schemas
 
-    from agent_infer.grammar.compiler import serialize_grammar
+    from agent_infer.grammar.compiler import _serialize_for_compile
     from agent_infer.grammar.ir import Grammar
     from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
@@ -72,16 +73,17 @@ def main() -> None:
     rows: list[tuple[str, float, int]] = []
     for item in load_schemas(Path(args.data), args.limit, args.seed):
         try:
-            programs, root = serialize_grammar(Grammar.from_json_schema(item["schema"], whitespace="compact"))
+            programs, root = _serialize_for_compile(
+                Grammar.from_json_schema(item["schema"], whitespace="compact")
+            )
         except Exception:  # the front end's compile errors are bench_grammar.py's business
             continue
+        make = native.CompiledGrammar if isinstance(programs, list) else native.compile_serialized
         times, states = [], -1
         for _ in range(args.reps):
             start = time.process_time()
             try:
-                compiled = native.CompiledGrammar(
-                    info._native, programs, root, MAX_STATES, MAX_SECONDS, MAX_ITEMS
-                )
+                compiled = make(info._native, programs, root, MAX_STATES, MAX_SECONDS, MAX_ITEMS)
                 states = int(compiled.num_states)
             except Exception:
                 states = -1

@@ -35,13 +35,25 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   const size_t R = rules.size();  // outlined rules come after the grammar's own
 
   // Build the automata of the rules reachable from the root through non-inlined references.
-  NfaBuilder nfa_builder(rules, inl, limits.max_nfa_states, deadline);
-  Determinizer determinizer(limits.max_dfa_states, deadline);
-  Nfa nfa;
-  DfaPool pool;
-  std::vector<int32_t> base(R, -1), order;  // a rule's states: [base[r], base[r] + count[r])
-  std::vector<uint32_t> count(R, 0);
-  std::vector<int32_t> work{root};
+  ScratchLease lease;
+  LoweringScratch& scratch = *lease;
+  NfaBuilder nfa_builder(rules, inl, limits.max_nfa_states, deadline, &scratch.nfa_shared);
+  Determinizer& determinizer = scratch.determinizer;
+  determinizer.reset(limits.max_dfa_states, deadline);
+  Nfa& nfa = scratch.nfa;
+  DfaPool& pool = scratch.pool;
+  pool.final.clear();
+  pool.byte_begin.assign(1, 0);
+  pool.ref_begin.assign(1, 0);
+  pool.bytes.clear();
+  pool.refs.clear();
+  // A rule's states: [base[r], base[r] + count[r]).
+  std::vector<int32_t>&base = scratch.base, &order = scratch.order, &work = scratch.work;
+  std::vector<uint32_t>& count = scratch.count;
+  base.assign(R, -1);
+  order.clear();
+  count.assign(R, 0);
+  work.assign(1, root);
   base[root] = 0;  // marks "queued"; the real base is set when built
   while (!work.empty()) {
     const int32_t r = work.back();
@@ -58,12 +70,14 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
       }
     }
   }
-  std::vector<uint8_t> built(R, 0);
+  std::vector<uint8_t>& built = scratch.built;
+  built.assign(R, 0);
   for (int32_t r : order) built[r] = 1;
 
   // Productive rules (non-empty language), by a worklist: a rule is re-checked only when one of
   // its callees turns productive, and callees (built later) are checked first.
-  std::vector<uint32_t> caller_begin(R + 1, 0), callers;
+  std::vector<uint32_t>&caller_begin = scratch.caller_begin, &callers = scratch.callers;
+  caller_begin.assign(R + 1, 0);
   for (int32_t r : order) {
     for (uint32_t e = pool.ref_begin[base[r]]; e < pool.ref_begin[base[r] + count[r]]; ++e) {
       ++caller_begin[pool.refs[e].rule + 1];
@@ -72,18 +86,24 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   for (size_t r = 0; r < R; ++r) caller_begin[r + 1] += caller_begin[r];
   callers.resize(caller_begin[R]);
   {
-    std::vector<uint32_t> fill(caller_begin.begin(), caller_begin.end() - 1);
+    std::vector<uint32_t>& fill = scratch.fill;
+    fill.assign(caller_begin.begin(), caller_begin.end() - 1);
     for (int32_t r : order) {
       for (uint32_t e = pool.ref_begin[base[r]]; e < pool.ref_begin[base[r] + count[r]]; ++e) {
         callers[fill[pool.refs[e].rule]++] = static_cast<uint32_t>(r);
       }
     }
   }
-  std::vector<uint8_t> productive(R, 0), queued(R, 0);
-  std::vector<uint32_t> seen(pool.size(), 0);
+  std::vector<uint8_t>&productive = scratch.productive, &queued = scratch.queued;
+  productive.assign(R, 0);
+  queued.assign(R, 0);
+  std::vector<uint32_t>& seen = scratch.seen;
+  seen.assign(pool.size(), 0);
   uint32_t stamp = 0;
-  std::vector<int32_t> stack;
-  std::vector<int32_t> pending(order.rbegin(), order.rend());
+  std::vector<int32_t>& stack = scratch.stack;
+  stack.clear();
+  std::vector<int32_t>& pending = scratch.pending;
+  pending.assign(order.rbegin(), order.rend());
   for (int32_t r : order) queued[r] = 1;
   for (size_t qi = 0; qi < pending.size(); ++qi) {
     const int32_t r = pending[qi];
@@ -129,11 +149,13 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   // rules in index order, each rule's live states in their DFA order.
   rule_start.assign(R, -1);
   nullable.assign(R, 0);
-  std::vector<int32_t> remap(pool.size(), -1);
-  std::vector<uint32_t> rev_begin, rev;
-  std::vector<uint8_t> live, emit(pool.size(), 0);
-  std::vector<int32_t> rep;
-  StateMerger merger;
+  std::vector<int32_t>& remap = scratch.remap;
+  remap.assign(pool.size(), -1);
+  std::vector<uint32_t>&rev_begin = scratch.rev_begin, &rev = scratch.rev;
+  std::vector<uint8_t>&live = scratch.live, &emit = scratch.emit;
+  emit.assign(pool.size(), 0);
+  std::vector<int32_t>& rep = scratch.rep;
+  StateMerger& merger = scratch.merger;
   int32_t next = 0;
   for (size_t r = 0; r < R; ++r) {
     if (!built[r] || !productive[r]) continue;
@@ -222,7 +244,8 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   }
 
   // Nullable rules: the start reaches acceptance through references to nullable rules only.
-  std::vector<uint32_t> reached(states.size(), 0);
+  std::vector<uint32_t>& reached = scratch.reached;
+  reached.assign(states.size(), 0);
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t r = 0; r < R; ++r) {

@@ -88,7 +88,7 @@ int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
   if (++total_ > max_states_) {
     throw LimitError("grammar is too large: more than " + std::to_string(max_states_) + " automaton states");
   }
-  deadline_.check();
+  deadline_->check();
   const int32_t id = count_++;
   set_data_.insert(set_data_.end(), closure_.begin(), closure_.end());
   set_off_.push_back(static_cast<uint32_t>(set_data_.size()));
@@ -155,6 +155,7 @@ void Determinizer::sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool)
     }
   }
   if (count_in_.size() < nfa.size()) count_in_.resize(nfa.size(), 0);
+  sweep_dirty_ = true;
   active_.clear();
   bool live = false;  // the previous interval had active edges (pool->bytes.back() is its edge)
   for (size_t w = 0; w < is_point.size(); ++w) {
@@ -184,6 +185,7 @@ void Determinizer::sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool)
       emit_interval(nfa, a, 255, first_edge, pool);  // 255 until the next point closes the run
     }
   }
+  sweep_dirty_ = false;  // every edge ended at 256: the counts are back to zero
 }
 
 void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
@@ -238,6 +240,10 @@ void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
 }
 
 int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
+  if (sweep_dirty_) {
+    std::fill(count_in_.begin(), count_in_.end(), 0);
+    sweep_dirty_ = false;
+  }
   base_ = static_cast<int32_t>(pool->size());
   count_ = 0;
   set_data_.clear();
@@ -256,6 +262,14 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
   intern(nfa, pool);
   for (int32_t d = 0; d < count_; ++d) expand(nfa, d, pool);
   return base_;
+}
+
+size_t Determinizer::retained_bytes() const {
+  auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  return bytes(set_data_) + bytes(set_off_) + bytes(set_hash_) + bytes(table_) + bytes(table_gen_) + bytes(mark_) +
+         bytes(bits_) + bytes(stack_) + bytes(closure_) + bytes(current_) + bytes(targets_) + bytes(points_) +
+         bytes(by_lo_) + bytes(by_end_) + bytes(active_) + bytes(slot_) + bytes(count_in_) + bytes(edges_) +
+         bytes(ref_pairs_);
 }
 
 }  // namespace grammar

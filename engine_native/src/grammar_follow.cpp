@@ -32,6 +32,44 @@ void merge(ByteSet& dst, const ByteSet& src) {
   for (int w = 0; w < 8; ++w) dst[w] |= src[w];
 }
 
+// Work buffers kept per thread from grammar to grammar (every one is reset before it is read),
+// so a small grammar's FOLLOW sets cost no allocations but their results.
+struct FollowScratch {
+  std::vector<ByteSet> first;
+  std::vector<uint32_t> dep_begin, deps, fill, index, low, stack, pred_begin, preds, work;
+  std::vector<std::pair<uint32_t, uint32_t>> calls;
+  std::vector<uint8_t> queued;
+  size_t retained_bytes() const {
+    size_t n = first.capacity() * sizeof(ByteSet) + calls.capacity() * sizeof(calls[0]) + queued.capacity();
+    for (const auto* v : {&dep_begin, &deps, &fill, &index, &low, &stack, &pred_begin, &preds, &work}) {
+      n += v->capacity() * sizeof(uint32_t);
+    }
+    return n;
+  }
+};
+
+// Past this a huge grammar's buffers are dropped rather than pinned for the thread's lifetime.
+constexpr size_t kMaxRetainedBytes = size_t{16} << 20;
+
+// Hands the thread's buffers out for one call; releases them afterwards if they grew too large.
+class FollowLease {
+ public:
+  FollowLease() : scratch_(slot()) {}
+  ~FollowLease() {
+    if (scratch_.retained_bytes() > kMaxRetainedBytes) scratch_ = FollowScratch{};
+  }
+  FollowLease(const FollowLease&) = delete;
+  FollowLease& operator=(const FollowLease&) = delete;
+  FollowScratch& operator*() const { return scratch_; }
+
+ private:
+  static FollowScratch& slot() {
+    thread_local FollowScratch scratch;
+    return scratch;
+  }
+  FollowScratch& scratch_;
+};
+
 }  // namespace
 
 void CompiledGrammar::compute_follow_sets(const Limits& limits) {
@@ -44,7 +82,10 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
     }
   };
   const size_t S = states.size(), R = rule_start.size(), N = S + R;
-  std::vector<ByteSet> first(S, ByteSet{});
+  FollowLease lease;  // compute_follow_sets never runs inside itself, so one set per thread does
+  FollowScratch& scratch = *lease;
+  std::vector<ByteSet>& first = scratch.first;
+  first.assign(S, ByteSet{});
   follow.assign(R, ByteSet{});
   for (size_t q = 0; q < S; ++q) {
     for (uint32_t e = states[q].byte_begin; e < states[q].byte_end; ++e) {
@@ -56,7 +97,8 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
   // Dependencies (node u's set includes node v's), as CSR: state i calling rule r and landing in
   // t needs FIRST(start of r), FIRST(t) if r is nullable; FOLLOW(r) needs FIRST(t); a final
   // state needs FOLLOW of its rule. Nodes 0..S-1 are states, S..S+R-1 rules' FOLLOW sets.
-  std::vector<uint32_t> dep_begin(N + 1, 0), deps;
+  std::vector<uint32_t>&dep_begin = scratch.dep_begin, &deps = scratch.deps;
+  dep_begin.assign(N + 1, 0);
   for (size_t i = 0; i < S; ++i) {
     const State& st = states[i];
     for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
@@ -68,7 +110,8 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
   for (size_t u = 0; u < N; ++u) dep_begin[u + 1] += dep_begin[u];
   deps.resize(dep_begin[N]);
   {
-    std::vector<uint32_t> fill(dep_begin.begin(), dep_begin.end() - 1);
+    std::vector<uint32_t>& fill = scratch.fill;
+    fill.assign(dep_begin.begin(), dep_begin.end() - 1);
     for (size_t i = 0; i < S; ++i) {
       const State& st = states[i];
       for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
@@ -83,9 +126,12 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
 
   // Iterative Tarjan; a component is complete when everything it depends on is.
   constexpr uint32_t kUnseen = ~0u, kDone = ~0u - 1;
-  std::vector<uint32_t> index(N, kUnseen), low(N, 0);
-  std::vector<uint32_t> stack;
-  std::vector<std::pair<uint32_t, uint32_t>> calls;  // (node, next dependency)
+  std::vector<uint32_t>&index = scratch.index, &low = scratch.low, &stack = scratch.stack;
+  index.assign(N, kUnseen);
+  low.assign(N, 0);
+  stack.clear();
+  std::vector<std::pair<uint32_t, uint32_t>>& calls = scratch.calls;  // (node, next dependency)
+  calls.clear();
   uint32_t counter = 0;
   for (size_t root = 0; root < N; ++root) {
     if (index[root] != kUnseen || dep_begin[root] == dep_begin[root + 1]) continue;
@@ -135,13 +181,16 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
   }
 
   // reach_call: a state with references is reachable through >= 1 byte edge (reverse search).
-  std::vector<uint32_t> pred_begin(S + 1, 0), preds(byte_edges.size());
+  std::vector<uint32_t>&pred_begin = scratch.pred_begin, &preds = scratch.preds;
+  pred_begin.assign(S + 1, 0);
+  preds.resize(byte_edges.size());
   for (size_t q = 0; q < S; ++q) {
     for (uint32_t e = states[q].byte_begin; e < states[q].byte_end; ++e) ++pred_begin[byte_edges[e].target + 1];
   }
   for (size_t q = 0; q < S; ++q) pred_begin[q + 1] += pred_begin[q];
   {
-    std::vector<uint32_t> fill(pred_begin.begin(), pred_begin.end() - 1);
+    std::vector<uint32_t>& fill = scratch.fill;
+    fill.assign(pred_begin.begin(), pred_begin.end() - 1);
     for (size_t q = 0; q < S; ++q) {
       for (uint32_t e = states[q].byte_begin; e < states[q].byte_end; ++e) {
         preds[fill[byte_edges[e].target]++] = static_cast<uint32_t>(q);
@@ -149,8 +198,10 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
     }
   }
   reach_call.assign(S, 0);
-  std::vector<uint8_t> queued(S, 0);
-  std::vector<uint32_t> work;
+  std::vector<uint8_t>& queued = scratch.queued;
+  queued.assign(S, 0);
+  std::vector<uint32_t>& work = scratch.work;
+  work.clear();
   for (size_t q = 0; q < S; ++q) {
     if (states[q].ref_end > states[q].ref_begin) {
       queued[q] = 1;

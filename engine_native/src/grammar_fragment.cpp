@@ -15,6 +15,31 @@
 namespace agent_infer {
 namespace grammar {
 
+void NfaBuilder::Shared::reset(Deadline& deadline) {
+  seqs.clear();
+  if (class_key.size() > 1024) {
+    // A big grammar's table: regrow from small rather than clear it for every small one after.
+    class_key.clear();
+    class_span.clear();
+  } else {
+    std::fill(class_key.begin(), class_key.end(), nullptr);
+  }
+  class_count = 0;
+  fragments.clear();
+  if (determinizer) determinizer->reset(0, deadline);
+}
+
+size_t NfaBuilder::Shared::retained_bytes() const {
+  auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  size_t nested_bytes = 0;
+  for (const auto& b : nested) nested_bytes += bytes(b->eps_) + bytes(b->bytes_) + bytes(b->refs_);
+  return bytes(seqs) + bytes(class_key) + bytes(class_span) + bytes(nfa.eps_begin) + bytes(nfa.byte_begin) +
+         bytes(nfa.ref_begin) + bytes(nfa.eps) + bytes(nfa.bytes) + bytes(nfa.refs) + bytes(pool.final) +
+         bytes(pool.byte_begin) + bytes(pool.ref_begin) + bytes(pool.bytes) + bytes(pool.refs) + bytes(rev_begin) +
+         bytes(rev) + bytes(fill) + bytes(stack) + bytes(live) + bytes(rep) + bytes(remap) +
+         (determinizer ? determinizer->retained_bytes() : 0) + nested_bytes;
+}
+
 const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   Shared& sh = *shared_;
   auto found = sh.fragments.find(r);
@@ -23,13 +48,19 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   // The next depth's builder: this one is in the middle of a caller. Inlined rules are not
   // recursive, so nesting is bounded by the inlining depth.
   if (sh.nested.size() <= level_) {
-    sh.nested.push_back(std::make_unique<NfaBuilder>(rules_, inline_rule_, max_states_, deadline_));
+    sh.nested.push_back(std::make_unique<NfaBuilder>(*rules_, *inline_rule_, max_states_, *deadline_));
     NfaBuilder& fresh = *sh.nested.back();
     fresh.own_shared_.reset();
     fresh.shared_ = shared_;
     fresh.level_ = level_ + 1;
   }
   NfaBuilder& nested = *sh.nested[level_];
+  // Kept from an earlier grammar, perhaps one abandoned mid-build: bind it to this one afresh.
+  nested.rules_ = rules_;
+  nested.inline_rule_ = inline_rule_;
+  nested.max_states_ = max_states_;
+  nested.deadline_ = deadline_;
+  nested.depth_ = 0;
   nested.total_ = 0;  // each fragment has the state budget a builder of its own had
   Nfa& nfa = sh.nfa;
   nested.build_rule(r, &nfa);
@@ -40,7 +71,7 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   pool.ref_begin.assign(1, 0);
   pool.bytes.clear();
   pool.refs.clear();
-  if (!sh.determinizer) sh.determinizer = std::make_unique<Determinizer>(0, deadline_);
+  if (!sh.determinizer) sh.determinizer = std::make_unique<Determinizer>(0, *deadline_);
   bool ok = true;
   try {
     // Subset construction can blow up on finite languages; past this the program is expanded.

@@ -78,12 +78,20 @@ struct DfaPool {
 // reused from rule to rule, so determinizing allocates only while its buffers grow.
 class Determinizer {
  public:
-  Determinizer(int64_t max_states, Deadline& deadline) : max_states_(max_states), deadline_(deadline) {}
+  Determinizer() = default;
+  Determinizer(int64_t max_states, Deadline& deadline) : max_states_(max_states), deadline_(&deadline) {}
   // A fresh state budget for the next runs (the buffers stay).
   void set_limit(int64_t max_states) {
     max_states_ = max_states;
     total_ = 0;
   }
+  // Rebinds a kept determinizer to the next grammar's budget and deadline.
+  void reset(int64_t max_states, Deadline& deadline) {
+    set_limit(max_states);
+    deadline_ = &deadline;
+  }
+  // Bytes its buffers hold (what a kept determinizer retains between grammars).
+  size_t retained_bytes() const;
   // Appends the DFA of `nfa` to `pool`; returns the pool index of its start state.
   int32_t run(const Nfa& nfa, DfaPool* pool);
 
@@ -95,9 +103,11 @@ class Determinizer {
   void emit_interval(const Nfa& nfa, int32_t a, int32_t b, size_t first_edge, DfaPool* pool);
   void sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool);
 
-  int64_t max_states_;
+  int64_t max_states_ = 0;
   int64_t total_ = 0;
-  Deadline& deadline_;
+  Deadline* deadline_ = nullptr;
+  // A sweep was cut short (its state budget ran out): count_in_ must be cleared before reuse.
+  bool sweep_dirty_ = false;
   int32_t base_ = 0, count_ = 0;
   std::vector<int32_t> set_data_;
   std::vector<uint32_t> set_off_;
@@ -144,12 +154,24 @@ class NfaBuilder {
  public:
   NfaBuilder(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& inline_rule,
              int64_t max_states, Deadline& deadline)
-      : rules_(rules),
-        inline_rule_(inline_rule),
+      : rules_(&rules),
+        inline_rule_(&inline_rule),
         max_states_(max_states),
-        deadline_(deadline),
+        deadline_(&deadline),
         own_shared_(std::make_unique<Shared>()),
         shared_(own_shared_.get()) {}
+  struct Shared;
+  // A builder whose shared state is kept elsewhere (a LoweringScratch), reset here for this grammar.
+  NfaBuilder(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& inline_rule,
+             int64_t max_states, Deadline& deadline, Shared* shared)
+      : rules_(&rules), inline_rule_(&inline_rule), max_states_(max_states), deadline_(&deadline), shared_(shared) {
+    shared_->reset(deadline);
+    lends_buffers_ = true;
+    eps_.swap(shared_->spare_eps);
+    bytes_.swap(shared_->spare_bytes);
+    refs_.swap(shared_->spare_refs);
+  }
+  ~NfaBuilder();
   NfaBuilder(const NfaBuilder&) = delete;
   NfaBuilder& operator=(const NfaBuilder&) = delete;
   void build_rule(int32_t r, Nfa* out);
@@ -174,10 +196,12 @@ class NfaBuilder {
   int32_t build_node(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail);
   static void utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out);
 
-  const std::vector<std::vector<int32_t>>& rules_;
-  const std::vector<uint8_t>& inline_rule_;
+  // Pointers: a kept nested builder is rebound to the next grammar (fragment()).
+  const std::vector<std::vector<int32_t>>* rules_;
+  const std::vector<uint8_t>* inline_rule_;
   int64_t max_states_;
-  Deadline& deadline_;
+  Deadline* deadline_;
+  bool lends_buffers_ = false;  // its edge buffers go back to shared_ (spare_*) when it is done
   int64_t total_ = 0;  // states created across all rules (the grammar-size limit)
   int depth_ = 0;      // expression nesting, bounded so deep input cannot overflow the C++ stack
   // A reference to the rule being built in tail position jumps back to its start
@@ -187,10 +211,15 @@ class NfaBuilder {
   std::vector<std::pair<int32_t, int32_t>> eps_;
   std::vector<std::pair<int32_t, ByteEdge>> bytes_;
   std::vector<std::pair<int32_t, RefEdge>> refs_;
+
+ public:
   // Shared by a grammar's builders: the top one and those of the fragments themselves (inlined
   // rules inline others), so each class is split and each fragment lowered once per grammar, and
   // fragments reuse one set of work buffers instead of allocating their own.
   struct Shared {
+    // Forgets the previous grammar (its programs' addresses and fragments); keeps buffers and builders.
+    void reset(Deadline& deadline);
+    size_t retained_bytes() const;  // approximate
     std::vector<ByteSeq> seqs;  // the byte sequences of every class met, back to back
     // [begin, end) in seqs, by the class's address (programs do not change while lowering):
     // open addressing in flat arrays, one lookup per class expanded.
@@ -211,12 +240,47 @@ class NfaBuilder {
     std::vector<uint32_t> rev_begin, rev, fill, stack;
     std::vector<uint8_t> live;
     std::vector<int32_t> rep, remap;
+    // The edge buffers of the grammar's own builder between grammars.
+    std::vector<std::pair<int32_t, int32_t>> spare_eps;
+    std::vector<std::pair<int32_t, ByteEdge>> spare_bytes;
+    std::vector<std::pair<int32_t, RefEdge>> spare_refs;
   };
+
+ private:
   size_t level_ = 0;  // inlining depth: 0 for the grammar's own builder
   std::unique_ptr<Shared> own_shared_;  // set in the grammar's own builder only
   Shared* shared_ = nullptr;
 };
 
+// The work buffers of one thread's lowering, kept from grammar to grammar (allocating them
+// afresh cost about a tenth of lowering a mid-size schema). Each user resets what it reads before reading
+// it, so a grammar's automata never depend on the one lowered before (nor on one that failed).
+struct LoweringScratch {
+  Nfa nfa;
+  DfaPool pool;
+  Determinizer determinizer;
+  StateMerger merger;
+  NfaBuilder::Shared nfa_shared;
+  std::vector<int32_t> base, order, work, stack, pending, remap, rep;
+  std::vector<uint32_t> count, caller_begin, callers, fill, seen, rev_begin, rev, reached;
+  std::vector<uint8_t> built, productive, queued, live, emit;
+  size_t retained_bytes() const;  // approximate
+};
+
+// Lends the calling thread's LoweringScratch for one lowering (a fresh one if the thread's is
+// already lent), and drops the buffers afterwards if a huge grammar left them too large to keep.
+class ScratchLease {
+ public:
+  ScratchLease();
+  ~ScratchLease();
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  LoweringScratch& operator*() const { return *scratch_; }
+
+ private:
+  LoweringScratch* scratch_;
+  std::unique_ptr<LoweringScratch> own_;  // when the thread's scratch is in use
+};
 
 }  // namespace grammar
 }  // namespace agent_infer

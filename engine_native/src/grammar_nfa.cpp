@@ -228,8 +228,15 @@ int32_t NfaBuilder::fresh() {
     throw LimitError("grammar is too large: more than " + std::to_string(max_states_) +
                      " automaton states after expanding repeats");
   }
-  deadline_.check();
+  deadline_->check();
   return count_++;
+}
+
+NfaBuilder::~NfaBuilder() {
+  if (!lends_buffers_) return;
+  eps_.swap(shared_->spare_eps);
+  bytes_.swap(shared_->spare_bytes);
+  refs_.swap(shared_->spare_refs);
 }
 
 void NfaBuilder::build_rule(int32_t r, Nfa* out) {
@@ -241,8 +248,8 @@ void NfaBuilder::build_rule(int32_t r, Nfa* out) {
   self_rule_ = r;
   self_start_ = start;
   size_t pc = 0;
-  const int32_t accept = build(rules_[r], pc, start, true);
-  if (pc != rules_[r].size()) throw DefinitionError("malformed grammar code (trailing data)");
+  const int32_t accept = build((*rules_)[r], pc, start, true);
+  if (pc != (*rules_)[r].size()) throw DefinitionError("malformed grammar code (trailing data)");
   out->start = start;
   out->accept = accept;
   // Group the edges by source (a counting sort).
@@ -373,18 +380,18 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
     case kRef: {
       int32_t r = code.at(pc + 1);
       pc += 2;
-      if (r < 0 || static_cast<size_t>(r) >= rules_.size()) throw DefinitionError("reference to unknown rule");
+      if (r < 0 || static_cast<size_t>(r) >= rules_->size()) throw DefinitionError("reference to unknown rule");
       if (tail && r == self_rule_) {
         eps_.push_back({from, self_start_});
         return fresh();  // nothing continues from here: the jump's path ends at the rule's end
       }
-      if (inline_rule_[r]) {
+      if ((*inline_rule_)[r]) {
         const Fragment& f = fragment(r);
         if (!f.usable) {
           size_t p = 0;
           int32_t entry = fresh();
           eps_.push_back({from, entry});
-          return build(rules_[r], p, entry, false);
+          return build((*rules_)[r], p, entry, false);
         }
         // Fragment state i becomes NFA state first + i; its final states lead to a fresh end.
         const size_t n = f.final.size();
