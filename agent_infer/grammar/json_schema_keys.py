@@ -44,19 +44,43 @@ _SPECIAL = ((0x00, 0x1F), (0x22, 0x22), (0x2F, 0x2F), (0x5C, 0x5C), (0x7F, MAX_C
 _PLAIN = ((0x20, 0x21), (0x23, 0x2E), (0x30, 0x5B), (0x5D, 0x7E))
 SPECIAL_EXPR: Expr = encode_class(CharClass(_SPECIAL))
 _SPECIAL_REF = Ref(SPECIAL_RULE)
+# Printable, yet not plain: '"' and '\\' must be escaped, '/' may be.
+_ESCAPED_LIST = (0x22, 0x2F, 0x5C)
+_ESCAPED_ASCII = frozenset(_ESCAPED_LIST)
 _HEADS: dict[tuple[tuple[int, int], ...], tuple[Expr, ...]] = {}
 _MAX_HEADS = 8192
 
 
 def _covers(ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ...]) -> bool:
-    """Whether the sorted disjoint ``ranges`` include every code point of ``part``."""
-    return all(any(lo <= a and b <= hi for lo, hi in ranges) for a, b in part)
+    """Whether the sorted disjoint ``ranges`` include every code point of ``part`` (sorted,
+    disjoint): one merge pass, since a trie node's gap list can be long."""
+    i, n = 0, len(ranges)
+    for a, b in part:
+        while i < n and ranges[i][1] < a:
+            i += 1
+        if i == n or ranges[i][0] > a or ranges[i][1] < b:
+            return False
+    return True
 
 
-def _intersect(
-    ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ...]
-) -> tuple[tuple[int, int], ...]:
-    return tuple((max(lo, a), min(hi, b)) for lo, hi in ranges for a, b in part if max(lo, a) <= min(hi, b))
+def _plain_part(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The code points of the sorted disjoint ``ranges`` that lie in :data:`_PLAIN`, in order:
+    printable ASCII split at the three escaped characters (a loop over ``_PLAIN`` per range was
+    most of the cost of a trie node's gap edge)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if hi < 0x20 or lo > 0x7E:
+            continue
+        lo = max(lo, 0x20)
+        hi = min(hi, 0x7E)
+        for x in _ESCAPED_LIST:
+            if lo <= x <= hi:
+                if lo < x:
+                    out.append((lo, x - 1))
+                lo = x + 1
+        if lo <= hi:
+            out.append((lo, hi))
+    return tuple(out)
 
 
 def special_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
@@ -65,8 +89,12 @@ def special_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
     through :data:`SPECIAL_RULE` (which the caller defines as :data:`SPECIAL_EXPR`)."""
     head = _HEADS.get(ranges)
     if head is None:
-        if _covers(ranges, _SPECIAL):
-            plain = _intersect(ranges, _PLAIN)
+        cp = ranges[0][0] if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else -1
+        if 0x20 <= cp <= 0x7E and cp not in _ESCAPED_ASCII:
+            # One printable character of a name (most edges): encode_class would return the class.
+            head = (CharClass(ranges),)
+        elif _covers(ranges, _SPECIAL):
+            plain = _plain_part(ranges)
             head = (Alt((CharClass(plain), _SPECIAL_REF)),) if plain else (_SPECIAL_REF,)
         else:
             head = encoded_head(ranges)
@@ -222,6 +250,17 @@ _CP_HEADS: dict[int, tuple[Expr, ...]] = {}
 def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
     """:func:`complement_node` with :func:`special_head` edges and :data:`SINK_RULE` as the sink;
     the gap branch is one shared node per layout of child code points."""
+    if len(children) == 1:
+        cp, ref = children[0]
+        one = _ONE_PLAIN_GAP.get(cp)
+        if one is not None:
+            # Most nodes: one plain child. The general path below, without its lookups and loop.
+            edge = Seq((*_PLAIN_CP_HEADS[cp], ref))
+            gap_seq, gap_at = one
+            pair = [gap_seq, edge] if gap_at == 0 else [edge, gap_seq]
+            if not ends_name:
+                pair.append(_EMPTY)
+            return Alt(tuple(pair))
     cps = tuple([cp for cp, _ in children])
     gap = _GAPS.get(cps)
     if gap is None:
@@ -235,7 +274,7 @@ def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
     for k, (cp, ref) in enumerate(children):
         if k == sink_at and gap_branch is not None:
             branches.append(gap_branch)
-        head = _CP_HEADS.get(cp)
+        head = _PLAIN_CP_HEADS.get(cp) or _CP_HEADS.get(cp)
         if head is None:
             head = _CP_HEADS[cp] = special_head(((cp, cp),))
         branches.append(Seq((*head, ref)))
@@ -250,6 +289,19 @@ _EMPTY = Empty()
 
 
 _SINK_EXPR = complement_sink(_SINK_REF, special_head)
+
+
+def _one_plain_gap(cp: int) -> tuple[Expr, int]:
+    gaps, sink_at = code_point_gaps((cp,))
+    return Seq((*special_head(tuple(gaps)), _SINK_REF)), sink_at
+
+
+# Library constants, like SPECIAL_EXPR (so not memos of earlier grammars, and never cleared): the
+# edge into a child and the gap branch of a node whose only child is one plain printable character,
+# the shape of most trie nodes. Built once at import (~1 ms) instead of again in every grammar.
+_PLAIN_CHARS = [cp for lo, hi in _PLAIN for cp in range(lo, hi + 1)]
+_PLAIN_CP_HEADS: dict[int, tuple[Expr, ...]] = {cp: special_head(((cp, cp),)) for cp in _PLAIN_CHARS}
+_ONE_PLAIN_GAP: dict[int, tuple[Expr, int]] = {cp: _one_plain_gap(cp) for cp in _PLAIN_CHARS}
 
 register_cache(_HEADS)
 register_cache(_NODES)

@@ -14,7 +14,7 @@ from agent_infer.errors import (
 )
 from agent_infer.grammar import json_schema_numbers as num
 from agent_infer.grammar.caches import register_cache
-from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
+from agent_infer.grammar.ir import Alt, Expr, Ref, Repeat, Seq, alt, chars, lit, opt, plus, seq, star
 from agent_infer.grammar.json_schema_automata import (
     DFA,
     dfa_complement,
@@ -25,7 +25,9 @@ from agent_infer.grammar.json_schema_automata import (
     names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
+from agent_infer.grammar.json_schema_lengths import bounded_pattern, dfa_bound_length
 from agent_infer.grammar.json_schema_merge import to_fraction
+from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
 from agent_infer.grammar.json_schema_text import encode_expr
 
 if TYPE_CHECKING:
@@ -114,25 +116,54 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         return _search(pats[0], f"{pointer}/pattern", encoded=True)
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
         return _encoded_format(fmt)
+    if len(pats) == 1 and fmt_expr is not None and lo == 0 and hi is None and plain:
+        lead = literal_prefix(_search(pats[0], f"{pointer}/pattern"))
+        narrowed = None if lead is None else prefixed_format(fmt_expr, lead)
+        if narrowed is not None:
+            return encode_expr(narrowed)
+    if len(pats) == 1 and fmt_expr is None and plain:
+        bounded = bounded_pattern(_search(pats[0], f"{pointer}/pattern"), lo, hi)
+        if bounded is not None:
+            return _encode_counted(c, bounded)
+    key = (tuple(pats), tuple(not_pats), tuple(excluded), fmt if fmt_expr is not None else None, lo, hi)
+    shared = c.string_products.get(key)
+    if shared is not None:
+        return shared
     dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
     dfas += [dfa_complement(c.pattern_dfa(p, f"{pointer}/not/pattern")) for p in not_pats]
     if excluded:
         dfas.append(dfa_complement(names_dfa(excluded)))
     if fmt_expr is not None:
         dfas.append(_format_dfa(fmt))
-    if lo or hi is not None:
-        dfas.append(dfa_length(lo, hi))
     if not dfas:
         dfas.append(dfa_length(0, None))
     dfa = dfas[0]
     for other in dfas[1:]:
         dfa = dfa_intersect(dfa, other)
+    if lo or hi is not None:
+        dfa = dfa_bound_length(dfa, lo, hi)
     prefix = c.fresh(f"{pointer}-str")
     start, rules = dfa_to_rules(dfa, prefix + "-")
     for name, expr in rules:
         c.rules[name] = expr
     c.rules[prefix] = start
+    c.string_products[key] = Ref(prefix)
     return Ref(prefix)
+
+
+def _encode_counted(c: Compiler, expr: Expr) -> Expr:
+    """``encode_expr`` whose long counted repeats (moved there from a length bound) become
+    chunked or doubling rules instead of one state per counted item."""
+    if isinstance(expr, Repeat):
+        n = expr.max if expr.max is not None else expr.min
+        if n > MAX_INLINE_CHAR_REPEAT:
+            return c.repeat(_encode_counted(c, expr.item), expr.min, expr.max, MAX_INLINE_CHAR_REPEAT)
+        return Repeat(_encode_counted(c, expr.item), expr.min, expr.max)
+    if isinstance(expr, Seq):
+        return seq(*(_encode_counted(c, e) for e in expr.items))
+    if isinstance(expr, Alt) and expr.items:
+        return Alt(tuple(_encode_counted(c, e) for e in expr.items))
+    return encode_expr(expr)
 
 
 # Format and pattern expressions are pure functions of their name or text, and schemas repeat

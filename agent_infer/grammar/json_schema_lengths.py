@@ -1,0 +1,136 @@
+"""``minLength``/``maxLength`` pushed into a ``pattern``'s expression, when that is exact.
+
+A string under a pattern and a length bound is, in general, the product of the pattern's automaton
+and a length counter: ``maxLength: 255`` makes ~256 copies of every pattern state, and the lowering
+pays for each. Most patterns that come with a bound are simpler: ``^[a-z0-9-]+$`` is one class
+repeated, ``^[\\w-][\\w/-]*[\\w-]$`` is fixed-width parts around one open repeat. For those the bound
+moves onto that one repeat's counts (``[a-z0-9-]{1,255}``) and the language is unchanged.
+:func:`bounded_pattern` does that rewrite on the decoded-level expression, or answers None when the
+length is shared between several open parts (then only the product is exact) or a long fixed tail
+follows the open part (then the product's state limit is the better judge of the cost).
+:func:`dfa_bound_length` is that product, built without a general intersection.
+"""
+
+from __future__ import annotations
+
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Repeat, Seq, alt, seq
+from agent_infer.grammar.json_schema_automata import DFA, Edge
+
+_NO_MATCH: Expr = Alt(())
+# Fixed-width text after the open repeat, at most: a counted repeat followed by w characters it may
+# also match determinizes into up to 2^w states per count (``(a|b)*a(a|b){14}`` under maxLength
+# 400 is millions), where the product automaton stops at its state limit in the front end.
+_MAX_TAIL = 4
+
+
+def _width(expr: Expr) -> int | None:
+    """The number of code points every match of ``expr`` has, or None when matches differ in length."""
+    if isinstance(expr, Literal):
+        return len(expr.text)
+    if isinstance(expr, CharClass):
+        return 1
+    if isinstance(expr, Empty):
+        return 0
+    if isinstance(expr, Seq):
+        total = 0
+        for item in expr.items:
+            w = _width(item)
+            if w is None:
+                return None
+            total += w
+        return total
+    if isinstance(expr, Alt):
+        widths = {_width(item) for item in expr.items}
+        return widths.pop() if len(widths) == 1 else None
+    if isinstance(expr, Repeat) and expr.max == expr.min:
+        w = _width(expr.item)
+        return None if w is None else w * expr.min
+    return None
+
+
+def bounded_pattern(expr: Expr, lo: int, hi: int | None) -> Expr | None:
+    """The matches of ``expr`` whose length (in code points) lies in ``lo..hi`` as one expression
+    of the same shape, or None when that needs the product automaton. ``Alt(())`` when none do."""
+    if hi is not None and hi < lo:
+        return _NO_MATCH
+    w = _width(expr)
+    if w is not None:
+        return expr if lo <= w and (hi is None or w <= hi) else _NO_MATCH
+    if isinstance(expr, Alt):
+        parts = []
+        for item in expr.items:
+            part = bounded_pattern(item, lo, hi)
+            if part is None:
+                return None
+            parts.append(part)
+        return alt(*parts)
+    if isinstance(expr, Repeat):
+        step = _width(expr.item)
+        if step is None or step == 0:
+            return None
+        # n items have n * step code points: n must lie in ceil(lo / step)..floor(hi / step).
+        n_lo = max(expr.min, -(-lo // step))
+        n_hi = hi // step if hi is not None else None
+        if expr.max is not None:
+            n_hi = expr.max if n_hi is None else min(n_hi, expr.max)
+        if n_hi is not None and n_hi < n_lo:
+            return _NO_MATCH
+        return Repeat(expr.item, n_lo, n_hi)
+    if isinstance(expr, Seq):
+        # Fixed-width items take their share of the bound; the single open item takes the rest.
+        fixed = tail = 0
+        open_at = -1
+        for i, item in enumerate(expr.items):
+            iw = _width(item)
+            if iw is None:
+                if open_at >= 0:
+                    return None
+                open_at = i
+            else:
+                fixed += iw
+                tail += iw if open_at >= 0 else 0
+        if open_at < 0 or tail > _MAX_TAIL:
+            return None
+        if hi is not None and hi < fixed:
+            return _NO_MATCH
+        inner = bounded_pattern(expr.items[open_at], max(0, lo - fixed), None if hi is None else hi - fixed)
+        if inner is None or inner == _NO_MATCH:
+            return inner
+        return seq(*expr.items[:open_at], inner, *expr.items[open_at + 1 :])
+    return None
+
+
+def dfa_bound_length(a: DFA, min_len: int, max_len: int | None, max_states: int = 4000) -> DFA:
+    """``dfa_intersect(a, dfa_length(min_len, max_len))`` without the general product: the length
+    automaton has one full-range edge per state, so a pair's edges are ``a``'s (sorted and
+    disjoint), retargeted. States and edges come out as ``dfa_intersect`` makes them."""
+    n = max(min_len, 0) if max_len is None else max_len
+    index = {(0, 0): 0}
+    order = [(0, 0)]
+    edges: list[list[Edge]] = []
+    accept: set[int] = set()
+    a_edges, a_accept = a.edges, a.accept
+    i = 0
+    while i < len(order):
+        x, k = order[i]
+        if k >= min_len and x in a_accept:
+            accept.add(i)
+        out: list[Edge] = []
+        if max_len is None or k < n:
+            k1 = k + 1 if k < n else n
+            for lo, hi, t in a_edges[x]:
+                pair = (t, k1)
+                target = index.get(pair)
+                if target is None:
+                    if len(order) >= max_states:
+                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                    target = index[pair] = len(order)
+                    order.append(pair)
+                if out and out[-1][2] == target and out[-1][1] + 1 == lo:
+                    out[-1] = (out[-1][0], hi, target)  # as _merge would (complements leave these)
+                else:
+                    out.append((lo, hi, target))
+        edges.append(out)
+        i += 1
+    return DFA(edges, accept)

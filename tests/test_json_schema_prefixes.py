@@ -1,0 +1,85 @@
+"""format + a literal-prefix pattern: the format's derivative equals the automaton product."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from agent_infer.grammar import Grammar
+from agent_infer.grammar.ir import Alt, CharClass, Literal, Repeat, Seq
+from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
+from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.regex import regex_search_expr
+
+URIS = [
+    "https:",
+    "https://example.com",
+    "https://example.com/a?b=c#d",
+    "https://user@host:8080/p%20q",
+    "https://[::1]/x",
+    "https://exa mple.com",
+    "https:/relative",
+    "http://example.com",
+    "HTTPS://example.com",
+    "https",
+    "",
+    "mailto:x@y",
+    "https://%zz",
+    "https://ex\u00e9.com",
+    'https://a"b',
+]
+
+
+def _rec(schema: dict[str, object]) -> ReferenceRecognizer:
+    return ReferenceRecognizer(Grammar.from_json_schema(schema, whitespace="compact"))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "prefix"), [("uri", "https:"), ("uri", "https://"), ("date", "2024-0"), ("email", "a@")]
+)
+def test_prefixed_format_matches_product(fmt: str, prefix: str) -> None:
+    fast = {"type": "string", "format": fmt, "pattern": "^" + re.escape(prefix).replace("\\:", ":")}
+    # [\s\S]* after the prefix is the same language but not a bare literal prefix: automaton product.
+    slow = {
+        "type": "string",
+        "format": fmt,
+        "pattern": "^" + re.escape(prefix).replace("\\:", ":") + r"[\s\S]*",
+    }
+    g_fast = Grammar.from_json_schema(fast, whitespace="compact")
+    assert not any(re.search(r"(^|-)str(-\d+)?$", name) for name, _ in g_fast.rules), str(g_fast)
+    assert any(re.search(r"(^|-)str(-\d+)?$", name) for name, _ in Grammar.from_json_schema(slow).rules)
+    rf, rs = ReferenceRecognizer(g_fast), _rec(slow)
+    rng = random.Random(fmt + prefix)
+    words = [*URIS, "2024-01-31", "2024-02-30", "2024-0", "2023-01-01", "a@b.c", "a@b", "b@c.d", "a@"]
+    words += [
+        prefix + "".join(rng.choice("az09:/@.-%[]?#") for _ in range(rng.randint(0, 12))) for _ in range(300)
+    ]
+    agree = 0
+    for w in words:
+        text = json.dumps(w)
+        assert rf.accepts(text) is rs.accepts(text), w
+        agree += rf.accepts(text)
+    assert agree > 0  # some words are in the language, so the comparison is not vacuous
+
+
+def test_literal_prefix_shapes() -> None:
+    assert literal_prefix(regex_search_expr("^https:", dialect="ecma")) == "https:"
+    assert literal_prefix(regex_search_expr("https:", dialect="ecma")) is None
+    assert literal_prefix(regex_search_expr("^https:$", dialect="ecma")) is None
+    assert literal_prefix(regex_search_expr("^a[bc]", dialect="ecma")) is None
+
+
+def test_derivative_by_prefix() -> None:
+    cls = CharClass(((97, 122),))
+    # (ab|a[a-z]*)x{2,3} by "ab": b-continuations of both branches.
+    expr = Seq((Alt((Literal("ab"), Seq((Literal("a"), Repeat(cls, 0, None))))), Repeat(Literal("x"), 2, 3)))
+    got = prefixed_format(expr, "ab")
+    assert got is not None
+    rec = ReferenceRecognizer(Grammar.from_expr(got))
+    want = re.compile(r"(ab|a[a-z]*)x{2,3}")
+    for w in ["ab", "abxx", "abxxx", "abxxxx", "abzxx", "abz", "ax", "abbbxx", "b", "abxxy"]:
+        assert rec.accepts(w) is (w.startswith("ab") and want.fullmatch(w) is not None), w
+    assert prefixed_format(Literal("abc"), "x") == Alt(())
