@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 
-from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo, clear_grammar_caches
-from agent_infer.grammar import json_schema_keys, regex
+from agent_infer.grammar import (
+    GrammarCompiler,
+    GrammarMatcher,
+    TokenizerInfo,
+    clear_grammar_caches,
+    json_schema_keys,
+    regex,
+)
 
 SCHEMA = {
     "type": "object",
