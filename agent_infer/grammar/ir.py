@@ -233,14 +233,19 @@ def seq(*items: Expr) -> Expr:
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
 
 
-def alt(*items: Expr) -> Expr:
-    """Alternation, flattening nested alternations and removing duplicates (first kept)."""
+def _flat_alts(items: tuple[Expr, ...]) -> list[Expr]:
     flat: list[Expr] = []
     for item in items:
         if isinstance(item, Alt):
             flat.extend(item.items)
         else:
             flat.append(item)
+    return flat
+
+
+def alt(*items: Expr) -> Expr:
+    """Alternation, flattening nested alternations and removing duplicates (first kept)."""
+    flat = _flat_alts(items)
     if len(flat) > 8:
         # Long alternations (enum values, counted choices): drop duplicates through a set
         # instead of comparing every pair.
@@ -261,12 +266,7 @@ def alt_disjoint(*items: Expr) -> Expr:
     """Alternation of items whose languages are pairwise disjoint (so no two are equal): nested
     alternations are flattened as by :func:`alt`, without its duplicate search, which hashes or
     compares whole subtrees (a JSON value's object and array alternatives are large)."""
-    flat: list[Expr] = []
-    for item in items:
-        if isinstance(item, Alt):
-            flat.extend(item.items)
-        else:
-            flat.append(item)
+    flat = _flat_alts(items)
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
 
 

@@ -156,6 +156,17 @@ def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
     return DFA(edges, accept)
 
 
+def new_product_state(
+    pair: tuple[int, int], index: dict[tuple[int, int], int], order: list[tuple[int, int]], max_states: int
+) -> int:
+    """Number a product state first met as ``pair`` (within ``max_states``, else GrammarLimitError)."""
+    if len(order) >= max_states:
+        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+    index[pair] = len(order)
+    order.append(pair)
+    return index[pair]
+
+
 def _merge(edges: list[Edge]) -> list[Edge]:
     edges.sort()
     out: list[Edge] = []
@@ -195,10 +206,7 @@ def dfa_intersect(a: DFA, b: DFA, max_states: int = 4000) -> DFA:
                 pair = (t1, t2)
                 target = index.get(pair)
                 if target is None:
-                    if len(order) >= max_states:
-                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
-                    target = index[pair] = len(order)
-                    order.append(pair)
+                    target = new_product_state(pair, index, order, max_states)
                 out.append((lo1 if lo1 > lo2 else lo2, hi1 if hi1 < hi2 else hi2, target))
         edges.append(_merge(out))
         i += 1

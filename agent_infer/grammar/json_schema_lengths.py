@@ -13,9 +13,8 @@ follows the open part (then the product's state limit is the better judge of the
 
 from __future__ import annotations
 
-from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Repeat, Seq, alt, seq
-from agent_infer.grammar.json_schema_automata import DFA, Edge
+from agent_infer.grammar.json_schema_automata import DFA, Edge, new_product_state
 
 _NO_MATCH: Expr = Alt(())
 # Fixed-width text after the open repeat, at most: a counted repeat followed by w characters it may
@@ -123,10 +122,7 @@ def dfa_bound_length(a: DFA, min_len: int, max_len: int | None, max_states: int 
                 pair = (t, k1)
                 target = index.get(pair)
                 if target is None:
-                    if len(order) >= max_states:
-                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
-                    target = index[pair] = len(order)
-                    order.append(pair)
+                    target = new_product_state(pair, index, order, max_states)
                 if out and out[-1][2] == target and out[-1][1] + 1 == lo:
                     out[-1] = (out[-1][0], hi, target)  # as _merge would (complements leave these)
                 else:

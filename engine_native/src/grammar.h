@@ -124,6 +124,16 @@ struct Limits {
   int64_t max_dfa_states = 500000;
   double max_compile_seconds = 30.0;
   int64_t max_items_per_set = 200000;
+
+  // The limits the Python compiler's arguments stand for (NFA states: 4x the DFA budget).
+  static Limits from_args(int64_t max_states, double max_seconds, int64_t max_items) {
+    Limits lim;
+    lim.max_nfa_states = max_states * 4;
+    lim.max_dfa_states = max_states;
+    lim.max_compile_seconds = max_seconds;
+    lim.max_items_per_set = max_items;
+    return lim;
+  }
 };
 
 class CompiledGrammar {

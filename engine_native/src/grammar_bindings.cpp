@@ -77,11 +77,7 @@ void register_grammar(nb::module_& m) {
           "__init__",
           [](CompiledGrammar* self, std::shared_ptr<TokenizerInfo> tok, const std::vector<std::vector<int32_t>>& rules,
              int32_t root, int64_t max_states, double max_seconds, int64_t max_items) {
-            grammar::Limits lim;
-            lim.max_nfa_states = max_states * 4;
-            lim.max_dfa_states = max_states;
-            lim.max_compile_seconds = max_seconds;
-            lim.max_items_per_set = max_items;
+            const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
             nb::gil_scoped_release release;
             new (self) CompiledGrammar(std::move(tok), rules, root, lim);
           },

@@ -469,12 +469,7 @@ void register_grammar_serialize(nb::module_& m) {
       "compile_serialized",
       [](std::shared_ptr<grammar::TokenizerInfo> tok, const SerializedRules& rules, int32_t root, int64_t max_states,
          double max_seconds, int64_t max_items) {
-        // The same limits as CompiledGrammar.__init__ (grammar_bindings.cpp) derives from these arguments.
-        grammar::Limits lim;
-        lim.max_nfa_states = max_states * 4;
-        lim.max_dfa_states = max_states;
-        lim.max_compile_seconds = max_seconds;
-        lim.max_items_per_set = max_items;
+        const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
         nb::gil_scoped_release release;
         return std::make_shared<grammar::CompiledGrammar>(std::move(tok), rules.programs, root, lim);
       },
