@@ -74,6 +74,10 @@ void merge_uncertain(StateMask& out, const StateMask* base);
 std::string digest(const std::string& data, char kind);
 // Seeds a walk's accepted bitset with the tokens `base` (if any) accepts; returns their count.
 size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits);
+// seed_bits, then without the tokens at `positions` of the sorted token array (`sorted` maps a
+// position to its id): the part of a mask that a walk of those tokens recomputes.
+size_t seed_bits_except(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<int32_t>& positions,
+                        const std::vector<int32_t>& sorted);
 
 class TokenizerInfo {
  public:

@@ -42,11 +42,7 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   determinizer.reset(limits.max_dfa_states, deadline);
   Nfa& nfa = scratch.nfa;
   DfaPool& pool = scratch.pool;
-  pool.final.clear();
-  pool.byte_begin.assign(1, 0);
-  pool.ref_begin.assign(1, 0);
-  pool.bytes.clear();
-  pool.refs.clear();
+  pool.reset();
   // A rule's states: [base[r], base[r] + count[r]).
   std::vector<int32_t>&base = scratch.base, &order = scratch.order, &work = scratch.work;
   std::vector<uint32_t>& count = scratch.count;

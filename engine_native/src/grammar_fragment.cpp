@@ -66,11 +66,7 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   nested.build_rule(r, &nfa);
   // Deeper fragments are complete from here on: the shared buffers below are free.
   DfaPool& pool = sh.pool;
-  pool.final.clear();
-  pool.byte_begin.assign(1, 0);
-  pool.ref_begin.assign(1, 0);
-  pool.bytes.clear();
-  pool.refs.clear();
+  pool.reset();
   if (!sh.determinizer) sh.determinizer = std::make_unique<Determinizer>(0, *deadline_);
   bool ok = true;
   try {

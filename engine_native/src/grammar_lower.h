@@ -71,6 +71,14 @@ struct DfaPool {
   std::vector<ByteEdge> bytes;
   std::vector<RefEdge> refs;
   size_t size() const { return final.size(); }
+  // Empty, keeping the buffers' capacity (reused from rule to rule and grammar to grammar).
+  void reset() {
+    final.clear();
+    byte_begin.assign(1, 0);
+    ref_begin.assign(1, 0);
+    bytes.clear();
+    refs.clear();
+  }
 };
 
 // Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states

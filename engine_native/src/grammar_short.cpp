@@ -220,16 +220,7 @@ void CompiledGrammar::put_short(int32_t s, const StateMask& full) const {
   const TokenizerInfo& tk = *tok;
   auto is_short = [&](int32_t id) { return tk.tokens[static_cast<size_t>(id)].size() <= TokenizerInfo::kShortTokenLen; };
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
-  size_t n = seed_bits(&full, bits);
-  for (int32_t j : tk.long_sorted) {
-    const int32_t id = tk.sorted[static_cast<size_t>(j)];
-    uint32_t& w = bits[static_cast<size_t>(id) >> 5];
-    const uint32_t bit = 1u << (id & 31);
-    if (w & bit) {
-      w &= ~bit;
-      --n;
-    }
-  }
+  size_t n = seed_bits_except(&full, bits, tk.long_sorted, tk.sorted);
   auto part = std::make_shared<StateMask>();
   for (int32_t j : full.uncertain) {
     if (is_short(tk.sorted[static_cast<size_t>(j)])) part->uncertain.push_back(j);

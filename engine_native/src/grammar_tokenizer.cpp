@@ -180,6 +180,21 @@ size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
   return n;
 }
 
+size_t seed_bits_except(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<int32_t>& positions,
+                        const std::vector<int32_t>& sorted) {
+  size_t n = seed_bits(base, bits);
+  for (int32_t j : positions) {
+    const int32_t id = sorted[static_cast<size_t>(j)];
+    uint32_t& w = bits[static_cast<size_t>(id) >> 5];
+    const uint32_t bit = 1u << (id & 31);
+    if (w & bit) {
+      w &= ~bit;
+      --n;
+    }
+  }
+  return n;
+}
+
 namespace {
 // Per-thread state -> row index scratch, reset entry by entry after each walk: clearing a vector
 // of every grammar state per first-seen state cost ~0.1 ms on grammars with 10^5 states.

@@ -202,16 +202,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, b
   const StateMask& tm = *twin->mask;
   auto base = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
-  size_t n = seed_bits(&tm, bits);
-  for (int32_t j : longer) {
-    const int32_t id = tk.sorted[static_cast<size_t>(j)];
-    uint32_t& w = bits[static_cast<size_t>(id) >> 5];
-    const uint32_t bit = 1u << (id & 31);
-    if (w & bit) {
-      w &= ~bit;
-      --n;
-    }
-  }
+  size_t n = seed_bits_except(&tm, bits, longer, tk.sorted);
   base->uncertain.reserve(tm.uncertain.size());
   for (int32_t j : tm.uncertain) {
     if (tk.sorted_len(static_cast<size_t>(j)) <= cut) base->uncertain.push_back(j);
