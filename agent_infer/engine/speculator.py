@@ -155,28 +155,7 @@ def boundary_tokens(matcher: GrammarMatcher) -> list[int]:
     tokens make a draft that costs one row each and is accepted whenever the model's own choice
     agrees with the canonical split: the grammar's knowledge saves the step instead of a guess.
     """
-    data, _ = matcher.find_forced_bytes()
-    if not data or (data[0] & 0xC0) == 0x80:
-        return []  # a character begun by the last token: no canonical split of its own
-    end = len(data)
-    lead = end - 1
-    while lead > 0 and (data[lead] & 0xC0) == 0x80:
-        lead -= 1
-    if data[lead] >= 0xC0 and end - lead < (2 if data[lead] < 0xE0 else 3 if data[lead] < 0xF0 else 4):
-        end = lead  # the forced text ends inside a character: draft only whole characters
-    if not end:
-        return []
-    info = matcher.compiled_grammar.tokenizer_info
-    text = data[:end]
-    tokens: list[int] = []
-    pos = 0
-    for tid in info.encode(text.decode("utf-8", errors="strict")):
-        piece = info.token_bytes(tid)
-        if not piece or text[pos : pos + len(piece)] != piece:
-            break
-        tokens.append(tid)
-        pos += len(piece)
-    return tokens
+    return matcher.forced_text_tokens()[1]
 
 
 def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tuple[list[int], bool]:

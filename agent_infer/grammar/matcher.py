@@ -113,26 +113,11 @@ class GrammarMatcher:
         """
         info = self._compiled.tokenizer_info
         data, must_end = self.find_forced_bytes()
-        if data and (data[0] & 0xC0) == 0x80:
-            # The last accepted token ended inside a multi-byte character: the rest of that
-            # character has no canonical tokenization of its own, so let the model sample it.
-            return []
-        text_bytes = _whole_chars(data)
-        if len(text_bytes) < len(data):
+        text_bytes, out, whole = self.forced_text_tokens(data)
+        if not whole:
             must_end = False
-        out: list[int] = []
         if text_bytes:
             text = text_bytes.decode("utf-8")
-            pos = 0
-            for tid in info.encode(text):
-                piece = info.token_bytes(tid)
-                if not piece or text_bytes[pos : pos + len(piece)] != piece:
-                    must_end = False
-                    break
-                out.append(tid)
-                pos += len(piece)
-            if pos != len(text_bytes):
-                must_end = False
             if not must_end:
                 for probe in self._boundary_probes(text_bytes, out):
                     while out and info.encode(text + probe)[: len(out)] != out:
@@ -140,6 +125,30 @@ class GrammarMatcher:
         if must_end and not self._terminate_without_eos and info.eos_token_ids:
             out.append(info.eos_token_ids[0])
         return out
+
+    def forced_text_tokens(self, data: bytes | None = None) -> tuple[bytes, list[int], bool]:
+        """The forced text in whole characters (``data``, default :meth:`find_forced_bytes`), its
+        canonical tokens as far as they spell it, and whether they spell all of ``data``.
+
+        Empty when the text starts inside a character begun by the last accepted token: the rest
+        of that character has no canonical tokenization of its own.
+        """
+        if data is None:
+            data = self.find_forced_bytes()[0]
+        if data and (data[0] & 0xC0) == 0x80:
+            return b"", [], False
+        text_bytes = _whole_chars(data)
+        info = self._compiled.tokenizer_info
+        out: list[int] = []
+        pos = 0
+        if text_bytes:
+            for tid in info.encode(text_bytes.decode("utf-8")):
+                piece = info.token_bytes(tid)
+                if not piece or text_bytes[pos : pos + len(piece)] != piece:
+                    break
+                out.append(tid)
+                pos += len(piece)
+        return text_bytes, out, pos == len(data)
 
     def shortest_completion(self) -> bytes | None:
         """The fewest bytes that complete the text so far to a string of the grammar.
