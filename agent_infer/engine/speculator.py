@@ -31,8 +31,10 @@ batch (and nudges the average up, so a request that stopped drafting is tried ag
 
 Boundary drafts (``EngineConfig.boundary_drafts``, on with forced tokens even when
 ``speculative_tokens`` is 0): jump-forward leaves the last tokens of the forced text to the model
-when their boundary could still move (``":`` may merge into ``":"``); the canonical tokens of that
-text are drafted instead of an n-gram guess, since the text is certain and only the split is not.
+when their boundary could still move (``":`` may merge into ``":"``); tokens spelling that text are
+drafted instead of an n-gram guess, since the text is certain and only the split is not: the
+model's own latest split of it (this request's tokens, else :class:`SplitMemory` across requests),
+else the canonical one.
 
 Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
 bookkeeping assumes one sampled token per step.
@@ -40,6 +42,8 @@ bookkeeping assumes one sampled token per step.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -111,6 +115,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.jump_forward = jump_forward
         self.boundary = boundary
+        self.splits = SplitMemory()
 
     def propose(self, seq: Sequence) -> None:
         """Set ``seq.draft_ids`` for the next step (empty when nothing is worth drafting)."""
@@ -124,7 +129,9 @@ class Speculator:
         room = remaining_tokens(seq, self.max_model_len) - 1
         if room <= 0:
             return
-        draft = boundary_tokens(seq.matcher)[:room] if self.boundary and seq.matcher is not None else []
+        draft = []
+        if self.boundary and seq.matcher is not None:
+            draft = boundary_tokens(seq.matcher, seq.token_ids, self.splits)[:room]
         if not draft and self.max_tokens:
             draft = seq.spec_index.lookup(seq.token_ids, min(seq.draft_len, room))
         if draft and seq.matcher is not None:
@@ -147,15 +154,83 @@ class Speculator:
         return tokens, n
 
 
-def boundary_tokens(matcher: GrammarMatcher) -> list[int]:
-    """The canonical tokens of the text the grammar fixes next but jump-forward left unsampled.
+class SplitMemory:
+    """How the model last split each boundary text, across requests (bounded, least recent out).
+
+    Keyed by the text's bytes; token ids belong to the engine's one model and tokenizer."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._splits: OrderedDict[bytes, list[int]] = OrderedDict()
+
+    def get(self, text: bytes) -> list[int] | None:
+        """The remembered split of ``text``, if any."""
+        split = self._splits.get(text)
+        if split is not None:
+            self._splits.move_to_end(text)
+        return split
+
+    def put(self, text: bytes, split: list[int]) -> None:
+        """Remember ``split`` as the model's latest split of ``text``."""
+        self._splits[text] = split
+        self._splits.move_to_end(text)
+        if len(self._splits) > self.capacity:
+            self._splits.popitem(last=False)
+
+
+def boundary_tokens(
+    matcher: GrammarMatcher, history: Seq[int] = (), memory: SplitMemory | None = None
+) -> list[int]:
+    """Tokens spelling the text the grammar fixes next but jump-forward left unsampled.
 
     Jump-forward stops before a forced token whose boundary could still move (``":`` may become
     ``":"`` once the value starts), so the model samples there. The text itself is certain, so its
-    tokens make a draft that costs one row each and is accepted whenever the model's own choice
-    agrees with the canonical split: the grammar's knowledge saves the step instead of a guess.
+    tokens make a draft that costs one row each and is accepted whenever the model's own split
+    agrees. A model tends to split a text as it did before (in compact JSON SmolLM2 writes ``":``
+    then ``"``, not the canonical ``":"``), so the draft is the latest split of the same text in
+    ``history`` (the request's prompt and output), else the one ``memory`` kept from an earlier
+    request, else the canonical tokens.
     """
-    return matcher.forced_text_tokens()[1]
+    text, canonical, _ = matcher.forced_text_tokens()
+    if not text:
+        return canonical
+    split = history_split(text, history, matcher.compiled_grammar.tokenizer_info.token_bytes)
+    if memory is not None:
+        if split is not None:
+            memory.put(text, split)
+        else:
+            split = memory.get(text)
+    return canonical if split is None else split
+
+
+#: How many of the newest history tokens :func:`history_split` looks through.
+HISTORY_SPLIT_WINDOW = 1024
+
+
+def history_split(text: bytes, history: Seq[int], token_bytes: Callable[[int], bytes]) -> list[int] | None:
+    """The tokens of the latest run in ``history`` that starts ``text`` at a token boundary and
+    either spells all of it or stops where the next token runs past its end (the model merged the
+    text's end into what followed, so only the run is known); None when ``text`` never occurs so."""
+    n = len(history)
+    for start in range(n - 1, max(-1, n - 1 - HISTORY_SPLIT_WINDOW), -1):
+        first = token_bytes(history[start])
+        if not first or not text.startswith(first):
+            continue
+        pos, end = len(first), start + 1
+        while pos < len(text) and end < n:
+            piece = token_bytes(history[end])
+            if not piece:
+                break
+            if text.startswith(piece, pos):
+                pos += len(piece)
+                end += 1
+                continue
+            if piece.startswith(text[pos:]):
+                return list(history[start:end])  # the model merged the rest into the next token
+            break
+        if pos == len(text):
+            return list(history[start:end])
+    return None
 
 
 def _grammar_prefix(seq: Sequence, draft: list[int], jump_forward: bool) -> tuple[list[int], bool]:
