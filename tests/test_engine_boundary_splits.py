@@ -69,6 +69,12 @@ def test_history_split_finds_the_latest_split_of_the_text(info: Any) -> None:
     assert history_split(b'":"', [], tb) is None
     # A run that breaks off with a token not continuing the text is no occurrence.
     assert history_split(b'":"', [split, hello], tb) is None
+    # The prefix-token filter finds the same runs without decoding every position.
+    firsts = SplitMemory().prefix_tokens(b'":"', info)
+    assert {split, quote, colon_quote} <= firsts
+    assert all(b'":"'.startswith(tb(t)) and tb(t) for t in firsts)
+    assert history_split(b'":"', history, tb, firsts) == [split, quote]
+    assert history_split(b'":"', [name, hello, city], tb, firsts) is None
 
 
 def test_split_memory_keeps_the_latest_split_within_its_capacity() -> None:

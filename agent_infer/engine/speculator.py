@@ -43,7 +43,7 @@ bookkeeping assumes one sampled token per step.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from collections.abc import Sequence as Seq
 
 import torch
@@ -52,6 +52,7 @@ from agent_infer.engine.closing import remaining_tokens
 from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
 from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.tokenizer_info import TokenizerInfo
 from agent_infer.sampling_params import SamplingParams
 
 #: Longest and shortest n-gram looked up; longer matches are tried first.
@@ -162,6 +163,18 @@ class SplitMemory:
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
         self._splits: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._ids_by_bytes: dict[bytes, list[int]] = {}
+        self._info: TokenizerInfo | None = None
+
+    def prefix_tokens(self, text: bytes, info: TokenizerInfo) -> set[int]:
+        """Ids of the tokens of ``info`` that spell a non-empty prefix of ``text``."""
+        if self._info is not info:  # one tokenizer per engine: built once (~10 ms)
+            by_bytes: dict[bytes, list[int]] = {}
+            for tid, piece in enumerate(info.decoded_vocab):
+                if piece and tid not in info.eos_token_ids:
+                    by_bytes.setdefault(piece, []).append(tid)
+            self._ids_by_bytes, self._info = by_bytes, info
+        return {t for j in range(1, len(text) + 1) for t in self._ids_by_bytes.get(text[:j], ())}
 
     def get(self, text: bytes) -> list[int] | None:
         """The remembered split of ``text``, if any."""
@@ -194,7 +207,9 @@ def boundary_tokens(
     text, canonical, _ = matcher.forced_text_tokens()
     if not text:
         return canonical
-    split = history_split(text, history, matcher.compiled_grammar.tokenizer_info.token_bytes)
+    info = matcher.compiled_grammar.tokenizer_info
+    firsts = memory.prefix_tokens(text, info) if memory is not None else None
+    split = history_split(text, history, info.token_bytes, firsts)
     if memory is not None:
         if split is not None:
             memory.put(text, split)
@@ -207,12 +222,22 @@ def boundary_tokens(
 HISTORY_SPLIT_WINDOW = 1024
 
 
-def history_split(text: bytes, history: Seq[int], token_bytes: Callable[[int], bytes]) -> list[int] | None:
+def history_split(
+    text: bytes,
+    history: Seq[int],
+    token_bytes: Callable[[int], bytes],
+    first_tokens: Container[int] | None = None,
+) -> list[int] | None:
     """The tokens of the latest run in ``history`` that starts ``text`` at a token boundary and
     either spells all of it or stops where the next token runs past its end (the model merged the
-    text's end into what followed, so only the run is known); None when ``text`` never occurs so."""
+    text's end into what followed, so only the run is known); None when ``text`` never occurs so.
+
+    ``first_tokens`` (optional) holds every token whose bytes are a prefix of ``text``: positions
+    holding another token are skipped without decoding it."""
     n = len(history)
     for start in range(n - 1, max(-1, n - 1 - HISTORY_SPLIT_WINDOW), -1):
+        if first_tokens is not None and history[start] not in first_tokens:
+            continue
         first = token_bytes(history[start])
         if not first or not text.startswith(first):
             continue
