@@ -173,6 +173,8 @@ def summarise(
         "forced_share": sum(forced) / tokens if forced and tokens else None,
         "drafted": sum(res.draft_tokens or 0 for _, res in ran),
         "accepted": sum(res.accepted_draft_tokens or 0 for _, res in ran),
+        # Our forward passes (each samples one token; forced and accepted draft tokens ride along).
+        "passes": sum(res.tokens - (res.forced_tokens or 0) - (res.accepted_draft_tokens or 0) for _, res in ran),
         "valid_pct": None if valid is None or not requests else 100.0 * valid / len(requests),
         "finish": {f: sum(res.finish == f for _, res in ran) for f in sorted({res.finish for _, res in ran})},
         "note": note,
@@ -456,7 +458,8 @@ def report(
           f"{ratio(on, ref, 'per_request_s')} total, {ratio(on, ref, 'per_request_decode_s')} after the first "
           f"token; CPU time {ratio(on, ref, 'per_request_cpu_s')}; median per-request ratio: wall "
           f"{paired(on, ref, 'seconds')}, CPU {paired(on, ref, 'cpu_seconds')}; forced tokens "
-          f"{'n/a' if share is None else f'{100 * share:.0f}%'} of the output")  # fmt: skip
+          f"{'n/a' if share is None else f'{100 * share:.0f}%'} of the output; forward passes "
+          f"{by.get(on, {}).get('passes', 'n/a')} for {by.get(on, {}).get('tokens', 'n/a')} tokens")  # fmt: skip
     if (NO_BOUNDARY, 1) in by:
         nb = (NO_BOUNDARY, 1)
         print(f"* same, forced on without boundary drafts (jump-forward alone): {ratio(nb, ref, 'per_request_s')} "
