@@ -111,3 +111,28 @@ def test_short_chunk_rows_equal_decoding_token_by_token(lm: LoadedModel, chunk: 
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
     else:
         pytest.skip("bf16 SDPA over a chunk rounds differently from one-token steps (no claim there)")
+
+
+def test_prompt_prefill_equals_decoding_token_by_token(lm: LoadedModel) -> None:
+    """On the native path a prompt of up to ``NATIVE_MAX_QUERY`` tokens is prefilled row by row, each
+    row attending as decoding that token alone would: one prefill, a chunked prefill (as after a
+    prefix-cache hit) and token-by-token decoding give the same bits (other paths: within rounding)."""
+    from agent_infer.model.attention import NATIVE_MAX_QUERY
+
+    prompt = _prompts(lm)[5]
+    assert 20 < len(prompt) <= NATIVE_MAX_QUERY
+    whole = SequenceRunner(lm.model, num_blocks=64, block_size=16).step([(0, prompt)])[0]
+    chunked = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    chunked.step([(0, prompt[:16])])
+    split = chunked.step([(0, prompt[16:])])[0]
+    one = SequenceRunner(lm.model, num_blocks=64, block_size=16)
+    for t in prompt:
+        stepped = one.step([(0, [t])])[0]
+    if lm.model.packed:
+        assert torch.equal(whole, stepped), f"max diff {(whole - stepped).abs().max().item():.3g}"
+        assert torch.equal(whole, split)
+    elif lm.model.dtype == torch.float32:
+        torch.testing.assert_close(whole, stepped, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(whole, split, rtol=2e-2, atol=2e-2)
+    else:
+        pytest.skip("bf16 SDPA over a prompt rounds differently from one-token steps (no claim there)")
