@@ -170,8 +170,9 @@ class SplitMemory:
         """Ids of the tokens of ``info`` that spell a non-empty prefix of ``text``."""
         if self._info is not info:  # one tokenizer per engine: built once (~10 ms)
             by_bytes: dict[bytes, list[int]] = {}
+            eos = set(info.eos_token_ids)
             for tid, piece in enumerate(info.decoded_vocab):
-                if piece and tid not in info.eos_token_ids:
+                if piece and tid not in eos:
                     by_bytes.setdefault(piece, []).append(tid)
             self._ids_by_bytes, self._info = by_bytes, info
         return {t for j in range(1, len(text) + 1) for t in self._ids_by_bytes.get(text[:j], ())}
