@@ -163,19 +163,30 @@ class SplitMemory:
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
         self._splits: OrderedDict[bytes, list[int]] = OrderedDict()
-        self._ids_by_bytes: dict[bytes, list[int]] = {}
+        self._prefix_ids: dict[bytes, set[int]] = {}
         self._info: TokenizerInfo | None = None
 
     def prefix_tokens(self, text: bytes, info: TokenizerInfo) -> set[int]:
-        """Ids of the tokens of ``info`` that spell a non-empty prefix of ``text``."""
-        if self._info is not info:  # one tokenizer per engine: built once (~10 ms)
-            by_bytes: dict[bytes, list[int]] = {}
-            eos = set(info.eos_token_ids)
-            for tid, piece in enumerate(info.decoded_vocab):
-                if piece and tid not in eos:
-                    by_bytes.setdefault(piece, []).append(tid)
-            self._ids_by_bytes, self._info = by_bytes, info
-        return {t for j in range(1, len(text) + 1) for t in self._ids_by_bytes.get(text[:j], ())}
+        """Ids of the tokens that spell a non-empty prefix of ``text`` (each prefix's canonical
+        single token; cached per text). A token with the same bytes under another id is left out,
+        which only makes :func:`history_split` skip a position it could have used."""
+        if self._info is not info:  # token ids belong to one tokenizer
+            self._prefix_ids.clear()
+            self._info = info
+        found = self._prefix_ids.get(text)
+        if found is None:
+            found = set()
+            for j in range(1, len(text) + 1):
+                try:
+                    ids = info.encode(text[:j].decode("utf-8"))
+                except UnicodeDecodeError:
+                    continue  # a prefix ending inside a character has no token of its own here
+                if len(ids) == 1 and info.token_bytes(ids[0]) == text[:j]:
+                    found.add(ids[0])
+            if len(self._prefix_ids) >= self.capacity:
+                self._prefix_ids.clear()
+            self._prefix_ids[text] = found
+        return found
 
     def get(self, text: bytes) -> list[int] | None:
         """The remembered split of ``text``, if any."""
