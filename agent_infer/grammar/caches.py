@@ -27,6 +27,13 @@ def register_cache(cache: MutableMapping[Any, Any] | Callable[..., Any]) -> None
         _CLEARERS.append(clear)
 
 
+def register_clearer(clear: Callable[[], None]) -> None:
+    """Add a function that empties a memo kept elsewhere (the native key-trie nodes) to what
+    :func:`clear_grammar_caches` runs."""
+    with _LOCK:
+        _CLEARERS.append(clear)
+
+
 def clear_grammar_caches() -> None:
     """Forget everything the front ends and the serializer memoised from earlier grammars, so the
     next compile runs as in a fresh process (imports aside). Safe while other threads compile:

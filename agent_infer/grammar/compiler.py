@@ -13,6 +13,7 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, Native
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.json_schema_key_trie import KeyNode
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 from agent_infer.native import load_native
 
@@ -150,7 +151,8 @@ class _Serializer:
         return code
 
 
-_KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref)  # the order serialize_rules expects
+# The order serialize_rules expects; KeyNode bodies (key-trie nodes) are written from their spec.
+_KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode)
 _native_serialize: Any = None
 
 

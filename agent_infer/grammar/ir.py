@@ -220,8 +220,19 @@ def lit(text: str) -> Expr:
     return node
 
 
+_SEQ_OR_EMPTY = (Seq, Empty)
+
+
 def seq(*items: Expr) -> Expr:
     """Concatenation, flattening nested sequences and dropping Empty."""
+    # Most calls have nothing to flatten or drop: the argument tuple is the node's items as is.
+    for item in items:
+        if isinstance(item, _SEQ_OR_EMPTY):
+            break
+    else:
+        if len(items) > 1:
+            return Seq(items)
+        return items[0] if items else Empty()
     flat: list[Expr] = []
     for item in items:
         if isinstance(item, Seq):

@@ -17,6 +17,10 @@ alternatives. Those alternatives are the same in every such class, so they live 
 :data:`SPECIAL_RULE`, and an edge is ``[its plain printable ASCII] | char-special``: the same
 language in about a third of the program words, and one automaton fragment that the native
 compiler lowers once and splices into every caller instead of re-expanding per edge.
+
+With the native extension the JSON Schema compiler builds the same tries natively
+(``json_schema_key_trie``); :class:`ComplementKeys` is the fallback and the reference it is
+tested against.
 """
 
 from __future__ import annotations
@@ -289,6 +293,14 @@ _EMPTY = Empty()
 
 
 _SINK_EXPR = complement_sink(_SINK_REF, special_head)
+SINK_EXPR = _SINK_EXPR
+"""The body of :data:`SINK_RULE` (any rest of a key)."""
+
+
+def node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
+    """The rule body of a trie node: an edge per child (code point order) to its rule, the gaps
+    between them to :data:`SINK_RULE`, and the end of the key unless the node ends a name."""
+    return _node_body(children, ends_name)
 
 
 def _one_plain_gap(cp: int) -> tuple[Expr, int]:

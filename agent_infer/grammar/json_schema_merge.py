@@ -210,6 +210,16 @@ class Merger:
     def _merge_objects(self, a: dict[str, Any], b: dict[str, Any], out: dict[str, Any]) -> None:
         names = list(a.get("properties", {}))
         names += [n for n in b.get("properties", {}) if n not in names]
+        if (
+            names
+            and not b.get("properties")
+            and not b.get("patternProperties")
+            and b.get("additionalProperties", True) is True
+        ):
+            # b constrains no member (a $ref's sibling annotations, most often): each property
+            # keeps a's schema, as _both(a's, True) gives it, without the per-name lookups.
+            out["properties"] = {n: True if v is True or v == {} else v for n, v in a["properties"].items()}
+            names = []
         if names:
             out["properties"] = {n: _both(self._for_key(a, n), self._for_key(b, n)) for n in names}
         pa, pb = a.get("patternProperties", {}), b.get("patternProperties", {})

@@ -315,8 +315,12 @@ def _members(
     return body, nullable
 
 
+# A tuple, not ``Empty | Ref | ...``: the union object would be built again on every call.
+_SMALL_KINDS = (Empty, Ref, Literal, Alt)
+
+
 def _big(e: Expr) -> bool:
-    return not isinstance(e, Empty | Ref | Literal | Alt) or (isinstance(e, Alt) and len(e.items) > 1)
+    return not isinstance(e, _SMALL_KINDS) or (isinstance(e, Alt) and len(e.items) > 1)
 
 
 def _counted(

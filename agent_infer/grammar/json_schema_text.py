@@ -178,8 +178,8 @@ def encode_expr(expr: Expr) -> Expr:
 
 def encode_literal(text: str) -> Expr:
     """A decoded string literal as JSON text, without the quotes."""
-    # Fast path: plain ASCII needs no alternatives.
-    if all(0x20 <= ord(c) < 0x7F and c not in '"\\/' for c in text):
+    # Fast path: plain printable ASCII (U+0020..U+007E; str methods run in C) needs no alternatives.
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text and "/" not in text:
         return lit(text)
     return encode_expr(Literal(text)) if text else Empty()
 

@@ -5,6 +5,10 @@
 // repeat bounds beyond int32, a non-tuple item list) makes it return None, and the caller runs the
 // Python serializer, which produces the program or the precise error.
 //
+// Key-trie nodes (json_schema_key_trie.KeyNode, the 8th node class when the caller passes it)
+// hold only a spec; their programs are written from it (write_key_node), the same words the
+// Python serializer gives the Alt the node stands for.
+//
 // ``serialize_packed`` keeps the programs native (SerializedRules) and ``compile_serialized`` lowers
 // them from there: a Kubernetes schema's ~90k program words then never become Python ints, which
 // cost about as much as the walk itself, once out of the serializer and once back into the compiler.
@@ -17,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -26,6 +31,7 @@
 #include "bindings.h"
 #include "grammar.h"
 #include "grammar_body_cache.h"
+#include "grammar_key_trie.h"
 
 namespace nb = nanobind;
 
@@ -53,7 +59,19 @@ struct Kinds {
   PyObject* alt;
   PyObject* repeat;
   PyObject* ref;
+  PyObject* key_node = nullptr;  // json_schema_key_trie.KeyNode, when the caller passes it
 };
+
+// The IR node classes in the order compiler._KINDS lists them (7, or 8 with KeyNode).
+Kinds kinds_from(const nb::tuple& kinds, const char* who) {
+  const size_t n = kinds.size();
+  if (n != 7 && n != 8) throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode)");
+  PyObject* t = kinds.ptr();
+  Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
+          PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+  if (n == 8) k.key_node = PyTuple_GET_ITEM(t, 7);
+  return k;
+}
 
 struct Names {
   PyObject* items = PyUnicode_InternFromString("items");
@@ -64,6 +82,10 @@ struct Names {
   PyObject* min = PyUnicode_InternFromString("min");
   PyObject* max = PyUnicode_InternFromString("max");
   PyObject* name = PyUnicode_InternFromString("name");
+  PyObject* spec = PyUnicode_InternFromString("_spec");
+  // json_schema_keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
+  PyObject* special_rule = PyUnicode_InternFromString("char-special");
+  PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
 };
 
 const Names& names() {
@@ -76,6 +98,54 @@ struct Span {
   uint32_t rule;
   uint32_t start;
   uint32_t end;
+};
+
+// Spans by node address, open addressing in flat arrays: a big grammar has ~2*10^4 composite
+// nodes, and a node-based map paid an allocation and a free for each.
+class SpanMap {
+ public:
+  SpanMap() : keys_(1024, nullptr), vals_(1024) {}
+
+  const Span* find(PyObject* key) const {
+    for (size_t i = slot(key);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == key) return &vals_[i];
+      if (keys_[i] == nullptr) return nullptr;
+    }
+  }
+
+  // Keeps the first span of a key inserted twice (as emplace did).
+  void insert(PyObject* key, Span span) {
+    if (2 * (count_ + 1) > keys_.size()) grow();
+    size_t i = slot(key);
+    while (keys_[i] != nullptr) {
+      if (keys_[i] == key) return;
+      i = (i + 1) & (keys_.size() - 1);
+    }
+    keys_[i] = key;
+    vals_[i] = span;
+    ++count_;
+  }
+
+ private:
+  size_t slot(PyObject* key) const {
+    uint64_t x = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(key)) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(x >> 20) & (keys_.size() - 1);
+  }
+
+  void grow() {
+    std::vector<PyObject*> keys(keys_.size() * 2, nullptr);
+    std::vector<Span> vals(keys.size());
+    keys.swap(keys_);
+    vals.swap(vals_);
+    count_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != nullptr) insert(keys[i], vals[i]);
+    }
+  }
+
+  std::vector<PyObject*> keys_;
+  std::vector<Span> vals_;
+  size_t count_ = 0;
 };
 
 class Serializer {
@@ -98,7 +168,7 @@ class Serializer {
       Item it = stack.back();
       stack.pop_back();
       if (it.finish != nullptr) {
-        spans_.emplace(it.finish, Span{rule, it.start, static_cast<uint32_t>(out.size())});
+        spans_.insert(it.finish, Span{rule, it.start, static_cast<uint32_t>(out.size())});
         continue;
       }
       PyObject* node = it.node;
@@ -125,10 +195,23 @@ class Serializer {
         if (!write_class(node, out)) return fail();
       } else if (type == k_.empty) {
         out.push_back(grammar::kEmpty);
+      } else if (type == k_.key_node && k_.key_node != nullptr) {
+        const int done = write_key_node(node, out);
+        if (done < 0) return fail();
+        if (done == 0) {
+          // A child that is not plain printable ASCII: its edge needs escapes, so the node's own
+          // branches (json_schema_keys._node_body, cached on the node) are written as an Alt.
+          Owned items(PyObject_GetAttr(node, nm.items));
+          if (items.p == nullptr || !PyTuple_CheckExact(items.p)) return fail();
+          Py_ssize_t n = PyTuple_GET_SIZE(items.p);
+          out.push_back(grammar::kAlt);
+          out.push_back(static_cast<int32_t>(n));
+          // The node keeps its items tuple (and so every item) alive.
+          for (Py_ssize_t i = n - 1; i >= 0; --i) stack.push_back({PyTuple_GET_ITEM(items.p, i), nullptr, 0});
+        }
       } else if (type == k_.seq || type == k_.alt || type == k_.repeat) {
-        auto hit = spans_.find(node);
-        if (hit != spans_.end()) {
-          const Span s = hit->second;
+        if (const Span* hit = spans_.find(node)) {
+          const Span s = *hit;
           // Resize first, then copy: the source may be ``out`` itself (an earlier part of it).
           size_t at = out.size();
           out.resize(at + (s.end - s.start));
@@ -169,6 +252,102 @@ class Serializer {
   bool fail() {
     PyErr_Clear();
     return false;
+  }
+
+  // The rule index of ``name``; -1 (Python error set or not) when it has none.
+  int64_t rule_index(PyObject* name) {
+    PyObject* i = PyDict_GetItemWithError(index_, name);  // borrowed
+    if (i == nullptr) return -1;
+    long v = PyLong_AsLong(i);
+    return (v == -1 && PyErr_Occurred()) ? -1 : v;
+  }
+
+  static bool plain_cp(long cp) { return cp >= 0x20 && cp <= 0x7E && cp != 0x22 && cp != 0x2F && cp != 0x5C; }
+
+  // The program json_schema_keys._node_body gives a trie node whose children are all plain
+  // printable ASCII (so the gap branch comes first and holds every special code point):
+  //   gap:   Seq((Alt((CharClass(<plain part of the gaps>), Ref(char-special))), Ref(char-key-rest)))
+  //   edges: Seq((CharClass(((cp, cp),)), Ref(child))) per child, in code point order
+  //   then Empty unless the node ends a name.
+  // 1 written, 0 not such a node (nothing written), -1 malformed.
+  int write_key_node(PyObject* node, Program& out) {
+    const Names& nm = names();
+    Owned spec(PyObject_GetAttr(node, nm.spec));
+    if (spec.p == nullptr || !PyTuple_CheckExact(spec.p)) return -1;
+    const Py_ssize_t size = PyTuple_GET_SIZE(spec.p);
+    if (size < 1 || size % 2 != 1) return -1;
+    const int ends = PyObject_IsTrue(PyTuple_GET_ITEM(spec.p, 0));
+    if (ends < 0) return -1;
+    const Py_ssize_t n = (size - 1) / 2;
+    cps_.clear();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* v = PyTuple_GET_ITEM(spec.p, 1 + 2 * i);
+      if (!PyLong_CheckExact(v)) return -1;
+      long cp = PyLong_AsLong(v);
+      if (cp == -1 && PyErr_Occurred()) return -1;
+      if (!plain_cp(cp) || (!cps_.empty() && cp <= cps_.back())) return 0;
+      cps_.push_back(cp);
+    }
+    if (special_ < 0) {
+      special_ = rule_index(nm.special_rule);
+      sink_ = rule_index(nm.sink_rule);
+      if (special_ < 0 || sink_ < 0) return -1;
+    }
+    // The gaps between the children (and around them), cut to plain ASCII: _plain_part.
+    merged_.clear();
+    auto add_plain = [&](int64_t lo, int64_t hi) {
+      if (hi < 0x20 || lo > 0x7E) return;
+      lo = std::max<int64_t>(lo, 0x20);
+      hi = std::min<int64_t>(hi, 0x7E);
+      for (int64_t x : {0x22, 0x2F, 0x5C}) {
+        if (lo <= x && x <= hi) {
+          if (lo < x) push_merged(lo, x - 1);
+          lo = x + 1;
+        }
+      }
+      if (lo <= hi) push_merged(lo, hi);
+    };
+    int64_t next = 0;
+    for (long cp : cps_) {
+      if (cp > next) add_plain(next, cp - 1);
+      next = cp + 1;
+    }
+    add_plain(next, kMaxCodepoint);
+    out.push_back(grammar::kAlt);
+    out.push_back(static_cast<int32_t>(1 + n + (ends != 0 ? 0 : 1)));
+    out.push_back(grammar::kSeq);
+    out.push_back(2);
+    if (!merged_.empty()) {
+      out.push_back(grammar::kAlt);
+      out.push_back(2);
+      out.push_back(grammar::kClass);
+      out.push_back(static_cast<int32_t>(merged_.size()));
+      for (const auto& [lo, hi] : merged_) {
+        out.push_back(static_cast<int32_t>(lo));
+        out.push_back(static_cast<int32_t>(hi));
+      }
+    }
+    out.push_back(grammar::kRef);
+    out.push_back(static_cast<int32_t>(special_));
+    out.push_back(grammar::kRef);
+    out.push_back(static_cast<int32_t>(sink_));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const int64_t child = rule_index(PyTuple_GET_ITEM(spec.p, 2 + 2 * i));
+      if (child < 0) return -1;
+      const int32_t cp = static_cast<int32_t>(cps_[static_cast<size_t>(i)]);
+      out.insert(out.end(), {grammar::kSeq, 2, grammar::kClass, 1, cp, cp, grammar::kRef, static_cast<int32_t>(child)});
+    }
+    if (ends == 0) out.push_back(grammar::kEmpty);
+    return 1;
+  }
+
+  // Appends [lo, hi] to merged_, joined with the last range when adjacent (CharClass.normalized).
+  void push_merged(int64_t lo, int64_t hi) {
+    if (!merged_.empty() && lo <= merged_.back().second + 1) {
+      merged_.back().second = std::max(merged_.back().second, hi);
+    } else {
+      merged_.emplace_back(lo, hi);
+    }
   }
 
   static bool bound(PyObject* v, int64_t& out) {
@@ -236,8 +415,10 @@ class Serializer {
 
   const Kinds& k_;
   PyObject* index_;
-  std::unordered_map<PyObject*, Span> spans_;
+  SpanMap spans_;
   std::vector<std::pair<int64_t, int64_t>> pairs_, merged_;
+  std::vector<long> cps_;
+  int64_t special_ = -1, sink_ = -1;  // rule indices, looked up at the first key-trie node
 };
 
 // Whether every reference under ``bodies`` names a rule in ``defined``, in any order (the usual
@@ -374,10 +555,7 @@ struct SerializedRules {
 // Programs of all rules; the bodies of rules named ``shared_prefix``... go through the body cache.
 std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb::tuple kinds,
                                              std::optional<nb::str> shared_prefix) {
-  if (kinds.size() != 7) throw std::invalid_argument("serialize_rules needs the 7 IR node classes");
-  PyObject* t = kinds.ptr();
-  Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
-          PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+  const Kinds k = kinds_from(kinds, "serialize_packed");
   size_t n = bodies.size();
   SerializedRules out;
   out.programs.resize(n);
@@ -413,7 +591,8 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
   std::vector<std::pair<uint32_t, PyObject*>> refs;
   for (size_t r = 0; r < n; ++r) {
     PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
-    const bool cached = !shared.empty() && shared[r] != 0;
+    // Key-trie nodes are written from their spec, which costs no more than a cache hit.
+    const bool cached = !shared.empty() && shared[r] != 0 && reinterpret_cast<PyObject*>(Py_TYPE(body)) != k.key_node;
     if (cached) {
       if (const CachedBody* hit = cache.find(body)) {
         if (!cache.write(*hit, index.ptr(), out.programs[r])) {
@@ -435,6 +614,7 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
 }  // namespace
 
 void register_grammar_serialize(nb::module_& m) {
+  register_grammar_key_trie(m);
   nb::class_<SerializedRules>(m, "SerializedRules",
                               "Rule programs written by serialize_packed, kept native for compile_serialized.")
       .def("__len__", [](const SerializedRules& s) { return s.programs.size(); })
@@ -497,10 +677,7 @@ void register_grammar_serialize(nb::module_& m) {
   m.def(
       "serialize_rules",
       [](nb::list bodies, nb::dict index, nb::tuple kinds) -> std::optional<std::vector<Program>> {
-        if (kinds.size() != 7) throw std::invalid_argument("serialize_rules needs the 7 IR node classes");
-        PyObject* t = kinds.ptr();
-        Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
-                PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+        const Kinds k = kinds_from(kinds, "serialize_rules");
         size_t n = bodies.size();
         std::vector<Program> programs(n);
         Serializer ser(k, index.ptr());
