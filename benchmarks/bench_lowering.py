@@ -11,6 +11,10 @@ compared back to back on the same programs::
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_lowering.py --limit 200 --seed 0 \\
         --native /tmp/old_build/_native.cpython-311-x86_64-linux-gnu.so
 
+``--python-programs`` hands both builds the Python serializer's lists instead (the native
+serializer's interface may differ between the builds compared; the list conversion is then part
+of every timing alike).
+
 Prints the p50 / p90 / p99 / sum of the lowering times over the schemas that compile, their
 total automaton states, and the slowest schemas with their state counts.
 """
@@ -59,23 +63,29 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--native", default=None, help="path of another build of agent_infer._native")
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument(
+        "--python-programs", action="store_true", help="lower the Python serializer's lists (any build)"
+    )
     args = parser.parse_args()
 
     native = _load_native(args.native)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_grammar import load_schemas
 
-    from agent_infer.grammar.compiler import _serialize_for_compile
+    from agent_infer.grammar.compiler import _serialize_for_compile, serialize_grammar_python
     from agent_infer.grammar.ir import Grammar
-    from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
-    info = TokenizerInfo.bytes_only()  # lowering does not read the tokenizer
+    # Lowering does not read the tokenizer: a bare native one (TokenizerInfo's constructor would
+    # compile its precomputed string classes with whatever serializer the build has).
+    tok = native.TokenizerInfo([bytes([b]) for b in range(256)] + [b""], 257, [256])
     rows: list[tuple[str, float, int]] = []
     for item in load_schemas(Path(args.data), args.limit, args.seed):
         try:
-            programs, root = _serialize_for_compile(
-                Grammar.from_json_schema(item["schema"], whitespace="compact")
-            )
+            grammar = Grammar.from_json_schema(item["schema"], whitespace="compact")
+            if args.python_programs:
+                programs, root = serialize_grammar_python(grammar)
+            else:
+                programs, root = _serialize_for_compile(grammar)
         except Exception:  # the front end's compile errors are bench_grammar.py's business
             continue
         make = native.CompiledGrammar if isinstance(programs, list) else native.compile_serialized
@@ -83,7 +93,7 @@ def main() -> None:
         for _ in range(args.reps):
             start = time.process_time()
             try:
-                compiled = make(info._native, programs, root, MAX_STATES, MAX_SECONDS, MAX_ITEMS)
+                compiled = make(tok, programs, root, MAX_STATES, MAX_SECONDS, MAX_ITEMS)
                 states = int(compiled.num_states)
             except Exception:
                 states = -1

@@ -4,7 +4,9 @@
 // are outlined into shared rules (grammar_outline.cpp); then each rule reachable from the root is
 // turned into a Thompson NFA (grammar_nfa.cpp: UTF-8 byte ranges, expanded repeats, small finite
 // rules inlined as their own minimized automata, grammar_fragment.cpp) and determinized with
-// byte ranges and rule references as the alphabet (grammar_determinize.cpp). Finally rules with
+// byte ranges and rule references as the alphabet (grammar_determinize.cpp); finite rules skip
+// both and come out of the fragment store as minimal DFAs (grammar_fragment_store.cpp), and
+// finite right-linear chains are inlined whole (grammar_inline.cpp). Finally rules with
 // an empty language and states that can never reach an accepting state are trimmed away (every
 // Earley item that survives is then a viable prefix, which is what makes the token masks exact)
 // and equivalent states that reach no cycle are merged (grammar_minimize.cpp). FOLLOW and
@@ -33,6 +35,7 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
   const size_t R = rules.size();  // outlined rules come after the grammar's own
+  inline_finite_chains(rules, root, &inl);
 
   // Build the automata of the rules reachable from the root through non-inlined references.
   ScratchLease lease;
@@ -49,13 +52,20 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   base.assign(R, -1);
   order.clear();
   count.assign(R, 0);
+  std::vector<uint8_t>& stored = scratch.stored;  // lowered through the store: minimal already
+  stored.assign(R, 0);
   work.assign(1, root);
   base[root] = 0;  // marks "queued"; the real base is set when built
   while (!work.empty()) {
     const int32_t r = work.back();
     work.pop_back();
-    nfa_builder.build_rule(r, &nfa);
-    base[r] = determinizer.run(nfa, &pool);
+    base[r] = nfa_builder.lower_in_store(r, &pool);
+    stored[r] = base[r] >= 0;
+    if (stored[r]) determinizer.charge(static_cast<int64_t>(pool.size()) - base[r]);
+    if (base[r] < 0) {
+      nfa_builder.build_rule(r, &nfa);
+      base[r] = determinizer.run(nfa, &pool);
+    }
     count[r] = static_cast<uint32_t>(pool.size()) - static_cast<uint32_t>(base[r]);
     order.push_back(r);
     for (uint32_t e = pool.ref_begin[base[r]]; e < pool.refs.size(); ++e) {
@@ -156,6 +166,20 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
   for (size_t r = 0; r < R; ++r) {
     if (!built[r] || !productive[r]) continue;
     const uint32_t b = static_cast<uint32_t>(base[r]), n = count[r];
+    // A rule lowered through the store is a minimal DFA whose every state reaches acceptance,
+    // as long as the rules it calls are not empty: nothing to trim or merge.
+    bool minimal = stored[r] != 0;
+    for (uint32_t e = pool.ref_begin[b]; minimal && e < pool.ref_begin[b + n]; ++e) {
+      minimal = productive[pool.refs[e].rule] != 0;
+    }
+    if (minimal) {
+      for (uint32_t x = 0; x < n; ++x) {
+        remap[b + x] = next++;
+        emit[b + x] = 1;
+      }
+      rule_start[r] = remap[b];
+      continue;
+    }
     rev_begin.assign(n + 1, 0);
     auto each_edge = [&](auto&& fn) {
       for (uint32_t x = 0; x < n; ++x) {

@@ -264,6 +264,13 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
   return base_;
 }
 
+void Determinizer::charge(int64_t states) {
+  total_ += states;
+  if (total_ > max_states_) {
+    throw LimitError("grammar is too large: more than " + std::to_string(max_states_) + " automaton states");
+  }
+}
+
 size_t Determinizer::retained_bytes() const {
   auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
   return bytes(set_data_) + bytes(set_off_) + bytes(set_hash_) + bytes(table_) + bytes(table_gen_) + bytes(mark_) +

@@ -4,9 +4,11 @@
 // (escapes, \uXXXX with surrogate pairs, each UTF-8 length: ~100 NFA states) once per position
 // of a counted string and once per node of a "key except these names" trie. Determinizing the
 // caller then had to rediscover, per use, states the rule's own minimal automaton shares. Here
-// each inlined rule is lowered once per grammar (NFA, subset construction, trimming, merging of
-// equivalent states) and its automaton is spliced into callers: fewer NFA states and closures,
-// the same language.
+// each inlined rule is lowered once per grammar and its automaton is spliced into callers: fewer
+// NFA states and closures, the same language. The automata are computed in the fragment store
+// (grammar_fragment_store.cpp) straight from the programs (store_eval), which also lowers whole
+// finite rules (lower_in_store); a rule the store cannot hold takes the NFA path (NFA, subset
+// construction, trimming, merging of equivalent states).
 #include <algorithm>
 
 #include "grammar.h"
@@ -14,6 +16,16 @@
 
 namespace agent_infer {
 namespace grammar {
+
+namespace {
+
+// lower_in_store(): the most states one rule may add to the store (past it, subset construction
+// takes the rule as before).
+constexpr int64_t kMaxStoredRuleStates = int64_t{1} << 17;
+// fragment_state() nesting (rules inlined into rules).
+constexpr int kMaxStoreNesting = 1000;
+
+}  // namespace
 
 void NfaBuilder::Shared::reset(Deadline& deadline) {
   seqs.clear();
@@ -26,6 +38,9 @@ void NfaBuilder::Shared::reset(Deadline& deadline) {
   }
   class_count = 0;
   fragments.clear();
+  store.bind(&deadline);  // first: reset() makes the accepting state, which checks the deadline
+  store.reset();
+  rule_state.clear();
   if (determinizer) determinizer->reset(0, deadline);
 }
 
@@ -37,7 +52,188 @@ size_t NfaBuilder::Shared::retained_bytes() const {
          bytes(nfa.ref_begin) + bytes(nfa.eps) + bytes(nfa.bytes) + bytes(nfa.refs) + bytes(pool.final) +
          bytes(pool.byte_begin) + bytes(pool.ref_begin) + bytes(pool.bytes) + bytes(pool.refs) + bytes(rev_begin) +
          bytes(rev) + bytes(fill) + bytes(stack) + bytes(live) + bytes(rep) + bytes(remap) +
-         (determinizer ? determinizer->retained_bytes() : 0) + nested_bytes;
+         (determinizer ? determinizer->retained_bytes() : 0) + nested_bytes + store.retained_bytes() +
+         bytes(rule_state);
+}
+
+int32_t NfaBuilder::store_eval(const std::vector<int32_t>& code, size_t& pc, int32_t cont) {
+  FragmentStore& st = shared_->store;
+  if (cont == FragmentStore::kDead) {
+    pc = skip_expression(code, pc);
+    return FragmentStore::kDead;
+  }
+  if (depth_ > 2000) throw FragmentStore::Overflow();
+  switch (code.at(pc)) {
+    case kEmpty:
+      ++pc;
+      return cont;
+    case kLiteral: {
+      const int32_t len = code.at(pc + 1);
+      int32_t s = cont;
+      std::pair<uint8_t, uint8_t> one;
+      for (int32_t i = len - 1; i >= 0 && s != FragmentStore::kDead; --i) {
+        const uint8_t b = static_cast<uint8_t>(code.at(pc + 2 + i));
+        one = {b, b};
+        s = st.chain(&one, 1, s);
+      }
+      pc += 2 + static_cast<size_t>(len);
+      return s;
+    }
+    case kClass: {
+      const std::pair<uint32_t, uint32_t> span = class_span(code, pc);
+      pc += 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+      // One-byte pieces (sorted and disjoint, as utf8_split writes ordered ranges) make one
+      // state; longer ones are chains joined by union.
+      std::vector<ByteEdge>& singles = shared_->class_edges;
+      singles.clear();
+      bool ordered = true;
+      int32_t acc = FragmentStore::kDead;
+      for (uint32_t k = span.first; k < span.second; ++k) {
+        const ByteSeq& seq = shared_->seqs[k];
+        if (seq.n == 1) {
+          if (!singles.empty() && singles.back().hi >= seq.r[0].first) ordered = false;
+          singles.push_back({seq.r[0].first, seq.r[0].second, cont});
+        } else {
+          acc = st.unite(acc, st.chain(seq.r.data(), seq.n, cont));
+        }
+      }
+      if (ordered) {
+        acc = st.unite(acc, st.make(false, singles, nullptr));
+      } else {
+        for (uint32_t k = span.first; k < span.second; ++k) {
+          const ByteSeq& seq = shared_->seqs[k];
+          if (seq.n == 1) acc = st.unite(acc, st.chain(seq.r.data(), 1, cont));
+        }
+      }
+      return acc;
+    }
+    case kSeq: {
+      const int32_t count = code.at(pc + 1);
+      const size_t base = seq_pcs_.size();
+      pc += 2;
+      for (int32_t i = 0; i < count; ++i) {
+        seq_pcs_.push_back(pc);
+        pc = skip_expression(code, pc);
+      }
+      int32_t s = cont;
+      ++depth_;
+      for (int32_t i = count - 1; i >= 0; --i) {
+        size_t p = seq_pcs_[base + static_cast<size_t>(i)];
+        s = store_eval(code, p, s);
+      }
+      --depth_;
+      seq_pcs_.resize(base);
+      return s;
+    }
+    case kAlt: {
+      const int32_t count = code.at(pc + 1);
+      pc += 2;
+      int32_t acc = FragmentStore::kDead;
+      ++depth_;
+      for (int32_t i = 0; i < count; ++i) acc = st.unite(acc, store_eval(code, pc, cont));
+      --depth_;
+      return acc;
+    }
+    case kRepeat: {
+      const int32_t lo = code.at(pc + 1), hi = code.at(pc + 2);
+      if (hi < 0 || lo < 0 || hi < lo) throw FragmentStore::Overflow();  // loops: not a finite rule
+      const size_t child = pc + 3;
+      // x{lo,hi} cont = x^lo (cont | x (cont | x (...))), the optional copies innermost.
+      int32_t t = cont;
+      ++depth_;
+      for (int32_t j = lo; j < hi; ++j) {
+        size_t p = child;
+        t = st.unite(cont, store_eval(code, p, t));
+      }
+      for (int32_t i = 0; i < lo; ++i) {
+        size_t p = child;
+        t = store_eval(code, p, t);
+      }
+      --depth_;
+      pc = skip_expression(code, child);
+      return t;
+    }
+    case kRef: {
+      const int32_t q = code.at(pc + 1);
+      pc += 2;
+      if (q < 0 || static_cast<size_t>(q) >= rules_->size()) throw FragmentStore::Overflow();
+      if (!(*inline_rule_)[q]) {
+        if (!store_refs_) throw FragmentStore::Overflow();  // fragments have no references
+        return st.reference(q, cont);
+      }
+      const int32_t f = fragment_state(q);
+      if (f == -2) throw FragmentStore::Overflow();
+      return st.concat(f, cont);
+    }
+    default:
+      throw FragmentStore::Overflow();  // the NFA path reports malformed code
+  }
+}
+
+int32_t NfaBuilder::fragment_state(int32_t r) {
+  Shared& sh = *shared_;
+  if (sh.rule_state.size() < rules_->size()) sh.rule_state.resize(rules_->size(), -3);
+  if (sh.rule_state[r] != -3) return sh.rule_state[r];
+  FragmentStore& st = sh.store;
+  // Each level of a chain is a few C++ frames: past this depth its rest stays in separate rules.
+  if (store_nesting_ >= kMaxStoreNesting) throw FragmentStore::Overflow();
+  const std::vector<int32_t>& code = (*rules_)[r];
+  const int64_t saved_limit = st.limit();
+  const size_t before = st.size(), saved_pcs = seq_pcs_.size();
+  const int saved_depth = depth_;
+  const bool saved_refs = store_refs_;
+  store_refs_ = false;
+  st.set_limit(static_cast<int64_t>(before) + std::max<int64_t>(4096, 16 * static_cast<int64_t>(code.size())));
+  int32_t s = -2;
+  ++store_nesting_;
+  try {
+    size_t pc = 0;
+    s = store_eval(code, pc, st.accept());
+    if (pc != code.size()) s = -2;
+  } catch (const FragmentStore::Overflow&) {
+    s = -2;
+    st.clear_depth();
+    seq_pcs_.resize(saved_pcs);
+    depth_ = saved_depth;
+  }
+  --store_nesting_;
+  store_refs_ = saved_refs;
+  // What this rule added does not count against the caller's own budget.
+  st.set_limit(saved_limit + static_cast<int64_t>(st.size() - before));
+  sh.rule_state[r] = s;
+  return s;
+}
+
+int32_t NfaBuilder::lower_in_store(int32_t r, DfaPool* pool) {
+  const std::vector<int32_t>& code = (*rules_)[r];
+  // Finite programs only: loops stay with subset construction, and so does a tail reference to
+  // the rule itself, which the NFA path turns into a loop (no parser items). Long counted repeats
+  // gain most (a JSON string's `maxLength`: ~20 states per position, which subset construction
+  // rediscovers one closure at a time), but the store's minimal DFA, built without an NFA, is
+  // also cheaper for the many small rules of a big schema.
+  for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
+    if ((code[pc] == kRepeat && code.at(pc + 2) < 0) || (code[pc] == kRef && code.at(pc + 1) == r)) return -1;
+  }
+  FragmentStore& st = shared_->store;
+  const int64_t saved_limit = st.limit();
+  const size_t before = st.size(), saved_pcs = seq_pcs_.size();
+  st.set_limit(static_cast<int64_t>(before) + kMaxStoredRuleStates);
+  store_refs_ = true;
+  int32_t s = -2;
+  try {
+    size_t pc = 0;
+    s = store_eval(code, pc, st.accept());
+    if (pc != code.size()) s = -2;
+  } catch (const FragmentStore::Overflow&) {
+    s = -2;
+    st.clear_depth();
+    seq_pcs_.resize(saved_pcs);
+    depth_ = 0;
+  }
+  store_refs_ = false;
+  st.set_limit(saved_limit + static_cast<int64_t>(st.size() - before));
+  if (s == -2) return -1;
+  return st.flatten_into(s, pool);
 }
 
 const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
@@ -45,6 +241,15 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   auto found = sh.fragments.find(r);
   if (found != sh.fragments.end()) return found->second;
   Fragment f;
+  const int32_t in_store = fragment_state(r);
+  if (in_store != -2) {
+    // An empty language (kDead) keeps the old expansion (and its dead end), as below.
+    if (in_store >= 0) {
+      sh.store.flatten(in_store, &f.final, &f.begin, &f.bytes);
+      f.usable = true;
+    }
+    return sh.fragments.emplace(r, std::move(f)).first->second;
+  }
   // The next depth's builder: this one is in the middle of a caller. Inlined rules are not
   // recursive, so nesting is bounded by the inlining depth.
   if (sh.nested.size() <= level_) {
@@ -61,6 +266,9 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   nested.max_states_ = max_states_;
   nested.deadline_ = deadline_;
   nested.depth_ = 0;
+  nested.store_nesting_ = 0;  // a time-budget error may have unwound its last fragment_state()
+  nested.store_refs_ = false;
+  nested.seq_pcs_.clear();
   nested.total_ = 0;  // each fragment has the state budget a builder of its own had
   Nfa& nfa = sh.nfa;
   nested.build_rule(r, &nfa);

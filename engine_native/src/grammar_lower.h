@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -20,6 +21,7 @@ namespace grammar {
 // Length in words of the instruction at `pc` (opcodes and layout in grammar.h). A rule's program
 // is prefix-coded, so stepping by this visits every instruction in pre-order.
 size_t instruction_length(const std::vector<int32_t>& code, size_t pc);
+
 // The position after the expression at `pc`.
 size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
 
@@ -33,6 +35,15 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
 
 // Rules to inline into their callers: not recursive, a finite language, small once expanded.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root);
+
+// An inline_rule value: inline the rule if its automaton fits the fragment store (else it stays
+// a rule of its own). choose_inline() writes 1 (always inline) and 0.
+constexpr uint8_t kInlineIfFits = 2;
+
+// Marks kInlineIfFits the finite, right-linear rules (no recursion, no long repeat, references
+// only in tail position) that choose_inline() left separate for their expanded size, where every
+// reference to them comes from such rules but at most one (grammar_inline.cpp).
+void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_t root, std::vector<uint8_t>* inl);
 
 // Rewrites Seq(Alt(a..., Ref x), Ref y) (x inlined and big, y separate, the pair met at least
 // twice) as Alt(Seq(Alt(a...), Ref y), Ref z) with one appended rule z ::= x y per pair, so x's
@@ -100,6 +111,8 @@ class Determinizer {
   }
   // Bytes its buffers hold (what a kept determinizer retains between grammars).
   size_t retained_bytes() const;
+  // Counts states built elsewhere (the fragment store) against the same state budget.
+  void charge(int64_t states);
   // Appends the DFA of `nfa` to `pool`; returns the pool index of its start state.
   int32_t run(const Nfa& nfa, DfaPool* pool);
 
@@ -157,6 +170,77 @@ class StateMerger {
   uint32_t gen_ = 0;
 };
 
+// A map from 64-bit keys to state ids by open addressing in flat arrays: memoizes the store's
+// unions and concatenations without a node allocation per entry.
+class PairMemo {
+ public:
+  void clear();
+  // The value for key, or -2 if absent.
+  int32_t find(uint64_t key) const;
+  void insert(uint64_t key, int32_t value);  // key absent
+  size_t retained_bytes() const { return keys_.capacity() * 12; }
+
+ private:
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;  // -2 = empty slot
+  size_t count_ = 0;
+};
+
+// The automata of a grammar's inlined rules (finite languages) as one store of acyclic DFA
+// states interned by (final, edges), so equal states exist once and the store stays minimal
+// (grammar_fragment_store.cpp). States are ids; kDead is the empty language.
+class FragmentStore {
+ public:
+  static constexpr int32_t kDead = -1;
+  // Thrown when the state budget or the recursion bound runs out (the caller falls back).
+  struct Overflow {};
+  // Empty but for the accepting state; keeps the buffers.
+  void reset();
+  void bind(Deadline* deadline) { deadline_ = deadline; }
+  size_t size() const { return final_.size(); }
+  size_t retained_bytes() const;  // approximate
+  // New states may be created while size() < limit (else Overflow).
+  int64_t limit() const { return limit_; }
+  void set_limit(int64_t limit) { limit_ = limit; }
+  int32_t accept() const { return accept_; }  // the empty string only
+  void clear_depth() { depth_ = 0; }          // after an Overflow unwound unite/concat
+  // The state with these edges (bytes sorted and disjoint, references by ascending rule, one
+  // per rule; both rewritten in place to canonical form). A rule's own automaton may carry
+  // references; fragments never do.
+  int32_t make(bool final, std::vector<ByteEdge>& edges, std::vector<RefEdge>* refs);
+  int32_t reference(int32_t rule, int32_t cont);  // a call of `rule`, then `cont`
+  int32_t unite(int32_t a, int32_t b);        // L(a) | L(b)
+  int32_t concat(int32_t s, int32_t cont);    // L(s) L(cont)
+  // The byte ranges in sequence, then `cont`.
+  int32_t chain(const std::pair<uint8_t, uint8_t>* ranges, int n, int32_t cont);
+  // The states reachable from `start`, renumbered from 0 (start) in breadth-first order.
+  void flatten(int32_t start, std::vector<uint8_t>* final, std::vector<uint32_t>* begin, std::vector<ByteEdge>* bytes);
+  // The same, appended to `pool` as a rule's automaton; returns the pool index of its start.
+  int32_t flatten_into(int32_t start, DfaPool* pool);
+
+ private:
+  static constexpr size_t kMaxDepth = 4000;  // recursion of unite/concat (the C++ stack)
+  std::vector<ByteEdge>& buffer(size_t depth);
+  std::vector<RefEdge>& ref_buffer(size_t depth);
+  std::vector<uint8_t> final_;
+  std::vector<uint32_t> begin_{0};
+  std::vector<ByteEdge> edges_;
+  std::vector<uint32_t> ref_begin_{0};
+  std::vector<RefEdge> refs_;
+  std::vector<uint64_t> hash_;
+  std::vector<int32_t> table_;  // state ids by signature hash, -1 = empty
+  PairMemo unions_, concats_;
+  std::vector<ByteEdge> one_, none_;  // chain() and reference(): no recursion, so one buffer each
+  std::vector<RefEdge> one_ref_;
+  std::deque<std::vector<ByteEdge>> bufs_;  // one per recursion depth (a deque: references stay valid)
+  std::deque<std::vector<RefEdge>> ref_bufs_;
+  std::vector<int32_t> local_, queue_;       // flatten(): local_ is all -1 between calls
+  size_t depth_ = 0;
+  int64_t limit_ = 0;
+  int32_t accept_ = kDead;
+  Deadline* deadline_ = nullptr;
+};
+
 // Builds rules' NFAs, reusing its buffers from rule to rule.
 class NfaBuilder {
  public:
@@ -183,6 +267,10 @@ class NfaBuilder {
   NfaBuilder(const NfaBuilder&) = delete;
   NfaBuilder& operator=(const NfaBuilder&) = delete;
   void build_rule(int32_t r, Nfa* out);
+  // Appends rule r's minimal DFA to `pool` straight from its program through the fragment store,
+  // for finite programs (references are edges); returns its start's pool index, or -1 where the
+  // rule is left to build_rule() and subset construction (grammar_fragment.cpp).
+  int32_t lower_in_store(int32_t r, DfaPool* pool);
 
   // An inlined rule's trimmed, minimized automaton (byte edges only: inlined rules call only
   // inlined rules), spliced into callers instead of re-expanding its program each time.
@@ -195,13 +283,33 @@ class NfaBuilder {
 
  private:
   const Fragment& fragment(int32_t r);  // grammar_fragment.cpp
+  // The store state of inlined rule r's automaton; -2 where the store cannot hold it (too
+  // large, or a program the NFA path must report on).
+  int32_t fragment_state(int32_t r);
+  // The expression at pc followed by `cont`, in the store (may throw FragmentStore::Overflow).
+  int32_t store_eval(const std::vector<int32_t>& code, size_t& pc, int32_t cont);
+  std::vector<size_t> seq_pcs_;  // store_eval's Seq children, a stack shared by its recursion
+  bool store_refs_ = false;      // store_eval may write references (a rule's own automaton)
+  int store_nesting_ = 0;        // fragment_state() calls in progress
   struct ByteSeq {
     int n = 0;
     std::array<std::pair<uint8_t, uint8_t>, 4> r{};
   };
   int32_t fresh();
+  // [begin, end) in shared_->seqs: the UTF-8 byte sequences of the class at pc (split once).
+  std::pair<uint32_t, uint32_t> class_span(const std::vector<int32_t>& code, size_t pc);
   int32_t build(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail);
   int32_t build_node(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail);
+  // An Alt at pc whose branches share a large last (and first) element, built with one copy of
+  // it; false (nothing built, pc unchanged) for any other Alt (grammar_nfa_alt.cpp).
+  bool build_factored_alt(const std::vector<int32_t>& code, size_t& pc, int32_t from, bool tail, int32_t* end);
+  struct AltBranch {
+    size_t begin, end;  // the branch's program words
+    uint32_t first, n;  // its n elements start at alt_elems_[first...], alt_elems_[first + n] ends them
+    int32_t group;      // branches with the same last element share a group (-1: none)
+  };
+  std::vector<AltBranch> alt_branches_;  // build_factored_alt's stacks (it nests through build())
+  std::vector<size_t> alt_elems_;
   static void utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out);
 
   // Pointers: a kept nested builder is rebound to the next grammar (fragment()).
@@ -237,6 +345,9 @@ class NfaBuilder {
     // The span of the class at `key`; *fresh: just added (its span is to be filled in).
     std::pair<uint32_t, uint32_t>& class_seqs(const int32_t* key, bool* fresh);
     std::unordered_map<int32_t, Fragment> fragments;
+    FragmentStore store;
+    std::vector<int32_t> rule_state;  // fragment_state() per rule: -3 unknown
+    std::vector<ByteEdge> class_edges;
     // nested[d]: the builder of fragments met at inlining depth d + 1 (its caller is mid-build).
     std::vector<std::unique_ptr<NfaBuilder>> nested;
     // Determinizing and merging a fragment start once its NFA is complete, nested fragments
@@ -271,7 +382,7 @@ struct LoweringScratch {
   NfaBuilder::Shared nfa_shared;
   std::vector<int32_t> base, order, work, stack, pending, remap, rep;
   std::vector<uint32_t> count, caller_begin, callers, fill, seen, rev_begin, rev, reached;
-  std::vector<uint8_t> built, productive, queued, live, emit;
+  std::vector<uint8_t> built, productive, queued, live, emit, stored;
   size_t retained_bytes() const;  // approximate
 };
 

@@ -7,7 +7,6 @@
 // reused buffers grow.
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <string>
 
 #include "grammar.h"
@@ -85,71 +84,10 @@ void utf8_encode(uint32_t cp, uint8_t* out) {
   }
 }
 
-// Rules with loops, or with counted repeats longer than this, are not inlined: a long chain
-// (a `maxLength` string) is built once and its positions' masks are shared by every caller.
-constexpr int32_t kMaxInlineRepeat = 32;
+// States of a tentatively inlined rule's automaton (kInlineIfFits) past which it stays a rule.
+constexpr size_t kMaxChainFragment = 1 << 15;
 
 }  // namespace
-
-// Rules with loops (strings, numbers) or long chains stay separate so their states' masks are shared.
-std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root) {
-  const size_t R = rules.size();
-  // References per rule, flat (one scan of each program, which also finds its long repeats).
-  std::vector<uint32_t> ref_begin(R + 1, 0);
-  std::vector<int32_t> ref_list;
-  std::vector<uint8_t> long_repeat(R, 0);
-  for (size_t r = 0; r < R; ++r) {
-    const std::vector<int32_t>& code = rules[r];
-    for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-      if (code[pc] == kRef) {
-        ref_list.push_back(code.at(pc + 1));
-      } else if (code[pc] == kRepeat &&
-                 (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
-        long_repeat[r] = 1;
-      }
-    }
-    ref_begin[r + 1] = static_cast<uint32_t>(ref_list.size());
-  }
-  // state: 0 = unvisited, 1 = in progress, 2 = done. size = estimated expanded code size, -1 = no.
-  std::vector<int> st(R, 0);
-  std::vector<int64_t> size(R, -1);
-  std::vector<uint8_t> inl(R, 0);
-  const int64_t kMaxInline = 2000;
-  std::function<void(int32_t)> visit = [&](int32_t r) {
-    st[r] = 1;
-    bool ok = !long_repeat[r];
-    int64_t total = static_cast<int64_t>(rules[r].size());
-    for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
-      const int32_t q = ref_list[k];
-      if (q < 0 || static_cast<size_t>(q) >= R) throw DefinitionError("reference to unknown rule");
-      if (st[q] == 0) visit(q);
-      if (st[q] == 1 || size[q] < 0) {
-        ok = false;  // recursion (or a callee that cannot be inlined)
-      } else {
-        total += size[q];
-      }
-    }
-    st[r] = 2;
-    size[r] = (ok && total <= kMaxInline) ? total : -1;
-    inl[r] = size[r] >= 0 && r != root;
-  };
-  // Recursion through a rule still being visited marks only the caller; a cycle's entry rule is
-  // then fixed up here: any rule that can reach itself must never be inlined.
-  for (size_t r = 0; r < R; ++r) {
-    if (st[r] == 0) visit(static_cast<int32_t>(r));
-  }
-  for (size_t r = 0; r < R; ++r) {
-    if (!inl[r]) continue;
-    // Confirm acyclicity from r (inlined rules only call inlined rules, which are acyclic by size).
-    for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
-      if (!inl[ref_list[k]]) {
-        inl[r] = 0;
-        break;
-      }
-    }
-  }
-  return inl;
-}
 
 std::pair<uint32_t, uint32_t>& NfaBuilder::Shared::class_seqs(const int32_t* key, bool* fresh) {
   if (2 * (class_count + 1) > class_key.size()) {
@@ -223,6 +161,25 @@ void NfaBuilder::utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out)
   out.push_back(s);
 }
 
+std::pair<uint32_t, uint32_t> NfaBuilder::class_span(const std::vector<int32_t>& code, size_t pc) {
+  // Programs do not change while lowering, so a class's split is memoized by its address
+  // (an inlined JSON string character is expanded once per caller and repeat copy).
+  const int32_t count = code.at(pc + 1);
+  std::vector<ByteSeq>& seqs = shared_->seqs;
+  bool fresh_class = false;
+  std::pair<uint32_t, uint32_t> span = shared_->class_seqs(&code[pc], &fresh_class);
+  if (fresh_class) {
+    const size_t first = seqs.size();
+    for (int32_t i = 0; i < count; ++i) {
+      utf8_split(static_cast<uint32_t>(code.at(pc + 2 + 2 * i)), static_cast<uint32_t>(code.at(pc + 3 + 2 * i)),
+                 seqs);
+    }
+    span = {static_cast<uint32_t>(first), static_cast<uint32_t>(seqs.size())};
+    shared_->class_seqs(&code[pc], &fresh_class) = span;
+  }
+  return span;
+}
+
 int32_t NfaBuilder::fresh() {
   if (++total_ > max_states_) {
     throw LimitError("grammar is too large: more than " + std::to_string(max_states_) +
@@ -294,20 +251,8 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
     }
     case kClass: {
       int32_t count = code.at(pc + 1);
-      // Programs do not change while lowering, so a class's split is memoized by its address
-      // (an inlined JSON string character is expanded once per caller and repeat copy).
-      std::vector<ByteSeq>& seqs = shared_->seqs;
-      bool fresh_class = false;
-      std::pair<uint32_t, uint32_t> span = shared_->class_seqs(&code[pc], &fresh_class);
-      if (fresh_class) {
-        const size_t first = seqs.size();
-        for (int32_t i = 0; i < count; ++i) {
-          utf8_split(static_cast<uint32_t>(code.at(pc + 2 + 2 * i)),
-                     static_cast<uint32_t>(code.at(pc + 3 + 2 * i)), seqs);
-        }
-        span = {static_cast<uint32_t>(first), static_cast<uint32_t>(seqs.size())};
-        shared_->class_seqs(&code[pc], &fresh_class) = span;
-      }
+      const std::vector<ByteSeq>& seqs = shared_->seqs;
+      const std::pair<uint32_t, uint32_t> span = class_span(code, pc);
       pc += 2 + 2 * static_cast<size_t>(count);
       int32_t end = fresh();
       for (uint32_t k = span.first; k < span.second; ++k) {
@@ -329,6 +274,8 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
       return s;
     }
     case kAlt: {
+      int32_t factored = -1;
+      if (build_factored_alt(code, pc, from, tail, &factored)) return factored;
       int32_t count = code.at(pc + 1);
       pc += 2;
       int32_t end = fresh();
@@ -385,7 +332,15 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
         eps_.push_back({from, self_start_});
         return fresh();  // nothing continues from here: the jump's path ends at the rule's end
       }
-      if ((*inline_rule_)[r]) {
+      const uint8_t how = (*inline_rule_)[r];
+      // A tentative inline whose automaton is not in the store, or too large to copy, stays a
+      // reference.
+      if (how == kInlineIfFits && (fragment_state(r) < 0 || fragment(r).final.size() > kMaxChainFragment)) {
+        const int32_t t = fresh();
+        refs_.push_back({from, RefEdge{r, t}});
+        return t;
+      }
+      if (how) {
         const Fragment& f = fragment(r);
         if (!f.usable) {
           size_t p = 0;

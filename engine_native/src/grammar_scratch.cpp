@@ -36,7 +36,7 @@ size_t LoweringScratch::retained_bytes() const {
   for (const auto* v : {&count, &caller_begin, &callers, &fill, &seen, &rev_begin, &rev, &reached}) {
     n += capacity_bytes(*v);
   }
-  for (const auto* v : {&built, &productive, &queued, &live, &emit}) n += capacity_bytes(*v);
+  for (const auto* v : {&built, &productive, &queued, &live, &emit, &stored}) n += capacity_bytes(*v);
   return n;
 }
 
