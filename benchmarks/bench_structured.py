@@ -34,6 +34,10 @@ finish ``stop``. Forced-token metric: wall time per JSON object with forced toke
 generating the same number of tokens unconstrained (``ignore_eos``, ``max_tokens`` = the object's
 token count), both at concurrency 1, as a ratio of means (total and after the first token), of CPU
 times, and as the median of per-request ratios; plus the share of output tokens that were forced.
+With the engine's defaults on both sides (prompt-lookup drafts), the reference must decode the same
+text, since drafts depend on it: the forced-on draft row's text is replayed through a one-choice
+constraint with forced tokens off and the same drafts (the model decodes that text token by token,
+as if it had chosen it; only the masks differ from unconstrained decoding).
 We time decoding rather than a prefill of the text, because decoding token by token is what
 producing the object costs without jump-forward; a prefill would be a lower bound no sampler
 reaches. With ``--repeats N`` our rows run N passes: a row's wall time (and tokens/s) is its median
@@ -72,6 +76,7 @@ DRAFTS_ON = "ours constrained, overlap on, forced on, drafts"
 NO_BOUNDARY = "ours constrained, overlap on, forced on, no boundary drafts"
 PLAIN_DRAFTS = "ours unconstrained, drafts"
 REF_DRAFTS = "ours unconstrained, same tokens as forced on + drafts"
+REPLAY_DRAFTS = "ours replay of the same text, drafts (forced off)"
 UNCONSTRAINED = (PLAIN, PLAIN_DRAFTS)
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "maskbench-dev"
@@ -97,6 +102,32 @@ class Ours:
         options.setdefault("speculative_tokens", 0)
         config = EngineConfig.from_kwargs(enable_prefix_caching=False, **options)
         self.llm = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
+
+    def replay(self, req: Request, text: str) -> Result:
+        """Decode exactly ``text`` after ``req``'s prompt, token by token as the model would if it
+        chose that text itself (a one-choice constraint; with forced tokens off nothing is appended
+        without a forward pass), with the process CPU time; its literal grammar is compiled untimed."""
+        from agent_infer import SamplingParams
+        from agent_infer.structured import StructuredOutput
+
+        params = SamplingParams(
+            temperature=0.0, max_tokens=4 * len(text) + 8, structured=StructuredOutput.choice([text])
+        )
+        self.llm.generate([req.prompt_ids[:3]], [dataclasses.replace(params, max_tokens=1)])
+        cpu = time.process_time()
+        out = self.llm.generate([req.prompt_ids], [params])[0]
+        c, m = out.outputs[0], out.metrics
+        return Result(
+            c.text,
+            len(c.token_ids),
+            c.finish_reason or "?",
+            (m.finished_time or 0.0) - m.arrival_time,
+            None if m.first_token_time is None else (m.finished_time or 0.0) - m.first_token_time,
+            c.token_ids,
+            cpu_seconds=time.process_time() - cpu,
+            draft_tokens=m.num_draft_tokens,
+            accepted_draft_tokens=m.num_accepted_draft_tokens,
+        )
 
     def run(
         self,
@@ -316,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{label}: not run ({type(exc).__name__}: {exc})")
     plain = Ours(loaded)
     plains = {PLAIN: plain}
+    # The engine's defaults on the reference side too: prompt-lookup drafts, no grammar of its own.
+    replayer = Ours(loaded, forced_tokens=False, speculative_tokens=args.drafts) if args.drafts else None
     if args.drafts:
         plains[PLAIN_DRAFTS] = Ours(loaded, speculative_tokens=args.drafts)
     passes: dict[tuple[str, int], list[list[Result]]] = {}
@@ -326,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     meta[(REF_ON, 1)] = (solo, "forced-token metric reference", False)
     meta[(REF_DRAFTS, 1)] = (solo, "forced-token metric reference for the draft row", False)
+    meta[(REPLAY_DRAFTS, 1)] = (solo, "reference with the same drafts for the draft row", False)
 
     def record(label: str, conc: int, res: list[Result], wall: float) -> None:
         passes.setdefault((label, conc), []).append(res)
@@ -357,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             for ref, src in refs[:: 1 if (i + rep) % 2 else -1]:
                 if src in one:
                     one[ref] = solo_run(plain, req, max(1, one[src].tokens), False, ignore_eos=True)
+            if replayer is not None and DRAFTS_ON in one:
+                one[REPLAY_DRAFTS] = replayer.replay(req, one[DRAFTS_ON].text)
             for label, res1 in one.items():
                 got.setdefault(label, []).append(res1)
         for label, res in got.items():
@@ -473,6 +509,12 @@ def report(
               f"{ratio(on, ref, 'per_request_decode_s')} after the first token; CPU time "
               f"{ratio(on, ref, 'per_request_cpu_s')}; median per-request ratio: wall {paired(on, ref, 'seconds')}; "
               f"drafts accepted {row['accepted']}/{row['drafted']}")  # fmt: skip
+        if (REPLAY_DRAFTS, 1) in by:
+            rp = (REPLAY_DRAFTS, 1)
+            print(f"* engine defaults on both sides: forced on + drafts / the same text replayed with the same "
+                  f"drafts (forced off): {ratio(on, rp, 'per_request_s')} total, CPU time "
+                  f"{ratio(on, rp, 'per_request_cpu_s')}; median per-request ratio: wall {paired(on, rp, 'seconds')}; "
+                  f"replay drafts accepted {by[rp]['accepted']}/{by[rp]['drafted']}")  # fmt: skip
         for conc in (8, 1):
             print(f"* speculation alone, unconstrained with / without drafts, wall per request, conc {conc}: "
                   f"{ratio((PLAIN_DRAFTS, conc), (PLAIN, conc), 'per_request_s')}; constrained forced on "
