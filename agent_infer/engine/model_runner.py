@@ -83,11 +83,8 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.int64, device=device),
             meta,
             self.kv_cache,
+            keep_rows=sample_rows,
         )
         if not sample_rows:
             return None
-        if len(sample_rows) == hidden.shape[0]:
-            last = hidden
-        else:
-            last = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=device))
-        return self.model.compute_logits(last)
+        return self.model.compute_logits(hidden)

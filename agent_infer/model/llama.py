@@ -15,7 +15,7 @@ those models run without padding. ``AGENT_INFER_NATIVE_LINEAR=0`` selects the to
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -153,16 +153,20 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
+        keep_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of a batch through the decoder, caching their K/V.
 
         Returns the final-norm hidden states ``[N, hidden]``; feed the rows you need to
-        :meth:`compute_logits`.
+        :meth:`compute_logits`. With ``keep_rows`` (indices into the N rows), only those rows are
+        returned, in that order; on the native path the last layer then runs its output
+        projection and MLP for them alone (the other rows only need their K/V there), which leaves
+        the kept rows' bits unchanged since every row is computed on its own.
         """
         if self.packed:
             with thread_budget():
-                return self._forward(input_ids, positions, meta, kv_cache)
-        return self._forward(input_ids, positions, meta, kv_cache)
+                return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
+        return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
 
     def _forward(
         self,
@@ -170,6 +174,7 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
+        keep_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
         c = self.config
         n = int(input_ids.shape[0])
@@ -190,18 +195,29 @@ class LlamaForCausalLM(nn.Module):
         heads, kv_heads, dim, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
         qk_heads = heads + kv_heads
         x = F.embedding(ids, self.embed)
-        for i, layer in enumerate(self._blocks()):
+        blocks = self._blocks()
+        # Row pruning needs row-count-independent linears (the native kernel); torch's are padded.
+        prune = keep_rows is not None and self.packed and len(keep_rows) < n
+        for i, layer in enumerate(blocks):
             h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, eps)
             qkv = _linear(h, layer.qkv, layer.qkv_bias)
             qk = self._rope(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
             v = qkv[:, qk_heads * dim :].view(rows, kv_heads, dim)
             k_cache, v_cache = kv_cache.flat(i)
             attn = paged_attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
+            if prune and i == len(blocks) - 1:
+                assert keep_rows is not None
+                index = torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device)
+                x, attn = x.index_select(0, index), attn.index_select(0, index)
             x = x + _linear(attn, layer.o)
             h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, eps)
             gate, up = _linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.down)
         x = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+        if prune:
+            return x
+        if keep_rows is not None:
+            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
         return x[:n]
 
     @torch.inference_mode()

@@ -61,9 +61,11 @@ class SequenceRunner:
             ctx_lens.append(end)
             tables.append(list(table))
         meta = AttentionMetadata(qsl, ctx_lens, tables, torch.tensor(slots, dtype=torch.int64), bs)
-        hidden = self.model(torch.tensor(ids, dtype=torch.int64), torch.tensor(positions), meta, self.cache)
-        last = torch.tensor([q - 1 for q in qsl[1:]], device=hidden.device)
-        return self.model.compute_logits(hidden.index_select(0, last))
+        last = [q - 1 for q in qsl[1:]]
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.int64), torch.tensor(positions), meta, self.cache, keep_rows=last
+        )
+        return self.model.compute_logits(hidden)
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int, seq_id: int = 0) -> list[int]:
         """Greedy-decode ``max_new_tokens`` tokens after ``prompt`` (prefill, then one token per step)."""
