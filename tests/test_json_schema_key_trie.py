@@ -15,7 +15,7 @@ import pytest
 from conformance import MASKBENCH_DIR
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar import clear_grammar_caches, compiler, json_schema
+from agent_infer.grammar import clear_grammar_caches, compiler, json_schema_compiler
 from agent_infer.grammar import json_schema_key_trie as key_trie
 from agent_infer.grammar.compiler import serialize_grammar, serialize_grammar_python
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref
@@ -77,7 +77,7 @@ def _build(schema: Any, native: bool, monkeypatch: pytest.MonkeyPatch) -> Gramma
         return original(rules, max_rules, native=native)
 
     with monkeypatch.context() as m:
-        m.setattr(json_schema, "complement_keys", keys)
+        m.setattr(json_schema_compiler, "complement_keys", keys)
         return Grammar.from_json_schema(schema, whitespace="compact")
 
 

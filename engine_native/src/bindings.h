@@ -8,7 +8,7 @@ void register_bitmask(nanobind::module_& m);
 void register_grammar(nanobind::module_& m);
 // Opt-in mask-time profile of the grammar core (grammar_profile.cpp).
 void register_grammar_profile(nanobind::module_& m);
-// IR grammar -> flat rule programs, the fast path of compiler.serialize_grammar (grammar_serialize.cpp).
+// IR grammar -> flat rule programs, the fast path of compiler.serialize_grammar (grammar_serialize_bindings.cpp).
 void register_grammar_serialize(nanobind::module_& m);
 // Batch-invariant packed-weight CPU linear layer.
 void register_linear(nanobind::module_& m);

@@ -13,32 +13,22 @@
 // them from there: a Kubernetes schema's ~90k program words then never become Python ints, which
 // cost about as much as the walk itself, once out of the serializer and once back into the compiler.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/optional.h>
-#include <nanobind/stl/shared_ptr.h>
-#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "bindings.h"
 #include "grammar.h"
 #include "grammar_body_cache.h"
-#include "grammar_key_trie.h"
+#include "grammar_serialize.h"
+#include "grammar_span_map.h"
 
-namespace nb = nanobind;
-
-namespace agent_infer {
+namespace agent_infer::ir_serialize {
 namespace {
 
-using Program = std::vector<int32_t>;
 constexpr int64_t kMaxCodepoint = 0x10FFFF;
 constexpr int64_t kInt32Max = 2147483647;
 
@@ -49,103 +39,6 @@ struct Owned {
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
   ~Owned() { Py_XDECREF(p); }
-};
-
-struct Kinds {
-  PyObject* empty;
-  PyObject* literal;
-  PyObject* cls;
-  PyObject* seq;
-  PyObject* alt;
-  PyObject* repeat;
-  PyObject* ref;
-  PyObject* key_node = nullptr;  // json_schema_key_trie.KeyNode, when the caller passes it
-};
-
-// The IR node classes in the order compiler._KINDS lists them (7, or 8 with KeyNode).
-Kinds kinds_from(const nb::tuple& kinds, const char* who) {
-  const size_t n = kinds.size();
-  if (n != 7 && n != 8) throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode)");
-  PyObject* t = kinds.ptr();
-  Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
-          PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
-  if (n == 8) k.key_node = PyTuple_GET_ITEM(t, 7);
-  return k;
-}
-
-struct Names {
-  PyObject* items = PyUnicode_InternFromString("items");
-  PyObject* text = PyUnicode_InternFromString("text");
-  PyObject* ranges = PyUnicode_InternFromString("ranges");
-  PyObject* negated = PyUnicode_InternFromString("negated");
-  PyObject* item = PyUnicode_InternFromString("item");
-  PyObject* min = PyUnicode_InternFromString("min");
-  PyObject* max = PyUnicode_InternFromString("max");
-  PyObject* name = PyUnicode_InternFromString("name");
-  PyObject* spec = PyUnicode_InternFromString("_spec");
-  // json_schema_keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
-  PyObject* special_rule = PyUnicode_InternFromString("char-special");
-  PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
-};
-
-const Names& names() {
-  static const Names* n = new Names();  // interned for the process, never freed
-  return *n;
-}
-
-// Where a composite node's first occurrence was written: rule, start, end.
-struct Span {
-  uint32_t rule;
-  uint32_t start;
-  uint32_t end;
-};
-
-// Spans by node address, open addressing in flat arrays: a big grammar has ~2*10^4 composite
-// nodes, and a node-based map paid an allocation and a free for each.
-class SpanMap {
- public:
-  SpanMap() : keys_(1024, nullptr), vals_(1024) {}
-
-  const Span* find(PyObject* key) const {
-    for (size_t i = slot(key);; i = (i + 1) & (keys_.size() - 1)) {
-      if (keys_[i] == key) return &vals_[i];
-      if (keys_[i] == nullptr) return nullptr;
-    }
-  }
-
-  // Keeps the first span of a key inserted twice (as emplace did).
-  void insert(PyObject* key, Span span) {
-    if (2 * (count_ + 1) > keys_.size()) grow();
-    size_t i = slot(key);
-    while (keys_[i] != nullptr) {
-      if (keys_[i] == key) return;
-      i = (i + 1) & (keys_.size() - 1);
-    }
-    keys_[i] = key;
-    vals_[i] = span;
-    ++count_;
-  }
-
- private:
-  size_t slot(PyObject* key) const {
-    uint64_t x = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(key)) * 0x9E3779B97F4A7C15ull;
-    return static_cast<size_t>(x >> 20) & (keys_.size() - 1);
-  }
-
-  void grow() {
-    std::vector<PyObject*> keys(keys_.size() * 2, nullptr);
-    std::vector<Span> vals(keys.size());
-    keys.swap(keys_);
-    vals.swap(vals_);
-    count_ = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] != nullptr) insert(keys[i], vals[i]);
-    }
-  }
-
-  std::vector<PyObject*> keys_;
-  std::vector<Span> vals_;
-  size_t count_ = 0;
 };
 
 class Serializer {
@@ -421,136 +314,7 @@ class Serializer {
   int64_t special_ = -1, sink_ = -1;  // rule indices, looked up at the first key-trie node
 };
 
-// Whether every reference under ``bodies`` names a rule in ``defined``, in any order (the usual
-// case, so leaves are checked inline and never stacked): 1 yes, 0 no, -1 leave it to Python.
-int all_refs_defined(PyObject* bodies, PyObject* defined, const Kinds& k) {
-  const Names& nm = names();
-  std::unordered_set<PyObject*> visited;
-  std::vector<PyObject*> stack;
-  // 0 leaf, 1 defined ref, 2 undefined ref, 3 composite to walk, -1 unknown or error.
-  auto classify = [&](PyObject* node) -> int {
-    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
-    if (type == k.literal || type == k.cls || type == k.empty) return 0;
-    if (type == k.ref) {
-      PyObject* name = PyObject_GetAttr(node, nm.name);
-      if (name == nullptr) return -1;
-      int in = PySet_Contains(defined, name);
-      Py_DECREF(name);
-      return in < 0 ? -1 : (in == 1 ? 1 : 2);
-    }
-    if (type == k.seq || type == k.alt || type == k.repeat) return 3;
-    return -1;
-  };
-  Py_ssize_t n = PyList_GET_SIZE(bodies);
-  for (Py_ssize_t r = 0; r < n; ++r) {
-    PyObject* body = PyList_GET_ITEM(bodies, r);
-    int c = classify(body);
-    if (c == 3) {
-      if (visited.insert(body).second) stack.push_back(body);
-    } else if (c != 0 && c != 1) {
-      return c == 2 ? 0 : -1;
-    }
-    while (!stack.empty()) {
-      PyObject* node = stack.back();
-      stack.pop_back();
-      bool repeat = reinterpret_cast<PyObject*>(Py_TYPE(node)) == k.repeat;
-      PyObject* kids = PyObject_GetAttr(node, repeat ? nm.item : nm.items);
-      if (kids == nullptr) return -1;
-      if (repeat) {
-        c = classify(kids);
-        if (c == 3 && visited.insert(kids).second) stack.push_back(kids);
-        Py_DECREF(kids);  // the node keeps it alive
-        if (c == 2 || c < 0) return c == 2 ? 0 : -1;
-        continue;
-      }
-      if (!PyTuple_CheckExact(kids)) {
-        Py_DECREF(kids);
-        return -1;
-      }
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kids); ++i) {
-        PyObject* kid = PyTuple_GET_ITEM(kids, i);
-        c = classify(kid);
-        if (c == 3) {
-          if (visited.insert(kid).second) stack.push_back(kid);
-        } else if (c == 2 || c < 0) {
-          Py_DECREF(kids);
-          return c == 2 ? 0 : -1;
-        }
-      }
-      Py_DECREF(kids);
-    }
-  }
-  return 1;
-}
-
-// Grammar validation's walk (ir.py, _undefined_ref): rules in order, each pre-order with the last
-// child first, composite nodes met before skipped. Returns -1 when every reference is defined,
-// the rule index of the first undefined one (its name in ``missing``), or -2: leave it to Python.
-Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k, PyObject*& missing) {
-  int all = all_refs_defined(bodies, defined, k);
-  if (all < 0) {
-    PyErr_Clear();
-    return -2;
-  }
-  if (all == 1) return -1;
-  const Names& nm = names();
-  std::unordered_set<PyObject*> visited;
-  std::vector<PyObject*> stack;
-  Py_ssize_t n = PyList_GET_SIZE(bodies);
-  for (Py_ssize_t r = 0; r < n; ++r) {
-    stack.assign(1, PyList_GET_ITEM(bodies, r));
-    while (!stack.empty()) {
-      PyObject* node = stack.back();
-      stack.pop_back();
-      PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
-      if (type == k.ref) {
-        PyObject* name = PyObject_GetAttr(node, nm.name);
-        if (name == nullptr) {
-          PyErr_Clear();
-          return -2;
-        }
-        int in = PySet_Contains(defined, name);
-        if (in < 0) {
-          Py_DECREF(name);
-          PyErr_Clear();
-          return -2;
-        }
-        if (in == 0) {
-          missing = name;  // new reference, handed to the caller
-          return r;
-        }
-        Py_DECREF(name);
-      } else if (type == k.seq || type == k.alt) {
-        if (!visited.insert(node).second) continue;
-        PyObject* items = PyObject_GetAttr(node, nm.items);
-        if (items == nullptr || !PyTuple_CheckExact(items)) {
-          Py_XDECREF(items);
-          PyErr_Clear();
-          return -2;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) stack.push_back(PyTuple_GET_ITEM(items, i));
-        Py_DECREF(items);  // the node keeps the tuple and its items alive
-      } else if (type == k.repeat) {
-        if (!visited.insert(node).second) continue;
-        PyObject* item = PyObject_GetAttr(node, nm.item);
-        if (item == nullptr) {
-          PyErr_Clear();
-          return -2;
-        }
-        stack.push_back(item);
-        Py_DECREF(item);
-      } else if (type != k.literal && type != k.cls && type != k.empty) {
-        return -2;  // subclasses and foreign nodes
-      }
-    }
-  }
-  return -1;
-}
-
-// Rule programs kept on the native side between serialization and compilation.
-struct SerializedRules {
-  std::vector<Program> programs;
-};
+}  // namespace
 
 // Programs of all rules; the bodies of rules named ``shared_prefix``... go through the body cache.
 std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb::tuple kinds,
@@ -611,85 +375,16 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
   return out;
 }
 
-}  // namespace
-
-void register_grammar_serialize(nb::module_& m) {
-  register_grammar_key_trie(m);
-  nb::class_<SerializedRules>(m, "SerializedRules",
-                              "Rule programs written by serialize_packed, kept native for compile_serialized.")
-      .def("__len__", [](const SerializedRules& s) { return s.programs.size(); })
-      .def(
-          "programs", [](const SerializedRules& s) { return s.programs; },
-          "The programs as lists of ints (what serialize_rules returns).")
-      .def(
-          "tobytes",
-          [](const SerializedRules& s) {
-            // Rule count, each program's length, then every word: int32 in native byte order.
-            std::vector<int32_t> flat;
-            size_t words = 0;
-            for (const Program& p : s.programs) words += p.size();
-            flat.reserve(1 + s.programs.size() + words);
-            flat.push_back(static_cast<int32_t>(s.programs.size()));
-            for (const Program& p : s.programs) flat.push_back(static_cast<int32_t>(p.size()));
-            for (const Program& p : s.programs) flat.insert(flat.end(), p.begin(), p.end());
-            return nb::bytes(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(int32_t));
-          },
-          "Rule count, program lengths and words as int32 bytes (what the compile-cache key hashes).");
-
-  m.def(
-      "clear_body_cache", [] { body_cache().clear(); },
-      "Forget the cached programs of shared rule bodies (the next serializations run cold).");
-  m.def("serialize_packed", &serialize_all, nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
-        nb::arg("shared_prefix").none() = nb::none(),
-        "serialize_rules, with the programs kept native (SerializedRules); None where the Python "
-        "serializer must decide. Bodies of rules whose names start with ``shared_prefix`` are IR "
-        "objects shared across grammars: their programs are cached by object, indices by name.");
-
-  m.def(
-      "compile_serialized",
-      [](std::shared_ptr<grammar::TokenizerInfo> tok, const SerializedRules& rules, int32_t root, int64_t max_states,
-         double max_seconds, int64_t max_items) {
-        const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
-        nb::gil_scoped_release release;
-        return std::make_shared<grammar::CompiledGrammar>(std::move(tok), rules.programs, root, lim);
-      },
-      nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
-      nb::arg("max_items"), "CompiledGrammar(tokenizer, rules, ...) from SerializedRules.");
-
-
-  m.def(
-      "first_missing_ref",
-      [](nb::list bodies, nb::set defined, nb::tuple kinds) -> nb::object {
-        if (kinds.size() != 7) throw std::invalid_argument("first_missing_ref needs the 7 IR node classes");
-        PyObject* t = kinds.ptr();
-        Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
-                PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
-        PyObject* missing = nullptr;
-        Py_ssize_t r = first_missing_ref(bodies.ptr(), defined.ptr(), k, missing);
-        if (r == -1) return nb::none();
-        if (r == -2) return nb::bool_(false);
-        return nb::make_tuple(r, nb::steal(missing));
-      },
-      nb::arg("bodies"), nb::arg("defined"), nb::arg("kinds"),
-      "The first undefined rule reference as (rule index, name), None if there is none, or False "
-      "where the Python walk must decide (node types it does not know).");
-
-  m.def(
-      "serialize_rules",
-      [](nb::list bodies, nb::dict index, nb::tuple kinds) -> std::optional<std::vector<Program>> {
-        const Kinds k = kinds_from(kinds, "serialize_rules");
-        size_t n = bodies.size();
-        std::vector<Program> programs(n);
-        Serializer ser(k, index.ptr());
-        for (size_t r = 0; r < n; ++r) {
-          PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
-          if (!ser.emit(body, static_cast<uint32_t>(r), programs)) return std::nullopt;
-        }
-        return programs;
-      },
-      nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
-      "Flat programs of rule bodies (IR nodes) given the rule index; None where the Python "
-      "serializer must decide (it writes the same programs and raises the precise errors).");
+std::optional<std::vector<Program>> serialize_rules(nb::list bodies, nb::dict index, nb::tuple kinds) {
+  const Kinds k = kinds_from(kinds, "serialize_rules");
+  size_t n = bodies.size();
+  std::vector<Program> programs(n);
+  Serializer ser(k, index.ptr());
+  for (size_t r = 0; r < n; ++r) {
+    PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
+    if (!ser.emit(body, static_cast<uint32_t>(r), programs)) return std::nullopt;
+  }
+  return programs;
 }
 
-}  // namespace agent_infer
+}  // namespace agent_infer::ir_serialize

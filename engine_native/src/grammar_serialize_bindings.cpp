@@ -1,0 +1,101 @@
+// Python bindings of the IR serializer: ``serialize_packed`` / ``serialize_rules`` (the programs),
+// ``SerializedRules`` and ``compile_serialized`` (programs kept native into the compiler),
+// ``first_missing_ref`` and ``clear_body_cache``.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "grammar.h"
+#include "grammar_body_cache.h"
+#include "grammar_key_trie.h"
+#include "grammar_serialize.h"
+
+namespace nb = nanobind;
+
+namespace agent_infer {
+
+using ir_serialize::first_missing_ref;
+using ir_serialize::Kinds;
+using ir_serialize::Program;
+using ir_serialize::serialize_all;
+using ir_serialize::SerializedRules;
+
+void register_grammar_serialize(nb::module_& m) {
+  register_grammar_key_trie(m);
+  nb::class_<SerializedRules>(m, "SerializedRules",
+                              "Rule programs written by serialize_packed, kept native for compile_serialized.")
+      .def("__len__", [](const SerializedRules& s) { return s.programs.size(); })
+      .def(
+          "programs", [](const SerializedRules& s) { return s.programs; },
+          "The programs as lists of ints (what serialize_rules returns).")
+      .def(
+          "tobytes",
+          [](const SerializedRules& s) {
+            // Rule count, each program's length, then every word: int32 in native byte order.
+            std::vector<int32_t> flat;
+            size_t words = 0;
+            for (const Program& p : s.programs) words += p.size();
+            flat.reserve(1 + s.programs.size() + words);
+            flat.push_back(static_cast<int32_t>(s.programs.size()));
+            for (const Program& p : s.programs) flat.push_back(static_cast<int32_t>(p.size()));
+            for (const Program& p : s.programs) flat.insert(flat.end(), p.begin(), p.end());
+            return nb::bytes(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(int32_t));
+          },
+          "Rule count, program lengths and words as int32 bytes (what the compile-cache key hashes).");
+
+  m.def(
+      "clear_body_cache", [] { body_cache().clear(); },
+      "Forget the cached programs of shared rule bodies (the next serializations run cold).");
+  m.def("serialize_packed", &serialize_all, nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
+        nb::arg("shared_prefix").none() = nb::none(),
+        "serialize_rules, with the programs kept native (SerializedRules); None where the Python "
+        "serializer must decide. Bodies of rules whose names start with ``shared_prefix`` are IR "
+        "objects shared across grammars: their programs are cached by object, indices by name.");
+
+  m.def(
+      "compile_serialized",
+      [](std::shared_ptr<grammar::TokenizerInfo> tok, const SerializedRules& rules, int32_t root, int64_t max_states,
+         double max_seconds, int64_t max_items) {
+        const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
+        nb::gil_scoped_release release;
+        return std::make_shared<grammar::CompiledGrammar>(std::move(tok), rules.programs, root, lim);
+      },
+      nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
+      nb::arg("max_items"), "CompiledGrammar(tokenizer, rules, ...) from SerializedRules.");
+
+
+  m.def(
+      "first_missing_ref",
+      [](nb::list bodies, nb::set defined, nb::tuple kinds) -> nb::object {
+        if (kinds.size() != 7) throw std::invalid_argument("first_missing_ref needs the 7 IR node classes");
+        PyObject* t = kinds.ptr();
+        Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
+                PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
+        PyObject* missing = nullptr;
+        Py_ssize_t r = first_missing_ref(bodies.ptr(), defined.ptr(), k, missing);
+        if (r == -1) return nb::none();
+        if (r == -2) return nb::bool_(false);
+        return nb::make_tuple(r, nb::steal(missing));
+      },
+      nb::arg("bodies"), nb::arg("defined"), nb::arg("kinds"),
+      "The first undefined rule reference as (rule index, name), None if there is none, or False "
+      "where the Python walk must decide (node types it does not know).");
+
+  m.def(
+      "serialize_rules",
+      &ir_serialize::serialize_rules,
+      nb::arg("bodies"), nb::arg("index"), nb::arg("kinds"),
+      "Flat programs of rule bodies (IR nodes) given the rule index; None where the Python "
+      "serializer must decide (it writes the same programs and raises the precise errors).");
+}
+
+}  // namespace agent_infer
