@@ -215,3 +215,26 @@ def test_alternatives_sharing_first_and_last_elements_are_exact() -> None:
         assert _accepts(compiled, s) == want, s
         hits += want
     assert hits > 30
+
+
+def test_store_reused_after_a_big_grammar_gives_the_same_automaton() -> None:
+    """The store's hash table is kept per thread and shrunk after a big grammar: a small grammar
+    lowered before and after a big one (whose table grew past the shrink bound, 4 096 slots at
+    most half full) gets the same states and language, so no entry of the big one survives."""
+    small = {"type": "string", "pattern": "^(ab|ac|b[0-9]{2})$", "maxLength": 8}
+    before = _compile(Grammar.from_json_schema(small, whitespace="compact"))
+    chains = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": CURIE, "maxLength": 300},
+            "b": {"type": "string", "pattern": CURIE, "maxLength": 299},
+        },
+    }
+    big = _compile(Grammar.from_json_schema(chains, whitespace="compact"))
+    assert big.num_states > 2048, big.num_states  # every one of them a state of the store
+    after = _compile(Grammar.from_json_schema(small, whitespace="compact"))
+    assert after.num_states == before.num_states
+    for text in ["ab", "ac", "b12", "b1", "ad", "abc", "", "b123"]:
+        want = text in {"ab", "ac", "b12"}
+        assert _accepts(before, json.dumps(text)) == want, text
+        assert _accepts(after, json.dumps(text)) == want, text

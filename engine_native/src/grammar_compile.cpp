@@ -227,7 +227,11 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
     rule_start[r] = remap[b];
   }
   states.resize(next);
-  byte_edges.reserve(pool.bytes.size());
+  // At most one output edge per pool edge: written through a pointer and cut to size after (a
+  // push_back per edge is an out-of-line call at this site).
+  byte_edges.resize(pool.bytes.size());
+  ByteEdge* const edge_out = byte_edges.data();
+  uint32_t edges_written = 0;
   ref_edges.reserve(pool.refs.size());
   for (size_t r = 0; r < R; ++r) {
     if (rule_start[r] < 0) continue;
@@ -238,21 +242,21 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
       State& st = states[g];
       st.rule = static_cast<int32_t>(r);
       st.final = pool.final[x];
-      st.byte_begin = static_cast<uint32_t>(byte_edges.size());
+      st.byte_begin = edges_written;
       for (uint32_t e = pool.byte_begin[x]; e < pool.byte_begin[x + 1]; ++e) {
         const ByteEdge& be = pool.bytes[e];
         const int32_t t = remap[be.target];
         if (t < 0) continue;
-        if (byte_edges.size() > st.byte_begin) {
-          ByteEdge& last = byte_edges.back();
+        if (edges_written > st.byte_begin) {
+          ByteEdge& last = edge_out[edges_written - 1];
           if (last.target == t && last.hi + 1 == be.lo) {
             last.hi = be.hi;
             continue;
           }
         }
-        byte_edges.push_back({be.lo, be.hi, t});
+        edge_out[edges_written++] = {be.lo, be.hi, t};
       }
-      st.byte_end = static_cast<uint32_t>(byte_edges.size());
+      st.byte_end = edges_written;
       st.ref_begin = static_cast<uint32_t>(ref_edges.size());
       for (uint32_t e = pool.ref_begin[x]; e < pool.ref_begin[x + 1]; ++e) {
         const RefEdge& re = pool.refs[e];
@@ -262,6 +266,7 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
       st.ref_end = static_cast<uint32_t>(ref_edges.size());
     }
   }
+  byte_edges.resize(edges_written);
 
   // Nullable rules: the start reaches acceptance through references to nullable rules only.
   std::vector<uint32_t>& reached = scratch.reached;

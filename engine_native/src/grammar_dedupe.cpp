@@ -67,18 +67,30 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   // partition is abandoned (merging is an optimization, the unmerged grammar is equally exact).
   const size_t budget = 64 * total_words + 4096;
   size_t work = 0;
+  // Two words per multiply: the chain of dependent multiplies, not the loads, bounds this loop
+  // (it runs over every word of every rule at least once). Only equality of keys matters here
+  // (same_key confirms), and the classes come out the same whatever the hash.
   auto key_hash = [&](int32_t r) {
     const std::vector<int32_t>& code = rules[r];
     uint64_t h = 1469598103934665603ull ^ code.size();
     uint32_t k = ref_begin[r];
+    const uint32_t k_end = ref_begin[r + 1];
+    uint32_t next_ref = k < k_end ? ref_pos[k] : ~0u;
+    uint64_t pending = 0;
     for (size_t i = 0; i < code.size(); ++i) {
       uint32_t w = static_cast<uint32_t>(code[i]);
-      if (k < ref_begin[r + 1] && ref_pos[k] == i) {
+      if (i == next_ref) {
         w = static_cast<uint32_t>(cls[code[i]]) ^ 0x80000000u;
-        ++k;
+        next_ref = ++k < k_end ? ref_pos[k] : ~0u;
       }
-      h = (h ^ w) * 1099511628211ull;
+      if (i & 1) {
+        h = (h ^ (pending | (static_cast<uint64_t>(w) << 32))) * 1099511628211ull;
+      } else {
+        pending = w;
+      }
     }
+    if (code.size() & 1) h = (h ^ pending) * 1099511628211ull;
+    h ^= h >> 29;
     work += code.size() + 1;
     return h;
   };

@@ -87,11 +87,11 @@ void FragmentStore::reset() {
   refs_.clear();
   hash_.clear();
   if (table_.size() > 4096) {
-    table_.assign(64, -1);  // a big grammar's table: regrow from small rather than clear it each time
+    table_.assign(64, 0);  // a big grammar's table: regrow from small rather than clear it each time
   } else {
-    std::fill(table_.begin(), table_.end(), -1);
+    std::fill(table_.begin(), table_.end(), 0);
   }
-  if (table_.empty()) table_.assign(64, -1);
+  if (table_.empty()) table_.assign(64, 0);
   unions_.clear();
   concats_.clear();
   depth_ = 0;
@@ -154,10 +154,12 @@ int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vecto
                    (uint64_t{1} << 63));
   }
   h ^= h >> 31;
+  constexpr uint64_t kTag = 0xFFFFFFFF00000000ull;
   size_t mask = table_.size() - 1;
   size_t i = static_cast<size_t>(h) & mask;
-  for (; table_[i] >= 0; i = (i + 1) & mask) {
-    const int32_t s = table_[i];
+  for (; table_[i] != 0; i = (i + 1) & mask) {
+    if ((table_[i] ^ h) & kTag) continue;
+    const int32_t s = static_cast<int32_t>(static_cast<uint32_t>(table_[i]) - 1);
     if (hash_[s] != h || final_[s] != static_cast<uint8_t>(final) || begin_[s + 1] - begin_[s] != n ||
         ref_begin_[s + 1] - ref_begin_[s] != m) {
       continue;
@@ -182,14 +184,14 @@ int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vecto
   if (m > 0) refs_.insert(refs_.end(), refs->begin(), refs->end());
   ref_begin_.push_back(static_cast<uint32_t>(refs_.size()));
   hash_.push_back(h);
-  table_[i] = s;
+  table_[i] = (h & kTag) | (static_cast<uint64_t>(s) + 1);
   if (final_.size() * 2 > table_.size()) {
-    std::vector<int32_t> table(table_.size() * 2, -1);
+    std::vector<uint64_t> table(table_.size() * 2, 0);
     mask = table.size() - 1;
     for (size_t x = 0; x < final_.size(); ++x) {
       size_t j = static_cast<size_t>(hash_[x]) & mask;
-      while (table[j] >= 0) j = (j + 1) & mask;
-      table[j] = static_cast<int32_t>(x);
+      while (table[j] != 0) j = (j + 1) & mask;
+      table[j] = (hash_[x] & kTag) | (x + 1);
     }
     table_.swap(table);
   }

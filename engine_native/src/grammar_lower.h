@@ -18,9 +18,31 @@
 namespace agent_infer {
 namespace grammar {
 
+// Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so
+// the inline stepper below stays small).
+[[noreturn]] void throw_unknown_opcode();
+
 // Length in words of the instruction at `pc` (opcodes and layout in grammar.h). A rule's program
-// is prefix-coded, so stepping by this visits every instruction in pre-order.
-size_t instruction_length(const std::vector<int32_t>& code, size_t pc);
+// is prefix-coded, so stepping by this visits every instruction in pre-order. Inline: every pass
+// over the programs (merging, outlining, inlining, NFA building) steps through each word with it.
+inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
+  switch (code[pc]) {
+    case kEmpty:
+      return 1;
+    case kLiteral:
+      return 2 + static_cast<size_t>(code.at(pc + 1));
+    case kClass:
+      return 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+    case kSeq:
+    case kAlt:
+    case kRef:
+      return 2;
+    case kRepeat:
+      return 3;
+    default:
+      throw_unknown_opcode();
+  }
+}
 
 // The position after the expression at `pc`.
 size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
@@ -228,7 +250,9 @@ class FragmentStore {
   std::vector<uint32_t> ref_begin_{0};
   std::vector<RefEdge> refs_;
   std::vector<uint64_t> hash_;
-  std::vector<int32_t> table_;  // state ids by signature hash, -1 = empty
+  // Open addressing by signature hash; an entry is the hash's high half above state id + 1 (0 =
+  // empty), so a probe passing other states reads no state but the table.
+  std::vector<uint64_t> table_;
   PairMemo unions_, concats_;
   std::vector<ByteEdge> one_, none_;  // chain() and reference(): no recursion, so one buffer each
   std::vector<RefEdge> one_ref_;

@@ -15,24 +15,7 @@
 namespace agent_infer {
 namespace grammar {
 
-size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
-  switch (code[pc]) {
-    case kEmpty:
-      return 1;
-    case kLiteral:
-      return 2 + static_cast<size_t>(code.at(pc + 1));
-    case kClass:
-      return 2 + 2 * static_cast<size_t>(code.at(pc + 1));
-    case kSeq:
-    case kAlt:
-    case kRef:
-      return 2;
-    case kRepeat:
-      return 3;
-    default:
-      throw DefinitionError("malformed grammar code (unknown opcode)");
-  }
-}
+void throw_unknown_opcode() { throw DefinitionError("malformed grammar code (unknown opcode)"); }
 
 size_t skip_expression(const std::vector<int32_t>& code, size_t pc) {
   switch (code.at(pc)) {

@@ -11,7 +11,7 @@
 // twice are outlined, y must be a separate rule (a reference to an inlined y would be copied
 // into z's callers anyway) and not the rule itself (a tail self-reference is a loop, kept as
 // such), and x must be big enough for a copy to matter.
-#include <map>
+#include <unordered_map>
 #include <utility>
 
 #include "grammar.h"
@@ -82,10 +82,14 @@ class Outliner {
 
   // Counts the pairs; true if some pair occurs twice or more.
   bool worthwhile() {
+    matched_.assign(rules_.size(), 0);
     for (size_t r = 0; r < rules_.size(); ++r) {
       each_pair(rules_[r], [&](size_t alt, size_t next) {
         std::pair<int32_t, int32_t> xy;
-        if (match(rules_[r], alt, next, static_cast<int32_t>(r), &xy)) ++uses_[xy];
+        if (match(rules_[r], alt, next, static_cast<int32_t>(r), &xy)) {
+          ++uses_[xy];
+          matched_[r] = 1;
+        }
       });
     }
     bool any = false;
@@ -98,6 +102,7 @@ class Outliner {
     rules_ref_ = rules;
     const size_t R = rules->size();
     for (size_t r = 0; r < R; ++r) {
+      if (!matched_[r]) continue;  // most rules hold no pair at all: no second scan for them
       bool hit = false;
       each_pair(rules_[r], [&](size_t alt, size_t next) {
         std::pair<int32_t, int32_t> xy;
@@ -183,8 +188,17 @@ class Outliner {
   const std::vector<std::vector<int32_t>>& rules_;
   std::vector<std::vector<int32_t>>* rules_ref_ = nullptr;
   const std::vector<uint8_t>& inl_;
-  std::map<std::pair<int32_t, int32_t>, int> uses_;
-  std::map<std::pair<int32_t, int32_t>, int32_t> rule_of_;
+  // Lookups only (new rules are numbered in the order copy() meets them), so hashed maps do.
+  struct PairHash {
+    size_t operator()(const std::pair<int32_t, int32_t>& p) const {
+      const uint64_t k =
+          (static_cast<uint64_t>(static_cast<uint32_t>(p.first)) << 32) | static_cast<uint32_t>(p.second);
+      return static_cast<size_t>((k ^ (k >> 29)) * 0x9E3779B97F4A7C15ull >> 16);
+    }
+  };
+  std::unordered_map<std::pair<int32_t, int32_t>, int, PairHash> uses_;
+  std::unordered_map<std::pair<int32_t, int32_t>, int32_t, PairHash> rule_of_;
+  std::vector<uint8_t> matched_;  // rule r holds at least one outlinable pair
 };
 
 }  // namespace
