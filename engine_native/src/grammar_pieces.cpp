@@ -31,6 +31,33 @@ constexpr size_t kMaxLocalStates = 512;
 constexpr size_t kMaxSharedStates = 64;
 // Byte groups leading this many tokens into one target are assembled from a cached union.
 constexpr size_t kMinUnionTokens = 2048;
+
+// Per-target tables of a first visit: a state sends its 256 bytes to a handful of targets, and
+// consecutive bytes mostly to the same one, so a flat list with the last hit remembered is
+// cheaper than hashing each byte's target.
+template <class V>
+class TargetMap {
+ public:
+  V& operator[](int32_t key) {
+    if (last_ < items_.size() && items_[last_].first == key) return items_[last_].second;
+    for (size_t k = 0; k < items_.size(); ++k) {
+      if (items_[k].first == key) {
+        last_ = k;
+        return items_[k].second;
+      }
+    }
+    last_ = items_.size();
+    items_.emplace_back(key, V());
+    return items_.back().second;
+  }
+  void emplace(int32_t key, V value) { (*this)[key] = std::move(value); }
+  typename std::vector<std::pair<int32_t, V>>::iterator begin() { return items_.begin(); }
+  typename std::vector<std::pair<int32_t, V>>::iterator end() { return items_.end(); }
+
+ private:
+  std::vector<std::pair<int32_t, V>> items_;
+  size_t last_ = 0;
+};
 }  // namespace
 
 bool CompiledGrammar::piece_calls(int32_t t) const {
@@ -167,7 +194,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   {
     int best = -1;
     size_t best_n = 0;
-    std::unordered_map<int32_t, size_t> by_target;
+    TargetMap<size_t> by_target;
     for (int b = 0; b < 256; ++b) {
       const int32_t t = target[static_cast<size_t>(b)];
       if (t < 0) continue;
@@ -198,7 +225,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     std::string key;
     std::shared_ptr<const StateMask> ref;
   };
-  std::unordered_map<int32_t, Group> groups;
+  TargetMap<Group> groups;
   for (int b = 0; b < 256; ++b) {
     const int32_t t = target[static_cast<size_t>(b)];
     if (t < 0 || run_begin(b) == tk.first_byte_end[static_cast<size_t>(b)]) continue;
@@ -207,7 +234,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     grp.tokens += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b);
   }
   // Each target's key once (local_key locks and copies).
-  std::unordered_map<int32_t, std::string> tkey;
+  TargetMap<std::string> tkey;
   for (const auto& kv : groups) tkey.emplace(kv.first, local_key(kv.first));
   for (auto& kv : groups) {
     Group& grp = kv.second;
@@ -218,11 +245,11 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
 
   std::array<std::shared_ptr<const StateMask>, 256> piece;
   std::array<std::string, 256> piece_key;
-  std::unordered_map<int32_t, std::vector<int>> missing;  // target -> bytes without a cached piece
+  TargetMap<std::vector<int>> missing;  // target -> bytes without a cached piece
   for (int b = 0; b < 256; ++b) {
     const int32_t t = target[static_cast<size_t>(b)];
     if (t < 0 || run_begin(b) == tk.first_byte_end[static_cast<size_t>(b)]) continue;
-    const Group& grp = groups[t];
+    Group& grp = groups[t];
     if (grp.ref && has(grp.ref->first_bytes, static_cast<uint8_t>(b))) continue;  // in the union
     std::string& key = piece_key[static_cast<size_t>(b)];
     key = tkey[t];

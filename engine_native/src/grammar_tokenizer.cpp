@@ -80,6 +80,50 @@ void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted
   }
 }
 
+AcceptedSet::AcceptedSet(size_t words, const StateMask* base, size_t live_tokens)
+    : list_(base == nullptr && live_tokens < words), words_(words) {
+  if (list_) return;
+  bits_.assign(words, 0);
+  n_ = seed_bits(base, bits_);
+}
+
+void AcceptedSet::finish(StateMask& out) {
+  if (!list_) {
+    finish_mask(out, std::move(bits_), n_);
+    return;
+  }
+  // Listed ascending, as finish_mask lists them: a few ids are sorted, more are put through a
+  // bitset (sorting thousands cost more than the bitset's zeroing and scan).
+  constexpr size_t kMaxSortedIds = 64;
+  if (ids_.size() > kMaxSortedIds) {
+    bits_.assign(words_, 0);
+    for (int32_t id : ids_) bits_[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    finish_mask(out, std::move(bits_), n_);
+    return;
+  }
+  std::sort(ids_.begin(), ids_.end());
+  out.accepted_ids = std::move(ids_);
+  out.accepted_ids.shrink_to_fit();
+}
+
+size_t CompiledGrammar::live_tokens(const std::vector<WalkRange>& ranges) const {
+  size_t n = 0;
+  for (const WalkRange& r : ranges) {
+    if (r.depth > 0) {
+      n += r.end - r.begin;
+      continue;
+    }
+    const State& st = states[static_cast<size_t>(r.state)];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      const size_t lo = std::max<size_t>(r.begin, be.lo == 0 ? 0 : tok->first_byte_end[be.lo - 1u]);
+      const size_t hi = std::min<size_t>(r.end, tok->first_byte_end[be.hi]);
+      if (hi > lo) n += hi - lo;
+    }
+  }
+  return n;
+}
+
 size_t TokenizerInfo::run_end(size_t i, size_t plen) const {
   const size_t n = sorted.size();
   if (plen == 1) return first_byte_end[static_cast<uint8_t>(*sorted_ptr(i))];
@@ -100,6 +144,36 @@ size_t TokenizerInfo::run_end(size_t i, size_t plen) const {
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (shares(mid)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+size_t TokenizerInfo::skip_dead(size_t i, size_t d, size_t from, size_t limit,
+                                const std::array<uint32_t, 8>& stop) const {
+  if (from >= limit) return limit;
+  const char* p = sorted_ptr(i);
+  // `from` in i's run: it has more than d bytes then (the run's d-byte token sorts first).
+  if (sorted_len(from) <= d || (d > 0 && std::memcmp(sorted_ptr(from), p, d) != 0)) return from;
+  auto byte_at = [&](size_t k) { return static_cast<uint8_t>(sorted_ptr(k)[d]); };
+  unsigned c = byte_at(from);
+  if ((stop[c >> 5] >> (c & 31)) & 1u) return from;
+  // The next byte of `stop` above c, if any: the tokens before its first occurrence are passed.
+  unsigned next = 256;
+  for (unsigned w = (c + 1) >> 5; w < 8 && next == 256; ++w) {
+    uint32_t bits = stop[w];
+    if (w == (c + 1) >> 5) bits &= (c + 1) % 32 == 0 ? ~0u : ~((1u << ((c + 1) & 31)) - 1);
+    if (bits != 0) next = w * 32 + static_cast<unsigned>(__builtin_ctz(bits));
+  }
+  const size_t pend = std::min(d == 0 ? sorted.size() : run_end(i, d), limit);
+  if (next == 256) return pend;
+  size_t lo = from + 1, hi = pend;  // first position in [lo, hi) whose byte d is >= next
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (byte_at(mid) < next) {
       lo = mid + 1;
     } else {
       hi = mid;
@@ -226,24 +300,33 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
                                                                     const StateMask* base, bool resume) const {
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
-  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
-  size_t n_accepted = seed_bits(base, bits);
+  AcceptedSet accepted(static_cast<size_t>(t.words), base, live_tokens(ranges));
   // Dense 256-entry transition rows for the states this walk meets (the walk is the hot loop).
   RowIndex index(states.size());
   std::vector<int32_t>& row_of = index.row_of;
   std::vector<int32_t> rows;
   std::vector<const ByteSet*> row_escape;
+  // Bytes after which a token is not simply rejected here: live edges and the escape set.
+  std::vector<ByteSet> row_stop;
+  std::vector<ByteSet> row_live;  // the bytes it has edges for
   auto row = [&](int32_t q) -> int32_t {
     if (row_of[q] >= 0) return row_of[q];
     int32_t r = static_cast<int32_t>(row_escape.size());
     row_of[q] = r;
     index.touched.push_back(q);
     rows.resize(rows.size() + 256, -1);
+    row_live.push_back(ByteSet{});
+    ByteSet& live = row_live.back();
     const State& st = states[q];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
       const ByteEdge& be = byte_edges[e];
-      for (int b = be.lo; b <= be.hi; ++b) rows[static_cast<size_t>(r) * 256 + b] = be.target;
+      for (int b = be.lo; b <= be.hi; ++b) {
+        rows[static_cast<size_t>(r) * 256 + b] = be.target;
+        live[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+      }
     }
+    row_stop.push_back(live);
+    for (size_t w = 0; w < 8; ++w) row_stop.back()[w] |= escape[q][w];
     row_escape.push_back(&escape[q]);
     return r;
   };
@@ -276,9 +359,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
       }
       valid = d;
       if (dead_at < 0) {
-        const int32_t id = t.sorted[i];
-        bits[id >> 5] |= 1u << (id & 31);
-        ++n_accepted;
+        accepted.add(t.sorted[i]);
         continue;
       }
       // Every token sharing the dead prefix shares this token's fate: classify the run at once.
@@ -287,11 +368,18 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
       if (!continued && (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d])))) {
         for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
       }
+      // The siblings that die here too, rejected, are passed over in one search (at byte 0
+      // every death is a rejection).
+      if (d == 0) {
+        end = t.skip_dead(i, 0, end, range.end, row_live[static_cast<size_t>(stack[0])]);
+      } else if (!flag[d]) {
+        end = t.skip_dead(i, d, end, range.end, row_stop[static_cast<size_t>(stack[d])]);
+      }
       i = end - 1;
     }
   }
   merge_uncertain(*out, base);
-  finish_mask(*out, std::move(bits), n_accepted);
+  accepted.finish(*out);
   out->uncertain.shrink_to_fit();
   return out;
 }

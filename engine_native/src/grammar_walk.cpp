@@ -52,6 +52,11 @@ struct SetDfa {
   // 16-bit set ids: the table is the walk's main memory traffic (one row per set, read at
   // random), and the sets of one DFA stay below kKeepSets + kMaxSets.
   std::vector<int16_t> trans;
+  std::vector<std::array<uint32_t, 8>> live;  // per set: the bytes some configuration reads
+  // The set a single configuration expands to (its closure, interned): transitions from many
+  // sets step into the same one (every free character of a key-trie node leads to the same
+  // state), and this spares each of them the closure and the interning.
+  std::unordered_map<uint64_t, int32_t> single;
 };
 // Past this many sets (512 bytes of transitions each) the next walk starts afresh.
 constexpr size_t kKeepSets = 4096;
@@ -77,8 +82,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
                                                                                bool resume) const {
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
-  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);  // accepted tokens
-  size_t n_accepted = seed_bits(base, bits);
+  AcceptedSet accepted(static_cast<size_t>(t.words), base, live_tokens(ranges));
 
   // The lazily built DFA over configuration sets depends on the grammar alone (each walk only
   // picks its start set), so consecutive walks on this thread over the same grammar share it.
@@ -123,7 +127,13 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
           continue;
         }
         const RefEdge& re = ref_edges[e];
-        add(rule_start[re.rule], intern(re.target, c.origin));
+        // A call whose return state only finishes (final, no edges) returns straight to the
+        // caller's own return: the frame is dropped, so calls in tail position (every free
+        // branch of a key-trie node, say) lead to the same configurations from whichever
+        // state made them, and their sets and transitions are shared across those states.
+        const State& rt = states[re.target];
+        const bool tail = rt.final && rt.byte_end == rt.byte_begin && rt.ref_end == rt.ref_begin;
+        add(rule_start[re.rule], tail ? c.origin : intern(re.target, c.origin));
       }
       if (st.final) {
         if (c.origin < 0) {
@@ -142,6 +152,12 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   std::vector<int16_t>& trans = dfa.trans;  // sets.size() * 256; -2 unknown, -1 dead
   static_assert(kKeepSets + kMaxSets < 32767, "set ids must fit the 16-bit transition table");
   auto intern_set = [&](uint8_t leave) {
+    // After the closure a configuration that reads no byte has done all it can (its calls are
+    // expanded, its finishing is in `leave`): sets differing only in such configurations (the
+    // calling state of each key-trie node, say) behave alike and are stored as one.
+    cfg.erase(std::remove_if(cfg.begin(), cfg.end(),
+                             [&](const Item& c) { return states[c.state].byte_end == states[c.state].byte_begin; }),
+              cfg.end());
     std::sort(cfg.begin(), cfg.end(),
               [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
     // `leave` joins the key: a walk's unexpanded start set ({(s, -1)}, leave 0) must not stand
@@ -164,6 +180,14 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     }
     int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back({pool.size(), pool.size() + cfg.size(), leave});
+    ByteSet reads{};
+    for (const Item& c : cfg) {
+      const State& st = states[c.state];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        for (int x = byte_edges[e].lo; x <= byte_edges[e].hi; ++x) reads[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
+      }
+    }
+    dfa.live.push_back(reads);
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
     set_next.push_back(head);
@@ -178,6 +202,17 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       if (nx >= 0) add(nx, pool[k].origin);
     }
     if (cfg.empty()) return -1;
+    if (cfg.size() == 1) {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(cfg[0].state)) << 32) |
+                           static_cast<uint32_t>(cfg[0].origin + 1);
+      auto hit = dfa.single.find(key);
+      if (hit != dfa.single.end()) return hit->second;
+      const uint8_t leave = closure();
+      if (overflow) return -1;
+      const int32_t id = intern_set(leave);
+      dfa.single.emplace(key, id);
+      return id;
+    }
     uint8_t leave = closure();
     if (overflow) return -1;
     return intern_set(leave);
@@ -227,7 +262,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       const size_t len = t.sorted_len(i);
       if (depth0 == 0 && l == 0 && !has(live0, tokb[0])) {
         valid = 0;
-        i = std::max(i, static_cast<size_t>(t.first_byte_end[tokb[0]])) - 1;
+        i = t.skip_dead(i, 0, i, range.end, live0) - 1;  // on to the next live first byte's run
         continue;
       }
       size_t d = std::min(l, valid);
@@ -250,8 +285,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       valid = d;
       if (dead_at < 0) {
         const int32_t id = t.sorted[i];
-        bits[id >> 5] |= 1u << (id & 31);
-        ++n_accepted;
+        accepted.add(id);
         continue;
       }
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
@@ -259,11 +293,21 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       if (!continued && (flag[d] || escapes(d, tokb[d]))) {
         for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
       }
+      // The siblings that die here too, rejected (no byte the rule could leave with), are passed
+      // over in one search.
+      const uint8_t leave = sets[static_cast<size_t>(set_at[d])].leave;
+      if (d > 0 && !flag[d] && leave != 2) {
+        ByteSet stop = dfa.live[static_cast<size_t>(set_at[d])];
+        if (leave == 1) {
+          for (size_t w = 0; w < stop.size(); ++w) stop[w] |= fol[w];
+        }
+        end = t.skip_dead(i, d, end, range.end, stop);
+      }
       i = end - 1;
     }
   }
   merge_uncertain(*out, base);
-  finish_mask(*out, std::move(bits), n_accepted);
+  accepted.finish(*out);
   out->uncertain.shrink_to_fit();
   return out;
 }
