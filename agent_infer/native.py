@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from agent_infer.errors import NativeExtensionMissingError
 
@@ -33,3 +34,19 @@ def require_native(feature: str, attribute: str) -> object:
             f"{feature} needs agent_infer._native.{attribute}, which this build lacks (a stale build?); "
             + _BUILD_HINT
         ) from None
+
+
+_OPTIONAL: dict[str, Any] = {}
+
+
+def optional_native(attribute: str) -> Any:
+    """``_native.<attribute>`` for a fast path with a Python fallback: False when the extension (or
+    that attribute in it) is missing. Looked up once per process."""
+    found = _OPTIONAL.get(attribute)
+    if found is None:
+        try:
+            found = getattr(load_native(), attribute, False)
+        except NativeExtensionMissingError:
+            found = False
+        _OPTIONAL[attribute] = found
+    return found

@@ -9,13 +9,13 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, NativeExtensionMissingError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.json_schema_key_trie import KeyNode
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
-from agent_infer.native import load_native
+from agent_infer.native import load_native, optional_native
 
 # Opcodes shared with engine_native/src/grammar.h (enum Op).
 _EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF = range(7)
@@ -153,24 +153,12 @@ class _Serializer:
 
 # The order serialize_rules expects; KeyNode bodies (key-trie nodes) are written from their spec.
 _KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode)
-_native_serialize: Any = None
-
-
-def _native_serializer() -> Any:
-    """``_native.serialize_rules``, or False when the extension (or this function in it) is missing."""
-    global _native_serialize
-    if _native_serialize is None:
-        try:
-            _native_serialize = getattr(load_native(), "serialize_rules", False)
-        except NativeExtensionMissingError:
-            _native_serialize = False
-    return _native_serialize
 
 
 def serialize_grammar(grammar: Grammar) -> tuple[list[list[int]], int]:
     """Flat per-rule integer programs and the root's rule index."""
     index = {name: i for i, (name, _) in enumerate(grammar.rules)}
-    native = _native_serializer()
+    native = optional_native("serialize_rules")
     if native:
         # The same programs, written in C++; None for anything it leaves to the Python path
         # below (foreign node types, literals with lone surrogates, out-of-range bounds...).
@@ -211,20 +199,9 @@ def _serialize_for_compile(grammar: Grammar) -> tuple[Any, int]:
     return serialize_grammar_python(grammar, index)
 
 
-_native_pack: Any = None
-
-
 def _native_packer() -> Any:
-    """``_native.serialize_packed``, or False when the extension (or this function in it) is missing."""
-    global _native_pack
-    if _native_pack is None:
-        try:
-            native = load_native()
-            has_all = hasattr(native, "compile_serialized")
-            _native_pack = getattr(native, "serialize_packed", False) if has_all else False
-        except NativeExtensionMissingError:
-            _native_pack = False
-    return _native_pack
+    """``_native.serialize_packed`` when the build also has ``compile_serialized``, else False."""
+    return optional_native("serialize_packed") if optional_native("compile_serialized") else False
 
 
 def _program_bytes(programs: Any) -> bytes:

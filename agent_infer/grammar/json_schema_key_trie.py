@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
-from agent_infer.errors import GrammarLimitError, NativeExtensionMissingError
+from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_clearer
 from agent_infer.grammar.ir import Alt, Expr, Ref
 from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES, names_dfa
@@ -27,7 +27,7 @@ from agent_infer.grammar.json_schema_keys import (
     ComplementKeys,
     node_body,
 )
-from agent_infer.native import load_native
+from agent_infer.native import load_native, optional_native
 
 _set = object.__setattr__
 
@@ -110,30 +110,16 @@ class NativeComplementKeys:
         return Ref(name)
 
 
-_BUILDER: Any = None
-
-
-def _native_builder() -> Any:
-    """``_native.KeyTrieBuilder``, or False when the extension (or this class in it) is missing."""
-    global _BUILDER
-    if _BUILDER is None:
-        try:
-            _BUILDER = getattr(load_native(), "KeyTrieBuilder", False)
-        except NativeExtensionMissingError:
-            _BUILDER = False
-    return _BUILDER
-
-
 def complement_keys(rules: MutableMapping[str, Expr], max_rules: int, *, native: bool = True) -> KeyTries:
     """The key-trie builder of one grammar: native when the extension has it (and ``native``)."""
-    builder = _native_builder() if native else False
+    builder = optional_native("KeyTrieBuilder") if native else False
     if builder:
         return NativeComplementKeys(rules, max_rules, builder)
     return ComplementKeys(rules, max_rules)
 
 
 def _clear_native_nodes() -> None:
-    builder = _native_builder()
+    builder = optional_native("KeyTrieBuilder")
     if builder:
         load_native().clear_key_tries()
 
