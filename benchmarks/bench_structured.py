@@ -17,7 +17,8 @@ Rows: ours unconstrained (natural EOS, and length-matched: ``ignore_eos`` with e
 count from the constrained forced-off run, so both rows decode exactly the same number of tokens);
 ours constrained with overlap (async scheduling) on/off x forced tokens on/off, and forced on
 without boundary drafts (jump-forward alone: the forced text's last tokens are sampled rather than
-verified as a draft);
+verified as a draft), and forced on with the full output projection (``masked_head=False``: the
+head computes every token's logit, also those the grammar excludes);
 llama-cpp-python with ``LlamaGrammar.from_json_schema`` (no batched API: requests run one after
 another, so its concurrency-8 column is the sequential run); transformers + XGrammar's
 ``LogitsProcessor`` (one left-padded batched ``generate`` per 8 requests). Concurrency 1: requests
@@ -74,6 +75,7 @@ REF_OFF = "ours unconstrained, length-matched"
 REF_ON = "ours unconstrained, same tokens as forced on"
 DRAFTS_ON = "ours constrained, overlap on, forced on, drafts"
 NO_BOUNDARY = "ours constrained, overlap on, forced on, no boundary drafts"
+FULL_HEAD = "ours constrained, overlap on, forced on, full head"
 PLAIN_DRAFTS = "ours unconstrained, drafts"
 REF_DRAFTS = "ours unconstrained, same tokens as forced on + drafts"
 REPLAY_DRAFTS = "ours replay of the same text, drafts (forced off)"
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["llama_cpp", "transformers", "overlap_off", "boundary_off"],
+        choices=["llama_cpp", "transformers", "overlap_off", "boundary_off", "full_head"],
     )
     parser.add_argument(
         "--peer-requests", type=int, default=None, help="requests llama.cpp runs (default all)"
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         args.schemas, args.max_tokens = 8, 64
         args.conc1_requests = args.conc1_requests or 1
         args.peer_requests = args.peer_requests or 4
-        args.skip = sorted({*args.skip, "transformers", "overlap_off", "boundary_off"})
+        args.skip = sorted({*args.skip, "transformers", "overlap_off", "boundary_off", "full_head"})
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     args.out = args.out or ROOT / "bench_results" / f"structured-{stamp}.json"
     torch.set_num_threads(THREADS)
@@ -326,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "boundary_off" not in args.skip:
         configs[NO_BOUNDARY] = {"async_scheduling": True, "forced_tokens": True, "boundary_drafts": False}
+    if "full_head" not in args.skip:
+        configs[FULL_HEAD] = {"async_scheduling": True, "forced_tokens": True, "masked_head": False}
     if args.drafts:
         configs[DRAFTS_ON] = {
             "async_scheduling": True,

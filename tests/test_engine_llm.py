@@ -239,10 +239,10 @@ def test_failing_forward_is_isolated_to_its_request(llm: LLM, monkeypatch: pytes
     engine = llm.engine
     real_run = engine.runner.run
 
-    def run(batch: list[Any]) -> Any:
+    def run(batch: list[Any], *args: Any) -> Any:
         if any(item.seq.request_id == "poison" for item in batch):
             raise RuntimeError("kernel failure")
-        return real_run(batch)
+        return real_run(batch, *args)
 
     monkeypatch.setattr(engine.runner, "run", run)
     reference = llm.generate(PROMPTS[2], GREEDY)[0]

@@ -129,7 +129,7 @@ def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
     params = SamplingParams(temperature=0.0, max_tokens=120, structured=structured)
     fed: list[list[tuple[int, ...]]] = []
     run = boundary.engine.runner.run
-    boundary.engine.runner.run = lambda batch: fed.append([i.draft for i in batch]) or run(batch)
+    boundary.engine.runner.run = lambda batch, *a: fed.append([i.draft for i in batch]) or run(batch, *a)
     x, y = _chat(pair[0], [PERSON_PROMPT], params)[0], _chat(boundary, [PERSON_PROMPT], params)[0]
     # The leading forced text's boundary rides along with the prompt's prefill.
     from agent_infer.engine.speculator import boundary_tokens

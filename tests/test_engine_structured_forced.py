@@ -214,9 +214,9 @@ def _record_forwards(llm: Any) -> list[list[int]]:
     runner = llm.engine.runner
     run = runner.run
 
-    def recording(batch: Any) -> Any:
+    def recording(batch: Any, *args: Any) -> Any:
         calls.append([item.num_new_tokens for item in batch])
-        return run(batch)
+        return run(batch, *args)
 
     runner.run = recording
     return calls

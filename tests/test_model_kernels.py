@@ -276,3 +276,52 @@ def test_pool_survives_back_to_back_calls_of_different_sizes() -> None:
     for i in range(1500):
         layer = (small, mid, big)[i % 3]
         assert torch.equal(_run(layer, x, threads=2 + i % 2), want[i % 3])
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0, F32])
+def test_forward_allowed_computes_allowed_groups_bit_identically(ggml_type: int) -> None:
+    """The masked head: allowed columns equal forward()'s bits, groups no row allows are -inf."""
+    n, k = 200, 64  # 13 column groups, the last one partial (8 columns)
+    packed, _ = _layer(ggml_type, n, k, seed=13)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(9))
+    full = _run(packed, x, 2)
+    rng = np.random.default_rng(4)
+    words = (n + 31) // 32
+    cases = {
+        "none": np.zeros((3, words), dtype=np.uint32),
+        "one token": np.zeros((3, words), dtype=np.uint32),
+        "sparse rows": (rng.random((3, words)) < 0.3) * rng.integers(1, 2**32, (3, words), dtype=np.uint32),
+        "all": np.full((3, words), 0xFFFFFFFF, dtype=np.uint32),
+        "short mask": np.full((3, 2), 0xFFFFFFFF, dtype=np.uint32),  # columns past 64 disallowed
+    }
+    cases["one token"][1, 3] = 1 << 20  # column 116: group 7 only
+    for name, bits in cases.items():
+        allowed = torch.from_numpy(bits.view(np.int32).copy())
+        for threads in (1, 2, 3):
+            out = torch.empty(3, n)
+            computed = packed.forward_allowed(x, out, allowed, threads)  # type: ignore[attr-defined]
+            union = np.bitwise_or.reduce(bits, axis=0)
+            need = [
+                g // 2 < union.shape[0] and (int(union[g // 2]) >> (16 * (g % 2))) & 0xFFFF != 0
+                for g in range((n + 15) // 16)
+            ]
+            assert computed == sum(need), name
+            for g, needed in enumerate(need):
+                cols = slice(16 * g, min(n, 16 * g + 16))
+                if needed:
+                    assert torch.equal(out[:, cols], full[:, cols]), (name, g)
+                else:
+                    assert bool(torch.all(out[:, cols] == float("-inf"))), (name, g)
+
+
+def test_forward_allowed_errors() -> None:
+    packed, _ = _layer(Q8_0, 64, 32)
+    x = torch.randn(2, 32)
+    out = torch.empty(2, 64)
+    with pytest.raises(ValueError, match="int32"):
+        packed.forward_allowed(x, out, torch.zeros(2, 2, dtype=torch.int64))  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="rows"):
+        packed.forward_allowed(x, out, torch.zeros(3, 2, dtype=torch.int32))  # type: ignore[attr-defined]
+    layer = qlinear.QuantLinear.from_float(torch.randn(8, 32), torch.randn(8))
+    with pytest.raises(ValueError, match="bias"):
+        layer.forward_allowed(x, torch.zeros(2, 1, dtype=torch.int32))

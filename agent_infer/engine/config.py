@@ -27,7 +27,8 @@ class EngineConfig:
     ``forced_tokens`` appends the tokens a grammar fixes without sampling them (jump-forward);
     ``boundary_drafts`` (with ``forced_tokens``) feeds the forced text's last tokens, which
     jump-forward leaves to the model because their boundary could still move, as a draft verified
-    in the same pass;
+    in the same pass; ``masked_head`` lets the output projection skip the weights of tokens the
+    grammars of a step's rows all exclude (packed CPU head only; logits stay bit-identical);
     ``grammar_workers`` is the size of the pool that compiles request grammars.
 
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
@@ -46,6 +47,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     forced_tokens: bool = True
     boundary_drafts: bool = True
+    masked_head: bool = True
     grammar_workers: int = 2
     speculative_tokens: int = 5
 

@@ -221,7 +221,7 @@ class LLMEngine:
         # matchers already hold every token accepted so far, forced ones included.
         pending = self.grammar.start_masks(seqs, drafts if any(drafts) else None)
         try:
-            logits = self.runner.run(batch)
+            logits = self.runner.run(batch, pending.result if pending is not None else None)
         except BaseException:
             if pending is not None:
                 pending.wait_quietly()  # the retry path must not fill these matchers concurrently

@@ -42,6 +42,7 @@ class PendingMasks:
         self._vocab_size = vocab_size
         #: Seconds the fill took (set once it has run), for the grammar metrics.
         self.fill_seconds = 0.0
+        self._result: torch.Tensor | None = None
         self._future: Future[torch.Tensor] | None = executor.submit(self._fill) if executor else None
 
     def _fill(self) -> torch.Tensor:
@@ -70,8 +71,13 @@ class PendingMasks:
         return bitmask
 
     def result(self) -> torch.Tensor:
-        """The filled int32 bitmask ``[num_rows, words]`` (rows without a matcher allow everything)."""
-        return self._future.result() if self._future is not None else self._fill()
+        """The filled int32 bitmask ``[num_rows, words]`` (rows without a matcher allow everything).
+
+        Filled once: later calls (the output projection, then masking) return the same tensor.
+        """
+        if self._result is None:
+            self._result = self._future.result() if self._future is not None else self._fill()
+        return self._result
 
     def wait_quietly(self) -> None:
         """Block until a background fill is over, ignoring its outcome (the step is being abandoned)."""

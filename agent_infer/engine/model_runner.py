@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from agent_infer.accelerator import Accelerator
@@ -21,6 +23,9 @@ class ModelRunner:
         self.model_config = loaded.config
         self.device = accelerator.device
         self.block_size = config.block_size
+        # Only the packed CPU head can skip masked-out tokens; elsewhere waiting for the mask
+        # before the projection would gain nothing.
+        self.masked_head = config.masked_head and getattr(self.model, "packed_head", None) is not None
         self.num_blocks = self._num_blocks(config)
         self.kv_cache = KVCache.allocate(
             self.model_config, self.num_blocks, self.block_size, self.device, config.torch_dtype
@@ -39,11 +44,16 @@ class ModelRunner:
         return int(num_blocks)
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSequence]) -> torch.Tensor | None:
+    def run(
+        self, batch: list[ScheduledSequence], allowed: Callable[[], torch.Tensor] | None = None
+    ) -> torch.Tensor | None:
         """Forward ``batch``; return float32 logits for the items that sample, in order: one row
         each, plus one row per draft token of items with a draft.
 
-        Returns None when no item samples (every item is a partial prefill chunk).
+        ``allowed`` returns the step's token bitmask (one row per logits row, unconstrained rows
+        all ones); it is called after the decoder layers, so a fill overlapped with them is
+        joined only then, and the output projection skips tokens no row allows (those logits
+        are ``-inf``; the caller masks anyway). Returns None when no item samples.
         """
         bs = self.block_size
         input_ids: list[int] = []
@@ -87,4 +97,6 @@ class ModelRunner:
         )
         if not sample_rows:
             return None
+        if allowed is not None and self.masked_head:
+            return self.model.compute_logits(hidden, allowed())
         return self.model.compute_logits(hidden)

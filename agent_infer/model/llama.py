@@ -221,10 +221,17 @@ class LlamaForCausalLM(nn.Module):
         return x[:n]
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant)."""
+    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant).
+
+        ``allowed`` (int32 token bitmask ``[M, words]``, e.g. a grammar's) lets the packed head skip
+        the weights of tokens no row can take: those logits come back ``-inf`` and every other one
+        is bit-identical. Paths without the packed head ignore it (the caller masks anyway).
+        """
         if self.packed_head is not None:
             with thread_budget():
+                if allowed is not None and self.packed_head.bias is None:
+                    return self.packed_head.forward_allowed(hidden.float(), allowed)
                 return self.packed_head(hidden.float())
         m = int(hidden.shape[0])
         rows = _pad_rows(m)

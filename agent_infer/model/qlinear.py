@@ -86,6 +86,12 @@ class PackedWeight(Protocol):
         """``out = x @ W^T``."""
         ...
 
+    def forward_allowed(
+        self, x: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, num_threads: int = 1
+    ) -> int:
+        """``out = x @ W^T`` for the column groups ``allowed`` selects; ``-inf`` elsewhere."""
+        ...
+
 
 class QuantLinear(nn.Module):
     """``y = x @ W^T (+ bias)`` with ``W`` packed in native memory; float32 CPU activations only."""
@@ -129,6 +135,17 @@ class QuantLinear(nn.Module):
         self.packed.forward(x, out, get_num_threads())
         if self.bias is not None:
             out += self.bias
+        return out
+
+    def forward_allowed(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for the columns a token bitmask can select: only the 16-column groups in
+        which some row of ``allowed`` (int32 ``[M, words]``) has a bit set are computed, bit-identical
+        to :meth:`forward`; every other column is ``-inf``. The bias must be None."""
+        if self.bias is not None:
+            raise ValueError("forward_allowed needs a layer without bias")
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        self.packed.forward_allowed(x, out, allowed.contiguous(), get_num_threads())
         return out
 
     def extra_repr(self) -> str:

@@ -534,6 +534,77 @@ class PackedLinear {
     });
   }
 
+  // forward() restricted to the column groups (16 columns each) in which some row of `allowed`
+  // has a bit set; every column of the other groups becomes -inf. `allowed` is an int32 token
+  // bitmask [M, W] (bit j of word w = column 32w + j; columns past 32W count as disallowed), so a
+  // constrained step reads only the output-projection weights of tokens the grammar can take.
+  // Each computed column has its own FMA chain, so its value is bit-identical to forward()'s.
+  // Returns the number of groups computed.
+  size_t forward_allowed(nb::ndarray<nb::ro> x, nb::ndarray<> out, nb::ndarray<nb::ro> allowed,
+                         int num_threads) const {
+    check_f32(x, "x");
+    check_f32(out, "out");
+    if (x.shape(1) != k_)
+      throw std::invalid_argument("PackedLinear: x has " + std::to_string(x.shape(1)) + " columns, expected " +
+                                  std::to_string(k_));
+    if (out.shape(0) != x.shape(0) || out.shape(1) != n_)
+      throw std::invalid_argument("PackedLinear: out must be [" + std::to_string(x.shape(0)) + ", " +
+                                  std::to_string(n_) + "]");
+    if (allowed.dtype() != nb::dtype<int32_t>() || allowed.device_type() != nb::device::cpu::value ||
+        allowed.ndim() != 2)
+      throw std::invalid_argument("PackedLinear: allowed must be a 2-D int32 CPU bitmask");
+    if (allowed.shape(0) != x.shape(0))
+      throw std::invalid_argument("PackedLinear: allowed has " + std::to_string(allowed.shape(0)) +
+                                  " rows, x has " + std::to_string(x.shape(0)));
+    if ((allowed.shape(0) > 1 && allowed.stride(0) != static_cast<int64_t>(allowed.shape(1))) ||
+        (allowed.shape(1) > 1 && allowed.stride(1) != 1))
+      throw std::invalid_argument("PackedLinear: allowed must be C-contiguous");
+    const size_t m = x.shape(0), words = allowed.shape(1);
+    if (m == 0) return 0;
+    const float* xp = static_cast<const float*>(x.data());
+    float* yp = static_cast<float*>(out.data());
+    const uint32_t* bits = static_cast<const uint32_t*>(allowed.data());
+    const View v{data_.get(), gstride_, k_, n_};
+    const int isa = g_isa.load(std::memory_order_relaxed);
+    const size_t ng = groups_;
+    const int fmt = fmt_;
+    nb::gil_scoped_release release;
+    std::vector<uint32_t> any(words, 0);
+    for (size_t r = 0; r < m; ++r)
+      for (size_t w = 0; w < words; ++w) any[w] |= bits[r * words + w];
+    // Runs of needed groups, cut into chunks of at most kGroupChunk for the pool.
+    std::vector<std::pair<size_t, size_t>> chunks;
+    size_t computed = 0;
+    auto needed = [&](size_t g) { return g / 2 < words && ((any[g / 2] >> (16 * (g & 1))) & 0xffffu) != 0; };
+    for (size_t g = 0; g < ng;) {
+      if (!needed(g)) {
+        size_t e = g + 1;
+        while (e < ng && !needed(e)) ++e;
+        const size_t c0 = g * kLanes, c1 = std::min(n_, e * kLanes);
+        for (size_t r = 0; r < m; ++r) std::fill(yp + r * n_ + c0, yp + r * n_ + c1, -INFINITY);
+        g = e;
+        continue;
+      }
+      size_t e = g + 1;
+      while (e < ng && needed(e)) ++e;
+      computed += e - g;
+      for (size_t b = g; b < e; b += kGroupChunk) chunks.emplace_back(b, std::min(e, b + kGroupChunk));
+      g = e;
+    }
+    if (chunks.empty()) return 0;
+    const int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks.size()));
+    pool().run(threads, chunks.size(), [&](size_t c) {
+      const auto [gb, ge] = chunks[c];
+      if (fmt == kF32)
+        run_range<kF32>(isa, v, gb, ge, xp, m, yp);
+      else if (fmt == kQ8)
+        run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
+      else
+        run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
+    });
+    return computed;
+  }
+
   size_t n() const { return n_; }
   size_t k() const { return k_; }
   int ggml_type() const { return ggml_type_; }
@@ -632,6 +703,10 @@ void register_linear(nb::module_& m) {
            "Pack ``n`` rows of ``k`` weights given as the tensor's raw GGUF bytes (uint8, row-major).")
       .def("forward", &PackedLinear::forward, nb::arg("x"), nb::arg("out"), nb::arg("num_threads") = 1,
            "out[M, N] = x[M, K] @ W^T (float32, C-contiguous); the GIL is released.")
+      .def("forward_allowed", &PackedLinear::forward_allowed, nb::arg("x"), nb::arg("out"), nb::arg("allowed"),
+           nb::arg("num_threads") = 1,
+           "forward() for the 16-column groups some row of the int32 token bitmask ``allowed`` [M, W] "
+           "allows; the other groups' columns are set to -inf. Returns the number of groups computed.")
       .def_prop_ro("n", &PackedLinear::n)
       .def_prop_ro("k", &PackedLinear::k)
       .def_prop_ro("ggml_type", &PackedLinear::ggml_type)
