@@ -325,3 +325,17 @@ def test_forward_allowed_errors() -> None:
     layer = qlinear.QuantLinear.from_float(torch.randn(8, 32), torch.randn(8))
     with pytest.raises(ValueError, match="bias"):
         layer.forward_allowed(x, torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_project_fast_path_equals_forward() -> None:
+    """QuantLinear.project (raw addresses, no module dispatch) gives forward()'s bits, bias included,
+    and routes inputs it cannot pass raw (non-contiguous, other dtypes) through forward()."""
+    w, b = torch.randn(40, 64), torch.randn(40)
+    layer = qlinear.QuantLinear.from_float(w, b)
+    x = torch.randn(7, 64)
+    assert torch.equal(layer.project(x), layer(x))
+    xt = torch.randn(64, 7).T  # non-contiguous
+    assert torch.equal(layer.project(xt), layer(xt.contiguous()))
+    assert layer.project(torch.empty(0, 64)).shape == (0, 40)
+    with pytest.raises(TypeError):
+        layer.project(x.double())

@@ -65,7 +65,7 @@ _GGUF_PROJECTIONS = {
 
 def _linear(x: torch.Tensor, weight: _Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, QuantLinear):
-        y = weight(x)
+        y = weight.project(x)
         return y if bias is None else y.add_(bias)
     return F.linear(x, weight, bias)
 

@@ -512,10 +512,20 @@ class PackedLinear {
     if (out.shape(0) != x.shape(0) || out.shape(1) != n_)
       throw std::invalid_argument("PackedLinear: out must be [" + std::to_string(x.shape(0)) + ", " +
                                   std::to_string(n_) + "]");
-    const size_t m = x.shape(0);
+    run(static_cast<const float*>(x.data()), x.shape(0), static_cast<float*>(out.data()), num_threads);
+  }
+
+  // forward() on raw addresses: the caller guarantees x is [m, K] and out [m, N], float32,
+  // C-contiguous and alive for the call. A decode step makes ~120 of these calls; converting two
+  // tensors per call costs more than a one-row Q4 group's compute.
+  void forward_raw(uintptr_t x, size_t m, uintptr_t out, int num_threads) const {
     if (m == 0) return;
-    const float* xp = static_cast<const float*>(x.data());
-    float* yp = static_cast<float*>(out.data());
+    if (x == 0 || out == 0) throw std::invalid_argument("PackedLinear.forward_raw: null address");
+    run(reinterpret_cast<const float*>(x), m, reinterpret_cast<float*>(out), num_threads);
+  }
+
+  void run(const float* xp, size_t m, float* yp, int num_threads) const {
+    if (m == 0) return;
     const View v{data_.get(), gstride_, k_, n_};
     const int isa = g_isa.load(std::memory_order_relaxed);
     const size_t ng = groups_;
@@ -703,6 +713,10 @@ void register_linear(nb::module_& m) {
            "Pack ``n`` rows of ``k`` weights given as the tensor's raw GGUF bytes (uint8, row-major).")
       .def("forward", &PackedLinear::forward, nb::arg("x"), nb::arg("out"), nb::arg("num_threads") = 1,
            "out[M, N] = x[M, K] @ W^T (float32, C-contiguous); the GIL is released.")
+      .def("forward_raw", &PackedLinear::forward_raw, nb::arg("x"), nb::arg("m"), nb::arg("out"),
+           nb::arg("num_threads") = 1,
+           "forward() on raw addresses (x [m, K], out [m, N], float32, C-contiguous; the caller "
+           "checks and keeps both alive); the GIL is released.")
       .def("forward_allowed", &PackedLinear::forward_allowed, nb::arg("x"), nb::arg("out"), nb::arg("allowed"),
            nb::arg("num_threads") = 1,
            "forward() for the 16-column groups some row of the int32 token bitmask ``allowed`` [M, W] "
