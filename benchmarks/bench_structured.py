@@ -506,6 +506,12 @@ def report(
               f"total; CPU time {ratio(nb, ref, 'per_request_cpu_s')}; median per-request ratio: wall "
               f"{paired(nb, ref, 'seconds')}; boundary drafts accepted in the forced-on row "
               f"{by[on]['accepted']}/{by[on]['drafted']}")  # fmt: skip
+    if (FULL_HEAD, 1) in by:
+        fh = (FULL_HEAD, 1)
+        print(f"* same, forced on with the full output projection (no masked head): "
+              f"{ratio(fh, ref, 'per_request_s')} total; CPU time {ratio(fh, ref, 'per_request_cpu_s')}; masked / "
+              f"full head wall per request: {ratio(on, fh, 'per_request_s')} (median per request "
+              f"{paired(on, fh, 'seconds')})")  # fmt: skip
     on, ref = (DRAFTS_ON, 1), (REF_DRAFTS, 1)
     if on in by:
         row = by[on]
