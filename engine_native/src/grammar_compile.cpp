@@ -116,10 +116,18 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
     queued[r] = 0;
     if (productive[r]) continue;
     deadline.check();
+    // A rule lowered through the store reaches acceptance from every state (the store keeps no
+    // dead state but the empty language's start, which has no edge and does not accept), using
+    // references only to the rules it calls: once those are all productive, so is the rule.
+    const uint32_t b = static_cast<uint32_t>(base[r]);
+    bool ok = stored[r] && (pool.final[b] || pool.byte_begin[b + 1] > pool.byte_begin[b] ||
+                            pool.ref_begin[b + 1] > pool.ref_begin[b]);
+    for (uint32_t e = pool.ref_begin[b]; ok && e < pool.ref_begin[b + count[r]]; ++e) {
+      ok = productive[pool.refs[e].rule] != 0;
+    }
     ++stamp;
     stack.assign(1, base[r]);
     seen[base[r]] = stamp;
-    bool ok = false;
     while (!stack.empty() && !ok) {
       const int32_t x = stack.back();
       stack.pop_back();

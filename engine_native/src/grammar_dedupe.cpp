@@ -40,11 +40,14 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   }
   for (size_t r = 0; r < R; ++r) caller_begin[r + 1] += caller_begin[r];
   callers.resize(ref_pos.size());
+  // callee[k]: the target of reference k (rule r's are callee[ref_begin[r], ref_begin[r + 1])).
+  std::vector<int32_t> callee(ref_pos.size());
   {
     std::vector<uint32_t> fill(caller_begin.begin(), caller_begin.end() - 1);
     for (size_t r = 0; r < R; ++r) {
       for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
-        callers[fill[rules[r][ref_pos[k]]]++] = static_cast<uint32_t>(r);
+        callee[k] = rules[r][ref_pos[k]];
+        callers[fill[callee[k]]++] = static_cast<uint32_t>(r);
       }
     }
   }
@@ -67,10 +70,24 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   // partition is abandoned (merging is an optimization, the unmerged grammar is equally exact).
   const size_t budget = 64 * total_words + 4096;
   size_t work = 0;
+  // The first round splits the single initial class by the programs with every reference
+  // masked (all rules are in class 0), so afterwards the members of a class differ at most in
+  // their references' targets: later rounds key and compare a rule by its callees' classes alone,
+  // a few words per rule instead of its whole program (which the first round read once).
+  bool by_callees = false;
   // Two words per multiply: the chain of dependent multiplies, not the loads, bounds this loop
   // (it runs over every word of every rule at least once). Only equality of keys matters here
   // (same_key confirms), and the classes come out the same whatever the hash.
   auto key_hash = [&](int32_t r) {
+    if (by_callees) {
+      uint64_t h = 1469598103934665603ull;
+      for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
+        h = (h ^ static_cast<uint32_t>(cls[callee[k]])) * 1099511628211ull;
+      }
+      h ^= h >> 29;
+      work += ref_begin[r + 1] - ref_begin[r] + 1;
+      return h;
+    }
     const std::vector<int32_t>& code = rules[r];
     uint64_t h = 1469598103934665603ull ^ code.size();
     uint32_t k = ref_begin[r];
@@ -95,6 +112,15 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
     return h;
   };
   auto same_key = [&](int32_t a, int32_t b) {
+    if (by_callees) {
+      const uint32_t n = ref_begin[a + 1] - ref_begin[a];
+      if (ref_begin[b + 1] - ref_begin[b] != n) return false;
+      for (uint32_t k = 0; k < n; ++k) {
+        if (cls[callee[ref_begin[a] + k]] != cls[callee[ref_begin[b] + k]]) return false;
+      }
+      work += n;
+      return true;
+    }
     const std::vector<int32_t>& x = rules[a];
     const std::vector<int32_t>& y = rules[b];
     if (x.size() != y.size()) return false;
@@ -117,6 +143,7 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   std::vector<uint32_t> group_at;                    // where each group starts in elems
   std::vector<std::pair<uint32_t, uint32_t>> parts;  // [begin, end) in elems after regrouping
   for (size_t qi = 0; qi < queue.size(); ++qi) {
+    by_callees = qi > 0;
     const int32_t c = queue[qi];
     queued[c] = 0;
     t_list.clear();

@@ -21,11 +21,15 @@ namespace {
 using ByteSet = CompiledGrammar::ByteSet;
 
 void add_range(ByteSet& set, int lo, int hi) {
-  for (int w = lo >> 5; w <= hi >> 5; ++w) {
-    const int a = std::max(lo, w << 5) & 31, b = std::min(hi, (w << 5) | 31) & 31;
-    const uint32_t bits = (b == 31 ? ~0u : (1u << (b + 1)) - 1) & ~((1u << a) - 1);
-    set[w] |= bits;
+  const int first = lo >> 5, last = hi >> 5;
+  const uint32_t low_bits = ~0u << (lo & 31), high_bits = ~0u >> (31 - (hi & 31));
+  if (first == last) {
+    set[first] |= low_bits & high_bits;
+    return;
   }
+  set[first] |= low_bits;
+  for (int w = first + 1; w < last; ++w) set[w] = ~0u;
+  set[last] |= high_bits;
 }
 
 void merge(ByteSet& dst, const ByteSet& src) {
@@ -84,14 +88,19 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
   const size_t S = states.size(), R = rule_start.size(), N = S + R;
   FollowLease lease;  // compute_follow_sets never runs inside itself, so one set per thread does
   FollowScratch& scratch = *lease;
+  // FIRST sets are read only for rule starts, reference targets and what those depend on (the
+  // searches below start from these alone), so a state's own bytes are filled in when the
+  // search first meets it; the others are never read and never written.
   std::vector<ByteSet>& first = scratch.first;
-  first.assign(S, ByteSet{});
+  first.resize(S);
   follow.assign(R, ByteSet{});
-  for (size_t q = 0; q < S; ++q) {
+  auto init_first = [&](uint32_t q) {
+    ByteSet set{};
     for (uint32_t e = states[q].byte_begin; e < states[q].byte_end; ++e) {
-      add_range(first[q], byte_edges[e].lo, byte_edges[e].hi);
+      add_range(set, byte_edges[e].lo, byte_edges[e].hi);
     }
-  }
+    first[q] = set;
+  };
   auto value = [&](size_t u) -> ByteSet& { return u < S ? first[u] : follow[u - S]; };
 
   // Dependencies (node u's set includes node v's), as CSR: state i calling rule r and landing in
@@ -128,16 +137,21 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
   constexpr uint32_t kUnseen = ~0u, kDone = ~0u - 1;
   std::vector<uint32_t>&index = scratch.index, &low = scratch.low, &stack = scratch.stack;
   index.assign(N, kUnseen);
-  low.assign(N, 0);
+  low.resize(N);  // written when a node is first met, before it is read
   stack.clear();
   std::vector<std::pair<uint32_t, uint32_t>>& calls = scratch.calls;  // (node, next dependency)
   calls.clear();
   uint32_t counter = 0;
-  for (size_t root = 0; root < N; ++root) {
-    if (index[root] != kUnseen || dep_begin[root] == dep_begin[root + 1]) continue;
-    calls.push_back({static_cast<uint32_t>(root), dep_begin[root]});
+  auto search = [&](uint32_t root) {
+    if (index[root] != kUnseen) return;
+    if (root < S) init_first(root);
+    if (dep_begin[root] == dep_begin[root + 1]) {
+      index[root] = kDone;
+      return;
+    }
+    calls.push_back({root, dep_begin[root]});
     index[root] = low[root] = counter++;
-    stack.push_back(static_cast<uint32_t>(root));
+    stack.push_back(root);
     while (!calls.empty()) {
       check_time();
       const uint32_t u = calls.back().first;
@@ -145,6 +159,7 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
       if (k < dep_begin[u + 1]) {
         const uint32_t v = deps[k++];
         if (index[v] == kUnseen) {
+          if (v < S) init_first(v);
           if (dep_begin[v] == dep_begin[v + 1]) {
             index[v] = kDone;  // depends on nothing: its set is final already
           } else {
@@ -178,7 +193,13 @@ void CompiledGrammar::compute_follow_sets(const Limits& limits) {
       for (size_t m = bottom; m < top; ++m) value(stack[m]) = set;
       stack.resize(bottom);
     }
+  };
+  for (size_t r = 0; r < R; ++r) {
+    if (rule_start[r] < 0) continue;
+    search(static_cast<uint32_t>(rule_start[r]));
+    search(static_cast<uint32_t>(S + r));
   }
+  for (const RefEdge& re : ref_edges) search(static_cast<uint32_t>(re.target));
 
   // reach_call: a state with references is reachable through >= 1 byte edge (reverse search).
   std::vector<uint32_t>&pred_begin = scratch.pred_begin, &preds = scratch.preds;

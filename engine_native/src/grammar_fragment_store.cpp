@@ -96,8 +96,7 @@ void FragmentStore::reset() {
   concats_.clear();
   depth_ = 0;
   limit_ = 1;
-  none_.clear();
-  accept_ = make(true, none_, nullptr);
+  accept_ = intern(true, nullptr, 0, nullptr, 0);
 }
 
 size_t FragmentStore::retained_bytes() const {
@@ -110,10 +109,20 @@ size_t FragmentStore::retained_bytes() const {
   return n;
 }
 
-std::vector<ByteEdge>& FragmentStore::buffer(size_t depth) {
+ByteEdge* FragmentStore::buffer(size_t depth, size_t need) {
   while (bufs_.size() <= depth) bufs_.emplace_back();
-  bufs_[depth].clear();
-  return bufs_[depth];
+  // Grown, never shrunk or cleared: callers write what they need and pass its length on.
+  if (bufs_[depth].size() < need) bufs_[depth].resize(std::max(need, 2 * bufs_[depth].size()));
+  return bufs_[depth].data();
+}
+
+size_t FragmentStore::compact(std::vector<RefEdge>* refs) {
+  size_t m = 0;
+  for (const RefEdge& e : *refs) {
+    if (e.target >= 0) (*refs)[m++] = e;
+  }
+  refs->resize(m);
+  return m;
 }
 
 std::vector<RefEdge>& FragmentStore::ref_buffer(size_t depth) {
@@ -123,17 +132,7 @@ std::vector<RefEdge>& FragmentStore::ref_buffer(size_t depth) {
 }
 
 int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vector<RefEdge>* refs) {
-  // Canonical edges: no dead targets, adjacent ranges with one target joined.
-  size_t n = 0;
-  for (const ByteEdge& e : edges) {
-    if (e.target < 0) continue;
-    if (n > 0 && edges[n - 1].target == e.target && edges[n - 1].hi + 1 == e.lo) {
-      edges[n - 1].hi = e.hi;
-    } else {
-      edges[n++] = e;
-    }
-  }
-  edges.resize(n);
+  edges.resize(canonical(edges.data(), edges.size()));
   size_t m = 0;
   if (refs != nullptr) {
     // At most one edge per rule, by ascending rule (as subset construction groups them).
@@ -142,14 +141,34 @@ int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vecto
     }
     refs->resize(m);
   }
+  return intern(final, edges.data(), edges.size(), m > 0 ? refs->data() : nullptr, m);
+}
+
+size_t FragmentStore::canonical(ByteEdge* edges, size_t count) {
+  // No dead targets, adjacent ranges with one target joined.
+  size_t n = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const ByteEdge e = edges[k];
+    if (e.target < 0) continue;
+    if (n > 0 && edges[n - 1].target == e.target && edges[n - 1].hi + 1 == e.lo) {
+      edges[n - 1].hi = e.hi;
+    } else {
+      edges[n++] = e;
+    }
+  }
+  return n;
+}
+
+int32_t FragmentStore::intern(bool final, const ByteEdge* edges, size_t n, const RefEdge* refs, size_t m) {
   if (n == 0 && m == 0 && !final) return kDead;
   uint64_t h = mix(0x51ED270B, final ? 1 : 2);
-  for (const ByteEdge& e : edges) {
+  for (size_t k = 0; k < n; ++k) {
+    const ByteEdge& e = edges[k];
     h = mix(h, (static_cast<uint64_t>(e.lo) << 40) ^ (static_cast<uint64_t>(e.hi) << 32) ^
                    static_cast<uint32_t>(e.target));
   }
   for (size_t k = 0; k < m; ++k) {
-    const RefEdge& e = (*refs)[k];
+    const RefEdge& e = refs[k];
     h = mix(h, (static_cast<uint64_t>(static_cast<uint32_t>(e.rule)) << 32) ^ static_cast<uint32_t>(e.target) ^
                    (uint64_t{1} << 63));
   }
@@ -171,7 +190,7 @@ int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vecto
     }
     for (size_t k = 0; k < m && same; ++k) {
       const RefEdge& a = refs_[ref_begin_[s] + k];
-      same = a.rule == (*refs)[k].rule && a.target == (*refs)[k].target;
+      same = a.rule == refs[k].rule && a.target == refs[k].target;
     }
     if (same) return s;
   }
@@ -179,9 +198,9 @@ int32_t FragmentStore::make(bool final, std::vector<ByteEdge>& edges, std::vecto
   if (deadline_ != nullptr) deadline_->check();
   const int32_t s = static_cast<int32_t>(final_.size());
   final_.push_back(final ? 1 : 0);
-  edges_.insert(edges_.end(), edges.begin(), edges.end());
+  edges_.insert(edges_.end(), edges, edges + n);
   begin_.push_back(static_cast<uint32_t>(edges_.size()));
-  if (m > 0) refs_.insert(refs_.end(), refs->begin(), refs->end());
+  if (m > 0) refs_.insert(refs_.end(), refs, refs + m);
   ref_begin_.push_back(static_cast<uint32_t>(refs_.size()));
   hash_.push_back(h);
   table_[i] = (h & kTag) | (static_cast<uint64_t>(s) + 1);
@@ -206,29 +225,33 @@ int32_t FragmentStore::unite(int32_t a, int32_t b) {
   const int32_t found = unions_.find(key);
   if (found != -2) return found;
   if (++depth_ > kMaxDepth) throw Overflow();
-  std::vector<ByteEdge>& out = buffer(depth_);
   // A sweep over both sorted, disjoint edge lists; overlaps lead to the union of the targets.
   uint32_t i = begin_[a], j = begin_[b];
   const uint32_t ie = begin_[a + 1], je = begin_[b + 1];
+  // Every piece written ends at the end of an edge or just before another edge starts: at most
+  // two per edge. Written in place (push_back is an out-of-line call here); the recursion below
+  // fills deeper buffers only, so `put` stays valid.
+  ByteEdge* const put = buffer(depth_, 2 * static_cast<size_t>(ie - i + je - j));
+  size_t n_out = 0;
   int a_lo = i < ie ? edges_[i].lo : 256, b_lo = j < je ? edges_[j].lo : 256;
   while (i < ie || j < je) {
     if (j >= je || (i < ie && a_lo < b_lo)) {
       const ByteEdge e = edges_[i];
       const int hi = j < je ? std::min<int>(e.hi, b_lo - 1) : e.hi;
-      out.push_back({static_cast<uint8_t>(a_lo), static_cast<uint8_t>(hi), e.target});
+      put[n_out++] = {static_cast<uint8_t>(a_lo), static_cast<uint8_t>(hi), e.target};
       a_lo = hi + 1;
       if (a_lo > e.hi && ++i < ie) a_lo = edges_[i].lo;
     } else if (i >= ie || b_lo < a_lo) {
       const ByteEdge e = edges_[j];
       const int hi = i < ie ? std::min<int>(e.hi, a_lo - 1) : e.hi;
-      out.push_back({static_cast<uint8_t>(b_lo), static_cast<uint8_t>(hi), e.target});
+      put[n_out++] = {static_cast<uint8_t>(b_lo), static_cast<uint8_t>(hi), e.target};
       b_lo = hi + 1;
       if (b_lo > e.hi && ++j < je) b_lo = edges_[j].lo;
     } else {
       const ByteEdge ea = edges_[i], eb = edges_[j];
       const int hi = std::min<int>(ea.hi, eb.hi);
       const int32_t t = unite(ea.target, eb.target);  // may grow edges_: ea, eb are copies
-      out.push_back({static_cast<uint8_t>(a_lo), static_cast<uint8_t>(hi), t});
+      put[n_out++] = {static_cast<uint8_t>(a_lo), static_cast<uint8_t>(hi), t};
       a_lo = b_lo = hi + 1;
       if (a_lo > ea.hi && ++i < ie) a_lo = edges_[i].lo;
       if (b_lo > eb.hi && ++j < je) b_lo = edges_[j].lo;
@@ -253,7 +276,8 @@ int32_t FragmentStore::unite(int32_t a, int32_t b) {
       }
     }
   }
-  const int32_t s = make(final_[a] || final_[b], out, rout);
+  const size_t m = rout != nullptr ? compact(rout) : 0;
+  const int32_t s = intern(final_[a] || final_[b], put, canonical(put, n_out), m > 0 ? rout->data() : nullptr, m);
   --depth_;
   unions_.insert(key, s);
   return s;
@@ -266,10 +290,12 @@ int32_t FragmentStore::concat(int32_t s, int32_t cont) {
   const int32_t found = concats_.find(key);
   if (found != -2) return found;
   if (++depth_ > kMaxDepth) throw Overflow();
-  std::vector<ByteEdge>& out = buffer(depth_);
+  const size_t n_out = begin_[s + 1] - begin_[s];
+  ByteEdge* const put = buffer(depth_, n_out);  // written in place: deeper calls use deeper buffers
   for (uint32_t e = begin_[s]; e < begin_[s + 1]; ++e) {
     const ByteEdge edge = edges_[e];
-    out.push_back({edge.lo, edge.hi, concat(edge.target, cont)});
+    const int32_t t = concat(edge.target, cont);  // may grow edges_: `edge` is a copy
+    put[e - begin_[s]] = {edge.lo, edge.hi, t};
   }
   std::vector<RefEdge>* rout = nullptr;
   if (ref_begin_[s] < ref_begin_[s + 1]) {
@@ -279,7 +305,8 @@ int32_t FragmentStore::concat(int32_t s, int32_t cont) {
       rout->push_back({edge.rule, concat(edge.target, cont)});
     }
   }
-  int32_t r = make(false, out, rout);
+  const size_t m = rout != nullptr ? compact(rout) : 0;
+  int32_t r = intern(false, put, canonical(put, n_out), m > 0 ? rout->data() : nullptr, m);
   if (final_[s]) r = unite(r, cont);
   --depth_;
   concats_.insert(key, r);
@@ -289,8 +316,8 @@ int32_t FragmentStore::concat(int32_t s, int32_t cont) {
 int32_t FragmentStore::chain(const std::pair<uint8_t, uint8_t>* ranges, int n, int32_t cont) {
   int32_t s = cont;
   for (int i = n - 1; i >= 0 && s != kDead; --i) {
-    one_.assign(1, ByteEdge{ranges[i].first, ranges[i].second, s});
-    s = make(false, one_, nullptr);
+    const ByteEdge one{ranges[i].first, ranges[i].second, s};
+    s = intern(false, &one, 1, nullptr, 0);
   }
   return s;
 }
@@ -327,9 +354,8 @@ namespace grammar {
 
 int32_t FragmentStore::reference(int32_t rule, int32_t cont) {
   if (cont == kDead) return kDead;
-  none_.clear();
-  one_ref_.assign(1, RefEdge{rule, cont});
-  return make(false, none_, &one_ref_);
+  const RefEdge one{rule, cont};
+  return intern(false, nullptr, 0, &one, 1);
 }
 
 int32_t FragmentStore::flatten_into(int32_t start, DfaPool* pool) {
@@ -342,26 +368,47 @@ int32_t FragmentStore::flatten_into(int32_t start, DfaPool* pool) {
     return base;
   }
   if (local_.size() < final_.size()) local_.resize(final_.size(), -1);
+  // Number the reachable states first, so the pool grows once per array and the edges are
+  // written in place (a push_back per edge is an out-of-line call here).
   queue_.assign(1, start);
   local_[start] = 0;
-  auto local = [&](int32_t t) {
+  size_t n_bytes = 0, n_refs = 0;
+  auto visit = [&](int32_t t) {
     if (local_[t] < 0) {
       local_[t] = static_cast<int32_t>(queue_.size());
       queue_.push_back(t);
     }
-    return base + local_[t];
   };
   for (size_t k = 0; k < queue_.size(); ++k) {
     const int32_t s = queue_[k];
-    pool->final.push_back(final_[s]);
+    n_bytes += begin_[s + 1] - begin_[s];
+    n_refs += ref_begin_[s + 1] - ref_begin_[s];
+    for (uint32_t e = begin_[s]; e < begin_[s + 1]; ++e) visit(edges_[e].target);
+    for (uint32_t e = ref_begin_[s]; e < ref_begin_[s + 1]; ++e) visit(refs_[e].target);
+  }
+  const size_t n = queue_.size(), s0 = pool->final.size(), b0 = pool->bytes.size(), r0 = pool->refs.size();
+  pool->final.resize(s0 + n);
+  pool->byte_begin.resize(s0 + n + 1);
+  pool->ref_begin.resize(s0 + n + 1);
+  pool->bytes.resize(b0 + n_bytes);
+  pool->refs.resize(r0 + n_refs);
+  uint8_t* final = pool->final.data() + s0;
+  uint32_t* byte_begin = pool->byte_begin.data() + s0 + 1;
+  uint32_t* ref_begin = pool->ref_begin.data() + s0 + 1;
+  ByteEdge* bytes = pool->bytes.data();
+  RefEdge* refs = pool->refs.data();
+  uint32_t nb = static_cast<uint32_t>(b0), nr = static_cast<uint32_t>(r0);
+  for (size_t k = 0; k < n; ++k) {
+    const int32_t s = queue_[k];
+    final[k] = final_[s];
     for (uint32_t e = begin_[s]; e < begin_[s + 1]; ++e) {
-      pool->bytes.push_back({edges_[e].lo, edges_[e].hi, local(edges_[e].target)});
+      bytes[nb++] = {edges_[e].lo, edges_[e].hi, base + local_[edges_[e].target]};
     }
-    pool->byte_begin.push_back(static_cast<uint32_t>(pool->bytes.size()));
+    byte_begin[k] = nb;
     for (uint32_t e = ref_begin_[s]; e < ref_begin_[s + 1]; ++e) {
-      pool->refs.push_back({refs_[e].rule, local(refs_[e].target)});
+      refs[nr++] = {refs_[e].rule, base + local_[refs_[e].target]};
     }
-    pool->ref_begin.push_back(static_cast<uint32_t>(pool->refs.size()));
+    ref_begin[k] = nr;
   }
   for (int32_t s : queue_) local_[s] = -1;
   return base;

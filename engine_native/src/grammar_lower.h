@@ -242,7 +242,13 @@ class FragmentStore {
 
  private:
   static constexpr size_t kMaxDepth = 4000;  // recursion of unite/concat (the C++ stack)
-  std::vector<ByteEdge>& buffer(size_t depth);
+  // At least `need` edges of scratch for recursion depth `depth` (valid until that depth is reused).
+  ByteEdge* buffer(size_t depth, size_t need);
+  // Drops dead targets and joins adjacent ranges with one target, in place; returns the count.
+  static size_t canonical(ByteEdge* edges, size_t count);
+  static size_t compact(std::vector<RefEdge>* refs);  // drops dead targets; returns the count
+  // The state with these canonical edges (make() without the canonicalizing).
+  int32_t intern(bool final, const ByteEdge* edges, size_t n, const RefEdge* refs, size_t m);
   std::vector<RefEdge>& ref_buffer(size_t depth);
   std::vector<uint8_t> final_;
   std::vector<uint32_t> begin_{0};
@@ -254,8 +260,6 @@ class FragmentStore {
   // empty), so a probe passing other states reads no state but the table.
   std::vector<uint64_t> table_;
   PairMemo unions_, concats_;
-  std::vector<ByteEdge> one_, none_;  // chain() and reference(): no recursion, so one buffer each
-  std::vector<RefEdge> one_ref_;
   std::deque<std::vector<ByteEdge>> bufs_;  // one per recursion depth (a deque: references stay valid)
   std::deque<std::vector<RefEdge>> ref_bufs_;
   std::vector<int32_t> local_, queue_;       // flatten(): local_ is all -1 between calls
