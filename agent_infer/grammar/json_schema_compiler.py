@@ -89,6 +89,8 @@ class Compiler(RuleWriter):
             self.ws = Ref("ws")
         self._colon = lit(": ") if indent is not None else seq(self.ws, lit(":"), self.ws)
         self._seps: dict[int, Expr] = {}
+        # property name -> its quoted key and colon (json_schema_objects._quoted_key)
+        self.quoted_keys: dict[str, Expr] = {}
         self._empties: dict[str, Expr] = {}
 
     # -- reporting -----------------------------------------------------------------------------
@@ -324,11 +326,51 @@ class Compiler(RuleWriter):
 
         ``record`` copies the sub-compilation's warnings (when its result shapes this grammar).
         """
-        from agent_infer.grammar.reference import ReferenceRecognizer
-
         key = (json.dumps(schema, sort_keys=True, default=str), strict)
         if key in self._matchers:
             return self._matchers[key]
+        accepts = self._matchers[key] = self._build_matcher(schema, pointer, strict=strict, record=record)
+        return accepts
+
+    def typed_matcher(
+        self, schema: dict[str, Any], unknown: list[str], pointer: str
+    ) -> Callable[[Any], bool]:
+        """``value_matcher(schema, pointer, strict=self.strict, record=True)`` for a schema of one
+        ``type`` and the ``unknown`` keywords: the same warnings (or error) and answers, where a
+        scalar's answer is read off its type instead of running the schema's compiled grammar."""
+        from agent_infer.grammar.json_schema_values import _type_only
+
+        key = (json.dumps(schema, sort_keys=True, default=str), self.strict)
+        found = self._matchers.get(key)
+        if found is not None:
+            return found
+        start = len(self.warnings)
+        for name in unknown:
+            self.unknown_keyword(name, f"{pointer}/{name}")
+        # Recorded as value_matcher records a sub-grammar's warnings: each text once.
+        new = self.warnings[start:]
+        del self.warnings[start:]
+        self.warnings.extend(w for w in new if w not in self.warnings)
+        typed = {"type": schema["type"]}
+        full: list[Callable[[Any], bool]] = []
+
+        def accepts(v: Any) -> bool:
+            by_type = _type_only(typed, v)
+            if by_type is not None:
+                return by_type
+            if not full:  # containers, or a type name the grammar rejects: the grammar decides
+                full.append(self._build_matcher(schema, pointer, strict=self.strict, record=False))
+            return full[0](v)
+
+        self._matchers[key] = accepts
+        return accepts
+
+    def _build_matcher(
+        self, schema: Any, pointer: str, *, strict: bool, record: bool
+    ) -> Callable[[Any], bool]:
+        """The recognizer behind :meth:`value_matcher` (not memoized)."""
+        from agent_infer.grammar.reference import ReferenceRecognizer
+
         sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
         sub._dfa_cache = self._dfa_cache
         sub._matchers = self._matchers
@@ -340,5 +382,4 @@ class Compiler(RuleWriter):
         def accepts(v: Any) -> bool:
             return rec.accepts(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
 
-        self._matchers[key] = accepts
         return accepts

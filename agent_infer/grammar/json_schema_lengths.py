@@ -13,8 +13,9 @@ follows the open part (then the product's state limit is the better judge of the
 
 from __future__ import annotations
 
-from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Repeat, Seq, alt, seq
-from agent_infer.grammar.json_schema_automata import DFA, Edge, new_product_state
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq, alt, seq
+from agent_infer.grammar.json_schema_automata import DFA, Edge, encoded_head, new_product_state
 
 _NO_MATCH: Expr = Alt(())
 # Fixed-width text after the open repeat, at most: a counted repeat followed by w characters it may
@@ -130,3 +131,94 @@ def dfa_bound_length(a: DFA, min_len: int, max_len: int | None, max_states: int 
         edges.append(out)
         i += 1
     return DFA(edges, accept)
+
+
+def bounded_rules(
+    a: DFA, min_len: int, max_len: int, prefix: str, max_states: int = 4000
+) -> tuple[Expr, list[tuple[str, Expr]]]:
+    """``dfa_to_rules(dfa_bound_length(a, min_len, max_len), prefix)`` (the same rules, names and
+    order) without building that product: its states are layers ``(pattern state, length)``, a
+    state's edges are its pattern state's, retargeted one layer down, so the grouping and JSON
+    encoding of the edges are done once per pattern state instead of once per pair, and liveness
+    is a backward sweep over the layers."""
+    a_edges, a_accept = a.edges, a.accept
+    # Pairs are numbered breadth first, as dfa_bound_length meets them: every state of layer k
+    # is numbered (met from layer k - 1) before any of layer k + 1.
+    layers: list[list[int]] = [[0]]
+    total = 1
+    for _ in range(max_len):
+        seen: dict[int, None] = {}
+        for x in layers[-1]:
+            for _lo, _hi, t in a_edges[x]:
+                seen[t] = None
+        total += len(seen)
+        if total > max_states:
+            raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+        layers.append(list(seen))
+    # Per pattern state: its targets with the JSON encoding of the ranges leading to each, in
+    # first-edge order (dfa_to_rules's grouping), the same for every layer.
+    groups: dict[int, list[tuple[int, tuple[Expr, ...]]]] = {}
+    targets: dict[int, frozenset[int]] = {}
+    heads: dict[tuple[tuple[int, int], ...], tuple[Expr, ...]] = {}
+    for layer in layers:
+        for x in layer:
+            if x not in groups:
+                by_target: dict[int, list[tuple[int, int]]] = {}
+                for lo, hi, t in a_edges[x]:
+                    by_target.setdefault(t, []).append((lo, hi))
+                out = []
+                for t, rs in by_target.items():
+                    ranges = tuple(_merged(rs))
+                    head = heads.get(ranges)
+                    if head is None:
+                        head = heads[ranges] = encoded_head(ranges)
+                    out.append((t, head))
+                groups[x] = out
+                targets[x] = frozenset(by_target)
+    # live[k]: the pattern states of layer k from which an accepted length is reachable.
+    live: list[set[int]] = [set() for _ in layers]
+    live[max_len] = {x for x in layers[max_len] if x in a_accept} if max_len >= min_len else set()
+    for k in range(max_len - 1, -1, -1):
+        below = live[k + 1]
+        ends = k >= min_len
+        live[k] = {x for x in layers[k] if (ends and x in a_accept) or not below.isdisjoint(targets[x])}
+    if 0 not in live[0]:
+        return Alt(()), []
+    rules: list[tuple[str, Expr]] = []
+    empty = Empty()
+    start = Ref(f"{prefix}0")
+    refs: dict[int, Ref] = {0: start}  # this layer's live states' references (their rule names)
+    first = 0
+    for k, layer in enumerate(layers):
+        base = first + len(layer)
+        # The next layer's references by pattern state (its numbers follow this layer's).
+        next_refs = (
+            {t: Ref(f"{prefix}{base + j}") for j, t in enumerate(layers[k + 1]) if t in live[k + 1]}
+            if k < max_len
+            else {}
+        )
+        ends = k >= min_len
+        for x in layer:
+            ref = refs.get(x)
+            if ref is None:  # dead
+                continue
+            branches: list[Expr] = [
+                Seq((*head, r)) if head else r for t, head in groups[x] if (r := next_refs.get(t)) is not None
+            ]
+            if ends and x in a_accept:
+                branches.append(empty)
+            rules.append((ref.name, branches[0] if len(branches) == 1 else Alt(tuple(branches))))
+        refs = next_refs
+        first = base
+    return start, rules
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A state's ranges to one target, adjacent ones joined, as the product's edge merge joins them."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] + 1 == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out

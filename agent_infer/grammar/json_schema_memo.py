@@ -69,39 +69,49 @@ class SchemaKeys:
 
     def __init__(self) -> None:
         self._interned: dict[tuple[Any, ...], int] = {}
-        # id(schema) -> (schema, key): the schema is held so that its id is not reused.
-        self._by_id: dict[int, tuple[Any, int]] = {}
-        self._dropped: dict[str, bool] = {}
+        # id(schema) -> key; every schema keyed is held in _held, so no other object can have
+        # one of these ids while this table lives.
+        self._by_id: dict[int, int] = {}
+        self._held: list[Any] = []
+        self._dropped: dict[str, int] = {}  # keyword name -> _kind(name)
 
     def key(self, schema: Any) -> int:
         """The key of ``schema``: equal for schemas that lower to the same rule body."""
         if not isinstance(schema, dict):
             return self._intern(("value", _literal(schema)))
         hit = self._by_id.get(id(schema))
-        if hit is not None and hit[0] is schema:
-            return hit[1]
+        if hit is not None:
+            return hit
         parts: list[tuple[str, Any]] = []
         dropped = self._dropped
         for name, value in schema.items():
-            drop = dropped.get(name)
-            if drop is None:
-                drop = dropped[name] = is_annotation(name) and name not in _KEPT_ANNOTATIONS
-            if drop:
-                continue
-            parts.append((name, self._keyword(name, value)))
-        parts.sort(key=_first)
+            kind = dropped.get(name)
+            if kind is None:
+                kind = dropped[name] = _kind(name)
+            if kind == _PLAIN:
+                # _literal inline for the common scalar values (most keyword values).
+                vt = type(value)
+                if vt is str or vt is int or vt is bool or value is None:
+                    parts.append((name, (vt, value)))
+                else:
+                    parts.append((name, _literal(value)))
+            elif kind != _DROPPED:
+                parts.append((name, self._keyword(kind, value)))
+        # Names in a dict are distinct: the pairs sort by name alone, without a key function.
+        parts.sort()
         out = self._intern(("schema", *parts))
-        self._by_id[id(schema)] = (schema, out)
+        self._by_id[id(schema)] = out
+        self._held.append(schema)
         return out
 
-    def _keyword(self, name: str, value: Any) -> Any:
-        if name in _SCHEMA_VALUED:
+    def _keyword(self, kind: int, value: Any) -> Any:
+        if kind == _SCHEMA:
             if isinstance(value, list):  # draft-07 tuple "items", if not normalized away
                 return ("list", *[self.key(v) for v in value])
             return self.key(value)
-        if name in _SCHEMA_MAPS and isinstance(value, dict):
+        if kind == _MAP and isinstance(value, dict):
             return ("map", *[(k, self.key(v)) for k, v in value.items()])
-        if name in _SCHEMA_LISTS and isinstance(value, list):
+        if kind == _LIST and isinstance(value, list):
             return ("list", *[self.key(v) for v in value])
         return _literal(value)
 
@@ -112,5 +122,17 @@ class SchemaKeys:
         return found
 
 
-def _first(part: tuple[str, Any]) -> str:
-    return part[0]
+# How a keyword's value enters the key (by keyword name, memoized per SchemaKeys).
+_DROPPED, _PLAIN, _SCHEMA, _MAP, _LIST = range(5)
+
+
+def _kind(name: str) -> int:
+    if is_annotation(name) and name not in _KEPT_ANNOTATIONS:
+        return _DROPPED
+    if name in _SCHEMA_VALUED:
+        return _SCHEMA
+    if name in _SCHEMA_MAPS:
+        return _MAP
+    if name in _SCHEMA_LISTS:
+        return _LIST
+    return _PLAIN

@@ -26,6 +26,7 @@ from agent_infer.grammar.json_schema_automata import (
     names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
+from agent_infer.grammar.json_schema_members import cat, counted_members, member_list, seq_items
 from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
 from agent_infer.grammar.json_schema_scalars import count
 from agent_infer.grammar.json_schema_text import encode_literal
@@ -33,7 +34,6 @@ from agent_infer.grammar.json_schema_text import encode_literal
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
 
-MAX_COUNT_STATES = 4000
 MAX_PATTERN_REGIONS = 3
 MAX_PERMUTED = 3
 
@@ -171,6 +171,9 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         return keys is True or (isinstance(keys, DFA) and dfa_accepts(keys, name))
 
     def schema_for(name: str) -> Any:
+        if not pats and name in props:
+            v = props[name]
+            return True if v is True or v == {} else v  # _all_of(v)
         hits = [
             v for p, v in pats.items() if dfa_accepts(c.pattern_dfa(p, f"{pointer}/patternProperties"), name)
         ]
@@ -180,32 +183,41 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
 
     names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
     members: list[tuple[Expr, bool]] = []
+    required_set = set(required)
     for name in names:
-        schema = schema_for(name) if key_ok(name) else False
-        is_required = name in required
+        schema = schema_for(name) if keys is True or key_ok(name) else False
+        is_required = name in required_set
         if schema is False:
             if is_required:
                 return _never()
             continue
         here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
         value = c.lower(schema, here, depth + 1)
-        members.append((seq(_quoted_key(c, name), value), is_required))
+        members.append((cat((*seq_items(_quoted_key(c, name)), *seq_items(value))), is_required))
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
     undeclared = len(names) - len(props)  # all present in members: a missing one returned above
     if lo == 0 and hi is None and 2 <= undeclared <= MAX_PERMUTED:
         # Required-but-undeclared names have no declared order: accept any order of them.
         head, tail = members[:-undeclared], members[-undeclared:]
-        bodies = [_members(c, head + list(p), extra, depth)[0] for p in itertools.permutations(tail)]
+        bodies = [member_list(c, head + list(p), extra, depth)[0] for p in itertools.permutations(tail)]
         return c.container("{", "}", alt(*(b for b in bodies if b is not None)), False, depth)
     if lo == 0 and hi is None:
-        body, nullable = _members(c, members, extra, depth)
+        body, nullable = member_list(c, members, extra, depth)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
-    return _counted(c, members, extra, lo, hi, depth, pointer)
+    return counted_members(c, members, extra, lo, hi, depth, pointer)
 
 
 def _quoted_key(c: Compiler, name: str) -> Expr:
     """``"name"`` and the key/value separator: one literal when both are plain text (most keys,
-    compact layout), the same bytes in one IR node instead of four."""
+    compact layout), the same bytes in one IR node instead of four. One node per name and
+    compile: generated schemas repeat their property names across many objects."""
+    found = c.quoted_keys.get(name)
+    if found is None:
+        found = c.quoted_keys[name] = _quote_key(c, name)
+    return found
+
+
+def _quote_key(c: Compiler, name: str) -> Expr:
     key = encode_literal(name)
     colon = c.colon()
     if type(key) is Literal:
@@ -244,6 +256,18 @@ def _extra_member(
         pats = {}
     pn = json.dumps(flat["propertyNames"], sort_keys=True, default=str) if "propertyNames" in flat else "true"
     sorted_names = tuple(sorted(names))
+    if keys is True and not pats:
+        # The common case (one region: any key but the declared names), as the loop below does it.
+        if additional is False:
+            return None
+        cache_key: tuple[Any, ...] = (sorted_names, (), (), pn)
+        key = c.key_cache.get(cache_key)
+        if key is None:
+            key = c.key_cache[cache_key] = (
+                _names_complement_key(c, names) if names else _key_expr(c, None, f"{pointer}-key")
+            )
+        value = c.lower(additional, f"{pointer}/additionalProperties", depth + 1)
+        return Ref(c.add_rule(f"{pointer}-member", seq(key, c.colon(), value)))
     pat_names = tuple(pats)
     pdfas: dict[str, DFA] = {}
     base_cache: list[DFA | None] = []
@@ -289,86 +313,6 @@ def _extra_member(
         return None
     name = c.add_rule(f"{pointer}-member", alt(*out))
     return Ref(name)
-
-
-def _members(
-    c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, depth: int
-) -> tuple[Expr | None, bool]:
-    """Non-empty member lists (declared order, then extras) and whether ``{}`` is allowed."""
-    sep = c.sep(depth)
-    # tails[i][k]: members from position i on; k = 1 once something was emitted (needs a comma).
-    tail: list[Expr] = [
-        star(seq(sep, extra)) if extra is not None else Empty(),
-        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(()),
-    ]
-    nullable = True
-    for expr, is_required in reversed(members):
-        if is_required:
-            nullable = False
-            tail = [seq(sep, expr, tail[0]), seq(expr, tail[0])]
-        else:
-            shared = [Ref(c.add_rule("obj-tail", t)) if _big(t) else t for t in tail]
-            tail = [alt(seq(sep, expr, shared[0]), shared[0]), alt(seq(expr, shared[0]), shared[1])]
-    body = tail[1]
-    if isinstance(body, Alt) and not body.items:
-        return None, True
-    return body, nullable
-
-
-# A tuple, not ``Empty | Ref | ...``: the union object would be built again on every call.
-_SMALL_KINDS = (Empty, Ref, Literal, Alt)
-
-
-def _big(e: Expr) -> bool:
-    return not isinstance(e, _SMALL_KINDS) or (isinstance(e, Alt) and len(e.items) > 1)
-
-
-def _counted(
-    c: Compiler,
-    members: list[tuple[Expr, bool]],
-    extra: Expr | None,
-    lo: int,
-    hi: int | None,
-    depth: int,
-    pointer: str,
-) -> Expr:
-    """Members with the number of properties kept in [lo, hi] (states: position x count)."""
-    cap = hi if hi is not None else max(lo, 1)
-    if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
-        c.unsupported(
-            "maxProperties" if hi is not None else "minProperties", pointer, "property count too large"
-        )
-        body, nullable = _members(c, members, extra, depth)  # non-strict: drop the count, keep the rest
-        return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
-    sep = c.sep(depth)
-    memo: dict[tuple[int, int], Expr] = {}
-
-    def state(i: int, k: int) -> Expr:
-        if (i, k) in memo:
-            return memo[(i, k)]
-        comma = sep if k else Empty()
-        if i == len(members):
-            need = max(0, lo - k)
-            room = None if hi is None else hi - k
-            if extra is None or room == 0:
-                out: Expr = Empty() if need == 0 else _never()
-            elif k:
-                out = c.repeat(seq(sep, extra), need, room)
-            else:
-                rest = c.repeat(seq(sep, extra), max(need - 1, 0), None if room is None else room - 1)
-                out = seq(extra, rest) if need else opt(seq(extra, rest))
-        else:
-            expr, is_required = members[i]
-            take = _never() if hi is not None and k >= hi else seq(comma, expr, state(i + 1, min(k + 1, cap)))
-            out = take if is_required else alt(take, state(i + 1, k))
-        name = c.add_rule(f"{pointer}-n{i}-{k}", out)
-        memo[(i, k)] = Ref(name)
-        return memo[(i, k)]
-
-    body = state(0, 0)
-    full = seq(lit("{"), c.open(depth), body, c.close(depth), lit("}"))
-    # The empty object is written "{}" (or with blank inside); count it only if lo == 0.
-    return alt(full, c.empty("{", "}")) if lo == 0 else full
 
 
 # -- arrays -------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ class Registry:
             if key not in _STRUCTURAL:
                 # Most keywords are plain values: their pointer is only spelled out for an error.
                 if key in _SHAPED:
-                    _check_shape(key, value, f"{pointer}/{_escape(key)}")
+                    _check_shape(key, value, pointer)
                 if key in _EXCLUSIVE and isinstance(value, bool):
                     # draft-04: a boolean flag on minimum/maximum
                     bound = "minimum" if key == "exclusiveMinimum" else "maximum"
@@ -118,7 +118,7 @@ class Registry:
                 else:
                     out[key] = value
                 continue
-            here = f"{pointer}/{_escape(key)}"
+            here = f"{pointer}/{key}" if "~" not in key and "/" not in key else f"{pointer}/{_escape(key)}"
             if key == "$ref":
                 if not isinstance(value, str):
                     raise InvalidSchemaError("$ref must be a string", pointer=here)
@@ -145,7 +145,14 @@ class Registry:
                         )
                         out.setdefault(target, {})[name] = walked
                     continue
-                out[key] = {k: self._walk(v, base, f"{here}/{_escape(k)}") for k, v in value.items()}
+                walk = self._walk
+                # _escape inline: property names rarely hold "~" or "/".
+                out[key] = {
+                    k: walk(
+                        v, base, f"{here}/{k}" if "~" not in k and "/" not in k else f"{here}/{_escape(k)}"
+                    )
+                    for k, v in value.items()
+                }
             elif key in LIST_KEYWORDS:
                 if not isinstance(value, list) or (key != "prefixItems" and not value):
                     raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=here)
@@ -205,6 +212,7 @@ _COUNTS = {
     "maxContains",
 }
 _NUMBERS = {"minimum", "maximum", "multipleOf"}
+_STRINGS = frozenset(("pattern", "format"))
 
 
 # Keywords _check_shape looks at, and those _walk rewrites or descends into (the rest are copied).
@@ -229,8 +237,12 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def _check_shape(key: str, value: Any, pointer: str) -> None:
-    """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer)."""
+def _check_shape(key: str, value: Any, parent: str) -> None:
+    """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer,
+    under ``parent``, the pointer of the schema holding it)."""
+    vt = type(value)
+    if vt is str and (key == "type" or key in _STRINGS):
+        return  # the common cases, decided without the chain below
     is_num = _is_num
     problem = None
     if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
@@ -254,7 +266,7 @@ def _check_shape(key: str, value: Any, pointer: str) -> None:
     ):
         problem = "must be a string or an array of strings"
     if problem:
-        raise InvalidSchemaError(f"{key} {problem}", pointer=pointer)
+        raise InvalidSchemaError(f"{key} {problem}", pointer=f"{parent}/{_escape(key)}")
 
 
 def _escape(key: str) -> str:

@@ -131,11 +131,19 @@ class RuleWriter:
         self.rules[name] = expr
         return name
 
+    def tail_rule(self, expr: Expr) -> str:
+        """``add_rule("obj-tail", expr)``: objects ask for hundreds (the hint needs no rewrite)."""
+        name = self._fresh_from(_TAIL_BASE)
+        self.rules[name] = expr
+        return name
+
     def fresh(self, hint: str) -> str:
         """A fresh, valid rule name derived from ``hint``."""
+        return self._fresh_from(_rule_base(hint))
+
+    def _fresh_from(self, base: str) -> str:
         if len(self.rules) >= MAX_RULES:
             raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
-        base = _rule_base(hint)
         # Names are only ever added, so every suffix below the one after the last taken for
         # ``base`` is still taken: resume the search there (the smallest free suffix, as a scan
         # from 1 finds).
@@ -149,5 +157,7 @@ class RuleWriter:
         rules[name] = _UNBUILT  # reserve; replaced when the body is built
         return name
 
+
+_TAIL_BASE = "obj-tail"  # its own _rule_base (name characters only, outside the key-trie prefix)
 
 register_cache(_rule_base)

@@ -25,7 +25,7 @@ from agent_infer.grammar.json_schema_automata import (
     names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
-from agent_infer.grammar.json_schema_lengths import bounded_pattern, dfa_bound_length
+from agent_infer.grammar.json_schema_lengths import bounded_pattern, bounded_rules, dfa_bound_length
 from agent_infer.grammar.json_schema_merge import to_fraction
 from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
 from agent_infer.grammar.json_schema_text import encode_expr
@@ -100,9 +100,11 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         pats = usable
     fmt = flat.get("format")
     fmt_expr: Expr | None = None
+    fmt_name = ""  # the format, where fmt_expr is set
     if fmt is not None:
         if not isinstance(fmt, str):
             raise InvalidSchemaError("format must be a string", pointer=f"{pointer}/format")
+        fmt_name = fmt
         fmt_expr = _format_expr(fmt)
         if fmt_expr is None:
             c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
@@ -115,7 +117,7 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
         return _search(pats[0], f"{pointer}/pattern", encoded=True)
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
-        return _encoded_format(fmt)
+        return _encoded_format(fmt_name)
     if len(pats) == 1 and fmt_expr is not None and lo == 0 and hi is None and plain:
         lead = literal_prefix(_search(pats[0], f"{pointer}/pattern"))
         narrowed = None if lead is None else prefixed_format(fmt_expr, lead)
@@ -134,16 +136,20 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if excluded:
         dfas.append(dfa_complement(names_dfa(excluded)))
     if fmt_expr is not None:
-        dfas.append(_format_dfa(fmt))
+        dfas.append(_format_dfa(fmt_name))
     if not dfas:
         dfas.append(dfa_length(0, None))
     dfa = dfas[0]
     for other in dfas[1:]:
         dfa = dfa_intersect(dfa, other)
-    if lo or hi is not None:
-        dfa = dfa_bound_length(dfa, lo, hi)
-    prefix = c.fresh(f"{pointer}-str")
-    start, rules = dfa_to_rules(dfa, prefix + "-")
+    if hi is not None:
+        prefix = c.fresh(f"{pointer}-str")
+        start, rules = bounded_rules(dfa, lo, hi, prefix + "-")
+    else:
+        if lo:
+            dfa = dfa_bound_length(dfa, lo, hi)
+        prefix = c.fresh(f"{pointer}-str")
+        start, rules = dfa_to_rules(dfa, prefix + "-")
     for name, expr in rules:
         c.rules[name] = expr
     c.rules[prefix] = start
@@ -166,27 +172,42 @@ def _encode_counted(c: Compiler, expr: Expr) -> Expr:
     return encode_expr(expr)
 
 
-# Format and pattern expressions are pure functions of their name or text, and schemas repeat
-# them (a date-time expression is ~2 000 IR nodes, its JSON encoding more): built once per process.
-@functools.lru_cache(maxsize=64)
+# Format expressions, their JSON encodings and automata depend on the format's name alone, from a
+# fixed table (a date-time expression is ~2 000 IR nodes, its encoding more): library constants,
+# built at first use and kept for the process like the JSON character rules, not memos of earlier
+# schemas (so clear_grammar_caches leaves them). Only names in the table are ever stored.
+_FORMAT_EXPRS: dict[str, Expr] = {}
+_ENCODED_FORMATS: dict[str, Expr] = {}
+_FORMAT_DFAS: dict[str, DFA] = {}
+
+
 def _format_expr(name: str) -> Expr | None:
-    make = FORMATS.get(name) or EXTRA_FORMATS.get(name)
-    return None if make is None else make()
+    found = _FORMAT_EXPRS.get(name)
+    if found is None:
+        make = FORMATS.get(name) or EXTRA_FORMATS.get(name)
+        if make is None:
+            return None
+        found = _FORMAT_EXPRS.setdefault(name, make())
+    return found
 
 
-@functools.lru_cache(maxsize=64)
 def _encoded_format(name: str) -> Expr:
-    expr = _format_expr(name)
-    assert expr is not None  # only called for known formats
-    return encode_expr(expr)
+    found = _ENCODED_FORMATS.get(name)
+    if found is None:
+        expr = _format_expr(name)
+        assert expr is not None  # only called for known formats
+        found = _ENCODED_FORMATS.setdefault(name, encode_expr(expr))
+    return found
 
 
-@functools.lru_cache(maxsize=64)
 def _format_dfa(name: str) -> DFA:
     # DFAs are only read once built (their cached live set is a pure function of them).
-    expr = _format_expr(name)
-    assert expr is not None
-    return expr_to_dfa(expr)
+    found = _FORMAT_DFAS.get(name)
+    if found is None:
+        expr = _format_expr(name)
+        assert expr is not None
+        found = _FORMAT_DFAS.setdefault(name, expr_to_dfa(expr))
+    return found
 
 
 @functools.lru_cache(maxsize=1024)
@@ -330,7 +351,4 @@ def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     return Ref(prefix)
 
 
-register_cache(_format_expr)
-register_cache(_encoded_format)
-register_cache(_format_dfa)
 register_cache(_encoded_search)

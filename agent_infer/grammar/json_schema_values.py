@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from agent_infer.grammar.json_schema_keywords import KNOWN
 from agent_infer.grammar.json_schema_merge import TYPES, canon, is_annotation
 
 if TYPE_CHECKING:
@@ -77,6 +78,13 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     by_type = _type_only(rest, v)
     if by_type is not None:
         return by_type
+    unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
+    if unknown and len(rest) - len(unknown) == 1 and "type" in rest:
+        # {"type": ..., <unknown keywords>}: the unknown ones are annotations to the grammar
+        # (noted or refused as its compile would), so the type alone decides a scalar, without
+        # compiling a grammar and a recognizer for it (enums in generated schemas often sit next
+        # to tool-specific keywords).
+        return c.typed_matcher(rest, unknown, pointer)(v)
     return c.value_matcher(rest, pointer, strict=c.strict, record=True)(v)
 
 

@@ -37,24 +37,26 @@ struct NodeKeyHash {
   }
 };
 
-// One interned node: its id (never reused, so names never clash), rule name and rule body.
+// One interned node: its id (never reused, so names never clash), rule name and rule body, and
+// the serial of the last builder that added its rule to its grammar.
 struct Node {
   int64_t id;
   PyObject* name;  // owned
   PyObject* body;  // owned
+  uint64_t owner = 0;
 };
 
 // Nodes by key for the whole process, so the next grammar with an apiVersion/kind/metadata object
 // reuses names and bodies; bounded, and emptied by clear_key_tries (clear_grammar_caches).
 class NodeTable {
  public:
-  const Node* find(const NodeKey& key) const {
+  Node* find(const NodeKey& key) {
     auto it = map_.find(key);
     return it == map_.end() ? nullptr : &it->second;
   }
 
   // Takes the references to ``name`` and ``body``.
-  const Node& insert(const NodeKey& key, int64_t id, PyObject* name, PyObject* body) {
+  Node& insert(const NodeKey& key, int64_t id, PyObject* name, PyObject* body) {
     if (map_.size() >= kMaxNodes) clear();
     return map_.emplace(key, Node{id, name, body}).first->second;
   }
@@ -69,11 +71,13 @@ class NodeTable {
 
   size_t size() const { return map_.size(); }
   int64_t next_id() { return next_id_++; }
+  uint64_t next_owner() { return ++owners_; }
 
  private:
   static constexpr size_t kMaxNodes = size_t{1} << 16;
   std::unordered_map<NodeKey, Node, NodeKeyHash> map_;
   int64_t next_id_ = 0;
+  uint64_t owners_ = 0;  // builder serials handed out (0: none)
 };
 
 NodeTable& node_table() {
@@ -84,21 +88,27 @@ NodeTable& node_table() {
 struct Kid {
   uint32_t cp;
   int64_t id;
-  PyObject* name;  // borrowed from the builder's own table
+  PyObject* name;  // borrowed: a key of the builder's rules dict
+};
+
+// A node as its parent sees it.
+struct Made {
+  int64_t id;
+  PyObject* name;  // borrowed, as Kid::name
 };
 
 // The trie nodes of one grammar, added to its rules dict as tries need them.
 class KeyTrieBuilder {
  public:
   KeyTrieBuilder(nb::dict rules, nb::object node_cls, nb::object leaf_body, int64_t max_rules)
-      : rules_(std::move(rules)), cls_(std::move(node_cls)), leaf_(std::move(leaf_body)), max_rules_(max_rules) {}
+      : rules_(std::move(rules)),
+        cls_(std::move(node_cls)),
+        leaf_(std::move(leaf_body)),
+        max_rules_(max_rules),
+        serial_(node_table().next_owner()) {}
 
   KeyTrieBuilder(const KeyTrieBuilder&) = delete;
   KeyTrieBuilder& operator=(const KeyTrieBuilder&) = delete;
-
-  ~KeyTrieBuilder() {
-    for (auto& [key, node] : mine_) Py_DECREF(node.second);
-  }
 
   // The start rule's name for keys outside ``names`` (sorted, distinct str); None when the grammar
   // would exceed ``max_rules`` rules.
@@ -123,9 +133,9 @@ class KeyTrieBuilder {
       prev.swap(word);
     }
     if (!close(path, 0)) return nb::none();
-    const std::pair<int64_t, PyObject*>* root = intern(path[0].ends, path[0].kids);
-    if (root == nullptr) return nb::none();
-    return nb::borrow(root->second);
+    Made root{};
+    if (!intern(path[0].ends, path[0].kids, root)) return nb::none();
+    return nb::borrow(root.name);
   }
 
  private:
@@ -140,15 +150,15 @@ class KeyTrieBuilder {
     while (path.size() > depth + 1) {
       Open node = std::move(path.back());
       path.pop_back();
-      const std::pair<int64_t, PyObject*>* made = intern(node.ends, node.kids);
-      if (made == nullptr) return false;
-      path.back().kids.push_back(Kid{node.cp, made->first, made->second});
+      Made made{};
+      if (!intern(node.ends, node.kids, made)) return false;
+      path.back().kids.push_back(Kid{node.cp, made.id, made.name});
     }
     return true;
   }
 
-  // (id, name) of the node, its rule added to this grammar; nullptr over the rule limit.
-  const std::pair<int64_t, PyObject*>* intern(bool ends, const std::vector<Kid>& kids) {
+  // The node's (id, name) in ``made``, its rule added to this grammar; false over the rule limit.
+  bool intern(bool ends, const std::vector<Kid>& kids, Made& made) {
     key_.clear();
     key_.push_back(ends ? 1 : 0);
     for (const Kid& k : kids) {
@@ -156,10 +166,14 @@ class KeyTrieBuilder {
       key_.push_back(k.id);
     }
     NodeTable& table = node_table();
-    const Node* node = table.find(key_);
-    if (node != nullptr) {
-      auto own = mine_.find(node->id);
-      if (own != mine_.end()) return &own->second;
+    Node* node = table.find(key_);
+    // A node this builder added already (its serial is on it) is in the rules dict: nothing to
+    // do. Builders interleave (a sub-grammar's, while the main one is open), so a node last
+    // added by another may still be in this grammar: the dict answers.
+    if (node != nullptr && (node->owner == serial_ || PyDict_Contains(rules_.ptr(), node->name) == 1)) {
+      node->owner = serial_;
+      made = Made{node->id, node->name};
+      return true;
     }
     if (node == nullptr) {
       const int64_t id = table.next_id();
@@ -171,10 +185,11 @@ class KeyTrieBuilder {
       nb::object body = (ends && kids.empty()) ? leaf_ : make_body(ends, kids);
       node = &table.insert(key_, id, name.release().ptr(), body.release().ptr());
     }
-    if (PyDict_GET_SIZE(rules_.ptr()) >= max_rules_) return nullptr;
+    if (PyDict_GET_SIZE(rules_.ptr()) >= max_rules_) return false;
     if (PyDict_SetItem(rules_.ptr(), node->name, node->body) != 0) throw nb::python_error();
-    Py_INCREF(node->name);
-    return &mine_.emplace(node->id, std::make_pair(node->id, node->name)).first->second;
+    node->owner = serial_;
+    made = Made{node->id, node->name};
+    return true;
   }
 
   // KeyNode((ends, cp0, name0, cp1, name1, ...)).
@@ -210,10 +225,10 @@ class KeyTrieBuilder {
   nb::object cls_;
   nb::object leaf_;
   int64_t max_rules_;
-  // This grammar's nodes: id -> (id, name, owned). Ids are never reused, so if the process table
-  // is emptied meanwhile (another thread clearing the caches), later nodes get new rules and the
-  // ones already here stay valid.
-  std::unordered_map<int64_t, std::pair<int64_t, PyObject*>> mine_;
+  // This builder's mark on the nodes it added. Ids are never reused, so if the process table is
+  // emptied meanwhile (another thread clearing the caches), later nodes get new rules and the
+  // ones already here stay valid (the rules dict keeps their names alive).
+  uint64_t serial_;
   NodeKey key_;
 };
 

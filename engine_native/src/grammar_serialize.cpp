@@ -47,16 +47,28 @@ class Serializer {
 
   // Appends the program of ``node`` to programs[rule]; false: the Python path must decide.
   bool emit(PyObject* root, uint32_t rule, std::vector<Program>& programs) {
+    // Written into one reused buffer, then copied out at its exact size: a rule's program grown
+    // in place paid several reallocations, and the work stack one allocation per rule.
+    if (!emit_into(root, rule, programs)) return false;
+    programs[rule].assign(out_.begin(), out_.end());
+    return true;
+  }
+
+ private:
+  // Work items: a node to write, or (finish != nullptr) the end of a composite node's span.
+  struct Item {
+    PyObject* node;
+    PyObject* finish;
+    uint32_t start;
+  };
+
+  bool emit_into(PyObject* root, uint32_t rule, const std::vector<Program>& programs) {
     const Names& nm = names();
-    Program& out = programs[rule];
-    // Work items: a node to write, or (finish != nullptr) the end of a composite node's span.
-    struct Item {
-      PyObject* node;
-      PyObject* finish;
-      uint32_t start;
-    };
-    std::vector<Item> stack{{root, nullptr, 0}};
-    std::vector<PyObject*> kids;
+    Program& out = out_;
+    out.clear();
+    std::vector<Item>& stack = stack_;
+    stack.clear();
+    stack.push_back({root, nullptr, 0});
     while (!stack.empty()) {
       Item it = stack.back();
       stack.pop_back();
@@ -85,7 +97,19 @@ class Serializer {
         out.push_back(grammar::kRef);
         out.push_back(static_cast<int32_t>(v));
       } else if (type == k_.cls) {
+        // Classes are shared nodes too (encoded edge heads, hex digits): the first write is
+        // copied from then on instead of read, sorted and merged again.
+        if (const Span* hit = spans_.find(node)) {
+          const Span s = *hit;
+          size_t at = out.size();
+          out.resize(at + (s.end - s.start));
+          const Program& from = s.rule == rule ? out : programs[s.rule];
+          std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
+          continue;
+        }
+        const uint32_t start = static_cast<uint32_t>(out.size());
         if (!write_class(node, out)) return fail();
+        spans_.insert(node, Span{rule, start, static_cast<uint32_t>(out.size())});
       } else if (type == k_.empty) {
         out.push_back(grammar::kEmpty);
       } else if (type == k_.key_node && k_.key_node != nullptr) {
@@ -108,7 +132,7 @@ class Serializer {
           // Resize first, then copy: the source may be ``out`` itself (an earlier part of it).
           size_t at = out.size();
           out.resize(at + (s.end - s.start));
-          const Program& from = programs[s.rule];
+          const Program& from = s.rule == rule ? out : programs[s.rule];
           std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
           continue;
         }
@@ -141,7 +165,6 @@ class Serializer {
     return true;
   }
 
- private:
   bool fail() {
     PyErr_Clear();
     return false;
@@ -309,6 +332,8 @@ class Serializer {
   const Kinds& k_;
   PyObject* index_;
   SpanMap spans_;
+  Program out_;
+  std::vector<Item> stack_;
   std::vector<std::pair<int64_t, int64_t>> pairs_, merged_;
   std::vector<long> cps_;
   int64_t special_ = -1, sink_ = -1;  // rule indices, looked up at the first key-trie node

@@ -1,0 +1,152 @@
+"""An object's member list for the JSON Schema compiler: the declared members in order (each
+optional one skippable), then any number of additional members, with the commas between them.
+
+``member_list`` writes it as two chains of tails, "members from here on" after something was
+emitted (each needs a comma first) and before anything was (the first one does not); the second
+chain only reaches up to the first required member. ``counted_members`` is the same list under
+``minProperties``/``maxProperties``: rules per (position, count).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent_infer.grammar.ir import Alt, Empty, Expr, Literal, Ref, Seq, alt, lit, opt, seq, star
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.json_schema import Compiler
+
+MAX_COUNT_STATES = 4000
+
+
+def _never() -> Expr:
+    return Alt(())
+
+
+def member_list(
+    c: Compiler, members: list[tuple[Expr, bool]], extra: Expr | None, depth: int
+) -> tuple[Expr | None, bool]:
+    """Non-empty member lists (declared order, then extras) and whether ``{}`` is allowed."""
+    sep = c.sep(depth)
+    # tails[i][k]: members from position i on; k = 1 once something was emitted (needs a comma).
+    tail: list[Expr] = [
+        star(seq(sep, extra)) if extra is not None else Empty(),
+        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(()),
+    ]
+    nullable = True
+    # "Nothing emitted yet" (tail[1]) is only reachable up to the first required member: after
+    # it, every later position needs a comma. Past that point tail[1] is neither built nor made a
+    # rule (such rules were unreachable, and were written, serialized and lowered for nothing).
+    first_required = next((i for i, (_, r) in enumerate(members) if r), len(members))
+    sep_items = seq_items(sep)
+    for i in range(len(members) - 1, -1, -1):
+        expr, is_required = members[i]
+        expr_items = seq_items(expr)
+        if is_required:
+            nullable = False
+            after = seq_items(tail[0])
+            tail = [
+                cat((*sep_items, *expr_items, *after)),
+                cat((*expr_items, *after)) if i <= first_required else _UNREACHED,
+            ]
+        elif i > first_required:
+            shared0 = Ref(c.tail_rule(tail[0])) if _big(tail[0]) else tail[0]
+            tail = [_or(cat((*sep_items, *expr_items, *seq_items(shared0))), shared0), _UNREACHED]
+        else:
+            shared = [Ref(c.tail_rule(t)) if _big(t) else t for t in tail]
+            after = seq_items(shared[0])
+            tail = [
+                _or(cat((*sep_items, *expr_items, *after)), shared[0]),
+                _or(cat((*expr_items, *after)), shared[1]),
+            ]
+    body = tail[1]
+    if isinstance(body, Alt) and not body.items:
+        return None, True
+    return body, nullable
+
+
+# tail[1] past the first required member (never read).
+_UNREACHED: Expr = Alt(())
+_EMPTY_ITEMS: tuple[Expr, ...] = ()
+
+
+def seq_items(e: Expr) -> tuple[Expr, ...]:
+    """What ``e`` contributes to a ``seq(...)`` it is an argument of (seq flattens one level)."""
+    kind = type(e)
+    if kind is Seq:
+        return e.items  # type: ignore[attr-defined]
+    return _EMPTY_ITEMS if kind is Empty else (e,)
+
+
+def cat(items: tuple[Expr, ...]) -> Expr:
+    """``seq(*items)`` for items that are already flat (from :func:`_seq_items`)."""
+    if len(items) > 1:
+        return Seq(items)
+    return items[0] if items else Empty()
+
+
+def _or(first: Expr, rest: Expr) -> Expr:
+    """``alt(first, rest)`` where ``first`` is a member sequence holding ``rest`` (so the two are
+    never equal) and ``rest`` is a tail: an Alt contributes its branches, as alt flattens it."""
+    if type(rest) is Alt:
+        branches = rest.items
+        if not branches:
+            return first
+        return Alt((first, *branches)) if all(b != first for b in branches) else alt(first, rest)
+    return Alt((first, rest))
+
+
+# A tuple, not ``Empty | Ref | ...``: the union object would be built again on every call.
+_SMALL_KINDS = (Empty, Ref, Literal, Alt)
+
+
+def _big(e: Expr) -> bool:
+    return not isinstance(e, _SMALL_KINDS) or (isinstance(e, Alt) and len(e.items) > 1)
+
+
+def counted_members(
+    c: Compiler,
+    members: list[tuple[Expr, bool]],
+    extra: Expr | None,
+    lo: int,
+    hi: int | None,
+    depth: int,
+    pointer: str,
+) -> Expr:
+    """Members with the number of properties kept in [lo, hi] (states: position x count)."""
+    cap = hi if hi is not None else max(lo, 1)
+    if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
+        c.unsupported(
+            "maxProperties" if hi is not None else "minProperties", pointer, "property count too large"
+        )
+        body, nullable = member_list(c, members, extra, depth)  # non-strict: drop the count, keep the rest
+        return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
+    sep = c.sep(depth)
+    memo: dict[tuple[int, int], Expr] = {}
+
+    def state(i: int, k: int) -> Expr:
+        if (i, k) in memo:
+            return memo[(i, k)]
+        comma = sep if k else Empty()
+        if i == len(members):
+            need = max(0, lo - k)
+            room = None if hi is None else hi - k
+            if extra is None or room == 0:
+                out: Expr = Empty() if need == 0 else _never()
+            elif k:
+                out = c.repeat(seq(sep, extra), need, room)
+            else:
+                rest = c.repeat(seq(sep, extra), max(need - 1, 0), None if room is None else room - 1)
+                out = seq(extra, rest) if need else opt(seq(extra, rest))
+        else:
+            expr, is_required = members[i]
+            take = _never() if hi is not None and k >= hi else seq(comma, expr, state(i + 1, min(k + 1, cap)))
+            out = take if is_required else alt(take, state(i + 1, k))
+        name = c.add_rule(f"{pointer}-n{i}-{k}", out)
+        memo[(i, k)] = Ref(name)
+        return memo[(i, k)]
+
+    body = state(0, 0)
+    full = seq(lit("{"), c.open(depth), body, c.close(depth), lit("}"))
+    # The empty object is written "{}" (or with blank inside); count it only if lo == 0.
+    return alt(full, c.empty("{", "}")) if lo == 0 else full

@@ -1,0 +1,130 @@
+"""Front-end shortcuts that must give exactly what the long way gives: the layered length-bound
+product, enum filtering next to unknown keywords, object tails, process-wide format constants."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
+from agent_infer.grammar import Grammar, clear_grammar_caches
+from agent_infer.grammar.ir import Ref, walk
+from agent_infer.grammar.json_schema_automata import (
+    dfa_complement,
+    dfa_intersect,
+    dfa_to_rules,
+    expr_to_dfa,
+    names_dfa,
+)
+from agent_infer.grammar.json_schema_lengths import bounded_rules, dfa_bound_length
+from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.regex import regex_search_expr
+
+PATTERNS = [
+    r"^([a-z0-9-]+):([a-z0-9\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",
+    r"ab",
+    r"^(a|bb)+$",
+    r"[^/]",
+    r"^\d{3}$",
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize(("lo", "hi"), [(0, 0), (0, 1), (0, 9), (2, 9), (4, 4), (3, 40), (6, 2)])
+def test_bounded_rules_equal_the_product_rules(pattern: str, lo: int, hi: int) -> None:
+    # Same rules, names and order as the product automaton's rules, also on complements (their
+    # gap edges are not merged by construction) and on intersections.
+    dfa = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
+    others = [dfa_complement(dfa), dfa_intersect(dfa, dfa_complement(names_dfa(["ab", "a:b::c"])))]
+    for a in (dfa, *others):
+        assert bounded_rules(a, lo, hi, "p-") == dfa_to_rules(dfa_bound_length(a, lo, hi), "p-")
+
+
+def test_bounded_rules_state_limit() -> None:
+    a = expr_to_dfa(regex_search_expr(r"^([a-z]+):([a-z]+):([a-z]+)$", dialect="ecma"))
+    with pytest.raises(GrammarLimitError) as want:
+        dfa_bound_length(a, 0, 700, max_states=1500)
+    with pytest.raises(GrammarLimitError) as got:
+        bounded_rules(a, 0, 700, "p-", max_states=1500)
+    assert str(got.value) == str(want.value)
+
+
+def test_bounded_string_schema_accepts_exactly_the_bound() -> None:
+    schema = {"type": "string", "pattern": r"^[a-z]+:[a-z]+$", "minLength": 4, "maxLength": 6}
+    grammar = Grammar.from_json_schema(schema)
+    rec = ReferenceRecognizer(grammar)
+    for text, ok in [("ab:c", True), ("a:b", False), ("abc:de", True), ("abc:def", False), ("abcd", False)]:
+        assert rec.accepts(f'"{text}"') is ok, text
+
+
+def test_enum_next_to_unknown_keyword() -> None:
+    # The unknown keyword is an annotation: the type alone filters the values; the warning is
+    # the one the keyword gets where it stands, once.
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "enum": ["a", 1, "b", None], "pbj": {"rule": "single"}},
+            "t": {"type": "string", "enum": ["a", 2], "pbj": {"rule": "single"}},
+        },
+    }
+    grammar = Grammar.from_json_schema(schema, strict=False)
+    assert grammar.warnings == (
+        "ignored unknown keyword pbj at /properties/s/pbj: treated as an annotation",
+        "ignored unknown keyword pbj at /properties/t/pbj: treated as an annotation",
+    )
+    rec = ReferenceRecognizer(grammar)
+    assert rec.accepts('{"s":"a","t":"a"}')
+    assert not rec.accepts('{"s":1}')
+    assert not rec.accepts('{"s":null}')
+    assert not rec.accepts('{"t":2}')
+    # A container value under such a schema is still decided by the schema's own grammar.
+    nested = {"type": "array", "enum": [[1], "x", {"a": 1}], "pbj": 1}
+    assert ReferenceRecognizer(Grammar.from_json_schema(nested, strict=False)).accepts("[1]")
+    assert not ReferenceRecognizer(Grammar.from_json_schema(nested, strict=False)).accepts('"x"')
+
+
+def test_enum_next_to_misspelled_keyword_is_refused_when_strict() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "enum": ["a"], "patern": "x"}}}
+    with pytest.raises(UnsupportedSchemaError) as err:
+        Grammar.from_json_schema(schema)
+    assert err.value.pointer == "/properties/s/patern"
+    grammar = Grammar.from_json_schema(schema, strict=False)
+    assert len(grammar.warnings) == 1 and "did you mean 'pattern'" in grammar.warnings[0]
+
+
+def _reachable(grammar: Grammar) -> set[str]:
+    rules = dict(grammar.rules)
+    seen = {grammar.root}
+    stack = [grammar.root]
+    while stack:
+        for node in walk(rules[stack.pop()]):
+            if isinstance(node, Ref) and node.name not in seen:
+                seen.add(node.name)
+                stack.append(node.name)
+    return seen
+
+
+def test_object_tails_are_all_reachable() -> None:
+    # Optional members after a required one: "nothing emitted yet" cannot happen there, so those
+    # tails are not written (they were rules no path reached).
+    props = {name: {"type": "object", "properties": {"x": {"type": "integer"}}} for name in "abcdefg"}
+    schema = {"type": "object", "properties": props, "required": ["c"]}
+    grammar = Grammar.from_json_schema(schema)
+    assert _reachable(grammar) == {name for name, _ in grammar.rules}
+    rec = ReferenceRecognizer(grammar)
+    assert rec.accepts('{"c":{}}')
+    assert rec.accepts('{"a":{},"c":{"x":1},"g":{}}')
+    assert rec.accepts('{"b":{},"c":{},"d":{},"e":{},"f":{},"g":{}}')
+    assert not rec.accepts('{"a":{}}')
+    assert not rec.accepts('{"c":{},}')
+    assert not rec.accepts("{}")
+
+
+def test_formats_are_process_constants() -> None:
+    # Built from the fixed format table: not memos of earlier schemas, so the cold switch keeps them.
+    from agent_infer.grammar import json_schema_scalars as scalars
+
+    first = scalars._encoded_format("date-time")
+    clear_grammar_caches()
+    assert scalars._encoded_format("date-time") is first
+    assert scalars._format_expr("no-such-format") is None
+    assert "no-such-format" not in scalars._FORMAT_EXPRS
