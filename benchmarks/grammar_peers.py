@@ -196,7 +196,9 @@ class OursEngine(Engine):
         # no schema profits from an earlier one, like XGrammar with cache_enabled=False; "warm"
         # keeps it across schemas, as a long-running server would.
         self.cold = self.cache_mode == "cold"
-        self._vocab = list(self.info.decoded_vocab) if self.cold else []
+        # A tuple, which TokenizerInfo keeps as is: each rebuild then creates no new 129k-item
+        # container for the cyclic GC to traverse inside the next timed compile.
+        self._vocab = tuple(self.info.decoded_vocab) if self.cold else ()
         self._schema_kwargs = _kwargs_supported(self.compiler.compile_json_schema, {"whitespace": "compact"})
         # If the compiler's JSON entry point has no whitespace switch, go through the front end
         # (Grammar.from_json_schema(whitespace="compact")) and compile the IR: both are timed.

@@ -179,3 +179,16 @@ def test_errors_inside_front_ends_restore_collection() -> None:
         g.Grammar.from_ebnf("root ::= undefined-rule")
     assert gc.isenabled()
     assert gc_paused.holders == 0
+
+
+def test_tokenizer_info_keeps_a_tuple_of_bytes_as_given() -> None:
+    """A new 129k-item tuple per TokenizerInfo would be one more container for the collector to
+    traverse; a tuple of bytes is shared, anything else is copied into one."""
+    vocab = (b"a", b"b", b"ab", b"{", b"}", b'"')
+    info = g.TokenizerInfo(vocab, vocab_size=8, eos_token_ids=(7,))
+    assert info._token_bytes is vocab
+    assert info.decoded_vocab == list(vocab)
+    listed = g.TokenizerInfo(list(vocab), vocab_size=8, eos_token_ids=(7,))
+    assert type(listed._token_bytes) is tuple and listed._token_bytes == vocab
+    mixed = g.TokenizerInfo((b"a", bytearray(b"b")), vocab_size=4, eos_token_ids=(3,))
+    assert mixed._token_bytes == (b"a", b"b") and all(type(b) is bytes for b in mixed._token_bytes)

@@ -155,8 +155,13 @@ class TokenizerInfo:
             if not 0 <= e < size:
                 raise TokenizerError(f"EOS id {e} is outside the vocabulary of {size} tokens")
         # A tuple of bytes is untracked by Python's cyclic GC after its first pass; a list of the
-        # whole vocabulary would be traversed again by every full collection (tens of ms).
-        self._token_bytes: tuple[bytes, ...] = tuple(bytes(b) for b in token_bytes)
+        # whole vocabulary would be traversed again by every full collection (tens of ms). A tuple
+        # of bytes is kept as given: a new one of 129k items would be traversed once more.
+        self._token_bytes: tuple[bytes, ...] = (
+            token_bytes
+            if type(token_bytes) is tuple and all(type(b) is bytes for b in token_bytes)
+            else tuple(bytes(b) for b in token_bytes)
+        )
         self._vocab_size = size
         self._eos = eos
         self._encode = encode
