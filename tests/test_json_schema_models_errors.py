@@ -206,3 +206,30 @@ def test_pydantic_models_generate_closed_objects() -> None:
     assert not closed.accepts('{"inner":{"x":1,"z":2}}')
     opened = ReferenceRecognizer(Grammar.from_json_schema(Open, whitespace="compact"))
     assert opened.accepts('{"y":1,"z":2}')
+
+
+def test_enum_checked_against_its_own_recursive_schema_is_a_typed_error() -> None:
+    """Non-strict mode filters enum values through the schema beside them; when that schema
+    contains the same check again (a recursive $ref) the answer is a typed error, not a crash."""
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "tag": {"enum": [{"kind": "leaf"}, 3], "x-custom": True, "$ref": "#/$defs/node"},
+                },
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    with pytest.raises(UnsupportedSchemaError) as info:
+        Grammar.from_json_schema(schema, strict=False)
+    assert info.value.keyword == "enum" and info.value.pointer.startswith("/properties/tag")
+
+
+def test_schema_nested_beyond_the_recursion_limit_is_a_limit_error() -> None:
+    schema: dict[str, object] = {"type": "integer"}
+    for _ in range(3000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarLimitError, match="nests too deeply"):
+        Grammar.from_json_schema(schema)

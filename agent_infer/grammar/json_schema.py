@@ -10,10 +10,11 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from agent_infer.errors import ConfigError, InvalidSchemaError
+from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError
 
 # Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
 # imported with the front end, not on first use: where no bytecode is cached (e.g. with
@@ -107,11 +108,18 @@ def json_schema_to_grammar(
         raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
     if max_whitespace < 0 or (indent is not None and indent < 0):
         raise ConfigError("max_whitespace and indent must be non-negative")
-    registry, root = build_registry(_load(schema), remotes)
-    comp = Compiler(
-        registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
-    )
-    body = comp.lower(root, "", 0)
+    try:
+        registry, root = build_registry(_load(schema), remotes)
+        comp = Compiler(
+            registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
+        )
+        body = comp.lower(root, "", 0)
+    except RecursionError:
+        # The front end recurses once per nesting level; a schema nested deeper than Python's
+        # stack allows is a size limit, not a crash.
+        raise GrammarLimitError(
+            f"JSON Schema nests too deeply to compile (Python recursion limit {sys.getrecursionlimit()})"
+        ) from None
     # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule added
     # with it, so the per-node validation walk is skipped (see Grammar.unchecked).
     grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))

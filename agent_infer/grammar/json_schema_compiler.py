@@ -74,6 +74,8 @@ class Compiler(RuleWriter):
         self.key_cache: dict[tuple[Any, ...], Expr | None] = {}
         self.complement_keys = complement_keys(self.rules, MAX_RULES)
         self._matchers: dict[tuple[str, bool], Callable[[Any], bool]] = {}
+        # value_matcher keys whose recognizer is being built (a recursive schema would re-enter).
+        self._building: set[tuple[str, bool]] = set()
         self._next_suffix: dict[str, int] = {}
         # id(enum list) -> (the list, its canonical values), for json_schema_values
         self.canon_sets: dict[int, tuple[Any, set[Any]]] = {}
@@ -329,7 +331,17 @@ class Compiler(RuleWriter):
         key = (json.dumps(schema, sort_keys=True, default=str), strict)
         if key in self._matchers:
             return self._matchers[key]
-        accepts = self._matchers[key] = self._build_matcher(schema, pointer, strict=strict, record=record)
+        if key in self._building:
+            # The values must be checked against a schema that contains this very check (a
+            # recursive $ref): building its recognizer would recurse without end.
+            raise UnsupportedSchemaError(
+                "enum/const values checked against a recursive schema", keyword="enum", pointer=pointer
+            )
+        self._building.add(key)
+        try:
+            accepts = self._matchers[key] = self._build_matcher(schema, pointer, strict=strict, record=record)
+        finally:
+            self._building.discard(key)
         return accepts
 
     def typed_matcher(
@@ -374,6 +386,7 @@ class Compiler(RuleWriter):
         sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
         sub._dfa_cache = self._dfa_cache
         sub._matchers = self._matchers
+        sub._building = self._building
         body = sub.lower(schema, pointer, 0)
         if record:
             self.warnings.extend(w for w in sub.warnings if w not in self.warnings)
