@@ -23,9 +23,8 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
-    names_complement_rules,
-    names_dfa,
 )
+from agent_infer.grammar.json_schema_names import names_complement_rules, names_dfa
 from agent_infer.grammar.json_schema_resolve import build_registry
 from agent_infer.grammar.json_schema_values import _type_only
 from agent_infer.grammar.regex import regex_search_expr

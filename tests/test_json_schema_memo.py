@@ -15,7 +15,7 @@ import pytest
 
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref, Seq
 from agent_infer.grammar.ir import _rename as rename_refs
-from agent_infer.grammar.json_schema_automata import encoded_head, names_complement_rules, names_dfa
+from agent_infer.grammar.json_schema_automata import encoded_head
 from agent_infer.grammar.json_schema_keys import (
     KEY_RULE_PREFIX,
     SINK_RULE,
@@ -25,6 +25,7 @@ from agent_infer.grammar.json_schema_keys import (
     special_head,
 )
 from agent_infer.grammar.json_schema_memo import SchemaKeys
+from agent_infer.grammar.json_schema_names import names_complement_rules, names_dfa
 from agent_infer.grammar.json_schema_text import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.reference import ReferenceRecognizer
 

@@ -8,14 +8,9 @@ import pytest
 from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, clear_grammar_caches
 from agent_infer.grammar.ir import Ref, walk
-from agent_infer.grammar.json_schema_automata import (
-    dfa_complement,
-    dfa_intersect,
-    dfa_to_rules,
-    expr_to_dfa,
-    names_dfa,
-)
+from agent_infer.grammar.json_schema_automata import dfa_complement, dfa_intersect, dfa_to_rules, expr_to_dfa
 from agent_infer.grammar.json_schema_lengths import bounded_rules, dfa_bound_length
+from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.grammar.regex import regex_search_expr
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_clearer
 from agent_infer.grammar.ir import Alt, Expr, Ref
-from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES, names_dfa
+from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES
 from agent_infer.grammar.json_schema_keys import (
     SINK_EXPR,
     SINK_RULE,
@@ -27,6 +27,7 @@ from agent_infer.grammar.json_schema_keys import (
     ComplementKeys,
     node_body,
 )
+from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.native import load_native, optional_native
 
 _set = object.__setattr__

@@ -32,13 +32,8 @@ from typing import Any
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
-from agent_infer.grammar.json_schema_automata import (
-    TRIE_MAX_STATES,
-    code_point_gaps,
-    complement_sink,
-    encoded_head,
-    names_dfa,
-)
+from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES, encoded_head
+from agent_infer.grammar.json_schema_names import code_point_gaps, complement_sink, names_dfa
 from agent_infer.grammar.json_schema_text import MAX_CP, encode_class
 
 SPECIAL_RULE = "char-special"

@@ -23,11 +23,11 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
-    names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_members import cat, counted_members, member_list, seq_items
 from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
+from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.grammar.json_schema_scalars import count
 from agent_infer.grammar.json_schema_text import encode_literal
 

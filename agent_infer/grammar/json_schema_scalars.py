@@ -22,11 +22,11 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_length,
     dfa_to_rules,
     expr_to_dfa,
-    names_dfa,
 )
 from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_lengths import bounded_pattern, bounded_rules, dfa_bound_length
 from agent_infer.grammar.json_schema_merge import to_fraction
+from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
 from agent_infer.grammar.json_schema_text import encode_expr
 
