@@ -4,9 +4,11 @@
 targets' classes; after its first round it compares a class's members by their callees' classes
 alone. ``grammar_compile.cpp`` takes a rule lowered through the fragment store as productive
 when every rule it calls is. ``grammar_follow.cpp`` computes FIRST sets only for rule starts,
-reference targets and what they depend on. These tests pin the observable results: merged
-chains cost the states of one chain, unproductive branches are pruned (and an empty language is
-an error), and the token masks next to rule boundaries are exact.
+reference targets and what they depend on. The fragment store splits each distinct class once
+per grammar and reuses a class's automaton before the same continuation. These tests pin the
+observable results: merged chains cost the states of one chain, unproductive branches are
+pruned (and an empty language is an error), the token masks next to rule boundaries are exact,
+and equal, prefix-equal and empty classes in different rules keep their own languages.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from test_grammar_core_support import assert_mask_exact, tokenizer_info
 
 from agent_infer.errors import AgentInferError
 from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
-from agent_infer.grammar.ir import Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
+from agent_infer.grammar.ir import CharClass, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
 from agent_infer.grammar.matcher import GrammarMatcher
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
@@ -111,4 +113,54 @@ def test_masks_exact_at_rule_boundaries() -> None:
         assert_mask_exact(m, pos)
         assert m.accept_string(text), (pos, text)
     assert_mask_exact(m, 99)
+    assert m.can_terminate()
+
+
+def test_equal_classes_in_different_rules_keep_their_languages() -> None:
+    # The store splits a class once per distinct range list and reuses its automaton before the
+    # same continuation (grammar_nfa.cpp class_seqs, grammar_fragment.cpp store_eval). Classes
+    # that are equal, prefix-equal or empty must each keep their own language, in stored rules
+    # (finite) and in looping ones (subset construction), before shared and distinct continuations.
+    empty = CharClass(((0xD800, 0xDFFF),))  # surrogates only: no UTF-8 byte sequence
+    rules: dict[str, Expr] = {
+        "root": alt(
+            seq(lit("1"), Ref("p")),
+            seq(lit("2"), Ref("q")),
+            seq(lit("3"), Ref("r")),
+            seq(lit("4"), Ref("s")),
+            seq(lit("5"), Ref("loop")),
+        ),
+        # An empty class right before a new one: both would start at the same split position.
+        "p": alt(seq(empty, Ref("t")), seq(chars("a-c"), Ref("t"))),
+        "q": alt(seq(chars("a-c"), Ref("t")), seq(chars("a-cx-z"), Ref("u"))),
+        "r": seq(chars("a-cx-z"), Ref("t")),
+        "s": seq(chars("a-c"), lit("!"), chars("a-c\u00e9"), Ref("u")),
+        "loop": seq(Repeat(chars("a-c"), 1, None), Ref("t")),
+        "t": alt(lit("."), Repeat(chars("a-c"), 2, None)),
+        "u": lit(";"),
+    }
+    compiled = _compile(Grammar.from_rules(rules))
+    cases = {
+        "1a.": True,
+        "1x.": False,
+        "2c.": True,
+        "2y;": True,
+        "2y.": False,
+        "2b;": True,
+        "2d;": False,
+        "3z.": True,
+        "3zab": True,
+        "3d.": False,
+        "4a!\u00e9;": True,
+        "4a!d;": False,
+        "4a!b;": True,
+        "5abc.": True,
+        "5x.": False,
+    }
+    for text, expected in cases.items():
+        assert _accepts(compiled, text) is expected, text
+    m = GrammarMatcher(_compile(Grammar.from_rules(rules), tokenizer_info("smollm2")))
+    for pos, text in enumerate(["4", "a", "!", "\u00e9", ";"]):
+        assert_mask_exact(m, pos)
+        assert m.accept_string(text), (pos, text)
     assert m.can_terminate()

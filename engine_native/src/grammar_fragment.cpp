@@ -27,19 +27,23 @@ constexpr int kMaxStoreNesting = 1000;
 
 }  // namespace
 
-void NfaBuilder::Shared::reset(Deadline& deadline) {
+void NfaBuilder::Shared::reset(Deadline& deadline, size_t program_words) {
   seqs.clear();
   if (class_key.size() > 1024) {
     // A big grammar's table: regrow from small rather than clear it for every small one after.
     class_key.clear();
     class_span.clear();
+    class_hash.clear();
   } else {
     std::fill(class_key.begin(), class_key.end(), nullptr);
   }
   class_count = 0;
+  class_then.clear();
   fragments.clear();
   store.bind(&deadline);  // first: reset() makes the accepting state, which checks the deadline
-  store.reset();
+  // Store states and unions per program word, from the 200-schema sample: at least ~1/8 and ~1/16
+  // for the big schemas (a guess under the need only leaves some doubling to do).
+  store.reset(program_words / 8, program_words / 16);
   rule_state.clear();
   if (determinizer) determinizer->reset(0, deadline);
 }
@@ -48,7 +52,8 @@ size_t NfaBuilder::Shared::retained_bytes() const {
   auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
   size_t nested_bytes = 0;
   for (const auto& b : nested) nested_bytes += bytes(b->eps_) + bytes(b->bytes_) + bytes(b->refs_);
-  return bytes(seqs) + bytes(class_key) + bytes(class_span) + bytes(nfa.eps_begin) + bytes(nfa.byte_begin) +
+  return bytes(seqs) + bytes(class_key) + bytes(class_span) + bytes(class_hash) + class_then.retained_bytes() +
+         bytes(nfa.eps_begin) + bytes(nfa.byte_begin) +
          bytes(nfa.ref_begin) + bytes(nfa.eps) + bytes(nfa.bytes) + bytes(nfa.refs) + bytes(pool.final) +
          bytes(pool.byte_begin) + bytes(pool.ref_begin) + bytes(pool.bytes) + bytes(pool.refs) + bytes(rev_begin) +
          bytes(rev) + bytes(fill) + bytes(stack) + bytes(live) + bytes(rep) + bytes(remap) +
@@ -82,6 +87,14 @@ int32_t NfaBuilder::store_eval(const std::vector<int32_t>& code, size_t& pc, int
     case kClass: {
       const std::pair<uint32_t, uint32_t> span = class_span(code, pc);
       pc += 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+      // The store is hash-consed and its unions memoized, so the same class before the same
+      // continuation always comes out as the same state: computed once per grammar.
+      const uint64_t then_key = (static_cast<uint64_t>(span.first) << 32) | static_cast<uint32_t>(cont);
+      const bool keyed = span.second > span.first;  // an empty span is no class's own key
+      if (keyed) {
+        const int32_t known = shared_->class_then.find(then_key);
+        if (known != -2) return known;
+      }
       // One-byte pieces (sorted and disjoint, as utf8_split writes ordered ranges) make one
       // state; longer ones are chains joined by union.
       std::vector<ByteEdge>& singles = shared_->class_edges;
@@ -105,6 +118,7 @@ int32_t NfaBuilder::store_eval(const std::vector<int32_t>& code, size_t& pc, int
           if (seq.n == 1) acc = st.unite(acc, st.chain(seq.r.data(), 1, cont));
         }
       }
+      if (keyed) shared_->class_then.insert(then_key, acc);
       return acc;
     }
     case kSeq: {

@@ -33,15 +33,22 @@ size_t slot_of(uint64_t key, size_t mask) {
   return static_cast<size_t>(key) & mask;
 }
 
+// The power-of-two table size (at least 64) that holds `expected` entries at most half full.
+size_t table_size_for(size_t expected) {
+  size_t n = 64;
+  while (n < 2 * expected + 2) n *= 2;
+  return n;
+}
+
 }  // namespace
 
-void PairMemo::clear() {
-  if (keys_.size() > 4096) {
-    keys_.assign(64, 0);  // a big grammar's table: regrow from small
-    values_.assign(64, -2);
-  } else if (keys_.empty()) {
-    keys_.assign(64, 0);
-    values_.assign(64, -2);
+void PairMemo::clear(size_t expected) {
+  const size_t want = table_size_for(expected);
+  // A table much bigger than this grammar needs (a big grammar's) starts over at the size wanted
+  // rather than being cleared whole for every small grammar after it.
+  if (keys_.size() < want || keys_.size() > std::max<size_t>(want, 4096)) {
+    keys_.assign(want, 0);
+    values_.assign(want, -2);
   } else {
     std::fill(values_.begin(), values_.end(), -2);
   }
@@ -79,20 +86,20 @@ void PairMemo::insert(uint64_t key, int32_t value) {
   ++count_;
 }
 
-void FragmentStore::reset() {
+void FragmentStore::reset(size_t expected_states, size_t expected_unions) {
   final_.clear();
   begin_.assign(1, 0);
   edges_.clear();
   ref_begin_.assign(1, 0);
   refs_.clear();
   hash_.clear();
-  if (table_.size() > 4096) {
-    table_.assign(64, 0);  // a big grammar's table: regrow from small rather than clear it each time
+  const size_t want = table_size_for(expected_states);
+  if (table_.size() < want || table_.size() > std::max<size_t>(want, 4096)) {
+    table_.assign(want, 0);  // a big grammar's table: not cleared whole for every small one after
   } else {
     std::fill(table_.begin(), table_.end(), 0);
   }
-  if (table_.empty()) table_.assign(64, 0);
-  unions_.clear();
+  unions_.clear(expected_unions);
   concats_.clear();
   depth_ = 0;
   limit_ = 1;

@@ -196,7 +196,8 @@ class StateMerger {
 // unions and concatenations without a node allocation per entry.
 class PairMemo {
  public:
-  void clear();
+  // Empty, with room for about `expected` entries before the table grows.
+  void clear(size_t expected = 0);
   // The value for key, or -2 if absent.
   int32_t find(uint64_t key) const;
   void insert(uint64_t key, int32_t value);  // key absent
@@ -216,8 +217,10 @@ class FragmentStore {
   static constexpr int32_t kDead = -1;
   // Thrown when the state budget or the recursion bound runs out (the caller falls back).
   struct Overflow {};
-  // Empty but for the accepting state; keeps the buffers.
-  void reset();
+  // Empty but for the accepting state; keeps the buffers. The hash tables start with room for
+  // about `expected_states` states and `expected_unions` unions (rehashing a table as it doubles
+  // from small cost a big grammar about a tenth of its store build).
+  void reset(size_t expected_states = 0, size_t expected_unions = 0);
   void bind(Deadline* deadline) { deadline_ = deadline; }
   size_t size() const { return final_.size(); }
   size_t retained_bytes() const;  // approximate
@@ -285,7 +288,9 @@ class NfaBuilder {
   NfaBuilder(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& inline_rule,
              int64_t max_states, Deadline& deadline, Shared* shared)
       : rules_(&rules), inline_rule_(&inline_rule), max_states_(max_states), deadline_(&deadline), shared_(shared) {
-    shared_->reset(deadline);
+    size_t words = 0;
+    for (const std::vector<int32_t>& code : rules) words += code.size();
+    shared_->reset(deadline, words);
     lends_buffers_ = true;
     eps_.swap(shared_->spare_eps);
     bytes_.swap(shared_->spare_bytes);
@@ -361,17 +366,25 @@ class NfaBuilder {
   // rules inline others), so each class is split and each fragment lowered once per grammar, and
   // fragments reuse one set of work buffers instead of allocating their own.
   struct Shared {
-    // Forgets the previous grammar (its programs' addresses and fragments); keeps buffers and builders.
-    void reset(Deadline& deadline);
+    // Forgets the previous grammar (its programs' addresses and fragments); keeps buffers and
+    // builders. program_words (the grammar's total program length) sizes the store's tables.
+    void reset(Deadline& deadline, size_t program_words = 0);
     size_t retained_bytes() const;  // approximate
     std::vector<ByteSeq> seqs;  // the byte sequences of every class met, back to back
-    // [begin, end) in seqs, by the class's address (programs do not change while lowering):
-    // open addressing in flat arrays, one lookup per class expanded.
+    // [begin, end) in seqs, by the class's ranges (programs do not change while lowering, so a
+    // class's first occurrence keys it): open addressing in flat arrays, one lookup per class
+    // expanded. Equal classes in different rules (a JSON string character in every string
+    // rule) are split once and share one span.
     std::vector<const int32_t*> class_key;
     std::vector<std::pair<uint32_t, uint32_t>> class_span;
+    std::vector<uint64_t> class_hash;
     size_t class_count = 0;
-    // The span of the class at `key`; *fresh: just added (its span is to be filled in).
+    // The span of the class at `key` (its opcode; the range count and ranges follow, all within
+    // the program); *fresh: just added (its span is to be filled in).
     std::pair<uint32_t, uint32_t>& class_seqs(const int32_t* key, bool* fresh);
+    // store_eval's automaton of a class (by its span's start) followed by a continuation state:
+    // the same class before the same continuation recurs across rules.
+    PairMemo class_then;
     std::unordered_map<int32_t, Fragment> fragments;
     FragmentStore store;
     std::vector<int32_t> rule_state;  // fragment_state() per rule: -3 unknown

@@ -73,25 +73,33 @@ constexpr size_t kMaxChainFragment = 1 << 15;
 }  // namespace
 
 std::pair<uint32_t, uint32_t>& NfaBuilder::Shared::class_seqs(const int32_t* key, bool* fresh) {
+  const int32_t count = key[1];
+  uint64_t h = 0x2545F4914F6CDD1Dull ^ static_cast<uint32_t>(count);
+  for (int32_t i = 0; i < 2 * count; ++i) h = (h ^ static_cast<uint32_t>(key[2 + i])) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 29;
   if (2 * (class_count + 1) > class_key.size()) {
     // Grow (and start) at half full: rehash every key into a table twice the size.
     std::vector<const int32_t*> keys(std::max<size_t>(64, 2 * class_key.size()), nullptr);
     std::vector<std::pair<uint32_t, uint32_t>> spans(keys.size());
+    std::vector<uint64_t> hashes(keys.size());
     for (size_t i = 0; i < class_key.size(); ++i) {
       if (class_key[i] == nullptr) continue;
-      size_t j = (reinterpret_cast<uintptr_t>(class_key[i]) >> 2) * 0x9E3779B97F4A7C15ull >> 20;
-      for (j &= keys.size() - 1; keys[j] != nullptr; j = (j + 1) & (keys.size() - 1)) {
-      }
+      size_t j = class_hash[i] & (keys.size() - 1);
+      while (keys[j] != nullptr) j = (j + 1) & (keys.size() - 1);
       keys[j] = class_key[i];
       spans[j] = class_span[i];
+      hashes[j] = class_hash[i];
     }
     class_key.swap(keys);
     class_span.swap(spans);
+    class_hash.swap(hashes);
   }
   const size_t mask = class_key.size() - 1;
-  size_t j = ((reinterpret_cast<uintptr_t>(key) >> 2) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+  size_t j = h & mask;
   for (; class_key[j] != nullptr; j = (j + 1) & mask) {
-    if (class_key[j] == key) {
+    if (class_hash[j] != h || class_key[j][1] != count) continue;
+    if (class_key[j] == key ||
+        std::equal(key + 2, key + 2 + 2 * static_cast<size_t>(count), class_key[j] + 2)) {
       *fresh = false;
       return class_span[j];
     }
@@ -99,6 +107,7 @@ std::pair<uint32_t, uint32_t>& NfaBuilder::Shared::class_seqs(const int32_t* key
   *fresh = true;
   ++class_count;
   class_key[j] = key;
+  class_hash[j] = h;
   class_span[j] = {0, 0};
   return class_span[j];
 }
@@ -145,10 +154,19 @@ void NfaBuilder::utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out)
 }
 
 std::pair<uint32_t, uint32_t> NfaBuilder::class_span(const std::vector<int32_t>& code, size_t pc) {
-  // Programs do not change while lowering, so a class's split is memoized by its address
+  // Programs do not change while lowering, so a class's split is memoized by its ranges
   // (an inlined JSON string character is expanded once per caller and repeat copy).
   const int32_t count = code.at(pc + 1);
   std::vector<ByteSeq>& seqs = shared_->seqs;
+  if (count < 0 || pc + 2 + 2 * static_cast<size_t>(count) > code.size()) {
+    // Malformed: split what is there uncached (at() reports the overrun as it always has).
+    const size_t first = seqs.size();
+    for (int32_t i = 0; i < count; ++i) {
+      utf8_split(static_cast<uint32_t>(code.at(pc + 2 + 2 * i)), static_cast<uint32_t>(code.at(pc + 3 + 2 * i)),
+                 seqs);
+    }
+    return {static_cast<uint32_t>(first), static_cast<uint32_t>(seqs.size())};
+  }
   bool fresh_class = false;
   std::pair<uint32_t, uint32_t> span = shared_->class_seqs(&code[pc], &fresh_class);
   if (fresh_class) {
