@@ -339,3 +339,24 @@ def test_project_fast_path_equals_forward() -> None:
     assert layer.project(torch.empty(0, 64)).shape == (0, 40)
     with pytest.raises(TypeError):
         layer.project(x.double())
+
+
+def test_decode_batch_runs_the_same_kernel_on_raw_addresses() -> None:
+    """DecodeBatch (checked once per forward, run per layer on addresses) gives decode_attention's bits."""
+    ctx_lens = [3, 40, 9, 77, 1, 16]
+    q, k, v, tables, ctx = _attention_case(ctx_lens, seed=6)
+    rows = torch.arange(len(ctx_lens), dtype=torch.int64)
+    batch = _native.DecodeBatch(rows, tables, ctx, 4, q.shape[0], k.shape[0])
+    for threads in (1, 2, 3):
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
+        batch.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), q.shape[1], k.shape[1],
+                  q.shape[2], q.shape[2] ** -0.5, threads)  # fmt: skip
+        assert torch.equal(out, _decode(q, k, v, tables, ctx, threads)), threads
+    bad = tables.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(IndexError, match="beyond the cache"):
+        _native.DecodeBatch(rows, bad, ctx, 4, q.shape[0], k.shape[0])
+    with pytest.raises(IndexError, match="rows"):
+        _native.DecodeBatch(rows, tables, ctx, 4, 3, k.shape[0])
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        batch.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr(), 5, k.shape[1], q.shape[2], 1.0)

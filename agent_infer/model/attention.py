@@ -7,6 +7,7 @@ runs alone or in a batch: that is what makes logits batch invariant (see tests/t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,9 @@ class _DecodePlan:
     tables: torch.Tensor  # int64 [B, max_blocks]
     context_lens: torch.Tensor  # int64 [B]
     block_size: int
+    #: The same sequences checked once natively (``_native.DecodeBatch``) for every layer's call.
+    native: Any = None
+    num_slots: int = 0
 
 
 @dataclass
@@ -147,8 +151,18 @@ def plan_attention(
     if dec_rows:
         width = max(map(len, dec_tables))
         tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int64)
+        from agent_infer import _native
+
+        rows_t = torch.tensor(dec_rows, dtype=torch.int64)
+        ctx_t = torch.tensor(dec_ctx, dtype=torch.int64)
+        native_batch = getattr(_native, "DecodeBatch", None)
         decode = _DecodePlan(
-            torch.tensor(dec_rows, dtype=torch.int64), tables, torch.tensor(dec_ctx, dtype=torch.int64), bs
+            rows_t,
+            tables,
+            ctx_t,
+            bs,
+            None if native_batch is None else native_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots),
+            num_slots,
         )
     return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens, decode=decode)
 
@@ -198,6 +212,32 @@ def _with_native_decode(
 
     rows, heads, dim = q.shape
     out = q.new_zeros(rows, heads * dim) if rows > plan.num_tokens else q.new_empty(rows, heads * dim)
+    q = q.contiguous()
+    if (
+        dec.native is not None
+        and q.dtype is torch.float32
+        and k_cache.dtype is torch.float32
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.shape == v_cache.shape
+        and k_cache.shape[0] == dec.num_slots
+        and k_cache.shape[2] == dim
+        and v_cache.dtype is torch.float32
+    ):
+        # Raw addresses into a batch checked once per forward (rows below num_tokens <= q's rows,
+        # blocks inside num_slots); the shapes and dtypes it relies on are checked just above.
+        dec.native.run(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            heads, k_cache.shape[1], dim, dim**-0.5, get_num_threads(),
+        )  # fmt: skip
+    else:
+        _native.decode_attention(
+            q, k_cache, v_cache, out, dec.rows, dec.tables, dec.context_lens, dec.block_size,
+            dim**-0.5, get_num_threads(),
+        )  # fmt: skip
+    for s in plan.seqs:
+        out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s)
+    return out
     _native.decode_attention(
         q.contiguous(),
         k_cache,

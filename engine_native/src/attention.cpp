@@ -280,9 +280,92 @@ void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::nd
   });
 }
 
+// One step's single-token sequences, checked once and reused by every layer's call: a decode step
+// calls the kernel once per layer, and converting and re-checking seven arrays each time cost
+// several times the kernel's own work at short contexts.
+class DecodeBatch {
+ public:
+  DecodeBatch(nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> block_tables, nb::ndarray<nb::ro> context_lens,
+              int64_t block_size, int64_t num_rows, int64_t num_slots) {
+    const int64_t* r = checked<int64_t>(rows, "rows", 1);
+    const int64_t* t = checked<int64_t>(block_tables, "block_tables", 2);
+    const int64_t* c = checked<int64_t>(context_lens, "context_lens", 1);
+    if (block_size < 1) throw std::invalid_argument("decode_attention: block_size must be >= 1");
+    if (num_rows < 0 || num_slots < 0) throw std::invalid_argument("decode_attention: negative row or slot count");
+    const size_t batch = rows.shape(0);
+    if (context_lens.shape(0) != batch || block_tables.shape(0) != batch)
+      throw std::invalid_argument("decode_attention: rows, block_tables and context_lens disagree on the batch");
+    block_size_ = static_cast<size_t>(block_size);
+    max_blocks_ = block_tables.shape(1);
+    num_rows_ = static_cast<size_t>(num_rows);
+    num_slots_ = static_cast<size_t>(num_slots);
+    rows_.assign(r, r + batch);
+    tables_.assign(t, t + batch * max_blocks_);
+    ctx_.assign(c, c + batch);
+    for (size_t s = 0; s < batch; ++s) {
+      const int64_t ctx = ctx_[s];
+      if (rows_[s] < 0 || static_cast<size_t>(rows_[s]) >= num_rows_)
+        throw std::out_of_range("decode_attention: rows[" + std::to_string(s) + "] is outside q");
+      if (ctx < 1 || static_cast<size_t>(ctx) > max_blocks_ * block_size_)
+        throw std::invalid_argument("decode_attention: context_lens[" + std::to_string(s) + "] is out of range");
+      for (size_t b = 0; b < (static_cast<size_t>(ctx) + block_size_ - 1) / block_size_; ++b) {
+        const int64_t blk = tables_[s * max_blocks_ + b];
+        if (blk < 0 || static_cast<size_t>(blk + 1) * block_size_ > num_slots_)
+          throw std::out_of_range("decode_attention: block table of sequence " + std::to_string(s) +
+                                  " references a block beyond the cache");
+      }
+    }
+  }
+
+  // The kernel on raw addresses: q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], out
+  // [num_rows, heads*dim], float32, C-contiguous; the caller checks them and keeps them alive.
+  void run(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache, uintptr_t out, int64_t heads, int64_t kv_heads,
+           int64_t dim, double scale, int num_threads) const {
+    if (!q || !k_cache || !v_cache || !out) throw std::invalid_argument("decode_attention: null address");
+    if (heads < 1 || kv_heads < 1 || dim < 1 || heads % kv_heads)
+      throw std::invalid_argument("decode_attention: query heads must be a positive multiple of kv heads");
+    Args a{};
+    a.q = reinterpret_cast<const float*>(q);
+    a.k = reinterpret_cast<const float*>(k_cache);
+    a.v = reinterpret_cast<const float*>(v_cache);
+    a.out = reinterpret_cast<float*>(out);
+    a.rows = rows_.data();
+    a.tables = tables_.data();
+    a.ctx = ctx_.data();
+    a.max_blocks = max_blocks_;
+    a.block_size = block_size_;
+    a.heads = static_cast<size_t>(heads);
+    a.kv_heads = static_cast<size_t>(kv_heads);
+    a.dim = static_cast<size_t>(dim);
+    a.num_slots = num_slots_;
+    a.scale = static_cast<float>(scale);
+    a.simd = g_avx512 && a.dim % 16 == 0;
+    const size_t items = rows_.size() * a.kv_heads;
+    nb::gil_scoped_release release;
+    parallel_for(num_threads, items, [&](size_t item) {
+      thread_local std::vector<float> scores;
+      attend(a, item / a.kv_heads, item % a.kv_heads, scores);
+    });
+  }
+
+ private:
+  std::vector<int64_t> rows_, tables_, ctx_;
+  size_t block_size_ = 1, max_blocks_ = 0, num_rows_ = 0, num_slots_ = 0;
+};
+
 }  // namespace
 
 void register_attention(nb::module_& m) {
+  nb::class_<DecodeBatch>(m, "DecodeBatch",
+                          "One step's single-token sequences for decode_attention, checked once and run per "
+                          "layer on raw addresses.")
+      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t>(),
+           nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"),
+           nb::arg("num_rows"), nb::arg("num_slots"))
+      .def("run", &DecodeBatch::run, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+           nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dim"), nb::arg("scale"), nb::arg("num_threads") = 1,
+           "decode_attention on raw addresses (q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], "
+           "out [num_rows, heads*dim], float32, C-contiguous); the GIL is released.");
   m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("num_threads") = 1,
