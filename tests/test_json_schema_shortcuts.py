@@ -7,7 +7,7 @@ import pytest
 
 from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, clear_grammar_caches
-from agent_infer.grammar.ir import Ref, walk
+from agent_infer.grammar.gbnf import referenced_rules
 from agent_infer.grammar.json_schema_automata import dfa_complement, dfa_intersect, dfa_to_rules, expr_to_dfa
 from agent_infer.grammar.json_schema_lengths import bounded_rules, dfa_bound_length
 from agent_infer.grammar.json_schema_names import names_dfa
@@ -87,15 +87,7 @@ def test_enum_next_to_misspelled_keyword_is_refused_when_strict() -> None:
 
 
 def _reachable(grammar: Grammar) -> set[str]:
-    rules = dict(grammar.rules)
-    seen = {grammar.root}
-    stack = [grammar.root]
-    while stack:
-        for node in walk(rules[stack.pop()]):
-            if isinstance(node, Ref) and node.name not in seen:
-                seen.add(node.name)
-                stack.append(node.name)
-    return seen
+    return referenced_rules(grammar)
 
 
 def test_object_tails_are_all_reachable() -> None:

@@ -68,6 +68,14 @@ class Serializer {
     out.clear();
     std::vector<Item>& stack = stack_;
     stack.clear();
+    // A node written before (shared IR objects) is copied from its first span; resize first, then
+    // copy: the source may be ``out`` itself (an earlier part of it).
+    auto copy_span = [&](const Span s) {
+      const size_t at = out.size();
+      out.resize(at + (s.end - s.start));
+      const Program& from = s.rule == rule ? out : programs[s.rule];
+      std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
+    };
     stack.push_back({root, nullptr, 0});
     while (!stack.empty()) {
       Item it = stack.back();
@@ -100,11 +108,7 @@ class Serializer {
         // Classes are shared nodes too (encoded edge heads, hex digits): the first write is
         // copied from then on instead of read, sorted and merged again.
         if (const Span* hit = spans_.find(node)) {
-          const Span s = *hit;
-          size_t at = out.size();
-          out.resize(at + (s.end - s.start));
-          const Program& from = s.rule == rule ? out : programs[s.rule];
-          std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
+          copy_span(*hit);
           continue;
         }
         const uint32_t start = static_cast<uint32_t>(out.size());
@@ -128,12 +132,7 @@ class Serializer {
         }
       } else if (type == k_.seq || type == k_.alt || type == k_.repeat) {
         if (const Span* hit = spans_.find(node)) {
-          const Span s = *hit;
-          // Resize first, then copy: the source may be ``out`` itself (an earlier part of it).
-          size_t at = out.size();
-          out.resize(at + (s.end - s.start));
-          const Program& from = s.rule == rule ? out : programs[s.rule];
-          std::copy(from.begin() + s.start, from.begin() + s.end, out.begin() + static_cast<std::ptrdiff_t>(at));
+          copy_span(*hit);
           continue;
         }
         uint32_t start = static_cast<uint32_t>(out.size());

@@ -504,14 +504,7 @@ class PackedLinear {
 
   // y = x @ W^T into `out` ([M, N] float32, contiguous); num_threads <= 0 means one thread.
   void forward(nb::ndarray<nb::ro> x, nb::ndarray<> out, int num_threads) const {
-    check_f32(x, "x");
-    check_f32(out, "out");
-    if (x.shape(1) != k_)
-      throw std::invalid_argument("PackedLinear: x has " + std::to_string(x.shape(1)) + " columns, expected " +
-                                  std::to_string(k_));
-    if (out.shape(0) != x.shape(0) || out.shape(1) != n_)
-      throw std::invalid_argument("PackedLinear: out must be [" + std::to_string(x.shape(0)) + ", " +
-                                  std::to_string(n_) + "]");
+    check_io(x, out);
     run(static_cast<const float*>(x.data()), x.shape(0), static_cast<float*>(out.data()), num_threads);
   }
 
@@ -534,13 +527,8 @@ class PackedLinear {
     const int fmt = fmt_;
     nb::gil_scoped_release release;
     pool().run(threads, chunks, [&](size_t c) {
-      const size_t gb = c * kGroupChunk, ge = std::min(ng, gb + kGroupChunk);
-      if (fmt == kF32)
-        run_range<kF32>(isa, v, gb, ge, xp, m, yp);
-      else if (fmt == kQ8)
-        run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
-      else
-        run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
+      const size_t gb = c * kGroupChunk;
+      run_any(fmt, isa, v, gb, std::min(ng, gb + kGroupChunk), xp, m, yp);
     });
   }
 
@@ -552,14 +540,7 @@ class PackedLinear {
   // Returns the number of groups computed.
   size_t forward_allowed(nb::ndarray<nb::ro> x, nb::ndarray<> out, nb::ndarray<nb::ro> allowed,
                          int num_threads) const {
-    check_f32(x, "x");
-    check_f32(out, "out");
-    if (x.shape(1) != k_)
-      throw std::invalid_argument("PackedLinear: x has " + std::to_string(x.shape(1)) + " columns, expected " +
-                                  std::to_string(k_));
-    if (out.shape(0) != x.shape(0) || out.shape(1) != n_)
-      throw std::invalid_argument("PackedLinear: out must be [" + std::to_string(x.shape(0)) + ", " +
-                                  std::to_string(n_) + "]");
+    check_io(x, out);
     if (allowed.dtype() != nb::dtype<int32_t>() || allowed.device_type() != nb::device::cpu::value ||
         allowed.ndim() != 2)
       throw std::invalid_argument("PackedLinear: allowed must be a 2-D int32 CPU bitmask");
@@ -604,13 +585,7 @@ class PackedLinear {
     if (chunks.empty()) return 0;
     const int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks.size()));
     pool().run(threads, chunks.size(), [&](size_t c) {
-      const auto [gb, ge] = chunks[c];
-      if (fmt == kF32)
-        run_range<kF32>(isa, v, gb, ge, xp, m, yp);
-      else if (fmt == kQ8)
-        run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
-      else
-        run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
+      run_any(fmt, isa, v, chunks[c].first, chunks[c].second, xp, m, yp);
     });
     return computed;
   }
@@ -621,6 +596,27 @@ class PackedLinear {
   size_t nbytes() const { return groups_ * gstride_; }
 
  private:
+  // x [M, K] and out [M, N]: float32, CPU, C-contiguous.
+  void check_io(const nb::ndarray<nb::ro>& x, const nb::ndarray<>& out) const {
+    check_f32(x, "x");
+    check_f32(out, "out");
+    if (x.shape(1) != k_)
+      throw std::invalid_argument("PackedLinear: x has " + std::to_string(x.shape(1)) + " columns, expected " +
+                                  std::to_string(k_));
+    if (out.shape(0) != x.shape(0) || out.shape(1) != n_)
+      throw std::invalid_argument("PackedLinear: out must be [" + std::to_string(x.shape(0)) + ", " +
+                                  std::to_string(n_) + "]");
+  }
+
+  static void run_any(int fmt, int isa, const View& v, size_t gb, size_t ge, const float* xp, size_t m, float* yp) {
+    if (fmt == kF32)
+      run_range<kF32>(isa, v, gb, ge, xp, m, yp);
+    else if (fmt == kQ8)
+      run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
+    else
+      run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
+  }
+
   template <typename Array>  // nb::ndarray<> or nb::ndarray<nb::ro>
   static void check_f32(const Array& a, const char* name) {
     if (a.dtype() != nb::dtype<float>())
