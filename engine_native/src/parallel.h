@@ -1,5 +1,5 @@
 #pragma once
-// The native kernels' shared thread pool (defined in linear.cpp).
+// The native kernels' shared thread pool (defined in parallel.cpp).
 #include <cstddef>
 #include <functional>
 
