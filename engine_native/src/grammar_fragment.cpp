@@ -192,14 +192,22 @@ int32_t NfaBuilder::fragment_state(int32_t r) {
   // Each level of a chain is a few C++ frames: past this depth its rest stays in separate rules.
   if (store_nesting_ >= kMaxStoreNesting) throw FragmentStore::Overflow();
   const std::vector<int32_t>& code = (*rules_)[r];
-  const int64_t saved_limit = st.limit();
-  const size_t before = st.size(), saved_pcs = seq_pcs_.size();
-  const int saved_depth = depth_;
   const bool saved_refs = store_refs_;
   store_refs_ = false;
-  st.set_limit(static_cast<int64_t>(before) + std::max<int64_t>(4096, 16 * static_cast<int64_t>(code.size())));
-  int32_t s = -2;
   ++store_nesting_;
+  const int32_t s = eval_program(code, std::max<int64_t>(4096, 16 * static_cast<int64_t>(code.size())), depth_);
+  --store_nesting_;
+  store_refs_ = saved_refs;
+  sh.rule_state[r] = s;
+  return s;
+}
+
+int32_t NfaBuilder::eval_program(const std::vector<int32_t>& code, int64_t budget, int depth_after_overflow) {
+  FragmentStore& st = shared_->store;
+  const int64_t saved_limit = st.limit();
+  const size_t before = st.size(), saved_pcs = seq_pcs_.size();
+  st.set_limit(static_cast<int64_t>(before) + budget);
+  int32_t s = -2;
   try {
     size_t pc = 0;
     s = store_eval(code, pc, st.accept());
@@ -208,13 +216,10 @@ int32_t NfaBuilder::fragment_state(int32_t r) {
     s = -2;
     st.clear_depth();
     seq_pcs_.resize(saved_pcs);
-    depth_ = saved_depth;
+    depth_ = depth_after_overflow;
   }
-  --store_nesting_;
-  store_refs_ = saved_refs;
-  // What this rule added does not count against the caller's own budget.
+  // What the program added does not count against the caller's own budget.
   st.set_limit(saved_limit + static_cast<int64_t>(st.size() - before));
-  sh.rule_state[r] = s;
   return s;
 }
 
@@ -228,26 +233,11 @@ int32_t NfaBuilder::lower_in_store(int32_t r, DfaPool* pool) {
   for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
     if ((code[pc] == kRepeat && code.at(pc + 2) < 0) || (code[pc] == kRef && code.at(pc + 1) == r)) return -1;
   }
-  FragmentStore& st = shared_->store;
-  const int64_t saved_limit = st.limit();
-  const size_t before = st.size(), saved_pcs = seq_pcs_.size();
-  st.set_limit(static_cast<int64_t>(before) + kMaxStoredRuleStates);
   store_refs_ = true;
-  int32_t s = -2;
-  try {
-    size_t pc = 0;
-    s = store_eval(code, pc, st.accept());
-    if (pc != code.size()) s = -2;
-  } catch (const FragmentStore::Overflow&) {
-    s = -2;
-    st.clear_depth();
-    seq_pcs_.resize(saved_pcs);
-    depth_ = 0;
-  }
+  const int32_t s = eval_program(code, kMaxStoredRuleStates, 0);
   store_refs_ = false;
-  st.set_limit(saved_limit + static_cast<int64_t>(st.size() - before));
   if (s == -2) return -1;
-  return st.flatten_into(s, pool);
+  return shared_->store.flatten_into(s, pool);
 }
 
 const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {

@@ -321,6 +321,9 @@ class NfaBuilder {
   int32_t fragment_state(int32_t r);
   // The expression at pc followed by `cont`, in the store (may throw FragmentStore::Overflow).
   int32_t store_eval(const std::vector<int32_t>& code, size_t& pc, int32_t cont);
+  // store_eval over a whole program with at most `budget` new store states; -2 when it overflows
+  // (depth_ is then reset to `depth_after_overflow`) or stops short.
+  int32_t eval_program(const std::vector<int32_t>& code, int64_t budget, int depth_after_overflow);
   std::vector<size_t> seq_pcs_;  // store_eval's Seq children, a stack shared by its recursion
   bool store_refs_ = false;      // store_eval may write references (a rule's own automaton)
   int store_nesting_ = 0;        // fragment_state() calls in progress
