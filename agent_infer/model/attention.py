@@ -230,26 +230,11 @@ def _with_native_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             heads, k_cache.shape[1], dim, dim**-0.5, get_num_threads(),
         )  # fmt: skip
-    else:
+    else:  # the checking entry point: anything unexpected gets its typed error
         _native.decode_attention(
             q, k_cache, v_cache, out, dec.rows, dec.tables, dec.context_lens, dec.block_size,
             dim**-0.5, get_num_threads(),
         )  # fmt: skip
-    for s in plan.seqs:
-        out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s)
-    return out
-    _native.decode_attention(
-        q.contiguous(),
-        k_cache,
-        v_cache,
-        out,
-        dec.rows,
-        dec.tables,
-        dec.context_lens,
-        dec.block_size,
-        dim**-0.5,
-        get_num_threads(),
-    )
     for s in plan.seqs:
         out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s)
     return out
