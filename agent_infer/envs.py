@@ -78,6 +78,22 @@ def native_linear() -> bool:
     return _flag("AGENT_INFER_NATIVE_LINEAR", True)
 
 
+_LINEAR_ACTIVATIONS = ("q8", "f32")
+
+
+def linear_activations() -> str:
+    """``AGENT_INFER_LINEAR_ACTIVATIONS``: q8 | f32 (default q8). With the native kernel, q8 quantizes
+    activations per block of 32 to int8 for quantized (Q8_0/Q4_0/Q4_1) weights, as llama.cpp does:
+    exact integer block dot products, ~2-3x less arithmetic. f32 multiplies float32 activations by
+    the exactly dequantized weights (the torch reference's values, to float rounding)."""
+    value = _get("AGENT_INFER_LINEAR_ACTIVATIONS", "q8").lower()
+    if value not in _LINEAR_ACTIVATIONS:
+        raise ConfigError(
+            f"AGENT_INFER_LINEAR_ACTIVATIONS={value!r}; expected one of {', '.join(_LINEAR_ACTIVATIONS)}"
+        )
+    return value
+
+
 def grammar_threads() -> int:
     """``AGENT_INFER_GRAMMAR_THREADS``: threads for batch mask fills; 0 means one per core."""
     return _int("AGENT_INFER_GRAMMAR_THREADS", 0)

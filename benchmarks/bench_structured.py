@@ -452,13 +452,22 @@ def save(rows: list[dict[str, Any]], notes: list[str], args: Any) -> None:
     args.out.write_text(json.dumps(payload, indent=1))
 
 
+def _activations(loaded: Any) -> str:
+    """Which linear path the model runs: native int8 or float32 activations, or torch matmuls."""
+    head = getattr(loaded.model, "packed_head", None)
+    if head is None:
+        return "torch fp32"
+    return "native int8 (q8)" if head.packed.q8_activations else "native fp32"
+
+
 def report(
     rows: list[dict[str, Any]], notes: list[str], args: Any, requests: list[Request], loaded: Any
 ) -> None:
     """Print the markdown table and the issue's targets; save everything as JSON."""
     print(
         f"\n{len(requests)} MaskBench schemas (seed {args.seed}), greedy, max_tokens {args.max_tokens}, "
-        f"{THREADS} threads, model {Path(loaded.path).name}, torch {torch.__version__}\n"
+        f"{THREADS} threads, model {Path(loaded.path).name}, torch {torch.__version__}, "
+        f"linear activations {_activations(loaded)}\n"
     )
     print(
         "| engine / setting | conc | requests | tokens | wall s | tokens/s | s per request | CPU s per request "

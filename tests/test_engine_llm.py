@@ -201,7 +201,8 @@ def test_abort_ends_request_and_frees_blocks(llm: LLM) -> None:
     engine = llm.engine
     free_before = engine.block_manager.num_free_blocks
     engine.add_request("keep", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=6))
-    engine.add_request("drop", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=50))
+    # ignore_eos: the request must still be running when it is aborted, whatever its first token
+    engine.add_request("drop", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
     engine.step()
     engine.abort("drop")
     finals: dict[str, RequestOutput] = {}

@@ -19,18 +19,33 @@ from agent_infer.model.runner import SequenceRunner
 # (Measured: 0.0 on CPU fp32 with torch matmuls - both sides run the same MKL kernels on the same
 # weights; 1.3e-4 of a 37.6 logit scale with the native kernel's k-ordered FMA chains.)
 RELATIVE_TOLERANCE = 1e-3
+# The native kernel's default int8 activations (llama.cpp's Q8 scheme) round every activation to
+# 8 bits per block of 32, so logits move more: measured max |diff| 2.0 of a 37.6 scale (5.3%),
+# mean KL(HF || ours) 0.005 nats per position, every argmax equal. Bounds with ~2x headroom.
+Q8_RELATIVE_TOLERANCE = 0.1
+Q8_MEAN_KL = 0.01
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["native-linear", "torch-linear"])
+@pytest.fixture(
+    scope="module", params=["q8", "f32", "torch"], ids=["native-q8", "native-f32", "torch-linear"]
+)
 def ours(request: pytest.FixtureRequest) -> Iterator[LoadedModel]:
-    # both matmul paths must match transformers: the packed native kernel and torch fp32 matmuls
+    # every matmul path must match transformers: the packed native kernel with int8 activations
+    # (the default) and with float32 activations, and torch fp32 matmuls
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENT_INFER_NATIVE_LINEAR", "1" if request.param else "0")
+        mp.setenv("AGENT_INFER_NATIVE_LINEAR", "0" if request.param == "torch" else "1")
+        mp.setenv("AGENT_INFER_LINEAR_ACTIVATIONS", "f32" if request.param == "torch" else request.param)
         lm = load_model(default_model_path(), device=torch.device("cpu"))
-    assert lm.model.packed == request.param
+    assert lm.model.packed == (request.param != "torch")
+    if lm.model.packed:
+        assert lm.model.packed_head.packed.q8_activations == (request.param == "q8")
     yield lm
+
+
+def _q8(ours: LoadedModel) -> bool:
+    return bool(ours.model.packed and ours.model.packed_head.packed.q8_activations)
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +106,18 @@ def test_logits_match_transformers(ours: LoadedModel, hf_model: torch.nn.Module)
         ref = hf_model(torch.tensor([ids])).logits[0].float()
     diff = (mine - ref).abs().max().item()
     scale = ref.abs().max().item()
-    print(f"max |logit diff| = {diff:.3g} (logit scale {scale:.3g})")
-    assert diff <= RELATIVE_TOLERANCE * scale
-    assert torch.equal(mine.argmax(-1), ref.argmax(-1))
+    agree = (mine.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"max |logit diff| = {diff:.3g} (logit scale {scale:.3g}), argmax agreement {agree:.3f}")
+    if _q8(ours):
+        lp, lr = mine.log_softmax(-1), ref.log_softmax(-1)
+        kl = (lr.exp() * (lr - lp)).sum(-1).mean().item()
+        print(f"mean KL(HF || ours) = {kl:.4g}")
+        assert diff <= Q8_RELATIVE_TOLERANCE * scale
+        assert kl <= Q8_MEAN_KL
+        assert agree >= 0.9
+    else:
+        assert diff <= RELATIVE_TOLERANCE * scale
+        assert agree == 1.0
 
 
 def test_greedy_generation_matches_transformers(ours: LoadedModel, hf_model: torch.nn.Module) -> None:

@@ -72,7 +72,13 @@ def test_penalties_break_a_greedy_loop_on_the_real_model(llm: Any, penalty: dict
     top = Counter(plain.token_ids).most_common(1)[0][1]
     top_penalized = Counter(penalized.token_ids).most_common(1)[0][1]
     assert top >= 10, plain.text
-    assert top_penalized <= top // 2, (plain.text, penalized.text)
+    if "presence_penalty" in penalty:
+        # A presence penalty is paid once per token, so once every candidate has appeared a loop may
+        # come back (measured: " two one three two two two four two five six four six six ..."); what
+        # it does promise is new tokens.
+        assert len(set(penalized.token_ids)) >= 2 * len(set(plain.token_ids)), (plain.text, penalized.text)
+    else:
+        assert top_penalized <= top // 2, (plain.text, penalized.text)
 
 
 def test_penalties_keep_constraints(llm: Any) -> None:

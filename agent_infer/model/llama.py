@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer import envs
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.attention import AttentionMetadata, paged_attention, plan_attention
 from agent_infer.model.config import ModelConfig, rope_inv_freq
@@ -68,6 +69,16 @@ def _linear(x: torch.Tensor, weight: _Weight, bias: torch.Tensor | None = None) 
         y = weight.project(x)
         return y if bias is None else y.add_(bias)
     return F.linear(x, weight, bias)
+
+
+def _norm_linear(
+    x: torch.Tensor, norm: torch.Tensor, eps: float, weight: _Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``linear(rms_norm(x) * norm)``; packed layers normalize inside the kernel call."""
+    if isinstance(weight, QuantLinear):
+        y = weight.project_normed(x, norm, eps)
+        return y if bias is None else y.add_(bias)
+    return F.linear(F.rms_norm(x, (x.shape[-1],), norm, eps), weight, bias)
 
 
 class _Layer(nn.Module):
@@ -199,8 +210,7 @@ class LlamaForCausalLM(nn.Module):
         # Row pruning needs row-count-independent linears (the native kernel); torch's are padded.
         prune = keep_rows is not None and self.packed and len(keep_rows) < n
         for i, layer in enumerate(blocks):
-            h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, eps)
-            qkv = _linear(h, layer.qkv, layer.qkv_bias)
+            qkv = _norm_linear(x, layer.input_norm, eps, layer.qkv, layer.qkv_bias)
             qk = self._rope(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
             v = qkv[:, qk_heads * dim :].view(rows, kv_heads, dim)
             k_cache, v_cache = kv_cache.flat(i)
@@ -210,8 +220,7 @@ class LlamaForCausalLM(nn.Module):
                 index = torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device)
                 x, attn = x.index_select(0, index), attn.index_select(0, index)
             x = x + _linear(attn, layer.o)
-            h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, eps)
-            gate, up = _linear(h, layer.gate_up).chunk(2, dim=-1)
+            gate, up = _norm_linear(x, layer.post_norm, eps, layer.gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.down)
         x = F.rms_norm(x, (c.hidden_size,), self.norm, eps)
         if prune:
@@ -329,6 +338,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.packed:
             raise EngineError("load_packed_gguf needs a model built with packed=True")
         c = self.config
+        q8 = envs.linear_activations() == "q8"
         heads = {"attn_q.weight": c.num_heads, "attn_k.weight": c.num_kv_heads}
         for i, layer in enumerate(self._blocks()):
             for attr, gguf_names in _GGUF_PROJECTIONS.items():
@@ -349,13 +359,13 @@ class LlamaForCausalLM(nn.Module):
                         raise ModelLoadError(
                             f"{f.path}: tensor {n!r} has shape {f.tensors[n].shape}, expected K={k}"
                         )
-                setattr(layer, attr, QuantLinear.from_rows(parts, k))
+                setattr(layer, attr, QuantLinear.from_rows(parts, k, q8_activations=q8))
         head = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
         if f.tensors[head].shape != (c.vocab_size, c.hidden_size):
             raise ModelLoadError(
                 f"{f.path}: tensor {head!r} has shape {f.tensors[head].shape}, expected {(c.vocab_size, c.hidden_size)}"
             )
-        self.packed_head = QuantLinear.from_rows([gguf_rows(f, head)], c.hidden_size)
+        self.packed_head = QuantLinear.from_rows([gguf_rows(f, head)], c.hidden_size, q8_activations=q8)
 
     def _in_features(self, attr: str) -> int:
         c = self.config

@@ -21,6 +21,8 @@ from agent_infer.model.gguf_reader import GGUFFile
 # ggml type ids the kernel accepts (F32, F16, Q4_0, Q4_1, Q8_0, BF16)
 _NATIVE_TYPES = frozenset({0, 1, 2, 3, 8, 30})
 _F32 = 0
+# ggml types whose blocks the int8-activation kernel reads (Q4_0, Q4_1, Q8_0)
+_QUANTIZED_TYPES = frozenset({2, 3, 8})
 
 
 _threads: int | None = None
@@ -81,6 +83,7 @@ class PackedWeight(Protocol):
     k: int
     ggml_type: int
     nbytes: int
+    q8_activations: bool
 
     def forward(self, x: torch.Tensor, out: torch.Tensor, num_threads: int = 1) -> None:
         """``out = x @ W^T``."""
@@ -88,6 +91,12 @@ class PackedWeight(Protocol):
 
     def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1) -> None:
         """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32, contiguous)."""
+        ...
+
+    def forward_raw_norm(
+        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1
+    ) -> None:
+        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address)."""
         ...
 
     def forward_allowed(
@@ -108,19 +117,24 @@ class QuantLinear(nn.Module):
         self.bias = bias
 
     @classmethod
-    def from_rows(cls, parts: Sequence[tuple[torch.Tensor, int, int]], k: int) -> QuantLinear:
+    def from_rows(
+        cls, parts: Sequence[tuple[torch.Tensor, int, int]], k: int, *, q8_activations: bool = False
+    ) -> QuantLinear:
         """Pack row blocks ``(raw bytes [rows, row_bytes] uint8, ggml type, rows)`` stacked along N.
 
         All parts must share one type (callers pass ``force_f32`` to :func:`gguf_rows` for mixed
         files, which is exact), so fusing q/k/v or gate/up never changes a weight value.
+        ``q8_activations`` applies to quantized types only (float weights always take float32 x).
         """
         from agent_infer import _native
 
         types = {t for _, t, _ in parts}
         n = sum(rows for _, _, rows in parts)
         if len(types) == 1 and next(iter(types)) in _NATIVE_TYPES:
+            typ = next(iter(types))
             raw = torch.cat([r.reshape(-1) for r, _, _ in parts]).contiguous()
-            return cls(_native.PackedLinear(raw, next(iter(types)), n, k))
+            q8 = q8_activations and typ in _QUANTIZED_TYPES
+            return cls(_native.PackedLinear(raw, typ, n, k, q8_activations=q8))
         raise ModelLoadError(f"cannot pack weights of ggml types {sorted(types)} natively")
 
     @classmethod
@@ -163,6 +177,34 @@ class QuantLinear(nn.Module):
             out += self.bias
         return out
 
+    def project_normed(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """:meth:`project` of ``rms_norm(x) * weight``, the normalization done in the kernel's call.
+
+        The norm's sum of squares is taken in double in a fixed order (``rms_norm_rows`` in
+        linear.cpp), so rows stay batch invariant; its result differs from torch's ``rms_norm`` by
+        float rounding. Inputs the fast path cannot take go through torch's norm and :meth:`forward`.
+        """
+        if (
+            x.dtype is not torch.float32
+            or x.device.type != "cpu"
+            or x.dim() != 2
+            or x.shape[1] != self.in_features
+            or not x.is_contiguous()
+            or weight.dtype is not torch.float32
+            or weight.device.type != "cpu"
+            or tuple(weight.shape) != (self.in_features,)
+            or not weight.is_contiguous()
+        ):
+            return self.forward(torch.nn.functional.rms_norm(x, (self.in_features,), weight, eps))
+        m = x.shape[0]
+        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        self.packed.forward_raw_norm(
+            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), eps, get_num_threads()
+        )
+        if self.bias is not None:
+            out += self.bias
+        return out
+
     def forward_allowed(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` for the columns a token bitmask can select: only the 16-column groups in
         which some row of ``allowed`` (int32 ``[M, words]``) has a bit set are computed, bit-identical
@@ -175,7 +217,10 @@ class QuantLinear(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, ggml_type={self.packed.ggml_type}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"ggml_type={self.packed.ggml_type}, q8_activations={self.packed.q8_activations}"
+        )
 
 
 def gguf_rows(

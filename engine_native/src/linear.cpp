@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "linear_q8.h"
 #include "linear_tiles.h"
 #include "parallel.h"
 
@@ -32,13 +33,34 @@ namespace nb = nanobind;
 namespace agent_infer {
 namespace {
 
+constexpr size_t kQ8SerialMacs = size_t{1} << 21;
+
+// h = (x * r) * w per row, r = float(1 / sqrt(sum(x^2) / K + eps)) with the sum of squares in
+// double over 8 interleaved partial sums combined in a fixed tree: one order whether or not the
+// compiler vectorizes the loop, so every row's bits are its own.
+void rms_norm_rows(const float* x, size_t m, size_t k, const float* w, float eps, float* h) {
+  for (size_t r = 0; r < m; ++r) {
+    const float* xr = x + r * k;
+    double acc[8] = {};
+    size_t i = 0;
+    for (; i + 8 <= k; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(xr[i + j]) * static_cast<double>(xr[i + j]);
+    for (; i < k; ++i) acc[i % 8] += static_cast<double>(xr[i]) * static_cast<double>(xr[i]);
+    const double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    const float inv = static_cast<float>(1.0 / std::sqrt(total / static_cast<double>(k) + static_cast<double>(eps)));
+    float* hr = h + r * k;
+    for (size_t c = 0; c < k; ++c) hr[c] = (xr[c] * inv) * w[c];
+  }
+}
+
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 
 class PackedLinear {
  public:
-  PackedLinear(nb::ndarray<nb::ro> raw, int ggml_type, int64_t n, int64_t k) : ggml_type_(ggml_type) {
+  PackedLinear(nb::ndarray<nb::ro> raw, int ggml_type, int64_t n, int64_t k, bool q8_activations)
+      : ggml_type_(ggml_type), q8_(q8_activations) {
     if (n <= 0 || k <= 0) throw std::invalid_argument("PackedLinear: n and k must be positive");
     n_ = static_cast<size_t>(n);
     k_ = static_cast<size_t>(k);
@@ -53,6 +75,9 @@ class PackedLinear {
         throw std::invalid_argument("PackedLinear: unsupported ggml type " + std::to_string(ggml_type) +
                                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)");
     }
+    if (q8_ && fmt_ == kF32)
+      throw std::invalid_argument("PackedLinear: int8 activations need quantized weights (Q8_0, Q4_0, Q4_1), not ggml type " +
+                                  std::to_string(ggml_type));
     if (fmt_ != kF32 && k_ % 32)
       throw std::invalid_argument("PackedLinear: k = " + std::to_string(k_) +
                                   " is not a multiple of the quantization block (32)");
@@ -90,18 +115,34 @@ class PackedLinear {
     run(reinterpret_cast<const float*>(x), m, reinterpret_cast<float*>(out), num_threads);
   }
 
+  // forward_raw() of rms_norm(x) * weight (weight: K float32 at `w`): the decoder's norm before
+  // qkv and gate_up, fused so a decode step skips 60 torch calls. The normalized rows live in this
+  // thread's buffer; see rms_norm_rows for the fixed arithmetic (batch and ISA invariant).
+  void forward_raw_norm(uintptr_t x, size_t m, uintptr_t out, uintptr_t w, float eps, int num_threads) const {
+    if (m == 0) return;
+    if (x == 0 || out == 0 || w == 0) throw std::invalid_argument("PackedLinear.forward_raw_norm: null address");
+    thread_local std::vector<float> h;
+    if (h.size() < m * k_) h.resize(m * k_);
+    rms_norm_rows(reinterpret_cast<const float*>(x), m, k_, reinterpret_cast<const float*>(w), eps, h.data());
+    run(h.data(), m, reinterpret_cast<float*>(out), num_threads);
+  }
+
   void run(const float* xp, size_t m, float* yp, int num_threads) const {
     if (m == 0) return;
     const View v{data_.get(), gstride_, k_, n_};
     const int isa = g_isa.load(std::memory_order_relaxed);
     const size_t ng = groups_;
     const size_t chunks = (ng + kGroupChunk - 1) / kGroupChunk;
-    const int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks));
+    int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks));
+    // An int8-activation call this small is memory-bound and over in ~20 us: waking a worker
+    // costs about what it saves (measured on 2 cores, decode steps neutral to 4% faster).
+    if (q8_ && m * n_ * k_ < kQ8SerialMacs) threads = 1;
     const int fmt = fmt_;
     nb::gil_scoped_release release;
+    const QAct* qa = q8_ ? quantize(xp, m) : nullptr;
     parallel_for(threads, chunks, [&](size_t c) {
       const size_t gb = c * kGroupChunk;
-      run_any(fmt, isa, v, gb, std::min(ng, gb + kGroupChunk), xp, m, yp);
+      run_any(fmt, isa, v, gb, std::min(ng, gb + kGroupChunk), xp, qa, m, yp);
     });
   }
 
@@ -156,9 +197,10 @@ class PackedLinear {
       g = e;
     }
     if (chunks.empty()) return 0;
+    const QAct* qa = q8_ ? quantize(xp, m) : nullptr;
     const int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks.size()));
     parallel_for(threads, chunks.size(), [&](size_t c) {
-      run_any(fmt, isa, v, chunks[c].first, chunks[c].second, xp, m, yp);
+      run_any(fmt, isa, v, chunks[c].first, chunks[c].second, xp, qa, m, yp);
     });
     return computed;
   }
@@ -166,6 +208,7 @@ class PackedLinear {
   size_t n() const { return n_; }
   size_t k() const { return k_; }
   int ggml_type() const { return ggml_type_; }
+  bool q8_activations() const { return q8_; }
   size_t nbytes() const { return groups_ * gstride_; }
 
  private:
@@ -181,8 +224,15 @@ class PackedLinear {
                                   std::to_string(n_) + "]");
   }
 
-  static void run_any(int fmt, int isa, const View& v, size_t gb, size_t ge, const float* xp, size_t m, float* yp) {
-    if (fmt == kF32)
+  static void run_any(int fmt, int isa, const View& v, size_t gb, size_t ge, const float* xp, const QAct* qa,
+                      size_t m, float* yp) {
+    if (qa) {
+      const bool vnni = isa == kAvx512 && g_has_vnni;
+      if (fmt == kQ8)
+        q8_run_range<kQ8>(isa, vnni, v, gb, ge, *qa, m, yp);
+      else
+        q8_run_range<kQ4>(isa, vnni, v, gb, ge, *qa, m, yp);
+    } else if (fmt == kF32)
       run_range<kF32>(isa, v, gb, ge, xp, m, yp);
     else if (fmt == kQ8)
       run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
@@ -199,6 +249,24 @@ class PackedLinear {
     if (a.ndim() != 2) throw std::invalid_argument(std::string("PackedLinear: ") + name + " must be 2-D");
     if ((a.shape(0) > 1 && a.stride(0) != static_cast<int64_t>(a.shape(1))) || (a.shape(1) > 1 && a.stride(1) != 1))
       throw std::invalid_argument(std::string("PackedLinear: ") + name + " must be C-contiguous");
+  }
+
+  // x quantized into this thread's buffers (valid until its next call); the pool only reads them.
+  const QAct* quantize(const float* xp, size_t m) const {
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> dx, sx;
+    thread_local std::vector<int32_t> corr;
+    thread_local QAct qa;
+    const size_t nb = k_ / 32;
+    if (xq.size() < m * k_) xq.resize(m * k_);
+    if (dx.size() < m * nb) {
+      dx.resize(m * nb);
+      sx.resize(m * nb);
+      corr.resize(m * nb);
+    }
+    quantize_rows(xp, m, k_, g_isa.load(std::memory_order_relaxed) == kAvx512, xq.data(), dx.data(), sx.data(), corr.data());
+    qa = QAct{xq.data(), dx.data(), sx.data(), corr.data(), k_, nb};
+    return &qa;
   }
 
   void pack_row(const uint8_t* src, size_t row) {
@@ -244,7 +312,18 @@ class PackedLinear {
           q[i + 16] = s[4 + i] >> 4;
         }
       }
-      if (fmt_ == kQ8) {
+      if (q8_ && fmt_ == kQ8) {  // linear_q8.h's layout: chunk p, lane c holds q[4p..4p+3] + 128
+        uint8_t* blk = grp + b * kQ8Block;
+        std::memcpy(blk + 4 * c, &d, 4);
+        for (int k = 0; k < 32; ++k) blk[64 + (k / 4) * 64 + c * 4 + k % 4] = static_cast<uint8_t>(q[k] + 128);
+      } else if (q8_) {  // chunk p, lane c: q[8p+i] in the low nibble, q[8p+4+i] in the high one
+        uint8_t* blk = grp + b * kQ4Block;
+        std::memcpy(blk + 4 * c, &d, 4);
+        std::memcpy(blk + 64 + 4 * c, &m, 4);
+        for (int p = 0; p < 4; ++p)
+          for (int i = 0; i < 4; ++i)
+            blk[128 + p * 64 + c * 4 + i] = static_cast<uint8_t>(q[8 * p + i] | (q[8 * p + 4 + i] << 4));
+      } else if (fmt_ == kQ8) {
         uint8_t* blk = grp + b * kQ8Block;
         std::memcpy(blk + 4 * c, &d, 4);
         for (int k = 0; k < 32; ++k) blk[64 + k * kLanes + c] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
@@ -258,6 +337,7 @@ class PackedLinear {
   }
 
   int ggml_type_;
+  bool q8_;
   int fmt_ = kF32;
   size_t n_ = 0, k_ = 0, groups_ = 0, gstride_ = 0;
   std::unique_ptr<uint8_t, FreeDeleter> data_;
@@ -275,15 +355,20 @@ void register_linear(nb::module_& m) {
   nb::class_<PackedLinear>(m, "PackedLinear",
                            "Weights [N, K] repacked from GGUF bytes (F32/F16/BF16/Q8_0/Q4_0/Q4_1) for a "
                            "batch-invariant CPU linear layer.")
-      .def(nb::init<nb::ndarray<nb::ro>, int, int64_t, int64_t>(), nb::arg("raw"), nb::arg("ggml_type"),
-           nb::arg("n"), nb::arg("k"),
-           "Pack ``n`` rows of ``k`` weights given as the tensor's raw GGUF bytes (uint8, row-major).")
+      .def(nb::init<nb::ndarray<nb::ro>, int, int64_t, int64_t, bool>(), nb::arg("raw"), nb::arg("ggml_type"),
+           nb::arg("n"), nb::arg("k"), nb::arg("q8_activations") = false,
+           "Pack ``n`` rows of ``k`` weights given as the tensor's raw GGUF bytes (uint8, row-major). "
+           "``q8_activations`` (quantized weights only): quantize x per block of 32 to int8 and take "
+           "exact integer block dot products (see linear_q8.h); batch invariant, not equal to fp32.")
       .def("forward", &PackedLinear::forward, nb::arg("x"), nb::arg("out"), nb::arg("num_threads") = 1,
            "out[M, N] = x[M, K] @ W^T (float32, C-contiguous); the GIL is released.")
       .def("forward_raw", &PackedLinear::forward_raw, nb::arg("x"), nb::arg("m"), nb::arg("out"),
            nb::arg("num_threads") = 1,
            "forward() on raw addresses (x [m, K], out [m, N], float32, C-contiguous; the caller "
            "checks and keeps both alive); the GIL is released.")
+      .def("forward_raw_norm", &PackedLinear::forward_raw_norm, nb::arg("x"), nb::arg("m"), nb::arg("out"),
+           nb::arg("weight"), nb::arg("eps"), nb::arg("num_threads") = 1,
+           "forward_raw() of rms_norm(x) * weight (``weight``: K float32 at that address); the GIL is released.")
       .def("forward_allowed", &PackedLinear::forward_allowed, nb::arg("x"), nb::arg("out"), nb::arg("allowed"),
            nb::arg("num_threads") = 1,
            "forward() for the 16-column groups some row of the int32 token bitmask ``allowed`` [M, W] "
@@ -291,6 +376,7 @@ void register_linear(nb::module_& m) {
       .def_prop_ro("n", &PackedLinear::n)
       .def_prop_ro("k", &PackedLinear::k)
       .def_prop_ro("ggml_type", &PackedLinear::ggml_type)
+      .def_prop_ro("q8_activations", &PackedLinear::q8_activations)
       .def_prop_ro("nbytes", &PackedLinear::nbytes);
   m.def("linear_isa", [] { return std::string(isa_name(g_isa.load())); },
         "The instruction set PackedLinear uses now: 'avx512', 'avx2' or 'scalar'.");

@@ -42,6 +42,17 @@ int detect_isa() {
 const int g_best_isa = detect_isa();
 std::atomic<int> g_isa{g_best_isa};
 
+// The int8-activation kernels' AVX-512 path needs VNNI (vpdpbusd) and BW; without them it takes AVX2.
+bool detect_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
+}
+const bool g_has_vnni = detect_vnni();
+
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
