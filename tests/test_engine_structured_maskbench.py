@@ -13,8 +13,8 @@ whose instance is longer than ``MAX_INSTANCE_CHARS``, are skipped when drawing. 
 per schema: a generous multiple of the example's token count.
 
 Even so, a few outputs loop (a string repeating ``.A.A.A``, an array repeating its item) until
-``max_tokens`` (measured: 7 of 50, greedy and sampled, with float32 activations; 8 greedy and 11
-sampled with the default int8 activations, whose rounding shifts which sampled strings loop). The test runs the sample both ways:
+``max_tokens`` (measured: 7 of 50, greedy and sampled, with float32 and with the default int8
+activations alike; a build whose norm rounded differently saw 8 and 11, so the bar has a margin). The test runs the sample both ways:
 
 * default (``close_on_length=False``): the engine does not change what the model chose, so 100% of
   outputs are valid in the engine's sense (every ``stop`` output validates with ``jsonschema``,
@@ -48,7 +48,7 @@ COMPILE_BUDGET_S = 2.0
 MAX_INSTANCE_CHARS = 400
 MAX_TOKENS = 256
 # Share of requests that must finish "stop"; the rest may run into max_tokens (see below).
-MIN_STOP_SHARE = 0.7
+MIN_STOP_SHARE = 0.76
 
 Case = tuple[str, Any, str, int]
 
