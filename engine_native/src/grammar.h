@@ -257,7 +257,7 @@ class CompiledGrammar {
   // At least 4 096 tokens start with a byte s reads.
   bool dense_start(int32_t s) const;
   // The plain walk of s, its uncertain tokens then classified by the pushdown walk (the same
-  // classification as the pushdown walk alone, for less work; grammar_tokenizer.cpp).
+  // classification as the pushdown walk alone, for less work; grammar_state_mask.cpp).
   std::shared_ptr<const StateMask> refine_with_calls(int32_t s) const;
   // Parts of a walk split across threads (grammar_pool.cpp). A part walks its ranges as the whole
   // walk would; `resume`: its first range continues the previous part's last one, so the tail of

@@ -1,6 +1,6 @@
 // Token classification for states whose rule calls other rules within one token's reach.
 //
-// The fast walk (grammar_tokenizer.cpp) must call a token "uncertain" as soon as control could
+// The fast walk (grammar_state_mask.cpp) must call a token "uncertain" as soon as control could
 // enter a sub-rule, e.g. `: "` after an object key, where whitespace is followed by a `value`.
 // Entering sub-rules does not depend on context, though: only completing the item's own rule
 // does. This walk therefore simulates a small pushdown automaton: configurations are

@@ -1,0 +1,280 @@
+// Loop regions: a string-content (or similar) loop whose states call nothing is walked once per
+// shape, and every state of every rule with the same region shares the result; see
+// compute_region below.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "grammar.h"
+#include "grammar_profile.h"
+
+namespace agent_infer {
+namespace grammar {
+
+namespace {
+bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits);
+}  // namespace
+
+bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const {
+  // Memoized: the pieces of a region state ask for the regions of all its neighbours.
+  {
+    std::lock_guard<std::mutex> lock(region_mu_);
+    auto it = region_memo_.find(s);
+    if (it != region_memo_.end()) {
+      *key = it->second.key;
+      *exits = it->second.exits;
+      return it->second.found;
+    }
+  }
+  RegionMemo memo;
+  memo.found = find_region(*this, s, &memo.key, &memo.exits);
+  // Kept as digests (the serialization of a region reaches tens of KB).
+  if (memo.found) {
+    memo.digest_q = digest(memo.key, 'Q');
+    memo.key = digest(memo.key, 'R');
+  } else {
+    memo.key.clear();
+  }
+  *key = memo.key;
+  *exits = memo.exits;
+  const bool found = memo.found;
+  std::lock_guard<std::mutex> lock(region_mu_);
+  region_memo_.emplace(s, std::move(memo));
+  return found;
+}
+
+bool CompiledGrammar::region_digest_q(int32_t s, std::string* qkey, std::vector<int32_t>* exits) const {
+  std::string raw;
+  if (!region_of(s, &raw, exits)) return false;
+  std::lock_guard<std::mutex> lock(region_mu_);
+  *qkey = region_memo_.at(s).digest_q;
+  return true;
+}
+
+namespace {
+bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits) {
+  const auto& states = g.states;
+  const auto& byte_edges = g.byte_edges;
+  using ByteSet = CompiledGrammar::ByteSet;
+  // Bounded so that the search stays cheap next to the walk it replaces.
+  constexpr size_t kMaxRegion = 512;
+  auto inside = [&](int32_t q) { return states[q].ref_end == states[q].ref_begin; };
+  if (!inside(s)) return false;
+  // The region is s's strongly connected component among the states without references: what
+  // the loop can return to. States it only leads to (the closing quote of a string and the
+  // final state after it) are exits, walked per state, so the region (and its cached walk) is
+  // the same for every string of one syntax whatever follows the string.
+  // Per-thread state -> index scratch (reset entry by entry): grammars have up to 10^5 states.
+  thread_local std::vector<int32_t> idx;
+  if (idx.size() < states.size()) idx.resize(states.size(), -1);
+  std::vector<int32_t> order{s};
+  idx[static_cast<size_t>(s)] = 0;
+  struct Reset {
+    std::vector<int32_t>& order;
+    ~Reset() {
+      for (int32_t q : order) idx[static_cast<size_t>(q)] = -1;
+    }
+  } reset{order};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const int32_t q = byte_edges[e].target;
+      if (!inside(q) || idx[static_cast<size_t>(q)] >= 0) continue;
+      if (order.size() >= kMaxRegion) return false;
+      idx[static_cast<size_t>(q)] = static_cast<int32_t>(order.size());
+      order.push_back(q);
+    }
+  }
+  // Predecessor lists (CSR) within the forward set, then backward reachability to s.
+  const size_t n = order.size();
+  std::vector<int32_t> pstart(n + 1, 0), pred;
+  for (size_t i = 0; i < n; ++i) {
+    const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const int32_t k = inside(byte_edges[e].target) ? idx[static_cast<size_t>(byte_edges[e].target)] : -1;
+      if (k >= 0) ++pstart[static_cast<size_t>(k) + 1];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) pstart[i + 1] += pstart[i];
+  pred.resize(static_cast<size_t>(pstart[n]));
+  {
+    std::vector<int32_t> fill(pstart.begin(), pstart.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      const State& st = states[order[i]];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const int32_t k = inside(byte_edges[e].target) ? idx[static_cast<size_t>(byte_edges[e].target)] : -1;
+        if (k >= 0) pred[static_cast<size_t>(fill[static_cast<size_t>(k)]++)] = static_cast<int32_t>(i);
+      }
+    }
+  }
+  std::vector<uint8_t> back(n, 0);  // can reach s
+  bool cyclic = false;
+  {
+    std::vector<int32_t> work{0};
+    while (!work.empty()) {
+      const int32_t k = work.back();
+      work.pop_back();
+      for (int32_t j = pstart[static_cast<size_t>(k)]; j < pstart[static_cast<size_t>(k) + 1]; ++j) {
+        const int32_t p = pred[static_cast<size_t>(j)];
+        cyclic |= p == 0;
+        if (!back[static_cast<size_t>(p)]) {
+          back[static_cast<size_t>(p)] = 1;
+          work.push_back(p);
+        }
+      }
+    }
+  }
+  if (!cyclic) return false;
+  // Serialize the region in discovery order from s; num[k]: region number of forward index k
+  // (-1 unseen), exit_num: exit number of a target outside the region.
+  std::vector<int32_t> num(n, -1), members{0};
+  num[0] = 0;
+  std::unordered_map<int32_t, int32_t> exit_ids;
+  bool any_final = false;
+  key->assign(1, 'R');
+  key->reserve(64 * n);
+  auto put = [&](int32_t v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (size_t i = 0; i < members.size(); ++i) {
+    const State& st = states[order[static_cast<size_t>(members[i])]];
+    any_final |= st.final;
+    put(st.final ? 1 : 0);
+    put(static_cast<int32_t>(st.byte_end - st.byte_begin));
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      put((be.lo << 8) | be.hi);
+      const int32_t k = inside(be.target) ? idx[static_cast<size_t>(be.target)] : -1;
+      if (k >= 0 && back[static_cast<size_t>(k)]) {
+        if (num[static_cast<size_t>(k)] < 0) {
+          num[static_cast<size_t>(k)] = static_cast<int32_t>(members.size());
+          members.push_back(k);
+        }
+        put(num[static_cast<size_t>(k)]);
+      } else {
+        auto it = exit_ids.find(be.target);
+        if (it == exit_ids.end()) {
+          it = exit_ids.emplace(be.target, static_cast<int32_t>(exits->size())).first;
+          exits->push_back(be.target);
+        }
+        put(-1 - it->second);
+      }
+    }
+  }
+  // A final region state lets control leave the rule with any byte of its follow set (both walks
+  // read exactly that as its escape set, since region states call nothing).
+  if (any_final) key->append(reinterpret_cast<const char*>(g.follow[states[s].rule].data()), sizeof(ByteSet));
+  return true;
+}
+}  // namespace
+
+// Walks every token through a loop region alone: tokens that stay inside are accepted, tokens
+// that die inside are rejected or uncertain exactly as in the full walks (region states call
+// nothing, so their only escape is finishing the rule: the follow set at final states), and
+// each run of tokens sharing the prefix that leaves the region is recorded as an exit. The
+// result depends on the region's shape (and follow set) only, so every string-content state of
+// every rule with the same string syntax shares it; each such state then walks just its exits.
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) const {
+  std::shared_ptr<const StateMask> split;
+  if (split_region(s, &split)) return split;
+  return compute_region_part(s, 0, tok->sorted.size(), false);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(int32_t s, size_t begin, size_t stop,
+                                                                      bool resume) const {
+  const TokenizerInfo& t = *tok;
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+  size_t n_accepted = 0;
+  std::string unused;
+  std::vector<int32_t> exit_states;
+  region_of(s, &unused, &exit_states);
+  std::unordered_map<int32_t, int32_t> exit_of;
+  for (size_t k = 0; k < exit_states.size(); ++k) exit_of[exit_states[k]] = static_cast<int32_t>(k);
+  // Rows over region states only; an exit edge is stored as -2 - (exit number).
+  std::unordered_map<int32_t, int32_t> row_of;
+  std::vector<int32_t> rows;
+  std::vector<int32_t> pending;
+  auto row = [&](int32_t q) -> int32_t {
+    auto it = row_of.find(q);
+    if (it != row_of.end()) return it->second;
+    const int32_t r = static_cast<int32_t>(row_of.size());
+    row_of.emplace(q, r);
+    rows.resize(rows.size() + 256, -1);
+    const State& st = states[q];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      auto ex = exit_of.find(be.target);
+      for (int b = be.lo; b <= be.hi; ++b) {
+        rows[static_cast<size_t>(r) * 256 + b] = ex == exit_of.end() ? be.target : -2 - ex->second;
+      }
+    }
+    return r;
+  };
+  // Resolve every region state to its row up front so that the hot loop reads rows only.
+  std::vector<int32_t> state_row;
+  {
+    std::vector<int32_t> work{s};
+    row(s);
+    while (!work.empty()) {
+      int32_t q = work.back();
+      work.pop_back();
+      const int32_t r = row_of[q];
+      for (int b = 0; b < 256; ++b) {
+        const int32_t nx = rows[static_cast<size_t>(r) * 256 + b];
+        if (nx >= 0 && row_of.find(nx) == row_of.end()) {
+          row(nx);
+          work.push_back(nx);
+        }
+      }
+    }
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (rows[k] >= 0) rows[k] = row_of[rows[k]];  // state -> row
+    }
+  }
+  std::vector<uint8_t> row_final(row_of.size());
+  for (const auto& kv : row_of) row_final[static_cast<size_t>(kv.second)] = states[kv.first].final ? 1 : 0;
+  const ByteSet& fol = follow[states[s].rule];
+  // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
+  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && has(fol, b); };
+  std::vector<int32_t> stack(t.max_token_len + 1);
+  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  stack[0] = row_of[s];
+  size_t valid = 0;
+  for (size_t i = begin; i < stop; ++i) {
+    const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
+    const size_t len = t.sorted_len(i);
+    size_t d = std::min<size_t>(i == begin ? 0 : t.lcp[i], valid);
+    int32_t nx = 0;
+    while (d < len) {
+      nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
+      if (nx < 0) break;
+      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(d, stack[d], tokb[d]));
+      stack[d + 1] = nx;
+      ++d;
+    }
+    valid = d;
+    if (d == len) {
+      const int32_t id = t.sorted[i];
+      bits[id >> 5] |= 1u << (id & 31);
+      ++n_accepted;
+      continue;
+    }
+    // The run of tokens sharing the first d + 1 bytes dies (nx == -1) or exits here together.
+    const size_t end = t.run_end(i, d + 1);
+    const bool escaped = flag[d] || escapes(d, stack[d], tokb[d]);
+    // A part resuming inside a run leaves it to the previous part, which classified it.
+    const bool continued = resume && i == begin && t.lcp[i] > d;
+    if (!continued && nx <= -2) {
+      out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
+                            escaped ? 1 : 0});
+    } else if (!continued && escaped) {
+      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+    }
+    i = end - 1;
+  }
+  finish_mask(*out, std::move(bits), n_accepted);
+  out->exits.shrink_to_fit();
+  return out;
+}
+
+}  // namespace grammar
+}  // namespace agent_infer
