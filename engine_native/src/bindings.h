@@ -14,4 +14,6 @@ void register_grammar_serialize(nanobind::module_& m);
 void register_linear(nanobind::module_& m);
 // Paged decode attention over the KV cache.
 void register_attention(nanobind::module_& m);
+// Rotary position embedding in place on raw addresses (rope.cpp).
+void register_rope(nanobind::module_& m);
 }  // namespace agent_infer

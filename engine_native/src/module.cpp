@@ -15,4 +15,5 @@ NB_MODULE(_native, m) {
   agent_infer::register_grammar_serialize(m);
   agent_infer::register_linear(m);
   agent_infer::register_attention(m);
+  agent_infer::register_rope(m);
 }
