@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_infer.model import llama
+from agent_infer.model import llama, rope
 
 _native = pytest.importorskip("agent_infer._native")
 
@@ -24,14 +24,13 @@ def test_rope_rows_equals_the_torch_formula_bit_for_bit(heads: int, kv_heads: in
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen) * 5
     pos = torch.randint(0, table, (rows,), generator=gen)
     qk_heads = heads + kv_heads
-    want = llama.LlamaForCausalLM._rope(
-        None,  # type: ignore[arg-type]  # _rope reads no attribute of self
+    want = rope.rotate_half(
         qkv[:, : qk_heads * dim].view(rows, qk_heads, dim),
         cos[pos].unsqueeze(1),
         sin[pos].unsqueeze(1),
     )
     v_before = qkv[:, qk_heads * dim :].clone()
-    llama._native_rope(qkv, qk_heads, dim, cos, sin, pos)
+    rope.rope_in_place(qkv, qk_heads, dim, cos, sin, pos)
     assert torch.equal(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), want)
     assert torch.equal(qkv[:, qk_heads * dim :], v_before)  # v heads untouched
 
@@ -40,7 +39,7 @@ def test_rope_rows_rejects_bad_positions_and_shapes() -> None:
     cos, sin = _tables(8, 4)
     qkv = torch.zeros(2, 24)
     with pytest.raises(IndexError, match="position 4 outside the table of 4"):
-        llama._native_rope(qkv, 2, 8, cos, sin, torch.tensor([0, 4]))
+        rope.rope_in_place(qkv, 2, 8, cos, sin, torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="even head dim"):
         _native.rope_rows(
             qkv.data_ptr(), 2, 24, 4, 8, cos.data_ptr(), sin.data_ptr(), 4, torch.tensor([0, 1]).data_ptr()
@@ -48,7 +47,7 @@ def test_rope_rows_rejects_bad_positions_and_shapes() -> None:
     from agent_infer.errors import EngineError
 
     with pytest.raises(EngineError, match="positions for"):
-        llama._native_rope(qkv, 2, 8, cos, sin, torch.tensor([0]))
+        rope.rope_in_place(qkv, 2, 8, cos, sin, torch.tensor([0]))
 
 
 def test_model_logits_identical_with_native_and_torch_rope(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,5 +64,5 @@ def test_model_logits_identical_with_native_and_torch_rope(monkeypatch: pytest.M
         return torch.cat([first, runner.step([(0, [int(first.argmax())])])])
 
     native = run()
-    monkeypatch.setattr(llama, "_native_rope_ok", lambda *args: False)
+    monkeypatch.setattr(llama, "native_rope_ok", lambda *args: False)
     assert torch.equal(run(), native)

@@ -28,6 +28,7 @@ from agent_infer.model.attention import AttentionMetadata, paged_attention, plan
 from agent_infer.model.config import ModelConfig, rope_inv_freq
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.qlinear import QuantLinear, gguf_rows, thread_budget
+from agent_infer.model.rope import native_rope_ok, rope_in_place, rotate_half
 
 if TYPE_CHECKING:
     from agent_infer.model.gguf_reader import GGUFFile
@@ -69,47 +70,6 @@ def _linear(x: torch.Tensor, weight: _Weight, bias: torch.Tensor | None = None) 
         y = weight.project(x)
         return y if bias is None else y.add_(bias)
     return F.linear(x, weight, bias)
-
-
-def _native_rope_ok(cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, dim: int) -> bool:
-    """Whether :func:`_native_rope` can take these tables and positions (CPU float32/int64, contiguous)."""
-    return (
-        pos.dtype is torch.int64
-        and pos.device.type == "cpu"
-        and pos.is_contiguous()
-        and all(
-            t.dtype is torch.float32
-            and t.device.type == "cpu"
-            and t.is_contiguous()
-            and t.shape[-1] * 2 == dim
-            for t in (cos, sin)
-        )
-        and cos.shape == sin.shape
-        and hasattr(_native_module(), "rope_rows")
-    )
-
-
-def _native_module() -> object:
-    from agent_infer import _native
-
-    return _native
-
-
-def _native_rope(
-    qkv: torch.Tensor, qk_heads: int, dim: int, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor
-) -> None:
-    """Rotate the first ``qk_heads`` heads of every row of ``qkv`` in place (rotate-half, as _rope)."""
-    if qkv.dtype is not torch.float32 or qkv.device.type != "cpu" or not qkv.is_contiguous():
-        raise EngineError("native RoPE needs a contiguous float32 CPU qkv tensor")
-    rows = int(qkv.shape[0])
-    if int(pos.shape[0]) < rows:
-        raise EngineError(f"native RoPE: {int(pos.shape[0])} positions for {rows} rows")
-    from agent_infer import _native
-
-    _native.rope_rows(
-        qkv.data_ptr(), rows, int(qkv.shape[1]), qk_heads, dim, cos.data_ptr(), sin.data_ptr(),
-        int(cos.shape[0]), pos.data_ptr(),
-    )  # fmt: skip
 
 
 def _norm_linear(
@@ -192,12 +152,6 @@ class LlamaForCausalLM(nn.Module):
         """Where the weights live."""
         return self.embed.device
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # HF "rotate_half" convention: pair i is (x[i], x[i + D/2]).
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
     @torch.inference_mode()
     def forward(
         self,
@@ -242,9 +196,9 @@ class LlamaForCausalLM(nn.Module):
         if rows > n:
             ids = torch.cat((ids, ids.new_zeros(rows - n)))
             pos = torch.cat((pos, pos.new_zeros(rows - n)))
-        # packed models rotate q/k in place natively (same bits as _rope, without its ~14 us of
+        # packed models rotate q/k in place natively (same bits as rotate_half, without its ~14 us of
         # torch calls per layer); the tables are indexed per row there
-        native_rope = self.packed and _native_rope_ok(self.rope_cos, self.rope_sin, pos, c.head_dim)
+        native_rope = self.packed and native_rope_ok(self.rope_cos, self.rope_sin, pos, c.head_dim)
         if not native_rope:
             cos = self.rope_cos[pos].unsqueeze(1)
             sin = self.rope_sin[pos].unsqueeze(1)
@@ -258,9 +212,9 @@ class LlamaForCausalLM(nn.Module):
             qkv = _norm_linear(x, layer.input_norm, eps, layer.qkv, layer.qkv_bias)
             if native_rope:
                 qk = qkv[:, : qk_heads * dim].view(rows, qk_heads, dim)
-                _native_rope(qkv, qk_heads, dim, self.rope_cos, self.rope_sin, pos)
+                rope_in_place(qkv, qk_heads, dim, self.rope_cos, self.rope_sin, pos)
             else:
-                qk = self._rope(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
+                qk = rotate_half(qkv[:, : qk_heads * dim].view(rows, qk_heads, dim), cos, sin)
             v = qkv[:, qk_heads * dim :].view(rows, kv_heads, dim)
             k_cache, v_cache = kv_cache.flat(i)
             attn = paged_attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
