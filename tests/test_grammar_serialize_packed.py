@@ -132,3 +132,51 @@ def test_packed_programs_on_a_maskbench_sample() -> None:
         assert _packed(g) == serialize_grammar_python(g), path.name
         checked += 1
     assert checked >= 50
+
+
+class _Foreign(Seq):
+    """A node class the native serializer does not know (the Python serializer decides)."""
+
+
+def test_compiling_takes_the_walked_ir_out_of_the_cyclic_gc() -> None:
+    """IR trees hold no cycles: once serialized for a compile, their nodes, item tuples and the
+    grammar's (name, body) pairs are untracked, so the first collection after it skips them."""
+    import gc
+    import weakref
+
+    info = tokenizer_info("smollm2")
+    schema = {"type": "array", "items": {"type": "object", "properties": {"untracked": {"type": "integer"}}}}
+    g = Grammar.from_json_schema(schema, whitespace="compact")
+    # Bodies built for this grammar (front ends also share process-wide constant bodies, which
+    # earlier compiles untracked already).
+    nodes = [body for _, body in g.rules if isinstance(body, Seq | Alt) and gc.is_tracked(body)]
+    assert len(nodes) >= 3
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(g)
+    assert not any(gc.is_tracked(n) for n in nodes)
+    assert not any(gc.is_tracked(n.items) for n in nodes)
+    assert not any(gc.is_tracked(pair) for pair in g.rules)
+    # Reference counting alone still frees them with the grammar.
+    probe = weakref.ref(nodes[0])
+    del nodes, compiled, g
+    gc.collect()
+    assert probe() is None
+
+
+def test_a_grammar_the_python_serializer_writes_stays_tracked() -> None:
+    import gc
+
+    info = tokenizer_info("smollm2")
+    body = _Foreign((lit("a"), Ref("b")))
+    g = Grammar.unchecked((("root", body), ("b", Alt((lit("x"), lit("y"))))), "root")
+    GrammarCompiler(info, cache_enabled=False).compile(g)
+    assert gc.is_tracked(body) and all(gc.is_tracked(pair) for pair in g.rules)
+
+
+def test_compile_serialized_consumes_the_programs() -> None:
+    info = tokenizer_info("smollm2")
+    g = Grammar.from_json_schema(SCHEMAS[0], whitespace="compact")
+    packed, root = compiler._serialize_for_compile(g)
+    expected = serialize_grammar_python(g)[0]
+    assert packed.programs() == expected
+    native = load_native().compile_serialized(info._native, packed, root, 500_000, 30.0, 200_000)
+    assert native.num_states > 0 and len(packed) == 0

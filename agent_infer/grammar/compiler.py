@@ -187,21 +187,21 @@ def _serialize_for_compile(grammar: Grammar) -> tuple[Any, int]:
     """The rule programs in the form the native compiler takes, and the root's index: native
     ``SerializedRules`` (never converted to Python ints) when the extension serializes the
     grammar, else the Python serializer's lists."""
-    index = {name: i for i, (name, _) in enumerate(grammar.rules)}
     packed = _native_packer()
     if packed:
         # A front end may name rules whose bodies it shares across grammars (``_shared_prefix``):
-        # their programs are then cached natively by body object.
-        shared = getattr(grammar, "_shared_prefix", None)
-        programs = packed([expr for _, expr in grammar.rules], index, _KINDS, shared)
-        if programs is not None:
-            return programs, index[grammar.root]
-    return serialize_grammar_python(grammar, index)
+        # their programs are then cached natively by body object. The native side builds the rule
+        # index from the pairs, and takes the IR it walks out of the cyclic GC (IR trees hold no
+        # cycles), so the first collection after this compile does not walk the whole grammar.
+        found = packed(grammar.rules, grammar.root, _KINDS, getattr(grammar, "_shared_prefix", None))
+        if found is not None:
+            return found[0], found[1]
+    return serialize_grammar_python(grammar)
 
 
 def _native_packer() -> Any:
-    """``_native.serialize_packed`` when the build also has ``compile_serialized``, else False."""
-    return optional_native("serialize_packed") if optional_native("compile_serialized") else False
+    """``_native.serialize_grammar_packed`` when the build also has ``compile_serialized``, else False."""
+    return optional_native("serialize_grammar_packed") if optional_native("compile_serialized") else False
 
 
 def _program_bytes(programs: Any) -> bytes:

@@ -49,6 +49,15 @@ MAX_FLATTEN_DEPTH = 64
 MAX_LINE_INDENT = 40
 
 
+def _any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
+    """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
+    flatten asks once per $ref/allOf)."""
+    for x in (rest, *parts):
+        if isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x):
+            return True
+    return False
+
+
 class Compiler(RuleWriter):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
@@ -195,10 +204,7 @@ class Compiler(RuleWriter):
             parts.append(self.flatten(target, self.where(target, pointer), level + 1))
         for i, sub in enumerate(schema.get("allOf", [])):
             parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
-        if parts and any(
-            isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x)
-            for x in [rest, *parts]
-        ):
+        if parts and _any_unevaluated(rest, parts):
             # Which properties count as evaluated depends on the schema structure that merging erases.
             self.unsupported("unevaluatedProperties", pointer, "unevaluated* combined with $ref/allOf")
             parts = [
@@ -290,6 +296,8 @@ class Compiler(RuleWriter):
     def allowed_types(self, flat: dict[str, Any], pointer: str) -> list[str]:
         """Types to emit, in a fixed order; "integer" is folded into "number" when both allowed."""
         t = flat.get("type")
+        if type(t) is str and t in TYPES and "__not_types" not in flat:
+            return [t]  # one valid type: what the general path below gives ("number" alone too)
         if t is not None:
             names = t if isinstance(t, list) else [t]
             for n in names:

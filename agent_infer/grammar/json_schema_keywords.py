@@ -77,7 +77,7 @@ def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
     if "contains" not in schema and ("minContains" in schema or "maxContains" in schema):
         # min/maxContains only qualify a `contains` in the same schema object
         schema = {k: v for k, v in schema.items() if k not in ("minContains", "maxContains")}
-    if not any(k in schema for k in ("if", "then", "else")):
+    if "if" not in schema and "then" not in schema and "else" not in schema:
         return schema
     out = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
     if "if" in schema and ("then" in schema or "else" in schema):

@@ -28,41 +28,81 @@ def member_list(
 ) -> tuple[Expr | None, bool]:
     """Non-empty member lists (declared order, then extras) and whether ``{}`` is allowed."""
     sep = c.sep(depth)
-    # tails[i][k]: members from position i on; k = 1 once something was emitted (needs a comma).
-    tail: list[Expr] = [
-        star(seq(sep, extra)) if extra is not None else Empty(),
-        seq(extra, star(seq(sep, extra))) if extra is not None else Alt(()),
-    ]
+    # t0 / t1: members from position i on, once something was emitted (each needs a comma first)
+    # and before anything was. A Kubernetes schema has ~500 members in ~100 objects, so the
+    # helpers of the optional members' loop (seq_items, cat, _big, _or, the node classes'
+    # __init__) are written out inline there: their ~10,000 Python calls were most of this
+    # function's ~1.5 ms. Same nodes, same rules, in the same order.
+    t0: Expr = star(seq(sep, extra)) if extra is not None else Empty()
+    t1: Expr = seq(extra, star(seq(sep, extra))) if extra is not None else Alt(())
     nullable = True
-    # "Nothing emitted yet" (tail[1]) is only reachable up to the first required member: after
-    # it, every later position needs a comma. Past that point tail[1] is neither built nor made a
-    # rule (such rules were unreachable, and were written, serialized and lowered for nothing).
-    first_required = next((i for i, (_, r) in enumerate(members) if r), len(members))
+    # "Nothing emitted yet" (t1) is only reachable up to the first required member: after it,
+    # every later position needs a comma. Past that point t1 is neither built nor made a rule
+    # (such rules were unreachable, and were written, serialized and lowered for nothing).
+    first_required = len(members)
+    for i, (_, is_required) in enumerate(members):
+        if is_required:
+            first_required = i
+            break
     sep_items = seq_items(sep)
+    tail_rule = c.tail_rule
+    new, put = _new, _put
     for i in range(len(members) - 1, -1, -1):
         expr, is_required = members[i]
-        expr_items = seq_items(expr)
+        kind = type(expr)
+        expr_items = expr.items if kind is Seq else (() if kind is Empty else (expr,))  # type: ignore[attr-defined]
         if is_required:
             nullable = False
-            after = seq_items(tail[0])
-            tail = [
+            after = seq_items(t0)
+            t0, t1 = (
                 cat((*sep_items, *expr_items, *after)),
                 cat((*expr_items, *after)) if i <= first_required else _UNREACHED,
-            ]
-        elif i > first_required:
-            shared0 = Ref(c.tail_rule(tail[0])) if _big(tail[0]) else tail[0]
-            tail = [_or(cat((*sep_items, *expr_items, *seq_items(shared0))), shared0), _UNREACHED]
+            )
+            continue
+        # _big(t0): a tail that is not a single node is written once, as a rule (tail_rule).
+        if not isinstance(t0, _SMALL_KINDS) or (isinstance(t0, Alt) and len(t0.items) > 1):
+            ref = new(Ref)
+            put(ref, "name", tail_rule(t0))
+            t0 = ref
+        kind = type(t0)
+        after = t0.items if kind is Seq else (() if kind is Empty else (t0,))  # type: ignore[union-attr]
+        items = (*sep_items, *expr_items, *after)
+        head: Expr
+        if len(items) > 1:  # cat(items)
+            head = new(Seq)
+            put(head, "items", items)
         else:
-            shared = [Ref(c.tail_rule(t)) if _big(t) else t for t in tail]
-            after = seq_items(shared[0])
-            tail = [
-                _or(cat((*sep_items, *expr_items, *after)), shared[0]),
-                _or(cat((*expr_items, *after)), shared[1]),
-            ]
-    body = tail[1]
-    if isinstance(body, Alt) and not body.items:
+            head = cat(items)
+        # _or(head, t0)
+        new0: Expr
+        if type(t0) is Alt:
+            new0 = _or(head, t0)
+        else:
+            new0 = new(Alt)
+            put(new0, "items", (head, t0))
+        if i > first_required:
+            t0, t1 = new0, _UNREACHED
+            continue
+        if not isinstance(t1, _SMALL_KINDS) or (isinstance(t1, Alt) and len(t1.items) > 1):
+            ref = new(Ref)
+            put(ref, "name", tail_rule(t1))
+            t1 = ref
+        head = cat((*expr_items, *after))
+        if type(t1) is Alt:
+            t1 = _or(head, t1)
+        else:
+            alt1 = new(Alt)
+            put(alt1, "items", (head, t1))
+            t1 = alt1
+        t0 = new0
+    if isinstance(t1, Alt) and not t1.items:
         return None, True
-    return body, nullable
+    return t1, nullable
+
+
+# Node construction without the Python frame of the class's __init__ (which does just this).
+_new = object.__new__
+_put = object.__setattr__
 
 
 # tail[1] past the first required member (never read).

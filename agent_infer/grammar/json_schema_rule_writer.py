@@ -133,8 +133,17 @@ class RuleWriter:
 
     def tail_rule(self, expr: Expr) -> str:
         """``add_rule("obj-tail", expr)``: objects ask for hundreds (the hint needs no rewrite)."""
-        name = self._fresh_from(_TAIL_BASE)
-        self.rules[name] = expr
+        # _fresh_from(_TAIL_BASE) written out: one Python call per tail instead of two.
+        rules = self.rules
+        if len(rules) >= MAX_RULES:
+            raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
+        k = self._next_suffix.get(_TAIL_BASE, 1)
+        name = _TAIL_BASE if k == 1 else f"{_TAIL_BASE}-{k}"
+        while name in rules or name in _RESERVED:
+            k += 1
+            name = f"{_TAIL_BASE}-{k}"
+        self._next_suffix[_TAIL_BASE] = k + 1
+        rules[name] = expr
         return name
 
     def fresh(self, hint: str) -> str:

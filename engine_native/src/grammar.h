@@ -173,6 +173,10 @@ class CompiledGrammar {
  public:
   CompiledGrammar(std::shared_ptr<TokenizerInfo> tok, const std::vector<std::vector<int32_t>>& rules,
                   int32_t root, const Limits& limits);
+  // The same from programs it may rewrite in place (left in an unspecified state): merging equal
+  // rules and outlining then copy no program.
+  CompiledGrammar(std::shared_ptr<TokenizerInfo> tok, std::vector<std::vector<int32_t>>&& rules, int32_t root,
+                  const Limits& limits);
 
   std::shared_ptr<TokenizerInfo> tok;
   // Unique per grammar for the process's lifetime: names it in per-thread caches (grammar_walk.cpp).
@@ -228,6 +232,9 @@ class CompiledGrammar {
   mutable std::once_flag completion_once_;
   mutable std::unique_ptr<Completion> completion_;
   void compute_follow_sets(const Limits& limits);
+  // The constructors' work; ``own`` holds rewritten programs (it may be ``&rules_in`` itself).
+  void lower_rules(const std::vector<std::vector<int32_t>>& rules_in, std::vector<std::vector<int32_t>>* own,
+                   const Limits& limits);
   // Canonical description of rule r's automaton (with its callees when `calls`), memoized.
   const std::string& rule_key(int32_t r, bool calls) const;
   std::string structure_key(int32_t s) const;

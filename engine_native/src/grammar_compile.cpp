@@ -23,12 +23,26 @@ namespace grammar {
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std::vector<std::vector<int32_t>>& rules_in,
                                  int32_t root_, const Limits& limits)
     : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
+  std::vector<std::vector<int32_t>> own_rules;  // the rules once rewritten, if they are
+  lower_rules(rules_in, &own_rules, limits);
+}
+
+// Programs the caller gives up (compile_serialized): merging and outlining rewrite them where they
+// are, where the copy merging made first cost ~0.35 ms of a Kubernetes schema's compile.
+CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, std::vector<std::vector<int32_t>>&& rules_in,
+                                 int32_t root_, const Limits& limits)
+    : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
+  lower_rules(rules_in, &rules_in, limits);
+}
+
+void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules_in,
+                                  std::vector<std::vector<int32_t>>* own, const Limits& limits) {
   if (root < 0 || static_cast<size_t>(root) >= rules_in.size()) {
     throw DefinitionError("root rule index out of range");
   }
   Deadline deadline{std::chrono::steady_clock::now() +
                     std::chrono::microseconds(static_cast<int64_t>(limits.max_compile_seconds * 1e6))};
-  std::vector<std::vector<int32_t>> own_rules;  // the rules once rewritten, if they are
+  std::vector<std::vector<int32_t>>& own_rules = *own;
   const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
   if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
   std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);

@@ -255,7 +255,8 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
   std::vector<int32_t> rep(C);
   for (size_t c = 0; c < C; ++c) rep[c] = *std::min_element(elems.begin() + seg_begin[c], elems.begin() + seg_end[c]);
   rep[cls[root]] = root;
-  out->assign(rules.begin(), rules.end());
+  // In place when ``out`` is ``rules`` (every read of the programs is done by now).
+  if (out != &rules) out->assign(rules.begin(), rules.end());
   for (size_t r = 0; r < R; ++r) {
     std::vector<int32_t>& code = (*out)[r];
     for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) code[ref_pos[k]] = rep[cls[code[ref_pos[k]]]];

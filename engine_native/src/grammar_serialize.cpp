@@ -12,6 +12,15 @@
 // ``serialize_packed`` keeps the programs native (SerializedRules) and ``compile_serialized`` lowers
 // them from there: a Kubernetes schema's ~90k program words then never become Python ints, which
 // cost about as much as the walk itself, once out of the serializer and once back into the compiler.
+//
+// Given the grammar's (name, body) pairs (``serialize_grammar_packed``, what the compiler calls),
+// serialize_all also takes the IR it walked out of the cyclic garbage collector's sight
+// (PyObject_GC_UnTrack), as CPython itself does for tuples and dicts that can hold no cycle.
+// Nodes of the exact IR classes are immutable trees (a node's children exist before it; the only
+// attributes set afterwards are bool and int-tuple caches), so none can be in a reference cycle,
+// and reference counting alone frees them. A grammar is built with collection paused
+// (gc_pause.py), so without this the first collection after the compile walks every node of it:
+// ~8,000 objects, up to a millisecond, on a Kubernetes schema.
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
@@ -44,6 +53,19 @@ struct Owned {
 class Serializer {
  public:
   Serializer(const Kinds& kinds, PyObject* index) : k_(kinds), index_(index) {}
+
+  // Record the objects emit() walks, for untrack_walked().
+  void record_walked() { record_ = true; }
+
+  // Untracks every node (and item tuple) the successful emit() calls walked; false (nothing
+  // untracked) when one of them may hold something other than IR (a rule name that is not a str).
+  bool untrack_walked() {
+    if (!acyclic_) return false;
+    for (PyObject* o : walked_) {
+      if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);  // untracking an untracked object is a no-op
+    }
+    return true;
+  }
 
   // Appends the program of ``node`` to programs[rule]; false: the Python path must decide.
   bool emit(PyObject* root, uint32_t rule, std::vector<Program>& programs) {
@@ -87,8 +109,10 @@ class Serializer {
       PyObject* node = it.node;
       PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(node));
       if (type == k_.literal) {
+        if (record_) walked_.push_back(node);
         Owned text(PyObject_GetAttr(node, nm.text));
         if (text.p == nullptr || !PyUnicode_Check(text.p)) return fail();
+        if (!PyUnicode_CheckExact(text.p)) acyclic_ = false;
         Py_ssize_t size = 0;
         const char* data = PyUnicode_AsUTF8AndSize(text.p, &size);
         if (data == nullptr) return fail();  // a lone surrogate: the Python path raises
@@ -96,8 +120,10 @@ class Serializer {
         out.push_back(static_cast<int32_t>(size));
         for (Py_ssize_t i = 0; i < size; ++i) out.push_back(static_cast<unsigned char>(data[i]));
       } else if (type == k_.ref) {
+        if (record_) walked_.push_back(node);
         Owned name(PyObject_GetAttr(node, nm.name));
         if (name.p == nullptr) return fail();
+        if (!PyUnicode_CheckExact(name.p)) acyclic_ = false;
         PyObject* i = PyDict_GetItemWithError(index_, name.p);  // borrowed
         if (i == nullptr) return fail();
         long v = PyLong_AsLong(i);
@@ -111,10 +137,12 @@ class Serializer {
           copy_span(*hit);
           continue;
         }
+        if (record_) walked_.push_back(node);
         const uint32_t start = static_cast<uint32_t>(out.size());
         if (!write_class(node, out)) return fail();
         spans_.insert(node, Span{rule, start, static_cast<uint32_t>(out.size())});
       } else if (type == k_.empty) {
+        if (record_) walked_.push_back(node);
         out.push_back(grammar::kEmpty);
       } else if (type == k_.key_node && k_.key_node != nullptr) {
         const int done = write_key_node(node, out);
@@ -135,6 +163,7 @@ class Serializer {
           copy_span(*hit);
           continue;
         }
+        if (record_) walked_.push_back(node);
         uint32_t start = static_cast<uint32_t>(out.size());
         stack.push_back({nullptr, node, start});
         if (type == k_.repeat) {
@@ -153,6 +182,7 @@ class Serializer {
           Owned items(PyObject_GetAttr(node, nm.items));
           if (items.p == nullptr || !PyTuple_CheckExact(items.p)) return fail();
           Py_ssize_t n = PyTuple_GET_SIZE(items.p);
+          if (record_) walked_.push_back(items.p);  // kept alive by the node
           out.push_back(type == k_.seq ? grammar::kSeq : grammar::kAlt);
           out.push_back(static_cast<int32_t>(n));
           for (Py_ssize_t i = n - 1; i >= 0; --i) stack.push_back({PyTuple_GET_ITEM(items.p, i), nullptr, 0});
@@ -282,6 +312,7 @@ class Serializer {
     if (ranges.p == nullptr || negated.p == nullptr || !PyTuple_CheckExact(ranges.p)) return false;
     int neg = PyObject_IsTrue(negated.p);
     if (neg < 0) return false;
+    if (!PyBool_Check(negated.p)) acyclic_ = false;
     pairs_.clear();
     Py_ssize_t n = PyTuple_GET_SIZE(ranges.p);
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -336,18 +367,29 @@ class Serializer {
   std::vector<std::pair<int64_t, int64_t>> pairs_, merged_;
   std::vector<long> cps_;
   int64_t special_ = -1, sink_ = -1;  // rule indices, looked up at the first key-trie node
+  bool record_ = false;
+  bool acyclic_ = true;
+  std::vector<PyObject*> walked_;  // borrowed: the grammar keeps them alive during the call
 };
+
+bool is_ir_node(const Kinds& k, PyObject* o) {
+  PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(o));
+  return t == k.literal || t == k.ref || t == k.seq || t == k.alt || t == k.repeat || t == k.cls || t == k.empty ||
+         (k.key_node != nullptr && t == k.key_node);
+}
 
 }  // namespace
 
 // Programs of all rules; the bodies of rules named ``shared_prefix``... go through the body cache.
 std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb::tuple kinds,
-                                             std::optional<nb::str> shared_prefix) {
+                                             std::optional<nb::str> shared_prefix,
+                                             std::optional<nb::tuple> untrack_pairs) {
   const Kinds k = kinds_from(kinds, "serialize_packed");
   size_t n = bodies.size();
   SerializedRules out;
   out.programs.resize(n);
   Serializer ser(k, index.ptr());
+  if (untrack_pairs.has_value()) ser.record_walked();
   // Rule index -> name (borrowed from ``index``), and which rules' bodies are process-wide.
   std::vector<PyObject*> rule_names;
   std::vector<uint8_t> shared;
@@ -394,6 +436,18 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
     if (cached) {
       refs.clear();
       if (find_refs(out.programs[r], rule_names, refs)) cache.insert(body, out.programs[r], refs);
+    }
+  }
+  if (untrack_pairs.has_value() && ser.untrack_walked()) {
+    // The (name, body) pairs: a str and a body of an exact IR class (every body was serialized,
+    // walked or written from the cache of shared IR constants).
+    PyObject* pairs = untrack_pairs->ptr();
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pairs); ++i) {
+      PyObject* pair = PyTuple_GET_ITEM(pairs, i);
+      if (PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 && PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 0)) &&
+          is_ir_node(k, PyTuple_GET_ITEM(pair, 1))) {
+        PyObject_GC_UnTrack(pair);
+      }
     }
   }
   return out;

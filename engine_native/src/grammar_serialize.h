@@ -67,8 +67,11 @@ struct SerializedRules {
 
 // Programs of all rules; the bodies of rules named ``shared_prefix``... go through the body cache.
 // std::nullopt: the Python serializer must decide (see grammar_serialize.cpp).
+// With ``untrack_pairs`` (the grammar's (name, body) pairs), a successful call also untracks the
+// walked IR and the pairs from the cyclic GC (see grammar_serialize.cpp).
 std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb::tuple kinds,
-                                             std::optional<nb::str> shared_prefix);
+                                             std::optional<nb::str> shared_prefix,
+                                             std::optional<nb::tuple> untrack_pairs);
 
 // Programs of ``bodies`` given the rule index, with no body cache (``serialize_rules``).
 std::optional<std::vector<Program>> serialize_rules(nb::list bodies, nb::dict index, nb::tuple kinds);
