@@ -155,6 +155,16 @@ class QuantLinear(nn.Module):
             out += self.bias
         return out
 
+    def _raw_ok(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` can go to the kernel as a raw address: float32, CPU, 2-D, contiguous, K wide."""
+        return (
+            x.dtype is torch.float32
+            and x.device.type == "cpu"
+            and x.dim() == 2
+            and x.shape[1] == self.in_features
+            and x.is_contiguous()
+        )
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` without ``nn.Module`` dispatch or tensor conversion: the model's hot path.
 
@@ -162,13 +172,7 @@ class QuantLinear(nn.Module):
         dispatch plus DLPack conversion of two tensors cost ~15 us per call. ``x`` is checked here
         (float32, CPU, 2-D, contiguous, ``in_features`` wide); anything else takes :meth:`forward`.
         """
-        if (
-            x.dtype is not torch.float32
-            or x.device.type != "cpu"
-            or x.dim() != 2
-            or x.shape[1] != self.in_features
-            or not x.is_contiguous()
-        ):
+        if not self._raw_ok(x):
             return self.forward(x)
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
@@ -184,16 +188,12 @@ class QuantLinear(nn.Module):
         linear.cpp), so rows stay batch invariant; its result differs from torch's ``rms_norm`` by
         float rounding. Inputs the fast path cannot take go through torch's norm and :meth:`forward`.
         """
-        if (
-            x.dtype is not torch.float32
-            or x.device.type != "cpu"
-            or x.dim() != 2
-            or x.shape[1] != self.in_features
-            or not x.is_contiguous()
-            or weight.dtype is not torch.float32
-            or weight.device.type != "cpu"
-            or tuple(weight.shape) != (self.in_features,)
-            or not weight.is_contiguous()
+        if not (
+            self._raw_ok(x)
+            and weight.dtype is torch.float32
+            and weight.device.type == "cpu"
+            and tuple(weight.shape) == (self.in_features,)
+            and weight.is_contiguous()
         ):
             return self.forward(torch.nn.functional.rms_norm(x, (self.in_features,), weight, eps))
         m = x.shape[0]
