@@ -219,3 +219,20 @@ def test_fused_rms_norm_matches_torch_and_is_batch_invariant(q8: bool) -> None:
     assert torch.allclose(
         layer.project_normed(x.t().contiguous().t(), w, eps), got, rtol=0, atol=(2e-2 if q8 else 1e-5) * scale
     )
+
+
+def test_non_finite_activations_stay_in_their_row() -> None:
+    """An inf or NaN activation (a diverged model) never reaches an undefined float-to-int cast,
+    and the other rows' bits are untouched."""
+    n, k = 48, 64
+    raw, *_ = _blocks(Q4_1, n, k, seed=17)
+    packed = _native.PackedLinear(raw, Q4_1, n, k, q8_activations=True)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(8))
+    clean = _run(packed, x)
+    bad = x.clone()
+    bad[1, 3] = float("inf")
+    bad[2, 40] = float("nan")
+    for isa in ISAS:
+        _native.linear_set_isa(isa)
+        got = _run(packed, bad, 2)
+        assert torch.equal(got[0], clean[0]) and torch.equal(got[3], clean[3]), isa

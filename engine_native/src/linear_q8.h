@@ -62,7 +62,12 @@ inline QBlockOut quantize_block_scalar(const float* xb, int8_t* qb) {
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t qsum = 0;
   for (int i = 0; i < 32; ++i) {
-    const int q = static_cast<int>(std::clamp(std::nearbyint(xb[i] * inv), -127.0f, 127.0f));
+    // Clamp first, exactly as the AVX-512 version's max_ps/min_ps do (a NaN product, from an
+    // infinite activation times a zero scale, becomes -127 there and here, never a cast of NaN).
+    float v = xb[i] * inv;
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    const int q = static_cast<int>(std::nearbyint(v));
     qb[i] = static_cast<int8_t>(q);
     qsum += q;
   }
