@@ -13,6 +13,7 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.json_schema_key_set import KeySet
 from agent_infer.grammar.json_schema_key_trie import KeyNode
 from agent_infer.grammar.tokenizer_info import TokenizerInfo
 from agent_infer.native import load_native, optional_native
@@ -141,6 +142,9 @@ class _Serializer:
         code: list[int] = []
         self.rule = len(self.programs)
         self.programs.append(code)
+        if type(expr) is KeySet:  # a whole key trie: one instruction (nested, the expansion below)
+            code.extend(expr.program(self.index))
+            return code
         try:
             self.emit(expr, code)
         except RecursionError:
@@ -151,8 +155,9 @@ class _Serializer:
         return code
 
 
-# The order serialize_rules expects; KeyNode bodies (key-trie nodes) are written from their spec.
-_KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode)
+# The order serialize_rules expects; KeyNode bodies (key-trie nodes) are written from their spec,
+# KeySet bodies (whole key tries) as one KEY_TRIE instruction from their names.
+_KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode, KeySet)
 
 
 def serialize_grammar(grammar: Grammar) -> tuple[list[list[int]], int]:

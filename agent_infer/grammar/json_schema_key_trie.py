@@ -19,7 +19,11 @@ from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_clearer
 from agent_infer.grammar.ir import Alt, Expr, Ref
 from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES
+from agent_infer.grammar.json_schema_key_set import KeySet, all_plain
 from agent_infer.grammar.json_schema_keys import (
+    FREE_EXPR,
+    FREE_RULE,
+    KEY_RULE_PREFIX,
     SINK_EXPR,
     SINK_RULE,
     SPECIAL_EXPR,
@@ -31,6 +35,9 @@ from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.native import load_native, optional_native
 
 _set = object.__setattr__
+
+KEY_SET_PREFIX = KEY_RULE_PREFIX + "set-"
+"""Names of the rules whose bodies are :class:`KeySet` tries (never a trie node's name)."""
 
 
 class KeyNode(Alt):
@@ -96,15 +103,32 @@ class NativeComplementKeys:
         self._rules = rules
         self._max_rules = max_rules
         self._builder = builder_cls(rules, KeyNode, _LEAF_EXPR, max_rules)
+        # Sorted distinct names -> the reference to this grammar's KeySet rule for them.
+        self._sets: dict[tuple[str, ...], Ref] = {}
 
     def start(self, names: list[str]) -> Ref:
         """The rule for keys outside ``names`` (decoded strings, any order, repeats allowed)."""
         distinct = tuple(sorted(set(names)))
+        hit = self._sets.get(distinct)
+        if hit is not None:
+            return hit
         if SINK_RULE not in self._rules:
             self._rules[SPECIAL_RULE] = SPECIAL_EXPR
             self._rules[SINK_RULE] = SINK_EXPR
         if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
             names_dfa(list(distinct))  # may be over the automaton limits: the same errors as there
+        if all_plain(distinct):
+            # The whole trie as one rule, lowered natively in one step (json_schema_key_set.py).
+            if len(self._rules) >= self._max_rules:
+                raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
+            if FREE_RULE not in self._rules:
+                self._rules[FREE_RULE] = FREE_EXPR
+            rule = f"{KEY_SET_PREFIX}{len(self._sets)}"
+            while rule in self._rules:
+                rule += "-"
+            self._rules[rule] = KeySet(distinct)
+            ref = self._sets[distinct] = Ref(rule)
+            return ref
         name = self._builder.start(distinct)
         if name is None:
             raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")

@@ -26,7 +26,7 @@ tested against.
 from __future__ import annotations
 
 import itertools
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from agent_infer.errors import GrammarLimitError
@@ -246,7 +246,7 @@ _GAPS: dict[tuple[int, ...], tuple[Expr | None, int]] = {}
 _CP_HEADS: dict[int, tuple[Expr, ...]] = {}
 
 
-def _node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
+def _node_body(children: Sequence[tuple[int, Expr]], ends_name: bool) -> Expr:
     """:func:`complement_node` with :func:`special_head` edges and :data:`SINK_RULE` as the sink;
     the gap branch is one shared node per layout of child code points."""
     if len(children) == 1:
@@ -291,8 +291,14 @@ _SINK_EXPR = complement_sink(_SINK_REF, special_head)
 SINK_EXPR = _SINK_EXPR
 """The body of :data:`SINK_RULE` (any rest of a key)."""
 
+FREE_RULE = KEY_RULE_PREFIX + "free"
+"""A special character (see :data:`SPECIAL_RULE`), then any rest of a key: the free branch of a
+whole-trie rule (``json_schema_key_set.KeySet``) for the characters that need escapes or UTF-8
+sequences, as one call that reads the whole rest of the key."""
+FREE_EXPR: Expr = Seq((_SPECIAL_REF, _SINK_REF))
 
-def node_body(children: list[tuple[int, Ref]], ends_name: bool) -> Expr:
+
+def node_body(children: Sequence[tuple[int, Expr]], ends_name: bool) -> Expr:
     """The rule body of a trie node: an edge per child (code point order) to its rule, the gaps
     between them to :data:`SINK_RULE`, and the end of the key unless the node ends a name."""
     return _node_body(children, ends_name)

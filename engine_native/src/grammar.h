@@ -29,7 +29,12 @@ struct DefinitionError : std::runtime_error {
 // Opcodes of the flat IR produced by agent_infer/grammar/compiler.py (_serialize_expr).
 //   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
 //   SEQ n child.. | ALT n child.. | REPEAT min max(-1 = unbounded) child | REF rule_index
-enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6 };
+//   | KEY_TRIE n free_rule rest_rule count (len cp0..cp(len-1))..: n payload words; a JSON
+//     object key (quotes excluded) that is none of `count` names (plain printable ASCII), where
+//     a plain character that continues no name is followed by rest_rule and free_rule reads a
+//     special character and the rest. Only as a rule's whole body; lowered straight to its
+//     automaton (grammar_key_set.cpp).
+enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6, kKeyTrie = 7 };
 
 struct ByteEdge {
   uint8_t lo, hi;

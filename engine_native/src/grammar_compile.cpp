@@ -73,7 +73,8 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   while (!work.empty()) {
     const int32_t r = work.back();
     work.pop_back();
-    base[r] = nfa_builder.lower_in_store(r, &pool);
+    // A key trie's automaton is written directly: minimal, like the store's (grammar_key_set.cpp).
+    base[r] = is_key_trie(rules[r]) ? lower_key_trie(rules[r], R, &pool) : nfa_builder.lower_in_store(r, &pool);
     stored[r] = base[r] >= 0;
     if (stored[r]) determinizer.charge(static_cast<int64_t>(pool.size()) - base[r]);
     if (base[r] < 0) {

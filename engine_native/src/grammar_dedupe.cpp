@@ -30,11 +30,20 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
     const std::vector<int32_t>& code = rules[r];
     total_words += code.size();
     for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-      if (code[pc] != kRef) continue;
-      // Malformed references are reported by the lowering itself; merging just stands aside.
-      if (pc + 1 >= code.size() || code[pc + 1] < 0 || static_cast<size_t>(code[pc + 1]) >= R) return false;
-      ref_pos.push_back(static_cast<uint32_t>(pc + 1));
-      ++caller_begin[code[pc + 1] + 1];
+      // Operand positions of references: a REF's one, a KEY_TRIE's two (its special and rest rules).
+      size_t first = pc + 1, last = pc + 1;
+      if (code[pc] == kKeyTrie) {
+        first = pc + 2;
+        last = pc + 3;
+      } else if (code[pc] != kRef) {
+        continue;
+      }
+      for (size_t at = first; at <= last; ++at) {
+        // Malformed references are reported by the lowering itself; merging just stands aside.
+        if (at >= code.size() || code[at] < 0 || static_cast<size_t>(code[at]) >= R) return false;
+        ref_pos.push_back(static_cast<uint32_t>(at));
+        ++caller_begin[code[at] + 1];
+      }
     }
     ref_begin[r + 1] = static_cast<uint32_t>(ref_pos.size());
   }

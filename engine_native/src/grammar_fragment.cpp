@@ -231,7 +231,10 @@ int32_t NfaBuilder::lower_in_store(int32_t r, DfaPool* pool) {
   // rediscovers one closure at a time), but the store's minimal DFA, built without an NFA, is
   // also cheaper for the many small rules of a big schema.
   for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-    if ((code[pc] == kRepeat && code.at(pc + 2) < 0) || (code[pc] == kRef && code.at(pc + 1) == r)) return -1;
+    if ((code[pc] == kRepeat && code.at(pc + 2) < 0) || (code[pc] == kRef && code.at(pc + 1) == r) ||
+        code[pc] == kKeyTrie) {
+      return -1;
+    }
   }
   store_refs_ = true;
   const int32_t s = eval_program(code, kMaxStoredRuleStates, 0);

@@ -66,9 +66,10 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
     for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
       if (code[pc] == kRef) {
         ref_list.push_back(code.at(pc + 1));
-      } else if (code[pc] == kRepeat &&
-                 (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
-        long_repeat[r] = 1;
+      } else if ((code[pc] == kRepeat &&
+                  (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) ||
+                 code[pc] == kKeyTrie) {
+        long_repeat[r] = 1;  // a key trie calls its rest rule, a loop: never inlined
       }
     }
     ref_begin[r + 1] = static_cast<uint32_t>(ref_list.size());
@@ -127,8 +128,9 @@ void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_
         const int32_t q = code.at(pc + 1);
         if (q < 0 || static_cast<size_t>(q) >= R) return;  // lowering reports it
         refs.push_back(q);
-      } else if (code[pc] == kRepeat &&
-                 (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) {
+      } else if ((code[pc] == kRepeat &&
+                  (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) ||
+                 code[pc] == kKeyTrie) {
         finite[r] = 0;
       }
     }

@@ -39,10 +39,16 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
       return 2;
     case kRepeat:
       return 3;
+    case kKeyTrie:
+      return 2 + static_cast<size_t>(code.at(pc + 1));
     default:
       throw_unknown_opcode();
   }
 }
+
+// A key-trie rule (its body is one KEY_TRIE instruction, see grammar.h).
+inline bool is_key_trie(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kKeyTrie; }
+
 
 // The position after the expression at `pc`.
 size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
@@ -113,6 +119,11 @@ struct DfaPool {
     refs.clear();
   }
 };
+
+// Appends the automaton of a key-trie rule to `pool` (minimal, every state reaching acceptance
+// once the two rules it calls do) and returns its start state; `num_rules` bounds its references.
+// Throws DefinitionError for a malformed instruction (grammar_key_set.cpp).
+int32_t lower_key_trie(const std::vector<int32_t>& code, size_t num_rules, DfaPool* pool);
 
 // Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
 // live back to back in one buffer, interned through an open-addressing table; every buffer is

@@ -36,6 +36,8 @@ size_t skip_expression(const std::vector<int32_t>& code, size_t pc) {
       return skip_expression(code, pc + 3);
     case kRef:
       return pc + 2;
+    case kKeyTrie:
+      return pc + 2 + static_cast<size_t>(code.at(pc + 1));
     default:
       throw DefinitionError("malformed grammar code (unknown opcode)");
   }
@@ -368,6 +370,8 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
       refs_.push_back({from, RefEdge{r, t}});
       return t;
     }
+    case kKeyTrie:
+      throw DefinitionError("malformed key-trie instruction: it must be a rule's whole body");
     default:
       throw DefinitionError("malformed grammar code (unknown opcode)");
   }

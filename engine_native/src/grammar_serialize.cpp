@@ -158,6 +158,10 @@ class Serializer {
           // The node keeps its items tuple (and so every item) alive.
           for (Py_ssize_t i = n - 1; i >= 0; --i) stack.push_back({PyTuple_GET_ITEM(items.p, i), nullptr, 0});
         }
+      } else if (type == k_.key_set && k_.key_set != nullptr) {
+        // Only as a whole rule body (KEY_TRIE's contract); nested, the Python path expands it.
+        if (node != root || !write_key_set(node, out)) return fail();
+        if (record_) walked_.push_back(node);  // its names: a tuple of str, untracked with it below
       } else if (type == k_.seq || type == k_.alt || type == k_.repeat) {
         if (const Span* hit = spans_.find(node)) {
           copy_span(*hit);
@@ -286,6 +290,38 @@ class Serializer {
     return 1;
   }
 
+  // KEY_TRIE from a KeySet's names (a tuple of str, each plain printable ASCII; grammar.h), with
+  // the char-key-free and char-key-rest rules it calls. false: malformed, or a rule is missing.
+  bool write_key_set(PyObject* node, Program& out) {
+    const Names& nm = names();
+    Owned names_tuple(PyObject_GetAttr(node, nm.key_names));
+    if (names_tuple.p == nullptr || !PyTuple_CheckExact(names_tuple.p)) return false;
+    if (record_) walked_.push_back(names_tuple.p);  // kept alive by the node
+    if (free_ < 0) {
+      free_ = rule_index(nm.free_rule);
+      rest_ = rule_index(nm.sink_rule);
+      if (free_ < 0 || rest_ < 0) return false;
+    }
+    const Py_ssize_t count = PyTuple_GET_SIZE(names_tuple.p);
+    const size_t head = out.size();
+    out.insert(out.end(), {grammar::kKeyTrie, 0, static_cast<int32_t>(free_), static_cast<int32_t>(rest_),
+                           static_cast<int32_t>(count)});
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyObject* name = PyTuple_GET_ITEM(names_tuple.p, i);
+      if (!PyUnicode_CheckExact(name) || PyUnicode_KIND(name) != PyUnicode_1BYTE_KIND) return false;
+      const Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+      const Py_UCS1* data = PyUnicode_1BYTE_DATA(name);
+      out.push_back(static_cast<int32_t>(len));
+      for (Py_ssize_t j = 0; j < len; ++j) {
+        if (!plain_cp(data[j])) return false;
+        out.push_back(data[j]);
+      }
+    }
+    if (out.size() - head - 2 > static_cast<size_t>(INT32_MAX)) return false;
+    out[head + 1] = static_cast<int32_t>(out.size() - head - 2);
+    return true;
+  }
+
   // Appends [lo, hi] to merged_, joined with the last range when adjacent (CharClass.normalized).
   void push_merged(int64_t lo, int64_t hi) {
     if (!merged_.empty() && lo <= merged_.back().second + 1) {
@@ -367,6 +403,7 @@ class Serializer {
   std::vector<std::pair<int64_t, int64_t>> pairs_, merged_;
   std::vector<long> cps_;
   int64_t special_ = -1, sink_ = -1;  // rule indices, looked up at the first key-trie node
+  int64_t free_ = -1, rest_ = -1;     // likewise at the first KeySet
   bool record_ = false;
   bool acyclic_ = true;
   std::vector<PyObject*> walked_;  // borrowed: the grammar keeps them alive during the call
@@ -375,7 +412,7 @@ class Serializer {
 bool is_ir_node(const Kinds& k, PyObject* o) {
   PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(o));
   return t == k.literal || t == k.ref || t == k.seq || t == k.alt || t == k.repeat || t == k.cls || t == k.empty ||
-         (k.key_node != nullptr && t == k.key_node);
+         (k.key_node != nullptr && t == k.key_node) || (k.key_set != nullptr && t == k.key_set);
 }
 
 }  // namespace
@@ -421,8 +458,9 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
   std::vector<std::pair<uint32_t, PyObject*>> refs;
   for (size_t r = 0; r < n; ++r) {
     PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
-    // Key-trie nodes are written from their spec, which costs no more than a cache hit.
-    const bool cached = !shared.empty() && shared[r] != 0 && reinterpret_cast<PyObject*>(Py_TYPE(body)) != k.key_node;
+    // Key tries and their nodes are written from their names or spec: no dearer than a cache hit.
+    const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(body));
+    const bool cached = !shared.empty() && shared[r] != 0 && type != k.key_node && type != k.key_set;
     if (cached) {
       if (const CachedBody* hit = cache.find(body)) {
         if (!cache.write(*hit, index.ptr(), out.programs[r])) {

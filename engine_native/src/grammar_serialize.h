@@ -27,16 +27,18 @@ struct Kinds {
   PyObject* repeat;
   PyObject* ref;
   PyObject* key_node = nullptr;  // json_schema_key_trie.KeyNode, when the caller passes it
+  PyObject* key_set = nullptr;   // json_schema_key_trie.KeySet (a whole key trie), likewise
 };
 
-// The IR node classes in the order compiler._KINDS lists them (7, or 8 with KeyNode).
+// The IR node classes in the order compiler._KINDS lists them (7, 8 with KeyNode, 9 with KeySet).
 inline Kinds kinds_from(const nb::tuple& kinds, const char* who) {
   const size_t n = kinds.size();
-  if (n != 7 && n != 8) throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode)");
+  if (n < 7 || n > 9) throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode, KeySet)");
   PyObject* t = kinds.ptr();
   Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
           PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
-  if (n == 8) k.key_node = PyTuple_GET_ITEM(t, 7);
+  if (n >= 8) k.key_node = PyTuple_GET_ITEM(t, 7);
+  if (n == 9) k.key_set = PyTuple_GET_ITEM(t, 8);
   return k;
 }
 
@@ -50,9 +52,12 @@ struct Names {
   PyObject* max = PyUnicode_InternFromString("max");
   PyObject* name = PyUnicode_InternFromString("name");
   PyObject* spec = PyUnicode_InternFromString("_spec");
+  PyObject* key_names = PyUnicode_InternFromString("_names");
   // json_schema_keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
   PyObject* special_rule = PyUnicode_InternFromString("char-special");
   PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
+  // json_schema_keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
+  PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
 };
 
 inline const Names& names() {
