@@ -239,6 +239,9 @@ def test_malformed_key_trie_programs_raise_definition_errors() -> None:
         trie(2, 3, 1, 5, 97),  # a name past the end
         trie(2, 3, -1),  # negative count
         trie(2, 3, 0, 7),  # a word after the last name
+        trie(2, 3, 2, 1, 98, 1, 97),  # names out of order
+        trie(2, 3, 2, 1, 97, 1, 97),  # a name twice
+        trie(2, 3, 2, 2, 97, 98, 1, 97),  # a prefix after its extension
         [KEY_TRIE_OPCODE, 9, 2, 3, 0],  # payload length wrong
         [3, 2, *trie(2, 3, 0), 0],  # not the whole body
     ]

@@ -30,7 +30,8 @@ struct DefinitionError : std::runtime_error {
 //   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
 //   SEQ n child.. | ALT n child.. | REPEAT min max(-1 = unbounded) child | REF rule_index
 //   | KEY_TRIE n free_rule rest_rule count (len cp0..cp(len-1))..: n payload words; a JSON
-//     object key (quotes excluded) that is none of `count` names (plain printable ASCII), where
+//     object key (quotes excluded) that is none of `count` names (sorted, distinct, plain printable
+//     ASCII), where
 //     a plain character that continues no name is followed by rest_rule and free_rule reads a
 //     special character and the rest. Only as a rule's whole body; lowered straight to its
 //     automaton (grammar_key_set.cpp).

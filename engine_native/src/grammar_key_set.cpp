@@ -18,7 +18,9 @@
 // The language is the one json_schema_keys._node_body spells node by node (its Python
 // expansion, KeySet.items, is what the tests compare against).
 #include <algorithm>
-#include <unordered_map>
+#include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "grammar.h"
@@ -31,18 +33,26 @@ namespace {
 
 bool plain(int32_t cp) { return cp >= 0x20 && cp <= 0x7E && cp != 0x22 && cp != 0x2F && cp != 0x5C; }
 
-struct TrieNode {
-  bool ends = false;
-  std::vector<std::pair<int32_t, int32_t>> children;  // (code point, node), code point order
+// Plain printable ASCII as byte ranges, in byte order.
+constexpr std::array<std::pair<int32_t, int32_t>, 4> kPlain{{{0x20, 0x21}, {0x23, 0x2E}, {0x30, 0x5B}, {0x5D, 0x7E}}};
+
+// Buffers kept per thread from trie to trie: a Kubernetes schema lowers ~90 tries of ~50 nodes,
+// where a vector per node (and per interned key) made allocation most of the cost.
+struct KeyTrieScratch {
+  std::vector<int32_t> keys;        // interned nodes back to back: ends, then (code point, class)...
+  std::vector<uint32_t> key_at;     // class -> offset of its key in `keys` (size classes + 1)
+  std::vector<int32_t> slots;       // open addressing over classes (-1 empty)
+  std::vector<int32_t> pending;     // (code point, class) pairs of the open nodes' closed children
+  std::vector<uint32_t> open_at;    // per depth of the open path: where its children start
+  std::vector<int32_t> open_cp;     // per depth: the code point of the edge into it
+  std::vector<uint8_t> open_ends;   // per depth: whether it ends a name
 };
 
-struct KeyHash {
-  size_t operator()(const std::vector<int32_t>& key) const {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ key.size();
-    for (int32_t x : key) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001B3ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-};
+uint64_t hash_words(const int32_t* w, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint32_t>(w[i])) * 0x100000001B3ull;
+  return h ^ (h >> 29);
+}
 
 }  // namespace
 
@@ -58,89 +68,110 @@ int32_t lower_key_trie(const std::vector<int32_t>& code, size_t num_rules, DfaPo
     throw DefinitionError("reference to unknown rule");
   }
   if (count < 0) throw bad("negative name count");
+  static thread_local KeyTrieScratch scratch;
+  KeyTrieScratch& sc = scratch;
+  sc.keys.clear();
+  sc.key_at.assign(1, 0);
+  sc.pending.clear();
+  // Every node is a prefix of a name: at most one per name character, plus the root.
+  size_t slot_count = 16;
+  while (slot_count < 2 * (code.size() + 1)) slot_count <<= 1;
+  sc.slots.assign(slot_count, -1);
+  const size_t mask = slot_count - 1;
 
-  // The prefix tree of the names (node 0 is the root; a child always has a larger index).
-  std::vector<TrieNode> trie(1);
-  size_t pc = 5;
+  // The node at `depth` of the open path is complete: intern it (ends, then its children's
+  // (code point, class) pairs from `pending`), drop its children and return its class.
+  auto close = [&](size_t depth) -> int32_t {
+    const uint32_t from = sc.open_at[depth];
+    const size_t key_start = sc.keys.size();
+    sc.keys.push_back(sc.open_ends[depth]);
+    sc.keys.insert(sc.keys.end(), sc.pending.begin() + from, sc.pending.end());
+    sc.pending.resize(from);
+    const size_t n = sc.keys.size() - key_start;
+    const int32_t* key = sc.keys.data() + key_start;
+    for (size_t i = hash_words(key, n) & mask;; i = (i + 1) & mask) {
+      const int32_t c = sc.slots[i];
+      if (c < 0) {
+        const int32_t fresh = static_cast<int32_t>(sc.key_at.size() - 1);
+        sc.slots[i] = fresh;
+        sc.key_at.push_back(static_cast<uint32_t>(sc.keys.size()));
+        return fresh;
+      }
+      const uint32_t at = sc.key_at[c], len = sc.key_at[c + 1] - at;
+      if (len == n && std::equal(key, key + n, sc.keys.data() + at)) {
+        sc.keys.resize(key_start);
+        return c;
+      }
+    }
+  };
+  // Names arrive sorted and distinct (Daciuk et al.'s construction of the minimal acyclic
+  // automaton): the previous name's path stays open, and the nodes below the prefix it shares
+  // with the next name are complete, children before parents.
+  sc.open_at.assign(1, 0);
+  sc.open_cp.assign(1, -1);
+  sc.open_ends.assign(1, 0);
+  size_t pc = 5, prev_at = 0, prev_len = 0;
   for (int32_t i = 0; i < count; ++i) {
     if (pc >= code.size()) throw bad("names past its end");
     const int32_t len = code[pc++];
     if (len < 0 || static_cast<size_t>(len) > code.size() - pc) throw bad("a name past its end");
-    int32_t node = 0;
-    for (int32_t k = 0; k < len; ++k) {
-      const int32_t cp = code[pc++];
-      if (!plain(cp)) throw bad("a name character that is not plain printable ASCII");
-      auto& ch = trie[node].children;
-      auto it = std::lower_bound(ch.begin(), ch.end(), std::make_pair(cp, INT32_MIN));
-      if (it != ch.end() && it->first == cp) {
-        node = it->second;
-      } else {
-        const int32_t fresh = static_cast<int32_t>(trie.size());
-        ch.insert(it, {cp, fresh});
-        trie.emplace_back();
-        node = fresh;
-      }
+    const size_t at = pc;
+    pc += static_cast<size_t>(len);
+    size_t common = 0;
+    const size_t m = std::min(prev_len, static_cast<size_t>(len));
+    while (common < m && code[prev_at + common] == code[at + common]) ++common;
+    if (i > 0 && (common == static_cast<size_t>(len) ||
+                  (common < prev_len && code[at + common] < code[prev_at + common]))) {
+      throw bad("names must be sorted and distinct");
     }
-    trie[node].ends = true;
+    for (size_t d = prev_len; d > common; --d) {
+      const int32_t cls = close(d);
+      sc.pending.push_back(sc.open_cp[d]);
+      sc.pending.push_back(cls);
+    }
+    sc.open_at.resize(common + 1);
+    sc.open_cp.resize(common + 1);
+    sc.open_ends.resize(common + 1);
+    for (size_t d = common; d < static_cast<size_t>(len); ++d) {
+      const int32_t cp = code[at + d];
+      if (!plain(cp)) throw bad("a name character that is not plain printable ASCII");
+      sc.open_at.push_back(static_cast<uint32_t>(sc.pending.size()));
+      sc.open_cp.push_back(cp);
+      sc.open_ends.push_back(0);
+    }
+    sc.open_ends[static_cast<size_t>(len)] = 1;
+    prev_at = at;
+    prev_len = static_cast<size_t>(len);
   }
   if (pc != code.size()) throw bad("words after its last name");
-
-  // Intern equal subtries, children first (reverse creation order): canon[n] is n's class.
-  const int32_t N = static_cast<int32_t>(trie.size());
-  std::vector<int32_t> canon(N), rep;  // rep[c]: a node of class c
-  std::unordered_map<std::vector<int32_t>, int32_t, KeyHash> classes;
-  classes.reserve(static_cast<size_t>(N));
-  std::vector<int32_t> key;
-  for (int32_t n = N - 1; n >= 0; --n) {
-    key.assign(1, trie[n].ends ? 1 : 0);
-    for (const auto& [cp, child] : trie[n].children) {
-      key.push_back(cp);
-      key.push_back(canon[child]);
-    }
-    auto [it, added] = classes.emplace(key, static_cast<int32_t>(rep.size()));
-    if (added) rep.push_back(n);
-    canon[n] = it->second;
+  for (size_t d = prev_len; d > 0; --d) {
+    const int32_t cls = close(d);
+    sc.pending.push_back(sc.open_cp[d]);
+    sc.pending.push_back(cls);
   }
+  const int32_t root = close(0);
 
-  // States in breadth-first order from the root's class (the rule's start comes first), then the
-  // gap state and the end state.
-  const int32_t C = static_cast<int32_t>(rep.size());
-  std::vector<int32_t> local(C, -1), order;
-  order.reserve(C);
-  local[canon[0]] = 0;
-  order.push_back(canon[0]);
-  for (size_t q = 0; q < order.size(); ++q) {
-    for (const auto& [cp, child] : trie[rep[order[q]]].children) {
-      if (local[canon[child]] < 0) {
-        local[canon[child]] = static_cast<int32_t>(order.size());
-        order.push_back(canon[child]);
-      }
-    }
-  }
+  // Classes come children first, so the root is the last: state = base + (root - class) puts
+  // the rule's start first. Then the gap state and the end state.
   const int32_t base = static_cast<int32_t>(pool->size());
-  const int32_t gap = base + C, end = gap + 1;
-  for (int32_t c : order) {
-    const TrieNode& node = trie[rep[c]];
-    pool->final.push_back(node.ends ? 0 : 1);
-    // Byte edges in byte order: runs of plain characters that are no child go to the gap state.
-    int32_t run = -1;
-    auto close_run = [&](int32_t upto) {
-      if (run >= 0) pool->bytes.push_back({static_cast<uint8_t>(run), static_cast<uint8_t>(upto), gap});
-      run = -1;
-    };
+  const int32_t gap = base + root + 1, end = gap + 1;
+  for (int32_t c = root; c >= 0; --c) {
+    const int32_t* key = sc.keys.data() + sc.key_at[c];
+    const size_t pairs = (sc.key_at[c + 1] - sc.key_at[c] - 1) / 2;
+    pool->final.push_back(key[0] ? 0 : 1);
+    // Byte edges in byte order: each child's character to its state, the plain runs between
+    // them to the gap state.
     size_t k = 0;
-    for (int32_t b = 0x20; b <= 0x7E; ++b) {
-      if (k < node.children.size() && node.children[k].first == b) {
-        close_run(b - 1);
-        pool->bytes.push_back({static_cast<uint8_t>(b), static_cast<uint8_t>(b), base + local[canon[node.children[k].second]]});
-        ++k;
-      } else if (!plain(b)) {
-        close_run(b - 1);
-      } else if (run < 0) {
-        run = b;
+    for (const auto& [lo, hi] : kPlain) {
+      int32_t from = lo;
+      for (; k < pairs && key[1 + 2 * k] <= hi; ++k) {
+        const int32_t cp = key[1 + 2 * k];
+        if (from < cp) pool->bytes.push_back({static_cast<uint8_t>(from), static_cast<uint8_t>(cp - 1), gap});
+        pool->bytes.push_back({static_cast<uint8_t>(cp), static_cast<uint8_t>(cp), base + (root - key[2 + 2 * k])});
+        from = cp + 1;
       }
+      if (from <= hi) pool->bytes.push_back({static_cast<uint8_t>(from), static_cast<uint8_t>(hi), gap});
     }
-    close_run(0x7E);
     pool->refs.push_back({free, end});
     pool->byte_begin.push_back(static_cast<uint32_t>(pool->bytes.size()));
     pool->ref_begin.push_back(static_cast<uint32_t>(pool->refs.size()));
