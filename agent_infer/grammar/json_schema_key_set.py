@@ -39,14 +39,54 @@ def all_plain(names: tuple[str, ...]) -> bool:
     return _NOT_PLAIN.search("".join(names)) is None
 
 
-class KeySet(Alt):
+class LazyAlt(Alt):
+    """An ``Alt`` that stores a compact source (``_args()``) and builds its branches from it
+    (``_expand()``) the first time ``items`` is read: never, for a grammar that is only compiled,
+    since the serializers write these nodes from their source. Equal to the plain ``Alt`` of the
+    same branches, and hashed like it."""
+
+    __slots__ = ("_items",)
+    _items: tuple[Expr, ...]
+
+    def _expand(self) -> tuple[Expr, ...]:
+        raise NotImplementedError(f"{type(self).__name__} must define _expand")
+
+    def _args(self) -> tuple[Any, ...]:
+        raise NotImplementedError(f"{type(self).__name__} must define _args")
+
+    @property
+    def items(self) -> tuple[Expr, ...]:
+        """The branches, built on first use."""
+        try:
+            return self._items
+        except AttributeError:
+            pass
+        items = self._expand()
+        _set(self, "_items", items)
+        return items
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._args() == other._args()
+        if isinstance(other, Alt):
+            return self.items == other.items
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.items,))  # what the dataclass hash of an equal Alt gives
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy/pickle: the frozen dataclass __setattr__ would refuse the default slot state.
+        return (type(self), self._args())
+
+
+class KeySet(LazyAlt):
     """Any JSON object key (between its quotes) other than ``names``: sorted, distinct, plain
     printable ASCII (:func:`all_plain`). Its free branches call ``char-key-rest`` and
     ``char-key-free``, and its expansion ``char-special``, which the grammar must define
     (``json_schema_keys.SINK_RULE``, ``FREE_RULE``, ``SPECIAL_RULE``)."""
 
-    __slots__ = ("_items", "_names")
-    _items: tuple[Expr, ...]
+    __slots__ = ("_names",)
     _names: tuple[str, ...]
 
     def __init__(self, names: tuple[str, ...]) -> None:
@@ -57,17 +97,13 @@ class KeySet(Alt):
         """The excluded names."""
         return self._names
 
-    @property
-    def items(self) -> tuple[Expr, ...]:
-        """The root node's branches with every trie node nested (built on first use)."""
-        try:
-            return self._items
-        except AttributeError:
-            pass
+    def _args(self) -> tuple[Any, ...]:
+        return (self._names,)
+
+    def _expand(self) -> tuple[Expr, ...]:
+        # The root node's branches with every trie node nested.
         body = _subtrie(self._names, 0)
-        items = body.items if isinstance(body, Alt) else (body,)
-        _set(self, "_items", items)
-        return items
+        return body.items if isinstance(body, Alt) else (body,)
 
     def program(self, index: dict[str, int]) -> list[int]:
         """The ``KEY_TRIE`` instruction (the whole rule program), given the grammar's rule index."""
@@ -77,22 +113,8 @@ class KeySet(Alt):
             words.extend(map(ord, name))
         return [KEY_TRIE_OPCODE, len(words), *words]
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, KeySet):
-            return self._names == other._names
-        if isinstance(other, Alt):
-            return self.items == other.items
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((self.items,))  # what the dataclass hash of an equal Alt gives
-
     def __repr__(self) -> str:
         return f"KeySet(names={self._names!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # copy/pickle: the frozen dataclass __setattr__ would refuse the default slot state.
-        return (KeySet, (self._names,))
 
 
 def _subtrie(words: tuple[str, ...], depth: int) -> Expr:

@@ -19,7 +19,7 @@ from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_clearer
 from agent_infer.grammar.ir import Alt, Expr, Ref
 from agent_infer.grammar.json_schema_automata import TRIE_MAX_STATES
-from agent_infer.grammar.json_schema_key_set import KeySet, all_plain
+from agent_infer.grammar.json_schema_key_set import KeySet, LazyAlt, all_plain
 from agent_infer.grammar.json_schema_keys import (
     FREE_EXPR,
     FREE_RULE,
@@ -40,47 +40,30 @@ KEY_SET_PREFIX = KEY_RULE_PREFIX + "set-"
 """Names of the rules whose bodies are :class:`KeySet` tries (never a trie node's name)."""
 
 
-class KeyNode(Alt):
+class KeyNode(LazyAlt):
     """The rule body of one key-trie node: ``spec`` is (ends a name, code point, child rule name,
     code point, child rule name, ...), children in code point order. Equal, as an expression, to
     the ``Alt`` that :func:`json_schema_keys.node_body` builds from it, which ``items`` returns."""
 
-    __slots__ = ("_items", "_spec")
-    _items: tuple[Expr, ...]
+    __slots__ = ("_spec",)
     _spec: tuple[Any, ...]
 
     def __init__(self, spec: tuple[Any, ...]) -> None:
         _set(self, "_spec", spec)
 
-    @property
-    def items(self) -> tuple[Expr, ...]:
-        """The node's branches, built on first use (never, for a grammar that is only compiled)."""
-        try:
-            return self._items
-        except AttributeError:
-            pass
+    def _args(self) -> tuple[Any, ...]:
+        return (self._spec,)
+
+    def _expand(self) -> tuple[Expr, ...]:
         spec = self._spec
         children = [(spec[i], Ref(spec[i + 1])) for i in range(1, len(spec), 2)]
         body = node_body(children, bool(spec[0]))
         if not isinstance(body, Alt):  # only a leaf has one branch, and leaves are no KeyNode
             raise TypeError(f"key-trie node {spec!r} is not an alternation")
-        _set(self, "_items", body.items)
         return body.items
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Alt):
-            return self.items == other.items
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((self.items,))  # what the dataclass hash of an equal Alt gives
 
     def __repr__(self) -> str:
         return f"Alt(items={self.items!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # copy/pickle: the frozen dataclass __setattr__ would refuse the default slot state.
-        return (KeyNode, (self._spec,))
 
 
 # The leaf every name ends in ("one more character, then anything"): not an Alt, and the same
