@@ -130,3 +130,47 @@ def test_chunked_string_masks_exact(tokenizer: str) -> None:
                 assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
         assert m.accept_token(tid), pos
     assert m.can_terminate()
+
+
+# Bounded strings among many optional members (a Snowplow event): a token crossing a string's end
+# may go on into any of the next keys, so dozens of tokens are uncertain at every position and the
+# pushdown walk checks them. A bounded string is a chain of rules called in tail position, whose
+# frames the walk must not stack one per byte (it gave up past 64, leaving the check to Earley).
+WALK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        **{
+            f"br_{k}": {"type": ["string", "null"], "maxLength": n}
+            for k, n in zip("abcdefgh", (255, 50, 12, 3) * 2)
+        },
+        "curie": {"type": "string", "pattern": "^([a-z0-9-]+):([a-z0-9.-]+)$", "maxLength": 60},
+    },
+    "additionalProperties": False,
+}
+WALK_DOCS = [
+    {"br_a": "my_app_with_a_long_name", "br_b": "Firefox", "br_e": "en-US", "curie": "acme-blog:article.v1"}
+]
+
+
+@pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
+def test_bounded_strings_among_optional_members_masks_exact_with_the_walk(tokenizer: str) -> None:
+    from agent_infer.native import load_native
+
+    native = load_native()
+    info = tokenizer_info(tokenizer)
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(WALK_SCHEMA, whitespace="compact")
+    )
+    tok = hf_tokenizer(tokenizer)
+    native.grammar_profile(True)
+    native.grammar_profile()
+    try:
+        for doc in WALK_DOCS:
+            text = json.dumps(doc, separators=(",", ":"))
+            ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+            assert _check_doc(compiled, ids, 2, 0) > 20
+            assert _check_doc(compiled, ids, 2, 1) > 20
+        profile = native.grammar_profile()
+    finally:
+        native.grammar_profile(False)
+    assert profile.get("check_walk", (0, 0))[1] > 0, profile

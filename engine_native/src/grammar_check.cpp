@@ -38,6 +38,15 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
   std::unordered_map<uint64_t, int32_t> node_ids;
   bool gave_up = false;
   auto push = [&](int32_t ret, int32_t parent) -> int32_t {
+    // A tail call: returning to `ret` (accepting, no edges) only returns further, to `parent`'s
+    // frame, so the callee can return there directly. Right-linear chains (a bounded `pattern`,
+    // one rule per position) otherwise stack a frame per byte and hit kMaxDepth inside a token,
+    // sending the whole check back to Earley sets. Not at the bottom: finishing at a history set
+    // completes the items waiting on the finishing rule, which must stay the caller's.
+    if (parent >= 0) {
+      const State& rs = g.states[static_cast<size_t>(ret)];
+      if (rs.final && rs.byte_begin == rs.byte_end && rs.ref_begin == rs.ref_end) return parent;
+    }
     const uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(ret)) << 32) | static_cast<uint32_t>(parent);
     auto it = node_ids.find(k);
     if (it != node_ids.end()) return it->second;
