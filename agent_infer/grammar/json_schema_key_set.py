@@ -20,14 +20,14 @@ import re
 from typing import Any
 
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
-from agent_infer.grammar.json_schema_keys import FREE_RULE, SINK_RULE
+from agent_infer.grammar.json_schema_keys import FREE_RULE, SINK_RULE, plain_part
+from agent_infer.grammar.json_schema_names import code_point_gaps
 
 KEY_TRIE_OPCODE = 7
 """``KEY_TRIE`` in engine_native/src/grammar.h (enum Op)."""
 
+# Not printable ASCII, or the quote, slash or backslash (which need or allow escapes).
 _NOT_PLAIN = re.compile(r"[^ !#-.0-\[\]-~]")
-# Printable ASCII but the quote, slash and backslash (which need or allow escapes).
-_PLAIN = ((0x20, 0x21), (0x23, 0x2E), (0x30, 0x5B), (0x5D, 0x7E))
 _REST = Ref(SINK_RULE)
 _FREE = Ref(FREE_RULE)
 
@@ -137,17 +137,7 @@ def _subtrie(words: tuple[str, ...], depth: int) -> Expr:
             j += 1
         children.append((ord(ch), _subtrie(words[i:j], depth + 1)))
         i = j
-    gaps: list[tuple[int, int]] = []
-    taken = {cp for cp, _ in children}
-    for lo, hi in _PLAIN:
-        start = lo
-        for cp in range(lo, hi + 1):
-            if cp in taken:
-                if start < cp:
-                    gaps.append((start, cp - 1))
-                start = cp + 1
-        if start <= hi:
-            gaps.append((start, hi))
+    gaps = plain_part(tuple(code_point_gaps([cp for cp, _ in children])[0]))
     branches: list[Expr] = [Seq((CharClass(tuple(gaps)), _REST))] if gaps else []
     branches.append(_FREE)
     branches.extend(Seq((CharClass(((cp, cp),)), sub)) for cp, sub in children)

@@ -62,7 +62,7 @@ def _covers(ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ..
     return True
 
 
-def _plain_part(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+def plain_part(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """The code points of the sorted disjoint ``ranges`` that lie in :data:`_PLAIN`, in order:
     printable ASCII split at the three escaped characters (a loop over ``_PLAIN`` per range was
     most of the cost of a trie node's gap edge)."""
@@ -93,7 +93,7 @@ def special_head(ranges: tuple[tuple[int, int], ...]) -> tuple[Expr, ...]:
             # One printable character of a name (most edges): encode_class would return the class.
             head = (CharClass(ranges),)
         elif _covers(ranges, _SPECIAL):
-            plain = _plain_part(ranges)
+            plain = plain_part(ranges)
             head = (Alt((CharClass(plain), _SPECIAL_REF)),) if plain else (_SPECIAL_REF,)
         else:
             head = encoded_head(ranges)

@@ -242,7 +242,7 @@ class Serializer {
       sink_ = rule_index(nm.sink_rule);
       if (special_ < 0 || sink_ < 0) return -1;
     }
-    // The gaps between the children (and around them), cut to plain ASCII: _plain_part.
+    // The gaps between the children (and around them), cut to plain ASCII: json_schema_keys.plain_part.
     merged_.clear();
     auto add_plain = [&](int64_t lo, int64_t hi) {
       if (hi < 0x20 || lo > 0x7E) return;
