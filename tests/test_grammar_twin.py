@@ -152,3 +152,51 @@ def test_twin_masks_exact_with_calls(tokenizer: str, stride: int) -> None:
         assert m.accept_token(tid), pos
     assert m.can_terminate()
     assert checked > 20
+
+
+# Fixed-length hex ids: positions where few tokens live but a third of the vocabulary is longer
+# than the twin's agreement, so the longer tokens are walked as whole first-byte runs that pass the
+# short ones by (inside an object: the pushdown walk), or through the list with dead runs carried
+# across its blocks (alone: the plain walk).
+HEX = {"type": "string", "pattern": "^[A-Fa-f\\d]{24}$"}
+HEX_CASES = [
+    (
+        {"type": "array", "items": {"type": "object", "properties": {"id": HEX, "n": {"type": "integer"}}}},
+        [
+            {"id": "62a2f7a7a2f7a7a2f7a7a2f7", "n": 1},
+            {"id": "0123456789abcdefABCDEF00"},
+            {"id": "ffffffffffffffffffffffff", "n": 2},
+        ],
+    ),
+    (
+        {"type": "array", "items": HEX},
+        ["62a2f7a7a2f7a7a2f7a7a2f7", "deadBEEF0123456789aaaaaa", "000000000000000000000000"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HEX_CASES)))
+@pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
+def test_twin_masks_exact_hex_ids(tokenizer: str, case: int) -> None:
+    schema, doc = HEX_CASES[case]
+    info = _fresh(tokenizer)
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(schema, whitespace="compact")
+    )
+    ids = hf_tokenizer(tokenizer).encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False).ids
+    m = GrammarMatcher(compiled)
+    _native.grammar_profile(True)
+    _native.grammar_profile()
+    try:
+        stride = 2 if tokenizer == "smollm2" else 3
+        for pos, tid in enumerate(ids):
+            bits = _mask_bits(m, info.vocab_size)
+            if pos % stride == 0:
+                for t in range(info.vocab_size):
+                    assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            assert m.accept_token(tid), pos
+        prof = _native.grammar_profile()
+    finally:
+        _native.grammar_profile(False)
+    assert m.can_terminate()
+    assert prof.get("twin", (0, 0))[1] > 0, prof

@@ -109,6 +109,8 @@ size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits);
 // position to its id): the part of a mask that a walk of those tokens recomputes.
 size_t seed_bits_except(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<int32_t>& positions,
                         const std::vector<int32_t>& sorted);
+// seed_bits without the token ids set in `drop` (a bitmask of `bits.size()` words).
+size_t seed_bits_masked(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<uint32_t>& drop);
 
 class TokenizerInfo {
  public:
@@ -133,6 +135,9 @@ class TokenizerInfo {
   // first position, at most `limit`, that leaves that run or reads a byte of `stop` there.
   size_t skip_dead(size_t i, size_t d, size_t from, size_t limit, const std::array<uint32_t, 8>& stop) const;
   std::vector<uint32_t> first_byte_end;
+  // short_run_end[p - 2][i] = run_end(i, p) for p = 2..4: the dead prefixes a walk meets are
+  // mostly this short, and a table read replaces a galloping search of memcmp calls.
+  std::array<std::vector<uint32_t>, 3> short_run_end;
   size_t max_token_len = 0;
   // Tokens longer than this many bytes are "long" for short-token masks (grammar_short.cpp);
   // long_sorted lists their sorted positions, ascending.
@@ -143,6 +148,8 @@ class TokenizerInfo {
   // walks only these).
   static constexpr std::array<size_t, 8> kTwinLens{{6, 8, 10, 12, 16, 24, 32, 64}};
   std::array<std::vector<int32_t>, 8> longer_sorted;
+  // The same sets as token-id bitmasks (`words` each): a twin's mask minus them is one AND per word.
+  std::array<std::vector<uint32_t>, 8> longer_bits;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -258,8 +265,39 @@ class CompiledGrammar {
     size_t begin, end, depth;
     int32_t state;
     uint8_t flag;  // as the walks' flag[depth]
+    // Tokens of at most this many bytes are left to the walk's base (a twin's classification of
+    // them): walked past for their prefixes, never classified.
+    uint16_t min_len = 0;
+  };
+  // Consecutive ranges that walk from one state at depth 0 (a sorted list of token positions cut
+  // into blocks of consecutive ones) are one walk with holes: a run of tokens found dead in one
+  // block covers the later blocks it reaches, which are then skipped, and the search for dead
+  // siblings goes on to the end of the group. Walking each block afresh re-found the same dead
+  // first bytes and prefixes once per block: ~1 ms for the long tokens of a twin state.
+  class RangeCarry {
+   public:
+    explicit RangeCarry(const std::vector<WalkRange>& ranges);
+    // Where range r's walk starts: past the end of a dead run carried from its group.
+    size_t begin(size_t r) const {
+      return group_[r] == dead_group_ && dead_end_ > ranges_[r].begin ? dead_end_ : ranges_[r].begin;
+    }
+    // How far a search for dead siblings from range r may reach: the end of its group.
+    size_t limit(size_t r) const { return limit_[r]; }
+    // Range r's walk found the tokens before `end` dead (decided).
+    void dead(size_t r, size_t end) {
+      dead_group_ = group_[r];
+      dead_end_ = end;
+    }
+
+   private:
+    const std::vector<WalkRange>& ranges_;
+    std::vector<size_t> group_, limit_;
+    size_t dead_group_ = SIZE_MAX, dead_end_ = 0;
   };
   std::shared_ptr<const StateMask> compute_mask(const std::vector<WalkRange>& ranges, const StateMask* base) const;
+  // The ranges walking the tokens at `longer` (sorted positions of tokens longer than `cut`
+  // bytes) from s, within its live first bytes' runs (grammar_twin.cpp).
+  std::vector<WalkRange> longer_ranges(int32_t s, const std::vector<int32_t>& longer, size_t cut) const;
   // Tokens the ranges can walk past their first byte: the runs of the start state's live first
   // bytes for ranges at depth 0, the whole range otherwise.
   size_t live_tokens(const std::vector<WalkRange>& ranges) const;

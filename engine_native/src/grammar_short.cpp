@@ -139,6 +139,8 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
 // The plain walk (CompiledGrammar::compute_mask) of some tokens from s, stepping through the
 // edge lists instead of building a 256-entry row per state met: the long tokens of a counted
 // repeat's position run deep into the chain, meeting hundreds of states a few times each.
+// `longs` is sorted; a run found dead covers every listed position it reaches (and, with its
+// rejected siblings, is passed over in one search), however the list is cut into blocks.
 std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_t s,
                                                 const std::vector<int32_t>& longs, const StateMask* base) {
   const TokenizerInfo& t = *g.tok;
@@ -149,45 +151,69 @@ std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_
   std::vector<uint8_t> flag(t.max_token_len + 1);
   // escapes(q, d, b): control could leave the rule at byte d (>= 1) of the token, reading b.
   auto escapes = [&](int32_t q, size_t d, uint8_t b) { return d > 0 && CompiledGrammar::has(g.escape[q], b); };
-  for (size_t k = 0; k < longs.size();) {
-    // A block of consecutive sorted positions: prefixes are shared inside it.
-    size_t k_end = k + 1;
-    while (k_end < longs.size() && longs[k_end] == longs[k_end - 1] + 1) ++k_end;
-    const size_t begin = static_cast<size_t>(longs[k]), end_pos = static_cast<size_t>(longs[k_end - 1]) + 1;
-    k = k_end;
-    stack[0] = s;
-    flag[0] = 0;
-    size_t valid = 0;
-    for (size_t i = begin; i < end_pos; ++i) {
-      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
-      const size_t len = t.sorted_len(i);
-      size_t d = std::min<size_t>(i == begin ? 0 : t.lcp[i], valid);
-      long dead_at = -1;
-      while (d < len) {
-        const int32_t nx = g.step(stack[d], tokb[d]);
-        if (nx < 0) {
-          dead_at = static_cast<long>(d);
-          break;
-        }
-        flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], d, tokb[d]));
-        stack[d + 1] = nx;
-        ++d;
+  // The bytes after which a token dying in q at depth d is not simply rejected: q's live bytes,
+  // plus from depth 1 on its escape set.
+  std::unordered_map<int64_t, CompiledGrammar::ByteSet> stops;
+  auto stop_of = [&](int32_t q, bool deep) -> const CompiledGrammar::ByteSet& {
+    auto [it, fresh] = stops.try_emplace((static_cast<int64_t>(q) << 1) | (deep ? 1 : 0));
+    if (fresh) {
+      CompiledGrammar::ByteSet& set = it->second;
+      set.fill(0);
+      const State& st = g.states[static_cast<size_t>(q)];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        for (int x = g.byte_edges[e].lo; x <= g.byte_edges[e].hi; ++x) set[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
       }
-      valid = d;
-      if (dead_at < 0) {
-        const int32_t id = t.sorted[i];
-        bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
-        ++n_accepted;
-        continue;
+      if (deep) {
+        for (size_t w = 0; w < set.size(); ++w) set[w] |= g.escape[static_cast<size_t>(q)][w];
       }
-      // The run sharing the dead prefix: past this block it holds tokens not listed, which
-      // `base` classifies (alike, from a neighbourhood that agrees as far as they reach).
-      const size_t run = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-      if (flag[d] || escapes(stack[d], d, tokb[d])) {
-        for (size_t j = i; j < std::min(run, end_pos); ++j) out->uncertain.push_back(static_cast<int32_t>(j));
-      }
-      i = run - 1;
     }
+    return it->second;
+  };
+  const size_t limit = longs.empty() ? 0 : static_cast<size_t>(longs.back()) + 1;
+  stack[0] = s;
+  flag[0] = 0;
+  size_t valid = 0;          // stack entries valid for the previous walked token...
+  size_t prev = SIZE_MAX;    // ...at this sorted position
+  for (size_t k = 0; k < longs.size();) {
+    const size_t i = static_cast<size_t>(longs[k]);
+    const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
+    const size_t len = t.sorted_len(i);
+    size_t d = prev != SIZE_MAX && prev + 1 == i ? std::min<size_t>(t.lcp[i], valid) : 0;
+    long dead_at = -1;
+    while (d < len) {
+      const int32_t nx = g.step(stack[d], tokb[d]);
+      if (nx < 0) {
+        dead_at = static_cast<long>(d);
+        break;
+      }
+      flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], d, tokb[d]));
+      stack[d + 1] = nx;
+      ++d;
+    }
+    valid = d;
+    prev = i;
+    if (dead_at < 0) {
+      const int32_t id = t.sorted[i];
+      bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+      ++n_accepted;
+      ++k;
+      continue;
+    }
+    // The run sharing the dead prefix: the listed positions in it share the token's fate (the
+    // others `base` classifies alike, from a neighbourhood that agrees as far as they reach).
+    size_t run = t.run_end(i, static_cast<size_t>(dead_at) + 1);
+    const size_t k_run = static_cast<size_t>(std::lower_bound(longs.begin() + static_cast<long>(k), longs.end(),
+                                                              static_cast<int32_t>(run)) -
+                                             longs.begin());
+    const bool uncertain = flag[d] || escapes(stack[d], d, tokb[d]);
+    if (uncertain) {
+      for (size_t j = k; j < k_run; ++j) out->uncertain.push_back(longs[j]);
+    }
+    // Siblings dying here with a byte the rule cannot leave with are rejected, as in the walk.
+    if (!flag[d]) run = t.skip_dead(i, d, run, limit, stop_of(stack[d], d > 0));
+    k = static_cast<size_t>(std::lower_bound(longs.begin() + static_cast<long>(k_run), longs.end(),
+                                             static_cast<int32_t>(run)) -
+                            longs.begin());
   }
   merge_uncertain(*out, base);
   finish_mask(*out, std::move(bits), n_accepted);

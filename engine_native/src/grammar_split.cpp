@@ -83,14 +83,20 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
       }
     }
     // An empty range walks nothing, but the pushdown walk still expands its start: keep it.
+    auto piece = [&r](size_t b, size_t e) {
+      Range p = r;  // the same walk (start, depth, flag, length filter) over [b, e)
+      p.begin = b;
+      p.end = e;
+      return p;
+    };
     size_t from = r.begin;
     for (size_t cut : cuts) {
-      if (cut > from) parts.back().ranges.push_back({from, cut, r.depth, r.state, r.flag});
+      if (cut > from) parts.back().ranges.push_back(piece(from, cut));
       parts.emplace_back();
       parts.back().resume = cut > r.begin;
       from = cut;
     }
-    parts.back().ranges.push_back({from, r.end, r.depth, r.state, r.flag});
+    parts.back().ranges.push_back(piece(from, r.end));
   }
   if (parts.size() < 2) return {};
   return parts;

@@ -32,6 +32,19 @@ struct RowIndex {
 };
 }  // namespace
 
+CompiledGrammar::RangeCarry::RangeCarry(const std::vector<WalkRange>& ranges)
+    : ranges_(ranges), group_(ranges.size()), limit_(ranges.size()) {
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const WalkRange& a = ranges[r];
+    const bool joins = r > 0 && a.depth == 0 && a.flag == 0 && ranges[r - 1].depth == 0 && ranges[r - 1].flag == 0 &&
+                       ranges[r - 1].state == a.state && ranges[r - 1].end <= a.begin;
+    group_[r] = joins ? group_[r - 1] : r;
+  }
+  for (size_t r = ranges.size(); r-- > 0;) {
+    limit_[r] = r + 1 < ranges.size() && group_[r + 1] == group_[r] ? limit_[r + 1] : ranges[r].end;
+  }
+}
+
 std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(const std::vector<WalkRange>& ranges,
                                                                const StateMask* base) const {
   std::shared_ptr<const StateMask> split;
@@ -79,16 +92,24 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
   // "uncertain". Both depend on the first d bytes alone, so they are shared along the trie.
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1);
-  for (const WalkRange& range : ranges) {
+  RangeCarry carry(ranges);
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const WalkRange& range = ranges[r];
     const size_t depth0 = range.depth;
+    const size_t begin = carry.begin(r);
+    if (begin >= range.end) continue;
     stack[depth0] = row(range.state);
     flag[depth0] = range.flag;
     size_t valid = depth0;  // stack entries valid for the previous token
-    for (size_t i = range.begin; i < range.end; ++i) {
-      size_t l = i == range.begin ? depth0 : t.lcp[i];
+    for (size_t i = begin; i < range.end; ++i) {
+      size_t l = i == begin ? depth0 : t.lcp[i];
       long dead_at = -1;  // the token died reading byte dead_at
       const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
       const size_t len = t.sorted_len(i);
+      if (len <= range.min_len) {  // the base's; only its prefix is shared with what follows
+        valid = std::min(valid, l);
+        continue;
+      }
       size_t d = std::min(l, valid);
       while (d < len) {
         int32_t nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
@@ -107,17 +128,20 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
       }
       // Every token sharing the dead prefix shares this token's fate: classify the run at once.
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-      const bool continued = resume && i == range.begin && &range == &ranges.front() && t.lcp[i] > dead_at;
+      const bool continued = resume && i == range.begin && r == 0 && t.lcp[i] > dead_at;
       if (!continued && (flag[d] || (d > 0 && has(*row_escape[stack[d]], tokb[d])))) {
-        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+        for (size_t j = i; j < end; ++j) {
+          if (t.sorted_len(j) > range.min_len) out->uncertain.push_back(static_cast<int32_t>(j));
+        }
       }
       // The siblings that die here too, rejected, are passed over in one search (at byte 0
       // every death is a rejection).
       if (d == 0) {
-        end = t.skip_dead(i, 0, end, range.end, row_live[static_cast<size_t>(stack[0])]);
+        end = t.skip_dead(i, 0, end, carry.limit(r), row_live[static_cast<size_t>(stack[0])]);
       } else if (!flag[d]) {
-        end = t.skip_dead(i, d, end, range.end, row_stop[static_cast<size_t>(stack[d])]);
+        end = t.skip_dead(i, d, end, carry.limit(r), row_stop[static_cast<size_t>(stack[d])]);
       }
+      carry.dead(r, end);
       i = end - 1;
     }
   }

@@ -42,11 +42,16 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
       first_byte_end[static_cast<size_t>(b)] = static_cast<uint32_t>(j);
     }
   }
+  for (std::vector<uint32_t>& b : longer_bits) b.assign(static_cast<size_t>(words), 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
-    const size_t len = tokens[sorted[i]].size();
+    const int32_t id = sorted[i];
+    const size_t len = tokens[id].size();
     if (len > kShortTokenLen) long_sorted.push_back(static_cast<int32_t>(i));
     for (size_t k = 0; k < kTwinLens.size(); ++k) {
-      if (len > kTwinLens[k]) longer_sorted[k].push_back(static_cast<int32_t>(i));
+      if (len > kTwinLens[k]) {
+        longer_sorted[k].push_back(static_cast<int32_t>(i));
+        longer_bits[k][static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+      }
     }
   }
   lcp.assign(sorted.size(), 0);
@@ -56,6 +61,15 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     size_t n = std::min(a.size(), b.size()), k = 0;
     while (k < n && a[k] == b[k]) ++k;
     lcp[i] = static_cast<uint16_t>(k);
+  }
+  for (size_t p = 0; p < short_run_end.size(); ++p) {
+    std::vector<uint32_t>& ends = short_run_end[p];
+    ends.resize(sorted.size());
+    uint32_t next = static_cast<uint32_t>(sorted.size());  // the first j > i with lcp[j] < p + 2
+    for (size_t i = sorted.size(); i-- > 0;) {
+      ends[i] = next;
+      if (lcp[i] < p + 2) next = static_cast<uint32_t>(i);
+    }
   }
 }
 
@@ -127,10 +141,19 @@ size_t CompiledGrammar::live_tokens(const std::vector<WalkRange>& ranges) const 
 size_t TokenizerInfo::run_end(size_t i, size_t plen) const {
   const size_t n = sorted.size();
   if (plen == 1) return first_byte_end[static_cast<uint8_t>(*sorted_ptr(i))];
+  if (plen - 2 < short_run_end.size()) return short_run_end[plen - 2][i];
+  // Token j > i shares the prefix while every lcp in (i, j] is at least plen: longer prefixes
+  // mostly have short runs, found by reading the lcp array in order.
+  const size_t scan_end = std::min(n, i + 33);
+  size_t j = i + 1;
+  for (; j < scan_end; ++j) {
+    if (lcp[j] < plen) return j;
+  }
+  if (j >= n) return n;
   const char* p = sorted_ptr(i);
-  auto shares = [&](size_t j) { return sorted_len(j) >= plen && std::memcmp(sorted_ptr(j), p, plen) == 0; };
-  // Gallop before bisecting: most runs are short, so this costs O(log run) instead of O(log n).
-  size_t good = i, step = 1, hi = n;  // tokens [i, good] share the prefix; hi does not (or is n)
+  auto shares = [&](size_t k) { return sorted_len(k) >= plen && std::memcmp(sorted_ptr(k), p, plen) == 0; };
+  // Then gallop before bisecting: O(log run) instead of O(log n).
+  size_t good = j - 1, step = 1, hi = n;  // tokens [i, good] share the prefix; hi does not (or is n)
   for (;;) {
     const size_t probe = good + step;
     if (probe >= n || !shares(probe)) {
@@ -251,6 +274,25 @@ size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
     for (uint32_t w : bits) n += static_cast<size_t>(__builtin_popcount(w));
   }
   for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  return n;
+}
+
+size_t seed_bits_masked(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<uint32_t>& drop) {
+  if (!base) return 0;
+  size_t n = 0;
+  if (!base->accepted_bits.empty()) {
+    for (size_t w = 0; w < bits.size(); ++w) {
+      bits[w] = base->accepted_bits[w] & ~drop[w];
+      n += static_cast<size_t>(__builtin_popcount(bits[w]));
+    }
+  }
+  for (int32_t id : base->accepted_ids) {
+    const size_t w = static_cast<size_t>(id) >> 5;
+    const uint32_t bit = 1u << (id & 31);
+    if ((drop[w] & bit) || (bits[w] & bit)) continue;
+    bits[w] |= bit;
+    ++n;
+  }
   return n;
 }
 

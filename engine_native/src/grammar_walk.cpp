@@ -226,8 +226,12 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   // live0: the first bytes live0_state reads (ranges from one state share it).
   CompiledGrammar::ByteSet live0{};
   int32_t live0_state = -1;
-  for (const WalkRange& range : ranges) {
+  RangeCarry carry(ranges);
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const WalkRange& range = ranges[r];
     const size_t depth0 = range.depth;
+    const size_t begin = carry.begin(r);
+    if (begin >= range.end) continue;
     // At byte 0 the start state is not expanded: the items it would predict are in the Earley
     // set with masks of their own. Deeper starts are reached by a byte, so they are expanded as
     // transition() would have.
@@ -255,14 +259,20 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
       }
     }
     size_t valid = depth0;
-    for (size_t i = range.begin; i < range.end; ++i) {
-      size_t l = i == range.begin ? depth0 : t.lcp[i];
+    for (size_t i = begin; i < range.end; ++i) {
+      size_t l = i == begin ? depth0 : t.lcp[i];
       long dead_at = -1;
       const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
       const size_t len = t.sorted_len(i);
       if (depth0 == 0 && l == 0 && !has(live0, tokb[0])) {
         valid = 0;
-        i = t.skip_dead(i, 0, i, range.end, live0) - 1;  // on to the next live first byte's run
+        const size_t end = t.skip_dead(i, 0, i, carry.limit(r), live0);  // on to the next live first byte's run
+        carry.dead(r, end);
+        i = end - 1;
+        continue;
+      }
+      if (len <= range.min_len) {  // the base's; only its prefix is shared with what follows
+        valid = std::min(valid, l);
         continue;
       }
       size_t d = std::min(l, valid);
@@ -289,9 +299,11 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
         continue;
       }
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
-      const bool continued = resume && i == range.begin && &range == &ranges.front() && t.lcp[i] > dead_at;
+      const bool continued = resume && i == range.begin && r == 0 && t.lcp[i] > dead_at;
       if (!continued && (flag[d] || escapes(d, tokb[d]))) {
-        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+        for (size_t j = i; j < end; ++j) {
+          if (t.sorted_len(j) > range.min_len) out->uncertain.push_back(static_cast<int32_t>(j));
+        }
       }
       // The siblings that die here too, rejected (no byte the rule could leave with), are passed
       // over in one search.
@@ -301,8 +313,9 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
         if (leave == 1) {
           for (size_t w = 0; w < stop.size(); ++w) stop[w] |= fol[w];
         }
-        end = t.skip_dead(i, d, end, range.end, stop);
+        end = t.skip_dead(i, d, end, carry.limit(r), stop);
       }
+      carry.dead(r, end);
       i = end - 1;
     }
   }
