@@ -364,7 +364,8 @@ class CompiledGrammar {
   // First-byte pieces (grammar_pieces.cpp): a dense state's classification assembled from the
   // classifications of each first-byte run at the byte's target, cached under a key of the
   // target's reachable sub-automaton; nullptr for sparse states (the plain walks are cheap there).
-  std::shared_ptr<const StateMask> compute_by_first_byte(int32_t s) const;
+  // cached_only: decline unless the piece of the target most tokens go to is cached already.
+  std::shared_ptr<const StateMask> compute_by_first_byte(int32_t s, bool cached_only = false) const;
   bool piece_calls(int32_t t) const;
   // Key of what a walk entering t reads; memoized with the number of states it names.
   std::string local_key(int32_t t) const;
@@ -397,7 +398,8 @@ class CompiledGrammar {
   // takes the classification of the tokens up to the depth they agree on and walks only longer
   // tokens.
   // nullptr: no earlier state agrees far enough. *twin_whole: the twin's mask as it is.
-  std::shared_ptr<const StateMask> compute_from_twin(int32_t s, bool* twin_whole) const;
+  // whole_only: only a twin agreeing as deep as the longest token (its mask as it is, no walk).
+  std::shared_ptr<const StateMask> compute_from_twin(int32_t s, bool* twin_whole, bool whole_only = false) const;
   // Offers s's freshly computed mask as a twin to later states of the same local shape.
   void remember_twin(int32_t s, const std::shared_ptr<const StateMask>& mask) const;
   struct Twin {

@@ -180,7 +180,7 @@ size_t CompiledGrammar::local_size(int32_t t) const {
   return local_keys_.at(t).second;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t s) const {
+std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t s, bool cached_only) const {
   const TokenizerInfo& tk = *tok;
   auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
   std::array<int32_t, 256> target{};
@@ -211,7 +211,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     if (!local_key_known(t) && !local_small(t)) return nullptr;
     std::string key = local_key(t);
     key.push_back(static_cast<char>(best));
-    if (!tok->cache_get(key) && local_size(t) > kMaxSharedStates) return nullptr;
+    const bool cached = tok->cache_get(key) != nullptr;
+    if (!cached && (cached_only || local_size(t) > kMaxSharedStates)) return nullptr;
   }
 
   // Bytes grouped by target. A large group (the bytes leading into free string content, say)

@@ -239,20 +239,33 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     std::shared_ptr<const StateMask> fresh;
     // A dense state may repeat the neighbourhood of an earlier one (grammar_twin.cpp): checked
     // first, as it needs no key.
+    // A twin as deep as the longest token is a copy; otherwise first-byte pieces whose main
+    // target's piece is cached (a key automaton's prefix states after the first: a twin's walk
+    // of the longer tokens cost ~2 ms there) come before a twin's partial walk.
     const bool twin_kind = !region && dense_start(s);
-    bool from_twin = false;
+    bool from_twin = false, from_pieces = false;
+    bool whole = false;
     if (twin_kind) {
-      profile::Scope scope(profile::kTwin);
-      bool whole = false;
-      fresh = compute_from_twin(s, &whole);
-      from_twin = fresh != nullptr;
+      {
+        profile::Scope scope(profile::kTwin);
+        fresh = compute_from_twin(s, &whole, true);
+      }
+      if (!fresh) {
+        profile::Scope scope(profile::kPieces);
+        fresh = compute_by_first_byte(s, true);
+        from_pieces = fresh != nullptr;
+      }
+      if (!fresh) {
+        profile::Scope scope(profile::kTwin);
+        fresh = compute_from_twin(s, &whole);
+      }
+      from_twin = fresh != nullptr && !from_pieces;
     }
     if (!fresh && !region) {
       profile::Scope scope(profile::kShortFill);
       fresh = compute_from_short(s, calls);
     }
-    const bool from_short = fresh != nullptr && !from_twin;
-    bool from_pieces = false;
+    const bool from_short = fresh != nullptr && !from_twin && !from_pieces;
     if (!fresh && !region) {
       profile::Scope scope(profile::kPieces);
       fresh = compute_by_first_byte(s);

@@ -205,7 +205,7 @@ std::vector<CompiledGrammar::WalkRange> CompiledGrammar::longer_ranges(int32_t s
   return ranges;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, bool* twin_whole) const {
+std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, bool* twin_whole, bool whole_only) const {
   *twin_whole = false;
   const bool calls = calls_within_reach(s);
   std::vector<Twin> candidates;
@@ -232,6 +232,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, b
     *twin_whole = true;
     return twin->mask;
   }
+  if (whole_only) return nullptr;
   // The longest listed length class the neighbourhoods agree on.
   int k = static_cast<int>(TokenizerInfo::kTwinLens.size()) - 1;
   while (k >= 0 && static_cast<int32_t>(TokenizerInfo::kTwinLens[static_cast<size_t>(k)]) > best) --k;
