@@ -94,6 +94,23 @@ def linear_activations() -> str:
     return value
 
 
+def json_schema_max_seconds() -> float:
+    """``AGENT_INFER_JSON_SCHEMA_MAX_SECONDS``: time limit of one JSON Schema lowering (default 5).
+
+    Past it the front end raises ``GrammarLimitError``: schemas whose conditional branches multiply
+    (nested ``if``/``then``/``else`` under ``anyOf``) would otherwise run into the rule-count limit
+    only after many seconds.
+    """
+    raw = _get("AGENT_INFER_JSON_SCHEMA_MAX_SECONDS", "5")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"AGENT_INFER_JSON_SCHEMA_MAX_SECONDS={raw!r} is not a number") from None
+    if not value >= 0:
+        raise ConfigError(f"AGENT_INFER_JSON_SCHEMA_MAX_SECONDS={value} must be >= 0")
+    return value
+
+
 def grammar_threads() -> int:
     """``AGENT_INFER_GRAMMAR_THREADS``: threads for batch mask fills; 0 means one per core."""
     return _int("AGENT_INFER_GRAMMAR_THREADS", 0)

@@ -233,3 +233,22 @@ def test_schema_nested_beyond_the_recursion_limit_is_a_limit_error() -> None:
         schema = {"type": "array", "items": schema}
     with pytest.raises(GrammarLimitError, match="nests too deeply"):
         Grammar.from_json_schema(schema)
+
+
+def test_lowering_has_a_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conditionals that multiply (nested if/then under anyOf) used to reach the rule-count limit only
+    after ~10 s; the lowering stops at its time limit instead, with a typed error naming it."""
+    from agent_infer.errors import ConfigError
+
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+    }
+    monkeypatch.setenv("AGENT_INFER_JSON_SCHEMA_MAX_SECONDS", "0")
+    with pytest.raises(GrammarLimitError, match="time limit of 0 s"):
+        json_schema_to_grammar(schema)
+    monkeypatch.setenv("AGENT_INFER_JSON_SCHEMA_MAX_SECONDS", "soon")
+    with pytest.raises(ConfigError, match="AGENT_INFER_JSON_SCHEMA_MAX_SECONDS"):
+        json_schema_to_grammar(schema)
+    monkeypatch.delenv("AGENT_INFER_JSON_SCHEMA_MAX_SECONDS")
+    assert ReferenceRecognizer(json_schema_to_grammar(schema, whitespace="compact")).accepts('{"a":{"b":1}}')

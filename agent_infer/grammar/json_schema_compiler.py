@@ -5,9 +5,11 @@ object, array, string and number lowerings."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent_infer import envs
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar import json_schema_logic as logic
 from agent_infer.grammar import json_schema_objects as objects
@@ -67,6 +69,8 @@ class Compiler(RuleWriter):
         self.registry = registry
         self.strict = strict
         self.indent = indent
+        self.max_seconds = envs.json_schema_max_seconds()
+        self.deadline = time.perf_counter() + self.max_seconds
         self.rules: dict[str, Expr] = {}
         self.memo: dict[tuple[int, int], Ref] = {}
         self.schema_keys = SchemaKeys()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.caches import register_cache
@@ -59,6 +60,9 @@ class RuleWriter:
     """The rule table of a lowering (``rules``, set up by the Compiler) and how rules join it."""
 
     rules: dict[str, Expr]
+    # time.perf_counter() past which adding a rule raises GrammarLimitError (set by the Compiler).
+    deadline: float = float("inf")
+    max_seconds: float = float("inf")
     _blocks: dict[Expr, list[str]]
     _shared: dict[Expr, str]
     _next_suffix: dict[str, int]
@@ -137,6 +141,8 @@ class RuleWriter:
         rules = self.rules
         if len(rules) >= MAX_RULES:
             raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
+        if time.perf_counter() > self.deadline:
+            self._out_of_time()
         k = self._next_suffix.get(_TAIL_BASE, 1)
         name = _TAIL_BASE if k == 1 else f"{_TAIL_BASE}-{k}"
         while name in rules or name in _RESERVED:
@@ -150,9 +156,17 @@ class RuleWriter:
         """A fresh, valid rule name derived from ``hint``."""
         return self._fresh_from(_rule_base(hint))
 
+    def _out_of_time(self) -> None:
+        raise GrammarLimitError(
+            f"JSON Schema lowering exceeded its time limit of {self.max_seconds:g} s after {len(self.rules)} "
+            "rules (AGENT_INFER_JSON_SCHEMA_MAX_SECONDS)"
+        )
+
     def _fresh_from(self, base: str) -> str:
         if len(self.rules) >= MAX_RULES:
             raise GrammarLimitError(f"JSON Schema grammar exceeds {MAX_RULES} rules")
+        if time.perf_counter() > self.deadline:
+            self._out_of_time()
         # Names are only ever added, so every suffix below the one after the last taken for
         # ``base`` is still taken: resume the search there (the smallest free suffix, as a scan
         # from 1 finds).
