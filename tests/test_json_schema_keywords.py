@@ -277,3 +277,23 @@ def test_complements_for_not_if_then_else_and_overlapping_one_of() -> None:
     check(
         {"type": "number", "not": {"type": "integer"}, "minimum": 1, "maximum": 2}, ["1.5"], ["1", "2", "0.5"]
     )
+
+
+def test_one_of_over_groups_of_enums() -> None:
+    """oneOf branches that are enums or oneOfs of enums are told apart by their values (a branch
+    accepts nothing outside them), and only shared values go through a branch's grammar: a value
+    valid under two branches is rejected, one whose second listing the type excludes is not."""
+    group = {"oneOf": [{"type": "string", "enum": ["a", "b"]}, {"type": "string", "enum": ["c"]}]}
+    disjoint = {"oneOf": [group, {"type": "string", "enum": ["d", "e"]}]}
+    rec = ReferenceRecognizer(json_schema_to_grammar(disjoint, whitespace="compact"))
+    for v in "abcde":
+        assert rec.accepts(json.dumps(v)), v
+    assert not rec.accepts('"f"')
+    overlapping = {
+        "oneOf": [{"enum": ["a", "b", "c"]}, {"type": "string", "enum": ["c", "d", 1]}, {"enum": [1.0, 2]}]
+    }
+    rec = ReferenceRecognizer(json_schema_to_grammar(overlapping, whitespace="compact"))
+    for v in ('"a"', '"b"', '"d"', "2", "1", "1.0"):
+        assert rec.accepts(v), v
+    for v in ('"c"', '"e"', "3"):
+        assert not rec.accepts(v), v

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.ir import Expr, alt
-from agent_infer.grammar.json_schema_merge import disjoint, is_annotation, values
+from agent_infer.grammar.json_schema_merge import canon, disjoint, is_annotation, values
 
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
@@ -219,6 +219,27 @@ def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer
     return out
 
 
+def finite_superset(schema: Any, depth: int = 0) -> list[Any] | None:
+    """Values that include every value ``schema`` accepts, when finitely many: its enum/const, or
+    the union over a oneOf/anyOf whose branches all have one (siblings only narrow it); else None."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    own = values(schema)
+    if own is not None:
+        return own
+    for key in ("oneOf", "anyOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            out: list[Any] = []
+            for b in branches:
+                part = finite_superset(b, depth + 1)
+                if part is None:
+                    return None
+                out.extend(part)
+            return out
+    return None
+
+
 def disjoint_pair(c: Compiler, a: Any, b: Any) -> bool:
     return pairwise_disjoint(c, [a, b])
 
@@ -230,8 +251,18 @@ def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
     def values_outside(a: Any, b: Any) -> bool:
         # A finite branch is disjoint from another if the other's grammar (a superset when
         # compiled non-strictly) rejects every listed value.
-        vals = values(a) if isinstance(a, dict) else None
-        if vals is None or len(vals) > 64:
+        vals = finite_superset(a)
+        if vals is None:
+            return False
+        others = finite_superset(b)
+        if others is not None:
+            # b accepts nothing outside this set: only the shared values need its grammar, run as
+            # a recognizer per value (~1 ms each); a oneOf of string enums needs none.
+            listed = {canon(x) for x in others}
+            vals = [v for v in vals if canon(v) in listed]
+            if not vals:
+                return True
+        if len(vals) > 64:
             return False
         try:
             accepts = c.value_matcher(b, "", strict=False)
