@@ -1,10 +1,12 @@
 """Llama / Qwen2 decoder with a paged KV cache, written for batch-invariant CPU inference.
 
 Batch invariance: MKL's sgemm (and oneDNN's bf16 gemm) gives a row bit-identical results for any
-row count that is a multiple of 4 (measured with 1..16 threads; 1-3 rows, or a 1-3 row tail split
-off to a thread, take other kernels). So every forward pads its rows to a multiple of
-:data:`ROW_MULTIPLE`; the other ops are row-wise and attention runs per sequence, so a sequence's
-logits do not depend on its batch. On GPUs this padding is not known to suffice (cuBLAS picks
+row count that is a multiple of 4 on some CPUs (measured with 1..16 threads; 1-3 rows, or a 1-3
+row tail split off to a thread, take other kernels), but not on all: on a Xeon with AMX, 13-16
+rows and more take other kernels again. So every forward pads its rows to a multiple of
+:data:`ROW_MULTIPLE` and, on the CPU, runs each torch matmul in chunks of exactly that many rows
+(one kernel shape for every row, whatever the batch); the other ops are row-wise and attention
+runs per sequence, so a sequence's logits do not depend on its batch. On GPUs this padding is not known to suffice (cuBLAS picks
 kernels by shape) and invariance is untested there.
 The padding costs about 40% of batch-1 decode matmul time on CPU (4 rows instead of 1).
 
@@ -15,7 +17,7 @@ those models run without padding. ``AGENT_INFER_NATIVE_LINEAR=0`` selects the to
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -65,11 +67,21 @@ _GGUF_PROJECTIONS = {
 }
 
 
+def _in_row_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn`` (row-wise) over ``x`` in chunks of ROW_MULTIPLE rows on the CPU: one GEMM shape for
+    every row, so a row's bits cannot depend on how many rows share the call."""
+    n = int(x.shape[0])
+    if x.device.type != "cpu" or n <= ROW_MULTIPLE:
+        return fn(x)
+    return torch.cat([fn(x[i : i + ROW_MULTIPLE]) for i in range(0, n, ROW_MULTIPLE)])
+
+
 def _linear(x: torch.Tensor, weight: _Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, QuantLinear):
         y = weight.project(x)
         return y if bias is None else y.add_(bias)
-    return F.linear(x, weight, bias)
+    w: torch.Tensor = weight
+    return _in_row_chunks(lambda h: F.linear(h, w, bias), x)
 
 
 def _norm_linear(
@@ -79,7 +91,8 @@ def _norm_linear(
     if isinstance(weight, QuantLinear):
         y = weight.project_normed(x, norm, eps)
         return y if bias is None else y.add_(bias)
-    return F.linear(F.rms_norm(x, (x.shape[-1],), norm, eps), weight, bias)
+    w: torch.Tensor = weight
+    return _in_row_chunks(lambda h: F.linear(F.rms_norm(h, (h.shape[-1],), norm, eps), w, bias), x)
 
 
 class _Layer(nn.Module):
@@ -250,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
         if rows > m:
             hidden = torch.cat((hidden, hidden.new_zeros(rows - m, hidden.shape[1])))
         weight = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(hidden.to(weight.dtype), weight)[:m].float()
+        return _in_row_chunks(lambda h: F.linear(h.to(weight.dtype), weight), hidden)[:m].float()
 
     def _targets(self) -> dict[str, tuple[torch.Tensor, int]]:
         """HF tensor name -> (destination parameter, first row inside it)."""
