@@ -211,6 +211,13 @@ class CompiledGrammar {
   // reach_call[q]: a state with rule references is reachable from q through >= 1 byte edge.
   std::vector<uint8_t> reach_call;
   static bool has(const ByteSet& set, uint8_t b) { return (set[b >> 5] >> (b & 31)) & 1u; }
+  // ORs into `set` the bytes state q has byte edges for.
+  void add_live_bytes(int32_t q, ByteSet& set) const {
+    const State& st = states[static_cast<size_t>(q)];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      for (int x = byte_edges[e].lo; x <= byte_edges[e].hi; ++x) set[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
+    }
+  }
 
   int32_t step(int32_t s, uint8_t b) const {
     const State& st = states[s];

@@ -159,10 +159,7 @@ std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_
     if (fresh) {
       CompiledGrammar::ByteSet& set = it->second;
       set.fill(0);
-      const State& st = g.states[static_cast<size_t>(q)];
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        for (int x = g.byte_edges[e].lo; x <= g.byte_edges[e].hi; ++x) set[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
-      }
+      g.add_live_bytes(q, set);
       if (deep) {
         for (size_t w = 0; w < set.size(); ++w) set[w] |= g.escape[static_cast<size_t>(q)][w];
       }

@@ -181,12 +181,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back({pool.size(), pool.size() + cfg.size(), leave});
     ByteSet reads{};
-    for (const Item& c : cfg) {
-      const State& st = states[c.state];
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        for (int x = byte_edges[e].lo; x <= byte_edges[e].hi; ++x) reads[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
-      }
-    }
+    for (const Item& c : cfg) add_live_bytes(c.state, reads);
     dfa.live.push_back(reads);
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
@@ -253,10 +248,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     if (depth0 == 0 && range.state != live0_state) {
       live0_state = range.state;
       live0.fill(0);
-      const State& st0 = states[range.state];
-      for (uint32_t e = st0.byte_begin; e < st0.byte_end; ++e) {
-        for (int b = byte_edges[e].lo; b <= byte_edges[e].hi; ++b) live0[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
-      }
+      add_live_bytes(range.state, live0);
     }
     size_t valid = depth0;
     for (size_t i = begin; i < range.end; ++i) {
