@@ -213,3 +213,47 @@ def test_random_patterns_agree_with_re() -> None:
             continue
         for text in texts:
             assert rec.accepts(text) == bool(compiled.fullmatch(text)), (pattern, text)
+
+
+def test_random_search_forms_agree_with_re_search() -> None:
+    """The search form drops optional heads and tails next to its ``.*`` padding
+    (``X Y? .*`` = ``X .*``); random patterns with optional parts, anchors and alternations
+    must still contain exactly the strings ``re.search`` finds a match in."""
+    rng = random.Random(11)
+    atoms = [
+        "a",
+        "b",
+        "1",
+        "[ab]",
+        "(a|)",
+        "(ab)?",
+        "b*",
+        "[ab]+",
+        "(a|b?)",
+        "(?:a1|b)",
+        "a{0,2}",
+        "(b|a{2,3})",
+        " ",
+    ]
+    texts = ["".join(t) for n in range(6) for t in itertools.product("ab1 ", repeat=n)]
+    for _ in range(120):
+        body = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.3:
+            body = body + "|" + "".join(rng.choice(atoms) for _ in range(rng.randint(1, 3)))
+        pattern = ("^" if rng.random() < 0.25 else "") + body + ("$" if rng.random() < 0.25 else "")
+        if rng.random() < 0.2:
+            pattern = "^" + rng.choice(atoms) + "|" + body + "$"
+        compiled = re.compile(pattern)
+        rec = ReferenceRecognizer(Grammar.from_expr(regex_search_expr(pattern)))
+        for text in texts:
+            assert rec.accepts(text) == bool(compiled.search(text)), (pattern, text)
+
+
+def test_search_form_drops_an_optional_tail() -> None:
+    """A URL-like pattern whose tail is optional is searched for by its head alone: the
+    automaton stays small instead of tracking every way the tail could go on."""
+    tail = r"(?:/(?:[a-z0-9]|%[0-9A-F]{2})*)*(?:\?[a-z=&]*)?(?:#[a-z]*)?"
+    expr = regex_search_expr(r"([a-z][a-z0-9+.-]*):" + tail)
+    assert expr == regex_search_expr(r"[a-z][a-z0-9+.-]*:")
+    rec = ReferenceRecognizer(Grammar.from_expr(expr))
+    assert rec.accepts("see http://x.org/a%2Fb?q=1#top") and not rec.accepts("no scheme here")

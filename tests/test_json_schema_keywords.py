@@ -297,3 +297,37 @@ def test_one_of_over_groups_of_enums() -> None:
         assert rec.accepts(v), v
     for v in ('"c"', '"e"', "3"):
         assert not rec.accepts(v), v
+
+
+def test_pattern_properties_that_repeat_additional_properties() -> None:
+    """Regions whose value schema is additionalProperties' own merge into one (no automaton per
+    pattern); the language is unchanged and a bad pattern is still reported."""
+    from agent_infer.errors import InvalidSchemaError
+
+    check(
+        {"type": "object", "patternProperties": {"^.{1,3}$": {}}},
+        [{}, {"": 1}, {"abcdef": [1]}, {"ab": "x", "abcd": None}],
+        [[], '{"a"}'],
+    )
+    check(
+        {
+            "type": "object",
+            "patternProperties": {"^a": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"},
+        },
+        [{"a": 1, "b": 2}, {}],
+        [{"a": "x"}, {"b": "x"}],
+    )
+    with pytest.raises(InvalidSchemaError):
+        json_schema_to_grammar({"type": "object", "patternProperties": {"(": {}}})
+
+
+def test_long_enum_next_to_an_unknown_keyword() -> None:
+    """Thousands of codes beside ``type`` and a tool's own keyword: each value is checked against
+    the type once the schema-wide work is done, and values of another type are dropped."""
+    codes = [f"{i:04d}" for i in range(3000)]
+    check(
+        {"type": "string", "x-kind": "code", "enum": [*codes, 5, None, ["0001"]]},
+        ['"0007"', '"2999"'],
+        [5, None, ["0001"], '"3000"', '"7"'],
+    )

@@ -32,6 +32,10 @@ CASES = [
     (r"^[a-z]+:[a-z]+$", 0, 5, False),
     (r"ab", 0, 4, False),
     (r"^(a|bb)+$", 0, 5, False),
+    # Every match is long enough already: the bound is dropped, no product.
+    (r"^\S+$", 1, None, True),
+    (r"^(?:\S+\s+){0,3}\S+$", 1, None, True),
+    (r"^a{2}[ab]*$", 2, None, True),
 ]
 
 

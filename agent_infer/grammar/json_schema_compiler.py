@@ -231,22 +231,28 @@ class Compiler(RuleWriter):
 
     def pattern_dfa(self, pattern: str, pointer: str) -> DFA:
         """DFA of strings containing a match of ``pattern``; cached per pattern."""
-        from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
         from agent_infer.grammar.json_schema_automata import expr_to_dfa
-        from agent_infer.grammar.regex import regex_search_expr
 
         if pattern not in self._dfa_cache:
-            try:
-                self._dfa_cache[pattern] = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
-            except UnsupportedRegexError as exc:
-                raise UnsupportedSchemaError(
-                    f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer
-                ) from exc
-            except GrammarSyntaxError as exc:
-                raise InvalidSchemaError(
-                    f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer
-                ) from exc
+            self._dfa_cache[pattern] = expr_to_dfa(self.pattern_expr(pattern, pointer))
         return self._dfa_cache[pattern]
+
+    def pattern_expr(self, pattern: str, pointer: str) -> Expr:
+        """The search expression of ``pattern`` (strings containing a match), with a regex's
+        errors as the schema errors that name ``pointer``."""
+        from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
+        from agent_infer.grammar.regex import regex_search_expr
+
+        try:
+            return regex_search_expr(pattern, dialect="ecma")
+        except UnsupportedRegexError as exc:
+            raise UnsupportedSchemaError(
+                f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer
+            ) from exc
+        except GrammarSyntaxError as exc:
+            raise InvalidSchemaError(
+                f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer
+            ) from exc
 
     # -- the dispatcher -------------------------------------------------------------------------
 

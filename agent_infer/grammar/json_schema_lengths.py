@@ -13,6 +13,8 @@ follows the open part (then the product's state limit is the better judge of the
 
 from __future__ import annotations
 
+import math
+
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq, alt, seq
 from agent_infer.grammar.json_schema_automata import DFA, Edge, encoded_head, new_product_state
@@ -49,11 +51,39 @@ def _width(expr: Expr) -> int | None:
     return None
 
 
+def _extent(expr: Expr) -> tuple[float, float]:
+    """The fewest and most code points a match of ``expr`` has (``inf``: unbounded; an empty
+    alternation, which matches nothing, gives ``(inf, 0)``)."""
+    if isinstance(expr, Literal):
+        return len(expr.text), len(expr.text)
+    if isinstance(expr, CharClass):
+        return 1, 1
+    if isinstance(expr, Empty):
+        return 0, 0
+    if isinstance(expr, Seq):
+        lo = hi = 0.0
+        for item in expr.items:
+            a, b = _extent(item)
+            lo, hi = lo + a, hi + b
+        return lo, hi
+    if isinstance(expr, Alt):
+        ext = [_extent(item) for item in expr.items]
+        return min((a for a, _ in ext), default=math.inf), max((b for _, b in ext), default=0)
+    if isinstance(expr, Repeat):
+        a, b = _extent(expr.item)
+        most = b * expr.max if expr.max is not None else (0 if b == 0 else math.inf)
+        return a * expr.min, most
+    return 0, math.inf
+
+
 def bounded_pattern(expr: Expr, lo: int, hi: int | None) -> Expr | None:
     """The matches of ``expr`` whose length (in code points) lies in ``lo..hi`` as one expression
     of the same shape, or None when that needs the product automaton. ``Alt(())`` when none do."""
     if hi is not None and hi < lo:
         return _NO_MATCH
+    fewest, most = _extent(expr)
+    if lo <= fewest and (hi is None or most <= hi):
+        return expr  # every match already has an allowed length (``^\S+$`` under minLength 1)
     w = _width(expr)
     if w is not None:
         return expr if lo <= w and (hi is None or w <= hi) else _NO_MATCH

@@ -84,15 +84,16 @@ def value_expr(c: Compiler, v: Any, depth: int) -> Expr:
 
 def lower_values(c: Compiler, vals: list[Any], flat: dict[str, Any], pointer: str, depth: int) -> Expr:
     """enum/const: the listed values that also satisfy every sibling keyword (decided per value)."""
-    from agent_infer.grammar.json_schema_values import value_valid
+    from agent_infer.grammar.json_schema_values import value_predicate
 
+    valid = value_predicate(c, flat, pointer)
     keep = []
     seen = set()
     for v in vals:
         key = canon(v)
         if key not in seen:
             seen.add(key)
-            if value_valid(c, flat, v, pointer):
+            if valid(v):
                 keep.append(v)
     return alt(*(value_expr(c, v, depth) for v in keep)) if keep else _never()
 
@@ -238,6 +239,13 @@ def _invalid(msg: str, pointer: str) -> Exception:
     return InvalidSchemaError(msg, pointer=pointer)
 
 
+def _same_schema(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same schema as written (``true`` and ``{}`` alike)."""
+    if a is True or a == {}:
+        return b is True or b == {}
+    return a == b
+
+
 def _extra_member(
     c: Compiler,
     flat: dict[str, Any],
@@ -251,6 +259,13 @@ def _extra_member(
     """One additional member (``"key": value``) over keys outside ``names``, or None if none allowed."""
     if keys is False:
         return None
+    if pats and all(_same_schema(v, additional) for v in pats.values()):
+        # Every region's value schema is additionalProperties' (``{"^.{1,255}$": {}}`` next to the
+        # default true): one region, any undeclared key, without an automaton per pattern. The
+        # patterns are still parsed, so a bad one is reported as before.
+        for p in pats:
+            c.pattern_expr(p, f"{pointer}/patternProperties")
+        pats = {}
     if len(pats) > MAX_PATTERN_REGIONS:
         c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
         pats = {}

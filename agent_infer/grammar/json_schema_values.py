@@ -9,6 +9,7 @@ keywords are checked by running the schema's own (strict) grammar on the value's
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.grammar.json_schema_keywords import KNOWN
@@ -86,6 +87,44 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
         # to tool-specific keywords).
         return c.typed_matcher(rest, unknown, pointer)(v)
     return c.value_matcher(rest, pointer, strict=c.strict, record=True)(v)
+
+
+def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], bool]:
+    """``lambda v: value_valid(c, schema, v, pointer)`` with the work that does not depend on ``v``
+    done once: long enums (thousands of codes next to a ``type``) are filtered value by value."""
+    flat = c.flatten(schema, pointer)
+    if isinstance(flat, bool):
+        return lambda v: flat
+    if any(k in flat for k in _LOGIC if k not in ("enum", "const")):
+        return lambda v: value_valid(c, flat, v, pointer)
+    has_const = "const" in flat
+    const = canon(flat["const"]) if has_const else None
+    allowed = _canon_set(c, flat["enum"]) if "enum" in flat else None
+    rest = {k: x for k, x in flat.items() if k not in _LOGIC and not is_annotation(k)}
+    unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
+    typed_unknown = bool(unknown) and len(rest) - len(unknown) == 1 and "type" in rest
+    # Built on the first value that needs it, as value_valid would (it records warnings).
+    slow: list[Callable[[Any], bool]] = []
+
+    def accepts(v: Any) -> bool:
+        if has_const or allowed is not None:
+            key = canon(v)
+            if (has_const and key != const) or (allowed is not None and key not in allowed):
+                return False
+        if not rest:
+            return True
+        by_type = _type_only(rest, v)
+        if by_type is not None:
+            return by_type
+        if not slow:
+            slow.append(
+                c.typed_matcher(rest, unknown, pointer)
+                if typed_unknown
+                else c.value_matcher(rest, pointer, strict=c.strict, record=True)
+            )
+        return slow[0](v)
+
+    return accepts
 
 
 def _canon_set(c: Compiler, enum: Any) -> set[Any]:

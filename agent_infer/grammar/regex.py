@@ -242,23 +242,93 @@ def _strip(expr: Expr, at_start: bool, at_end: bool) -> Expr:
 _ANY = star(CharClass(((0, MAX_CODEPOINT),)))
 
 
+def _has_anchor(expr: Expr) -> bool:
+    if isinstance(expr, _Anchor):
+        return True
+    return any(_has_anchor(e) for e in expr.children())
+
+
+def _nullable(expr: Expr) -> bool:
+    """Matches the empty string (``expr`` has no anchors)."""
+    if isinstance(expr, Empty):
+        return True
+    if isinstance(expr, Seq):
+        return all(_nullable(e) for e in expr.items)
+    if isinstance(expr, Alt):
+        return any(_nullable(e) for e in expr.items)
+    if isinstance(expr, Repeat):
+        return expr.min == 0 or _nullable(expr.item)
+    return isinstance(expr, Literal) and not expr.text
+
+
+def _absorb(expr: Expr, end: bool) -> Expr:
+    """An anchor-free ``expr`` shortened where ``.*`` follows it (``end``) or precedes it, with the
+    same padded language: ``X Y? .*`` is ``X .*``, as every string ``X Y`` starts is already in
+    ``X .*``. A search for a URL pattern whose tail is optional is then a search for its head,
+    instead of a subset construction over the tail's hundreds of states."""
+    if _nullable(expr):
+        return Empty()
+    if isinstance(expr, Seq):
+        items = list(expr.items)
+        while _nullable(items[-1] if end else items[0]):  # not all: expr is not nullable
+            items.pop(-1 if end else 0)
+        if end:
+            return seq(*items[:-1], _absorb(items[-1], end))
+        return seq(_absorb(items[0], end), *items[1:])
+    if isinstance(expr, Alt):
+        return alt(*(_absorb(e, end) for e in expr.items))
+    if isinstance(expr, Repeat):  # min >= 1, as expr is not nullable
+        edge = _absorb(expr.item, end)
+        if expr.min == 1:
+            return edge
+        rest = Repeat(expr.item, expr.min - 1, expr.min - 1)
+        return seq(rest, edge) if end else seq(edge, rest)
+    return expr
+
+
+def _pad(expr: Expr, pre: bool, suf: bool) -> Expr:
+    """``expr`` (anchor-free) with ``.*`` on the chosen sides."""
+    if suf:
+        expr = _absorb(expr, True)
+    if pre:
+        expr = _absorb(expr, False)
+    if isinstance(expr, Empty):
+        return _ANY if pre or suf else expr
+    return seq(_ANY if pre else Empty(), expr, _ANY if suf else Empty())
+
+
 def _search(expr: Expr, pre: bool, suf: bool) -> Expr:
     """``expr`` padded with ``.*`` on the sides that are not anchored (``pre``/``suf`` = may pad)."""
     if isinstance(expr, _Anchor):
         return _ANY if (suf if expr.start else pre) else Empty()
+    if not _has_anchor(expr):
+        return _pad(expr, pre, suf)
     if isinstance(expr, Alt):
-        return alt(*(_search(e, pre, suf) for e in expr.items))
+        parts = [_search(e, pre, suf) for e in expr.items]
+        # One branch that takes every string makes the others redundant.
+        return _ANY if any(p == _ANY for p in parts) else alt(*parts)
     if isinstance(expr, Seq) and len(expr.items) > 1:
         items = list(expr.items)
         if isinstance(items[0], _Anchor) and items[0].start:
             return _search(seq(*items[1:]), False, suf)
         if isinstance(items[-1], _Anchor) and not items[-1].start:
             return _search(seq(*items[:-1]), pre, False)
+        if suf and not _has_anchor(items[-1]):
+            # The anchor-free tail of the sequence: absorb it into the trailing .*.
+            k = len(items) - 1
+            while k > 0 and not _has_anchor(items[k - 1]):
+                k -= 1
+            tail_items = _absorb(seq(*items[k:]), True)
+            return seq(_search(seq(*items[:k]), pre, False), tail_items, _ANY)
+        if pre and not _has_anchor(items[0]):
+            k = 1
+            while k < len(items) and not _has_anchor(items[k]):
+                k += 1
+            head_items = _absorb(seq(*items[:k]), False)
+            return seq(_ANY, head_items, _search(seq(*items[k:]), False, suf))
         head = _search(items[0], pre, False)
         tail = _search(items[-1], False, suf)
         return seq(head, *items[1:-1], tail)
-    if isinstance(expr, Empty):
-        return _ANY if pre or suf else expr
     return seq(_ANY if pre else Empty(), expr, _ANY if suf else Empty())
 
 

@@ -58,8 +58,10 @@ void Determinizer::closure(const Nfa& nfa, std::vector<int32_t>& seed) {
     for (uint32_t e = nfa.eps_begin[x]; e < nfa.eps_begin[x + 1]; ++e) stack_.push_back(nfa.eps[e]);
   }
   stack_.swap(seed);  // hand the (now empty) buffer back for reuse
-  if (closure_.size() <= 16) {
-    // Small sets sort faster than their words scan; the bits only have to be cleared.
+  if (closure_.size() <= 16 || hi_word - lo_word >= 4 * closure_.size()) {
+    // Small sets sort faster than their words scan, and so do sets spread thin over a long
+    // automaton (a counted repeat's copies: a few states in each of a hundred copies); the bits
+    // only have to be cleared.
     std::sort(closure_.begin(), closure_.end());
     for (int32_t x : closure_) bits_[static_cast<size_t>(x) >> 6] = 0;
     return;
