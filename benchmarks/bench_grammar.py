@@ -25,7 +25,8 @@ the schema is recorded as a *timeout* and a fresh worker is started. Engines are
 by schema so that load from other processes on the machine spreads evenly across engines.
 
 ``--batch N`` instead measures one batched mask fill over N matchers (at realistic positions inside
-valid instances) with each engine's thread pool, against the single-thread sum for the same states.
+valid instances) with each engine's thread pool, against the single-thread sum for the same states;
+sequential and batched passes alternate ``--batch-repeats`` times and each step keeps its medians.
 
 Run ``python benchmarks/bench_grammar.py --help``; see ``benchmarks/README.md``.
 """
@@ -40,6 +41,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -268,19 +270,33 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
                     pos[i] += 1
         return times, cpu
 
-    seq_us, seq_cpu_us = run_pass(batched=False)
-    try:
-        (batch_us, batch_cpu_us), batch_error = run_pass(batched=True), ""
-    except NotImplementedError as e:
-        batch_us, batch_cpu_us, batch_error = [], [], str(e)
+    # The passes alternate (sequential, batched, sequential, ...) and each step keeps its median
+    # over the repeats: a shared machine that slows down during one pass would otherwise bias the
+    # ratio of two passes run minutes apart.
+    seq_runs: list[tuple[list[float], list[float]]] = []
+    batch_runs: list[tuple[list[float], list[float]]] = []
+    batch_error = ""
+    for _ in range(max(1, int(task.get("repeats", 1)))):
+        seq_runs.append(run_pass(batched=False))
+        if batch_error:
+            continue
+        try:
+            batch_runs.append(run_pass(batched=True))
+        except NotImplementedError as e:
+            batch_error = str(e)
+
+    def median_by_step(runs: list[tuple[list[float], list[float]]], k: int) -> list[float]:
+        return [statistics.median(r[k][i] for r in runs) for i in range(len(runs[0][k]))] if runs else []
+
     return {
         "status": "pass",
         "matchers": len(items),
         "skipped": skipped,
-        "seq_us": seq_us,
-        "seq_cpu_us": seq_cpu_us,
-        "batch_us": batch_us,
-        "batch_cpu_us": batch_cpu_us,
+        "repeats": len(seq_runs),
+        "seq_us": median_by_step(seq_runs, 0),
+        "seq_cpu_us": median_by_step(seq_runs, 1),
+        "batch_us": median_by_step(batch_runs, 0) if not batch_error else [],
+        "batch_cpu_us": median_by_step(batch_runs, 1) if not batch_error else [],
         "batch_error": batch_error,
     }
 
@@ -734,13 +750,15 @@ def run_batch(
         "steps": args.batch_steps,
         "threads": args.threads,
         "seed": args.seed,
+        "repeats": args.batch_repeats,
     }
     head = (
         "| engine | matchers | steps | sequential sum / step (p50) | batched wall / step (p50) "
         "| batched / sequential (p50) | total ratio | batched CPU / wall |"
     )
     lines = [
-        f"### {spec.name}: batch of {args.batch} ({args.batch_schemas} schemas), {args.threads} threads",
+        f"### {spec.name}: batch of {args.batch} ({args.batch_schemas} schemas), {args.threads} threads, "
+        f"per-step medians of {args.batch_repeats} alternating pass pairs",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
@@ -822,6 +840,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-schemas", choices=("same", "different"), default="different")
     p.add_argument("--batch-steps", type=int, default=50)
     p.add_argument("--threads", type=int, default=2, help="thread-pool size in batch mode")
+    p.add_argument(
+        "--batch-repeats",
+        type=int,
+        default=3,
+        help="batch mode: alternating sequential/batched passes; each step's median is reported",
+    )
     args = p.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in args.engines if e not in ENGINES]

@@ -38,6 +38,7 @@ KINDS = {
     "check_earley",
     "context_key",
     "twin",
+    "content",
 }
 
 

@@ -112,6 +112,13 @@ size_t seed_bits_except(const StateMask* base, std::vector<uint32_t>& bits, cons
 // seed_bits without the token ids set in `drop` (a bitmask of `bits.size()` words).
 size_t seed_bits_masked(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<uint32_t>& drop);
 
+// The number of characters of `token` if it is JSON string content as it stands (well-formed
+// UTF-8, every code point U+0020 or above but '"' and '\\'; a character it ends inside counts as
+// one), else SIZE_MAX; *dead_after: the characters before a control byte or a byte no character
+// starts with, if the token reaches one as content up to there (else SIZE_MAX)
+// (grammar_content.cpp).
+size_t content_chars(const std::string& token, size_t* dead_after = nullptr);
+
 class TokenizerInfo {
  public:
   TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> eos_ids);
@@ -150,6 +157,17 @@ class TokenizerInfo {
   std::array<std::vector<int32_t>, 8> longer_sorted;
   // The same sets as token-id bitmasks (`words` each): a twin's mask minus them is one AND per word.
   std::array<std::vector<uint32_t>, 8> longer_bits;
+  // JSON string content as the tokens spell it (grammar_content.cpp): tokens of well-formed UTF-8
+  // whose code points are all U+0020 or above but '"' and '\\', at most kContentChars of them, as
+  // an id bitmask (content_bits, content_count of them); the sorted positions of every other
+  // token, ascending (content_rest: quotes, escapes, control bytes, split characters, long ones).
+  // content_rest_walked: content_rest without the tokens that read a control byte, or a byte no
+  // character starts with, after at most kContentChars content characters (dead where a string
+  // state has no edge on such bytes).
+  static constexpr size_t kContentChars = 16;
+  std::vector<uint32_t> content_bits;
+  size_t content_count = 0;
+  std::vector<int32_t> content_rest, content_rest_walked;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -407,6 +425,16 @@ class CompiledGrammar {
   // nullptr: no earlier state agrees far enough. *twin_whole: the twin's mask as it is.
   // whole_only: only a twin agreeing as deep as the longest token (its mask as it is, no walk).
   std::shared_ptr<const StateMask> compute_from_twin(int32_t s, bool* twin_whole, bool whole_only = false) const;
+  // Content masks (grammar_content.cpp): a state from which every string of up to kContentChars
+  // JSON string-content characters has a path (a free string, a `maxLength` position far from its
+  // end) accepts every content token as llguidance's precomputed slices do, and walks only the
+  // other tokens (~4 % of a vocabulary). nullptr where that does not hold.
+  std::shared_ptr<const StateMask> compute_from_content(int32_t s) const;
+  // *ctrl_dead: no control byte (nor 80-C1, F5-FF) is live at a character boundary, and only '"'
+  // or '\\' can leave the rule, within reach.
+  bool content_deep(int32_t s, bool* ctrl_dead) const;
+  // Whether q's byte edges cover [lo, hi]; their targets are added to `out` (each once).
+  bool range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vector<int32_t>& out) const;
   // Offers s's freshly computed mask as a twin to later states of the same local shape.
   void remember_twin(int32_t s, const std::shared_ptr<const StateMask>& mask) const;
   struct Twin {

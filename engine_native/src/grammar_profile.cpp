@@ -25,7 +25,7 @@ const char* name(int kind) {
   static const char* const names[kCount] = {
       "state_key",  "short_key", "local_key", "region_walk", "region_exits", "short_fill",   "put_short",
       "pieces",     "pieces_walk", "full_calls", "full_plain", "check_walk", "check_earley", "context_key",
-      "twin"};
+      "twin", "content"};
   return names[kind];
 }
 

@@ -28,6 +28,7 @@ enum Kind : int {
   kCheckEarley,    // run-time Earley check of uncertain tokens
   kContextKey,     // parse-context digest for memoized checks
   kTwin,           // twin masks: neighbourhood comparisons and the walks of longer tokens
+  kContent,        // content masks: the string-content check and the walk of the other tokens
   kCount
 };
 

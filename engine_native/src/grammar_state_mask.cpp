@@ -243,7 +243,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     // target's piece is cached (a key automaton's prefix states after the first: a twin's walk
     // of the longer tokens cost ~2 ms there) come before a twin's partial walk.
     const bool twin_kind = !region && dense_start(s);
-    bool from_twin = false, from_pieces = false;
+    bool from_twin = false, from_pieces = false, from_content = false;
     bool whole = false;
     if (twin_kind) {
       {
@@ -255,17 +255,23 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
         fresh = compute_by_first_byte(s, true);
         from_pieces = fresh != nullptr;
       }
+      // Inside a string (grammar_content.cpp): all content tokens at once, a walk of the rest.
+      if (!fresh) {
+        profile::Scope scope(profile::kContent);
+        fresh = compute_from_content(s);
+        from_content = fresh != nullptr;
+      }
       if (!fresh) {
         profile::Scope scope(profile::kTwin);
         fresh = compute_from_twin(s, &whole);
       }
-      from_twin = fresh != nullptr && !from_pieces;
+      from_twin = fresh != nullptr && !from_pieces && !from_content;
     }
     if (!fresh && !region) {
       profile::Scope scope(profile::kShortFill);
       fresh = compute_from_short(s, calls);
     }
-    const bool from_short = fresh != nullptr && !from_twin && !from_pieces;
+    const bool from_short = fresh != nullptr && !from_twin && !from_pieces && !from_content;
     if (!fresh && !region) {
       profile::Scope scope(profile::kPieces);
       fresh = compute_by_first_byte(s);
@@ -285,7 +291,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
       fresh = compute_mask(ranges, region.get());
     }
     // Only a walk's result is worth a short-token entry: pieces and twins are cheap already.
-    if (!region && !from_short && !from_twin && !from_pieces) {
+    if (!region && !from_short && !from_twin && !from_pieces && !from_content) {
       profile::Scope scope(profile::kPutShort);
       put_short(s, *fresh);
     }

@@ -54,6 +54,22 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
       }
     }
   }
+  content_bits.assign(static_cast<size_t>(words), 0);
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const int32_t id = sorted[i];
+    size_t dead_after = SIZE_MAX;
+    if (content_chars(tokens[static_cast<size_t>(id)], &dead_after) <= kContentChars) {
+      content_bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+      ++content_count;
+      continue;
+    }
+    content_rest.push_back(static_cast<int32_t>(i));
+    // The content before the dead byte: at most kContentChars characters, so the byte is read at
+    // a character boundary the check covers.
+    if (dead_after > kContentChars) {
+      content_rest_walked.push_back(static_cast<int32_t>(i));
+    }
+  }
   lcp.assign(sorted.size(), 0);
   for (size_t i = 1; i < sorted.size(); ++i) {
     const std::string& a = tokens[sorted[i - 1]];
