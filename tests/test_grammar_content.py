@@ -13,16 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 import pytest
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from test_grammar_core_support import fresh_tokenizer_info, hf_tokenizer, mask_bits
 
 from agent_infer import _native
-from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
 TEXT = 'Grüße, "quoted" \\ back\tslash \u65e5\u672c\U0001f600 end'
 
@@ -52,25 +49,11 @@ CASES: list[tuple[str, Any, Any]] = [
 ]
 
 
-def _fresh(name: str) -> TokenizerInfo:
-    base = tokenizer_info(name)
-    return TokenizerInfo(
-        list(base.decoded_vocab), vocab_size=base.vocab_size, eos_token_ids=base.eos_token_ids
-    )
-
-
-def _mask_bits(m: GrammarMatcher, vocab_size: int) -> np.ndarray:
-    bitmask = allocate_token_bitmask(1, vocab_size)
-    m.fill_next_token_bitmask(bitmask)
-    words = bitmask[0].numpy().view(np.uint32)
-    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
-
-
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 3), ("deepseek", 7)])
 def test_content_masks_exact(tokenizer: str, stride: int, case: int) -> None:
     _, schema, doc = CASES[case]
-    info = _fresh(tokenizer)
+    info = fresh_tokenizer_info(tokenizer)
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(schema, whitespace="compact")
     )
@@ -84,7 +67,7 @@ def test_content_masks_exact(tokenizer: str, stride: int, case: int) -> None:
     checked = 0
     try:
         for pos, tid in enumerate(ids):
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             if pos % stride == 0:
                 for t in range(info.vocab_size):
                     assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
@@ -106,7 +89,7 @@ def test_content_masks_exact(tokenizer: str, stride: int, case: int) -> None:
 def test_first_visit_of_a_bounded_string_walks_a_few_tokens() -> None:
     """The first position of a `maxLength` string inside an object costs a walk of the
     non-content tokens, not of the vocabulary (no full walk at that step)."""
-    info = _fresh("deepseek")
+    info = fresh_tokenizer_info("deepseek")
     schema = CASES[0][1]
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(schema, whitespace="compact")
@@ -116,7 +99,7 @@ def test_first_visit_of_a_bounded_string_walks_a_few_tokens() -> None:
     _native.grammar_profile(True)
     _native.grammar_profile()
     try:
-        bits = _mask_bits(m, info.vocab_size)
+        bits = mask_bits(m, info.vocab_size)
         prof = _native.grammar_profile()
     finally:
         _native.grammar_profile(False)

@@ -68,6 +68,22 @@ def tokenizer_info(name: str) -> TokenizerInfo:
     raise KeyError(name)
 
 
+def fresh_tokenizer_info(name: str) -> TokenizerInfo:
+    """A new TokenizerInfo over ``name``'s vocabulary: its own, empty mask cache."""
+    base = tokenizer_info(name)
+    return TokenizerInfo(
+        list(base.decoded_vocab), vocab_size=base.vocab_size, eos_token_ids=base.eos_token_ids
+    )
+
+
+def mask_bits(m: GrammarMatcher, vocab_size: int) -> np.ndarray:
+    """The matcher's next-token mask as one bool per token id."""
+    bitmask = allocate_token_bitmask(1, vocab_size)
+    m.fill_next_token_bitmask(bitmask)
+    words = bitmask[0].numpy().view(np.uint32)
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
+
+
 @cache
 def hf_tokenizer(name: str):  # type: ignore[no-untyped-def]
     import tokenizers

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from test_grammar_core_support import fresh_tokenizer_info, hf_tokenizer, mask_bits
 
 from agent_infer import _native
-from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
 
 SCHEMA = {
     "type": "object",
@@ -41,20 +38,6 @@ DOC = {
 }
 
 
-def _fresh(name: str) -> TokenizerInfo:
-    base = tokenizer_info(name)
-    return TokenizerInfo(
-        list(base.decoded_vocab), vocab_size=base.vocab_size, eos_token_ids=base.eos_token_ids
-    )
-
-
-def _mask_bits(m: GrammarMatcher, vocab_size: int) -> np.ndarray:
-    bitmask = allocate_token_bitmask(1, vocab_size)
-    m.fill_next_token_bitmask(bitmask)
-    words = bitmask[0].numpy().view(np.uint32)
-    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
-
-
 def _char_ids(name: str, text: str) -> list[int]:
     """One token per character (or its few byte tokens): the matcher visits every position."""
     tok = hf_tokenizer(name)
@@ -63,7 +46,7 @@ def _char_ids(name: str, text: str) -> list[int]:
 
 @pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 5), ("deepseek", 11)])
 def test_twin_masks_exact(tokenizer: str, stride: int) -> None:
-    info = _fresh(tokenizer)
+    info = fresh_tokenizer_info(tokenizer)
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(SCHEMA, whitespace="compact")
     )
@@ -74,12 +57,12 @@ def test_twin_masks_exact(tokenizer: str, stride: int) -> None:
     checked = 0
     for pos, tid in enumerate(ids):
         if pos % stride == 0 or len(ids) - pos < 24:
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             for t in range(info.vocab_size):
                 assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
             checked += 1
         else:
-            _mask_bits(m, info.vocab_size)  # every position visited, so twins chain along
+            mask_bits(m, info.vocab_size)  # every position visited, so twins chain along
         assert m.accept_token(tid), pos
     assert m.can_terminate()
     assert checked > 40
@@ -88,7 +71,7 @@ def test_twin_masks_exact(tokenizer: str, stride: int) -> None:
 def test_far_positions_take_twin_masks() -> None:
     """Past the first positions of a long bounded string, no position walks the vocabulary: each
     takes a twin's mask or the content tokens whole (a walk of the few others only)."""
-    info = _fresh("smollm2")
+    info = fresh_tokenizer_info("smollm2")
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema({"type": "string", "maxLength": 1000}, whitespace="compact")
     )
@@ -100,7 +83,7 @@ def test_far_positions_take_twin_masks() -> None:
         _native.grammar_profile(True)
         _native.grammar_profile()
         for tid in ids:
-            _mask_bits(m, info.vocab_size)
+            mask_bits(m, info.vocab_size)
             prof = _native.grammar_profile()
             # A twin or a content mask (grammar_content.cpp, tried first) serves the position.
             served = prof.get("twin", (0, 0))[1] + prof.get("content", (0, 0))[1]
@@ -137,7 +120,7 @@ CALLS_DOC = [
 
 @pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 2), ("deepseek", 5)])
 def test_twin_masks_exact_with_calls(tokenizer: str, stride: int) -> None:
-    info = _fresh(tokenizer)
+    info = fresh_tokenizer_info(tokenizer)
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(CALLS_SCHEMA, whitespace="compact")
     )
@@ -146,12 +129,12 @@ def test_twin_masks_exact_with_calls(tokenizer: str, stride: int) -> None:
     checked = 0
     for pos, tid in enumerate(ids):
         if pos % stride == 0:
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             for t in range(info.vocab_size):
                 assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
             checked += 1
         else:
-            _mask_bits(m, info.vocab_size)
+            mask_bits(m, info.vocab_size)
         assert m.accept_token(tid), pos
     assert m.can_terminate()
     assert checked > 20
@@ -182,7 +165,7 @@ HEX_CASES = [
 @pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
 def test_twin_masks_exact_hex_ids(tokenizer: str, case: int) -> None:
     schema, doc = HEX_CASES[case]
-    info = _fresh(tokenizer)
+    info = fresh_tokenizer_info(tokenizer)
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(schema, whitespace="compact")
     )
@@ -193,7 +176,7 @@ def test_twin_masks_exact_hex_ids(tokenizer: str, case: int) -> None:
     try:
         stride = 2 if tokenizer == "smollm2" else 3
         for pos, tid in enumerate(ids):
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             if pos % stride == 0:
                 for t in range(info.vocab_size):
                     assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
