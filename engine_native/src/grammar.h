@@ -414,6 +414,10 @@ class CompiledGrammar {
   const std::string& short_key(int32_t s) const;
   // The cached short part plus a walk of the long tokens; nullptr if not cached yet.
   std::shared_ptr<const StateMask> compute_from_short(int32_t s, bool calls) const;
+  // The tokens at the sorted positions `listed` walked from s (the others as `base` has them):
+  // the plain walk through the list, the pushdown walk (`calls`) by blocks of consecutive ones.
+  std::shared_ptr<const StateMask> walk_listed(int32_t s, const std::vector<int32_t>& listed, const StateMask* base,
+                                               bool calls) const;
   // Caches the short part of a freshly computed full mask of s (when s has a short key).
   void put_short(int32_t s, const StateMask& full) const;
   mutable std::unordered_map<int32_t, std::string> short_keys_;

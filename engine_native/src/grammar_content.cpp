@@ -166,20 +166,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_content(int32_t s
   if (tk.content_count * 2 < tk.sorted.size() || !content_deep(s, &ctrl_dead)) return nullptr;
   auto base = std::make_shared<StateMask>();
   finish_mask(*base, std::vector<uint32_t>(tk.content_bits), tk.content_count);
-  const std::vector<int32_t>& rest = ctrl_dead ? tk.content_rest_walked : tk.content_rest;
-  if (!calls_within_reach(s)) return walk_positions(*this, s, rest, base.get());
-  // The pushdown walk takes the other tokens in blocks of consecutive sorted positions (those
-  // starting with a quote or a backslash are one block each).
-  std::vector<WalkRange> ranges;
-  for (size_t i = 0; i < rest.size();) {
-    size_t j = i + 1;
-    while (j < rest.size() && rest[j] == rest[j - 1] + 1) ++j;
-    ranges.push_back({static_cast<size_t>(rest[i]), static_cast<size_t>(rest[j - 1]) + 1, 0, s, 0});
-    i = j;
-  }
-  // A pushdown walk that gives up leaves the plain walk's coarser (equally exact) answer.
-  std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, base.get());
-  return out ? out : compute_mask(ranges, base.get());
+  return walk_listed(s, ctrl_dead ? tk.content_rest_walked : tk.content_rest, base.get(), calls_within_reach(s));
 }
 
 }  // namespace grammar

@@ -222,20 +222,24 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, 
   if (!dense_start(s) || short_key(s).empty()) return nullptr;
   std::shared_ptr<const StateMask> part = tok->cache_get(short_key(s));
   if (!part) return nullptr;
-  // The long tokens, in blocks of consecutive sorted positions (the walks reuse common
-  // prefixes inside a range).
-  const std::vector<int32_t>& longs = tok->long_sorted;
+  return walk_listed(s, tok->long_sorted, part.get(), calls);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::walk_listed(int32_t s, const std::vector<int32_t>& listed,
+                                                              const StateMask* base, bool calls) const {
+  if (!calls) return walk_positions(*this, s, listed, base);
+  // The pushdown walk takes them in blocks of consecutive sorted positions (the walks reuse
+  // common prefixes inside a range).
   std::vector<WalkRange> ranges;
-  for (size_t i = 0; i < longs.size();) {
+  for (size_t i = 0; i < listed.size();) {
     size_t j = i + 1;
-    while (j < longs.size() && longs[j] == longs[j - 1] + 1) ++j;
-    ranges.push_back({static_cast<size_t>(longs[i]), static_cast<size_t>(longs[j - 1]) + 1, 0, s, 0});
+    while (j < listed.size() && listed[j] == listed[j - 1] + 1) ++j;
+    ranges.push_back({static_cast<size_t>(listed[i]), static_cast<size_t>(listed[j - 1]) + 1, 0, s, 0});
     i = j;
   }
-  if (!calls) return walk_positions(*this, s, tok->long_sorted, part.get());
-  std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, part.get());
-  if (!out) out = compute_mask(ranges, part.get());
-  return out;
+  // A pushdown walk that gives up leaves the plain walk's coarser (equally exact) answer.
+  std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, base);
+  return out ? out : compute_mask(ranges, base);
 }
 
 void CompiledGrammar::put_short(int32_t s, const StateMask& full) const {
