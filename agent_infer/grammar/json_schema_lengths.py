@@ -26,31 +26,6 @@ _NO_MATCH: Expr = Alt(())
 _MAX_TAIL = 4
 
 
-def _width(expr: Expr) -> int | None:
-    """The number of code points every match of ``expr`` has, or None when matches differ in length."""
-    if isinstance(expr, Literal):
-        return len(expr.text)
-    if isinstance(expr, CharClass):
-        return 1
-    if isinstance(expr, Empty):
-        return 0
-    if isinstance(expr, Seq):
-        total = 0
-        for item in expr.items:
-            w = _width(item)
-            if w is None:
-                return None
-            total += w
-        return total
-    if isinstance(expr, Alt):
-        widths = {_width(item) for item in expr.items}
-        return widths.pop() if len(widths) == 1 else None
-    if isinstance(expr, Repeat) and expr.max == expr.min:
-        w = _width(expr.item)
-        return None if w is None else w * expr.min
-    return None
-
-
 def _extent(expr: Expr) -> tuple[float, float]:
     """The fewest and most code points a match of ``expr`` has (``inf``: unbounded; an empty
     alternation, which matches nothing, gives ``(inf, 0)``)."""
@@ -74,6 +49,12 @@ def _extent(expr: Expr) -> tuple[float, float]:
         most = b * expr.max if expr.max is not None else (0 if b == 0 else math.inf)
         return a * expr.min, most
     return 0, math.inf
+
+
+def _width(expr: Expr) -> int | None:
+    """The number of code points every match of ``expr`` has, or None when matches differ in length."""
+    fewest, most = _extent(expr)
+    return int(fewest) if fewest == most else None
 
 
 def bounded_pattern(expr: Expr, lo: int, hi: int | None) -> Expr | None:
