@@ -132,3 +132,8 @@ def api_key() -> str | None:
     """``AGENT_INFER_API_KEY``: the key ``agent-infer serve`` requires as ``Authorization: Bearer`` (unset: none)."""
     value = _get("AGENT_INFER_API_KEY", "")
     return value or None
+
+
+def gc_freeze() -> bool:
+    """``AGENT_INFER_GC_FREEZE``: freeze the start-up heap once the server's engine is loaded (default on)."""
+    return _flag("AGENT_INFER_GC_FREEZE", True)

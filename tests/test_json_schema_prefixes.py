@@ -10,7 +10,7 @@ import pytest
 
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.ir import Alt, CharClass, Literal, Repeat, Seq
-from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
+from agent_infer.grammar.json_schema_prefixes import literal_prefix, literal_prefixes, prefixed_format
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.grammar.regex import regex_search_expr
 
@@ -71,6 +71,42 @@ def test_literal_prefix_shapes() -> None:
     assert literal_prefix(regex_search_expr("https:", dialect="ecma")) is None
     assert literal_prefix(regex_search_expr("^https:$", dialect="ecma")) is None
     assert literal_prefix(regex_search_expr("^a[bc]", dialect="ecma")) is None
+
+
+def test_literal_prefixes_spell_a_small_head() -> None:
+    def leads(pattern: str) -> list[str] | None:
+        return literal_prefixes(regex_search_expr(pattern, dialect="ecma"))
+
+    assert leads("^https?://") == ["http://", "https://"]
+    assert leads("^a[bc]") == ["ab", "ac"]
+    assert leads("^(ftp|https?):") == ["ftp:", "http:", "https:"]
+    assert leads("^x{1,3}-") == ["x-", "xx-", "xxx-"]
+    assert leads("^[a-z]:") is None  # 26 spellings: past the limit
+    assert leads("^https?://$") is None  # anchored at the end: not "anything after"
+    assert leads("^(a|)") is None  # an optional head accepts every string
+    assert leads("^a+b") is None
+
+
+@pytest.mark.parametrize("pattern", ["^https?://", "^(ftp|https?):", "^x{1,2}"])
+def test_several_leads_match_the_product(pattern: str) -> None:
+    fast = {"type": "string", "format": "uri", "pattern": pattern}
+    slow = {"type": "string", "format": "uri", "pattern": pattern + r"[\s\S]*[\s\S]*$"}
+    g_fast = Grammar.from_json_schema(fast, whitespace="compact")
+    assert not any(re.search(r"(^|-)str(-\d+)?$", name) for name, _ in g_fast.rules), str(g_fast)
+    rf, rs = ReferenceRecognizer(g_fast), _rec(slow)
+    rng = random.Random(pattern)
+    words = [*URIS, "ftp:", "ftp://x", "http:x", "x:", "xx:y", "xxx:y", "x"]
+    words += [
+        rng.choice(["http://", "https://", "ftp:", "x", "xx", "htt", ""])
+        + "".join(rng.choice("az09:/@.-%[]?#") for _ in range(rng.randint(0, 12)))
+        for _ in range(300)
+    ]
+    agree = 0
+    for w in words:
+        text = json.dumps(w)
+        assert rf.accepts(text) is rs.accepts(text), w
+        agree += rf.accepts(text)
+    assert agree > 0
 
 
 def test_derivative_by_prefix() -> None:

@@ -108,21 +108,25 @@ def json_schema_to_grammar(
         raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
     if max_whitespace < 0 or (indent is not None and indent < 0):
         raise ConfigError("max_whitespace and indent must be non-negative")
+    comp: Compiler | None = None
     try:
         registry, root = build_registry(_load(schema), remotes)
         comp = Compiler(
             registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
         )
         body = comp.lower(root, "", 0)
+        # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule
+        # added with it, so the per-node validation walk is skipped (see Grammar.unchecked).
+        grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))
     except RecursionError:
         # The front end recurses once per nesting level; a schema nested deeper than Python's
         # stack allows is a size limit, not a crash.
         raise GrammarLimitError(
             f"JSON Schema nests too deeply to compile (Python recursion limit {sys.getrecursionlimit()})"
         ) from None
-    # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule added
-    # with it, so the per-node validation walk is skipped (see Grammar.unchecked).
-    grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))
+    finally:
+        if comp is not None:
+            comp.release()
     # Rules named char* ("char", "char-high", "char-special", the key-trie nodes) have bodies that
     # are the same IR objects in every grammar: the serializer caches their programs (compiler.py).
     object.__setattr__(grammar, "_shared_prefix", SHARED_RULE_PREFIX)

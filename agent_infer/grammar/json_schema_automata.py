@@ -105,52 +105,82 @@ def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
     nfa = _NFA(max_states * 4)
     start = nfa.new()
     final = nfa.build(e, start)
-    first = nfa.closure(frozenset([start]))
+    # Subset construction on bitsets. The code points split into the intervals between every
+    # move's boundaries (the same for all states); per NFA state, which intervals it moves on
+    # and the closure of where it goes, as one int, is worked out once. A DFA state's edges are
+    # then ORs of those ints per interval: no per-state sweep, no frozenset per interval.
+    cuts = sorted({p for moves in nfa.moves for rs, _ in moves for lo, hi in rs for p in (lo, hi + 1)})
+    where = {p: j for j, p in enumerate(cuts)}
+    n_cells = max(len(cuts) - 1, 0)
+    closed: dict[int, int] = {}
+
+    def closure_bits(s: int) -> int:
+        bits = closed.get(s)
+        if bits is None:
+            bits = 0
+            for t in nfa.closure(frozenset((s,))):
+                bits |= 1 << t
+            closed[s] = bits
+        return bits
+
+    moving = 0  # NFA states that have moves
+    spans: list[list[tuple[int, int, int]]] = [[] for _ in nfa.moves]  # (first cell, end cell, target bits)
+    for s, moves in enumerate(nfa.moves):
+        for rs, t in moves:
+            bits = closure_bits(t)
+            for lo, hi in rs:
+                spans[s].append((where[lo], where[hi + 1], bits))
+            moving |= 1 << s
+    final_bit = 1 << final
+    # NFA states from which every string is accepted (a final `.*` loop, as a search pattern's
+    # padding leaves): any subset holding one accepts everything, so all such subsets are one DFA
+    # state. Without this, `.*(alpha|beta).*` keeps tracking partial matches after a full one
+    # and the DFA grows by a factor of those combinations.
+    universal = 0
+    for s, moves in enumerate(nfa.moves):
+        if closure_bits(s) & final_bit:
+            for rs, t in moves:
+                if rs == ((0, MAX_CP),) and closure_bits(t) >> s & 1:
+                    universal |= 1 << s
+    everything = closure_bits((universal & -universal).bit_length() - 1) if universal else 0
+
+    first = closure_bits(start)
+    if first & universal:
+        first = everything
     index = {first: 0}
     order = [first]
     edges: list[list[Edge]] = []
     accept: set[int] = set()
-    moves_of = nfa.moves
-    closures: dict[frozenset[int], frozenset[int]] = {}
     i = 0
     while i < len(order):
         cur = order[i]
-        if final in cur:
+        if cur & final_bit:
             accept.add(i)
-        # Sweep the range boundaries of every move once: between two consecutive boundaries the
-        # set of NFA targets is constant. Only covered intervals become edges, in ascending order.
-        events: list[tuple[int, int, int]] = []
-        for s in cur:
-            for rs, t in moves_of[s]:
-                for lo, hi in rs:
-                    events.append((lo, 1, t))
-                    events.append((hi + 1, -1, t))
-        events.sort()
-        active: dict[int, int] = {}
+        cells = [0] * n_cells
+        live = cur & moving
+        while live:
+            low = live & -live
+            for a, b, bits in spans[low.bit_length() - 1]:
+                for j in range(a, b):
+                    cells[j] |= bits
+            live ^= low
         out: list[Edge] = []
-        k, n = 0, len(events)
-        while k < n:
-            point = events[k][0]
-            while k < n and events[k][0] == point:
-                _, step, t = events[k]
-                left = active.get(t, 0) + step
-                if left:
-                    active[t] = left
-                else:
-                    del active[t]
-                k += 1
-            if active and k < n:
-                moved = frozenset(active)
-                target = closures.get(moved)
-                if target is None:
-                    target = closures[moved] = nfa.closure(moved)
-                if target not in index:
-                    if len(order) >= max_states:
-                        raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
-                    index[target] = len(order)
-                    order.append(target)
-                out.append((point, events[k][0] - 1, index[target]))
-        edges.append(_merge(out))
+        for j, target_bits in enumerate(cells):
+            if not target_bits:
+                continue
+            if target_bits & universal:
+                target_bits = everything
+            target = index.get(target_bits)
+            if target is None:
+                if len(order) >= max_states:
+                    raise GrammarLimitError(f"string constraint automaton exceeds {max_states} states")
+                target = index[target_bits] = len(order)
+                order.append(target_bits)
+            if out and out[-1][2] == target and out[-1][1] + 1 == cuts[j]:
+                out[-1] = (out[-1][0], cuts[j + 1] - 1, target)
+            else:
+                out.append((cuts[j], cuts[j + 1] - 1, target))
+        edges.append(out)
         i += 1
     return DFA(edges, accept)
 

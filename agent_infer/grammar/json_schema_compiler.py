@@ -110,6 +110,19 @@ class Compiler(RuleWriter):
 
     # -- reporting -----------------------------------------------------------------------------
 
+    def release(self) -> None:
+        """Drop everything this (single-use) compiler holds, once its grammar is built or its build
+        failed. Its memos hold closures that call back into it (``typed_matcher``), so without
+        this the compiler and all it references are a reference cycle: a failed build's rules
+        (tens of thousands of IR nodes for a large schema) would wait for a cyclic collection,
+        whose traversal then lands on some later request. The matcher memo is shared with the
+        sub-compilers of ``_build_matcher`` (whose closures it holds): emptied first, it frees
+        them too."""
+        matchers = vars(self).get("_matchers")
+        if matchers is not None:
+            matchers.clear()
+        vars(self).clear()
+
     def unsupported(self, keyword: str, pointer: str, why: str) -> None:
         """Strict: raise; non-strict: record a warning and let the caller skip the keyword."""
         if self.strict:

@@ -1,11 +1,12 @@
-"""A ``format`` narrowed by a ``pattern`` that only fixes how the string starts (``^https:``).
+"""A ``format`` narrowed by a ``pattern`` that only fixes how the string starts (``^https?:``).
 
 ``format: uri`` with ``pattern: ^https:`` is the intersection of two regular languages; the
 general route determinizes the format's expression (a URI automaton: the front end's slowest step
 for such a schema) and multiplies it with the pattern's. When the pattern is a literal prefix
 followed by anything, the intersection is that prefix followed by the format's Brzozowski
 derivative by the prefix, which is computed on the expression itself, one character at a time,
-and stays an expression: no automaton is built. :func:`prefixed_format` answers None where that
+and stays an expression: no automaton is built. A head with a few spellings (``https?``) is the
+union of one such derivative per spelling. :func:`prefixed_format` answers None where that
 does not apply or the derivative would grow past a small budget (the general route then runs).
 """
 
@@ -27,19 +28,84 @@ class _OverBudget(Exception):
     """The derivative grew past the budget: the automaton route is taken instead."""
 
 
-def literal_prefix(search: Expr) -> str | None:
-    """``p`` when ``search`` (a pattern's search expression) is ``p`` followed by any string."""
-    if not isinstance(search, Seq) or len(search.items) != 2:
+# Strings a pattern's head may spell, at most (``^https?://`` spells two).
+_MAX_LEADS = 16
+
+
+def literal_prefixes(search: Expr) -> list[str] | None:
+    """The strings ``p1..pn`` when ``search`` (a pattern's search expression) is one of them
+    followed by any string: ``^https?://`` gives ``["http://", "https://"]``; None when the head
+    is not a small finite language or nothing follows it."""
+    if not isinstance(search, Seq) or len(search.items) < 2:
         return None
-    head, tail = search.items
-    if not isinstance(head, Literal) or not head.text:
-        return None
+    tail = search.items[-1]
     if not (isinstance(tail, Repeat) and tail.min == 0 and tail.max is None):
         return None
     item = tail.item
     if not isinstance(item, CharClass) or item.normalized() != ((0, MAX_CP),):
         return None
-    return head.text
+    leads: set[str] = {""}
+    for part in search.items[:-1]:
+        words = _spellings(part)
+        if words is None or len(leads) * len(words) > _MAX_LEADS:
+            return None
+        leads = {a + b for a in leads for b in words}
+    if "" in leads:
+        return None  # the head is optional: the pattern accepts everything
+    return sorted(leads)
+
+
+def literal_prefix(search: Expr) -> str | None:
+    """``p`` when ``search`` (a pattern's search expression) is ``p`` followed by any string."""
+    leads = literal_prefixes(search)
+    return leads[0] if leads is not None and len(leads) == 1 else None
+
+
+def _spellings(e: Expr) -> set[str] | None:
+    """Every string ``e`` matches, if there are at most _MAX_LEADS of them."""
+    if isinstance(e, Literal):
+        return {e.text}
+    if isinstance(e, Empty):
+        return {""}
+    if isinstance(e, CharClass):
+        ranges = e.normalized()
+        if sum(hi - lo + 1 for lo, hi in ranges) > _MAX_LEADS:
+            return None
+        return {chr(c) for lo, hi in ranges for c in range(lo, hi + 1)}
+    if isinstance(e, Alt):
+        out: set[str] = set()
+        for x in e.items:
+            words = _spellings(x)
+            if words is None:
+                return None
+            out |= words
+            if len(out) > _MAX_LEADS:
+                return None
+        return out
+    if isinstance(e, Seq):
+        out = {""}
+        for x in e.items:
+            words = _spellings(x)
+            if words is None or len(out) * len(words) > _MAX_LEADS:
+                return None
+            out = {a + b for a in out for b in words}
+        return out
+    if isinstance(e, Repeat) and e.max is not None and e.max <= _MAX_LEADS:
+        words = _spellings(e.item)
+        if words is None:
+            return None
+        out = {""} if e.min == 0 else set()
+        run = {""}
+        for k in range(1, e.max + 1):
+            if len(run) * len(words) > _MAX_LEADS:
+                return None
+            run = {a + b for a in run for b in words}
+            if k >= e.min:
+                out |= run
+            if len(out) > _MAX_LEADS:
+                return None
+        return out
+    return None
 
 
 class _Deriver:

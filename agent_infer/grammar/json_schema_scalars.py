@@ -27,7 +27,7 @@ from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_lengths import bounded_pattern, bounded_rules, dfa_bound_length
 from agent_infer.grammar.json_schema_merge import to_fraction
 from agent_infer.grammar.json_schema_names import names_dfa
-from agent_infer.grammar.json_schema_prefixes import literal_prefix, prefixed_format
+from agent_infer.grammar.json_schema_prefixes import literal_prefixes, prefixed_format
 from agent_infer.grammar.json_schema_text import encode_expr
 
 if TYPE_CHECKING:
@@ -119,10 +119,10 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
         return _encoded_format(fmt_name)
     if len(pats) == 1 and fmt_expr is not None and lo == 0 and hi is None and plain:
-        lead = literal_prefix(_search(pats[0], f"{pointer}/pattern"))
-        narrowed = None if lead is None else prefixed_format(fmt_expr, lead)
-        if narrowed is not None:
-            return encode_expr(narrowed)
+        leads = literal_prefixes(_search(pats[0], f"{pointer}/pattern"))
+        narrowed = [prefixed_format(fmt_expr, lead) for lead in leads or ()]
+        if narrowed and all(n is not None for n in narrowed):
+            return encode_expr(alt(*(n for n in narrowed if n is not None)))
     if len(pats) == 1 and fmt_expr is None and plain:
         bounded = bounded_pattern(_search(pats[0], f"{pointer}/pattern"), lo, hi)
         if bounded is not None:

@@ -17,8 +17,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_infer import envs
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import LLMEngine
+from agent_infer.gc_heap import freeze_startup_heap
 from agent_infer.server.async_engine import AsyncEngine
 from agent_infer.server.chat import create_chat_completion
 from agent_infer.server.completions import create_completion
@@ -57,6 +59,10 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if envs.gc_freeze():
+            # Everything the engine loaded lives as long as the server: full collections that
+            # re-read it would land on requests (see agent_infer/gc_heap.py).
+            freeze_startup_heap()
         state.engine.start()
         try:
             yield
