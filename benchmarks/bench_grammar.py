@@ -352,7 +352,9 @@ def _worker(
             # 60-90 ms, charged to whichever schema's allocations trip the thresholds.
             gc.collect()
             gc.freeze()
-            settings["worker heap"] = f"frozen after start-up ({gc.get_freeze_count()} objects; --no-gc-freeze)"
+            settings["worker heap"] = (
+                f"frozen after start-up ({gc.get_freeze_count()} objects; --no-gc-freeze)"
+            )
         else:
             settings["worker heap"] = "not frozen (--no-gc-freeze)"
         gc.callbacks.append(_gc_clock)

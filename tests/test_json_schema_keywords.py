@@ -331,3 +331,17 @@ def test_long_enum_next_to_an_unknown_keyword() -> None:
         ['"0007"', '"2999"'],
         [5, None, ["0001"], '"3000"', '"7"'],
     )
+
+
+def test_enum_next_to_unknown_keywords_without_a_type() -> None:
+    """A tool's own keyword and no ``type``: every enum value is kept (the keyword is an
+    annotation), the warning is recorded once, and a typo of a real keyword still fails closed."""
+    from agent_infer.errors import UnsupportedSchemaError
+    from agent_infer.grammar.json_schema import json_schema_to_grammar
+
+    schema = {"enum": ["a", 1, None, {"k": [1]}], "options": {"enum_titles": ["A", "One", "None", "Obj"]}}
+    check(schema, ['"a"', 1, None, {"k": [1]}], ['"b"', 2, {"k": []}])
+    warnings = json_schema_to_grammar(schema).warnings
+    assert sum("options" in w for w in warnings) == 1, warnings
+    with pytest.raises(UnsupportedSchemaError, match="maxLenght"):
+        json_schema_to_grammar({"enum": ["a"], "maxLenght": 3})

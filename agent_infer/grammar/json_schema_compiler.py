@@ -51,6 +51,11 @@ MAX_FLATTEN_DEPTH = 64
 MAX_LINE_INDENT = 40
 
 
+def _any_value(v: Any) -> bool:
+    """The answer of the empty schema's grammar: every JSON value."""
+    return True
+
+
 def _any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
     """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
     flatten asks once per $ref/allOf)."""
@@ -378,9 +383,10 @@ class Compiler(RuleWriter):
     def typed_matcher(
         self, schema: dict[str, Any], unknown: list[str], pointer: str
     ) -> Callable[[Any], bool]:
-        """``value_matcher(schema, pointer, strict=self.strict, record=True)`` for a schema of one
-        ``type`` and the ``unknown`` keywords: the same warnings (or error) and answers, where a
-        scalar's answer is read off its type instead of running the schema's compiled grammar."""
+        """``value_matcher(schema, pointer, strict=self.strict, record=True)`` for a schema of the
+        ``unknown`` keywords and at most a ``type``: the same warnings (or error) and answers, where
+        a scalar's answer is read off its type (no type: every value) instead of running the
+        schema's compiled grammar."""
         from agent_infer.grammar.json_schema_values import _type_only
 
         key = (json.dumps(schema, sort_keys=True, default=str), self.strict)
@@ -394,6 +400,10 @@ class Compiler(RuleWriter):
         new = self.warnings[start:]
         del self.warnings[start:]
         self.warnings.extend(w for w in new if w not in self.warnings)
+        if "type" not in schema:
+            # Unknown keywords alone: the grammar they leave is any JSON value.
+            self._matchers[key] = _any_value
+            return _any_value
         typed = {"type": schema["type"]}
         full: list[Callable[[Any], bool]] = []
 

@@ -80,11 +80,11 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     if by_type is not None:
         return by_type
     unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
-    if unknown and len(rest) - len(unknown) == 1 and "type" in rest:
-        # {"type": ..., <unknown keywords>}: the unknown ones are annotations to the grammar
-        # (noted or refused as its compile would), so the type alone decides a scalar, without
-        # compiling a grammar and a recognizer for it (enums in generated schemas often sit next
-        # to tool-specific keywords).
+    if _typed_unknown(rest, unknown):
+        # {"type": ..., <unknown keywords>} or unknown keywords alone: the unknown ones are
+        # annotations to the grammar (noted or refused as its compile would), so the type alone
+        # decides a scalar (no type: any value), without compiling a grammar and a recognizer for
+        # it (enums in generated schemas often sit next to tool-specific keywords).
         return c.typed_matcher(rest, unknown, pointer)(v)
     return c.value_matcher(rest, pointer, strict=c.strict, record=True)(v)
 
@@ -102,7 +102,7 @@ def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], b
     allowed = _canon_set(c, flat["enum"]) if "enum" in flat else None
     rest = {k: x for k, x in flat.items() if k not in _LOGIC and not is_annotation(k)}
     unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
-    typed_unknown = bool(unknown) and len(rest) - len(unknown) == 1 and "type" in rest
+    typed_unknown = _typed_unknown(rest, unknown)
     # Built on the first value that needs it, as value_valid would (it records warnings).
     slow: list[Callable[[Any], bool]] = []
 
@@ -125,6 +125,11 @@ def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], b
         return slow[0](v)
 
     return accepts
+
+
+def _typed_unknown(rest: dict[str, Any], unknown: list[str]) -> bool:
+    """Whether ``rest`` is unknown keywords, with at most a ``type`` beside them."""
+    return bool(unknown) and len(rest) - len(unknown) == ("type" in rest)
 
 
 def _canon_set(c: Compiler, enum: Any) -> set[Any]:
