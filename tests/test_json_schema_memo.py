@@ -253,3 +253,34 @@ def test_key_tries_respect_the_rule_limit() -> None:
 
     with pytest.raises(GrammarLimitError, match="exceeds 5 rules"):
         ComplementKeys({}, 5).start([f"name{i}" for i in range(10)])
+
+
+def test_a_failed_build_leaves_no_reference_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiler's memos hold closures over the compiler; released when the build fails, its
+    rules are freed by reference counting instead of waiting for a cyclic collection."""
+    import gc
+
+    from agent_infer.errors import UnsupportedSchemaError
+    from agent_infer.grammar import Grammar
+    from agent_infer.grammar.json_schema_compiler import Compiler
+    from agent_infer.grammar.json_schema_objects import MAX_PATTERN_REGIONS
+
+    props: dict[str, Any] = {
+        f"p{i}": {"type": "string", "enum": ["a", "b", 3], "options": {"i": i}} for i in range(40)
+    }
+    props["q"] = {"type": "object", "properties": {f"r{i}": {"type": "integer"} for i in range(40)}}
+    # Found while lowering, after the members above: more pattern regions than the key automaton
+    # takes (an unsupported keyword use, which strict mode refuses).
+    regions = {f"^x{i}": {"type": "integer", "minimum": i} for i in range(MAX_PATTERN_REGIONS + 1)}
+    props["zz"] = {"type": "object", "patternProperties": regions}
+    schema = {"type": "object", "properties": props, "required": sorted(props)}
+
+    def garbage_after_failure() -> int:
+        gc.collect()
+        with pytest.raises(UnsupportedSchemaError, match="too many patternProperties"):
+            Grammar.from_json_schema(schema)
+        return gc.collect()
+
+    assert garbage_after_failure() < 50
+    monkeypatch.setattr(Compiler, "release", lambda self: None)
+    assert garbage_after_failure() > 500  # the cycle the release breaks (so the check can fail)
