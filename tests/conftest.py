@@ -10,6 +10,10 @@ import pytest
 
 # torch's OpenMP threads busy-wait by default, which starves everything else on a small machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A server freezes its start-up heap (agent_infer/gc_heap.py). That is permanent for the process:
+# in one test process that starts dozens of servers it would pin whatever earlier tests left
+# alive. tests/test_gc_heap.py turns it on where it is the subject.
+os.environ.setdefault("AGENT_INFER_GC_FREEZE", "0")
 
 # Small enough for a shared CI box, large enough that tests never hit the pool limit by accident.
 TEST_KV_BYTES = 64 * 1024 * 1024

@@ -100,8 +100,11 @@ _DEFAULT_MAX_STATES = 4000
 TRIE_MAX_STATES = _DEFAULT_MAX_STATES  # names_dfa's limit on trie nodes
 
 
-def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
-    """Determinize a decoded-string expression (no Refs)."""
+def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES, *, merge_equivalent: bool = True) -> DFA:
+    """Determinize a decoded-string expression (no Refs). ``merge_equivalent=False`` gives the
+    plain construction, one DFA state per distinct subset (the key trie of ``names_dfa`` is that,
+    state for state); by default subsets that agree on their moving members and on acceptance are
+    one state."""
     nfa = _NFA(max_states * 4)
     start = nfa.new()
     final = nfa.build(e, start)
@@ -137,16 +140,18 @@ def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
     # state. Without this, `.*(alpha|beta).*` keeps tracking partial matches after a full one
     # and the DFA grows by a factor of those combinations.
     universal = 0
-    for s, moves in enumerate(nfa.moves):
+    for s, moves in enumerate(nfa.moves if merge_equivalent else ()):
         if closure_bits(s) & final_bit:
             for rs, t in moves:
                 if rs == ((0, MAX_CP),) and closure_bits(t) >> s & 1:
                     universal |= 1 << s
-    everything = closure_bits((universal & -universal).bit_length() - 1) if universal else 0
-
+    # A subset's future depends only on its members that move and on whether it holds the final
+    # state: subsets that agree on those are one DFA state (the others are epsilon-only states
+    # already expanded), so they are keyed by that part alone.
+    keep = moving | final_bit if merge_equivalent else -1
+    everything = closure_bits((universal & -universal).bit_length() - 1) & keep if universal else 0
     first = closure_bits(start)
-    if first & universal:
-        first = everything
+    first = everything if first & universal else first & keep
     index = {first: 0}
     order = [first]
     edges: list[list[Edge]] = []
@@ -168,8 +173,7 @@ def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES) -> DFA:
         for j, target_bits in enumerate(cells):
             if not target_bits:
                 continue
-            if target_bits & universal:
-                target_bits = everything
+            target_bits = everything if target_bits & universal else target_bits & keep
             target = index.get(target_bits)
             if target is None:
                 if len(order) >= max_states:
