@@ -10,7 +10,7 @@ import pytest
 
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.ir import Alt, CharClass, Literal, Repeat, Seq
-from agent_infer.grammar.json_schema_prefixes import literal_prefix, literal_prefixes, prefixed_format
+from agent_infer.grammar.json_schema_prefixes import literal_prefixes, prefixed_format
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.grammar.regex import regex_search_expr
 
@@ -67,10 +67,9 @@ def test_prefixed_format_matches_product(fmt: str, prefix: str) -> None:
 
 
 def test_literal_prefix_shapes() -> None:
-    assert literal_prefix(regex_search_expr("^https:", dialect="ecma")) == "https:"
-    assert literal_prefix(regex_search_expr("https:", dialect="ecma")) is None
-    assert literal_prefix(regex_search_expr("^https:$", dialect="ecma")) is None
-    assert literal_prefix(regex_search_expr("^a[bc]", dialect="ecma")) is None
+    assert literal_prefixes(regex_search_expr("^https:", dialect="ecma")) == ["https:"]
+    assert literal_prefixes(regex_search_expr("https:", dialect="ecma")) is None
+    assert literal_prefixes(regex_search_expr("^https:$", dialect="ecma")) is None
 
 
 def test_literal_prefixes_spell_a_small_head() -> None:

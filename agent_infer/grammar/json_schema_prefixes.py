@@ -44,21 +44,10 @@ def literal_prefixes(search: Expr) -> list[str] | None:
     item = tail.item
     if not isinstance(item, CharClass) or item.normalized() != ((0, MAX_CP),):
         return None
-    leads: set[str] = {""}
-    for part in search.items[:-1]:
-        words = _spellings(part)
-        if words is None or len(leads) * len(words) > _MAX_LEADS:
-            return None
-        leads = {a + b for a in leads for b in words}
-    if "" in leads:
-        return None  # the head is optional: the pattern accepts everything
+    leads = _spellings(Seq(search.items[:-1]))
+    if leads is None or "" in leads:
+        return None  # not a small finite head, or an optional one (the pattern accepts everything)
     return sorted(leads)
-
-
-def literal_prefix(search: Expr) -> str | None:
-    """``p`` when ``search`` (a pattern's search expression) is ``p`` followed by any string."""
-    leads = literal_prefixes(search)
-    return leads[0] if leads is not None and len(leads) == 1 else None
 
 
 def _spellings(e: Expr) -> set[str] | None:
