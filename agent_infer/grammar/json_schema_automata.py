@@ -141,7 +141,8 @@ def expr_to_dfa(e: Expr, max_states: int = _DEFAULT_MAX_STATES, *, merge_equival
     # and the DFA grows by a factor of those combinations.
     universal = 0
     for s, moves in enumerate(nfa.moves if merge_equivalent else ()):
-        if closure_bits(s) & final_bit:
+        # Only states with moves can loop; the closure of the others is not needed at all.
+        if moves and closure_bits(s) & final_bit:
             for rs, t in moves:
                 if rs == ((0, MAX_CP),) and closure_bits(t) >> s & 1:
                     universal |= 1 << s
