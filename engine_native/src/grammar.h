@@ -249,6 +249,10 @@ class CompiledGrammar {
   bool scans(int32_t s) const { return states[s].byte_end > states[s].byte_begin; }
   // The token classification of state s (computed on first use, shared through the tokenizer).
   const StateMask& mask_for(int32_t s) const;
+  // Whether mask_for(s) is computed already (a fill meeting s costs microseconds).
+  bool mask_ready(int32_t s) const { return masks_[s].load(std::memory_order_acquire) != nullptr; }
+  // At least 4 096 tokens start with a byte s reads.
+  bool dense_start(int32_t s) const;
   // Outcomes of the run-time check of large uncertain sets, keyed by a digest of the parse
   // context the check reads (Matcher::context_key); values: the tokens the check allowed.
   std::shared_ptr<const StateMask> checked_get(const std::string& key) const;
@@ -330,8 +334,6 @@ class CompiledGrammar {
   bool calls_within_reach(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask_with_calls(const std::vector<WalkRange>& ranges,
                                                            const StateMask* base) const;
-  // At least 4 096 tokens start with a byte s reads.
-  bool dense_start(int32_t s) const;
   // The plain walk of s, its uncertain tokens then classified by the pushdown walk (the same
   // classification as the pushdown walk alone, for less work; grammar_state_mask.cpp).
   std::shared_ptr<const StateMask> refine_with_calls(int32_t s) const;
@@ -347,9 +349,17 @@ class CompiledGrammar {
   // false: not split (the caller walks alone). *out is nullptr if a pushdown part gave up.
   bool split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
                   std::shared_ptr<const StateMask>* out) const;
-  // The loop-region walk over sorted positions [begin, end) (`resume` as above), and its split.
-  std::shared_ptr<const StateMask> compute_region_part(int32_t s, size_t begin, size_t end, bool resume) const;
-  bool split_region(int32_t s, std::shared_ptr<const StateMask>* out) const;
+  // A loop region's transitions as dense rows, built once per walk and shared by its parts: row 0
+  // is the start state's; an entry is the target's row, -1 (dead) or -2 - k (exit k of `exits`).
+  struct RegionRows {
+    std::vector<int32_t> rows;  // 256 per row
+    std::vector<uint8_t> final;
+  };
+  RegionRows region_rows(int32_t start, const std::vector<int32_t>& exits) const;
+  // The loop-region walk of s over sorted positions [begin, end) (`resume` as above), and its split.
+  std::shared_ptr<const StateMask> compute_region_part(const RegionRows& rr, int32_t s, size_t begin, size_t end,
+                                                       bool resume) const;
+  bool split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const;
 
  public:
   // Test hook: state s's walks (plain, pushdown if it calls, region if in one, and the plain
@@ -379,8 +389,15 @@ class CompiledGrammar {
   std::shared_ptr<const StateMask> region_by_first_byte(int32_t s, const std::vector<int32_t>& exits) const;
   // The region of t walked over the given sorted runs, each run's first byte taken as read
   // into t; exits numbered as in `exits` (region_of's for t).
-  std::shared_ptr<StateMask> walk_region_depth1(int32_t t, const std::vector<int32_t>& exits,
-                                                const std::vector<std::pair<size_t, size_t>>& runs) const;
+  std::shared_ptr<const StateMask> walk_region_depth1(int32_t t, const std::vector<int32_t>& exits,
+                                                      const std::vector<std::pair<size_t, size_t>>& runs) const;
+  // One part of it over t's region table (`resume` as for compute_mask_part), and its split
+  // (grammar_split.cpp).
+  std::shared_ptr<const StateMask> walk_region_depth1_part(const RegionRows& rr, int32_t t,
+                                                           const std::vector<std::pair<size_t, size_t>>& runs,
+                                                           bool resume) const;
+  bool split_region_depth1(const RegionRows& rr, int32_t t, const std::vector<std::pair<size_t, size_t>>& runs,
+                           std::shared_ptr<const StateMask>* out) const;
   std::shared_ptr<const StateMask> compute_region(int32_t s) const;
   // The region of t walked with every token's first byte taken as read into t (cached in the
   // tokenizer; grammar_region_pieces.cpp): first-byte pieces of targets inside loop regions.
@@ -497,6 +514,9 @@ class Matcher {
   bool accept_bytes(const std::string& bytes);
   // Writes `words` int32 words of the next-token mask; returns true unless every token is allowed.
   bool fill_mask(int32_t* row, int64_t words);
+  // A rough cost class of the next fill_mask: the scanning states of the current set whose masks
+  // are not computed yet (each a first visit: up to milliseconds), dense ones weighing more.
+  uint32_t pending_visits() const;
   void rollback(int32_t n);
   void reset();
   bool is_terminated() const;
@@ -575,7 +595,7 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
 // Counters since the process started (tests and profiles): walks split across a batch fill's
 // threads, batch fills pool threads joined, and rows pool threads filled.
 struct BatchStats {
-  uint64_t split_walks, helper_joins, helper_rows;
+  uint64_t split_walks, helper_joins, helper_rows, parallel_loops;
 };
 BatchStats batch_stats();
 // Split thresholds (tests use tiny parts to put part seams everywhere): walks with fewer live

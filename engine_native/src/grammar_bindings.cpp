@@ -175,9 +175,11 @@ void register_grammar(nb::module_& m) {
         out["split_walks"] = st.split_walks;
         out["helper_joins"] = st.helper_joins;
         out["helper_rows"] = st.helper_rows;
+        out["parallel_loops"] = st.parallel_loops;
         return out;
       },
-      "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows.");
+      "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows, "
+      "and first-visit loops (piece building, region digests) spread over the threads.");
   m.def("grammar_split_tuning", &grammar::set_split_tuning, nb::arg("min_split_tokens"), nb::arg("part_tokens"),
         "Set the split thresholds of batch-fill walks (part_tokens 0 = by thread count); returns the old ones.");
 }

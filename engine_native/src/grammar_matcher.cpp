@@ -279,6 +279,17 @@ void Matcher::check_uncertain(uint32_t* mask) {
   while (set_begin_.size() > base) pop_set();
 }
 
+uint32_t Matcher::pending_visits() const {
+  if (terminated_ || set_begin_.empty()) return 0;
+  const CompiledGrammar& g = *g_;
+  uint32_t cost = 0;
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    const int32_t s = items_[k].state;
+    if (g.scans(s) && !g.mask_ready(s)) cost += g.dense_start(s) ? 4 : 1;
+  }
+  return cost;
+}
+
 bool Matcher::fill_mask(int32_t* row, int64_t words) {
   const CompiledGrammar& g = *g_;
   const TokenizerInfo& t = *g.tok;

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_pool.h"
 #include "grammar_profile.h"
 
 namespace agent_infer {
@@ -31,6 +32,8 @@ constexpr size_t kMaxLocalStates = 512;
 constexpr size_t kMaxSharedStates = 64;
 // Byte groups leading this many tokens into one target are assembled from a cached union.
 constexpr size_t kMinUnionTokens = 2048;
+// First bytes per slice when a batch fill's threads build pieces together.
+constexpr size_t kPieceGrain = 8;
 
 // Per-target tables of a first visit: a state sends its 256 bytes to a handful of targets, and
 // consecutive bytes mostly to the same one, so a flat list with the last hit remembered is
@@ -266,23 +269,23 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   auto split = [&](const std::vector<int>& bytes, const StateMask& walked) {
     std::fill(scratch.begin(), scratch.end(), 0u);
     seed_bits(&walked, scratch);
-    size_t u = 0;
-    for (int b : bytes) {
-      const size_t lo = run_begin(b), hi = tk.first_byte_end[static_cast<size_t>(b)];
-      auto p = std::make_shared<StateMask>();
-      for (size_t j = lo; j < hi; ++j) {
-        const int32_t id = tk.sorted[j];
-        if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+    // Pieces are independent: a batch fill's threads build them together.
+    parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
+      for (size_t k = k0; k < k1; ++k) {
+        const int b = bytes[k];
+        const size_t lo = run_begin(b), hi = tk.first_byte_end[static_cast<size_t>(b)];
+        auto p = std::make_shared<StateMask>();
+        for (size_t j = lo; j < hi; ++j) {
+          const int32_t id = tk.sorted[j];
+          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+        }
+        // Uncertain positions are ascending.
+        auto u0 = std::lower_bound(walked.uncertain.begin(), walked.uncertain.end(), static_cast<int32_t>(lo));
+        p->uncertain.assign(u0, std::lower_bound(u0, walked.uncertain.end(), static_cast<int32_t>(hi)));
+        p->accepted_ids.shrink_to_fit();
+        piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
       }
-      // Uncertain positions are ascending and runs are visited in byte order.
-      while (u < walked.uncertain.size() && static_cast<size_t>(walked.uncertain[u]) < lo) ++u;
-      while (u < walked.uncertain.size() && static_cast<size_t>(walked.uncertain[u]) < hi) {
-        p->uncertain.push_back(walked.uncertain[u++]);
-      }
-      p->accepted_ids.shrink_to_fit();
-      p->uncertain.shrink_to_fit();
-      piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
-    }
+    });
   };
   std::vector<int> shared_bytes[2];  // [calls]: bytes of targets outside loop regions
   for (const auto& kv : missing) {

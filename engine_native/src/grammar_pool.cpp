@@ -66,7 +66,7 @@ class Job {
   std::exception_ptr error_;
 };
 
-std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0};
+std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0};
 
 // The batch fill this thread is working for (walks started here may split).
 thread_local const Batch* t_batch = nullptr;
@@ -75,8 +75,9 @@ thread_local const Batch* t_batch = nullptr;
 // left; the caller waits only for threads that joined, never for one that has not woken yet
 // (on a loaded machine a wake-up can take longer than the whole batch).
 struct Batch {
-  Batch(Matcher* const* m, const int64_t* r, size_t count, int32_t* d, int64_t w, uint8_t* res, size_t t)
-      : matchers(m), rows(r), n(count), data(d), words(w), results(res), threads(t) {}
+  Batch(Matcher* const* m, const int64_t* r, size_t count, int32_t* d, int64_t w, uint8_t* res, size_t t,
+        const uint32_t* o)
+      : matchers(m), rows(r), n(count), data(d), words(w), results(res), threads(t), order(o) {}
   Matcher* const* matchers;
   const int64_t* rows;
   size_t n;
@@ -84,6 +85,7 @@ struct Batch {
   int64_t words;
   uint8_t* results;
   size_t threads;  // the caller included
+  const uint32_t* order;  // rows in claiming order (null: 0..n-1)
   size_t joined = 0, active = 0;  // pool threads that joined / are still working (pool mutex)
   std::atomic<size_t> next{0};
   std::mutex err_mu;
@@ -95,7 +97,8 @@ struct Batch {
     const Batch* prev = t_batch;
     t_batch = this;
     size_t filled = 0;
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n; ++filled) {
+    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n; ++filled) {
+      const size_t i = order ? order[k] : k;
       try {
         results[i] = matchers[i]->fill_mask(data + rows[i] * words, words) ? 1 : 0;
       } catch (...) {
@@ -244,13 +247,23 @@ void run_parts(size_t n, std::function<void(size_t)> part) {
   job->wait();
 }
 
+void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& body) {
+  const size_t parts = grain == 0 ? 1 : (n + grain - 1) / grain;
+  if (parts < 2 || !t_batch || t_batch->threads < 2) {
+    if (n > 0) body(0, n);
+    return;
+  }
+  g_parallel_loops.fetch_add(1, std::memory_order_relaxed);
+  run_parts(parts, [&](size_t k) { body(k * grain, std::min(n, (k + 1) * grain)); });
+}
+
 size_t split_min_tokens() { return g_min_split_tokens.load(std::memory_order_relaxed); }
 size_t split_part_tokens() { return g_part_tokens.load(std::memory_order_relaxed); }
 void count_split() { g_split_walks.fetch_add(1, std::memory_order_relaxed); }
 
 BatchStats batch_stats() {
   return {g_split_walks.load(std::memory_order_relaxed), g_helper_joins.load(std::memory_order_relaxed),
-          g_helper_rows.load(std::memory_order_relaxed)};
+          g_helper_rows.load(std::memory_order_relaxed), g_parallel_loops.load(std::memory_order_relaxed)};
 }
 
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens) {
@@ -261,7 +274,27 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
                 size_t threads, unsigned pool_size, uint8_t* results) {
   Pool& p = pool(pool_size);
   const size_t team = threads == 0 ? p.size() + 1 : std::min(threads, p.size() + 1);
-  Batch batch(matchers, rows, n, data, words, results, team);
+  // Rows about to meet states for the first time go first: such a row may run for milliseconds,
+  // partly on one thread only, and the other threads fill the cheap rows meanwhile instead of
+  // waiting for it at the end of the step (longest-first scheduling).
+  std::vector<uint32_t> order;
+  if (team > 1 && n > 1) {
+    std::vector<std::pair<uint32_t, uint32_t>> cost;  // (pending first visits, row), costly rows only
+    for (size_t i = 0; i < n; ++i) {
+      if (const uint32_t c = matchers[i]->pending_visits()) cost.emplace_back(c, static_cast<uint32_t>(i));
+    }
+    if (!cost.empty()) {
+      std::stable_sort(cost.begin(), cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      order.reserve(n);
+      for (const auto& c : cost) order.push_back(c.second);
+      std::vector<uint8_t> listed(n, 0);
+      for (const auto& c : cost) listed[c.second] = 1;
+      for (size_t i = 0; i < n; ++i) {
+        if (!listed[i]) order.push_back(static_cast<uint32_t>(i));
+      }
+    }
+  }
+  Batch batch(matchers, rows, n, data, words, results, team, order.empty() ? nullptr : order.data());
   p.run(batch);
   if (batch.error) std::rethrow_exception(batch.error);
 }

@@ -173,71 +173,58 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
 // result depends on the region's shape (and follow set) only, so every string-content state of
 // every rule with the same string syntax shares it; each such state then walks just its exits.
 std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) const {
+  std::string unused;
+  std::vector<int32_t> exit_states;
+  region_of(s, &unused, &exit_states);
+  // Built once per walk: a split walk's parts share it.
+  const RegionRows rr = region_rows(s, exit_states);
   std::shared_ptr<const StateMask> split;
-  if (split_region(s, &split)) return split;
-  return compute_region_part(s, 0, tok->sorted.size(), false);
+  if (split_region(s, rr, &split)) return split;
+  return compute_region_part(rr, s, 0, tok->sorted.size(), false);
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(int32_t s, size_t begin, size_t stop,
-                                                                      bool resume) const {
+CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const std::vector<int32_t>& exits) const {
+  std::unordered_map<int32_t, int32_t> exit_of;
+  for (size_t k = 0; k < exits.size(); ++k) exit_of[exits[k]] = static_cast<int32_t>(k);
+  std::unordered_map<int32_t, int32_t> row_of{{start, 0}};
+  std::vector<int32_t> order{start};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const State& st = states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const int32_t q = byte_edges[e].target;
+      if (!exit_of.count(q) && row_of.emplace(q, static_cast<int32_t>(order.size())).second) order.push_back(q);
+    }
+  }
+  RegionRows rr;
+  rr.rows.assign(order.size() * 256, -1);
+  rr.final.resize(order.size());
+  for (size_t r = 0; r < order.size(); ++r) {
+    const State& st = states[order[r]];
+    rr.final[r] = st.final ? 1 : 0;
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& be = byte_edges[e];
+      auto ex = exit_of.find(be.target);
+      const int32_t v = ex == exit_of.end() ? row_of.at(be.target) : -2 - ex->second;
+      for (int b = be.lo; b <= be.hi; ++b) rr.rows[r * 256 + static_cast<size_t>(b)] = v;
+    }
+  }
+  return rr;
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
+                                                                      size_t stop, bool resume) const {
   const TokenizerInfo& t = *tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
   size_t n_accepted = 0;
-  std::string unused;
-  std::vector<int32_t> exit_states;
-  region_of(s, &unused, &exit_states);
-  std::unordered_map<int32_t, int32_t> exit_of;
-  for (size_t k = 0; k < exit_states.size(); ++k) exit_of[exit_states[k]] = static_cast<int32_t>(k);
-  // Rows over region states only; an exit edge is stored as -2 - (exit number).
-  std::unordered_map<int32_t, int32_t> row_of;
-  std::vector<int32_t> rows;
-  std::vector<int32_t> pending;
-  auto row = [&](int32_t q) -> int32_t {
-    auto it = row_of.find(q);
-    if (it != row_of.end()) return it->second;
-    const int32_t r = static_cast<int32_t>(row_of.size());
-    row_of.emplace(q, r);
-    rows.resize(rows.size() + 256, -1);
-    const State& st = states[q];
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
-      auto ex = exit_of.find(be.target);
-      for (int b = be.lo; b <= be.hi; ++b) {
-        rows[static_cast<size_t>(r) * 256 + b] = ex == exit_of.end() ? be.target : -2 - ex->second;
-      }
-    }
-    return r;
-  };
-  // Resolve every region state to its row up front so that the hot loop reads rows only.
-  std::vector<int32_t> state_row;
-  {
-    std::vector<int32_t> work{s};
-    row(s);
-    while (!work.empty()) {
-      int32_t q = work.back();
-      work.pop_back();
-      const int32_t r = row_of[q];
-      for (int b = 0; b < 256; ++b) {
-        const int32_t nx = rows[static_cast<size_t>(r) * 256 + b];
-        if (nx >= 0 && row_of.find(nx) == row_of.end()) {
-          row(nx);
-          work.push_back(nx);
-        }
-      }
-    }
-    for (size_t k = 0; k < rows.size(); ++k) {
-      if (rows[k] >= 0) rows[k] = row_of[rows[k]];  // state -> row
-    }
-  }
-  std::vector<uint8_t> row_final(row_of.size());
-  for (const auto& kv : row_of) row_final[static_cast<size_t>(kv.second)] = states[kv.first].final ? 1 : 0;
+  const std::vector<int32_t>& rows = rr.rows;
+  const std::vector<uint8_t>& row_final = rr.final;
   const ByteSet& fol = follow[states[s].rule];
   // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
   auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && has(fol, b); };
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
-  stack[0] = row_of[s];
+  stack[0] = 0;  // s's row
   size_t valid = 0;
   for (size_t i = begin; i < stop; ++i) {
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));

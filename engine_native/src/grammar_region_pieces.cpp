@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "grammar.h"
+#include "grammar_pool.h"
 #include "grammar_profile.h"
 
 namespace agent_infer {
@@ -26,33 +27,20 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, st
   return tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tok->sorted.size()}}));
 }
 
-std::shared_ptr<StateMask> CompiledGrammar::walk_region_depth1(int32_t t, const std::vector<int32_t>& exits,
-                                                               const std::vector<std::pair<size_t, size_t>>& runs) const {
+std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
+    int32_t t, const std::vector<int32_t>& exits, const std::vector<std::pair<size_t, size_t>>& runs) const {
+  // Built once per walk: a split walk's parts share it.
+  const RegionRows rr = region_rows(t, exits);
+  std::shared_ptr<const StateMask> split;
+  if (split_region_depth1(rr, t, runs, &split)) return split;
+  return walk_region_depth1_part(rr, t, runs, false);
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1_part(
+    const RegionRows& rr, int32_t t, const std::vector<std::pair<size_t, size_t>>& runs, bool resume) const {
   const TokenizerInfo& tk = *tok;
-  std::unordered_map<int32_t, int32_t> exit_of;
-  for (size_t k = 0; k < exits.size(); ++k) exit_of[exits[k]] = static_cast<int32_t>(k);
-  // Dense rows over the region's states (all resolved up front); an exit edge is -2 - exit.
-  std::unordered_map<int32_t, int32_t> row_of{{t, 0}};
-  std::vector<int32_t> order{t};
-  for (size_t i = 0; i < order.size(); ++i) {
-    const State& st = states[order[i]];
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const int32_t q = byte_edges[e].target;
-      if (!exit_of.count(q) && row_of.emplace(q, static_cast<int32_t>(order.size())).second) order.push_back(q);
-    }
-  }
-  std::vector<int32_t> rows(order.size() * 256, -1);
-  std::vector<uint8_t> row_final(order.size());
-  for (size_t r = 0; r < order.size(); ++r) {
-    const State& st = states[order[r]];
-    row_final[r] = st.final ? 1 : 0;
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
-      auto ex = exit_of.find(be.target);
-      const int32_t v = ex == exit_of.end() ? row_of.at(be.target) : -2 - ex->second;
-      for (int b = be.lo; b <= be.hi; ++b) rows[r * 256 + static_cast<size_t>(b)] = v;
-    }
-  }
+  const std::vector<int32_t>& rows = rr.rows;
+  const std::vector<uint8_t>& row_final = rr.final;
   const ByteSet& fol = follow[states[t].rule];
   // Region states call nothing: their only escape is finishing the rule (final, byte in follow).
   // Every byte here is at depth >= 1, where escapes count.
@@ -86,6 +74,11 @@ std::shared_ptr<StateMask> CompiledGrammar::walk_region_depth1(int32_t t, const 
         continue;
       }
       const size_t end = tk.run_end(i, d + 1);
+      // The previous part classified the run this part's first token continues.
+      if (resume && i == runs.front().first && tk.lcp[i] > d) {
+        i = end - 1;
+        continue;
+      }
       const bool escaped = flag[d] || escapes(stack[d], tokb[d]);
       if (nx <= -2) {
         out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1),
@@ -106,6 +99,9 @@ namespace {
 // As in grammar_pieces.cpp: sparse states keep the direct walk; large byte groups use a union.
 constexpr size_t kMinRegionPieceTokens = 4096;
 constexpr size_t kMinRegionUnionTokens = 2048;
+// Slices when a batch fill's threads share the work (grammar_pool.h parallel_for).
+constexpr size_t kPieceGrain = 8;
+constexpr size_t kDigestGrain = 4;
 }  // namespace
 
 // A loop-region state's own region walk is unique to it (its key is rooted at it), but each
@@ -139,6 +135,24 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
   };
   std::unordered_map<int32_t, Target> targets;
   std::vector<int32_t> order;  // targets in order of first byte, for a deterministic walk order
+  {
+    // Each target's region digest serializes the whole loop from there (tens of microseconds
+    // each, for dozens of targets of a search pattern's states): memoized by a batch fill's
+    // threads together first.
+    std::vector<int32_t> inner;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = target[static_cast<size_t>(b)];
+      if (t >= 0 && run_begin(b) != run_end(b) && !exit_of.count(t) &&
+          std::find(inner.begin(), inner.end(), t) == inner.end()) {
+        inner.push_back(t);
+      }
+    }
+    parallel_for(inner.size(), kDigestGrain, [&](size_t k0, size_t k1) {
+      std::string key;
+      std::vector<int32_t> ex;
+      for (size_t k = k0; k < k1; ++k) region_digest_q(inner[k], &key, &ex);
+    });
+  }
   for (int b = 0; b < 256; ++b) {
     const int32_t t = target[static_cast<size_t>(b)];
     if (t < 0 || run_begin(b) == run_end(b)) continue;
@@ -198,49 +212,60 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     }
     std::fill(scratch.begin(), scratch.end(), 0u);
     seed_bits(whole.get(), scratch);
+    // Targets are independent: a batch fill's threads cache their pieces together.
+    std::vector<int32_t> todo;
     for (int32_t t : order) {
-      Target& x = targets[t];
-      auto it = missing.find(t);
-      if (x.exit || it == missing.end()) continue;
-      const bool build_union = x.tokens >= kMinRegionUnionTokens && !x.uni;
-      ByteSet bytes{};
-      for (int b : it->second) bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
-      auto take = [&](const ByteSet& from, StateMask& p) {
-        for (int32_t pos : whole->uncertain) {
-          if (has(from, first_byte(pos))) p.uncertain.push_back(pos);
+      if (!targets[t].exit && missing.count(t)) todo.push_back(t);
+    }
+    parallel_for(todo.size(), 1, [&](size_t k0, size_t k1) {
+      for (size_t k = k0; k < k1; ++k) {
+        const int32_t t = todo[k];
+        const Target& x = targets.at(t);
+        const auto it = missing.find(t);
+        const bool build_union = x.tokens >= kMinRegionUnionTokens && !x.uni;
+        ByteSet bytes{};
+        for (int b : it->second) bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
+        // The uncertain positions and exits of the runs of `byte_list` (ascending), found by search:
+        // both lists are in walk order, and a scan of them per byte was quadratic.
+        auto take = [&](const std::vector<int>& byte_list, StateMask& p) {
+          const auto& unc = whole->uncertain;
+          const auto& ex = whole->exits;
+          for (int b : byte_list) {
+            const int32_t lo = static_cast<int32_t>(run_begin(b)), hi = static_cast<int32_t>(run_end(b));
+            auto u0 = std::lower_bound(unc.begin(), unc.end(), lo);
+            p.uncertain.insert(p.uncertain.end(), u0, std::lower_bound(u0, unc.end(), hi));
+            auto by_begin = [](const RegionExit& e, int32_t pos) { return e.begin < pos; };
+            auto e0 = std::lower_bound(ex.begin(), ex.end(), lo, by_begin);
+            for (auto e = e0; e != ex.end() && e->begin < hi; ++e) p.exits.push_back(exit_in_t(x, *e));
+          }
+        };
+        if (build_union) {
+          auto uni = std::make_shared<StateMask>();
+          std::vector<uint32_t> ub(static_cast<size_t>(tk.words), 0);
+          for (int b : it->second) {
+            for (size_t j = run_begin(b); j < run_end(b); ++j) {
+              const int32_t id = tk.sorted[j];
+              ub[static_cast<size_t>(id) >> 5] |= scratch[static_cast<size_t>(id) >> 5] & (1u << (id & 31));
+            }
+          }
+          uni->accepted_bits = std::move(ub);
+          uni->first_bytes = bytes;
+          take(it->second, *uni);
+          tok->cache_put(x.key + "UU", std::move(uni));
+          continue;
         }
-        for (const RegionExit& e : whole->exits) {
-          if (has(from, first_byte(e.begin))) p.exits.push_back(exit_in_t(x, e));
-        }
-      };
-      if (build_union) {
-        auto uni = std::make_shared<StateMask>();
-        std::vector<uint32_t> ub(static_cast<size_t>(tk.words), 0);
         for (int b : it->second) {
+          auto p = std::make_shared<StateMask>();
           for (size_t j = run_begin(b); j < run_end(b); ++j) {
             const int32_t id = tk.sorted[j];
-            ub[static_cast<size_t>(id) >> 5] |= scratch[static_cast<size_t>(id) >> 5] & (1u << (id & 31));
+            if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
           }
+          take({b}, *p);
+          p->accepted_ids.shrink_to_fit();
+          tok->cache_put(x.key + static_cast<char>(b), std::move(p));
         }
-        uni->accepted_bits = std::move(ub);
-        uni->first_bytes = bytes;
-        take(bytes, *uni);
-        tok->cache_put(x.key + "UU", std::move(uni));
-        continue;
       }
-      for (int b : it->second) {
-        auto p = std::make_shared<StateMask>();
-        for (size_t j = run_begin(b); j < run_end(b); ++j) {
-          const int32_t id = tk.sorted[j];
-          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
-        }
-        ByteSet one{};
-        one[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
-        take(one, *p);
-        p->accepted_ids.shrink_to_fit();
-        tok->cache_put(x.key + static_cast<char>(b), std::move(p));
-      }
-    }
+    });
     return whole;
   }
   for (const auto& kv : missing) {
@@ -248,33 +273,35 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     const Target& x = targets[t];
     std::vector<std::pair<size_t, size_t>> runs;
     for (int b : kv.second) runs.emplace_back(run_begin(b), run_end(b));
-    std::shared_ptr<StateMask> walked;
+    std::shared_ptr<const StateMask> walked;
     {
       profile::Scope scope(profile::kRegionWalk);
       walked = walk_region_depth1(t, x.exits, runs);
     }
     std::fill(scratch.begin(), scratch.end(), 0u);
     seed_bits(walked.get(), scratch);
-    size_t u = 0, e = 0;
-    for (int b : kv.second) {
-      const size_t lo = run_begin(b), hi = run_end(b);
-      auto p = std::make_shared<StateMask>();
-      for (size_t j = lo; j < hi; ++j) {
-        const int32_t id = tk.sorted[j];
-        if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+    const std::vector<int>& bytes = kv.second;
+    parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
+      for (size_t k = k0; k < k1; ++k) {
+        const int b = bytes[k];
+        const size_t lo = run_begin(b), hi = run_end(b);
+        auto p = std::make_shared<StateMask>();
+        for (size_t j = lo; j < hi; ++j) {
+          const int32_t id = tk.sorted[j];
+          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+        }
+        // Uncertain positions and exits are in walk order (ascending).
+        const auto& unc = walked->uncertain;
+        auto u0 = std::lower_bound(unc.begin(), unc.end(), static_cast<int32_t>(lo));
+        p->uncertain.assign(u0, std::lower_bound(u0, unc.end(), static_cast<int32_t>(hi)));
+        auto by_begin = [](const RegionExit& e, int32_t pos) { return e.begin < pos; };
+        const auto& ex = walked->exits;
+        auto e0 = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(lo), by_begin);
+        p->exits.assign(e0, std::lower_bound(e0, ex.end(), static_cast<int32_t>(hi), by_begin));
+        p->accepted_ids.shrink_to_fit();
+        piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
       }
-      // Uncertain positions and exits are in walk order, and runs were walked in byte order.
-      for (; u < walked->uncertain.size() && static_cast<size_t>(walked->uncertain[u]) < hi; ++u) {
-        p->uncertain.push_back(walked->uncertain[u]);
-      }
-      for (; e < walked->exits.size() && static_cast<size_t>(walked->exits[e].begin) < hi; ++e) {
-        p->exits.push_back(walked->exits[e]);
-      }
-      p->accepted_ids.shrink_to_fit();
-      p->uncertain.shrink_to_fit();
-      p->exits.shrink_to_fit();
-      piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
-    }
+    });
   }
 
   auto out = std::make_shared<StateMask>();

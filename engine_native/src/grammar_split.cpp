@@ -51,7 +51,18 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
       total += r.end - r.begin;
       continue;
     }
-    for (int b = 0; b < 256; ++b) {
+    if (r.begin >= r.end) {
+      seg_end.push_back(segments.size());
+      continue;
+    }
+    // Only the first bytes of the range's own tokens: a walk of region exits or of long tokens
+    // has thousands of short ranges, and 256 lookups each cost more than the split saved.
+    auto run_of = [&](size_t pos) {
+      return static_cast<int>(std::upper_bound(tk.first_byte_end.begin(), tk.first_byte_end.end(), pos) -
+                              tk.first_byte_end.begin());
+    };
+    const int b_lo = run_of(r.begin), b_hi = std::min(255, run_of(r.end - 1));
+    for (int b = b_lo; b <= b_hi; ++b) {
       const size_t lo = std::max(r.begin, run_begin(b));
       const size_t hi = std::min(r.end, static_cast<size_t>(tk.first_byte_end[static_cast<size_t>(b)]));
       if (lo >= hi) continue;
@@ -180,7 +191,7 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
   return true;
 }
 
-bool CompiledGrammar::split_region(int32_t s, std::shared_ptr<const StateMask>* out) const {
+bool CompiledGrammar::split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
   if (threads < 2) return false;
   const std::vector<WalkRange> whole{{0, tok->sorted.size(), 0, s, 0}};
@@ -189,7 +200,39 @@ bool CompiledGrammar::split_region(int32_t s, std::shared_ptr<const StateMask>* 
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   run_parts(parts.size(), [&](size_t i) {
     const WalkRange& r = parts[i].ranges.front();  // one range per part: the walk has one
-    done[i] = compute_region_part(s, r.begin, r.end, parts[i].resume);
+    done[i] = compute_region_part(rr, s, r.begin, r.end, parts[i].resume);
+  });
+  *out = assemble(*tok, done, nullptr);
+  return true;
+}
+
+namespace {
+// Runs entered at depth 1 as walk ranges from t, and back (Range: CompiledGrammar::WalkRange).
+template <class Range>
+std::vector<Range> runs_as_ranges(const std::vector<std::pair<size_t, size_t>>& runs, int32_t t) {
+  std::vector<Range> ranges;
+  for (const auto& r : runs) ranges.push_back({r.first, r.second, 1, t, 0});
+  return ranges;
+}
+template <class Range>
+std::vector<std::pair<size_t, size_t>> ranges_as_runs(const std::vector<Range>& ranges) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (const auto& r : ranges) runs.emplace_back(r.begin, r.end);
+  return runs;
+}
+}  // namespace
+
+bool CompiledGrammar::split_region_depth1(const RegionRows& rr, int32_t t,
+                                          const std::vector<std::pair<size_t, size_t>>& runs,
+                                          std::shared_ptr<const StateMask>* out) const {
+  const size_t threads = batch_team_threads();
+  if (threads < 2) return false;
+  // Ranges at depth 1: every token counts as live (its first byte is taken as read).
+  const std::vector<Part<WalkRange>> parts = cut_parts(*this, runs_as_ranges<WalkRange>(runs, t), threads);
+  if (parts.empty()) return false;
+  std::vector<std::shared_ptr<const StateMask>> done(parts.size());
+  run_parts(parts.size(), [&](size_t i) {
+    done[i] = walk_region_depth1_part(rr, t, ranges_as_runs(parts[i].ranges), parts[i].resume);
   });
   *out = assemble(*tok, done, nullptr);
   return true;
@@ -213,8 +256,12 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   auto calls = [&](const std::vector<WalkRange>& r, bool resume) {
     return compute_mask_with_calls_part(r, nullptr, resume);
   };
+  std::string key;
+  std::vector<int32_t> exits;
+  const bool in_region = region_of(s, &key, &exits);
+  const RegionRows rr = in_region ? region_rows(s, exits) : RegionRows();
   auto region = [&](const std::vector<WalkRange>& r, bool resume) {
-    return compute_region_part(s, r.front().begin, r.back().end, resume);
+    return compute_region_part(rr, s, r.front().begin, r.back().end, resume);
   };
   const std::vector<WalkRange> whole{{0, n, 0, s, 0}};
   // The first-byte runs, each entered at depth 1 (as the piece walks do).
@@ -228,9 +275,14 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   }
   bool ok = check(whole, plain) && check(runs, plain);
   if (calls_within_reach(s)) ok = ok && check(whole, calls);
-  std::string key;
-  std::vector<int32_t> exits;
-  if (region_of(s, &key, &exits)) ok = ok && check(whole, region);
+  if (in_region) {
+    ok = ok && check(whole, region);
+    // The region entered at depth 1, over the whole vocabulary.
+    auto region1 = [&](const std::vector<WalkRange>& r, bool resume) {
+      return walk_region_depth1_part(rr, s, ranges_as_runs(r), resume);
+    };
+    ok = ok && check(runs_as_ranges<WalkRange>({{0, n}}, s), region1);
+  }
   return ok;
 }
 
