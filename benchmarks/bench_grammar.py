@@ -228,16 +228,14 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
-    """Batched vs sequential mask fills over identical matcher trajectories.
-
-    Two passes replay the same steps from the same start positions and the same cache state
-    (``Engine.restart``): pass 1 fills the rows one by one on this thread, pass 2 in one batched
-    call. Separate passes matter for engines that cache masks per state: in a shared pass,
-    whichever fill ran second would hit the cache the first one filled.
-    """
+def batch_rows(
+    engine: Engine, task: dict[str, Any]
+) -> tuple[list[tuple[Matcher, Any, list[int], int]], list[str]]:
+    """The batch's rows: (matcher, schema, tokens, start position) for up to ``task["n"]`` items
+    the engine compiles and accepts up to a seeded mid-document position; plus the skipped ones."""
     rng = random.Random(task["seed"])
     items: list[tuple[Matcher, Any, list[int], int]] = []
+    ids: list[str] = []
     skipped: list[str] = []
     for it in task["items"]:
         if len(items) >= task["n"]:
@@ -252,8 +250,21 @@ def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
         # Keep only instances the engine accepts up to a realistic mid-document position.
         if all(m.accept(t) for t in toks[:start]):
             items.append((m, it["schema"], toks, start))
+            ids.append(it["id"])
         else:
             skipped.append(f"{it['id']}: rejected")
+    return items, ids, skipped
+
+
+def _run_batch(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
+    """Batched vs sequential mask fills over identical matcher trajectories.
+
+    Two passes replay the same steps from the same start positions and the same cache state
+    (``Engine.restart``): pass 1 fills the rows one by one on this thread, pass 2 in one batched
+    call. Separate passes matter for engines that cache masks per state: in a shared pass,
+    whichever fill ran second would hit the cache the first one filled.
+    """
+    items, _, skipped = batch_rows(engine, task)
     if not items:
         return {"status": "error", "error": "no usable matcher", "skipped": skipped}
     native, _ = engine.allocate(len(items))
@@ -745,10 +756,11 @@ def report(paths: Sequence[Path]) -> str:
     return "\n\n".join(sections)
 
 
-def run_batch(
-    args: argparse.Namespace, spec: TokenizerSpec, schemas: list[dict[str, Any]], out_path: Path
-) -> str:
-    """``--batch N``: one batched fill over N matchers vs the single-thread sum, per engine."""
+def batch_task(
+    spec: TokenizerSpec, schemas: list[dict[str, Any]], n: int, which: str, seed: int
+) -> dict[str, Any] | None:
+    """The ``--batch`` task: 2N seeded candidates (one valid instance each, so that schemas an
+    engine cannot compile can be skipped), or None if no schema has a valid instance."""
     tokens = tokenize_tests(spec, schemas)
     items = []
     for s in schemas:
@@ -756,26 +768,28 @@ def run_batch(
         if valid:
             items.append({"id": s["id"], "schema": s["schema"], "valid": valid})
     if not items:
-        return f"### {spec.name}: no schema with a valid instance"
-    rng = random.Random(args.seed)
-    if args.batch_schemas == "same":
+        return None
+    rng = random.Random(seed)
+    if which == "same":
         base = items[0]
         chosen = [
             {"id": base["id"], "schema": base["schema"], "tokens": rng.choice(base["valid"])}
-            for _ in range(args.batch * 2)
+            for _ in range(n * 2)
         ]
     else:
-        # Spare candidates (2N) so schemas an engine cannot compile can be skipped.
-        pool = [items[i % len(items)] for i in range(max(args.batch * 2, len(items)))]
+        pool = [items[i % len(items)] for i in range(max(n * 2, len(items)))]
         chosen = [{"id": it["id"], "schema": it["schema"], "tokens": rng.choice(it["valid"])} for it in pool]
-    task = {
-        "items": chosen,
-        "n": args.batch,
-        "steps": args.batch_steps,
-        "threads": args.threads,
-        "seed": args.seed,
-        "repeats": args.batch_repeats,
-    }
+    return {"items": chosen, "n": n, "seed": seed}
+
+
+def run_batch(
+    args: argparse.Namespace, spec: TokenizerSpec, schemas: list[dict[str, Any]], out_path: Path
+) -> str:
+    """``--batch N``: one batched fill over N matchers vs the single-thread sum, per engine."""
+    task = batch_task(spec, schemas, args.batch, args.batch_schemas, args.seed)
+    if task is None:
+        return f"### {spec.name}: no schema with a valid instance"
+    task.update(steps=args.batch_steps, threads=args.threads, repeats=args.batch_repeats)
     head = (
         "| engine | matchers | steps | sequential sum / step (p50) | batched wall / step (p50) "
         "| batched / sequential (p50) | total ratio | batched CPU / wall |"

@@ -201,3 +201,24 @@ def test_parts_reassemble_to_the_whole_walk(tok_name: str) -> None:
     for key in keys[:: max(1, len(keys) // 24)]:
         assert states[key].split_matches_whole(key[1], 37), key[1]
     assert len(keys) >= 24
+
+
+def test_batch_trace_records_rows_parts_and_the_batch() -> None:
+    """The opt-in timeline: one event per row and one per batch, inside the batch's span; parts of
+    split walks when a first visit splits; nothing once recording is off."""
+    base = tokenizer_info("deepseek")
+    matchers, _ = _matchers(_fresh(base), "deepseek")
+    native = load_native()
+    mask = allocate_token_bitmask(len(matchers), base.vocab_size)
+    native.grammar_batch_trace(True)
+    fill_next_token_bitmask_batch(matchers, mask, num_threads=2)
+    events = native.grammar_batch_trace(False)
+    rows = [e for e in events if e[0] == "r"]
+    (batch,) = [e for e in events if e[0] == "b"]
+    assert sorted(e[1] for e in rows) == list(range(len(matchers)))
+    assert batch[1] == len(matchers)
+    assert any(e[0] == "p" for e in events), "cold first visits of this batch split"
+    for kind, _, _, t0, t1 in events:
+        assert t0 <= t1 and batch[3] <= t0 and t1 <= batch[4], kind
+    fill_next_token_bitmask_batch(matchers, mask, num_threads=2)
+    assert native.grammar_batch_trace() == []

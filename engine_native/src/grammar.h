@@ -598,6 +598,17 @@ struct BatchStats {
   uint64_t split_walks, helper_joins, helper_rows, parallel_loops;
 };
 BatchStats batch_stats();
+// Opt-in timeline of batch fills (profiling: benchmarks/profile_batch.py): one event per filled
+// row ('r', row index), per part of a split walk or shared loop ('p', part index) and per batch
+// ('b', row count), with the thread's ordinal and steady-clock nanoseconds. Off by default (a
+// relaxed load per row); `enable` switches recording on (clearing earlier events) or off.
+struct BatchEvent {
+  char kind;
+  uint32_t index, thread;
+  int64_t t0, t1;
+};
+void batch_trace_enable(bool enable);
+std::vector<BatchEvent> batch_trace_take();
 // Split thresholds (tests use tiny parts to put part seams everywhere): walks with fewer live
 // tokens stay whole; part_tokens 0 = sized by the thread count. Returns the previous values.
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens);

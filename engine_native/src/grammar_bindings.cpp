@@ -2,12 +2,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "bindings.h"
 #include "grammar.h"
@@ -180,6 +182,20 @@ void register_grammar(nb::module_& m) {
       },
       "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows, "
       "and first-visit loops (piece building, region digests) spread over the threads.");
+  m.def(
+      "grammar_batch_trace",
+      [](std::optional<bool> enable) {
+        if (enable) grammar::batch_trace_enable(*enable);
+        nb::list out;
+        for (const grammar::BatchEvent& e : grammar::batch_trace_take()) {
+          out.append(nb::make_tuple(std::string(1, e.kind), e.index, e.thread, e.t0, e.t1));
+        }
+        return out;
+      },
+      nb::arg("enable") = nb::none(),
+      "Batch-fill timeline: returns and clears the recorded (kind, index, thread, t0_ns, t1_ns) events, kind "
+      "'r' row, 'p' part of a split walk or shared loop, 'b' whole batch (index = rows); enable=True/False "
+      "starts (clearing) or stops recording.");
   m.def("grammar_split_tuning", &grammar::set_split_tuning, nb::arg("min_split_tokens"), nb::arg("part_tokens"),
         "Set the split thresholds of batch-fill walks (part_tokens 0 = by thread count); returns the old ones.");
 }

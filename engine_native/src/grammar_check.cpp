@@ -24,18 +24,52 @@ namespace {
 constexpr int32_t kMaxDepth = 64;
 constexpr size_t kMaxConfigs = 1 << 14;
 constexpr size_t kMaxSets = 1 << 14;
+
+// The check's working storage, kept per thread and cleared per call: it runs on most steps of
+// a constrained decode, and allocating its tables each time cost more than the walk itself (and
+// contended the allocator when a batch fill runs rows on several threads).
+struct CheckScratch {
+  struct Node {
+    int32_t ret, parent, depth;
+  };
+  std::vector<Node> nodes;
+  std::unordered_map<uint64_t, int32_t> node_ids;
+  std::vector<Item> cfg;  // (state, stack)
+  ItemSet seen;
+  std::vector<Item> pool;
+  std::vector<std::pair<size_t, size_t>> sets;
+  std::unordered_map<uint64_t, int32_t> set_ids;  // hash -> first set with it (chained by set_next)
+  std::vector<int32_t> set_next;
+  std::vector<int32_t> trans;  // sets.size() * 256; -2 unknown, -1 dead
+  std::vector<int32_t> set_at;
+  void clear() {
+    nodes.clear();
+    node_ids.clear();
+    cfg.clear();
+    seen.clear();
+    pool.clear();
+    sets.clear();
+    set_ids.clear();
+    set_next.clear();
+    trans.clear();
+  }
+};
+
+CheckScratch& check_scratch() {
+  thread_local CheckScratch sc;
+  sc.clear();
+  return sc;
+}
 }  // namespace
 
 bool Matcher::check_uncertain_walk(uint32_t* mask) {
   profile::Scope scope(profile::kCheckWalk);
   const CompiledGrammar& g = *g_;
   const TokenizerInfo& t = *g.tok;
+  CheckScratch& sc = check_scratch();
   // Stacks: v >= 0 is a return node, v < 0 the Earley history set -1 - v.
-  struct Node {
-    int32_t ret, parent, depth;
-  };
-  std::vector<Node> nodes;
-  std::unordered_map<uint64_t, int32_t> node_ids;
+  std::vector<CheckScratch::Node>& nodes = sc.nodes;
+  std::unordered_map<uint64_t, int32_t>& node_ids = sc.node_ids;
   bool gave_up = false;
   auto push = [&](int32_t ret, int32_t parent) -> int32_t {
     // A tail call: returning to `ret` (accepting, no edges) only returns further, to `parent`'s
@@ -57,8 +91,8 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
     node_ids.emplace(k, id);
     return id;
   };
-  std::vector<Item> cfg;  // (state, stack)
-  ItemSet seen;
+  std::vector<Item>& cfg = sc.cfg;  // (state, stack)
+  ItemSet& seen = sc.seen;
   auto add = [&](int32_t q, int32_t st) {
     if (seen.insert((static_cast<uint64_t>(static_cast<uint32_t>(q)) << 32) | static_cast<uint32_t>(st))) {
       cfg.push_back({q, st});
@@ -79,7 +113,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
       }
       if (!st.final) continue;
       if (c.origin >= 0) {
-        const Node& n = nodes[static_cast<size_t>(c.origin)];
+        const CheckScratch::Node& n = nodes[static_cast<size_t>(c.origin)];
         add(n.ret, n.parent);
         continue;
       }
@@ -95,21 +129,36 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
       }
     }
   };
-  std::vector<Item> pool;
-  std::vector<std::pair<size_t, size_t>> sets;
-  std::unordered_map<std::string, int32_t> set_ids;
-  std::vector<int32_t> trans;  // sets.size() * 256; -2 unknown, -1 dead
+  std::vector<Item>& pool = sc.pool;
+  std::vector<std::pair<size_t, size_t>>& sets = sc.sets;
+  std::unordered_map<uint64_t, int32_t>& set_ids = sc.set_ids;
+  std::vector<int32_t>& set_next = sc.set_next;
+  std::vector<int32_t>& trans = sc.trans;
   auto intern_set = [&]() {
     std::sort(cfg.begin(), cfg.end(),
               [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
-    std::string key(reinterpret_cast<const char*>(cfg.data()), cfg.size() * sizeof(Item));
-    auto it = set_ids.find(key);
-    if (it != set_ids.end()) return it->second;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ cfg.size();
+    for (const Item& c : cfg) {
+      h = (h ^ ((static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) | static_cast<uint32_t>(c.origin))) *
+          0xff51afd7ed558ccdull;
+      h ^= h >> 29;
+    }
+    auto it = set_ids.find(h);
+    const int32_t head = it == set_ids.end() ? -1 : it->second;
+    for (int32_t k = head; k >= 0; k = set_next[static_cast<size_t>(k)]) {
+      const auto& range = sets[static_cast<size_t>(k)];
+      if (range.second - range.first == cfg.size() &&
+          std::equal(cfg.begin(), cfg.end(), pool.begin() + static_cast<long>(range.first),
+                     [](const Item& x, const Item& y) { return x.state == y.state && x.origin == y.origin; })) {
+        return k;
+      }
+    }
     const int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back({pool.size(), pool.size() + cfg.size()});
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
-    set_ids.emplace(std::move(key), id);
+    set_next.push_back(head);
+    set_ids[h] = id;
     return id;
   };
   auto transition = [&](int32_t a, uint8_t b) -> int32_t {
@@ -129,7 +178,8 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
   cfg.clear();
   seen.clear();
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) add(items_[k].state, -1 - items_[k].origin);
-  std::vector<int32_t> set_at(t.max_token_len + 1);
+  std::vector<int32_t>& set_at = sc.set_at;
+  set_at.resize(t.max_token_len + 1);
   set_at[0] = intern_set();
   size_t valid = 0;
   const char* prev = nullptr;

@@ -10,6 +10,7 @@
 #include "grammar_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <thread>
 
@@ -27,6 +28,37 @@ std::atomic<size_t> g_part_tokens{0};
 
 struct Batch;
 
+// The opt-in timeline (grammar.h BatchEvent).
+std::atomic<bool> g_trace_on{false};
+std::mutex g_trace_mu;
+std::vector<BatchEvent> g_trace;
+std::atomic<uint32_t> g_thread_ordinals{0};
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+uint32_t thread_ordinal() {
+  thread_local const uint32_t ordinal = g_thread_ordinals.fetch_add(1, std::memory_order_relaxed);
+  return ordinal;
+}
+// Times one row, part or batch when tracing is on.
+class TraceScope {
+ public:
+  TraceScope(char kind, size_t index)
+      : kind_(kind), index_(static_cast<uint32_t>(index)), t0_(g_trace_on.load(std::memory_order_relaxed) ? now_ns() : 0) {}
+  ~TraceScope() {
+    if (t0_ == 0) return;
+    const BatchEvent e{kind_, index_, thread_ordinal(), t0_, now_ns()};
+    std::lock_guard<std::mutex> lock(g_trace_mu);
+    g_trace.push_back(e);
+  }
+
+ private:
+  char kind_;
+  uint32_t index_;
+  int64_t t0_;
+};
+
 // One split walk: parts claimed from a counter by whichever threads come by.
 class Job {
  public:
@@ -37,6 +69,7 @@ class Job {
   void help() {
     for (size_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) {
       try {
+        TraceScope trace('p', i);
         run_(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -100,6 +133,7 @@ struct Batch {
     for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n; ++filled) {
       const size_t i = order ? order[k] : k;
       try {
+        TraceScope trace('r', i);
         results[i] = matchers[i]->fill_mask(data + rows[i] * words, words) ? 1 : 0;
       } catch (...) {
         std::lock_guard<std::mutex> lock(err_mu);
@@ -266,6 +300,19 @@ BatchStats batch_stats() {
           g_helper_rows.load(std::memory_order_relaxed), g_parallel_loops.load(std::memory_order_relaxed)};
 }
 
+void batch_trace_enable(bool enable) {
+  std::lock_guard<std::mutex> lock(g_trace_mu);
+  if (enable) g_trace.clear();
+  g_trace_on.store(enable, std::memory_order_relaxed);
+}
+
+std::vector<BatchEvent> batch_trace_take() {
+  std::lock_guard<std::mutex> lock(g_trace_mu);
+  std::vector<BatchEvent> out;
+  out.swap(g_trace);
+  return out;
+}
+
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens) {
   return {g_min_split_tokens.exchange(min_split_tokens), g_part_tokens.exchange(part_tokens)};
 }
@@ -295,7 +342,10 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
     }
   }
   Batch batch(matchers, rows, n, data, words, results, team, order.empty() ? nullptr : order.data());
-  p.run(batch);
+  {
+    TraceScope trace('b', n);
+    p.run(batch);
+  }
   if (batch.error) std::rethrow_exception(batch.error);
 }
 

@@ -21,6 +21,8 @@ namespace {
 // configuration sets in every part).
 constexpr size_t kPartsPerThread = 4;
 constexpr size_t kMinPartTokens = 4096;
+// Relative cost per token of the pushdown walk (split_walk).
+constexpr size_t kCallsWeight = 4;
 
 template <class Range>
 struct Part {
@@ -34,7 +36,7 @@ struct Part {
 // the whole vocabulary is cheap and stays whole.
 template <class Range>
 std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<Range>& ranges, size_t threads,
-                                   size_t min_split, size_t part_tokens) {
+                                   size_t min_split, size_t part_tokens, size_t min_part = kMinPartTokens) {
   const TokenizerInfo& tk = *g.tok;
   auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
   struct Segment {
@@ -74,7 +76,7 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
   }
   if (total < min_split) return {};
   const size_t slots = threads * kPartsPerThread;
-  const size_t target = part_tokens > 0 ? part_tokens : std::max(kMinPartTokens, (total + slots - 1) / slots);
+  const size_t target = part_tokens > 0 ? part_tokens : std::max(min_part, (total + slots - 1) / slots);
   std::vector<Part<Range>> parts(1);
   size_t filled = 0, seg = 0;
   for (size_t ri = 0; ri < ranges.size(); ++ri) {
@@ -114,9 +116,12 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
 }
 
 template <class Range>
-std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<Range>& ranges, size_t threads) {
-  auto parts = cut_parts(g, ranges, threads, split_min_tokens(),
-                         split_part_tokens());
+std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<Range>& ranges, size_t threads,
+                                   size_t weight = 1) {
+  // `weight`: the walk's cost per token relative to the plain walk's; the thresholds are in
+  // plain-walk tokens.
+  auto parts = cut_parts(g, ranges, threads, split_min_tokens() / weight, split_part_tokens(),
+                         std::max<size_t>(1, kMinPartTokens / weight));
   if (!parts.empty()) count_split();
   return parts;
 }
@@ -174,7 +179,11 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
                                  std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
   if (threads < 2) return false;
-  const std::vector<Part<WalkRange>> parts = cut_parts(*this, ranges, threads);
+  // A pushdown walk reads configuration sets (several items, interned per part) where the plain
+  // walk reads one state: measured at 4-8x the plain walk's time per token, so a walk of a few
+  // thousand tokens (a twin's long tokens from a position inside an object) already runs for
+  // milliseconds.
+  const std::vector<Part<WalkRange>> parts = cut_parts(*this, ranges, threads, calls ? kCallsWeight : 1);
   if (parts.empty()) return false;
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   std::atomic<bool> gave_up{false};
