@@ -230,9 +230,10 @@ def _run_schema(engine: Engine, task: dict[str, Any]) -> dict[str, Any]:
 
 def batch_rows(
     engine: Engine, task: dict[str, Any]
-) -> tuple[list[tuple[Matcher, Any, list[int], int]], list[str]]:
+) -> tuple[list[tuple[Matcher, Any, list[int], int]], list[str], list[str]]:
     """The batch's rows: (matcher, schema, tokens, start position) for up to ``task["n"]`` items
-    the engine compiles and accepts up to a seeded mid-document position; plus the skipped ones."""
+    the engine compiles and accepts up to a seeded mid-document position; their schema ids; and
+    the skipped items."""
     rng = random.Random(task["seed"])
     items: list[tuple[Matcher, Any, list[int], int]] = []
     ids: list[str] = []

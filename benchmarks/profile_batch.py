@@ -16,7 +16,7 @@ import argparse
 import gc
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +61,16 @@ def _replay(
 
 def _idle(
     step: list[tuple[str, int, int, int, int]], threads: int, slot_ns: int = 5000
-) -> tuple[float, Counter[int]]:
+) -> tuple[float, dict[int, float]]:
     """Idle thread-µs of one batch, and per row the idle µs while it was the row running."""
     batch = [e for e in step if e[0] == "b"]
     if not batch:
-        return 0.0, Counter()
+        return 0.0, {}
     t0, t1 = batch[0][3], batch[0][4]
     busy = [e for e in step if e[0] in "rp"]
     rows = [e for e in step if e[0] == "r"]
     idle = 0.0
-    blame: Counter[int] = Counter()
+    blame: dict[int, float] = defaultdict(float)
     for t in range(t0, t1, slot_ns):
         active = {e[2] for e in busy if e[3] <= t < e[4]}
         missing = threads - len(active)
@@ -117,7 +117,7 @@ def main() -> int:
         f"(wall ratio {wall / one_wall:.2f}, CPU ratio {cpu / one_cpu:.2f})"
     )
     total_idle = 0.0
-    by_schema: Counter[str] = Counter()
+    by_schema: dict[str, float] = defaultdict(float)
     per_step: list[tuple[float, int, dict[str, float]]] = []
     for k, step in enumerate(events):
         idle, blame = _idle(step, args.threads)
@@ -129,7 +129,7 @@ def main() -> int:
         per_step.append((idle, k, dict(named)))
     print(f"idle thread time inside the threaded batches: {total_idle / 1e3:.1f} ms")
     print("\nidle while one schema's row ran (ms):")
-    for name, us in by_schema.most_common(args.top):
+    for name, us in sorted(by_schema.items(), key=lambda x: -x[1])[: args.top]:
         print(f"  {us / 1e3:7.2f}  {name}")
     print("\nsteps with the most idle time (µs):")
     for idle, k, named in sorted(per_step, reverse=True)[: args.top]:
