@@ -94,6 +94,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=10, help="schemas and steps listed")
+    ap.add_argument("--show", type=int, default=None, help="print the timeline of this step")
     args = ap.parse_args()
 
     spec = bg.prepare_tokenizer(args.tokenizer)
@@ -135,6 +136,16 @@ def main() -> int:
     for idle, k, named in sorted(per_step, reverse=True)[: args.top]:
         top = ", ".join(f"{n} {us:.0f}" for n, us in sorted(named.items(), key=lambda x: -x[1])[:2])
         print(f"  step {k:3d}: idle {idle:7.0f}  ({top})")
+    if args.show is not None and args.show < len(events):
+        step = sorted(events[args.show], key=lambda e: e[3])
+        start = min(e[3] for e in step)
+        print(f"\nstep {args.show} (µs from the batch's start; rows over 50 µs and every part):")
+        for kind, index, thread, t0, t1 in step:
+            if kind == "p" or (kind == "r" and t1 - t0 > 50_000):
+                name = row_ids[index] if kind == "r" else ""
+                print(
+                    f"  {kind} {index:3d} thread {thread}  {(t0 - start) / 1e3:8.0f} +{(t1 - t0) / 1e3:7.0f}  {name}"
+                )
     return 0
 
 
