@@ -843,6 +843,14 @@ def run_batch(
     return "\n".join(lines)
 
 
+def add_sample_args(ap: argparse.ArgumentParser) -> None:
+    """The sample options the profiling scripts share: tokenizer, data folder, size and seed."""
+    ap.add_argument("--tokenizer", default="deepseek", choices=["smollm2", "deepseek"])
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
+    ap.add_argument("--limit", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """Adapter options passed to every worker."""
     return {"gc_freeze": args.gc_freeze}

@@ -86,10 +86,7 @@ def _idle(
 def main() -> int:
     """Runs both passes and prints the breakdown."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", default="deepseek", choices=["smollm2", "deepseek"])
-    ap.add_argument("--data", default=str(bg.DEFAULT_DATA))
-    ap.add_argument("--limit", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
+    bg.add_sample_args(ap)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)

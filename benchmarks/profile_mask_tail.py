@@ -26,10 +26,7 @@ from grammar_peers import OursEngine
 def main() -> int:
     """Runs the sample and prints the tail breakdown."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", default="deepseek", choices=["smollm2", "deepseek"])
-    ap.add_argument("--data", default=str(bg.DEFAULT_DATA))
-    ap.add_argument("--limit", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
+    bg.add_sample_args(ap)
     ap.add_argument("--threshold", type=float, default=200.0, help="µs (CPU) above which a step is 'tail'")
     ap.add_argument("--top", type=int, default=3, help="schemas listed per kind")
     args = ap.parse_args()

@@ -485,6 +485,20 @@ struct Item {
   int32_t origin;
 };
 
+// Sorts a configuration set's items (by state, then origin) and returns a 64-bit digest of them,
+// mixed into `seed`: the key under which the pushdown walks intern their sets.
+inline uint64_t sort_and_digest(std::vector<Item>& items, uint64_t seed) {
+  std::sort(items.begin(), items.end(),
+            [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ seed;
+  for (const Item& c : items) {
+    h = (h ^ ((static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) | static_cast<uint32_t>(c.origin))) *
+        0xff51afd7ed558ccdull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
 // Open-addressing set of items, cleared in O(1) by bumping a stamp.
 class ItemSet {
  public:

@@ -135,14 +135,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
   std::vector<int32_t>& set_next = sc.set_next;
   std::vector<int32_t>& trans = sc.trans;
   auto intern_set = [&]() {
-    std::sort(cfg.begin(), cfg.end(),
-              [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ cfg.size();
-    for (const Item& c : cfg) {
-      h = (h ^ ((static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) | static_cast<uint32_t>(c.origin))) *
-          0xff51afd7ed558ccdull;
-      h ^= h >> 29;
-    }
+    const uint64_t h = sort_and_digest(cfg, cfg.size());
     auto it = set_ids.find(h);
     const int32_t head = it == set_ids.end() ? -1 : it->second;
     for (int32_t k = head; k >= 0; k = set_next[static_cast<size_t>(k)]) {

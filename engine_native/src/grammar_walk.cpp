@@ -158,16 +158,9 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     cfg.erase(std::remove_if(cfg.begin(), cfg.end(),
                              [&](const Item& c) { return states[c.state].byte_end == states[c.state].byte_begin; }),
               cfg.end());
-    std::sort(cfg.begin(), cfg.end(),
-              [](const Item& x, const Item& y) { return x.state != y.state ? x.state < y.state : x.origin < y.origin; });
     // `leave` joins the key: a walk's unexpanded start set ({(s, -1)}, leave 0) must not stand
     // for the same configurations reached by a byte, where s may be final (leave 1).
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ leave;
-    for (const Item& c : cfg) {
-      h = (h ^ ((static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) | static_cast<uint32_t>(c.origin))) *
-          0xff51afd7ed558ccdull;
-      h ^= h >> 29;
-    }
+    const uint64_t h = sort_and_digest(cfg, leave);
     auto it = set_ids.find(h);
     const int32_t head = it == set_ids.end() ? -1 : it->second;
     for (int32_t k = head; k >= 0; k = set_next[static_cast<size_t>(k)]) {
