@@ -33,7 +33,9 @@ def test_garbage_is_collected_before_the_freeze(unfrozen: None) -> None:
     del garbage
     count = freeze_startup_heap()
     assert freed == [True]
-    assert count == gc.get_freeze_count() > 0
+    # Frozen objects can still be freed by reference counting (other threads of the test process
+    # drop theirs at any time), so the count can only shrink after the freeze.
+    assert 0 < gc.get_freeze_count() <= count
     # Frozen objects sit outside every generation, so the live cycle is no longer tracked there.
     assert all(alive is not o for o in gc.get_objects())
 
