@@ -105,6 +105,12 @@ void merge_uncertain(StateMask& out, const StateMask* base);
 std::string digest(const std::string& data, char kind);
 // Seeds a walk's accepted bitset with the tokens `base` (if any) accepts; returns their count.
 size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits);
+class TokenizerInfo;
+// The piece of a walked mask for the sorted positions [lo, hi) (a first byte's run): the ids of
+// the run accepted in `bits` (the walk's accepted tokens as a bitset), in position order, and the
+// walk's uncertain positions (and, with `exits`, region exits) inside the run.
+std::shared_ptr<StateMask> run_piece(const TokenizerInfo& tk, const std::vector<uint32_t>& bits,
+                                     const StateMask& walked, size_t lo, size_t hi, bool exits);
 // seed_bits, then without the tokens at `positions` of the sorted token array (`sorted` maps a
 // position to its id): the part of a mask that a walk of those tokens recomputes.
 size_t seed_bits_except(const StateMask* base, std::vector<uint32_t>& bits, const std::vector<int32_t>& positions,

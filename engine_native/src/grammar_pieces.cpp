@@ -273,16 +273,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
       for (size_t k = k0; k < k1; ++k) {
         const int b = bytes[k];
-        const size_t lo = run_begin(b), hi = tk.first_byte_end[static_cast<size_t>(b)];
-        auto p = std::make_shared<StateMask>();
-        for (size_t j = lo; j < hi; ++j) {
-          const int32_t id = tk.sorted[j];
-          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
-        }
-        // Uncertain positions are ascending.
-        auto u0 = std::lower_bound(walked.uncertain.begin(), walked.uncertain.end(), static_cast<int32_t>(lo));
-        p->uncertain.assign(u0, std::lower_bound(u0, walked.uncertain.end(), static_cast<int32_t>(hi)));
-        p->accepted_ids.shrink_to_fit();
+        auto p = run_piece(tk, scratch, walked, run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], false);
         piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
       }
     });

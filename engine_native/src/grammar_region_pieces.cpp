@@ -284,21 +284,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
       for (size_t k = k0; k < k1; ++k) {
         const int b = bytes[k];
-        const size_t lo = run_begin(b), hi = run_end(b);
-        auto p = std::make_shared<StateMask>();
-        for (size_t j = lo; j < hi; ++j) {
-          const int32_t id = tk.sorted[j];
-          if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
-        }
-        // Uncertain positions and exits are in walk order (ascending).
-        const auto& unc = walked->uncertain;
-        auto u0 = std::lower_bound(unc.begin(), unc.end(), static_cast<int32_t>(lo));
-        p->uncertain.assign(u0, std::lower_bound(u0, unc.end(), static_cast<int32_t>(hi)));
-        auto by_begin = [](const RegionExit& e, int32_t pos) { return e.begin < pos; };
-        const auto& ex = walked->exits;
-        auto e0 = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(lo), by_begin);
-        p->exits.assign(e0, std::lower_bound(e0, ex.end(), static_cast<int32_t>(hi), by_begin));
-        p->accepted_ids.shrink_to_fit();
+        auto p = run_piece(tk, scratch, *walked, run_begin(b), run_end(b), true);
         piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
       }
     });

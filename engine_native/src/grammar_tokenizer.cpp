@@ -281,6 +281,27 @@ std::string digest(const std::string& data, char kind) {
   return key;
 }
 
+std::shared_ptr<StateMask> run_piece(const TokenizerInfo& tk, const std::vector<uint32_t>& bits,
+                                     const StateMask& walked, size_t lo, size_t hi, bool exits) {
+  auto p = std::make_shared<StateMask>();
+  for (size_t j = lo; j < hi; ++j) {
+    const int32_t id = tk.sorted[j];
+    if ((bits[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+  }
+  p->accepted_ids.shrink_to_fit();
+  // Uncertain positions and exits are in walk order (ascending).
+  const auto& unc = walked.uncertain;
+  auto u0 = std::lower_bound(unc.begin(), unc.end(), static_cast<int32_t>(lo));
+  p->uncertain.assign(u0, std::lower_bound(u0, unc.end(), static_cast<int32_t>(hi)));
+  if (exits) {
+    auto by_begin = [](const RegionExit& e, int32_t pos) { return e.begin < pos; };
+    const auto& ex = walked.exits;
+    auto e0 = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(lo), by_begin);
+    p->exits.assign(e0, std::lower_bound(e0, ex.end(), static_cast<int32_t>(hi), by_begin));
+  }
+  return p;
+}
+
 size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
   if (!base) return 0;
   size_t n = base->accepted_ids.size();
