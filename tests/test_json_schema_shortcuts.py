@@ -115,3 +115,78 @@ def test_formats_are_process_constants() -> None:
     assert scalars._encoded_format("date-time") is first
     assert scalars._format_expr("no-such-format") is None
     assert "no-such-format" not in scalars._FORMAT_EXPRS
+
+
+def _accepts(schema: object, texts: dict[str, bool]) -> None:
+    rec = ReferenceRecognizer(Grammar.from_json_schema(schema))
+    for text, ok in texts.items():
+        assert rec.accepts(text) is ok, text
+
+
+def test_one_pattern_key_region_without_an_automaton() -> None:
+    # One patternProperties region and nothing else: the key is the pattern's search expression
+    # (no Python DFA); a declared name that the pattern matches keeps its own schema.
+    pattern = r"^[a-z]{2,3}(-[A-Z]{2})?$"
+    schema = {
+        "type": "object",
+        "patternProperties": {pattern: {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    grammar = Grammar.from_json_schema(schema)
+    assert not any(name.startswith("key-") for name, _ in grammar.rules), "the key was built from a DFA"
+    _accepts(schema, {'{"en":1}': True, '{"en-GB":2,"fra":3}': True, '{"EN":1}': False, '{"en":"x"}': False})
+    # The pattern is a search: an unanchored one takes any key containing a match.
+    _accepts(
+        {"patternProperties": {"b/c": {"type": "null"}}, "additionalProperties": False},
+        {'{"ab/cd":null}': True, '{"ab\\/cd":null}': True, '{"abc":null}': False},
+    )
+    declared = {
+        "type": "object",
+        "properties": {"en": {"minimum": 0}, "Zz": {"type": "boolean"}},
+        "patternProperties": {pattern: {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    # A declared name the pattern matches must satisfy both schemas; other matching keys only
+    # the pattern's.
+    _accepts(declared, {'{"en":1}': True, '{"en":-1}': False, '{"en":"x"}': False, '{"de":-1}': True})
+    unrelated = {**declared, "properties": {"Zz": {"type": "boolean"}}}
+    _accepts(unrelated, {'{"en":1}': True, '{"Zz":true}': True, '{"Zz":1}': False, '{"ZZ":1}': False})
+
+
+def test_string_enum_filtered_by_lengths_without_a_recognizer() -> None:
+    schema = {
+        "enum": ["ab", "abcd", "a/b", "é", "日本語", 7, None, "abcdefg"],
+        "minLength": 2,
+        "maxLength": 4,
+    }
+    _accepts(
+        schema,
+        {
+            '"ab"': True,
+            '"abcd"': True,
+            '"a/b"': True,
+            '"a\\/b"': True,
+            '"é"': False,
+            '"日本語"': True,
+            '"\\u65e5本語"': True,
+            "7": True,  # lengths do not apply to numbers or null
+            "null": True,
+            '"abcdefg"': False,
+        },
+    )
+    typed = {"type": "string", "enum": ["ab", "abc", 1], "minLength": 3}
+    _accepts(typed, {'"abc"': True, '"ab"': False, "1": False})
+
+
+def test_string_enum_encodings_keep_every_escape_form() -> None:
+    values = ["a/b", 'q"uote', "tab\there", "ü-x", "plain"]
+    grammar = Grammar.from_json_schema({"enum": values})
+    rec = ReferenceRecognizer(grammar)
+    import json
+
+    for v in values:
+        assert rec.accepts(json.dumps(v)), v
+        assert rec.accepts(json.dumps(v, ensure_ascii=False)), v
+    assert rec.accepts('"a\\/b"') and rec.accepts('"tab\\u0009here"') and rec.accepts('"\\u00fc-x"')
+    assert not rec.accepts('"pl\\u0061in"')  # printable ASCII may not be escaped
+    assert not rec.accepts('"plai"')

@@ -290,7 +290,7 @@ class Compiler(RuleWriter):
         if vals is not None:
             # A finite list: every other keyword just filters it, decided exactly per value.
             self.allowed_types(flat, pointer)
-            return objects.lower_values(self, vals, flat, pointer, depth)
+            return objects.lower_values(self, vals, flat, pointer, depth, own_enum="const" not in flat)
         if "dependentRequired" in flat or "dependentSchemas" in flat:
             return logic.lower_dependencies(self, flat, pointer, depth)
         if "anyOf" in flat or "oneOf" in flat:

@@ -29,7 +29,7 @@ from agent_infer.grammar.json_schema_members import cat, counted_members, member
 from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
 from agent_infer.grammar.json_schema_names import names_dfa
 from agent_infer.grammar.json_schema_scalars import count
-from agent_infer.grammar.json_schema_text import encode_literal
+from agent_infer.grammar.json_schema_text import encode_expr, encode_literal
 
 if TYPE_CHECKING:
     from agent_infer.grammar.json_schema import Compiler
@@ -62,7 +62,7 @@ def value_expr(c: Compiler, v: Any, depth: int) -> Expr:
         f = to_fraction(v)
         return num.bounded_number(f, False, f, False, False) or lit(json.dumps(v))
     if isinstance(v, str):
-        return seq(lit('"'), encode_literal(v), lit('"'))
+        return _string_value(v)
     if isinstance(v, list):
         if not v:
             return c.empty("[", "]")
@@ -82,20 +82,41 @@ def value_expr(c: Compiler, v: Any, depth: int) -> Expr:
     raise TypeError(f"not a JSON value: {v!r}")
 
 
-def lower_values(c: Compiler, vals: list[Any], flat: dict[str, Any], pointer: str, depth: int) -> Expr:
-    """enum/const: the listed values that also satisfy every sibling keyword (decided per value)."""
+def lower_values(
+    c: Compiler, vals: list[Any], flat: dict[str, Any], pointer: str, depth: int, *, own_enum: bool = False
+) -> Expr:
+    """enum/const: the listed values that also satisfy every sibling keyword (decided per value).
+    ``own_enum``: ``vals`` is ``flat``'s own ``enum`` (no ``const``), so membership is given."""
     from agent_infer.grammar.json_schema_values import value_predicate
 
-    valid = value_predicate(c, flat, pointer)
+    valid = value_predicate(c, flat, pointer, own_enum=own_enum)
     keep = []
     seen = set()
+    strings = True
     for v in vals:
-        key = canon(v)
+        # Strings are their own key (canon's keys are tuples, never equal to a str): generated
+        # enums list thousands of codes.
+        key = v if type(v) is str else canon(v)
         if key not in seen:
             seen.add(key)
             if valid(v):
                 keep.append(v)
-    return alt(*(value_expr(c, v, depth) for v in keep)) if keep else _never()
+                strings = strings and type(v) is str
+    if not keep:
+        return _never()
+    if strings:
+        # Distinct strings have distinct encodings, and none is an alternation: alt() would find
+        # nothing to flatten or drop, only hash every value's expression to be sure.
+        exprs = [_string_value(v) for v in keep]
+        return exprs[0] if len(exprs) == 1 else Alt(tuple(exprs))
+    return alt(*(value_expr(c, v, depth) for v in keep))
+
+
+def _string_value(v: str) -> Expr:
+    """``value_expr`` of a string; printable ASCII is one literal with its quotes."""
+    if v.isascii() and v.isprintable() and '"' not in v and "\\" not in v and "/" not in v:
+        return Literal(f'"{v}"')
+    return seq(lit('"'), encode_literal(v), lit('"'))
 
 
 # -- objects ----------------------------------------------------------------------------------------
@@ -306,6 +327,15 @@ def _extra_member(
         if cache_key not in c.key_cache and names and keys is True and not pats:
             # The common case, "any key but the declared names": rules read off the names' trie.
             c.key_cache[cache_key] = _names_complement_key(c, names)
+        if cache_key not in c.key_cache and mask == (True,) and keys is True:
+            # Keys matching the one pattern: unless a declared name matches it too (those keys
+            # belong to their own members), that is the pattern's search expression, encoded as a
+            # string value's pattern is and lowered natively, with no automaton built in Python.
+            p = pat_names[0]
+            here = f"{pointer}/patternProperties"
+            if not names or not any(dfa_accepts(c.pattern_dfa(p, here), n) for n in names):
+                body = encode_expr(c.pattern_expr(p, here))
+                c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
             dfa = base()
             for p, m in zip(pats, mask):

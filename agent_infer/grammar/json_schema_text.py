@@ -17,6 +17,7 @@ one character, so ``Repeat(JSON_CHAR, n, m)`` is exact for ``minLength``/``maxLe
 from __future__ import annotations
 
 import functools
+import re
 
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.ir import (
@@ -181,7 +182,29 @@ def encode_literal(text: str) -> Expr:
     # Fast path: plain printable ASCII (U+0020..U+007E; str methods run in C) needs no alternatives.
     if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text and "/" not in text:
         return lit(text)
-    return encode_expr(Literal(text)) if text else Empty()
+    # Runs of plain characters stay literals; only the others (``/``, controls, non-ASCII: names,
+    # paths and URLs in long enums) get their alternatives, one cached expression per code point.
+    parts: list[Expr] = []
+    at = 0
+    for m in _NOT_PLAIN.finditer(text):
+        if m.start() > at:
+            parts.append(Literal(text[at : m.start()]))
+        cp = ord(m.group())
+        enc = _CHAR_ENCODINGS.get(cp)
+        if enc is None:
+            if len(_CHAR_ENCODINGS) >= 4096:
+                _CHAR_ENCODINGS.clear()
+            enc = _CHAR_ENCODINGS[cp] = encode_class(CharClass(((cp, cp),)))
+        parts.append(enc)
+        at = m.end()
+    if at < len(text):
+        parts.append(Literal(text[at:]))
+    return seq(*parts)
+
+
+# Characters that a JSON string cannot always write raw, or may also write escaped.
+_NOT_PLAIN = re.compile(r'[^\x20-\x7e]|["\\/]')
+_CHAR_ENCODINGS: dict[int, Expr] = {}
 
 
 # Any single character of a JSON string body, with every escape form.
@@ -202,3 +225,4 @@ HIGH_EXPR: Expr = alt(CharClass(((0x80, MAX_CP),)), _u_escape(0x80, MAX_CP))
 register_cache(hex_range)
 register_cache(_u_escape)
 register_cache(encode_class)
+register_cache(_CHAR_ENCODINGS)

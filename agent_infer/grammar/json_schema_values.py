@@ -89,9 +89,13 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     return c.value_matcher(rest, pointer, strict=c.strict, record=True)(v)
 
 
-def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], bool]:
+def value_predicate(
+    c: Compiler, schema: Any, pointer: str, *, own_enum: bool = False
+) -> Callable[[Any], bool]:
     """``lambda v: value_valid(c, schema, v, pointer)`` with the work that does not depend on ``v``
-    done once: long enums (thousands of codes next to a ``type``) are filtered value by value."""
+    done once: long enums (thousands of codes next to a ``type``) are filtered value by value.
+    ``own_enum``: every value asked about comes from the schema's own ``enum`` and there is no
+    ``const``, so membership need not be checked."""
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return lambda v: flat
@@ -99,12 +103,29 @@ def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], b
         return lambda v: value_valid(c, flat, v, pointer)
     has_const = "const" in flat
     const = canon(flat["const"]) if has_const else None
-    allowed = _canon_set(c, flat["enum"]) if "enum" in flat else None
+    allowed = _canon_set(c, flat["enum"]) if "enum" in flat and not (own_enum and not has_const) else None
     rest = {k: x for k, x in flat.items() if k not in _LOGIC and not is_annotation(k)}
     unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
     typed_unknown = _typed_unknown(rest, unknown)
+    lengths = _string_lengths(rest)
+    typed = {"type": rest["type"]} if "type" in rest else None
+    # _type_only's answer for a string, null or boolean depends on its kind alone.
+    by_kind: dict[type, bool] = {}
     # Built on the first value that needs it, as value_valid would (it records warnings).
     slow: list[Callable[[Any], bool]] = []
+
+    def type_verdict(v: Any) -> bool | None:
+        kind = type(v)
+        hit = by_kind.get(kind)
+        if hit is not None:
+            return hit
+        if lengths is None:
+            verdict = _type_only(rest, v)
+        else:
+            verdict = True if typed is None else _type_only(typed, v)
+        if verdict is not None and (kind is str or kind is bool or v is None):
+            by_kind[kind] = verdict
+        return verdict
 
     def accepts(v: Any) -> bool:
         if has_const or allowed is not None:
@@ -113,9 +134,13 @@ def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], b
                 return False
         if not rest:
             return True
-        by_type = _type_only(rest, v)
-        if by_type is not None:
-            return by_type
+        verdict = type_verdict(v)
+        if verdict is not None:
+            if not verdict or lengths is None or type(v) is not str:
+                return verdict
+            n = _code_points(v)
+            if n is not None:
+                return lengths[0] <= n and (lengths[1] is None or n <= lengths[1])
         if not slow:
             slow.append(
                 c.typed_matcher(rest, unknown, pointer)
@@ -125,6 +150,25 @@ def value_predicate(c: Compiler, schema: Any, pointer: str) -> Callable[[Any], b
         return slow[0](v)
 
     return accepts
+
+
+def _string_lengths(rest: dict[str, Any]) -> tuple[int, int | None] | None:
+    """(minLength, maxLength) when ``rest`` is those and at most a ``type``, with valid counts
+    (a string's length is then its number of code points; other kinds are decided by the type)."""
+    if not rest or not set(rest) <= {"type", "minLength", "maxLength"} or set(rest) == {"type"}:
+        return None
+    lo, hi = rest.get("minLength", 0), rest.get("maxLength")
+    for x in (lo, hi):
+        if x is not None and (type(x) is not int or x < 0):
+            return None  # the grammar path reports a bad count
+    return lo, hi
+
+
+def _code_points(v: str) -> int | None:
+    """``len(v)``, or None if ``v`` holds a lone surrogate (not a character of any JSON text)."""
+    if not v.isascii() and any("\ud800" <= ch <= "\udfff" for ch in v):
+        return None
+    return len(v)
 
 
 def _typed_unknown(rest: dict[str, Any], unknown: list[str]) -> bool:

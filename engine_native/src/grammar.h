@@ -74,6 +74,10 @@ struct StateMask {
 
 // Stores accepted tokens densely or as a sorted id list, whichever is smaller.
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
+// Set bits in words[0, n). The wheel targets baseline x86-64, where __builtin_popcount is a libgcc
+// call per word; walks count 4 000 words per part, so this one loop is also built with popcnt and
+// picked at load time on CPUs that have it.
+size_t count_bits(const uint32_t* words, size_t n);
 // The tokens one walk accepts: a bitset over the vocabulary seeded from `base`, or, for a walk of
 // fewer live tokens than the bitset has words and no base (a sparse state), an id list, which
 // spares zeroing and scanning the bitset (~4 us per walk at 129k tokens) when few are accepted.

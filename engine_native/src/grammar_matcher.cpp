@@ -347,10 +347,8 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
       if (!check_uncertain_walk(mask)) check_uncertain(mask);
       std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
       size_t n = 0;
-      for (int64_t w = 0; w < vw; ++w) {
-        bits[static_cast<size_t>(w)] = mask[w] & ~allowed_before_[static_cast<size_t>(w)];
-        n += static_cast<size_t>(__builtin_popcount(bits[static_cast<size_t>(w)]));
-      }
+      for (int64_t w = 0; w < vw; ++w) bits[static_cast<size_t>(w)] = mask[w] & ~allowed_before_[static_cast<size_t>(w)];
+      n = count_bits(bits.data(), bits.size());
       auto allowed = std::make_shared<StateMask>();
       finish_mask(*allowed, std::move(bits), n);
       g.checked_put(key, std::move(allowed));
@@ -440,7 +438,7 @@ std::vector<std::array<int64_t, 5>> Matcher::debug_items() const {
     if (g_->scans(it.state)) {
       const StateMask& m = g_->mask_for(it.state);
       acc = 0;
-      for (uint32_t w : m.accepted_bits) acc += __builtin_popcount(w);
+      acc = static_cast<int64_t>(count_bits(m.accepted_bits.data(), m.accepted_bits.size()));
       acc += static_cast<int64_t>(m.accepted_ids.size());
       unc = static_cast<int64_t>(m.uncertain.size());
     }

@@ -396,8 +396,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   }
   // Runs are disjoint, so the positions are distinct; groups interleave them.
   merge_segments(out->uncertain, segments, std::less<int32_t>());
-  size_t n_accepted = 0;
-  for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
+  const size_t n_accepted = count_bits(bits.data(), bits.size());
   finish_mask(*out, std::move(bits), n_accepted);
   out->uncertain.shrink_to_fit();
   return out;

@@ -361,8 +361,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
   // Runs are disjoint, so positions are distinct; the exits' walks must run in sorted order.
   merge_segments(out->uncertain, unc_segments, std::less<int32_t>());
   merge_segments(out->exits, exit_segments, [](const RegionExit& a, const RegionExit& b) { return a.begin < b.begin; });
-  size_t n_accepted = 0;
-  for (uint32_t w : bits) n_accepted += static_cast<size_t>(__builtin_popcount(w));
+  const size_t n_accepted = count_bits(bits.data(), bits.size());
   finish_mask(*out, std::move(bits), n_accepted);
   out->uncertain.shrink_to_fit();
   out->exits.shrink_to_fit();

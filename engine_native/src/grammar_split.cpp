@@ -157,10 +157,8 @@ std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
   mask->exits.reserve(n_exits);
   for (const auto& d : done) {
     if (!d->accepted_bits.empty()) {
-      for (size_t w = 0; w < bits.size(); ++w) {
-        bits[w] |= d->accepted_bits[w];
-        n_accepted += static_cast<size_t>(__builtin_popcount(d->accepted_bits[w]));
-      }
+      for (size_t w = 0; w < bits.size(); ++w) bits[w] |= d->accepted_bits[w];
+      n_accepted += count_bits(d->accepted_bits.data(), d->accepted_bits.size());
     }
     for (int32_t id : d->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
     n_accepted += d->accepted_ids.size();

@@ -97,6 +97,15 @@ void merge_uncertain(StateMask& out, const StateMask* base) {
   out.uncertain.swap(merged);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("popcnt", "default")))
+#endif
+size_t count_bits(const uint32_t* words, size_t n) {
+  size_t total = 0;
+  for (size_t w = 0; w < n; ++w) total += static_cast<size_t>(__builtin_popcount(words[w]));
+  return total;
+}
+
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted) {
   if (n_accepted > bits.size()) {
     out.accepted_bits = std::move(bits);  // dense: OR word-wise at fill time
@@ -307,8 +316,7 @@ size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
   size_t n = base->accepted_ids.size();
   if (!base->accepted_bits.empty()) {
     std::copy(base->accepted_bits.begin(), base->accepted_bits.end(), bits.begin());
-    n = 0;
-    for (uint32_t w : bits) n += static_cast<size_t>(__builtin_popcount(w));
+    n = count_bits(bits.data(), bits.size());
   }
   for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
   return n;
@@ -318,10 +326,8 @@ size_t seed_bits_masked(const StateMask* base, std::vector<uint32_t>& bits, cons
   if (!base) return 0;
   size_t n = 0;
   if (!base->accepted_bits.empty()) {
-    for (size_t w = 0; w < bits.size(); ++w) {
-      bits[w] = base->accepted_bits[w] & ~drop[w];
-      n += static_cast<size_t>(__builtin_popcount(bits[w]));
-    }
+    for (size_t w = 0; w < bits.size(); ++w) bits[w] = base->accepted_bits[w] & ~drop[w];
+    n = count_bits(bits.data(), bits.size());
   }
   for (int32_t id : base->accepted_ids) {
     const size_t w = static_cast<size_t>(id) >> 5;
