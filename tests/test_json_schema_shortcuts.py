@@ -190,3 +190,58 @@ def test_string_enum_encodings_keep_every_escape_form() -> None:
     assert rec.accepts('"a\\/b"') and rec.accepts('"tab\\u0009here"') and rec.accepts('"\\u00fc-x"')
     assert not rec.accepts('"pl\\u0061in"')  # printable ASCII may not be escaped
     assert not rec.accepts('"plai"')
+
+
+def test_format_under_lengths_reads_the_bound_off_the_format() -> None:
+    # email implies 3+ code points and a date is 10: these bounds change nothing; a uuid is 36, so
+    # minLength 40 leaves no string at all.
+    _accepts(
+        {"type": "string", "format": "email", "minLength": 3},
+        {'"a@b.co"': True, '"ab"': False, '"a@"': False},
+    )
+    _accepts(
+        {"type": "string", "format": "date", "maxLength": 255},
+        {'"2024-02-29"': True, '"2024-2-29"': False},
+    )
+    uuid = {"type": "object", "properties": {"u": {"type": "string", "format": "uuid", "minLength": 40}}}
+    _accepts(uuid, {"{}": True, '{"u":"123e4567-e89b-12d3-a456-426614174000"}': False})
+    _accepts(
+        {"type": "string", "format": "date-time", "maxLength": 20},
+        {'"2024-02-29T10:00:00Z"': True, '"2024-02-29T10:00:00.5Z"': False},
+    )
+
+
+def _ref_chain(n: int) -> dict[str, object]:
+    defs: dict[str, object] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+    defs[f"d{n}"] = {"type": "integer"}
+    return defs
+
+
+def test_reused_flattening_keeps_the_nesting_limit() -> None:
+    # d0 is flattened once (a 60-level chain) and reused; reached again from 5 levels deeper it
+    # exceeds the limit of 64 and must fail as it would without the reuse.
+    defs = _ref_chain(60)
+    ok = {
+        "$defs": defs,
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/d0"}, "z": {"$ref": "#/$defs/d0"}},
+    }
+    _accepts(ok, {'{"x":1,"z":2}': True, '{"x":"1"}': False})
+    deep: dict[str, object] = {"$ref": "#/$defs/d0"}
+    for _ in range(5):
+        deep = {"allOf": [deep]}
+    bad = {**ok, "properties": {"x": {"$ref": "#/$defs/d0"}, "y": deep}}
+    with pytest.raises(GrammarLimitError, match="nesting deeper than 64"):
+        Grammar.from_json_schema(bad)
+
+
+def test_reused_flattening_still_warns() -> None:
+    # Non-strict: a flattening that warned is not kept, so the warning stands as without reuse
+    # (once: it names the definition's own pointer).
+    schema = {
+        "$defs": {"a": {"allOf": [{"type": "object"}, {"$ref": "https://example.com/remote.json"}]}},
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/a"}, "q": {"$ref": "#/$defs/a"}},
+    }
+    grammar = Grammar.from_json_schema(schema, strict=False)
+    assert [w.split(":")[0] for w in grammar.warnings] == ["ignored keyword $ref at /$defs/a/allOf/1/$ref"]

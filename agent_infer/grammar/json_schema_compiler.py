@@ -97,6 +97,9 @@ class Compiler(RuleWriter):
         self._next_suffix: dict[str, int] = {}
         # id(enum list) -> (the list, its canonical values), for json_schema_values
         self.canon_sets: dict[int, tuple[Any, set[Any]]] = {}
+        # id(schema with $ref/allOf) -> (the schema, its flattening, the $ref/allOf levels below it)
+        self._flat: dict[int, tuple[Any, Any, int]] = {}
+        self._flat_deepest = 0  # deepest flatten level reached in the current outermost call
         self.char: Expr = Ref("char")
         blank = chars(" \t")
         if whitespace == "compact" or indent is not None:
@@ -210,9 +213,32 @@ class Compiler(RuleWriter):
             raise GrammarLimitError(f"$ref/allOf nesting deeper than {MAX_FLATTEN_DEPTH} at {pointer or '/'}")
         if not isinstance(schema, dict):
             raise InvalidSchemaError("a schema must be an object or a boolean", pointer=pointer)
+        if level > self._flat_deepest:
+            self._flat_deepest = level
         if "$ref" not in schema and "allOf" not in schema:
             # Nothing to merge (most schemas): no copy; lowering never mutates the schemas it reads.
             return _lift_conditionals(schema)
+        # A definition is flattened again for every subschema that refers to it, and every
+        # flattening merges its whole chain of bases: kept per schema object, with the depth it
+        # needed so the nesting limit holds wherever it is reused. A flattening that warned is not
+        # kept (each place it is met must warn with its own pointer).
+        hit = self._flat.get(id(schema))
+        if hit is not None and hit[0] is schema and level + hit[2] <= MAX_FLATTEN_DEPTH:
+            self._flat_deepest = max(self._flat_deepest, level + hit[2])
+            return hit[1]
+        outer_deepest, self._flat_deepest = self._flat_deepest, level
+        warned = len(self.warnings)
+        try:
+            out = self._flatten_parts(schema, pointer, level)
+        finally:
+            height = self._flat_deepest - level
+            self._flat_deepest = max(outer_deepest, self._flat_deepest)
+        if len(self.warnings) == warned:
+            self._flat[id(schema)] = (schema, out, height)
+        return out
+
+    def _flatten_parts(self, schema: dict[str, Any], pointer: str, level: int) -> Any:
+        """:meth:`flatten` of a schema with ``$ref`` or ``allOf`` (not memoized)."""
         parts: list[Any] = []
         rest = _lift_conditionals({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
         if "$ref" in schema:

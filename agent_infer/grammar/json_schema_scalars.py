@@ -127,6 +127,14 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         bounded = bounded_pattern(_search(pats[0], f"{pointer}/pattern"), lo, hi)
         if bounded is not None:
             return _encode_counted(c, bounded)
+    if not pats and fmt_expr is not None and plain:
+        # A format under lengths (``"format": "email", "minLength": 3``) needs no product
+        # automaton when the bound reads off the format's expression.
+        bounded = bounded_pattern(fmt_expr, lo, hi)
+        if bounded is fmt_expr:
+            return _encoded_format(fmt_name)
+        if bounded is not None:
+            return _encode_counted(c, bounded)
     key = (tuple(pats), tuple(not_pats), tuple(excluded), fmt if fmt_expr is not None else None, lo, hi)
     shared = c.string_products.get(key)
     if shared is not None:
