@@ -245,3 +245,14 @@ def test_reused_flattening_still_warns() -> None:
     }
     grammar = Grammar.from_json_schema(schema, strict=False)
     assert [w.split(":")[0] for w in grammar.warnings] == ["ignored keyword $ref at /$defs/a/allOf/1/$ref"]
+
+
+def test_lengths_implied_by_one_of_several_constraints_are_dropped() -> None:
+    # The format implies minLength 3 and the pattern 8 (``https://``): either bounds the intersection.
+    email = {"type": "string", "format": "email", "pattern": "^.*?@.*$", "minLength": 3}
+    _accepts(email, {'"a@b.co"': True, '"ab.co"': False})
+    prefixed = {"type": "string", "format": "uri", "pattern": "^https://", "minLength": 8}
+    _accepts(prefixed, {'"https://a.b"': True, '"http://a.b"': False})
+    # Not implied by any: the bound still applies.
+    bounded = {"type": "string", "format": "email", "pattern": "@", "minLength": 7}
+    _accepts(bounded, {'"ab@c.de"': True, '"a@b.co"': False})

@@ -114,6 +114,14 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     plain = not excluded and not not_pats
     if not pats and fmt_expr is None and plain:
         return c.repeat(c.char, lo, hi, MAX_INLINE_CHAR_REPEAT)
+    if (lo or hi is not None) and (fmt_expr is not None or len(pats) > 1):
+        # Lengths that one of several constraints already implies (an email format under
+        # ``minLength: 3``, a ``^https://`` pattern next to it) bound the intersection too:
+        # dropped, they leave one product automaton factor fewer, or none.
+        for implied in [fmt_expr, *(_search(p, f"{pointer}/pattern") for p in pats)]:
+            if implied is not None and bounded_pattern(implied, lo, hi) is implied:
+                lo, hi = 0, None
+                break
     if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
         return _search(pats[0], f"{pointer}/pattern", encoded=True)
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
