@@ -256,3 +256,36 @@ def test_lengths_implied_by_one_of_several_constraints_are_dropped() -> None:
     # Not implied by any: the bound still applies.
     bounded = {"type": "string", "format": "email", "pattern": "@", "minLength": 7}
     _accepts(bounded, {'"ab@c.de"': True, '"a@b.co"': False})
+
+
+def test_key_regions_exclude_only_the_names_they_hold() -> None:
+    # "id" matches the pattern and "x-y" does not: the pattern region must exclude "id" and the
+    # no-pattern region "x-y", each keeping its own schema; the no-pattern region is built
+    # without a product with the names (no declared name there but "x-y").
+    schema = {
+        "type": "object",
+        "properties": {"id": {}, "x-y": {"type": "string"}},
+        "patternProperties": {"^[a-z]+$": {"type": "boolean"}},
+        "additionalProperties": {"type": "integer"},
+    }
+    _accepts(
+        schema,
+        {
+            '{"x-y":"s"}': True,
+            '{"x-y":5}': False,
+            '{"abc":true}': True,
+            '{"abc":5}': False,
+            '{"q-1":5}': True,
+            '{"q-1":true}': False,
+            '{"id":true}': True,
+            '{"id":1}': False,
+        },
+    )
+    # Names only inside the pattern: the no-pattern region holds none of them.
+    inside = {
+        "type": "object",
+        "properties": {"id": {"type": "boolean"}},
+        "patternProperties": {"^[a-z]+$": {"type": "boolean"}},
+        "additionalProperties": {"type": "integer"},
+    }
+    _accepts(inside, {'{"id":true}': True, '{"id":3}': False, '{"A":3}': True, '{"A":true}': False})

@@ -306,15 +306,28 @@ def _extra_member(
         return Ref(c.add_rule(f"{pointer}-member", seq(key, c.colon(), value)))
     pat_names = tuple(pats)
     pdfas: dict[str, DFA] = {}
-    base_cache: list[DFA | None] = []
 
-    def base() -> DFA | None:
-        if not base_cache:
-            dfa = dfa_complement(names_dfa(names)) if names else None
+    def pattern_dfa(p: str) -> DFA:
+        if p not in pdfas:
+            pdfas[p] = c.pattern_dfa(p, f"{pointer}/patternProperties")
+        return pdfas[p]
+
+    # Per declared name, which patterns it matches: a region (a choice of matched patterns) only
+    # has to exclude the names that fall in it. Most regions hold none of them (a name matches
+    # its object's catch-all pattern, so it lies outside the "no pattern" region), and then the
+    # key automaton needs no product with the names' complement.
+    name_masks = (
+        {tuple(dfa_accepts(pattern_dfa(p), n) for p in pat_names) for n in names} if names and pats else set()
+    )
+    base_cache: dict[bool, DFA | None] = {}
+
+    def base(exclude_names: bool) -> DFA | None:
+        if exclude_names not in base_cache:
+            dfa = dfa_complement(names_dfa(names)) if names and exclude_names else None
             if isinstance(keys, DFA):
                 dfa = keys if dfa is None else dfa_intersect(dfa, keys)
-            base_cache.append(dfa)
-        return base_cache[0]
+            base_cache[exclude_names] = dfa
+        return base_cache[exclude_names]
 
     out: list[Expr] = []
     for mask in itertools.product((False, True), repeat=len(pats)):
@@ -337,11 +350,9 @@ def _extra_member(
                 body = encode_expr(c.pattern_expr(p, here))
                 c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
-            dfa = base()
+            dfa = base(not pats or mask in name_masks)
             for p, m in zip(pats, mask):
-                if p not in pdfas:
-                    pdfas[p] = c.pattern_dfa(p, f"{pointer}/patternProperties")
-                d = pdfas[p] if m else dfa_complement(pdfas[p])
+                d = pattern_dfa(p) if m else dfa_complement(pattern_dfa(p))
                 dfa = d if dfa is None else dfa_intersect(dfa, d)
             empty = dfa is not None and dfa_is_empty(dfa)
             c.key_cache[cache_key] = None if empty else _key_expr(c, dfa, f"{pointer}-key")
