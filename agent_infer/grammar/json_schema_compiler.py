@@ -261,9 +261,13 @@ class Compiler(RuleWriter):
             ]
             rest = {k: v for k, v in rest.items() if not k.startswith("unevaluated")}
         # Referenced/allOf parts first, then the sibling keywords: a base type's properties come
-        # before the extension's in the declared order.
+        # before the extension's in the declared order. Siblings that are all annotations (a
+        # `$ref` with its own description, most $refs of generated schemas) constrain nothing:
+        # the merged parts stand as they are, one shared object for every such reference, so its
+        # structural key and lowering are reused too.
         out: Any = parts[0] if parts else rest
-        for part in [*parts[1:], rest] if parts else []:
+        siblings = [rest] if not parts or any(not is_annotation(k) for k in rest) else []
+        for part in [*parts[1:], *siblings] if parts else []:
             out = self.merge(out, part, pointer)
         return out
 
