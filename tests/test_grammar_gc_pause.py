@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent_infer import grammar as g
-from agent_infer.errors import GrammarDefinitionError, InvalidSchemaError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, InvalidSchemaError
 from agent_infer.grammar.gc_pause import gc_paused, pauses_gc
 
 
@@ -192,3 +192,32 @@ def test_tokenizer_info_keeps_a_tuple_of_bytes_as_given() -> None:
     assert type(listed._token_bytes) is tuple and listed._token_bytes == vocab
     mixed = g.TokenizerInfo((b"a", bytearray(b"b")), vocab_size=4, eos_token_ids=(3,))
     assert mixed._token_bytes == (b"a", b"b") and all(type(b) is bytes for b in mixed._token_bytes)
+
+
+def test_a_build_cut_off_by_a_limit_collects_before_it_raises() -> None:
+    # The churn of a build stopped by a size limit is collected in the failing call (a full
+    # collection: it empties the free lists and unmaps the arenas they pinned), not in the next one.
+    defs: dict[str, object] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(80)}
+    defs["d80"] = {"type": "integer"}
+    seen: list[int] = []
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(watch)
+    try:
+        with pytest.raises(GrammarLimitError):
+            g.Grammar.from_json_schema({"$defs": defs, "$ref": "#/$defs/d0"})
+        failed = list(seen)
+        seen.clear()
+        # With automatic collection off, only an explicit collection could show up here.
+        gc.disable()
+        try:
+            g.Grammar.from_json_schema({"$defs": defs, "properties": {"x": {"$ref": "#/$defs/d40"}}})
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(watch)
+    assert 2 in failed
+    assert 2 not in seen  # a build that succeeds is not charged a full collection

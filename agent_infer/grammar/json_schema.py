@@ -9,6 +9,7 @@ Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``).
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from collections.abc import Mapping
@@ -109,6 +110,7 @@ def json_schema_to_grammar(
     if max_whitespace < 0 or (indent is not None and indent < 0):
         raise ConfigError("max_whitespace and indent must be non-negative")
     comp: Compiler | None = None
+    over_limit = False
     try:
         registry, root = build_registry(_load(schema), remotes)
         comp = Compiler(
@@ -121,12 +123,23 @@ def json_schema_to_grammar(
     except RecursionError:
         # The front end recurses once per nesting level; a schema nested deeper than Python's
         # stack allows is a size limit, not a crash.
+        over_limit = True
         raise GrammarLimitError(
             f"JSON Schema nests too deeply to compile (Python recursion limit {sys.getrecursionlimit()})"
         ) from None
+    except GrammarLimitError:
+        over_limit = True
+        raise
     finally:
         if comp is not None:
             comp.release()
+        if over_limit:
+            # A build cut off by a size limit made and dropped millions of small objects; the
+            # interpreter's free lists still hold some of them, scattered over hundreds of
+            # allocator arenas, until the next full collection empties the lists and unmaps the
+            # arenas (10-20 ms on this box, ~0.15 ms per unmapped arena). Done here, the failing
+            # call pays for its own churn instead of some later request (docs/performance.md).
+            gc.collect()
     # Rules named char* ("char", "char-high", "char-special", the key-trie nodes) have bodies that
     # are the same IR objects in every grammar: the serializer caches their programs (compiler.py).
     object.__setattr__(grammar, "_shared_prefix", SHARED_RULE_PREFIX)
