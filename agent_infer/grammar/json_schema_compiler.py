@@ -266,7 +266,7 @@ class Compiler(RuleWriter):
         # the merged parts stand as they are, one shared object for every such reference, so its
         # structural key and lowering are reused too.
         out: Any = parts[0] if parts else rest
-        siblings = [rest] if not parts or any(not is_annotation(k) for k in rest) else []
+        siblings = [rest] if any(not is_annotation(k) for k in rest) else []
         for part in [*parts[1:], *siblings] if parts else []:
             out = self.merge(out, part, pointer)
         return out

@@ -346,7 +346,7 @@ def _extra_member(
             # string value's pattern is and lowered natively, with no automaton built in Python.
             p = pat_names[0]
             here = f"{pointer}/patternProperties"
-            if not names or not any(dfa_accepts(c.pattern_dfa(p, here), n) for n in names):
+            if mask not in name_masks:
                 body = encode_expr(c.pattern_expr(p, here))
                 c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
