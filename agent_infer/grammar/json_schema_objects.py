@@ -305,12 +305,10 @@ def _extra_member(
         value = c.lower(additional, f"{pointer}/additionalProperties", depth + 1)
         return Ref(c.add_rule(f"{pointer}-member", seq(key, c.colon(), value)))
     pat_names = tuple(pats)
-    pdfas: dict[str, DFA] = {}
+    here_pats = f"{pointer}/patternProperties"
 
     def pattern_dfa(p: str) -> DFA:
-        if p not in pdfas:
-            pdfas[p] = c.pattern_dfa(p, f"{pointer}/patternProperties")
-        return pdfas[p]
+        return c.pattern_dfa(p, here_pats)  # cached per pattern by the compiler
 
     # Per declared name, which patterns it matches: a region (a choice of matched patterns) only
     # has to exclude the names that fall in it. Most regions hold none of them (a name matches
