@@ -116,6 +116,16 @@ def grammar_threads() -> int:
     return _int("AGENT_INFER_GRAMMAR_THREADS", 0)
 
 
+def grammar_spin_us() -> int:
+    """``AGENT_INFER_GRAMMAR_SPIN_US``: how long batch-fill threads poll before blocking (default 1000).
+
+    Inside a batch fill, a thread waiting for other threads' rows or walk parts polls for up to this
+    long; between batch fills, pool threads poll only while fills have been arriving less than this
+    far apart (a tight fill loop), so a fill once per forward pass of several ms never polls. 0 =
+    always block (a wake-up costs tens of µs on virtual machines)."""
+    return _int("AGENT_INFER_GRAMMAR_SPIN_US", 1000)
+
+
 _MASK_BACKENDS = ("auto", "cpu", "torch", "triton", "cuda")
 
 

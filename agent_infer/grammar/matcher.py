@@ -242,6 +242,9 @@ def _whole_chars(data: bytes) -> bytes:
     return data
 
 
+_applied_spin_us: int | None = None  # AGENT_INFER_GRAMMAR_SPIN_US as last handed to the pool
+
+
 def fill_next_token_bitmask_batch(
     matchers: Sequence[GrammarMatcher],
     bitmask: Any,
@@ -252,9 +255,15 @@ def fill_next_token_bitmask_batch(
     """Fill row ``indices[i]`` (default ``i``) for each matcher in C++ threads with the GIL released.
 
     Matchers must be distinct objects. ``num_threads`` caps the threads used (default: the pool,
-    sized by ``AGENT_INFER_GRAMMAR_THREADS``, 0 = one per core).
+    sized by ``AGENT_INFER_GRAMMAR_THREADS``, 0 = one per core); ``AGENT_INFER_GRAMMAR_SPIN_US``
+    bounds how long its threads poll before blocking.
     """
     native = load_native()
+    global _applied_spin_us
+    spin_us = envs.grammar_spin_us()
+    if spin_us != _applied_spin_us:
+        native.grammar_batch_spin(spin_us * 1000)
+        _applied_spin_us = spin_us
     rows = list(range(len(matchers))) if indices is None else [int(i) for i in indices]
     if len(rows) != len(matchers):
         raise ValueError(f"{len(matchers)} matchers but {len(rows)} indices")

@@ -617,9 +617,10 @@ std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_
 void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t* data, int64_t words,
                 size_t threads, unsigned pool_size, uint8_t* results);
 // Counters since the process started (tests and profiles): walks split across a batch fill's
-// threads, batch fills pool threads joined, and rows pool threads filled.
+// threads, batch fills pool threads joined, rows pool threads filled, loops spread over threads,
+// and joins by a pool thread that found the batch while polling (not woken from sleep).
 struct BatchStats {
-  uint64_t split_walks, helper_joins, helper_rows, parallel_loops;
+  uint64_t split_walks, helper_joins, helper_rows, parallel_loops, polled_joins;
 };
 BatchStats batch_stats();
 // Opt-in timeline of batch fills (profiling: benchmarks/profile_batch.py): one event per filled
@@ -636,6 +637,9 @@ std::vector<BatchEvent> batch_trace_take();
 // Split thresholds (tests use tiny parts to put part seams everywhere): walks with fewer live
 // tokens stay whole; part_tokens 0 = sized by the thread count. Returns the previous values.
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens);
+// How long a thread of a running batch fill polls before blocking (ns; 0 = block at once).
+// Returns the previous value.
+int64_t set_batch_spin(int64_t ns);
 
 }  // namespace grammar
 }  // namespace agent_infer

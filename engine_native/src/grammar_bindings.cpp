@@ -178,10 +178,12 @@ void register_grammar(nb::module_& m) {
         out["helper_joins"] = st.helper_joins;
         out["helper_rows"] = st.helper_rows;
         out["parallel_loops"] = st.parallel_loops;
+        out["polled_joins"] = st.polled_joins;
         return out;
       },
       "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows, "
-      "and first-visit loops (piece building, region digests) spread over the threads.");
+      "first-visit loops (piece building, region digests) spread over the threads, and joins by a pool thread "
+      "that found the batch while polling instead of being woken.");
   m.def(
       "grammar_batch_trace",
       [](std::optional<bool> enable) {
@@ -196,6 +198,8 @@ void register_grammar(nb::module_& m) {
       "Batch-fill timeline: returns and clears the recorded (kind, index, thread, t0_ns, t1_ns) events, kind "
       "'r' row, 'p' part of a split walk or shared loop, 'b' whole batch (index = rows); enable=True/False "
       "starts (clearing) or stops recording.");
+  m.def("grammar_batch_spin", &grammar::set_batch_spin, nb::arg("ns"),
+        "Set how long threads of a running batch fill poll before blocking (ns, 0 = never); returns the old value.");
   m.def("grammar_split_tuning", &grammar::set_split_tuning, nb::arg("min_split_tokens"), nb::arg("part_tokens"),
         "Set the split thresholds of batch-fill walks (part_tokens 0 = by thread count); returns the old ones.");
 }

@@ -14,6 +14,10 @@
 #include <condition_variable>
 #include <thread>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "grammar.h"
 
 namespace agent_infer {
@@ -27,6 +31,44 @@ std::atomic<size_t> g_min_split_tokens{kMinSplitTokens};
 std::atomic<size_t> g_part_tokens{0};
 
 struct Batch;
+
+// How long a thread of the pool polls before it blocks: for the parts of a split walk it waits
+// on, for the last rows of the batch it called, for the next walk to help with while its batch
+// runs, and for the next batch when batch fills have been arriving less than this far apart.
+// Blocking costs a wake-up of 40-350 us on this project's virtual machines (a sleeping vCPU is
+// woken by an interrupt through the hypervisor), longer than most of these waits; a thread polls
+// between batches only while they come back to back, so a caller that fills masks once per
+// forward pass of milliseconds never has a polling thread competing with its forward pass.
+constexpr int64_t kSpinNs = 1000000;
+std::atomic<int64_t> g_spin_ns{kSpinNs};
+std::atomic<int> g_batches_running{0};  // batch fills in progress
+std::atomic<int> g_jobs_listed{0};      // split walks published and not yet retired
+std::atomic<uint64_t> g_jobs_published{0};  // split walks published, ever
+std::atomic<uint64_t> g_batches_listed{0};  // batch fills that asked for helpers, ever
+std::atomic<int64_t> g_last_batch_end{0};   // steady-clock ns when the last such batch returned
+std::atomic<int64_t> g_last_batch_gap{0};   // ns between the two last such batches
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+// Polls `ready` for up to `budget` ns (default g_spin_ns); true once it holds.
+template <class Ready>
+bool spin_until(Ready ready, int64_t budget = -1) {
+  if (budget < 0) budget = g_spin_ns.load(std::memory_order_relaxed);
+  if (budget <= 0) return ready();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
+  for (;;) {
+    for (int k = 0; k < 64; ++k) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return ready();
+  }
+}
 
 // The opt-in timeline (grammar.h BatchEvent).
 std::atomic<bool> g_trace_on{false};
@@ -84,6 +126,7 @@ class Job {
   bool open() const { return next_.load(std::memory_order_relaxed) < n_; }
   // Waits for the parts other threads claimed; rethrows the first part's error.
   void wait() {
+    spin_until([&] { return done_.load(std::memory_order_acquire) == n_; });
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == n_; });
     if (error_) std::rethrow_exception(error_);
@@ -99,7 +142,7 @@ class Job {
   std::exception_ptr error_;
 };
 
-std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0};
+std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0}, g_polled_joins{0};
 
 // The batch fill this thread is working for (walks started here may split).
 thread_local const Batch* t_batch = nullptr;
@@ -119,7 +162,8 @@ struct Batch {
   uint8_t* results;
   size_t threads;  // the caller included
   const uint32_t* order;  // rows in claiming order (null: 0..n-1)
-  size_t joined = 0, active = 0;  // pool threads that joined / are still working (pool mutex)
+  size_t joined = 0;  // pool threads that joined (pool mutex)
+  std::atomic<size_t> active{0};  // joined pool threads still filling rows (changed under the pool mutex)
   std::atomic<size_t> next{0};
   std::mutex err_mu;
   std::exception_ptr error;
@@ -156,10 +200,26 @@ class Pool {
   // Fills the batch's rows on this thread and on pool threads that join in time.
   void run(Batch& b) {
     const bool helpers = b.threads > 1 && b.n > 1 && !workers_.empty();
+    struct Running {
+      Running() { g_batches_running.fetch_add(1, std::memory_order_relaxed); }
+      ~Running() { g_batches_running.fetch_sub(1, std::memory_order_relaxed); }
+    } running;
+    struct Gap {
+      explicit Gap(bool on) : on(on) {
+        if (!on) return;
+        const int64_t last = g_last_batch_end.load(std::memory_order_relaxed);
+        if (last > 0) g_last_batch_gap.store(now_ns() - last, std::memory_order_relaxed);
+      }
+      ~Gap() {
+        if (on) g_last_batch_end.store(now_ns(), std::memory_order_relaxed);
+      }
+      bool on;
+    } gap(helpers);
     if (helpers) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         batches_.push_back(&b);  // capacity kept: a batch allocates nothing here
+        g_batches_listed.fetch_add(1, std::memory_order_release);
       }
       for (size_t k = 1; k < b.threads; ++k) work_cv_.notify_one();
     }
@@ -180,7 +240,14 @@ class Pool {
         lock.lock();
         continue;
       }
-      if (b.active == 0) return;
+      if (b.active.load(std::memory_order_relaxed) == 0) return;
+      // The joined threads are filling their last rows: poll rather than sleep through a wake-up.
+      lock.unlock();
+      spin_until([&] {
+        return b.active.load(std::memory_order_acquire) == 0 || g_jobs_listed.load(std::memory_order_acquire) > 0;
+      });
+      lock.lock();
+      if (b.active.load(std::memory_order_relaxed) == 0 || open_job(&b)) continue;
       done_cv_.wait(lock);
     }
   }
@@ -188,6 +255,8 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(job);
+      g_jobs_listed.fetch_add(1, std::memory_order_release);
+      g_jobs_published.fetch_add(1, std::memory_order_release);
     }
     work_cv_.notify_all();
     done_cv_.notify_all();  // a batch caller waiting for its last rows can help
@@ -195,6 +264,7 @@ class Pool {
   void retire(const Job* job) {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.erase(std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.get() == job; }));
+    g_jobs_listed.fetch_sub(1, std::memory_order_release);
   }
 
  private:
@@ -217,8 +287,29 @@ class Pool {
     }
     return nullptr;
   }
+  // A pool thread out of work polls while the batch it served runs, and then while the next one
+  // is due soon; `lock` (the pool mutex) is released if it polled (returns true), else kept.
+  bool poll_for_work(std::unique_lock<std::mutex>& lock) {
+    const int64_t spin = g_spin_ns.load(std::memory_order_relaxed);
+    const int64_t gap = g_last_batch_gap.load(std::memory_order_relaxed);
+    // Between batches, poll for up to twice the last gap between batches, if that was short.
+    const int64_t between = gap > 0 && gap <= spin ? std::min(spin, 2 * gap + 20000) : 0;
+    const bool in_batch = g_batches_running.load(std::memory_order_relaxed) > 0;
+    if (spin <= 0 || (!in_batch && between == 0)) return false;
+    const uint64_t jobs = g_jobs_published.load(std::memory_order_relaxed);
+    const uint64_t batches = g_batches_listed.load(std::memory_order_relaxed);
+    lock.unlock();
+    auto news = [&] {
+      return g_jobs_published.load(std::memory_order_acquire) != jobs ||
+             g_batches_listed.load(std::memory_order_acquire) != batches;
+    };
+    if (in_batch) spin_until([&] { return news() || g_batches_running.load(std::memory_order_relaxed) == 0; });
+    if (!news() && between > 0) spin_until(news, between);
+    return true;
+  }
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
+    bool polled = false;  // polled since it last took work (found what it takes next while polling)
     for (;;) {
       // Parts of split walks first: another thread's row waits for them.
       if (std::shared_ptr<Job> job = open_job(nullptr)) {
@@ -226,6 +317,7 @@ class Pool {
         job->help();
         job.reset();
         lock.lock();
+        polled = false;
         continue;
       }
       Batch* b = nullptr;
@@ -236,6 +328,14 @@ class Pool {
         }
       }
       if (!b) {
+        // Poll once before sleeping (a thread woken for a batch that had ended meanwhile, too: in
+        // a loop of small fills the next one is due before a wake-up would arrive).
+        if (!polled && poll_for_work(lock)) {
+          polled = true;
+          lock.lock();
+          continue;
+        }
+        polled = false;
         work_cv_.wait(lock);
         continue;
       }
@@ -243,9 +343,11 @@ class Pool {
       ++b->active;
       lock.unlock();
       g_helper_joins.fetch_add(1, std::memory_order_relaxed);
+      if (polled) g_polled_joins.fetch_add(1, std::memory_order_relaxed);
       g_helper_rows.fetch_add(b->fill_rows(), std::memory_order_relaxed);
       lock.lock();
-      if (--b->active == 0) done_cv_.notify_all();
+      polled = false;
+      if (b->active.fetch_sub(1, std::memory_order_acq_rel) == 1) done_cv_.notify_all();
     }
   }
   std::vector<std::thread> workers_;
@@ -297,7 +399,8 @@ void count_split() { g_split_walks.fetch_add(1, std::memory_order_relaxed); }
 
 BatchStats batch_stats() {
   return {g_split_walks.load(std::memory_order_relaxed), g_helper_joins.load(std::memory_order_relaxed),
-          g_helper_rows.load(std::memory_order_relaxed), g_parallel_loops.load(std::memory_order_relaxed)};
+          g_helper_rows.load(std::memory_order_relaxed), g_parallel_loops.load(std::memory_order_relaxed),
+          g_polled_joins.load(std::memory_order_relaxed)};
 }
 
 void batch_trace_enable(bool enable) {
@@ -312,6 +415,8 @@ std::vector<BatchEvent> batch_trace_take() {
   out.swap(g_trace);
   return out;
 }
+
+int64_t set_batch_spin(int64_t ns) { return g_spin_ns.exchange(ns); }
 
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens) {
   return {g_min_split_tokens.exchange(min_split_tokens), g_part_tokens.exchange(part_tokens)};

@@ -1,0 +1,75 @@
+"""Pool threads poll between back-to-back batch fills instead of sleeping, and only then.
+
+A sleeping thread's wake-up costs tens to hundreds of µs on a virtual machine, as much as a
+whole batch of cached rows, so in a tight loop of fills the helper arrives after the caller has
+filled most rows. The pool threads therefore poll for the next batch while fills come less than
+``AGENT_INFER_GRAMMAR_SPIN_US`` apart; the native ``polled_joins`` counter tells joins found by
+polling from joins after a wake-up. Every batch is compared with one-at-a-time fills.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+
+from agent_infer.errors import ConfigError
+from agent_infer.grammar.bitmask import allocate_token_bitmask
+from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.matcher import GrammarMatcher, fill_next_token_bitmask_batch
+from agent_infer.native import load_native
+
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the pool has no helper thread on one core")
+
+
+def _matchers() -> tuple[list[GrammarMatcher], list[int]]:
+    info = tokenizer_info("smollm2")
+    compiled = GrammarCompiler(info).compile(GRAMMARS["order"]())
+    ids = hf_tokenizer("smollm2").encode(INSTANCES["order"][0], add_special_tokens=False).ids
+    matchers = []
+    for i in range(24):
+        m = GrammarMatcher(compiled)
+        for tid in ids[: (i * 5) % (len(ids) - 1)]:
+            assert m.accept_token(tid)
+        matchers.append(m)
+    return matchers, ids
+
+
+def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
+    """Batch fills in a tight loop, each checked against single fills; returns the polled joins."""
+    single = allocate_token_bitmask(len(matchers), tokenizer_info("smollm2").vocab_size)
+    batch = torch.empty_like(single)
+    for i, m in enumerate(matchers):
+        m.fill_next_token_bitmask(single, i)
+    native = load_native()
+    fill_next_token_bitmask_batch(matchers, batch, num_threads=2)  # applies the env setting
+    time.sleep(0.01)  # a poll begun under an earlier setting has ended
+    before = native.grammar_batch_stats()["polled_joins"]
+    for _ in range(rounds):
+        batch.fill_(0x5A5A5A5A)
+        fill_next_token_bitmask_batch(matchers, batch, num_threads=2)
+        assert torch.equal(batch, single)
+    return int(native.grammar_batch_stats()["polled_joins"] - before)
+
+
+def test_back_to_back_fills_are_joined_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENT_INFER_GRAMMAR_SPIN_US", raising=False)
+    matchers, _ = _matchers()
+    assert _fill_back_to_back(matchers, 60) > 0, "no batch was joined by a polling thread"
+
+
+def test_spin_zero_never_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "0")
+    matchers, _ = _matchers()
+    assert _fill_back_to_back(matchers, 60) == 0
+
+
+def test_bad_spin_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    matchers, _ = _matchers()
+    bitmask = allocate_token_bitmask(len(matchers), tokenizer_info("smollm2").vocab_size)
+    monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "-3")
+    with pytest.raises(ConfigError, match="AGENT_INFER_GRAMMAR_SPIN_US"):
+        fill_next_token_bitmask_batch(matchers, bitmask)
