@@ -222,3 +222,32 @@ def test_batch_trace_records_rows_parts_and_the_batch() -> None:
         assert t0 <= t1 and batch[3] <= t0 and t1 <= batch[4], kind
     fill_next_token_bitmask_batch(matchers, mask, num_threads=2)
     assert native.grammar_batch_trace() == []
+
+
+def test_a_row_spreads_its_first_visits_over_the_batch_threads() -> None:
+    """A set holding several states met for the first time (a value that may be any of many
+    patterns) has their masks computed on the batch's threads; the row equals a single fill."""
+    base = tokenizer_info("deepseek")
+    patterns = ["^[a-f]+$", "^[0-9]{3}$", "^x[A-Z]*$", "^(ab)+$", "^[ -/]+$", "^[g-m][0-9]$"]
+    schema = {"type": "object", "properties": {"v": {"anyOf": [{"type": "string", "pattern": p} for p in patterns]}}}
+    grammar = Grammar.from_json_schema(schema, whitespace="compact")
+    ids = hf_tokenizer("deepseek").encode('{"v":"', add_special_tokens=False).ids
+    ref = GrammarMatcher(GrammarCompiler(_fresh(base), cache_enabled=False).compile(grammar))
+    m = GrammarMatcher(GrammarCompiler(_fresh(base), cache_enabled=False).compile(grammar))
+    for t in ids:
+        assert ref.accept_token(t) and m.accept_token(t)
+    native = load_native()
+    before = native.grammar_batch_stats()["spread_rows"]
+    a = allocate_token_bitmask(1, base.vocab_size)
+    b = allocate_token_bitmask(1, base.vocab_size)
+    ref.fill_next_token_bitmask(a)
+    fill_next_token_bitmask_batch([m], b, num_threads=2)
+    assert np.array_equal(a.numpy(), b.numpy())
+    assert _items(ref) == _items(m)
+    assert native.grammar_batch_stats()["spread_rows"] == before + 1
+    # A single fill keeps its first visits on the calling thread.
+    c = GrammarMatcher(GrammarCompiler(_fresh(base), cache_enabled=False).compile(grammar))
+    for t in ids:
+        assert c.accept_token(t)
+    c.fill_next_token_bitmask(allocate_token_bitmask(1, base.vocab_size))
+    assert native.grammar_batch_stats()["spread_rows"] == before + 1

@@ -572,6 +572,9 @@ class Matcher {
   // origins, every earlier set that completions may scan (origins renumbered by discovery).
   std::string context_key();
 
+  // Inside a batch fill: the masks of the current set's states met for the first time, computed
+  // on the batch's threads (grammar_pool.h parallel_for), when there are several.
+  void first_visits_in_parallel();
   std::shared_ptr<const CompiledGrammar> g_;
   bool terminate_without_eos_;
   int32_t max_rollback_;
@@ -618,9 +621,10 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
                 size_t threads, unsigned pool_size, uint8_t* results);
 // Counters since the process started (tests and profiles): walks split across a batch fill's
 // threads, batch fills pool threads joined, rows pool threads filled, loops spread over threads,
-// and joins by a pool thread that found the batch while polling (not woken from sleep).
+// joins by a pool thread that found the batch while polling (not woken from sleep), and rows
+// whose first visits of several states were computed on several threads.
 struct BatchStats {
-  uint64_t split_walks, helper_joins, helper_rows, parallel_loops, polled_joins;
+  uint64_t split_walks, helper_joins, helper_rows, parallel_loops, polled_joins, spread_rows;
 };
 BatchStats batch_stats();
 // Opt-in timeline of batch fills (profiling: benchmarks/profile_batch.py): one event per filled

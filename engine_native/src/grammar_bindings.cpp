@@ -179,11 +179,13 @@ void register_grammar(nb::module_& m) {
         out["helper_rows"] = st.helper_rows;
         out["parallel_loops"] = st.parallel_loops;
         out["polled_joins"] = st.polled_joins;
+        out["spread_rows"] = st.spread_rows;
         return out;
       },
       "Process-wide counters of batch fills: walks split across threads, pool-thread joins and rows, "
       "first-visit loops (piece building, region digests) spread over the threads, and joins by a pool thread "
-      "that found the batch while polling instead of being woken.");
+      "that found the batch while polling instead of being woken, and rows whose first visits of several states "
+      "were spread over the threads.");
   m.def(
       "grammar_batch_trace",
       [](std::optional<bool> enable) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "grammar.h"
+#include "grammar_pool.h"
 #include "grammar_profile.h"
 
 namespace agent_infer {
@@ -290,6 +291,26 @@ uint32_t Matcher::pending_visits() const {
   return cost;
 }
 
+void Matcher::first_visits_in_parallel() {
+  if (batch_team_threads() < 2) return;
+  const CompiledGrammar& g = *g_;
+  std::vector<int32_t> todo;
+  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+    const int32_t s = items_[k].state;
+    if (g.scans(s) && !g.mask_ready(s)) todo.push_back(s);
+  }
+  if (todo.size() < 2) return;
+  std::sort(todo.begin(), todo.end());
+  todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+  if (todo.size() < 2) return;
+  // Dense first visits are the long ones: they start first.
+  std::stable_partition(todo.begin(), todo.end(), [&](int32_t s) { return g.dense_start(s); });
+  count_spread_row();
+  parallel_for(todo.size(), 1, [&](size_t k0, size_t k1) {
+    for (size_t k = k0; k < k1; ++k) g.mask_for(todo[k]);
+  });
+}
+
 bool Matcher::fill_mask(int32_t* row, int64_t words) {
   const CompiledGrammar& g = *g_;
   const TokenizerInfo& t = *g.tok;
@@ -298,6 +319,9 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
     std::memset(mask, 0, static_cast<size_t>(words) * 4);
     return true;
   }
+  // A row meeting several states for the first time (dozens, in a set that opens many
+  // alternatives) computes their masks on the threads of its batch fill.
+  first_visits_in_parallel();
   const int64_t vw = std::min<int64_t>(words, t.words);
   // The row is written once: the first dense set is copied into it rather than ORed into a
   // zeroed row (one pass over the row fewer; a cached step is bound by these passes).

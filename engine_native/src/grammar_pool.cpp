@@ -32,6 +32,9 @@ std::atomic<size_t> g_part_tokens{0};
 
 struct Batch;
 
+// The batch fill this thread is working for (walks started here may split).
+thread_local const Batch* t_batch = nullptr;
+
 // How long a thread of the pool polls before it blocks: for the parts of a split walk it waits
 // on, for the last rows of the batch it called, for the next walk to help with while its batch
 // runs, and for the next batch when batch fills have been arriving less than this far apart.
@@ -109,6 +112,12 @@ class Job {
   const Batch* const team;  // the batch fill whose row started the walk
   // Claims and runs parts until none is left unclaimed.
   void help() {
+    // This thread works for the job's batch meanwhile: a part's own walks may split in turn.
+    struct Serve {
+      explicit Serve(const Batch* b) : prev(t_batch) { t_batch = b; }
+      ~Serve() { t_batch = prev; }
+      const Batch* prev;
+    } serve(team);
     for (size_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) {
       try {
         TraceScope trace('p', i);
@@ -142,10 +151,9 @@ class Job {
   std::exception_ptr error_;
 };
 
-std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0}, g_polled_joins{0};
+std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0}, g_polled_joins{0},
+    g_spread_rows{0};
 
-// The batch fill this thread is working for (walks started here may split).
-thread_local const Batch* t_batch = nullptr;
 
 // One batch fill, on its caller's stack. Pool threads join it while it is listed and has rows
 // left; the caller waits only for threads that joined, never for one that has not woken yet
@@ -396,11 +404,12 @@ void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_
 size_t split_min_tokens() { return g_min_split_tokens.load(std::memory_order_relaxed); }
 size_t split_part_tokens() { return g_part_tokens.load(std::memory_order_relaxed); }
 void count_split() { g_split_walks.fetch_add(1, std::memory_order_relaxed); }
+void count_spread_row() { g_spread_rows.fetch_add(1, std::memory_order_relaxed); }
 
 BatchStats batch_stats() {
   return {g_split_walks.load(std::memory_order_relaxed), g_helper_joins.load(std::memory_order_relaxed),
           g_helper_rows.load(std::memory_order_relaxed), g_parallel_loops.load(std::memory_order_relaxed),
-          g_polled_joins.load(std::memory_order_relaxed)};
+          g_polled_joins.load(std::memory_order_relaxed), g_spread_rows.load(std::memory_order_relaxed)};
 }
 
 void batch_trace_enable(bool enable) {

@@ -21,6 +21,8 @@ size_t split_min_tokens();
 size_t split_part_tokens();
 // Counts one split walk (batch_stats).
 void count_split();
+// Counts one row whose first visits of several states were spread over the threads (batch_stats).
+void count_spread_row();
 
 }  // namespace grammar
 }  // namespace agent_infer
