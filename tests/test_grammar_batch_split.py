@@ -229,7 +229,10 @@ def test_a_row_spreads_its_first_visits_over_the_batch_threads() -> None:
     patterns) has their masks computed on the batch's threads; the row equals a single fill."""
     base = tokenizer_info("deepseek")
     patterns = ["^[a-f]+$", "^[0-9]{3}$", "^x[A-Z]*$", "^(ab)+$", "^[ -/]+$", "^[g-m][0-9]$"]
-    schema = {"type": "object", "properties": {"v": {"anyOf": [{"type": "string", "pattern": p} for p in patterns]}}}
+    schema = {
+        "type": "object",
+        "properties": {"v": {"anyOf": [{"type": "string", "pattern": p} for p in patterns]}},
+    }
     grammar = Grammar.from_json_schema(schema, whitespace="compact")
     ids = hf_tokenizer("deepseek").encode('{"v":"', add_special_tokens=False).ids
     ref = GrammarMatcher(GrammarCompiler(_fresh(base), cache_enabled=False).compile(grammar))
