@@ -24,19 +24,21 @@ using grammar::Matcher;
 using grammar::TokenizerInfo;
 using Mask = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
-void check_width(const Mask& mask, const TokenizerInfo& tok) {
-  if (static_cast<int64_t>(mask.shape(1)) < tok.words) {
-    throw std::invalid_argument("bitmask rows have " + std::to_string(mask.shape(1)) + " words but the vocabulary of " +
+void check_width(int64_t words, const TokenizerInfo& tok) {
+  if (words < tok.words) {
+    throw std::invalid_argument("bitmask rows have " + std::to_string(words) + " words but the vocabulary of " +
                                 std::to_string(tok.vocab_size) + " tokens needs " + std::to_string(tok.words));
   }
 }
+void check_width(const Mask& mask, const TokenizerInfo& tok) { check_width(static_cast<int64_t>(mask.shape(1)), tok); }
 
-void check_row(const Mask& mask, int64_t index) {
-  if (index < 0 || index >= static_cast<int64_t>(mask.shape(0))) {
+void check_row(int64_t rows, int64_t index) {
+  if (index < 0 || index >= rows) {
     throw std::out_of_range("bitmask row " + std::to_string(index) + " is outside the bitmask's " +
-                            std::to_string(mask.shape(0)) + " rows");
+                            std::to_string(rows) + " rows");
   }
 }
+void check_row(const Mask& mask, int64_t index) { check_row(static_cast<int64_t>(mask.shape(0)), index); }
 
 void translate_errors(const std::exception_ptr& p, void*) {
   const char* cls = nullptr;
@@ -118,7 +120,22 @@ void register_grammar(nb::module_& m) {
             nb::gil_scoped_release release;
             return mt.fill_mask(row, words);
           },
-          nb::arg("bitmask"), nb::arg("index") = 0)
+          // noconvert: a converted array would be a copy, and the fill would never reach the caller.
+          nb::arg("bitmask").noconvert(), nb::arg("index") = 0)
+      .def(
+          "fill_next_token_bitmask_at",
+          // The fast path for C-contiguous int32 CPU tensors, checked by the Python wrapper
+          // (matcher.py _tensor_rows), which also keeps the tensor alive during the call:
+          // importing a torch tensor through DLPack costs ~2 us, more than a cached fill.
+          [](Matcher& mt, uintptr_t address, int64_t rows, int64_t words, int64_t index) {
+            check_row(rows, index);
+            check_width(words, *mt.compiled()->tok);
+            if (address == 0) throw std::invalid_argument("bitmask has no data");
+            int32_t* row = reinterpret_cast<int32_t*>(address) + index * words;
+            nb::gil_scoped_release release;
+            return mt.fill_mask(row, words);
+          },
+          nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("index"))
       .def("rollback", &Matcher::rollback)
       .def("reset", &Matcher::reset)
       .def("fork", [](const Matcher& mt) { return new Matcher(mt); })
@@ -168,7 +185,8 @@ void register_grammar(nb::module_& m) {
         std::vector<bool> out(results.begin(), results.end());
         return out;
       },
-      nb::arg("matchers"), nb::arg("bitmask"), nb::arg("indices"), nb::arg("num_threads"), nb::arg("pool_size"));
+      nb::arg("matchers"), nb::arg("bitmask").noconvert(), nb::arg("indices"), nb::arg("num_threads"),
+      nb::arg("pool_size"));
   m.def(
       "grammar_batch_stats",
       [] {

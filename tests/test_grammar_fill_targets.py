@@ -1,0 +1,100 @@
+"""Single fills write the same row into every kind of bitmask, and refuse bad ones alike.
+
+C-contiguous int32 CPU torch tensors are written through their address (``_tensor_rows``);
+numpy arrays and any other tensor go through DLPack or the buffer protocol. Both paths must
+give identical rows and the same typed errors, and a bitmask that could only be filled through
+a copy is refused rather than filled in a copy the caller never sees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+
+from agent_infer.errors import TokenBitmaskError
+from agent_infer.grammar.bitmask import allocate_token_bitmask
+from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.matcher import GrammarMatcher, _tensor_rows, fill_next_token_bitmask_batch
+
+
+@pytest.fixture(scope="module")
+def matcher() -> GrammarMatcher:
+    info = tokenizer_info("smollm2")
+    m = GrammarMatcher(GrammarCompiler(info).compile(GRAMMARS["order"]()))
+    ids = hf_tokenizer("smollm2").encode(INSTANCES["order"][0], add_special_tokens=False).ids
+    for t in ids[: len(ids) // 2]:
+        assert m.accept_token(t)
+    return m
+
+
+def _words() -> int:
+    return int(allocate_token_bitmask(1, tokenizer_info("smollm2").vocab_size).shape[1])
+
+
+def test_every_target_gets_the_same_row(matcher: GrammarMatcher) -> None:
+    words = _words()
+    ref = np.zeros((3, words), np.int32)
+    assert matcher.fill_next_token_bitmask(ref, 2)  # numpy: buffer protocol
+    tensor = torch.zeros((3, words), dtype=torch.int32)
+    assert _tensor_rows(tensor) == (tensor.data_ptr(), 3, words)
+    assert matcher.fill_next_token_bitmask(tensor, 2)  # the address path
+    assert np.array_equal(tensor[2].numpy(), ref[2]) and not tensor[:2].any()
+    flat = torch.zeros(words, dtype=torch.int32)  # one row
+    assert _tensor_rows(flat) == (flat.data_ptr(), 1, words)
+    matcher.fill_next_token_bitmask(flat)
+    assert np.array_equal(flat.numpy(), ref[2])
+    # A row of a larger buffer: the view's own address (storage offset included).
+    big = torch.zeros((5, words), dtype=torch.int32)
+    view = big[2:4]
+    assert _tensor_rows(view) == (big[2].data_ptr(), 2, words)
+    matcher.fill_next_token_bitmask(view, 1)
+    assert np.array_equal(big[3].numpy(), ref[2]) and not big[[0, 1, 2, 4]].any()
+
+
+def test_bitmasks_a_fill_could_not_reach_are_refused(matcher: GrammarMatcher) -> None:
+    """A bitmask the native side could only fill through a copy is an error, never a silently
+    dropped mask: rows that are not contiguous, another dtype, a read-only array."""
+    words = _words()
+    wide = torch.zeros((2, words + 8), dtype=torch.int32)
+    strided = wide[:, :words]
+    assert _tensor_rows(strided) is None
+    with pytest.raises(TokenBitmaskError, match="C-contiguous"):
+        matcher.fill_next_token_bitmask(strided, 0)
+    with pytest.raises(TokenBitmaskError, match="C-contiguous"):
+        matcher.fill_next_token_bitmask(np.zeros((2, words + 8), np.int32)[:, :words])
+    with pytest.raises(TokenBitmaskError, match="C-contiguous"):
+        fill_next_token_bitmask_batch([matcher], strided)
+    assert not wide.any()
+    for bad in (torch.zeros((2, words), dtype=torch.int64), np.zeros((2, words), np.uint32)):
+        assert _tensor_rows(bad) is None
+        with pytest.raises(TokenBitmaskError, match="int32"):
+            matcher.fill_next_token_bitmask(bad)
+    frozen = np.zeros((1, words), np.int32)
+    frozen.flags.writeable = False
+    with pytest.raises(TokenBitmaskError, match="read-only"):
+        matcher.fill_next_token_bitmask(frozen)
+    with pytest.raises(TokenBitmaskError, match="3 dimensions"):
+        matcher.fill_next_token_bitmask(torch.zeros((1, 1, words), dtype=torch.int32))
+    # Rows wider than the vocabulary needs are fine on both paths.
+    matcher.fill_next_token_bitmask(wide, 1)
+    ref = np.zeros((1, words + 8), np.int32)
+    matcher.fill_next_token_bitmask(ref)
+    assert np.array_equal(wide[1].numpy(), ref[0])
+
+
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_bad_rows_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) -> None:
+    words = _words()
+    make = (
+        (lambda r, w: torch.zeros((r, w), dtype=torch.int32))
+        if kind == "tensor"
+        else (lambda r, w: np.zeros((r, w), np.int32))
+    )
+    with pytest.raises(IndexError, match="bitmask row 2 is outside the bitmask's 2 rows"):
+        matcher.fill_next_token_bitmask(make(2, words), 2)
+    with pytest.raises(IndexError, match="row -1"):
+        matcher.fill_next_token_bitmask(make(2, words), -1)
+    with pytest.raises(ValueError, match=f"bitmask rows have {words - 1} words"):
+        matcher.fill_next_token_bitmask(make(1, words - 1))
