@@ -154,7 +154,6 @@ class Job {
 std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_parallel_loops{0}, g_polled_joins{0},
     g_spread_rows{0};
 
-
 // One batch fill, on its caller's stack. Pool threads join it while it is listed and has rows
 // left; the caller waits only for threads that joined, never for one that has not woken yet
 // (on a loaded machine a wake-up can take longer than the whole batch).
