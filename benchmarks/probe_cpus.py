@@ -108,9 +108,10 @@ def _worker(work: str, cpu: int, start: float, calls: int, out: Any) -> None:
 
 def _round(work: str, cpus: list[int], calls: int, setup_s: float) -> dict[int, float]:
     """Median ms per call on each of `cpus`, all started together."""
-    q: Any = mp.get_context("spawn").Queue()
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
     start = time.time() + setup_s
-    procs = [mp.get_context("spawn").Process(target=_worker, args=(work, c, start, calls, q)) for c in cpus]
+    procs = [ctx.Process(target=_worker, args=(work, c, start, calls, q)) for c in cpus]
     for p in procs:
         p.start()
     got = dict(q.get() for _ in procs)

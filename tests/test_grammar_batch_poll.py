@@ -25,7 +25,8 @@ from agent_infer.native import load_native
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the pool has no helper thread on one core")
 
 
-def _matchers() -> tuple[list[GrammarMatcher], list[int]]:
+def _matchers() -> list[GrammarMatcher]:
+    """24 matchers of one grammar at different depths of its instance."""
     info = tokenizer_info("smollm2")
     compiled = GrammarCompiler(info).compile(GRAMMARS["order"]())
     ids = hf_tokenizer("smollm2").encode(INSTANCES["order"][0], add_special_tokens=False).ids
@@ -35,7 +36,7 @@ def _matchers() -> tuple[list[GrammarMatcher], list[int]]:
         for tid in ids[: (i * 5) % (len(ids) - 1)]:
             assert m.accept_token(tid)
         matchers.append(m)
-    return matchers, ids
+    return matchers
 
 
 def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
@@ -57,18 +58,18 @@ def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
 
 def test_back_to_back_fills_are_joined_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT_INFER_GRAMMAR_SPIN_US", raising=False)
-    matchers, _ = _matchers()
+    matchers = _matchers()
     assert _fill_back_to_back(matchers, 60) > 0, "no batch was joined by a polling thread"
 
 
 def test_spin_zero_never_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "0")
-    matchers, _ = _matchers()
+    matchers = _matchers()
     assert _fill_back_to_back(matchers, 60) == 0
 
 
 def test_bad_spin_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    matchers, _ = _matchers()
+    matchers = _matchers()
     bitmask = allocate_token_bitmask(len(matchers), tokenizer_info("smollm2").vocab_size)
     monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "-3")
     with pytest.raises(ConfigError, match="AGENT_INFER_GRAMMAR_SPIN_US"):

@@ -343,9 +343,8 @@ def _extra_member(
             # belong to their own members), that is the pattern's search expression, encoded as a
             # string value's pattern is and lowered natively, with no automaton built in Python.
             p = pat_names[0]
-            here = f"{pointer}/patternProperties"
             if mask not in name_masks:
-                body = encode_expr(c.pattern_expr(p, here))
+                body = encode_expr(c.pattern_expr(p, here_pats))
                 c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
             dfa = base(not pats or mask in name_masks)

@@ -575,6 +575,7 @@ class Matcher {
   // Inside a batch fill: the masks of the current set's states met for the first time, computed
   // on the batch's threads (grammar_pool.h parallel_for), when there are several.
   void first_visits_in_parallel();
+
   std::shared_ptr<const CompiledGrammar> g_;
   bool terminate_without_eos_;
   int32_t max_rollback_;
