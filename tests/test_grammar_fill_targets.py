@@ -98,3 +98,49 @@ def test_bad_rows_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) 
         matcher.fill_next_token_bitmask(make(2, words), -1)
     with pytest.raises(ValueError, match=f"bitmask rows have {words - 1} words"):
         matcher.fill_next_token_bitmask(make(1, words - 1))
+
+
+def test_batch_fills_reach_every_target_alike(matcher: GrammarMatcher) -> None:
+    """The batch call takes the address path for torch tensors too: same rows as numpy."""
+    words = _words()
+    other = matcher.fork()
+    assert other.accept_token(_first_allowed(other, words))
+    ref = np.zeros((3, words), np.int32)
+    fill_next_token_bitmask_batch([matcher, other], ref, [2, 0])
+    tensor = torch.zeros((3, words), dtype=torch.int32)
+    assert fill_next_token_bitmask_batch([matcher, other], tensor, [2, 0], num_threads=2) == [True, True]
+    assert np.array_equal(tensor.numpy(), ref) and not ref[1].any() and not np.array_equal(ref[0], ref[2])
+    flat = torch.zeros(words, dtype=torch.int32)
+    fill_next_token_bitmask_batch([other], flat)
+    assert np.array_equal(flat.numpy(), ref[0])
+
+
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_bad_batches_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) -> None:
+    words = _words()
+    make = (
+        (lambda r, w: torch.zeros((r, w), dtype=torch.int32))
+        if kind == "tensor"
+        else (lambda r, w: np.zeros((r, w), np.int32))
+    )
+    other = matcher.fork()
+    with pytest.raises(ValueError, match="the same matcher appears twice"):
+        fill_next_token_bitmask_batch([matcher, other, matcher], make(3, words))
+    with pytest.raises(ValueError, match="2 matchers but 1 indices"):
+        fill_next_token_bitmask_batch([matcher, other], make(2, words), [0])
+    with pytest.raises(IndexError, match="bitmask row 2 is outside the bitmask's 2 rows"):
+        fill_next_token_bitmask_batch([matcher, other], make(2, words), [0, 2])
+    with pytest.raises(ValueError, match=f"bitmask rows have {words - 1} words"):
+        fill_next_token_bitmask_batch([matcher], make(1, words - 1))
+    untouched = make(2, words)
+    with pytest.raises(IndexError):
+        fill_next_token_bitmask_batch([matcher, other], untouched, [1, 5])
+    assert not untouched.any()  # checks run before any row is written
+
+
+def _first_allowed(m: GrammarMatcher, words: int) -> int:
+    row = torch.zeros((1, words), dtype=torch.int32)
+    m.fill_next_token_bitmask(row)
+    bits = row[0].numpy().view(np.uint32)
+    word = int(np.flatnonzero(bits)[0])
+    return word * 32 + (int(bits[word]) & -int(bits[word])).bit_length() - 1

@@ -318,15 +318,16 @@ def fill_next_token_bitmask_batch(
     if spin_us != _applied_spin_us:
         native.grammar_batch_spin(spin_us * 1000)
         _applied_spin_us = spin_us
-    rows = list(range(len(matchers))) if indices is None else [int(i) for i in indices]
-    if len(rows) != len(matchers):
-        raise ValueError(f"{len(matchers)} matchers but {len(rows)} indices")
-    if len({id(m) for m in matchers}) != len(matchers):
-        raise ValueError("the same matcher appears twice in one batch fill")
-    result = native.fill_next_token_bitmask_batch(
-        [m._m for m in matchers], _row_view(bitmask), rows, int(num_threads or 0), envs.grammar_threads()
-    )
-    return [bool(x) for x in result]
+    rows = None if indices is None else [int(i) for i in indices]
+    # The native side checks lengths, rows, widths and that no matcher appears twice (ValueError).
+    handles = [m._m for m in matchers]
+    threads, pool = int(num_threads or 0), envs.grammar_threads()
+    target = _tensor_rows(bitmask)
+    if target is not None:
+        result: list[bool] = native.fill_next_token_bitmask_batch_at(handles, *target, rows, threads, pool)
+    else:
+        result = native.fill_next_token_bitmask_batch(handles, _row_view(bitmask), rows, threads, pool)
+    return result
 
 
 class BatchGrammarMatcher:

@@ -40,6 +40,42 @@ void check_row(int64_t rows, int64_t index) {
 }
 void check_row(const Mask& mask, int64_t index) { check_row(static_cast<int64_t>(mask.shape(0)), index); }
 
+// One batch fill after the checks both bitmask paths share; `indices` null means rows 0..n-1.
+nb::list fill_batch_checked(const std::vector<Matcher*>& matchers, int32_t* data, int64_t rows, int64_t words,
+                            const std::optional<std::vector<int64_t>>& indices, int32_t num_threads,
+                            int32_t pool_size) {
+  const size_t n = matchers.size();
+  std::vector<int64_t> own;
+  if (!indices) {
+    own.resize(n);
+    for (size_t i = 0; i < n; ++i) own[i] = static_cast<int64_t>(i);
+  } else if (indices->size() != n) {
+    throw std::invalid_argument(std::to_string(n) + " matchers but " + std::to_string(indices->size()) + " indices");
+  }
+  const std::vector<int64_t>& idx = indices ? *indices : own;
+  for (int64_t i : idx) check_row(rows, i);
+  for (Matcher* mt : matchers) {
+    if (!mt) throw std::invalid_argument("matcher is None");
+    check_width(words, *mt->compiled()->tok);
+  }
+  // Two threads must never fill one matcher (its state would race).
+  std::vector<Matcher*> sorted(matchers);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    throw std::invalid_argument("the same matcher appears twice in one batch fill");
+  }
+  std::vector<uint8_t> results(n, 0);
+  {
+    nb::gil_scoped_release release;
+    grammar::fill_batch(matchers.data(), idx.data(), n, data, words,
+                        num_threads > 0 ? static_cast<size_t>(num_threads) : 0,
+                        static_cast<unsigned>(std::max(pool_size, 0)), results.data());
+  }
+  nb::list out;
+  for (uint8_t r : results) out.append(nb::bool_(r != 0));
+  return out;
+}
+
 void translate_errors(const std::exception_ptr& p, void*) {
   const char* cls = nullptr;
   std::string msg;
@@ -166,27 +202,25 @@ void register_grammar(nb::module_& m) {
 
   m.def(
       "fill_next_token_bitmask_batch",
-      [](std::vector<Matcher*> matchers, Mask mask, std::vector<int64_t> indices, int32_t num_threads,
-         int32_t pool_size) {
-        for (int64_t idx : indices) check_row(mask, idx);
-        for (Matcher* mt : matchers) {
-          if (!mt) throw std::invalid_argument("matcher is None");
-          check_width(mask, *mt->compiled()->tok);
-        }
-        if (indices.size() != matchers.size()) throw std::invalid_argument("indices and matchers differ in length");
-        const int64_t words = static_cast<int64_t>(mask.shape(1));
-        std::vector<uint8_t> results(matchers.size(), 0);
-        {
-          nb::gil_scoped_release release;
-          grammar::fill_batch(matchers.data(), indices.data(), matchers.size(), mask.data(), words,
-                              num_threads > 0 ? static_cast<size_t>(num_threads) : 0,
-                              static_cast<unsigned>(std::max(pool_size, 0)), results.data());
-        }
-        std::vector<bool> out(results.begin(), results.end());
-        return out;
+      [](const std::vector<Matcher*>& matchers, Mask mask, std::optional<std::vector<int64_t>> indices,
+         int32_t num_threads, int32_t pool_size) {
+        return fill_batch_checked(matchers, mask.data(), static_cast<int64_t>(mask.shape(0)),
+                                  static_cast<int64_t>(mask.shape(1)), indices, num_threads, pool_size);
       },
-      nb::arg("matchers"), nb::arg("bitmask").noconvert(), nb::arg("indices"), nb::arg("num_threads"),
+      nb::arg("matchers"), nb::arg("bitmask").noconvert(), nb::arg("indices").none(), nb::arg("num_threads"),
       nb::arg("pool_size"));
+  m.def(
+      "fill_next_token_bitmask_batch_at",
+      // The batch twin of GrammarMatcher.fill_next_token_bitmask_at (the wrapper checked the
+      // tensor and keeps it alive).
+      [](const std::vector<Matcher*>& matchers, uintptr_t address, int64_t rows, int64_t words,
+         std::optional<std::vector<int64_t>> indices, int32_t num_threads, int32_t pool_size) {
+        if (address == 0) throw std::invalid_argument("bitmask has no data");
+        return fill_batch_checked(matchers, reinterpret_cast<int32_t*>(address), rows, words, indices, num_threads,
+                                  pool_size);
+      },
+      nb::arg("matchers"), nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("indices").none(),
+      nb::arg("num_threads"), nb::arg("pool_size"));
   m.def(
       "grammar_batch_stats",
       [] {
