@@ -126,6 +126,11 @@ def main() -> int:
             named[row_ids[row]] += us
         per_step.append((idle, k, dict(named)))
     print(f"idle thread time inside the threaded batches: {total_idle / 1e3:.1f} ms")
+    waits = [e for step in events for e in step if e[0] == "w"]
+    print(
+        f"rows waiting for parts other threads ran (inside their row): {sum(e[4] - e[3] for e in waits) / 1e6:.1f} ms "
+        f"in {len(waits)} waits"
+    )
     print("\nidle while one schema's row ran (ms):")
     for name, us in sorted(by_schema.items(), key=lambda x: -x[1])[: args.top]:
         print(f"  {us / 1e3:7.2f}  {name}")

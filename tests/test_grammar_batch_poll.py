@@ -59,7 +59,9 @@ def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
 def test_back_to_back_fills_are_joined_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT_INFER_GRAMMAR_SPIN_US", raising=False)
     matchers = _matchers()
-    assert _fill_back_to_back(matchers, 60) > 0, "no batch was joined by a polling thread"
+    # A loaded machine can stretch every gap of one loop past the budget: a few loops, not one.
+    polled = [_fill_back_to_back(matchers, 60) for _ in range(3)]
+    assert max(polled) > 0, f"no batch was joined by a polling thread ({polled})"
 
 
 def test_spin_zero_never_polls(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,15 @@
 namespace agent_infer {
 namespace grammar {
 
+// This thread's instance of T. Out of line on purpose: where a thread_local is used inline, GCC
+// recomputes its address (a __tls_get_addr call in a shared library) at every use rather than
+// keep it in a register, dozens of calls per mask fill.
+template <class T>
+[[gnu::noinline]] T& thread_slot() {
+  thread_local T slot;
+  return slot;
+}
+
 // Mapped to agent_infer.errors.GrammarLimitError / GrammarDefinitionError by the bindings.
 struct LimitError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -74,6 +83,24 @@ struct StateMask {
 
 // Stores accepted tokens densely or as a sorted id list, whichever is smaller.
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
+// ORs listed token ids into a bitset. In a sorted list (as finish_mask writes them) runs of ids
+// share a word: each run is gathered in a register and stored once, rather than one
+// read-modify-write per id, each waiting on the store before it.
+inline void or_ids(uint32_t* bits, const std::vector<int32_t>& ids) {
+  if (ids.empty()) return;
+  uint32_t w = static_cast<uint32_t>(ids[0]) >> 5, acc = 0;
+  for (const int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    if ((u >> 5) != w) {
+      bits[w] |= acc;
+      w = u >> 5;
+      acc = 0;
+    }
+    acc |= 1u << (u & 31);
+  }
+  bits[w] |= acc;
+}
+inline void or_ids(std::vector<uint32_t>& bits, const std::vector<int32_t>& ids) { or_ids(bits.data(), ids); }
 // Set bits in words[0, n). The wheel targets baseline x86-64, where __builtin_popcount is a libgcc
 // call per word; walks count 4 000 words per part, so this one loop is also built with popcnt and
 // picked at load time on CPUs that have it.
@@ -629,8 +656,9 @@ struct BatchStats {
 };
 BatchStats batch_stats();
 // Opt-in timeline of batch fills (profiling: benchmarks/profile_batch.py): one event per filled
-// row ('r', row index), per part of a split walk or shared loop ('p', part index) and per batch
-// ('b', row count), with the thread's ordinal and steady-clock nanoseconds. Off by default (a
+// row ('r', row index), per part of a split walk or shared loop ('p', part index), per wait of a
+// split walk's owner for parts other threads still run ('w', part count) and per batch ('b', row
+// count), with the thread's ordinal and steady-clock nanoseconds. Off by default (a
 // relaxed load per row); `enable` switches recording on (clearing earlier events) or off.
 struct BatchEvent {
   char kind;

@@ -56,7 +56,7 @@ struct CheckScratch {
 };
 
 CheckScratch& check_scratch() {
-  thread_local CheckScratch sc;
+  CheckScratch& sc = thread_slot<CheckScratch>();
   sc.clear();
   return sc;
 }

@@ -68,8 +68,7 @@ class FollowLease {
 
  private:
   static FollowScratch& slot() {
-    thread_local FollowScratch scratch;
-    return scratch;
+    return thread_slot<FollowScratch>();
   }
   FollowScratch& scratch_;
 };

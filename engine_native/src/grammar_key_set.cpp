@@ -68,8 +68,7 @@ int32_t lower_key_trie(const std::vector<int32_t>& code, size_t num_rules, DfaPo
     throw DefinitionError("reference to unknown rule");
   }
   if (count < 0) throw bad("negative name count");
-  static thread_local KeyTrieScratch scratch;
-  KeyTrieScratch& sc = scratch;
+  KeyTrieScratch& sc = thread_slot<KeyTrieScratch>();
   sc.keys.clear();
   sc.key_at.assign(1, 0);
   sc.pending.clear();

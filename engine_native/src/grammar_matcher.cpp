@@ -352,7 +352,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
       }
     } else {
       zero_row();
-      for (int32_t id : m.accepted_ids) mask[id >> 5] |= 1u << (id & 31);
+      or_ids(mask, m.accepted_ids);
     }
     if (!m.uncertain.empty()) {
       // Each list is sorted: merging keeps the union sorted in linear time.
@@ -382,7 +382,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
       if (!hit->accepted_bits.empty()) {
         for (int64_t w = 0; w < vw; ++w) mask[w] |= hit->accepted_bits[static_cast<size_t>(w)];
       }
-      for (int32_t id : hit->accepted_ids) mask[id >> 5] |= 1u << (id & 31);
+      or_ids(mask, hit->accepted_ids);
     } else {
       allowed_before_.assign(mask, mask + vw);
       if (!check_uncertain_walk(mask)) check_uncertain(mask);

@@ -344,7 +344,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       for (int b = 0; b < 256; ++b) {
         if (!has(grp.bytes, static_cast<uint8_t>(b)) || has(grp.ref->first_bytes, static_cast<uint8_t>(b))) continue;
         const StateMask* p = piece[static_cast<size_t>(b)].get();
-        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        or_ids(scratch, p->accepted_ids);
         grown->uncertain.insert(grown->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
         grown->first_bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
         piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
@@ -376,7 +376,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       for (int b = 0; b < 256; ++b) {
         if (!has(grp.bytes, static_cast<uint8_t>(b))) continue;
         const StateMask* p = piece[static_cast<size_t>(b)].get();
-        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        or_ids(scratch, p->accepted_ids);
         uni->uncertain.insert(uni->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
         piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
       }
@@ -391,7 +391,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   for (int b = 0; b < 256; ++b) {
     const StateMask* p = piece[static_cast<size_t>(b)].get();
     if (!p) continue;
-    for (int32_t id : p->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    or_ids(bits, p->accepted_ids);
     out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
   }
   // Runs are disjoint, so the positions are distinct; groups interleave them.

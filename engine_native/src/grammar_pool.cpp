@@ -387,6 +387,7 @@ void run_parts(size_t n, std::function<void(size_t)> part) {
   p.publish(job);
   job->help();
   p.retire(job.get());
+  TraceScope trace('w', n);
   job->wait();
 }
 

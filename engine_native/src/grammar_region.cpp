@@ -65,16 +65,20 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
   // final state after it) are exits, walked per state, so the region (and its cached walk) is
   // the same for every string of one syntax whatever follows the string.
   // Per-thread state -> index scratch (reset entry by entry): grammars have up to 10^5 states.
-  thread_local std::vector<int32_t> idx;
+  struct RegionIndex {
+    std::vector<int32_t> v;
+  };
+  std::vector<int32_t>& idx = thread_slot<RegionIndex>().v;
   if (idx.size() < states.size()) idx.resize(states.size(), -1);
   std::vector<int32_t> order{s};
   idx[static_cast<size_t>(s)] = 0;
   struct Reset {
     std::vector<int32_t>& order;
+    std::vector<int32_t>& idx;
     ~Reset() {
       for (int32_t q : order) idx[static_cast<size_t>(q)] = -1;
     }
-  } reset{order};
+  } reset{order, idx};
   for (size_t i = 0; i < order.size(); ++i) {
     const State& st = states[order[i]];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {

@@ -335,7 +335,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
       for (int b = 0; b < 256; ++b) {
         if (!has(x.bytes, static_cast<uint8_t>(b))) continue;
         const StateMask* p = piece[static_cast<size_t>(b)].get();
-        for (int32_t id : p->accepted_ids) scratch[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        or_ids(scratch, p->accepted_ids);
         uni->uncertain.insert(uni->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
         uni->exits.insert(uni->exits.end(), p->exits.begin(), p->exits.end());
         piece[static_cast<size_t>(b)] = nullptr;  // held by the union now
@@ -354,7 +354,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     const StateMask* p = piece[static_cast<size_t>(b)].get();
     if (!p) continue;
     const Target& x = targets[target[static_cast<size_t>(b)]];
-    for (int32_t id : p->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    or_ids(bits, p->accepted_ids);
     out->uncertain.insert(out->uncertain.end(), p->uncertain.begin(), p->uncertain.end());
     for (const RegionExit& e : p->exits) add_exit(x, e);
   }

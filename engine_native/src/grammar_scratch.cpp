@@ -15,8 +15,7 @@ struct ThreadScratch {
 };
 
 ThreadScratch& thread_scratch() {
-  thread_local ThreadScratch slot;
-  return slot;
+  return thread_slot<ThreadScratch>();
 }
 
 template <typename V>

@@ -31,7 +31,7 @@ struct Scratch {
   std::array<std::vector<int32_t>, kMaxDepth + 2> bucket;
 };
 Scratch& scratch(size_t n_states) {
-  thread_local Scratch sc;
+  Scratch& sc = thread_slot<Scratch>();
   if (sc.dist.size() < n_states) {
     sc.dist.resize(n_states, kUnseen);
     sc.num.resize(n_states, -1);

@@ -160,7 +160,7 @@ std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= d->accepted_bits[w];
       n_accepted += count_bits(d->accepted_bits.data(), d->accepted_bits.size());
     }
-    for (int32_t id : d->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    or_ids(bits, d->accepted_ids);
     n_accepted += d->accepted_ids.size();
     mask->uncertain.insert(mask->uncertain.end(), d->uncertain.begin(), d->uncertain.end());
     mask->exits.insert(mask->exits.end(), d->exits.begin(), d->exits.end());

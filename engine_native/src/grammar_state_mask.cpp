@@ -26,8 +26,10 @@ struct RowIndex {
     tls_rows().swap(row_of);
   }
   static std::vector<int32_t>& tls_rows() {
-    thread_local std::vector<int32_t> rows;
-    return rows;
+    struct Rows {
+      std::vector<int32_t> v;
+    };
+    return thread_slot<Rows>().v;
   }
 };
 }  // namespace

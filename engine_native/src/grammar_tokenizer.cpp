@@ -318,7 +318,7 @@ size_t seed_bits(const StateMask* base, std::vector<uint32_t>& bits) {
     std::copy(base->accepted_bits.begin(), base->accepted_bits.end(), bits.begin());
     n = count_bits(bits.data(), bits.size());
   }
-  for (int32_t id : base->accepted_ids) bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  or_ids(bits, base->accepted_ids);
   return n;
 }
 

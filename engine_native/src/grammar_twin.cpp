@@ -38,7 +38,7 @@ struct PairScratch {
 };
 
 PairScratch& pair_scratch(size_t n_states) {
-  thread_local PairScratch sc;
+  PairScratch& sc = thread_slot<PairScratch>();
   if (sc.fwd.size() < n_states) {
     sc.fwd.resize(n_states, -1);
     sc.rev.resize(n_states, -1);

@@ -61,7 +61,7 @@ struct SetDfa {
 // Past this many sets (512 bytes of transitions each) the next walk starts afresh.
 constexpr size_t kKeepSets = 4096;
 SetDfa& set_dfa(uint64_t grammar) {
-  thread_local SetDfa dfa;
+  SetDfa& dfa = thread_slot<SetDfa>();
   if (dfa.grammar != grammar || dfa.sets.size() > kKeepSets) {
     dfa = SetDfa();
     dfa.grammar = grammar;
