@@ -556,6 +556,31 @@ class ItemSet {
   size_t size_ = 0;
 };
 
+// Open-addressing map from 64-bit keys to int32 values, cleared in O(1) by bumping a stamp (the
+// run-time check fills one per mask fill: node-based maps cost an allocation per entry).
+class ItemMap {
+ public:
+  // The value under `key`, or null.
+  int32_t* find(uint64_t key);
+  // Sets the value under `key` (inserting it if absent).
+  void put(uint64_t key, int32_t value);
+  void clear() {
+    if (++stamp_ == 0) {
+      std::fill(stamps_.begin(), stamps_.end(), 0);
+      stamp_ = 1;
+    }
+    size_ = 0;
+  }
+
+ private:
+  void grow();
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  std::vector<uint32_t> stamps_;
+  uint32_t stamp_ = 1;
+  size_t size_ = 0;
+};
+
 class Matcher {
  public:
   Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback);

@@ -33,12 +33,12 @@ struct CheckScratch {
     int32_t ret, parent, depth;
   };
   std::vector<Node> nodes;
-  std::unordered_map<uint64_t, int32_t> node_ids;
+  ItemMap node_ids;
   std::vector<Item> cfg;  // (state, stack)
   ItemSet seen;
   std::vector<Item> pool;
   std::vector<std::pair<size_t, size_t>> sets;
-  std::unordered_map<uint64_t, int32_t> set_ids;  // hash -> first set with it (chained by set_next)
+  ItemMap set_ids;  // hash -> first set with it (chained by set_next)
   std::vector<int32_t> set_next;
   std::vector<int32_t> trans;  // sets.size() * 256; -2 unknown, -1 dead
   std::vector<int32_t> set_at;
@@ -69,7 +69,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
   CheckScratch& sc = check_scratch();
   // Stacks: v >= 0 is a return node, v < 0 the Earley history set -1 - v.
   std::vector<CheckScratch::Node>& nodes = sc.nodes;
-  std::unordered_map<uint64_t, int32_t>& node_ids = sc.node_ids;
+  ItemMap& node_ids = sc.node_ids;
   bool gave_up = false;
   auto push = [&](int32_t ret, int32_t parent) -> int32_t {
     // A tail call: returning to `ret` (accepting, no edges) only returns further, to `parent`'s
@@ -82,13 +82,12 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
       if (rs.final && rs.byte_begin == rs.byte_end && rs.ref_begin == rs.ref_end) return parent;
     }
     const uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(ret)) << 32) | static_cast<uint32_t>(parent);
-    auto it = node_ids.find(k);
-    if (it != node_ids.end()) return it->second;
+    if (const int32_t* found = node_ids.find(k)) return *found;
     const int32_t depth = parent >= 0 ? nodes[static_cast<size_t>(parent)].depth + 1 : 1;
     if (depth > kMaxDepth) gave_up = true;
     const int32_t id = static_cast<int32_t>(nodes.size());
     nodes.push_back({ret, parent, depth});
-    node_ids.emplace(k, id);
+    node_ids.put(k, id);
     return id;
   };
   std::vector<Item>& cfg = sc.cfg;  // (state, stack)
@@ -131,13 +130,13 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
   };
   std::vector<Item>& pool = sc.pool;
   std::vector<std::pair<size_t, size_t>>& sets = sc.sets;
-  std::unordered_map<uint64_t, int32_t>& set_ids = sc.set_ids;
+  ItemMap& set_ids = sc.set_ids;
   std::vector<int32_t>& set_next = sc.set_next;
   std::vector<int32_t>& trans = sc.trans;
   auto intern_set = [&]() {
     const uint64_t h = sort_and_digest(cfg, cfg.size());
-    auto it = set_ids.find(h);
-    const int32_t head = it == set_ids.end() ? -1 : it->second;
+    const int32_t* found = set_ids.find(h);
+    const int32_t head = found ? *found : -1;
     for (int32_t k = head; k >= 0; k = set_next[static_cast<size_t>(k)]) {
       const auto& range = sets[static_cast<size_t>(k)];
       if (range.second - range.first == cfg.size() &&
@@ -151,7 +150,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
     set_next.push_back(head);
-    set_ids[h] = id;
+    set_ids.put(h, id);
     return id;
   };
   auto transition = [&](int32_t a, uint8_t b) -> int32_t {

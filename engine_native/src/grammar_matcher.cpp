@@ -65,6 +65,58 @@ void ItemSet::grow() {
   }
 }
 
+int32_t* ItemMap::find(uint64_t key) {
+  if (keys_.empty()) return nullptr;
+  const size_t mask = keys_.size() - 1;
+  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+    if (stamps_[i] != stamp_) return nullptr;
+    if (keys_[i] == key) return &values_[i];
+  }
+}
+
+void ItemMap::put(uint64_t key, int32_t value) {
+  if ((size_ + 1) * 2 > keys_.size()) grow();
+  const size_t mask = keys_.size() - 1;
+  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+    if (stamps_[i] != stamp_) {
+      stamps_[i] = stamp_;
+      keys_[i] = key;
+      values_[i] = value;
+      ++size_;
+      return;
+    }
+    if (keys_[i] == key) {
+      values_[i] = value;
+      return;
+    }
+  }
+}
+
+void ItemMap::grow() {
+  std::vector<uint64_t> old_keys;
+  std::vector<int32_t> old_values;
+  std::vector<uint32_t> old_stamps;
+  old_keys.swap(keys_);
+  old_values.swap(values_);
+  old_stamps.swap(stamps_);
+  const size_t cap = std::max<size_t>(64, old_keys.size() * 2);
+  keys_.assign(cap, 0);
+  values_.assign(cap, 0);
+  stamps_.assign(cap, 0);
+  const size_t mask = cap - 1;
+  for (size_t j = 0; j < old_keys.size(); ++j) {
+    if (old_stamps[j] != stamp_) continue;
+    for (size_t i = mix(old_keys[j]) & mask;; i = (i + 1) & mask) {
+      if (stamps_[i] != stamp_) {
+        stamps_[i] = stamp_;
+        keys_[i] = old_keys[j];
+        values_[i] = old_values[j];
+        break;
+      }
+    }
+  }
+}
+
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback)
     : g_(std::move(g)), terminate_without_eos_(terminate_without_eos), max_rollback_(max_rollback) {
   state_stamp_.assign(g_->states.size(), 0);
