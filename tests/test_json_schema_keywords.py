@@ -345,3 +345,51 @@ def test_enum_next_to_unknown_keywords_without_a_type() -> None:
     assert sum("options" in w for w in warnings) == 1, warnings
     with pytest.raises(UnsupportedSchemaError, match="maxLenght"):
         json_schema_to_grammar({"enum": ["a"], "maxLenght": 3})
+
+
+def test_enumerated_multiples_keep_every_numeral_of_each_value() -> None:
+    """Bounded ``multipleOf`` lists its values (``exact_numerals``): the same numerals as one exact
+    interval per value (``bounded_number``), signs, zero's ``-0`` and trailing zeros included."""
+    from fractions import Fraction
+
+    from agent_infer.grammar import json_schema_numbers as num
+    from agent_infer.grammar.ir import alt
+    from agent_infer.grammar.ir_grammar import Grammar
+
+    texts = [
+        *(
+            f"{s}{i}{t}"
+            for s in ("", "-")
+            for i in ("0", "1", "3", "16", "32", "48", "2032", "016", "")
+            for t in ("", ".", ".0", ".00", ".5", ".50", ".25", ".250", ".05", "e1")
+        ),
+        "1.2",
+        "-1.2",
+        "0.3",
+        "00",
+    ]
+    cases = [
+        ([Fraction(k * 16) for k in range(-127, 127)], True),
+        ([Fraction(k * 16) for k in range(-3, 4)], False),
+        ([Fraction(k, 4) for k in range(-9, 10)], False),
+        ([Fraction(k, 3) for k in range(-4, 5)], False),  # thirds: only the integers are decimals
+        ([Fraction(1, 20), Fraction(-1, 2)], False),
+        ([Fraction(0)], True),
+    ]
+    for values, integer in cases:
+        old = alt(*(e for v in values if (e := num.bounded_number(v, False, v, False, integer)) is not None))
+        new = num.exact_numerals(values, integer)
+        ref_old = ReferenceRecognizer(Grammar.from_expr(old))
+        ref_new = ReferenceRecognizer(Grammar.from_expr(new))
+        for t in texts:
+            assert ref_old.accepts(t) == ref_new.accepts(t), (values[:3], integer, t)
+    check(
+        {"type": "integer", "minimum": -2032, "maximum": 2031, "multipleOf": 16},
+        ["-2032", "0", "-0", "2016"],
+        ["8", "2032", "16.0"],
+    )
+    check(
+        {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.25},
+        ["-0.75", "0.50", "1", "1.0", "-0"],
+        ["0.3", "1.25"],
+    )

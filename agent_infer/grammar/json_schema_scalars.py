@@ -298,12 +298,7 @@ def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bo
         step = Fraction(step.numerator)  # an integer is a multiple of p/q iff it is one of p
     listed = num.enumerate_multiples(step, lo, lo_strict, hi, hi_strict)
     if listed is not None:
-        exprs = [
-            num.bounded_number(v, False, v, False, integer)
-            for v in listed
-            if not integer or v.denominator == 1
-        ]
-        return alt(*(e for e in exprs if e is not None))
+        return num.exact_numerals(listed, integer)
     zero = Fraction(0)
     one_sided = not bounded or (hi is None and lo == zero) or (lo is None and hi == zero)
     if step.denominator == 1 and one_sided:
