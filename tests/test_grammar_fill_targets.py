@@ -8,6 +8,9 @@ a copy is refused rather than filled in a copy the caller never sees.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +30,14 @@ def matcher() -> GrammarMatcher:
     for t in ids[: len(ids) // 2]:
         assert m.accept_token(t)
     return m
+
+
+def _zeros(kind: str) -> Callable[[int, int], Any]:
+    """A zeroed int32 [rows, words] bitmask of one kind: a torch tensor (the address path) or a
+    numpy array (the general path)."""
+    if kind == "tensor":
+        return lambda r, w: torch.zeros((r, w), dtype=torch.int32)
+    return lambda r, w: np.zeros((r, w), np.int32)
 
 
 def _words() -> int:
@@ -87,11 +98,7 @@ def test_bitmasks_a_fill_could_not_reach_are_refused(matcher: GrammarMatcher) ->
 @pytest.mark.parametrize("kind", ["tensor", "numpy"])
 def test_bad_rows_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) -> None:
     words = _words()
-    make = (
-        (lambda r, w: torch.zeros((r, w), dtype=torch.int32))
-        if kind == "tensor"
-        else (lambda r, w: np.zeros((r, w), np.int32))
-    )
+    make = _zeros(kind)
     with pytest.raises(IndexError, match="bitmask row 2 is outside the bitmask's 2 rows"):
         matcher.fill_next_token_bitmask(make(2, words), 2)
     with pytest.raises(IndexError, match="row -1"):
@@ -118,11 +125,7 @@ def test_batch_fills_reach_every_target_alike(matcher: GrammarMatcher) -> None:
 @pytest.mark.parametrize("kind", ["tensor", "numpy"])
 def test_bad_batches_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) -> None:
     words = _words()
-    make = (
-        (lambda r, w: torch.zeros((r, w), dtype=torch.int32))
-        if kind == "tensor"
-        else (lambda r, w: np.zeros((r, w), np.int32))
-    )
+    make = _zeros(kind)
     other = matcher.fork()
     with pytest.raises(ValueError, match="the same matcher appears twice"):
         fill_next_token_bitmask_batch([matcher, other, matcher], make(3, words))

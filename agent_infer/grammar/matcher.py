@@ -324,10 +324,8 @@ def fill_next_token_bitmask_batch(
     threads, pool = int(num_threads or 0), envs.grammar_threads()
     target = _tensor_rows(bitmask)
     if target is not None:
-        result: list[bool] = native.fill_next_token_bitmask_batch_at(handles, *target, rows, threads, pool)
-    else:
-        result = native.fill_next_token_bitmask_batch(handles, _row_view(bitmask), rows, threads, pool)
-    return result
+        return list(native.fill_next_token_bitmask_batch_at(handles, *target, rows, threads, pool))
+    return list(native.fill_next_token_bitmask_batch(handles, _row_view(bitmask), rows, threads, pool))
 
 
 class BatchGrammarMatcher:

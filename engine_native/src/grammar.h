@@ -536,34 +536,25 @@ inline uint64_t sort_and_digest(std::vector<Item>& items, uint64_t seed) {
   return h;
 }
 
-// Open-addressing set of items, cleared in O(1) by bumping a stamp.
-class ItemSet {
- public:
-  bool insert(uint64_t key);
-  void clear() {
-    if (++stamp_ == 0) {
-      std::fill(stamps_.begin(), stamps_.end(), 0);
-      stamp_ = 1;
-    }
-    size_ = 0;
-  }
-
- private:
-  void grow();
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> stamps_;
-  uint32_t stamp_ = 1;
-  size_t size_ = 0;
-};
-
-// Open-addressing map from 64-bit keys to int32 values, cleared in O(1) by bumping a stamp (the
-// run-time check fills one per mask fill: node-based maps cost an allocation per entry).
+// Open-addressing map from 64-bit keys (items) to int32 values, cleared in O(1) by bumping a
+// stamp: the walks and the run-time check fill one per mask fill, where node-based containers
+// cost an allocation per entry. As a set, `insert` alone is used and the values stay 0.
 class ItemMap {
  public:
+  // Adds `key` with `value` if absent; true if it was added (an existing value is kept).
+  bool insert(uint64_t key, int32_t value = 0) {
+    bool found;
+    const size_t i = slot(key, &found);
+    if (!found) values_[i] = value;
+    return !found;
+  }
+  // Sets the value under `key` (inserting it if absent).
+  void put(uint64_t key, int32_t value) {
+    bool found;
+    values_[slot(key, &found)] = value;
+  }
   // The value under `key`, or null.
   int32_t* find(uint64_t key);
-  // Sets the value under `key` (inserting it if absent).
-  void put(uint64_t key, int32_t value);
   void clear() {
     if (++stamp_ == 0) {
       std::fill(stamps_.begin(), stamps_.end(), 0);
@@ -573,6 +564,8 @@ class ItemMap {
   }
 
  private:
+  // The slot holding `key`, claimed for it if it was absent (`found` false).
+  size_t slot(uint64_t key, bool* found);
   void grow();
   std::vector<uint64_t> keys_;
   std::vector<int32_t> values_;
@@ -639,7 +632,7 @@ class Matcher {
     bool terminated;
   };
   std::vector<Mark> token_marks_;  // number of sets before each accepted step
-  ItemSet seen_;
+  ItemMap seen_;
   std::vector<uint32_t> state_stamp_;
   uint32_t stamp_ = 0;
   std::vector<int32_t> scratch_;

@@ -35,7 +35,7 @@ struct CheckScratch {
   std::vector<Node> nodes;
   ItemMap node_ids;
   std::vector<Item> cfg;  // (state, stack)
-  ItemSet seen;
+  ItemMap seen;
   std::vector<Item> pool;
   std::vector<std::pair<size_t, size_t>> sets;
   ItemMap set_ids;  // hash -> first set with it (chained by set_next)
@@ -91,7 +91,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
     return id;
   };
   std::vector<Item>& cfg = sc.cfg;  // (state, stack)
-  ItemSet& seen = sc.seen;
+  ItemMap& seen = sc.seen;
   auto add = [&](int32_t q, int32_t st) {
     if (seen.insert((static_cast<uint64_t>(static_cast<uint32_t>(q)) << 32) | static_cast<uint32_t>(st))) {
       cfg.push_back({q, st});

@@ -30,37 +30,20 @@ inline size_t mix(uint64_t k) {
 }
 }  // namespace
 
-bool ItemSet::insert(uint64_t key) {
+size_t ItemMap::slot(uint64_t key, bool* found) {
   if ((size_ + 1) * 2 > keys_.size()) grow();
-  size_t mask = keys_.size() - 1;
+  const size_t mask = keys_.size() - 1;
   for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
     if (stamps_[i] != stamp_) {
       stamps_[i] = stamp_;
       keys_[i] = key;
       ++size_;
-      return true;
+      *found = false;
+      return i;
     }
-    if (keys_[i] == key) return false;
-  }
-}
-
-void ItemSet::grow() {
-  std::vector<uint64_t> old_keys;
-  std::vector<uint32_t> old_stamps;
-  old_keys.swap(keys_);
-  old_stamps.swap(stamps_);
-  size_t cap = std::max<size_t>(64, old_keys.size() * 2);
-  keys_.assign(cap, 0);
-  stamps_.assign(cap, 0);
-  size_t mask = cap - 1;
-  for (size_t j = 0; j < old_keys.size(); ++j) {
-    if (old_stamps[j] != stamp_) continue;
-    for (size_t i = mix(old_keys[j]) & mask;; i = (i + 1) & mask) {
-      if (stamps_[i] != stamp_) {
-        stamps_[i] = stamp_;
-        keys_[i] = old_keys[j];
-        break;
-      }
+    if (keys_[i] == key) {
+      *found = true;
+      return i;
     }
   }
 }
@@ -71,24 +54,6 @@ int32_t* ItemMap::find(uint64_t key) {
   for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
     if (stamps_[i] != stamp_) return nullptr;
     if (keys_[i] == key) return &values_[i];
-  }
-}
-
-void ItemMap::put(uint64_t key, int32_t value) {
-  if ((size_ + 1) * 2 > keys_.size()) grow();
-  const size_t mask = keys_.size() - 1;
-  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
-    if (stamps_[i] != stamp_) {
-      stamps_[i] = stamp_;
-      keys_[i] = key;
-      values_[i] = value;
-      ++size_;
-      return;
-    }
-    if (keys_[i] == key) {
-      values_[i] = value;
-      return;
-    }
   }
 }
 

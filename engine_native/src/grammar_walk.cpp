@@ -103,7 +103,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   // Configuration sets are interned and their byte transitions memoized (a lazily built DFA
   // over sets), so the walk over the sorted tokens costs one table lookup per byte once warm.
   std::vector<Item> cfg;  // scratch: (state, stack node or -1)
-  ItemSet seen;
+  ItemMap seen;
   auto add = [&](int32_t q, int32_t st) {
     if (seen.insert((static_cast<uint64_t>(static_cast<uint32_t>(q)) << 32) | static_cast<uint32_t>(st + 1))) {
       cfg.push_back({q, st});
