@@ -81,8 +81,27 @@ struct StateMask {
   }
 };
 
-// Stores accepted tokens densely or as a sorted id list, whichever is smaller.
+// Stores accepted tokens densely or as a sorted id list, whichever is smaller (or densely, while
+// a KeepBits is alive on this thread).
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted);
+// While one is alive on a thread, finish_mask keeps a walk's accepted tokens as they were
+// gathered. A split walk's parts are ORed into one bitset by their assembly, which lists the
+// ids once for the whole walk; listing them in each part scanned every part's bitset for nothing.
+class KeepBits {
+ public:
+  KeepBits() : prev_(slot().on) { slot().on = true; }
+  ~KeepBits() { slot().on = prev_; }
+  KeepBits(const KeepBits&) = delete;
+  KeepBits& operator=(const KeepBits&) = delete;
+  static bool active() { return slot().on; }
+
+ private:
+  struct Flag {
+    bool on = false;
+  };
+  static Flag& slot() { return thread_slot<Flag>(); }
+  bool prev_;
+};
 // ORs listed token ids into a bitset. In a sorted list (as finish_mask writes them) runs of ids
 // share a word: each run is gathered in a register and stored once, rather than one
 // read-modify-write per id, each waiting on the store before it.
@@ -325,6 +344,8 @@ class CompiledGrammar {
   std::string callee_name(int32_t r) const;
   // Whether rule r's plain key (rule_key(r, false)) exists or is cheap to build (a small rule).
   bool plain_key_cheap(int32_t r) const;
+
+ public:
   // The token walks classify the sorted tokens of each range, all of which share their first
   // `depth` bytes and reach `state` after them; `base` (if any) holds tokens accepted already.
   struct WalkRange {
@@ -335,6 +356,11 @@ class CompiledGrammar {
     // them): walked past for their prefixes, never classified.
     uint16_t min_len = 0;
   };
+  // Tokens the ranges can walk past their first byte: the runs of the start state's live first
+  // bytes for ranges at depth 0, the whole range otherwise (also what a split walk divides).
+  size_t live_tokens(const std::vector<WalkRange>& ranges) const;
+
+ private:
   // Consecutive ranges that walk from one state at depth 0 (a sorted list of token positions cut
   // into blocks of consecutive ones) are one walk with holes: a run of tokens found dead in one
   // block covers the later blocks it reaches, which are then skipped, and the search for dead
@@ -364,9 +390,6 @@ class CompiledGrammar {
   // The ranges walking the tokens at `longer` (sorted positions of tokens longer than `cut`
   // bytes) from s, within its live first bytes' runs (grammar_twin.cpp).
   std::vector<WalkRange> longer_ranges(int32_t s, const std::vector<int32_t>& longer, size_t cut) const;
-  // Tokens the ranges can walk past their first byte: the runs of the start state's live first
-  // bytes for ranges at depth 0, the whole range otherwise.
-  size_t live_tokens(const std::vector<WalkRange>& ranges) const;
   // For states from which the rule may call other rules mid-token (grammar_walk.cpp).
   bool calls_within_reach(int32_t s) const;
   std::shared_ptr<const StateMask> compute_mask_with_calls(const std::vector<WalkRange>& ranges,

@@ -43,8 +43,13 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
     size_t begin, end;
     bool live;
   };
+  // Most walks are too small to split (about 19 in 20 of a MaskBench batch's first visits):
+  // their live count from the states' byte edges decides that before any segment is built.
+  if (g.live_tokens(ranges) < min_split) return {};
   std::vector<Segment> segments;
+  segments.reserve(ranges.size() + 256);
   std::vector<size_t> seg_end;  // per range: one past its last segment
+  seg_end.reserve(ranges.size());
   size_t total = 0;
   for (const Range& r : ranges) {
     if (r.depth > 0) {
@@ -147,7 +152,7 @@ std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
                                           const StateMask* base) {
   auto mask = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
-  size_t n_accepted = seed_bits(base, bits);
+  seed_bits(base, bits);
   size_t n_uncertain = 0, n_exits = 0;
   for (const auto& d : done) {
     n_uncertain += d->uncertain.size();
@@ -158,14 +163,14 @@ std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
   for (const auto& d : done) {
     if (!d->accepted_bits.empty()) {
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= d->accepted_bits[w];
-      n_accepted += count_bits(d->accepted_bits.data(), d->accepted_bits.size());
     }
     or_ids(bits, d->accepted_ids);
-    n_accepted += d->accepted_ids.size();
     mask->uncertain.insert(mask->uncertain.end(), d->uncertain.begin(), d->uncertain.end());
     mask->exits.insert(mask->exits.end(), d->exits.begin(), d->exits.end());
   }
   merge_uncertain(*mask, base);
+  // Counted once here: parts (KeepBits) hand over their bitsets uncounted.
+  const size_t n_accepted = count_bits(bits.data(), bits.size());
   finish_mask(*mask, std::move(bits), n_accepted);
   mask->uncertain.shrink_to_fit();
   return mask;
@@ -188,6 +193,7 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
   run_parts(parts.size(), [&](size_t i) {
     if (gave_up.load(std::memory_order_relaxed)) return;
     const Part<WalkRange>& p = parts[i];
+    KeepBits keep;
     done[i] = calls ? compute_mask_with_calls_part(p.ranges, nullptr, p.resume)
                     : compute_mask_part(p.ranges, nullptr, p.resume);
     if (!done[i]) gave_up.store(true, std::memory_order_relaxed);
@@ -207,6 +213,7 @@ bool CompiledGrammar::split_region(int32_t s, const RegionRows& rr, std::shared_
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   run_parts(parts.size(), [&](size_t i) {
     const WalkRange& r = parts[i].ranges.front();  // one range per part: the walk has one
+    KeepBits keep;
     done[i] = compute_region_part(rr, s, r.begin, r.end, parts[i].resume);
   });
   *out = assemble(*tok, done, nullptr);
@@ -239,6 +246,7 @@ bool CompiledGrammar::split_region_depth1(const RegionRows& rr, int32_t t,
   if (parts.empty()) return false;
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   run_parts(parts.size(), [&](size_t i) {
+    KeepBits keep;
     done[i] = walk_region_depth1_part(rr, t, ranges_as_runs(parts[i].ranges), parts[i].resume);
   });
   *out = assemble(*tok, done, nullptr);

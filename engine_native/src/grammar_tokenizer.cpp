@@ -107,6 +107,10 @@ size_t count_bits(const uint32_t* words, size_t n) {
 }
 
 void finish_mask(StateMask& out, std::vector<uint32_t>&& bits, size_t n_accepted) {
+  if (KeepBits::active()) {
+    if (n_accepted > 0) out.accepted_bits = std::move(bits);  // 0 counted: no bit is set
+    return;
+  }
   if (n_accepted > bits.size()) {
     out.accepted_bits = std::move(bits);  // dense: OR word-wise at fill time
     return;
