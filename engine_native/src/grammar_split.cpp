@@ -16,10 +16,12 @@ namespace agent_infer {
 namespace grammar {
 namespace {
 
-// Parts per thread: enough for the threads to finish close together, few enough that each part
-// amortizes its set-up (walk stack and transition rows; the pushdown walk re-interns its
-// configuration sets in every part).
-constexpr size_t kPartsPerThread = 4;
+// Parts shrink as the walk is cut (guided self-scheduling): each takes 1 / (kGuide x threads) of
+// the live tokens not yet cut, down to kMinPartTokens. Large parts first amortize their set-up
+// (walk stack and transition rows; the pushdown walk re-interns its configuration sets in every
+// part); small parts last bound how long the owner waits for the last one. Eight equal parts of
+// a 129k-token region walk left the owner waiting ~190 us (a whole part) for the other thread.
+constexpr size_t kGuide = 2;
 constexpr size_t kMinPartTokens = 4096;
 // Relative cost per token of the pushdown walk (split_walk).
 constexpr size_t kCallsWeight = 4;
@@ -80,8 +82,12 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
     seg_end.push_back(segments.size());
   }
   if (total < min_split) return {};
-  const size_t slots = threads * kPartsPerThread;
-  const size_t target = part_tokens > 0 ? part_tokens : std::max(min_part, (total + slots - 1) / slots);
+  size_t left = total;  // live tokens not yet in a finished part
+  auto next_target = [&] {
+    const size_t share = kGuide * std::max<size_t>(threads, 1);
+    return part_tokens > 0 ? part_tokens : std::max(min_part, (left + share - 1) / share);
+  };
+  size_t target = next_target();
   std::vector<Part<Range>> parts(1);
   size_t filled = 0, seg = 0;
   for (size_t ri = 0; ri < ranges.size(); ++ri) {
@@ -93,7 +99,9 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
       for (size_t a = sg.begin; a < sg.end;) {
         if (filled >= target) {
           cuts.push_back(a);
+          left -= filled;
           filled = 0;
+          target = next_target();
         }
         const size_t take = std::min(sg.end - a, target - filled);
         filled += take;
