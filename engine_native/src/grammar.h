@@ -458,7 +458,8 @@ class CompiledGrammar {
                                                            bool resume) const;
   bool split_region_depth1(const RegionRows& rr, int32_t t, const std::vector<std::pair<size_t, size_t>>& runs,
                            std::shared_ptr<const StateMask>* out) const;
-  std::shared_ptr<const StateMask> compute_region(int32_t s) const;
+  // s's loop-region walk; `exits` as region_of(s) lists them (its callers have just asked).
+  std::shared_ptr<const StateMask> compute_region(int32_t s, const std::vector<int32_t>& exits) const;
   // The region of t walked with every token's first byte taken as read into t (cached in the
   // tokenizer; grammar_region_pieces.cpp): first-byte pieces of targets inside loop regions.
   // Fills t's exit states; nullptr if t has no loop region.

@@ -176,12 +176,9 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
 // each run of tokens sharing the prefix that leaves the region is recorded as an exit. The
 // result depends on the region's shape (and follow set) only, so every string-content state of
 // every rule with the same string syntax shares it; each such state then walks just its exits.
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s) const {
-  std::string unused;
-  std::vector<int32_t> exit_states;
-  region_of(s, &unused, &exit_states);
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s, const std::vector<int32_t>& exits) const {
   // Built once per walk: a split walk's parts share it.
-  const RegionRows rr = region_rows(s, exit_states);
+  const RegionRows rr = region_rows(s, exits);
   std::shared_ptr<const StateMask> split;
   if (split_region(s, rr, &split)) return split;
   return compute_region_part(rr, s, 0, tok->sorted.size(), false);

@@ -208,7 +208,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     std::shared_ptr<const StateMask> whole;
     {
       profile::Scope scope(profile::kRegionWalk);
-      whole = compute_region(s);
+      whole = compute_region(s, exits);
     }
     std::fill(scratch.begin(), scratch.end(), 0u);
     seed_bits(whole.get(), scratch);

@@ -224,7 +224,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
           region = region_by_first_byte(s, exit_states);
         }
         profile::Scope scope(profile::kRegionWalk);
-        region = tok->cache_put(region_key, region ? region : compute_region(s));
+        region = tok->cache_put(region_key, region ? region : compute_region(s, exit_states));
       }
     }
     std::vector<WalkRange> ranges;
