@@ -47,17 +47,16 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
   };
   // Most walks are too small to split (about 19 in 20 of a MaskBench batch's first visits):
   // their live count from the states' byte edges decides that before any segment is built.
-  if (g.live_tokens(ranges) < min_split) return {};
+  const size_t total = g.live_tokens(ranges);
+  if (total < min_split) return {};
   std::vector<Segment> segments;
   segments.reserve(ranges.size() + 256);
   std::vector<size_t> seg_end;  // per range: one past its last segment
   seg_end.reserve(ranges.size());
-  size_t total = 0;
   for (const Range& r : ranges) {
     if (r.depth > 0) {
       seg_end.push_back(segments.size() + 1);
       segments.push_back({r.begin, r.end, true});
-      total += r.end - r.begin;
       continue;
     }
     if (r.begin >= r.end) {
@@ -77,11 +76,9 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
       if (lo >= hi) continue;
       const bool live = g.step(r.state, static_cast<uint8_t>(b)) >= 0;
       segments.push_back({lo, hi, live});
-      if (live) total += hi - lo;
     }
     seg_end.push_back(segments.size());
   }
-  if (total < min_split) return {};
   size_t left = total;  // live tokens not yet in a finished part
   auto next_target = [&] {
     const size_t share = kGuide * std::max<size_t>(threads, 1);
