@@ -224,6 +224,10 @@ class TokenizerInfo {
   std::vector<uint32_t> content_bits;
   size_t content_count = 0;
   std::vector<int32_t> content_rest, content_rest_walked;
+  // content_with[b]: the sorted positions of the content tokens with a character that starts
+  // with byte b (an ASCII content byte or a UTF-8 lead byte), ascending. A loop region on which a
+  // few characters die or leave (a pattern's '.', U+2028 in an ECMAScript '.') walks only these.
+  std::array<std::vector<int32_t>, 256> content_with;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -420,11 +424,22 @@ class CompiledGrammar {
   std::shared_ptr<const StateMask> compute_region_part(const RegionRows& rr, int32_t s, size_t begin, size_t end,
                                                        bool resume) const;
   bool split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const;
+  // The region walk from its content check (grammar_content.cpp region_content_deep): every
+  // content token accepted as a whole, only the other tokens walked; nullptr where the check fails.
+  std::shared_ptr<const StateMask> compute_region_content(const RegionRows& rr, int32_t s) const;
+  // Whether every string of up to kContentChars content characters that starts none of its
+  // characters with a byte of *walked stays inside the region from its row 0 (never dies nor
+  // exits); *walked is grown to the few start bytes that must be excluded for that (false if
+  // there are too many).
+  static bool region_content_deep(const RegionRows& rr, ByteSet* walked);
 
  public:
   // Test hook: state s's walks (plain, pushdown if it calls, region if in one, and the plain
   // walk of its first-byte runs) computed whole and in parts of `part_tokens` give equal masks.
   bool split_matches_whole(int32_t s, size_t part_tokens) const;
+  // Test hook: -1 if s is in no loop region or its region fails the content check, else whether
+  // the region walk from the content check (compute_region_content) equals the full region walk.
+  int region_content_matches_walk(int32_t s) const;
 
  private:
   // Loop regions (string contents): the strongly connected component of s among the states

@@ -135,6 +135,17 @@ void register_grammar(nb::module_& m) {
             return g.split_matches_whole(state, part_tokens);
           },
           nb::arg("state"), nb::arg("part_tokens"))
+      .def(
+          "region_content_matches_walk",
+          [](const CompiledGrammar& g, int32_t state) {
+            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
+              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
+                                      std::to_string(g.states.size()) + " states");
+            }
+            nb::gil_scoped_release release;
+            return g.region_content_matches_walk(state);
+          },
+          nb::arg("state"))
       .def_prop_ro("num_states", [](const CompiledGrammar& g) { return g.states.size(); });
 
   nb::class_<Matcher>(m, "GrammarMatcher")

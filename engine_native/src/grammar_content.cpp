@@ -159,6 +159,88 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead) const {
   return true;
 }
 
+bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked) {
+  // The region's rows are deterministic, so a level is a set of rows; levels wider than this are
+  // not a string syntax's (a pattern's product has a few) and fail the check.
+  constexpr size_t kMaxRows = 64;
+  // Start bytes excluded at most (each one's tokens are walked), and checks begun afresh at most.
+  constexpr size_t kMaxWalked = 16;
+  constexpr int kMaxRounds = 8;
+  const std::vector<int32_t>& rows = rr.rows;
+  // Adds the rows reached from `from` over bytes [lo, hi] to `to`: 0, or 1 if one dies or exits,
+  // or 2 if the level grows too wide.
+  auto step = [&](const std::vector<int32_t>& from, unsigned lo, unsigned hi, std::vector<int32_t>& to) {
+    for (int32_t x : from) {
+      const int32_t* row = rows.data() + static_cast<size_t>(x) * 256;
+      for (unsigned b = lo; b <= hi; ++b) {
+        if (row[b] < 0) return 1;
+        add_once(to, row[b]);
+      }
+    }
+    return to.size() <= kMaxRows ? 0 : 2;
+  };
+  // The rows after one character of sequence u whose start bytes lie in [lo, hi], into `to`.
+  std::vector<int32_t> cur, nxt;
+  auto sequence = [&](const std::vector<int32_t>& from, const Utf8Seq& u, unsigned lo, unsigned hi,
+                      std::vector<int32_t>& to) {
+    cur.clear();
+    if (int r = step(from, lo, hi, cur)) return r;
+    for (size_t k = 1; k < u.len; ++k) {
+      nxt.clear();
+      if (int r = step(cur, u.bytes[k].lo, u.bytes[k].hi, nxt)) return r;
+      cur.swap(nxt);
+    }
+    for (int32_t x : cur) add_once(to, x);
+    return to.size() <= kMaxRows ? 0 : 2;
+  };
+  size_t n_walked = 0;
+  for (unsigned c = 0; c < 256; ++c) n_walked += has(*walked, static_cast<uint8_t>(c));
+  std::vector<int32_t> level, next;
+  std::vector<std::vector<int32_t>> seen;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    // Start bytes found to fail in this round: excluded, and the check begun afresh.
+    std::vector<unsigned> failing;
+    level.assign(1, 0);
+    seen.clear();
+    for (size_t depth = 0; depth < TokenizerInfo::kContentChars && failing.empty(); ++depth) {
+      std::sort(level.begin(), level.end());
+      // A level met before repeats the levels that followed it, all of which passed.
+      if (std::find(seen.begin(), seen.end(), level) != seen.end()) return true;
+      seen.push_back(level);
+      next.clear();
+      for (const Range& r : kAsciiContent) {
+        for (unsigned b = r.lo; b <= r.hi; ++b) {
+          if (has(*walked, static_cast<uint8_t>(b))) continue;
+          const int res = step(level, b, b, next);
+          if (res == 2) return false;
+          if (res == 1) failing.push_back(b);
+        }
+      }
+      for (const Utf8Seq& u : kUtf8) {
+        // The whole group at once; start byte by start byte only where that fails.
+        bool open = true;
+        for (unsigned b = u.bytes[0].lo; b <= u.bytes[0].hi; ++b) open = open && !has(*walked, static_cast<uint8_t>(b));
+        const int whole = open ? sequence(level, u, u.bytes[0].lo, u.bytes[0].hi, next) : 1;
+        if (whole == 2) return false;
+        if (whole == 0) continue;
+        for (unsigned b = u.bytes[0].lo; b <= u.bytes[0].hi; ++b) {
+          if (has(*walked, static_cast<uint8_t>(b))) continue;
+          const int res = sequence(level, u, b, b, next);
+          if (res == 2) return false;
+          if (res == 1) failing.push_back(b);
+        }
+      }
+      level.swap(next);
+    }
+    if (failing.empty()) return true;
+    for (unsigned b : failing) {
+      (*walked)[b >> 5] |= 1u << (b & 31);
+      if (++n_walked > kMaxWalked) return false;
+    }
+  }
+  return false;
+}
+
 std::shared_ptr<const StateMask> CompiledGrammar::compute_from_content(int32_t s) const {
   const TokenizerInfo& tk = *tok;
   // A vocabulary that is not mostly content tokens walks most of itself anyway.

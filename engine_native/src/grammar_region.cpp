@@ -179,6 +179,7 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
 std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s, const std::vector<int32_t>& exits) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(s, exits);
+  if (auto content = compute_region_content(rr, s)) return content;
   std::shared_ptr<const StateMask> split;
   if (split_region(s, rr, &split)) return split;
   return compute_region_part(rr, s, 0, tok->sorted.size(), false);
@@ -212,19 +213,16 @@ CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const st
   return rr;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
-                                                                      size_t stop, bool resume) const {
-  const TokenizerInfo& t = *tok;
-  auto out = std::make_shared<StateMask>();
-  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+namespace {
+// The region walk of sorted positions [begin, stop) into `bits` and `out` (uncertain positions
+// and exits, appended in walk order); returns the number of tokens accepted.
+size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
+                         const CompiledGrammar::ByteSet& fol,
+                         size_t begin, size_t stop, bool resume, std::vector<int32_t>& stack, std::vector<uint8_t>& flag,
+                         std::vector<uint32_t>& bits, StateMask& out) {
   size_t n_accepted = 0;
-  const std::vector<int32_t>& rows = rr.rows;
-  const std::vector<uint8_t>& row_final = rr.final;
-  const ByteSet& fol = follow[states[s].rule];
   // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
-  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && has(fol, b); };
-  std::vector<int32_t> stack(t.max_token_len + 1);
-  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && CompiledGrammar::has(fol, b); };
   stack[0] = 0;  // s's row
   size_t valid = 0;
   for (size_t i = begin; i < stop; ++i) {
@@ -252,15 +250,85 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const Regi
     // A part resuming inside a run leaves it to the previous part, which classified it.
     const bool continued = resume && i == begin && t.lcp[i] > d;
     if (!continued && nx <= -2) {
-      out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
-                            escaped ? 1 : 0});
+      out.exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1), -2 - nx,
+                           escaped ? 1 : 0});
     } else if (!continued && escaped) {
-      for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
+      for (size_t j = i; j < end; ++j) out.uncertain.push_back(static_cast<int32_t>(j));
     }
     i = end - 1;
   }
+  return n_accepted;
+}
+}  // namespace
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
+                                                                      size_t stop, bool resume) const {
+  const TokenizerInfo& t = *tok;
+  auto out = std::make_shared<StateMask>();
+  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
+  std::vector<int32_t> stack(t.max_token_len + 1);
+  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  const size_t n_accepted =
+      walk_region_range(t, rr.rows, rr.final, follow[states[s].rule], begin, stop, resume, stack, flag, bits, *out);
   finish_mask(*out, std::move(bits), n_accepted);
   out->exits.shrink_to_fit();
+  return out;
+}
+
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const RegionRows& rr, int32_t s) const {
+  const TokenizerInfo& t = *tok;
+  // A vocabulary that is not mostly content tokens walks most of itself anyway.
+  ByteSet walked{};
+  if (t.content_count * 2 < t.sorted.size() || !region_content_deep(rr, &walked)) return nullptr;
+  // The tokens walked: the non-content ones and the content tokens with a character starting with
+  // a walked byte, in sorted order. Every other content token stays inside the region.
+  std::vector<uint32_t> bits(t.content_bits);
+  size_t n_accepted = t.content_count;
+  std::vector<int32_t> listed;
+  size_t n_listed = t.content_rest.size();
+  for (unsigned b = 0; b < 256; ++b) {
+    if (has(walked, static_cast<uint8_t>(b))) n_listed += t.content_with[b].size();
+  }
+  // Walking most of the vocabulary as scattered blocks is slower than the one full walk.
+  if (n_listed * 4 > t.sorted.size()) return nullptr;
+  if (n_listed == t.content_rest.size()) {
+    listed = t.content_rest;
+  } else {
+    listed.reserve(n_listed);
+    listed = t.content_rest;
+    for (unsigned b = 0; b < 256; ++b) {
+      if (!has(walked, static_cast<uint8_t>(b))) continue;
+      for (int32_t j : t.content_with[b]) {
+        const int32_t id = t.sorted[static_cast<size_t>(j)];
+        uint32_t& w = bits[static_cast<size_t>(id) >> 5];
+        const uint32_t bit = 1u << (id & 31);
+        // A token with characters of several walked start bytes is listed (and cleared) once.
+        if (w & bit) {
+          w &= ~bit;
+          --n_accepted;
+          listed.push_back(j);
+        }
+      }
+    }
+    std::sort(listed.begin(), listed.end());
+  }
+  // A run of tokens that dies or exits together holds no token taken as accepted here, so it lies
+  // within one block of consecutive listed positions, and starts it or a later token of it (the
+  // token before the block shares too short a prefix to be in the run).
+  auto out = std::make_shared<StateMask>();
+  std::vector<int32_t> stack(t.max_token_len + 1);
+  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
+  const ByteSet& fol = follow[states[s].rule];
+  for (size_t i = 0; i < listed.size();) {
+    size_t j = i + 1;
+    while (j < listed.size() && listed[j] == listed[j - 1] + 1) ++j;
+    n_accepted += walk_region_range(t, rr.rows, rr.final, fol, static_cast<size_t>(listed[i]),
+                                    static_cast<size_t>(listed[j - 1]) + 1, false, stack, flag, bits, *out);
+    i = j;
+  }
+  finish_mask(*out, std::move(bits), n_accepted);
+  out->exits.shrink_to_fit();
+  out->uncertain.shrink_to_fit();
   return out;
 }
 

@@ -306,5 +306,15 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   return ok;
 }
 
+int CompiledGrammar::region_content_matches_walk(int32_t s) const {
+  std::string key;
+  std::vector<int32_t> exits;
+  if (!region_of(s, &key, &exits)) return -1;
+  const RegionRows rr = region_rows(s, exits);
+  const std::shared_ptr<const StateMask> content = compute_region_content(rr, s);
+  if (!content) return -1;
+  return same_mask(content.get(), compute_region_part(rr, s, 0, tok->sorted.size(), false).get()) ? 1 : 0;
+}
+
 }  // namespace grammar
 }  // namespace agent_infer

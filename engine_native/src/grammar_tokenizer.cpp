@@ -58,9 +58,17 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t id = sorted[i];
     size_t dead_after = SIZE_MAX;
-    if (content_chars(tokens[static_cast<size_t>(id)], &dead_after) <= kContentChars) {
+    const std::string& tb = tokens[static_cast<size_t>(id)];
+    if (content_chars(tb, &dead_after) <= kContentChars) {
       content_bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
       ++content_count;
+      // Each character start byte once (continuation bytes 80-BF start none).
+      std::array<uint32_t, 8> starts{};
+      for (unsigned char c : tb) {
+        if ((c & 0xC0) == 0x80 || (starts[c >> 5] >> (c & 31)) & 1u) continue;
+        starts[c >> 5] |= 1u << (c & 31);
+        content_with[c].push_back(static_cast<int32_t>(i));
+      }
       continue;
     }
     content_rest.push_back(static_cast<int32_t>(i));
