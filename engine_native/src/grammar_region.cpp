@@ -291,27 +291,23 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const R
   }
   // Walking most of the vocabulary as scattered blocks is slower than the one full walk.
   if (n_listed * 4 > t.sorted.size()) return nullptr;
-  if (n_listed == t.content_rest.size()) {
-    listed = t.content_rest;
-  } else {
-    listed.reserve(n_listed);
-    listed = t.content_rest;
-    for (unsigned b = 0; b < 256; ++b) {
-      if (!has(walked, static_cast<uint8_t>(b))) continue;
-      for (int32_t j : t.content_with[b]) {
-        const int32_t id = t.sorted[static_cast<size_t>(j)];
-        uint32_t& w = bits[static_cast<size_t>(id) >> 5];
-        const uint32_t bit = 1u << (id & 31);
-        // A token with characters of several walked start bytes is listed (and cleared) once.
-        if (w & bit) {
-          w &= ~bit;
-          --n_accepted;
-          listed.push_back(j);
-        }
+  listed.reserve(n_listed);
+  listed.assign(t.content_rest.begin(), t.content_rest.end());
+  for (unsigned b = 0; b < 256; ++b) {
+    if (!has(walked, static_cast<uint8_t>(b))) continue;
+    for (int32_t j : t.content_with[b]) {
+      const int32_t id = t.sorted[static_cast<size_t>(j)];
+      uint32_t& w = bits[static_cast<size_t>(id) >> 5];
+      const uint32_t bit = 1u << (id & 31);
+      // A token with characters of several walked start bytes is listed (and cleared) once.
+      if (w & bit) {
+        w &= ~bit;
+        --n_accepted;
+        listed.push_back(j);
       }
     }
-    std::sort(listed.begin(), listed.end());
   }
+  if (listed.size() > t.content_rest.size()) std::sort(listed.begin(), listed.end());
   // A run of tokens that dies or exits together holds no token taken as accepted here, so it lies
   // within one block of consecutive listed positions, and starts it or a later token of it (the
   // token before the block shares too short a prefix to be in the run).
