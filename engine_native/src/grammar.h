@@ -228,6 +228,11 @@ class TokenizerInfo {
   // with byte b (an ASCII content byte or a UTF-8 lead byte), ascending. A loop region on which a
   // few characters die or leave (a pattern's '.', U+2028 in an ECMAScript '.') walks only these.
   std::array<std::vector<int32_t>, 256> content_with;
+  // Byte groups of each sorted token past its first byte, as a 128-bit set (grammar_region_classes.cpp):
+  // bytes 20-7F one group each, control bytes in pairs, bytes 80-FF in eights. A loop region
+  // such as `[a-z]+` classifies most tokens from these without a walk.
+  static unsigned byte_group(uint8_t b) { return b >= 0x80 ? 16u + ((b - 0x80u) >> 3) : b >= 0x20 ? b : b >> 1u; }
+  std::vector<std::array<uint64_t, 2>> tail_groups;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -432,6 +437,14 @@ class CompiledGrammar {
   // exits); *walked is grown to the few start bytes that must be excluded for that (false if
   // there are too many).
   static bool region_content_deep(const RegionRows& rr, ByteSet* walked);
+  // The region walk from byte classes (grammar_region_classes.cpp) over the given sorted runs,
+  // entered at depth `first` (0, or 1 with each token's first byte taken as read into s): a token
+  // whose byte groups all stay inside from every row is accepted, one that reads a byte dead in
+  // every row and none that may leave is rejected, and only the rest is walked. nullptr where
+  // more than a quarter of the vocabulary would still be walked.
+  std::shared_ptr<const StateMask> region_from_classes(const RegionRows& rr, int32_t s,
+                                                       const std::vector<std::pair<size_t, size_t>>& runs,
+                                                       size_t first) const;
 
  public:
   // Test hook: state s's walks (plain, pushdown if it calls, region if in one, and the plain
@@ -440,6 +453,9 @@ class CompiledGrammar {
   // Test hook: -1 if s is in no loop region or its region fails the content check, else whether
   // the region walk from the content check (compute_region_content) equals the full region walk.
   int region_content_matches_walk(int32_t s) const;
+  // Test hook: -1 if s is in no loop region or region_from_classes declines it (entered at depth
+  // `first` over the whole vocabulary), else whether it equals the full region walk.
+  int region_classes_matches_walk(int32_t s, size_t first) const;
 
  private:
   // Loop regions (string contents): the strongly connected component of s among the states
@@ -477,8 +493,10 @@ class CompiledGrammar {
   std::shared_ptr<const StateMask> compute_region(int32_t s, const std::vector<int32_t>& exits) const;
   // The region of t walked with every token's first byte taken as read into t (cached in the
   // tokenizer; grammar_region_pieces.cpp): first-byte pieces of targets inside loop regions.
-  // Fills t's exit states; nullptr if t has no loop region.
-  std::shared_ptr<const StateMask> region_at_depth1(int32_t t, std::vector<int32_t>* exits) const;
+  // Covers at least the runs of `bytes` (ascending): the whole vocabulary, or those runs alone
+  // where they are less than half of it. Fills t's exit states; nullptr if t has no loop region.
+  std::shared_ptr<const StateMask> region_at_depth1(int32_t t, std::vector<int32_t>* exits,
+                                                    const std::vector<int>& bytes) const;
   // First-byte pieces (grammar_pieces.cpp): a dense state's classification assembled from the
   // classifications of each first-byte run at the byte's target, cached under a key of the
   // target's reachable sub-automaton; nullptr for sparse states (the plain walks are cheap there).
@@ -730,6 +748,15 @@ std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_
 // How long a thread of a running batch fill polls before blocking (ns; 0 = block at once).
 // Returns the previous value.
 int64_t set_batch_spin(int64_t ns);
+
+// The loop-region walk of sorted positions [begin, stop) over a region's rows (grammar_region.cpp),
+// each token entered at byte `first` (0, or 1 with its first byte taken as read) in row 0, into
+// `bits` and `out` (uncertain positions and exits, appended in walk order; `resume` as for
+// compute_mask_part); returns the number of tokens accepted. stack and flag: max_token_len + 1.
+size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
+                         const CompiledGrammar::ByteSet& fol, size_t begin, size_t stop, bool resume, size_t first,
+                         std::vector<int32_t>& stack, std::vector<uint8_t>& flag, std::vector<uint32_t>& bits,
+                         StateMask& out);
 
 }  // namespace grammar
 }  // namespace agent_infer

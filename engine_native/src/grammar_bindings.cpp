@@ -146,6 +146,18 @@ void register_grammar(nb::module_& m) {
             return g.region_content_matches_walk(state);
           },
           nb::arg("state"))
+      .def(
+          "region_classes_matches_walk",
+          [](const CompiledGrammar& g, int32_t state, size_t first) {
+            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
+              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
+                                      std::to_string(g.states.size()) + " states");
+            }
+            if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
+            nb::gil_scoped_release release;
+            return g.region_classes_matches_walk(state, first);
+          },
+          nb::arg("state"), nb::arg("first"))
       .def_prop_ro("num_states", [](const CompiledGrammar& g) { return g.states.size(); });
 
   nb::class_<Matcher>(m, "GrammarMatcher")

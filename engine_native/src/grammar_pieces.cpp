@@ -282,7 +282,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   for (const auto& kv : missing) {
     const int32_t t = kv.first;
     std::vector<int32_t> exit_states;
-    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states);
+    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states, kv.second);
     if (!region) {
       auto& into = shared_bytes[piece_calls(t) ? 1 : 0];
       into.insert(into.end(), kv.second.begin(), kv.second.end());

@@ -180,6 +180,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s, cons
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(s, exits);
   if (auto content = compute_region_content(rr, s)) return content;
+  if (auto classes = region_from_classes(rr, s, {{0, tok->sorted.size()}}, 0)) return classes;
   std::shared_ptr<const StateMask> split;
   if (split_region(s, rr, &split)) return split;
   return compute_region_part(rr, s, 0, tok->sorted.size(), false);
@@ -213,22 +214,20 @@ CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const st
   return rr;
 }
 
-namespace {
-// The region walk of sorted positions [begin, stop) into `bits` and `out` (uncertain positions
-// and exits, appended in walk order); returns the number of tokens accepted.
 size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
-                         const CompiledGrammar::ByteSet& fol,
-                         size_t begin, size_t stop, bool resume, std::vector<int32_t>& stack, std::vector<uint8_t>& flag,
-                         std::vector<uint32_t>& bits, StateMask& out) {
+                         const CompiledGrammar::ByteSet& fol, size_t begin, size_t stop, bool resume, size_t first,
+                         std::vector<int32_t>& stack, std::vector<uint8_t>& flag, std::vector<uint32_t>& bits,
+                         StateMask& out) {
   size_t n_accepted = 0;
   // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
   auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && CompiledGrammar::has(fol, b); };
-  stack[0] = 0;  // s's row
-  size_t valid = 0;
+  stack[first] = 0;  // the start state's row
+  flag[first] = 0;
+  size_t valid = first;
   for (size_t i = begin; i < stop; ++i) {
     const uint8_t* tokb = reinterpret_cast<const uint8_t*>(t.sorted_ptr(i));
     const size_t len = t.sorted_len(i);
-    size_t d = std::min<size_t>(i == begin ? 0 : t.lcp[i], valid);
+    size_t d = std::max(first, std::min<size_t>(i == begin ? first : t.lcp[i], valid));
     int32_t nx = 0;
     while (d < len) {
       nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
@@ -238,7 +237,7 @@ size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& row
       ++d;
     }
     valid = d;
-    if (d == len) {
+    if (d >= len) {
       const int32_t id = t.sorted[i];
       bits[id >> 5] |= 1u << (id & 31);
       ++n_accepted;
@@ -259,7 +258,6 @@ size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& row
   }
   return n_accepted;
 }
-}  // namespace
 
 std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
                                                                       size_t stop, bool resume) const {
@@ -269,7 +267,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const Regi
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
   const size_t n_accepted =
-      walk_region_range(t, rr.rows, rr.final, follow[states[s].rule], begin, stop, resume, stack, flag, bits, *out);
+      walk_region_range(t, rr.rows, rr.final, follow[states[s].rule], begin, stop, resume, 0, stack, flag, bits, *out);
   finish_mask(*out, std::move(bits), n_accepted);
   out->exits.shrink_to_fit();
   return out;
@@ -319,7 +317,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const R
     size_t j = i + 1;
     while (j < listed.size() && listed[j] == listed[j - 1] + 1) ++j;
     n_accepted += walk_region_range(t, rr.rows, rr.final, fol, static_cast<size_t>(listed[i]),
-                                    static_cast<size_t>(listed[j - 1]) + 1, false, stack, flag, bits, *out);
+                                    static_cast<size_t>(listed[j - 1]) + 1, false, 0, stack, flag, bits, *out);
     i = j;
   }
   finish_mask(*out, std::move(bits), n_accepted);

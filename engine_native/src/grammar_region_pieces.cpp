@@ -18,19 +18,46 @@
 namespace agent_infer {
 namespace grammar {
 
-std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, std::vector<int32_t>* exits) const {
+std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, std::vector<int32_t>* exits,
+                                                                   const std::vector<int>& bytes) const {
   std::string key;
   if (!region_of(t, &key, exits)) return nullptr;
   key = digest(key, 'Q');
+  // The whole vocabulary's walk serves every set of first bytes.
   if (auto hit = tok->cache_get(key)) return hit;
+  const TokenizerInfo& tk = *tok;
+  std::vector<std::pair<size_t, size_t>> runs;
+  size_t n_runs = 0;
+  for (int b : bytes) {
+    const size_t lo = b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1];
+    const size_t hi = tk.first_byte_end[static_cast<size_t>(b)];
+    if (lo == hi) continue;
+    if (!runs.empty() && runs.back().second == lo) {
+      runs.back().second = hi;
+    } else {
+      runs.emplace_back(lo, hi);
+    }
+    n_runs += hi - lo;
+  }
   profile::Scope scope(profile::kRegionWalk);
-  return tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tok->sorted.size()}}));
+  // A class region such as `[a-z]+` is entered on its own bytes' runs only (a fifth of the
+  // vocabulary): those runs alone are walked, cached for this byte set. Most of the vocabulary
+  // is worth walking whole, for every later byte set.
+  if (n_runs * 2 > tk.sorted.size()) {
+    return tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tk.sorted.size()}}));
+  }
+  std::string bkey = key;
+  for (int b : bytes) bkey.push_back(static_cast<char>(b));
+  bkey = digest(bkey, 'B');
+  if (auto hit = tok->cache_get(bkey)) return hit;
+  return tok->cache_put(bkey, walk_region_depth1(t, *exits, runs));
 }
 
 std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
     int32_t t, const std::vector<int32_t>& exits, const std::vector<std::pair<size_t, size_t>>& runs) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(t, exits);
+  if (auto classes = region_from_classes(rr, t, runs, 1)) return classes;
   std::shared_ptr<const StateMask> split;
   if (split_region_depth1(rr, t, runs, &split)) return split;
   return walk_region_depth1_part(rr, t, runs, false);
@@ -39,55 +66,16 @@ std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
 std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1_part(
     const RegionRows& rr, int32_t t, const std::vector<std::pair<size_t, size_t>>& runs, bool resume) const {
   const TokenizerInfo& tk = *tok;
-  const std::vector<int32_t>& rows = rr.rows;
-  const std::vector<uint8_t>& row_final = rr.final;
-  const ByteSet& fol = follow[states[t].rule];
-  // Region states call nothing: their only escape is finishing the rule (final, byte in follow).
-  // Every byte here is at depth >= 1, where escapes count.
-  auto escapes = [&](int32_t r, uint8_t b) { return row_final[static_cast<size_t>(r)] && has(fol, b); };
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
-  size_t n_accepted = 0;
   std::vector<int32_t> stack(tk.max_token_len + 1);
   std::vector<uint8_t> flag(tk.max_token_len + 1, 0);
-  stack[1] = 0;
-  for (const auto& run : runs) {
-    size_t valid = 1;
-    for (size_t i = run.first; i < run.second; ++i) {
-      const uint8_t* tokb = reinterpret_cast<const uint8_t*>(tk.sorted_ptr(i));
-      const size_t len = tk.sorted_len(i);
-      // Byte 0 is taken as read (into t); deeper bytes share the walk along common prefixes.
-      size_t d = std::max<size_t>(1, std::min<size_t>(i == run.first ? 1 : tk.lcp[i], valid));
-      int32_t nx = 0;
-      while (d < len) {
-        nx = rows[static_cast<size_t>(stack[d]) * 256 + tokb[d]];
-        if (nx < 0) break;
-        flag[d + 1] = flag[d] | static_cast<uint8_t>(escapes(stack[d], tokb[d]));
-        stack[d + 1] = nx;
-        ++d;
-      }
-      valid = d;
-      if (d >= len) {
-        const int32_t id = tk.sorted[i];
-        bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
-        ++n_accepted;
-        continue;
-      }
-      const size_t end = tk.run_end(i, d + 1);
-      // The previous part classified the run this part's first token continues.
-      if (resume && i == runs.front().first && tk.lcp[i] > d) {
-        i = end - 1;
-        continue;
-      }
-      const bool escaped = flag[d] || escapes(stack[d], tokb[d]);
-      if (nx <= -2) {
-        out->exits.push_back({static_cast<int32_t>(i), static_cast<int32_t>(end), static_cast<int32_t>(d + 1),
-                              -2 - nx, escaped ? 1 : 0});
-      } else if (escaped) {
-        for (size_t j = i; j < end; ++j) out->uncertain.push_back(static_cast<int32_t>(j));
-      }
-      i = end - 1;
-    }
+  size_t n_accepted = 0;
+  const ByteSet& fol = follow[states[t].rule];
+  // Byte 0 is taken as read (into t); only the first run can continue one of a previous part.
+  for (size_t k = 0; k < runs.size(); ++k) {
+    n_accepted += walk_region_range(tk, rr.rows, rr.final, fol, runs[k].first, runs[k].second, resume && k == 0, 1,
+                                    stack, flag, bits, *out);
   }
   finish_mask(*out, std::move(bits), n_accepted);
   out->exits.shrink_to_fit();

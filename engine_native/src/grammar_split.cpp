@@ -316,5 +316,18 @@ int CompiledGrammar::region_content_matches_walk(int32_t s) const {
   return same_mask(content.get(), compute_region_part(rr, s, 0, tok->sorted.size(), false).get()) ? 1 : 0;
 }
 
+int CompiledGrammar::region_classes_matches_walk(int32_t s, size_t first) const {
+  std::string key;
+  std::vector<int32_t> exits;
+  if (!region_of(s, &key, &exits)) return -1;
+  const RegionRows rr = region_rows(s, exits);
+  const std::vector<std::pair<size_t, size_t>> whole{{0, tok->sorted.size()}};
+  const std::shared_ptr<const StateMask> classes = region_from_classes(rr, s, whole, first);
+  if (!classes) return -1;
+  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, tok->sorted.size(), false)
+                                                             : walk_region_depth1_part(rr, s, whole, false);
+  return same_mask(classes.get(), walked.get()) ? 1 : 0;
+}
+
 }  // namespace grammar
 }  // namespace agent_infer

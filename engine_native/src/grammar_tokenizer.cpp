@@ -54,6 +54,14 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
       }
     }
   }
+  tail_groups.assign(sorted.size(), {0, 0});
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const std::string& tb = tokens[static_cast<size_t>(sorted[i])];
+    for (size_t k = 1; k < tb.size(); ++k) {
+      const unsigned g = byte_group(static_cast<uint8_t>(tb[k]));
+      tail_groups[i][g >> 6] |= uint64_t{1} << (g & 63);
+    }
+  }
   content_bits.assign(static_cast<size_t>(words), 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t id = sorted[i];
