@@ -26,6 +26,9 @@ CASES: list[tuple[Any, Any]] = [
     ({"type": "string", "pattern": "^[0-9a-f]+(-[0-9a-f]+)*$"}, "0af3-9b"),
     # Rows that alternate: nothing stays in every row, but most bytes are dead in every row.
     ({"type": "string", "pattern": "^([a-z][0-9])+$"}, "a1b2c3"),
+    # A URL path: the two rows after '%' accept hex digits only; the stay bytes are those of the
+    # rows a walk keeps to without a '%'.
+    ({"type": "string", "pattern": "^/(([a-zA-Z0-9._~-]|%[0-9a-fA-F]{2})+/?)*$"}, "/docs/a%20b/index.html"),
     (
         {
             "type": "object",

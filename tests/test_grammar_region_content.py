@@ -52,9 +52,11 @@ def _compile(tokenizer: str, schema: Any) -> Any:
 def test_region_content_walk_equals_the_full_region_walk(tokenizer: str, case: int) -> None:
     _, compiled = _compile(tokenizer, CASES[case][0])
     native = compiled._native
-    verdicts = [native.region_content_matches_walk(s) for s in range(native.num_states)]
-    assert 0 not in verdicts, [s for s, v in enumerate(verdicts) if v == 0]
-    assert verdicts.count(1) > 0  # the shortcut applies somewhere in each of these strings
+    # Depth 1: the region entered with each token's first byte taken as read (first-byte pieces).
+    for first in (0, 1):
+        verdicts = [native.region_content_matches_walk(s, first) for s in range(native.num_states)]
+        assert 0 not in verdicts, (first, [s for s, v in enumerate(verdicts) if v == 0])
+        assert verdicts.count(1) > 0, first  # the shortcut applies somewhere in each of these strings
 
 
 @pytest.mark.parametrize(("tokenizer", "stride"), [("smollm2", 2), ("deepseek", 4)])

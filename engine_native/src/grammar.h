@@ -223,11 +223,17 @@ class TokenizerInfo {
   static constexpr size_t kContentChars = 16;
   std::vector<uint32_t> content_bits;
   size_t content_count = 0;
+  // The content tokens whose first byte is ASCII (depth-1 region walks: the rest of such a token
+  // starts at a character boundary).
+  std::vector<uint32_t> content_ascii_bits;
+  size_t content_ascii_count = 0;
   std::vector<int32_t> content_rest, content_rest_walked;
   // content_with[b]: the sorted positions of the content tokens with a character that starts
   // with byte b (an ASCII content byte or a UTF-8 lead byte), ascending. A loop region on which a
   // few characters die or leave (a pattern's '.', U+2028 in an ECMAScript '.') walks only these.
   std::array<std::vector<int32_t>, 256> content_with;
+  // content_chars_at[i]: the characters of the content token at sorted position i (else 0).
+  std::vector<uint8_t> content_chars_at;
   // Byte groups of each sorted token past its first byte, as a 128-bit set (grammar_region_classes.cpp):
   // bytes 20-7F one group each, control bytes in pairs, bytes 80-FF in eights. A loop region
   // such as `[a-z]+` classifies most tokens from these without a walk.
@@ -431,12 +437,16 @@ class CompiledGrammar {
   bool split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const;
   // The region walk from its content check (grammar_content.cpp region_content_deep): every
   // content token accepted as a whole, only the other tokens walked; nullptr where the check fails.
-  std::shared_ptr<const StateMask> compute_region_content(const RegionRows& rr, int32_t s) const;
+  // first = 1: over the whole vocabulary with each token's first byte taken as read into s (the
+  // content tokens with an ASCII first byte accepted, the tokens starting from byte 80 walked).
+  std::shared_ptr<const StateMask> compute_region_content(const RegionRows& rr, int32_t s, size_t first) const;
   // Whether every string of up to kContentChars content characters that starts none of its
   // characters with a byte of *walked stays inside the region from its row 0 (never dies nor
   // exits); *walked is grown to the few start bytes that must be excluded for that (false if
   // there are too many).
-  static bool region_content_deep(const RegionRows& rr, ByteSet* walked);
+  // *whole_chars: every string of up to this many content characters stays inside, whatever
+  // bytes start its characters (the depth the check first failed at, before excluding any).
+  static bool region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars);
   // The region walk from byte classes (grammar_region_classes.cpp) over the given sorted runs,
   // entered at depth `first` (0, or 1 with each token's first byte taken as read into s): a token
   // whose byte groups all stay inside from every row is accepted, one that reads a byte dead in
@@ -451,8 +461,9 @@ class CompiledGrammar {
   // walk of its first-byte runs) computed whole and in parts of `part_tokens` give equal masks.
   bool split_matches_whole(int32_t s, size_t part_tokens) const;
   // Test hook: -1 if s is in no loop region or its region fails the content check, else whether
-  // the region walk from the content check (compute_region_content) equals the full region walk.
-  int region_content_matches_walk(int32_t s) const;
+  // the region walk from the content check (compute_region_content, entered at depth `first`
+  // over the whole vocabulary) equals the full region walk.
+  int region_content_matches_walk(int32_t s, size_t first) const;
   // Test hook: -1 if s is in no loop region or region_from_classes declines it (entered at depth
   // `first` over the whole vocabulary), else whether it equals the full region walk.
   int region_classes_matches_walk(int32_t s, size_t first) const;

@@ -137,15 +137,16 @@ void register_grammar(nb::module_& m) {
           nb::arg("state"), nb::arg("part_tokens"))
       .def(
           "region_content_matches_walk",
-          [](const CompiledGrammar& g, int32_t state) {
+          [](const CompiledGrammar& g, int32_t state, size_t first) {
             if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
               throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
                                       std::to_string(g.states.size()) + " states");
             }
+            if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
             nb::gil_scoped_release release;
-            return g.region_content_matches_walk(state);
+            return g.region_content_matches_walk(state, first);
           },
-          nb::arg("state"))
+          nb::arg("state"), nb::arg("first") = 0)
       .def(
           "region_classes_matches_walk",
           [](const CompiledGrammar& g, int32_t state, size_t first) {

@@ -159,7 +159,7 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead) const {
   return true;
 }
 
-bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked) {
+bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars) {
   // The region's rows are deterministic, so a level is a set of rows; levels wider than this are
   // not a string syntax's (a pattern's product has a few) and fail the check.
   constexpr size_t kMaxRows = 64;
@@ -197,6 +197,9 @@ bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked)
   for (unsigned c = 0; c < 256; ++c) n_walked += has(*walked, static_cast<uint8_t>(c));
   std::vector<int32_t> level, next;
   std::vector<std::vector<int32_t>> seen;
+  // Round 0 excludes nothing yet: every string of fewer characters than the depth it fails at
+  // stays inside, whatever bytes start its characters.
+  *whole_chars = TokenizerInfo::kContentChars;
   for (int round = 0; round < kMaxRounds; ++round) {
     // Start bytes found to fail in this round: excluded, and the check begun afresh.
     std::vector<unsigned> failing;
@@ -233,6 +236,7 @@ bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked)
       level.swap(next);
     }
     if (failing.empty()) return true;
+    if (round == 0 && n_walked == 0) *whole_chars = seen.size() - 1;
     for (unsigned b : failing) {
       (*walked)[b >> 5] |= 1u << (b & 31);
       if (++n_walked > kMaxWalked) return false;

@@ -179,7 +179,7 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
 std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s, const std::vector<int32_t>& exits) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(s, exits);
-  if (auto content = compute_region_content(rr, s)) return content;
+  if (auto content = compute_region_content(rr, s, 0)) return content;
   if (auto classes = region_from_classes(rr, s, {{0, tok->sorted.size()}}, 0)) return classes;
   std::shared_ptr<const StateMask> split;
   if (split_region(s, rr, &split)) return split;
@@ -273,27 +273,33 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const Regi
   return out;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const RegionRows& rr, int32_t s) const {
+std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const RegionRows& rr, int32_t s,
+                                                                         size_t first) const {
   const TokenizerInfo& t = *tok;
   // A vocabulary that is not mostly content tokens walks most of itself anyway.
   ByteSet walked{};
-  if (t.content_count * 2 < t.sorted.size() || !region_content_deep(rr, &walked)) return nullptr;
+  size_t whole_chars = 0;
+  if (t.content_count * 2 < t.sorted.size() || !region_content_deep(rr, &walked, &whole_chars)) return nullptr;
+  // At depth 1 a token's bytes after the first start at a character boundary only if its first
+  // byte is ASCII: the tokens starting with a byte from 80 on (from `ascii_end`) are walked, and
+  // mostly die at once (a continuation byte at a boundary).
+  const size_t ascii_end = first == 0 ? t.sorted.size() : t.first_byte_end[0x7F];
   // The tokens walked: the non-content ones and the content tokens with a character starting with
-  // a walked byte, in sorted order. Every other content token stays inside the region.
-  std::vector<uint32_t> bits(t.content_bits);
-  size_t n_accepted = t.content_count;
+  // a walked byte, in sorted order. Every other content token stays inside the region, and so
+  // does every content token of at most whole_chars characters (after the first, at depth 1).
+  std::vector<uint32_t> bits(first == 0 ? t.content_bits : t.content_ascii_bits);
+  size_t n_accepted = first == 0 ? t.content_count : t.content_ascii_count;
+  const size_t budget = t.sorted.size() / 4;
   std::vector<int32_t> listed;
-  size_t n_listed = t.content_rest.size();
-  for (unsigned b = 0; b < 256; ++b) {
-    if (has(walked, static_cast<uint8_t>(b))) n_listed += t.content_with[b].size();
+  for (int32_t j : t.content_rest) {
+    if (static_cast<size_t>(j) < ascii_end) listed.push_back(j);
   }
-  // Walking most of the vocabulary as scattered blocks is slower than the one full walk.
-  if (n_listed * 4 > t.sorted.size()) return nullptr;
-  listed.reserve(n_listed);
-  listed.assign(t.content_rest.begin(), t.content_rest.end());
+  const size_t n_rest = listed.size();
   for (unsigned b = 0; b < 256; ++b) {
     if (!has(walked, static_cast<uint8_t>(b))) continue;
     for (int32_t j : t.content_with[b]) {
+      if (static_cast<size_t>(j) >= ascii_end) break;  // ascending
+      if (t.content_chars_at[static_cast<size_t>(j)] <= whole_chars + first) continue;
       const int32_t id = t.sorted[static_cast<size_t>(j)];
       uint32_t& w = bits[static_cast<size_t>(id) >> 5];
       const uint32_t bit = 1u << (id & 31);
@@ -304,8 +310,12 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const R
         listed.push_back(j);
       }
     }
+    if (listed.size() > budget) return nullptr;
   }
-  if (listed.size() > t.content_rest.size()) std::sort(listed.begin(), listed.end());
+  // Walking most of the vocabulary as scattered blocks is slower than the one full walk.
+  if (listed.size() > budget) return nullptr;
+  if (listed.size() > n_rest) std::sort(listed.begin(), listed.end());
+  for (size_t j = ascii_end; j < t.sorted.size(); ++j) listed.push_back(static_cast<int32_t>(j));
   // A run of tokens that dies or exits together holds no token taken as accepted here, so it lies
   // within one block of consecutive listed positions, and starts it or a later token of it (the
   // token before the block shares too short a prefix to be in the run).
@@ -317,7 +327,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const R
     size_t j = i + 1;
     while (j < listed.size() && listed[j] == listed[j - 1] + 1) ++j;
     n_accepted += walk_region_range(t, rr.rows, rr.final, fol, static_cast<size_t>(listed[i]),
-                                    static_cast<size_t>(listed[j - 1]) + 1, false, 0, stack, flag, bits, *out);
+                                    static_cast<size_t>(listed[j - 1]) + 1, false, first, stack, flag, bits, *out);
     i = j;
   }
   finish_mask(*out, std::move(bits), n_accepted);

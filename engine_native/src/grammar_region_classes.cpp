@@ -4,10 +4,11 @@
 // visited every token that starts inside it: ~0.3 ms at depth 0 for 129k tokens, and ~1 ms at
 // depth 1 (first-byte pieces, grammar_region_pieces.cpp), where the first byte is taken as read
 // and every " word" token walks to its end. Yet most tokens are decided by which bytes they hold,
-// not by their order: with stay = the bytes every row keeps inside the region, dead = the bytes
-// every row rejects, and leave = the bytes some row exits on or may escape with (a final row and
-// a byte of the rule's follow set), a token whose bytes all stay is accepted, and one that holds a
-// dead byte but no leaving one dies before it without escaping, recording nothing. Each token's
+// not by their order: with stay = the bytes that keep a walk among a set of rows closed under
+// them (grown from row 0), dead = the bytes every row rejects, and leave = the bytes some row
+// exits on or may escape with (a final row and a byte of the rule's follow set), a token whose
+// bytes all stay is accepted, and one that holds a dead byte but no leaving one dies before it
+// without escaping, recording nothing. Each token's
 // bytes after the first are a precomputed 128-bit set of byte groups (TokenizerInfo::byte_group),
 // so deciding costs a few word operations; the undecided tokens are walked in blocks of
 // consecutive positions as before, which keeps the result, walk order included, the full walk's.
@@ -29,33 +30,89 @@ using Groups = std::array<uint64_t, 2>;
 
 struct ByteClasses {
   Groups stay{}, dead{}, leave{};
+  // The rows the stay bytes keep a walk among, from row 0: a token entering one of them (at depth
+  // 0, after its first byte) and holding only stay bytes after that is accepted.
+  std::vector<uint8_t> kept;
 };
 
 bool meets(const Groups& a, const Groups& b) { return ((a[0] & b[0]) | (a[1] & b[1])) != 0; }
 bool within(const Groups& a, const Groups& b) { return ((a[0] & ~b[0]) | (a[1] & ~b[1])) == 0; }
 
 // Group-level classes of a region: a group stays (is dead) only if all its bytes do; it leaves if
-// any of its bytes may.
+// any of its bytes may. The stay bytes keep a walk among the kept rows, a set closed under them
+// that holds row 0. They start as the bytes row 0 keeps inside; while a kept row rejects one, a
+// narrow row (accepting under half of them: the two hex digits after a '%' in a URL path) is
+// dropped with the bytes leading into it, and otherwise the byte is dropped.
 ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
                            const CompiledGrammar::ByteSet& fol) {
+  // Repair rounds before settling for the bytes every row keeps inside, and the regions small
+  // enough to repair (a round reads every kept row's table).
+  constexpr int kMaxRounds = 8;
+  constexpr size_t kMaxRepairRows = 64;
   bool any_final = false;
   for (uint8_t f : row_final) any_final = any_final || f != 0;
+  const size_t n_rows = row_final.size();
   ByteClasses c;
+  std::array<uint8_t, 256> stays{};
+  for (unsigned b = 0; b < 256; ++b) stays[b] = rows[b] >= 0 ? 1 : 0;
+  bool closed = false;
+  for (int round = 0; round < kMaxRounds && !closed && n_rows <= kMaxRepairRows; ++round) {
+    // The rows reached from row 0 over stay bytes.
+    c.kept.assign(n_rows, 0);
+    c.kept[0] = 1;
+    std::vector<size_t> order{0};
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (unsigned b = 0; b < 256; ++b) {
+        const int32_t v = rows[order[i] * 256 + b];
+        if (stays[b] && v >= 0 && !c.kept[static_cast<size_t>(v)]) {
+          c.kept[static_cast<size_t>(v)] = 1;
+          order.push_back(static_cast<size_t>(v));
+        }
+      }
+    }
+    size_t n_stay = 0;
+    for (uint8_t x : stays) n_stay += x;
+    closed = true;
+    for (size_t r : order) {
+      size_t accepted = 0;
+      for (unsigned b = 0; b < 256; ++b) accepted += stays[b] && rows[r * 256 + b] >= 0;
+      if (accepted == n_stay) continue;
+      closed = false;
+      if (r != 0 && accepted * 2 < n_stay) {
+        for (size_t q : order) {
+          for (unsigned b = 0; b < 256; ++b) {
+            if (rows[q * 256 + b] == static_cast<int32_t>(r)) stays[b] = 0;
+          }
+        }
+      } else {
+        for (unsigned b = 0; b < 256; ++b) {
+          if (rows[r * 256 + b] < 0) stays[b] = 0;
+        }
+      }
+      break;  // the kept rows change: found afresh
+    }
+  }
+  if (!closed) {
+    c.kept.assign(n_rows, 1);
+    for (unsigned b = 0; b < 256; ++b) {
+      bool all = true;
+      for (size_t r = 0; r < n_rows && all; ++r) all = rows[r * 256 + b] >= 0;
+      stays[b] = all ? 1 : 0;
+    }
+  }
   c.stay = {~uint64_t{0}, ~uint64_t{0}};
   c.dead = c.stay;
-  const size_t n_rows = row_final.size();
   for (unsigned b = 0; b < 256; ++b) {
-    bool all_stay = true, all_dead = true;
+    bool all_dead = true;
     bool leave = any_final && CompiledGrammar::has(fol, static_cast<uint8_t>(b));
     for (size_t r = 0; r < n_rows; ++r) {
       const int32_t v = rows[r * 256 + b];
-      all_stay = all_stay && v >= 0;
       all_dead = all_dead && v == -1;
       leave = leave || v <= -2;
     }
     const unsigned g = TokenizerInfo::byte_group(static_cast<uint8_t>(b));
     const uint64_t bit = uint64_t{1} << (g & 63);
-    if (!all_stay) c.stay[g >> 6] &= ~bit;
+    if (!stays[b]) c.stay[g >> 6] &= ~bit;
     if (!all_dead || leave) c.dead[g >> 6] &= ~bit;
     if (leave) c.leave[g >> 6] |= bit;
   }
@@ -114,7 +171,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
   };
   // The ranges decided by class, and those walked whole: at depth 0 the first byte is read in
   // row 0, where its whole run dies (nothing escapes before a byte is read), exits (one exit
-  // record: walked), or goes on inside.
+  // record: walked), enters a row outside the kept ones (walked), or goes on among them.
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<uint8_t> whole;
   for (const auto& run : runs) {
@@ -129,7 +186,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
       const int32_t v = rr.rows[b0];
       if (v != -1) {
         ranges.emplace_back(lo, hi);
-        whole.push_back(v <= -2 ? 1 : 0);
+        // Entering a row the stay bytes do not keep a walk among: walked.
+        whole.push_back(v <= -2 || !c.kept[static_cast<size_t>(v)] ? 1 : 0);
       }
       lo = hi;
     }

@@ -57,6 +57,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
     int32_t t, const std::vector<int32_t>& exits, const std::vector<std::pair<size_t, size_t>>& runs) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(t, exits);
+  const bool whole = runs.size() == 1 && runs[0].first == 0 && runs[0].second == tok->sorted.size();
+  if (whole) {
+    if (auto content = compute_region_content(rr, t, 1)) return content;
+  }
   if (auto classes = region_from_classes(rr, t, runs, 1)) return classes;
   std::shared_ptr<const StateMask> split;
   if (split_region_depth1(rr, t, runs, &split)) return split;

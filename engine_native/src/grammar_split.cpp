@@ -306,14 +306,17 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   return ok;
 }
 
-int CompiledGrammar::region_content_matches_walk(int32_t s) const {
+int CompiledGrammar::region_content_matches_walk(int32_t s, size_t first) const {
   std::string key;
   std::vector<int32_t> exits;
   if (!region_of(s, &key, &exits)) return -1;
   const RegionRows rr = region_rows(s, exits);
-  const std::shared_ptr<const StateMask> content = compute_region_content(rr, s);
+  const std::shared_ptr<const StateMask> content = compute_region_content(rr, s, first);
   if (!content) return -1;
-  return same_mask(content.get(), compute_region_part(rr, s, 0, tok->sorted.size(), false).get()) ? 1 : 0;
+  const std::vector<std::pair<size_t, size_t>> whole{{0, tok->sorted.size()}};
+  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, tok->sorted.size(), false)
+                                                             : walk_region_depth1_part(rr, s, whole, false);
+  return same_mask(content.get(), walked.get()) ? 1 : 0;
 }
 
 int CompiledGrammar::region_classes_matches_walk(int32_t s, size_t first) const {

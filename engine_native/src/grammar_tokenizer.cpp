@@ -63,13 +63,21 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     }
   }
   content_bits.assign(static_cast<size_t>(words), 0);
+  content_ascii_bits.assign(static_cast<size_t>(words), 0);
+  content_chars_at.assign(sorted.size(), 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t id = sorted[i];
     size_t dead_after = SIZE_MAX;
     const std::string& tb = tokens[static_cast<size_t>(id)];
-    if (content_chars(tb, &dead_after) <= kContentChars) {
+    const size_t chars = content_chars(tb, &dead_after);
+    if (chars <= kContentChars) {
+      content_chars_at[i] = static_cast<uint8_t>(chars);
       content_bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
       ++content_count;
+      if (static_cast<uint8_t>(tb[0]) < 0x80) {
+        content_ascii_bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        ++content_ascii_count;
+      }
       // Each character start byte once (continuation bytes 80-BF start none).
       std::array<uint32_t, 8> starts{};
       for (unsigned char c : tb) {
