@@ -29,6 +29,8 @@ CASES: list[tuple[Any, Any]] = [
     # A URL path: the two rows after '%' accept hex digits only; the stay bytes are those of the
     # rows a walk keeps to without a '%'.
     ({"type": "string", "pattern": "^/(([a-zA-Z0-9._~-]|%[0-9a-fA-F]{2})+/?)*$"}, "/docs/a%20b/index.html"),
+    # A negated class: its non-ASCII characters stay as whole UTF-8 sequences.
+    ({"type": "string", "pattern": "^[^A-Z_ ]+$"}, "déjà-vu,日本語"),
     (
         {
             "type": "object",

@@ -174,6 +174,9 @@ size_t seed_bits_masked(const StateMask* base, std::vector<uint32_t>& bits, cons
 // starts with, if the token reaches one as content up to there (else SIZE_MAX)
 // (grammar_content.cpp).
 size_t content_chars(const std::string& token, size_t* dead_after = nullptr);
+// Whether bytes [p, p + n) are well-formed UTF-8 (Unicode Table 3-7; any ASCII byte counts), a
+// last character cut short included (grammar_content.cpp).
+bool utf8_well_formed(const uint8_t* p, size_t n);
 
 class TokenizerInfo {
  public:
@@ -239,6 +242,10 @@ class TokenizerInfo {
   // such as `[a-z]+` classifies most tokens from these without a walk.
   static unsigned byte_group(uint8_t b) { return b >= 0x80 ? 16u + ((b - 0x80u) >> 3) : b >= 0x20 ? b : b >> 1u; }
   std::vector<std::array<uint64_t, 2>> tail_groups;
+  // utf8_from[i]: bit 0 if token i is well-formed UTF-8 from its first byte, bit 1 from its second
+  // (a character it ends inside counts if its bytes so far are well-formed): with a region that
+  // keeps every character's sequence among its kept rows, its non-ASCII bytes then stay.
+  std::vector<uint8_t> utf8_from;
 
   // State masks shared by every grammar compiled for this tokenizer, keyed by automaton structure.
   std::shared_ptr<const StateMask> cache_get(const std::string& key);
@@ -447,6 +454,9 @@ class CompiledGrammar {
   // *whole_chars: every string of up to this many content characters stays inside, whatever
   // bytes start its characters (the depth the check first failed at, before excluding any).
   static bool region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars);
+  // Whether from every row marked in `kept` every well-formed UTF-8 sequence of a non-ASCII
+  // character stays inside the region (never dies nor exits) and ends in a kept row.
+  static bool region_keeps_utf8(const RegionRows& rr, const std::vector<uint8_t>& kept);
   // The region walk from byte classes (grammar_region_classes.cpp) over the given sorted runs,
   // entered at depth `first` (0, or 1 with each token's first byte taken as read into s): a token
   // whose byte groups all stay inside from every row is accepted, one that reads a byte dead in

@@ -91,6 +91,54 @@ size_t content_chars(const std::string& token, size_t* dead_after) {
   return chars;
 }
 
+bool utf8_well_formed(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const Utf8Seq* seq = nullptr;
+    for (const Utf8Seq& u : kUtf8) {
+      if (in(u.bytes[0], p[i])) seq = &u;
+    }
+    if (seq == nullptr) return false;
+    const size_t have = std::min<size_t>(seq->len, n - i);
+    for (size_t k = 1; k < have; ++k) {
+      if (!in(seq->bytes[k], p[i + k])) return false;
+    }
+    i += have;
+  }
+  return true;
+}
+
+bool CompiledGrammar::region_keeps_utf8(const RegionRows& rr, const std::vector<uint8_t>& kept) {
+  // Rows reached part-way through a sequence at most (a class's UTF-8 automaton has a few).
+  constexpr size_t kMaxRows = 64;
+  std::vector<int32_t> cur, nxt;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    if (!kept[r]) continue;
+    for (const Utf8Seq& u : kUtf8) {
+      cur.assign(1, static_cast<int32_t>(r));
+      for (size_t k = 0; k < u.len; ++k) {
+        nxt.clear();
+        for (int32_t x : cur) {
+          const int32_t* row = rr.rows.data() + static_cast<size_t>(x) * 256;
+          for (unsigned b = u.bytes[k].lo; b <= u.bytes[k].hi; ++b) {
+            if (row[b] < 0) return false;
+            add_once(nxt, row[b]);
+          }
+        }
+        if (nxt.size() > kMaxRows) return false;
+        cur.swap(nxt);
+      }
+      for (int32_t x : cur) {
+        if (!kept[static_cast<size_t>(x)]) return false;
+      }
+    }
+  }
+  return true;
+}
+
 bool CompiledGrammar::range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vector<int32_t>& out) const {
   const State& st = states[static_cast<size_t>(q)];
   unsigned need = lo;  // the first byte of [lo, hi] not yet covered

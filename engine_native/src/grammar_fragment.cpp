@@ -188,7 +188,6 @@ int32_t NfaBuilder::fragment_state(int32_t r) {
   Shared& sh = *shared_;
   if (sh.rule_state.size() < rules_->size()) sh.rule_state.resize(rules_->size(), -3);
   if (sh.rule_state[r] != -3) return sh.rule_state[r];
-  FragmentStore& st = sh.store;
   // Each level of a chain is a few C++ frames: past this depth its rest stays in separate rules.
   if (store_nesting_ >= kMaxStoreNesting) throw FragmentStore::Overflow();
   const std::vector<int32_t>& code = (*rules_)[r];

@@ -30,13 +30,13 @@ using Groups = std::array<uint64_t, 2>;
 
 struct ByteClasses {
   Groups stay{}, dead{}, leave{};
+  // The groups of bytes 80-FF (TokenizerInfo::byte_group 16-31) where every character's UTF-8
+  // sequence keeps a walk among the kept rows: they stay in a token well-formed from its start.
+  Groups utf8{};
   // The rows the stay bytes keep a walk among, from row 0: a token entering one of them (at depth
   // 0, after its first byte) and holding only stay bytes after that is accepted.
   std::vector<uint8_t> kept;
 };
-
-bool meets(const Groups& a, const Groups& b) { return ((a[0] & b[0]) | (a[1] & b[1])) != 0; }
-bool within(const Groups& a, const Groups& b) { return ((a[0] & ~b[0]) | (a[1] & ~b[1])) == 0; }
 
 // Group-level classes of a region: a group stays (is dead) only if all its bytes do; it leaves if
 // any of its bytes may. The stay bytes keep a walk among the kept rows, a set closed under them
@@ -44,7 +44,7 @@ bool within(const Groups& a, const Groups& b) { return ((a[0] & ~b[0]) | (a[1] &
 // narrow row (accepting under half of them: the two hex digits after a '%' in a URL path) is
 // dropped with the bytes leading into it, and otherwise the byte is dropped.
 ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
-                           const CompiledGrammar::ByteSet& fol) {
+                           const CompiledGrammar::ByteSet& fol, bool ascii_only) {
   // Repair rounds before settling for the bytes every row keeps inside, and the regions small
   // enough to repair (a round reads every kept row's table).
   constexpr int kMaxRounds = 8;
@@ -54,7 +54,7 @@ ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<u
   const size_t n_rows = row_final.size();
   ByteClasses c;
   std::array<uint8_t, 256> stays{};
-  for (unsigned b = 0; b < 256; ++b) stays[b] = rows[b] >= 0 ? 1 : 0;
+  for (unsigned b = 0; b < (ascii_only ? 0x80u : 256u); ++b) stays[b] = rows[b] >= 0 ? 1 : 0;
   bool closed = false;
   for (int round = 0; round < kMaxRounds && !closed && n_rows <= kMaxRepairRows; ++round) {
     // The rows reached from row 0 over stay bytes.
@@ -94,7 +94,7 @@ ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<u
   }
   if (!closed) {
     c.kept.assign(n_rows, 1);
-    for (unsigned b = 0; b < 256; ++b) {
+    for (unsigned b = 0; b < (ascii_only ? 0x80u : 256u); ++b) {
       bool all = true;
       for (size_t r = 0; r < n_rows && all; ++r) all = rows[r * 256 + b] >= 0;
       stays[b] = all ? 1 : 0;
@@ -124,39 +124,52 @@ ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<u
 std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     const RegionRows& rr, int32_t s, const std::vector<std::pair<size_t, size_t>>& runs, size_t first) const {
   const TokenizerInfo& t = *tok;
-  const ByteClasses c = region_classes(rr.rows, rr.final, follow[states[s].rule]);
-  // Nothing stays everywhere and nothing is dead everywhere: every token would be walked.
-  if (c.stay == Groups{} && c.dead == Groups{}) return nullptr;
+  const ByteSet& fol = follow[states[s].rule];
+  // A class of characters (`[^/]+`, `\S+`) keeps the bytes of its non-ASCII characters among its
+  // rows only as whole sequences: its ASCII stay bytes are settled first, then its sequences
+  // checked; otherwise bytes from 80 on are treated like the others.
+  ByteClasses c = region_classes(rr.rows, rr.final, fol, true);
+  if (region_keeps_utf8(rr, c.kept)) {
+    c.utf8 = {0xFFFF0000ull, 0};
+  } else {
+    c = region_classes(rr.rows, rr.final, fol, false);
+  }
+  // Nothing stays and nothing is dead everywhere: every token would be walked.
+  if (c.stay == Groups{} && c.utf8 == Groups{} && c.dead == Groups{}) return nullptr;
+  const unsigned utf8_bit = first == 1 ? 1u : 0u;  // utf8_from: well-formed from byte `first`
   const size_t budget = t.sorted.size() / 4;
   size_t n_walked = 0, n_accepted = 0;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
-  const ByteSet& fol = follow[states[s].rule];
-  auto walk = [&](size_t lo, size_t hi) {
-    n_walked += hi - lo;
+  auto walk = [&](size_t lo, size_t hi, bool counted = true) {
+    n_walked += counted ? hi - lo : 0;
     n_accepted += walk_region_range(t, rr.rows, rr.final, fol, lo, hi, false, first, stack, flag, bits, *out);
   };
-  // Decides the tokens of [lo, hi) whose bytes from 1 on run from a row inside the region; walks
-  // the undecided ones. False once over budget.
-  auto undecided = [&](const Groups& g) { return !within(g, c.stay) && (meets(g, c.leave) || !meets(g, c.dead)); };
-  // Most tokens are accepted or dead in no predictable order: accepting is branch-free, and only
-  // the rare undecided token (a block to walk) branches.
+  // Whether token i is accepted by class, and whether it is undecided (else it dies unrecorded).
+  // Bitwise, not short-circuit: a branch on acceptance would be mispredicted half the time.
+  auto classify = [&](size_t i, uint32_t* accepted) {
+    const Groups& g = t.tail_groups[i];
+    const uint64_t well_formed = (t.utf8_from[i] >> utf8_bit) & 1u;
+    const uint64_t stay0 = c.stay[0] | (c.utf8[0] & (0 - well_formed));
+    const uint64_t outside = (g[0] & ~stay0) | (g[1] & ~c.stay[1]);
+    const uint64_t leaving = (g[0] & c.leave[0]) | (g[1] & c.leave[1]);
+    const uint64_t dying = (g[0] & c.dead[0]) | (g[1] & c.dead[1]);
+    *accepted = outside == 0 ? 1u : 0u;
+    return (outside != 0) & ((leaving != 0) | (dying == 0));
+  };
+  // Decides the tokens of [lo, hi), whose bytes from 1 on run from a kept row (or, at depth 0,
+  // from a UTF-8 lead byte's row); walks the undecided ones. False once over budget. Accepting is
+  // branch-free; only the rare undecided token (a block to walk) branches.
   auto decide = [&](size_t lo, size_t hi) {
     size_t block = hi;  // the start of the undecided block being gathered, if any
-    const Groups stay = c.stay, leave = c.leave, dead = c.dead;
     for (size_t i = lo; i < hi; ++i) {
-      const Groups& g = t.tail_groups[i];
-      const uint64_t outside = (g[0] & ~stay[0]) | (g[1] & ~stay[1]);
-      const uint64_t leaving = (g[0] & leave[0]) | (g[1] & leave[1]);
-      const uint64_t dying = (g[0] & dead[0]) | (g[1] & dead[1]);
-      const uint32_t accepted = outside == 0 ? 1u : 0u;
+      uint32_t accepted = 0;
+      const bool open = classify(i, &accepted);
       const int32_t id = t.sorted[i];
       bits[static_cast<size_t>(id) >> 5] |= accepted << (id & 31);
       n_accepted += accepted;
-      // Bitwise, not short-circuit: a branch on `accepted` would be mispredicted half the time.
-      const bool open = (outside != 0) & ((leaving != 0) | (dying == 0));
       if (open != (block != hi)) {  // an undecided block starts or ends here
         if (open) {
           block = i;
@@ -169,15 +182,25 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     if (block < hi) walk(block, hi);
     return n_walked <= budget;
   };
-  // The ranges decided by class, and those walked whole: at depth 0 the first byte is read in
-  // row 0, where its whole run dies (nothing escapes before a byte is read), exits (one exit
-  // record: walked), enters a row outside the kept ones (walked), or goes on among them.
+  // The ranges decided by class (0), and those walked whole (1; 2: outside the budget): at depth
+  // 0 the first byte is read in row 0, where its whole run dies (nothing escapes before a byte is
+  // read), exits (one exit record: walked), enters a row outside the kept ones (walked), or goes
+  // on among them. At depth 1, where UTF-8 sequences are kept, a token starting with a byte from
+  // 80 on continues its first character at row 0, which is a character boundary: those tokens
+  // are walked, and mostly die at their second byte.
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<uint8_t> whole;
   for (const auto& run : runs) {
     if (first == 1) {
-      ranges.push_back(run);
-      whole.push_back(0);
+      const size_t ascii_end = c.utf8 != Groups{} ? t.first_byte_end[0x7F] : run.second;
+      if (run.first < std::min(run.second, ascii_end)) {
+        ranges.emplace_back(run.first, std::min(run.second, ascii_end));
+        whole.push_back(0);
+      }
+      if (std::max(run.first, ascii_end) < run.second) {
+        ranges.emplace_back(std::max(run.first, ascii_end), run.second);
+        whole.push_back(2);
+      }
       continue;
     }
     for (size_t lo = run.first; lo < run.second;) {
@@ -186,8 +209,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
       const int32_t v = rr.rows[b0];
       if (v != -1) {
         ranges.emplace_back(lo, hi);
-        // Entering a row the stay bytes do not keep a walk among: walked.
-        whole.push_back(v <= -2 || !c.kept[static_cast<size_t>(v)] ? 1 : 0);
+        // Entering a row the stay bytes do not keep a walk among: walked, but for a UTF-8 lead
+        // byte where the sequences are kept (a token well-formed from it is decided by class).
+        const bool lead = c.utf8 != Groups{} && b0 >= 0x80;
+        whole.push_back(v <= -2 || (!c.kept[static_cast<size_t>(v)] && !lead) ? 1 : 0);
       }
       lo = hi;
     }
@@ -198,13 +223,14 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     size_t sampled = 0, open = 0, decided = 0, walked = 0;
     for (size_t k = 0; k < ranges.size(); ++k) {
       if (whole[k]) {
-        walked += ranges[k].second - ranges[k].first;
+        walked += whole[k] == 1 ? ranges[k].second - ranges[k].first : 0;
         continue;
       }
       decided += ranges[k].second - ranges[k].first;
       for (size_t i = ranges[k].first; i < ranges[k].second; i += 16) {
         ++sampled;
-        open += undecided(t.tail_groups[i]) ? 1 : 0;
+        uint32_t accepted = 0;
+        open += classify(i, &accepted) ? 1 : 0;
       }
     }
     if (sampled > 0) walked += decided * open / sampled;
@@ -212,7 +238,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
   }
   for (size_t k = 0; k < ranges.size(); ++k) {
     if (whole[k]) {
-      walk(ranges[k].first, ranges[k].second);
+      walk(ranges[k].first, ranges[k].second, whole[k] == 1);
     } else if (!decide(ranges[k].first, ranges[k].second)) {
       return nullptr;
     }

@@ -55,8 +55,12 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     }
   }
   tail_groups.assign(sorted.size(), {0, 0});
+  utf8_from.assign(sorted.size(), 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
     const std::string& tb = tokens[static_cast<size_t>(sorted[i])];
+    const auto* tp = reinterpret_cast<const uint8_t*>(tb.data());
+    utf8_from[i] = static_cast<uint8_t>((utf8_well_formed(tp, tb.size()) ? 1 : 0) |
+                                        (utf8_well_formed(tp + 1, tb.size() - 1) ? 2 : 0));
     for (size_t k = 1; k < tb.size(); ++k) {
       const unsigned g = byte_group(static_cast<uint8_t>(tb[k]));
       tail_groups[i][g >> 6] |= uint64_t{1} << (g & 63);
