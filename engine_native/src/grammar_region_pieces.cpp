@@ -265,10 +265,16 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
         }
         for (int b : it->second) {
           auto p = std::make_shared<StateMask>();
+          // Branch-free compaction, as in run_piece.
+          std::vector<int32_t>& ids = p->accepted_ids;
+          ids.resize(run_end(b) - run_begin(b));
+          size_t n = 0;
           for (size_t j = run_begin(b); j < run_end(b); ++j) {
             const int32_t id = tk.sorted[j];
-            if ((scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+            ids[n] = id;
+            n += (scratch[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u;
           }
+          ids.resize(n);
           take({b}, *p);
           p->accepted_ids.shrink_to_fit();
           tok->cache_put(x.key + static_cast<char>(b), std::move(p));

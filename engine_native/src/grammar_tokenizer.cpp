@@ -325,11 +325,17 @@ std::string digest(const std::string& data, char kind) {
 std::shared_ptr<StateMask> run_piece(const TokenizerInfo& tk, const std::vector<uint32_t>& bits,
                                      const StateMask& walked, size_t lo, size_t hi, bool exits) {
   auto p = std::make_shared<StateMask>();
+  // Branch-free compaction: accepted and rejected tokens alternate unpredictably within a run.
+  std::vector<int32_t>& ids = p->accepted_ids;
+  ids.resize(hi - lo);
+  size_t n = 0;
   for (size_t j = lo; j < hi; ++j) {
     const int32_t id = tk.sorted[j];
-    if ((bits[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u) p->accepted_ids.push_back(id);
+    ids[n] = id;
+    n += (bits[static_cast<size_t>(id) >> 5] >> (id & 31)) & 1u;
   }
-  p->accepted_ids.shrink_to_fit();
+  ids.resize(n);
+  ids.shrink_to_fit();
   // Uncertain positions and exits are in walk order (ascending).
   const auto& unc = walked.uncertain;
   auto u0 = std::lower_bound(unc.begin(), unc.end(), static_cast<int32_t>(lo));
