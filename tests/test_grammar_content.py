@@ -46,6 +46,17 @@ CASES: list[tuple[str, Any, Any]] = [
     ),
     # The alphabet lacks 'é': never all content, always the other first visits.
     ("alphabet without a character", {"type": "string", "pattern": "^[^\u00e9]*$", "maxLength": 200}, TEXT),
+    # Filled to its bound: the last 16 positions take the content tokens that still fit.
+    (
+        "a string to its bound",
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 20}, "n": {"type": "integer"}},
+            "required": ["name", "n"],
+            "additionalProperties": False,
+        },
+        {"name": "Grüße \u65e5\u672c, ab \\ cd xy", "n": 7},
+    ),
 ]
 
 
@@ -108,3 +119,30 @@ def test_first_visit_of_a_bounded_string_walks_a_few_tokens() -> None:
     # Content tokens are in, the closing quote's continuation decides the rest.
     word = hf_tokenizer("deepseek").encode("hello", add_special_tokens=False).ids[0]
     assert bits[word] and bits.sum() > 100_000
+
+
+def test_last_positions_of_a_bounded_string_take_the_tokens_that_fit() -> None:
+    """Within 16 characters of a `maxLength` bound, the content tokens that still fit are taken
+    whole, the longer ones are out, and only the other tokens are walked: no twin walk of the
+    longer tokens, no full walk."""
+    info = fresh_tokenizer_info("deepseek")
+    schema = CASES[4][1]
+    compiled = GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(schema, whitespace="compact")
+    )
+    m = GrammarMatcher(compiled)
+    assert m.accept_string('{"name":"' + "a" * 14)  # 6 characters left
+    _native.grammar_profile(True)
+    _native.grammar_profile()
+    try:
+        bits = mask_bits(m, info.vocab_size)
+        prof = _native.grammar_profile()
+    finally:
+        _native.grammar_profile(False)
+    assert prof.get("content", (0, 0))[1] == 1, prof
+    assert "twin" not in prof and "full_plain" not in prof and "full_calls" not in prof, prof
+    tok = hf_tokenizer("deepseek")
+    fits = tok.encode("hello", add_special_tokens=False).ids
+    too_long = tok.encode(" international", add_special_tokens=False).ids
+    assert len(fits) == 1 and len(too_long) == 1
+    assert bits[fits[0]] and not bits[too_long[0]]

@@ -230,6 +230,9 @@ class TokenizerInfo {
   // starts at a character boundary).
   std::vector<uint32_t> content_ascii_bits;
   size_t content_ascii_count = 0;
+  // content_upto_bits[r]: the content tokens of at most r characters, and their number.
+  std::array<std::vector<uint32_t>, kContentChars> content_upto_bits;
+  std::array<size_t, kContentChars> content_upto_count{};
   std::vector<int32_t> content_rest, content_rest_walked;
   // content_with[b]: the sorted positions of the content tokens with a character that starts
   // with byte b (an ASCII content byte or a UTF-8 lead byte), ascending. A loop region on which a
@@ -567,8 +570,10 @@ class CompiledGrammar {
   // other tokens (~4 % of a vocabulary). nullptr where that does not hold.
   std::shared_ptr<const StateMask> compute_from_content(int32_t s) const;
   // *ctrl_dead: no control byte (nor 80-C1, F5-FF) is live at a character boundary, and only '"'
-  // or '\\' can leave the rule, within reach.
-  bool content_deep(int32_t s, bool* ctrl_dead) const;
+  // or '\\' can leave the rule, within reach. *limit: kContentChars, or the fewer characters
+  // after which no content character has an edge and nothing but '"' or '\\' leaves the rule
+  // (the last positions of a `maxLength` string): longer content tokens all die there.
+  bool content_deep(int32_t s, bool* ctrl_dead, size_t* limit) const;
   // Whether q's byte edges cover [lo, hi]; their targets are added to `out` (each once).
   bool range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vector<int32_t>& out) const;
   // Offers s's freshly computed mask as a twin to later states of the same local shape.

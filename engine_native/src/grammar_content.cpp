@@ -152,7 +152,7 @@ bool CompiledGrammar::range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vect
   return need > hi;
 }
 
-bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead) const {
+bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) const {
   std::vector<int32_t> level{s}, next, cur, step;
   // Whether a control byte, and a byte no character starts with (80-C1, F5-FF), is dead at every
   // character boundary within reach, and no byte read there can leave the rule but a quote or a
@@ -169,14 +169,29 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead) const {
     }
     return true;
   };
+  *limit = TokenizerInfo::kContentChars;
   for (size_t depth = 0;; ++depth) {
+    // Whether no state of the level has an edge on a byte a content character starts with (20-7F
+    // but '"' and '\\', C2-F4), and none can leave the rule on one.
+    bool closed = depth > 0;
     for (int32_t q : level) {
       const State& st = states[static_cast<size_t>(q)];
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
         const ByteEdge& be = byte_edges[e];
         if (be.lo < 0x20 || (be.lo <= 0xC1 && be.hi >= 0x80) || be.hi >= 0xF5) dead = false;
+        for (const Range& r : kAsciiContent) {
+          if (be.lo <= r.hi && be.hi >= r.lo) closed = false;
+        }
+        if (be.lo <= 0xF4 && be.hi >= 0xC2) closed = false;
       }
-      if (!quiet(q)) dead = false;
+      if (!quiet(q)) {
+        dead = false;
+        closed = false;
+      }
+    }
+    if (closed) {
+      *limit = depth;
+      break;
     }
     if (depth == TokenizerInfo::kContentChars) break;
     next.clear();
@@ -297,9 +312,14 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_content(int32_t s
   const TokenizerInfo& tk = *tok;
   // A vocabulary that is not mostly content tokens walks most of itself anyway.
   bool ctrl_dead = false;
-  if (tk.content_count * 2 < tk.sorted.size() || !content_deep(s, &ctrl_dead)) return nullptr;
+  size_t limit = 0;
+  if (tk.content_count * 2 < tk.sorted.size() || !content_deep(s, &ctrl_dead, &limit)) return nullptr;
   auto base = std::make_shared<StateMask>();
-  finish_mask(*base, std::vector<uint32_t>(tk.content_bits), tk.content_count);
+  if (limit < TokenizerInfo::kContentChars) {
+    finish_mask(*base, std::vector<uint32_t>(tk.content_upto_bits[limit]), tk.content_upto_count[limit]);
+  } else {
+    finish_mask(*base, std::vector<uint32_t>(tk.content_bits), tk.content_count);
+  }
   return walk_listed(s, ctrl_dead ? tk.content_rest_walked : tk.content_rest, base.get(), calls_within_reach(s));
 }
 

@@ -69,6 +69,7 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
   content_bits.assign(static_cast<size_t>(words), 0);
   content_ascii_bits.assign(static_cast<size_t>(words), 0);
   content_chars_at.assign(sorted.size(), 0);
+  for (std::vector<uint32_t>& b : content_upto_bits) b.assign(static_cast<size_t>(words), 0);
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t id = sorted[i];
     size_t dead_after = SIZE_MAX;
@@ -76,6 +77,10 @@ TokenizerInfo::TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab
     const size_t chars = content_chars(tb, &dead_after);
     if (chars <= kContentChars) {
       content_chars_at[i] = static_cast<uint8_t>(chars);
+      for (size_t r = chars; r < kContentChars; ++r) {
+        content_upto_bits[r][static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+        ++content_upto_count[r];
+      }
       content_bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
       ++content_count;
       if (static_cast<uint8_t>(tb[0]) < 0x80) {
