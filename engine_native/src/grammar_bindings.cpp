@@ -40,6 +40,17 @@ void check_row(int64_t rows, int64_t index) {
 }
 void check_row(const Mask& mask, int64_t index) { check_row(static_cast<int64_t>(mask.shape(0)), index); }
 
+// The test hooks' arguments: a state of the grammar, and a walk depth of 0 or 1.
+void check_state(const CompiledGrammar& g, int32_t state) {
+  if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
+    throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
+                            std::to_string(g.states.size()) + " states");
+  }
+}
+void check_first(size_t first) {
+  if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
+}
+
 // One batch fill after the checks both bitmask paths share; `indices` null means rows 0..n-1.
 nb::list fill_batch_checked(const std::vector<Matcher*>& matchers, int32_t* data, int64_t rows, int64_t words,
                             const std::optional<std::vector<int64_t>>& indices, int32_t num_threads,
@@ -127,10 +138,7 @@ void register_grammar(nb::module_& m) {
       .def(
           "split_matches_whole",
           [](const CompiledGrammar& g, int32_t state, size_t part_tokens) {
-            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
-              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
-                                      std::to_string(g.states.size()) + " states");
-            }
+            check_state(g, state);
             nb::gil_scoped_release release;
             return g.split_matches_whole(state, part_tokens);
           },
@@ -138,11 +146,8 @@ void register_grammar(nb::module_& m) {
       .def(
           "region_content_matches_walk",
           [](const CompiledGrammar& g, int32_t state, size_t first) {
-            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
-              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
-                                      std::to_string(g.states.size()) + " states");
-            }
-            if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
+            check_state(g, state);
+            check_first(first);
             nb::gil_scoped_release release;
             return g.region_content_matches_walk(state, first);
           },
@@ -150,11 +155,8 @@ void register_grammar(nb::module_& m) {
       .def(
           "region_classes_matches_walk",
           [](const CompiledGrammar& g, int32_t state, size_t first) {
-            if (state < 0 || static_cast<size_t>(state) >= g.states.size()) {
-              throw std::out_of_range("state " + std::to_string(state) + " is outside the grammar's " +
-                                      std::to_string(g.states.size()) + " states");
-            }
-            if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
+            check_state(g, state);
+            check_first(first);
             nb::gil_scoped_release release;
             return g.region_classes_matches_walk(state, first);
           },

@@ -54,6 +54,54 @@ void add_once(std::vector<int32_t>& v, int32_t x) {
   if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
 }
 
+// The bytes of the non-ASCII character starting at p[0] (n >= 1 bytes left), or 0 if it is not
+// well-formed; *bad_lead: p[0] starts no character (80-C1, F5-FF). A character the token ends
+// inside (byte-level BPE splits them) has a path wherever its whole sequence has one: it counts.
+size_t utf8_char(const uint8_t* p, size_t n, bool* bad_lead) {
+  const Utf8Seq* seq = nullptr;
+  for (const Utf8Seq& u : kUtf8) {
+    if (in(u.bytes[0], p[0])) seq = &u;
+  }
+  *bad_lead = seq == nullptr;
+  if (seq == nullptr) return 0;
+  const size_t have = std::min<size_t>(seq->len, n);
+  for (size_t k = 1; k < have; ++k) {
+    if (!in(seq->bytes[k], p[k])) return 0;
+  }
+  return have;
+}
+
+// Steps through a region's rows (deterministic: a level is a set of rows, at most kMaxRows).
+struct RowSteps {
+  static constexpr size_t kMaxRows = 64;
+  const std::vector<int32_t>& rows;
+  std::vector<int32_t> cur, nxt;
+  // Adds the rows reached from `from` over bytes [lo, hi] to `to`: 0, or 1 if one dies or exits,
+  // or 2 if the level grows too wide.
+  int step(const std::vector<int32_t>& from, unsigned lo, unsigned hi, std::vector<int32_t>& to) const {
+    for (int32_t x : from) {
+      const int32_t* row = rows.data() + static_cast<size_t>(x) * 256;
+      for (unsigned b = lo; b <= hi; ++b) {
+        if (row[b] < 0) return 1;
+        add_once(to, row[b]);
+      }
+    }
+    return to.size() <= kMaxRows ? 0 : 2;
+  }
+  // The rows after one character of sequence u whose start bytes lie in [lo, hi], into `to`.
+  int sequence(const std::vector<int32_t>& from, const Utf8Seq& u, unsigned lo, unsigned hi, std::vector<int32_t>& to) {
+    cur.clear();
+    if (int r = step(from, lo, hi, cur)) return r;
+    for (size_t k = 1; k < u.len; ++k) {
+      nxt.clear();
+      if (int r = step(cur, u.bytes[k].lo, u.bytes[k].hi, nxt)) return r;
+      cur.swap(nxt);
+    }
+    for (int32_t x : cur) add_once(to, x);
+    return to.size() <= kMaxRows ? 0 : 2;
+  }
+};
+
 }  // namespace
 
 size_t content_chars(const std::string& token, size_t* dead_after) {
@@ -71,67 +119,38 @@ size_t content_chars(const std::string& token, size_t* dead_after) {
       ++i;
       continue;
     }
-    const Utf8Seq* seq = nullptr;
-    for (const Utf8Seq& u : kUtf8) {
-      if (in(u.bytes[0], b)) seq = &u;
-    }
-    if (seq == nullptr) {
-      // A byte no character starts with (80-C1, F5-FF), at a character boundary.
-      if (dead_after) *dead_after = chars;
+    bool bad_lead = false;
+    const size_t k = utf8_char(p + i, n - i, &bad_lead);
+    if (k == 0) {
+      // A byte no character starts with, at a character boundary, is dead there.
+      if (dead_after && bad_lead) *dead_after = chars;
       return SIZE_MAX;
     }
-    // A character the token ends inside (byte-level BPE splits them) has a path wherever its
-    // whole sequence has one: it counts as one character.
-    const size_t have = std::min<size_t>(seq->len, n - i);
-    for (size_t k = 1; k < have; ++k) {
-      if (!in(seq->bytes[k], p[i + k])) return SIZE_MAX;
-    }
-    i += have;
+    i += k;
   }
   return chars;
 }
 
 bool utf8_well_formed(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n;) {
-    if (p[i] < 0x80) {
-      ++i;
-      continue;
-    }
-    const Utf8Seq* seq = nullptr;
-    for (const Utf8Seq& u : kUtf8) {
-      if (in(u.bytes[0], p[i])) seq = &u;
-    }
-    if (seq == nullptr) return false;
-    const size_t have = std::min<size_t>(seq->len, n - i);
-    for (size_t k = 1; k < have; ++k) {
-      if (!in(seq->bytes[k], p[i + k])) return false;
-    }
-    i += have;
+    bool bad_lead = false;
+    const size_t k = p[i] < 0x80 ? 1 : utf8_char(p + i, n - i, &bad_lead);
+    if (k == 0) return false;
+    i += k;
   }
   return true;
 }
 
 bool CompiledGrammar::region_keeps_utf8(const RegionRows& rr, const std::vector<uint8_t>& kept) {
-  // Rows reached part-way through a sequence at most (a class's UTF-8 automaton has a few).
-  constexpr size_t kMaxRows = 64;
-  std::vector<int32_t> cur, nxt;
+  RowSteps rs{rr.rows, {}, {}};
+  std::vector<int32_t> from, to;
   for (size_t r = 0; r < kept.size(); ++r) {
     if (!kept[r]) continue;
+    from.assign(1, static_cast<int32_t>(r));
     for (const Utf8Seq& u : kUtf8) {
-      cur.assign(1, static_cast<int32_t>(r));
-      for (size_t k = 0; k < u.len; ++k) {
-        nxt.clear();
-        for (int32_t x : cur) {
-          const int32_t* row = rr.rows.data() + static_cast<size_t>(x) * 256;
-          for (unsigned b = u.bytes[k].lo; b <= u.bytes[k].hi; ++b) {
-            if (row[b] < 0) return false;
-            add_once(nxt, row[b]);
-          }
-        }
-        if (nxt.size() > kMaxRows) return false;
-        cur.swap(nxt);
-      }
-      for (int32_t x : cur) {
+      to.clear();
+      if (rs.sequence(from, u, u.bytes[0].lo, u.bytes[0].hi, to) != 0) return false;
+      for (int32_t x : to) {
         if (!kept[static_cast<size_t>(x)]) return false;
       }
     }
@@ -223,39 +242,12 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) co
 }
 
 bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars) {
-  // The region's rows are deterministic, so a level is a set of rows; levels wider than this are
-  // not a string syntax's (a pattern's product has a few) and fail the check.
-  constexpr size_t kMaxRows = 64;
   // Start bytes excluded at most (each one's tokens are walked), and checks begun afresh at most.
+  // A level wider than RowSteps::kMaxRows is not a string syntax's (a pattern's product has a few)
+  // and fails the check.
   constexpr size_t kMaxWalked = 16;
   constexpr int kMaxRounds = 8;
-  const std::vector<int32_t>& rows = rr.rows;
-  // Adds the rows reached from `from` over bytes [lo, hi] to `to`: 0, or 1 if one dies or exits,
-  // or 2 if the level grows too wide.
-  auto step = [&](const std::vector<int32_t>& from, unsigned lo, unsigned hi, std::vector<int32_t>& to) {
-    for (int32_t x : from) {
-      const int32_t* row = rows.data() + static_cast<size_t>(x) * 256;
-      for (unsigned b = lo; b <= hi; ++b) {
-        if (row[b] < 0) return 1;
-        add_once(to, row[b]);
-      }
-    }
-    return to.size() <= kMaxRows ? 0 : 2;
-  };
-  // The rows after one character of sequence u whose start bytes lie in [lo, hi], into `to`.
-  std::vector<int32_t> cur, nxt;
-  auto sequence = [&](const std::vector<int32_t>& from, const Utf8Seq& u, unsigned lo, unsigned hi,
-                      std::vector<int32_t>& to) {
-    cur.clear();
-    if (int r = step(from, lo, hi, cur)) return r;
-    for (size_t k = 1; k < u.len; ++k) {
-      nxt.clear();
-      if (int r = step(cur, u.bytes[k].lo, u.bytes[k].hi, nxt)) return r;
-      cur.swap(nxt);
-    }
-    for (int32_t x : cur) add_once(to, x);
-    return to.size() <= kMaxRows ? 0 : 2;
-  };
+  RowSteps rs{rr.rows, {}, {}};
   size_t n_walked = 0;
   for (unsigned c = 0; c < 256; ++c) n_walked += has(*walked, static_cast<uint8_t>(c));
   std::vector<int32_t> level, next;
@@ -277,7 +269,7 @@ bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked,
       for (const Range& r : kAsciiContent) {
         for (unsigned b = r.lo; b <= r.hi; ++b) {
           if (has(*walked, static_cast<uint8_t>(b))) continue;
-          const int res = step(level, b, b, next);
+          const int res = rs.step(level, b, b, next);
           if (res == 2) return false;
           if (res == 1) failing.push_back(b);
         }
@@ -286,12 +278,12 @@ bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked,
         // The whole group at once; start byte by start byte only where that fails.
         bool open = true;
         for (unsigned b = u.bytes[0].lo; b <= u.bytes[0].hi; ++b) open = open && !has(*walked, static_cast<uint8_t>(b));
-        const int whole = open ? sequence(level, u, u.bytes[0].lo, u.bytes[0].hi, next) : 1;
+        const int whole = open ? rs.sequence(level, u, u.bytes[0].lo, u.bytes[0].hi, next) : 1;
         if (whole == 2) return false;
         if (whole == 0) continue;
         for (unsigned b = u.bytes[0].lo; b <= u.bytes[0].hi; ++b) {
           if (has(*walked, static_cast<uint8_t>(b))) continue;
-          const int res = sequence(level, u, b, b, next);
+          const int res = rs.sequence(level, u, b, b, next);
           if (res == 2) return false;
           if (res == 1) failing.push_back(b);
         }

@@ -38,34 +38,32 @@ struct ByteClasses {
   std::vector<uint8_t> kept;
 };
 
-// Group-level classes of a region: a group stays (is dead) only if all its bytes do; it leaves if
-// any of its bytes may. The stay bytes keep a walk among the kept rows, a set closed under them
-// that holds row 0. They start as the bytes row 0 keeps inside; while a kept row rejects one, a
-// narrow row (accepting under half of them: the two hex digits after a '%' in a URL path) is
-// dropped with the bytes leading into it, and otherwise the byte is dropped.
-ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
-                           const CompiledGrammar::ByteSet& fol, bool ascii_only) {
+// The stay bytes (one flag per byte, those from 80 on left out if ascii_only) and the kept rows
+// they keep a walk among, a set closed under them that holds row 0. They start as the bytes row 0
+// keeps inside; while a kept row rejects one, a narrow row (accepting under half of them: the two
+// hex digits after a '%' in a URL path) is dropped with the bytes leading into it, and otherwise
+// the byte is dropped.
+std::array<uint8_t, 256> settle_stays(const std::vector<int32_t>& rows, size_t n_rows, bool ascii_only,
+                                      std::vector<uint8_t>* kept) {
   // Repair rounds before settling for the bytes every row keeps inside, and the regions small
   // enough to repair (a round reads every kept row's table).
   constexpr int kMaxRounds = 8;
   constexpr size_t kMaxRepairRows = 64;
-  bool any_final = false;
-  for (uint8_t f : row_final) any_final = any_final || f != 0;
-  const size_t n_rows = row_final.size();
-  ByteClasses c;
+  const unsigned n_bytes = ascii_only ? 0x80u : 256u;
   std::array<uint8_t, 256> stays{};
-  for (unsigned b = 0; b < (ascii_only ? 0x80u : 256u); ++b) stays[b] = rows[b] >= 0 ? 1 : 0;
+  for (unsigned b = 0; b < n_bytes; ++b) stays[b] = rows[b] >= 0 ? 1 : 0;
+  std::vector<uint8_t>& in = *kept;
   bool closed = false;
   for (int round = 0; round < kMaxRounds && !closed && n_rows <= kMaxRepairRows; ++round) {
     // The rows reached from row 0 over stay bytes.
-    c.kept.assign(n_rows, 0);
-    c.kept[0] = 1;
+    in.assign(n_rows, 0);
+    in[0] = 1;
     std::vector<size_t> order{0};
     for (size_t i = 0; i < order.size(); ++i) {
       for (unsigned b = 0; b < 256; ++b) {
         const int32_t v = rows[order[i] * 256 + b];
-        if (stays[b] && v >= 0 && !c.kept[static_cast<size_t>(v)]) {
-          c.kept[static_cast<size_t>(v)] = 1;
+        if (stays[b] && v >= 0 && !in[static_cast<size_t>(v)]) {
+          in[static_cast<size_t>(v)] = 1;
           order.push_back(static_cast<size_t>(v));
         }
       }
@@ -93,15 +91,25 @@ ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<u
     }
   }
   if (!closed) {
-    c.kept.assign(n_rows, 1);
-    for (unsigned b = 0; b < (ascii_only ? 0x80u : 256u); ++b) {
+    in.assign(n_rows, 1);
+    for (unsigned b = 0; b < n_bytes; ++b) {
       bool all = true;
       for (size_t r = 0; r < n_rows && all; ++r) all = rows[r * 256 + b] >= 0;
       stays[b] = all ? 1 : 0;
     }
   }
-  c.stay = {~uint64_t{0}, ~uint64_t{0}};
-  c.dead = c.stay;
+  return stays;
+}
+
+// Group-level classes of a region: a group stays (is dead) only if all its bytes do; it leaves if
+// any of its bytes may.
+void group_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
+                   const CompiledGrammar::ByteSet& fol, const std::array<uint8_t, 256>& stays, ByteClasses* c) {
+  bool any_final = false;
+  for (uint8_t f : row_final) any_final = any_final || f != 0;
+  const size_t n_rows = row_final.size();
+  c->stay = {~uint64_t{0}, ~uint64_t{0}};
+  c->dead = c->stay;
   for (unsigned b = 0; b < 256; ++b) {
     bool all_dead = true;
     bool leave = any_final && CompiledGrammar::has(fol, static_cast<uint8_t>(b));
@@ -112,11 +120,10 @@ ByteClasses region_classes(const std::vector<int32_t>& rows, const std::vector<u
     }
     const unsigned g = TokenizerInfo::byte_group(static_cast<uint8_t>(b));
     const uint64_t bit = uint64_t{1} << (g & 63);
-    if (!stays[b]) c.stay[g >> 6] &= ~bit;
-    if (!all_dead || leave) c.dead[g >> 6] &= ~bit;
-    if (leave) c.leave[g >> 6] |= bit;
+    if (!stays[b]) c->stay[g >> 6] &= ~bit;
+    if (!all_dead || leave) c->dead[g >> 6] &= ~bit;
+    if (leave) c->leave[g >> 6] |= bit;
   }
-  return c;
 }
 
 }  // namespace
@@ -128,12 +135,14 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
   // A class of characters (`[^/]+`, `\S+`) keeps the bytes of its non-ASCII characters among its
   // rows only as whole sequences: its ASCII stay bytes are settled first, then its sequences
   // checked; otherwise bytes from 80 on are treated like the others.
-  ByteClasses c = region_classes(rr.rows, rr.final, fol, true);
+  ByteClasses c;
+  std::array<uint8_t, 256> stays = settle_stays(rr.rows, rr.final.size(), true, &c.kept);
   if (region_keeps_utf8(rr, c.kept)) {
     c.utf8 = {0xFFFF0000ull, 0};
   } else {
-    c = region_classes(rr.rows, rr.final, fol, false);
+    stays = settle_stays(rr.rows, rr.final.size(), false, &c.kept);
   }
+  group_classes(rr.rows, rr.final, fol, stays, &c);
   // Nothing stays and nothing is dead everywhere: every token would be walked.
   if (c.stay == Groups{} && c.utf8 == Groups{} && c.dead == Groups{}) return nullptr;
   const unsigned utf8_bit = first == 1 ? 1u : 0u;  // utf8_from: well-formed from byte `first`
