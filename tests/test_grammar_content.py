@@ -97,23 +97,28 @@ def test_content_masks_exact(tokenizer: str, stride: int, case: int) -> None:
         assert taken > 0
 
 
-def test_first_visit_of_a_bounded_string_walks_a_few_tokens() -> None:
-    """The first position of a `maxLength` string inside an object costs a walk of the
-    non-content tokens, not of the vocabulary (no full walk at that step)."""
+def _mask_after(schema: Any, prefix: str) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """The DeepSeek-V4 mask after `prefix` on a fresh cache, and the native profile of that fill."""
     info = fresh_tokenizer_info("deepseek")
-    schema = CASES[0][1]
     compiled = GrammarCompiler(info, cache_enabled=False).compile(
         Grammar.from_json_schema(schema, whitespace="compact")
     )
     m = GrammarMatcher(compiled)
-    assert m.accept_string('{"name":"')
+    assert m.accept_string(prefix)
     _native.grammar_profile(True)
     _native.grammar_profile()
     try:
         bits = mask_bits(m, info.vocab_size)
-        prof = _native.grammar_profile()
+        prof: dict[str, tuple[int, int]] = _native.grammar_profile()
     finally:
         _native.grammar_profile(False)
+    return bits, prof
+
+
+def test_first_visit_of_a_bounded_string_walks_a_few_tokens() -> None:
+    """The first position of a `maxLength` string inside an object costs a walk of the
+    non-content tokens, not of the vocabulary (no full walk at that step)."""
+    bits, prof = _mask_after(CASES[0][1], '{"name":"')
     assert prof.get("content", (0, 0))[1] == 1, prof
     assert "full_plain" not in prof and "full_calls" not in prof, prof
     # Content tokens are in, the closing quote's continuation decides the rest.
@@ -125,20 +130,7 @@ def test_last_positions_of_a_bounded_string_take_the_tokens_that_fit() -> None:
     """Within 16 characters of a `maxLength` bound, the content tokens that still fit are taken
     whole, the longer ones are out, and only the other tokens are walked: no twin walk of the
     longer tokens, no full walk."""
-    info = fresh_tokenizer_info("deepseek")
-    schema = CASES[4][1]
-    compiled = GrammarCompiler(info, cache_enabled=False).compile(
-        Grammar.from_json_schema(schema, whitespace="compact")
-    )
-    m = GrammarMatcher(compiled)
-    assert m.accept_string('{"name":"' + "a" * 14)  # 6 characters left
-    _native.grammar_profile(True)
-    _native.grammar_profile()
-    try:
-        bits = mask_bits(m, info.vocab_size)
-        prof = _native.grammar_profile()
-    finally:
-        _native.grammar_profile(False)
+    bits, prof = _mask_after(CASES[4][1], '{"name":"' + "a" * 14)  # 6 characters left
     assert prof.get("content", (0, 0))[1] == 1, prof
     assert "twin" not in prof and "full_plain" not in prof and "full_calls" not in prof, prof
     tok = hf_tokenizer("deepseek")

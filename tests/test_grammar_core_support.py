@@ -7,6 +7,7 @@ work), using separate rules for strings and numbers the way a schema front end w
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from agent_infer.grammar.bitmask import allocate_token_bitmask
+from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
 from agent_infer.grammar.ir import (
     CharClass,
     Expr,
@@ -263,3 +265,34 @@ def assert_mask_exact(m: GrammarMatcher, pos: int) -> None:
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
     for t in range(info.vocab_size):
         assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+
+
+def decode_char_by_char_exact(compiled: CompiledGrammar, tokenizer: str, doc: object, stride: int) -> None:
+    """Decodes ``doc``'s compact JSON one token per character (so the matcher meets every state of
+    each string's loop), checking the whole mask against forks at every ``stride``-th position
+    (offset 1) and filling it at the others, since first visits happen in decoding order either
+    way; the document must then be complete."""
+    info = compiled.tokenizer_info
+    tok = hf_tokenizer(tokenizer)
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
+    m = GrammarMatcher(compiled)
+    checked = 0
+    for pos, tid in enumerate(ids):
+        if pos % stride == 1:
+            assert_mask_exact(m, pos)
+            checked += 1
+        else:
+            mask_bits(m, info.vocab_size)
+        assert m.accept_token(tid), pos
+    assert m.can_terminate()
+    assert checked >= 2
+
+
+def compile_schema_fresh(tokenizer: str, schema: object) -> CompiledGrammar:
+    """``schema`` (compact whitespace) compiled on a fresh tokenizer cache, the compiler's own
+    cache off: every first visit happens in the test."""
+    info = fresh_tokenizer_info(tokenizer)
+    return GrammarCompiler(info, cache_enabled=False).compile(
+        Grammar.from_json_schema(schema, whitespace="compact")
+    )

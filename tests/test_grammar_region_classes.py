@@ -10,15 +10,10 @@ exit runs, in walk order) at both depths, and masks must agree with ``accept_tok
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from test_grammar_core_support import assert_mask_exact, fresh_tokenizer_info, hf_tokenizer, mask_bits
-
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from test_grammar_core_support import compile_schema_fresh, decode_char_by_char_exact
 
 CASES: list[tuple[Any, Any]] = [
     ({"type": "string", "pattern": "^[a-z]+$"}, "lowercase"),
@@ -48,17 +43,10 @@ CASES: list[tuple[Any, Any]] = [
 ALTERNATING = 3
 
 
-def _compile(tokenizer: str, schema: Any) -> Any:
-    info = fresh_tokenizer_info(tokenizer)
-    return info, GrammarCompiler(info, cache_enabled=False).compile(
-        Grammar.from_json_schema(schema, whitespace="compact")
-    )
-
-
 @pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_region_classes_walk_equals_the_full_region_walk(tokenizer: str, case: int) -> None:
-    _, compiled = _compile(tokenizer, CASES[case][0])
+    compiled = compile_schema_fresh(tokenizer, CASES[case][0])
     native = compiled._native
     for first in (0, 1):
         verdicts = [native.region_classes_matches_walk(s, first) for s in range(native.num_states)]
@@ -70,7 +58,7 @@ def test_region_classes_walk_equals_the_full_region_walk(tokenizer: str, case: i
 
 
 def test_region_classes_hook_checks_its_arguments() -> None:
-    _, compiled = _compile("smollm2", CASES[0][0])
+    compiled = compile_schema_fresh("smollm2", CASES[0][0])
     with pytest.raises(ValueError, match="first must be 0 or 1"):
         compiled._native.region_classes_matches_walk(0, 2)
     with pytest.raises(IndexError, match="outside the grammar"):
@@ -81,19 +69,5 @@ def test_region_classes_hook_checks_its_arguments() -> None:
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_region_classes_masks_exact(tokenizer: str, stride: int, case: int) -> None:
     schema, doc = CASES[case]
-    info, compiled = _compile(tokenizer, schema)
-    tok = hf_tokenizer(tokenizer)
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    # One token per character: the matcher meets every state of the loop.
-    ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
-    m = GrammarMatcher(compiled)
-    checked = 0
-    for pos, tid in enumerate(ids):
-        if pos % stride == 1:
-            assert_mask_exact(m, pos)
-            checked += 1
-        else:
-            mask_bits(m, info.vocab_size)
-        assert m.accept_token(tid), pos
-    assert m.can_terminate()
-    assert checked >= 2
+    compiled = compile_schema_fresh(tokenizer, schema)
+    decode_char_by_char_exact(compiled, tokenizer, doc, stride)

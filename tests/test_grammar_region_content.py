@@ -10,15 +10,10 @@ uncertain positions, exit runs), and the masks must agree with ``accept_token`` 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from test_grammar_core_support import assert_mask_exact, fresh_tokenizer_info, hf_tokenizer, mask_bits
-
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from test_grammar_core_support import compile_schema_fresh, decode_char_by_char_exact
 
 # Patterns are unanchored unless they say so: most lower to a `.*` loop around a literal.
 CASES: list[tuple[Any, Any]] = [
@@ -40,17 +35,10 @@ CASES: list[tuple[Any, Any]] = [
 ]
 
 
-def _compile(tokenizer: str, schema: Any) -> Any:
-    info = fresh_tokenizer_info(tokenizer)
-    return info, GrammarCompiler(info, cache_enabled=False).compile(
-        Grammar.from_json_schema(schema, whitespace="compact")
-    )
-
-
 @pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_region_content_walk_equals_the_full_region_walk(tokenizer: str, case: int) -> None:
-    _, compiled = _compile(tokenizer, CASES[case][0])
+    compiled = compile_schema_fresh(tokenizer, CASES[case][0])
     native = compiled._native
     # Depth 1: the region entered with each token's first byte taken as read (first-byte pieces).
     for first in (0, 1):
@@ -63,19 +51,5 @@ def test_region_content_walk_equals_the_full_region_walk(tokenizer: str, case: i
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_region_content_masks_exact(tokenizer: str, stride: int, case: int) -> None:
     schema, doc = CASES[case]
-    info, compiled = _compile(tokenizer, schema)
-    tok = hf_tokenizer(tokenizer)
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    # One token per character: the matcher meets every state of the string's loop.
-    ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
-    m = GrammarMatcher(compiled)
-    checked = 0
-    for pos, tid in enumerate(ids):
-        if pos % stride == 1:
-            assert_mask_exact(m, pos)
-            checked += 1
-        else:
-            mask_bits(m, info.vocab_size)  # the first visits happen in decoding order either way
-        assert m.accept_token(tid), pos
-    assert m.can_terminate()
-    assert checked >= 2
+    compiled = compile_schema_fresh(tokenizer, schema)
+    decode_char_by_char_exact(compiled, tokenizer, doc, stride)
