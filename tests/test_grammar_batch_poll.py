@@ -76,3 +76,26 @@ def test_bad_spin_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "-3")
     with pytest.raises(ConfigError, match="AGENT_INFER_GRAMMAR_SPIN_US"):
         fill_next_token_bitmask_batch(matchers, bitmask)
+
+
+def test_cached_rows_keep_their_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller claims rows from the front and pool threads from the back: a row's bitmask
+    # lines stay in the cache of the core that wrote them the step before.
+    monkeypatch.delenv("AGENT_INFER_GRAMMAR_SPIN_US", raising=False)
+    matchers = _matchers()
+    _fill_back_to_back(matchers, 5)  # every state's mask is cached: no row is claimed first
+    native = load_native()
+    shared = 0
+    for _ in range(3):
+        native.grammar_batch_trace(True)
+        _fill_back_to_back(matchers, 40)
+        events = native.grammar_batch_trace(False)
+        batches = [e for e in events if e[0] == "b" and e[1] == len(matchers)]
+        rows = [e for e in events if e[0] == "r"]
+        for b in batches:
+            mine = [e[1] for e in rows if b[3] <= e[3] <= b[4] and e[2] == b[2]]
+            theirs = [e[1] for e in rows if b[3] <= e[3] <= b[4] and e[2] != b[2]]
+            if mine and theirs:
+                shared += 1
+                assert max(mine) < min(theirs), (sorted(mine), sorted(theirs))
+    assert shared > 0, "no batch was shared with a pool thread"

@@ -665,7 +665,9 @@ class Matcher {
   bool accept_token(int32_t id);
   bool accept_bytes(const std::string& bytes);
   // Writes `words` int32 words of the next-token mask; returns true unless every token is allowed.
-  bool fill_mask(int32_t* row, int64_t words);
+  // `pending` is pending_visits() when the caller has it at hand (a batch fill), else kUnknown.
+  static constexpr uint32_t kUnknown = 0xFFFFFFFFu;
+  bool fill_mask(int32_t* row, int64_t words, uint32_t pending = kUnknown);
   // A rough cost class of the next fill_mask: the scanning states of the current set whose masks
   // are not computed yet (each a first visit: up to milliseconds), dense ones weighing more.
   uint32_t pending_visits() const;
@@ -702,7 +704,7 @@ class Matcher {
 
   // Inside a batch fill: the masks of the current set's states met for the first time, computed
   // on the batch's threads (grammar_pool.h parallel_for), when there are several.
-  void first_visits_in_parallel();
+  void first_visits_in_parallel(uint32_t pending);
 
   std::shared_ptr<const CompiledGrammar> g_;
   bool terminate_without_eos_;

@@ -308,8 +308,9 @@ uint32_t Matcher::pending_visits() const {
   return cost;
 }
 
-void Matcher::first_visits_in_parallel() {
-  if (batch_team_threads() < 2) return;
+void Matcher::first_visits_in_parallel(uint32_t pending) {
+  // Fewer than two pending states (cost 0 or 1) leave nothing to spread: most rows of a step.
+  if (pending < 2 || batch_team_threads() < 2) return;
   const CompiledGrammar& g = *g_;
   std::vector<int32_t> todo;
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
@@ -328,7 +329,7 @@ void Matcher::first_visits_in_parallel() {
   });
 }
 
-bool Matcher::fill_mask(int32_t* row, int64_t words) {
+bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   const CompiledGrammar& g = *g_;
   const TokenizerInfo& t = *g.tok;
   uint32_t* mask = reinterpret_cast<uint32_t*>(row);
@@ -338,7 +339,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words) {
   }
   // A row meeting several states for the first time (dozens, in a set that opens many
   // alternatives) computes their masks on the threads of its batch fill.
-  first_visits_in_parallel();
+  first_visits_in_parallel(pending);
   const int64_t vw = std::min<int64_t>(words, t.words);
   // The row is written once: the first dense set is copied into it rather than ORed into a
   // zeroed row (one pass over the row fewer; a cached step is bound by these passes).

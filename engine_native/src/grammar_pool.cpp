@@ -159,8 +159,9 @@ std::atomic<uint64_t> g_split_walks{0}, g_helper_joins{0}, g_helper_rows{0}, g_p
 // (on a loaded machine a wake-up can take longer than the whole batch).
 struct Batch {
   Batch(Matcher* const* m, const int64_t* r, size_t count, int32_t* d, int64_t w, uint8_t* res, size_t t,
-        const uint32_t* o)
-      : matchers(m), rows(r), n(count), data(d), words(w), results(res), threads(t), order(o) {}
+        const uint32_t* o, size_t costly, const uint32_t* p)
+      : matchers(m), rows(r), n(count), data(d), words(w), results(res), threads(t), order(o), costly(costly),
+        pending(p), ends(static_cast<uint64_t>(count)) {}
   Matcher* const* matchers;
   const int64_t* rows;
   size_t n;
@@ -169,23 +170,44 @@ struct Batch {
   uint8_t* results;
   size_t threads;  // the caller included
   const uint32_t* order;  // rows in claiming order (null: 0..n-1)
+  const size_t costly;    // leading rows of `order` with first visits pending
+  const uint32_t* pending;  // each row's pending_visits() (null: not computed)
   size_t joined = 0;  // pool threads that joined (pool mutex)
   std::atomic<size_t> active{0};  // joined pool threads still filling rows (changed under the pool mutex)
-  std::atomic<size_t> next{0};
+  // The unclaimed rows [front, back) of the claiming order, as front << 32 | back. The caller
+  // claims from the front and pool threads from the back (costly rows from the front, by every
+  // thread): a row stays on the core that filled it the step before (its bitmask row, matcher
+  // and masks in that core's cache), since only the few rows at the meeting point change sides.
+  std::atomic<uint64_t> ends;
   std::mutex err_mu;
   std::exception_ptr error;
 
-  bool wants_helper() const { return joined + 1 < threads && next.load(std::memory_order_relaxed) < n; }
+  bool rows_left() const {
+    const uint64_t e = ends.load(std::memory_order_relaxed);
+    return (e >> 32) < (e & 0xFFFFFFFFu);
+  }
+  bool wants_helper() const { return joined + 1 < threads && rows_left(); }
+  // The next row in claiming order for this thread, or n when none is left.
+  size_t claim(bool from_back) {
+    uint64_t e = ends.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t f = e >> 32, b = e & 0xFFFFFFFFu;
+      if (f >= b) return n;
+      const bool back = from_back && f >= costly;
+      const uint64_t next = back ? (f << 32) | (b - 1) : ((f + 1) << 32) | b;
+      if (ends.compare_exchange_weak(e, next, std::memory_order_relaxed)) return static_cast<size_t>(back ? b - 1 : f);
+    }
+  }
   // Returns the number of rows this thread filled.
-  size_t fill_rows() {
+  size_t fill_rows(bool from_back) {
     const Batch* prev = t_batch;
     t_batch = this;
     size_t filled = 0;
-    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n; ++filled) {
+    for (size_t k; (k = claim(from_back)) < n; ++filled) {
       const size_t i = order ? order[k] : k;
       try {
         TraceScope trace('r', i);
-        results[i] = matchers[i]->fill_mask(data + rows[i] * words, words) ? 1 : 0;
+        results[i] = matchers[i]->fill_mask(data + rows[i] * words, words, pending ? pending[i] : Matcher::kUnknown) ? 1 : 0;
       } catch (...) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (!error) error = std::current_exception();
@@ -230,7 +252,7 @@ class Pool {
       }
       for (size_t k = 1; k < b.threads; ++k) work_cv_.notify_one();
     }
-    b.fill_rows();
+    b.fill_rows(false);
     if (!helpers) {
       finish_jobs(b);
       return;
@@ -351,7 +373,7 @@ class Pool {
       lock.unlock();
       g_helper_joins.fetch_add(1, std::memory_order_relaxed);
       if (polled) g_polled_joins.fetch_add(1, std::memory_order_relaxed);
-      g_helper_rows.fetch_add(b->fill_rows(), std::memory_order_relaxed);
+      g_helper_rows.fetch_add(b->fill_rows(true), std::memory_order_relaxed);
       lock.lock();
       polled = false;
       if (b->active.fetch_sub(1, std::memory_order_acq_rel) == 1) done_cv_.notify_all();
@@ -438,16 +460,20 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
   // Rows about to meet states for the first time go first: such a row may run for milliseconds,
   // partly on one thread only, and the other threads fill the cheap rows meanwhile instead of
   // waiting for it at the end of the step (longest-first scheduling).
-  std::vector<uint32_t> order;
+  std::vector<uint32_t> order, pending;
+  size_t costly = 0;
   if (team > 1 && n > 1) {
     std::vector<std::pair<uint32_t, uint32_t>> cost;  // (pending first visits, row), costly rows only
+    pending.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      if (const uint32_t c = matchers[i]->pending_visits()) cost.emplace_back(c, static_cast<uint32_t>(i));
+      pending[i] = matchers[i]->pending_visits();
+      if (pending[i]) cost.emplace_back(pending[i], static_cast<uint32_t>(i));
     }
     if (!cost.empty()) {
       std::stable_sort(cost.begin(), cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       order.reserve(n);
       for (const auto& c : cost) order.push_back(c.second);
+      costly = cost.size();
       std::vector<uint8_t> listed(n, 0);
       for (const auto& c : cost) listed[c.second] = 1;
       for (size_t i = 0; i < n; ++i) {
@@ -455,7 +481,8 @@ void fill_batch(Matcher* const* matchers, const int64_t* rows, size_t n, int32_t
       }
     }
   }
-  Batch batch(matchers, rows, n, data, words, results, team, order.empty() ? nullptr : order.data());
+  Batch batch(matchers, rows, n, data, words, results, team, order.empty() ? nullptr : order.data(), costly,
+              pending.empty() ? nullptr : pending.data());
   {
     TraceScope trace('b', n);
     p.run(batch);
