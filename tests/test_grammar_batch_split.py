@@ -76,6 +76,19 @@ SCHEMAS: list[tuple[dict[str, Any], Any]] = [
         },
         {"repo": "see https://github.com/agent/infer for the code", "site": "at http://example.org/x"},
     ),
+    # Alternatives anchored at opposite ends (`allow` then anything, or anything then `deny`) and
+    # a chain of word classes: a state's first bytes lead into several loop regions, whose
+    # depth-1 walks the batch's threads take one each.
+    (
+        {
+            "type": "object",
+            "properties": {
+                "effect": {"type": "string", "pattern": "^allow|deny$"},
+                "resource": {"type": "string", "pattern": "^brn:(\\w+):(\\w*):(\\*|[\\w\\-]*\\*?)$"},
+            },
+        },
+        {"effect": "allowed, then denied later: deny", "resource": "brn:aws:uswest2:queue-42*"},
+    ),
 ]
 
 

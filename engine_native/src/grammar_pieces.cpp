@@ -266,44 +266,60 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   // or pushdown): ranges carry their own start states, and one walk instead of one per target
   // saves its fixed costs (a key state sends each property name's first letter elsewhere).
   std::vector<uint32_t> scratch(static_cast<size_t>(tk.words));
-  auto split = [&](const std::vector<int>& bytes, const StateMask& walked) {
-    std::fill(scratch.begin(), scratch.end(), 0u);
-    seed_bits(&walked, scratch);
+  auto split = [&](const std::vector<int>& bytes, const StateMask& walked, std::vector<uint32_t>& seen) {
+    std::fill(seen.begin(), seen.end(), 0u);
+    seed_bits(&walked, seen);
     // Pieces are independent: a batch fill's threads build them together.
     parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
       for (size_t k = k0; k < k1; ++k) {
         const int b = bytes[k];
-        auto p = run_piece(tk, scratch, walked, run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], false);
+        auto p = run_piece(tk, seen, walked, run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], false);
         piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
       }
     });
   };
+  std::vector<std::pair<int32_t, const std::vector<int>*>> todo;
+  for (const auto& kv : missing) todo.emplace_back(kv.first, &kv.second);
+  std::vector<uint8_t> outside(todo.size(), 0);  // targets outside loop regions
+  // Targets inside loop regions are independent (each walks its region and its bytes' exits and
+  // caches its own pieces): a batch fill's threads take them one each. A state that sends its
+  // bytes to a dozen regions (a search pattern's partial matches) walked them one after another
+  // on one thread, for milliseconds, while the batch's other threads waited.
+  parallel_for(todo.size(), 1, [&](size_t k0, size_t k1) {
+    std::vector<uint32_t> seen;
+    for (size_t k = k0; k < k1; ++k) {
+      const int32_t t = todo[k].first;
+      const std::vector<int>& bytes = *todo[k].second;
+      std::vector<int32_t> exit_states;
+      std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states, bytes);
+      if (!region) {
+        outside[k] = 1;
+        continue;
+      }
+      // The region's shared depth-1 walk, plus the exit runs of these bytes walked from their
+      // exit states (the split below reads only these runs).
+      std::vector<WalkRange> ranges;
+      for (const RegionExit& e : region->exits) {
+        const uint8_t b0 = static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(e.begin)]]);
+        if (std::find(bytes.begin(), bytes.end(), static_cast<int>(b0)) == bytes.end()) continue;
+        ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
+                          exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
+      }
+      std::shared_ptr<const StateMask> walked;
+      {
+        profile::Scope scope(profile::kPiecesWalk);
+        walked = piece_calls(t) ? compute_mask_with_calls(ranges, region.get()) : nullptr;
+        if (!walked) walked = compute_mask(ranges, region.get());
+      }
+      seen.resize(static_cast<size_t>(tk.words));
+      split(bytes, *walked, seen);
+    }
+  });
   std::vector<int> shared_bytes[2];  // [calls]: bytes of targets outside loop regions
-  for (const auto& kv : missing) {
-    const int32_t t = kv.first;
-    std::vector<int32_t> exit_states;
-    std::shared_ptr<const StateMask> region = region_at_depth1(t, &exit_states, kv.second);
-    if (!region) {
-      auto& into = shared_bytes[piece_calls(t) ? 1 : 0];
-      into.insert(into.end(), kv.second.begin(), kv.second.end());
-      continue;
-    }
-    // A target inside a loop region: the region's shared depth-1 walk, plus the exit runs of
-    // these bytes walked from their exit states (the split below reads only these runs).
-    std::vector<WalkRange> ranges;
-    for (const RegionExit& e : region->exits) {
-      const uint8_t b0 = static_cast<uint8_t>(tk.sorted_data[tk.sorted_off[static_cast<size_t>(e.begin)]]);
-      if (std::find(kv.second.begin(), kv.second.end(), static_cast<int>(b0)) == kv.second.end()) continue;
-      ranges.push_back({static_cast<size_t>(e.begin), static_cast<size_t>(e.end), static_cast<size_t>(e.depth),
-                        exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
-    }
-    std::shared_ptr<const StateMask> walked;
-    {
-      profile::Scope scope(profile::kPiecesWalk);
-      walked = piece_calls(t) ? compute_mask_with_calls(ranges, region.get()) : nullptr;
-      if (!walked) walked = compute_mask(ranges, region.get());
-    }
-    split(kv.second, *walked);
+  for (size_t k = 0; k < todo.size(); ++k) {
+    if (!outside[k]) continue;
+    auto& into = shared_bytes[piece_calls(todo[k].first) ? 1 : 0];
+    into.insert(into.end(), todo[k].second->begin(), todo[k].second->end());
   }
   for (int calls = 0; calls < 2; ++calls) {
     std::vector<int>& bytes = shared_bytes[calls];
@@ -319,7 +335,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       walked = calls ? compute_mask_with_calls(ranges, nullptr) : nullptr;
       if (!walked) walked = compute_mask(ranges, nullptr);
     }
-    split(bytes, *walked);
+    split(bytes, *walked, scratch);
   }
 
   auto out = std::make_shared<StateMask>();

@@ -283,27 +283,37 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
     });
     return whole;
   }
-  for (const auto& kv : missing) {
-    const int32_t t = kv.first;
-    const Target& x = targets[t];
-    std::vector<std::pair<size_t, size_t>> runs;
-    for (int b : kv.second) runs.emplace_back(run_begin(b), run_end(b));
-    std::shared_ptr<const StateMask> walked;
-    {
-      profile::Scope scope(profile::kRegionWalk);
-      walked = walk_region_depth1(t, x.exits, runs);
-    }
-    std::fill(scratch.begin(), scratch.end(), 0u);
-    seed_bits(walked.get(), scratch);
-    const std::vector<int>& bytes = kv.second;
-    parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
-      for (size_t k = k0; k < k1; ++k) {
-        const int b = bytes[k];
-        auto p = run_piece(tk, scratch, *walked, run_begin(b), run_end(b), true);
-        piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
-      }
-    });
+  // The targets' walks are independent (each caches the pieces of its own bytes): a batch fill's
+  // threads take them one each. A search pattern's state after a partial match sends its bytes to
+  // a dozen targets, walked one after another on one thread for milliseconds before.
+  std::vector<int32_t> walk_order;
+  for (int32_t t : order) {
+    if (missing.count(t)) walk_order.push_back(t);
   }
+  parallel_for(walk_order.size(), 1, [&](size_t i0, size_t i1) {
+    std::vector<uint32_t> seen(static_cast<size_t>(tk.words));
+    for (size_t i = i0; i < i1; ++i) {
+      const int32_t t = walk_order[i];
+      const Target& x = targets.at(t);
+      const std::vector<int>& bytes = missing.at(t);
+      std::vector<std::pair<size_t, size_t>> runs;
+      for (int b : bytes) runs.emplace_back(run_begin(b), run_end(b));
+      std::shared_ptr<const StateMask> walked;
+      {
+        profile::Scope scope(profile::kRegionWalk);
+        walked = walk_region_depth1(t, x.exits, runs);
+      }
+      std::fill(seen.begin(), seen.end(), 0u);
+      seed_bits(walked.get(), seen);
+      parallel_for(bytes.size(), kPieceGrain, [&](size_t k0, size_t k1) {
+        for (size_t k = k0; k < k1; ++k) {
+          const int b = bytes[k];
+          auto p = run_piece(tk, seen, *walked, run_begin(b), run_end(b), true);
+          piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
+        }
+      });
+    }
+  });
 
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
