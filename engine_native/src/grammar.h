@@ -786,5 +786,12 @@ size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& row
                          std::vector<int32_t>& stack, std::vector<uint8_t>& flag, std::vector<uint32_t>& bits,
                          StateMask& out);
 
+// The results of a walk's parts (in walk order, accepted tokens as bitsets or ids, uncounted) put
+// together as the unsplit walk builds its own, with `base`'s accepted and uncertain tokens
+// (may be null) merged in (grammar_split.cpp).
+std::shared_ptr<const StateMask> assemble_parts(const TokenizerInfo& tk,
+                                                const std::vector<std::shared_ptr<const StateMask>>& done,
+                                                const StateMask* base);
+
 }  // namespace grammar
 }  // namespace agent_infer

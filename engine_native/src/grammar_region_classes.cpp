@@ -18,8 +18,10 @@
 // run's tokens may be split between a block and tokens decided dead, but a dying run without an
 // escape records nothing.
 #include <algorithm>
+#include <atomic>
 
 #include "grammar.h"
+#include "grammar_pool.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -147,15 +149,6 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
   if (c.stay == Groups{} && c.utf8 == Groups{} && c.dead == Groups{}) return nullptr;
   const unsigned utf8_bit = first == 1 ? 1u : 0u;  // utf8_from: well-formed from byte `first`
   const size_t budget = t.sorted.size() / 4;
-  size_t n_walked = 0, n_accepted = 0;
-  auto out = std::make_shared<StateMask>();
-  std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
-  std::vector<int32_t> stack(t.max_token_len + 1);
-  std::vector<uint8_t> flag(t.max_token_len + 1, 0);
-  auto walk = [&](size_t lo, size_t hi, bool counted = true) {
-    n_walked += counted ? hi - lo : 0;
-    n_accepted += walk_region_range(t, rr.rows, rr.final, fol, lo, hi, false, first, stack, flag, bits, *out);
-  };
   // Whether token i is accepted by class, and whether it is undecided (else it dies unrecorded).
   // Bitwise, not short-circuit: a branch on acceptance would be mispredicted half the time.
   auto classify = [&](size_t i, uint32_t* accepted) {
@@ -168,28 +161,44 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     *accepted = outside == 0 ? 1u : 0u;
     return (outside != 0) & ((leaving != 0) | (dying == 0));
   };
+  // One walker per part of the ranges (the whole of them outside batch fills).
+  struct Walker {
+    std::vector<uint32_t> bits;
+    std::vector<int32_t> stack;
+    std::vector<uint8_t> flag;
+    StateMask out;
+    size_t n_walked = 0, n_accepted = 0;
+  };
+  auto make_walker = [&](Walker& w) {
+    w.bits.assign(static_cast<size_t>(t.words), 0);
+    w.stack.resize(t.max_token_len + 1);
+    w.flag.assign(t.max_token_len + 1, 0);
+  };
+  auto walk = [&](Walker& w, size_t lo, size_t hi, bool counted) {
+    w.n_walked += counted ? hi - lo : 0;
+    w.n_accepted += walk_region_range(t, rr.rows, rr.final, fol, lo, hi, false, first, w.stack, w.flag, w.bits, w.out);
+  };
   // Decides the tokens of [lo, hi), whose bytes from 1 on run from a kept row (or, at depth 0,
-  // from a UTF-8 lead byte's row); walks the undecided ones. False once over budget. Accepting is
-  // branch-free; only the rare undecided token (a block to walk) branches.
-  auto decide = [&](size_t lo, size_t hi) {
+  // from a UTF-8 lead byte's row); walks the undecided ones. Accepting is branch-free; only the
+  // rare undecided token (a block to walk) branches.
+  auto decide = [&](Walker& w, size_t lo, size_t hi) {
     size_t block = hi;  // the start of the undecided block being gathered, if any
     for (size_t i = lo; i < hi; ++i) {
       uint32_t accepted = 0;
       const bool open = classify(i, &accepted);
       const int32_t id = t.sorted[i];
-      bits[static_cast<size_t>(id) >> 5] |= accepted << (id & 31);
-      n_accepted += accepted;
+      w.bits[static_cast<size_t>(id) >> 5] |= accepted << (id & 31);
+      w.n_accepted += accepted;
       if (open != (block != hi)) {  // an undecided block starts or ends here
         if (open) {
           block = i;
         } else {
-          walk(block, i);
+          walk(w, block, i, true);
           block = hi;
         }
       }
     }
-    if (block < hi) walk(block, hi);
-    return n_walked <= budget;
+    if (block < hi) walk(w, block, hi, true);
   };
   // The ranges decided by class (0), and those walked whole (1; 2: outside the budget): at depth
   // 0 the first byte is read in row 0, where its whole run dies (nothing escapes before a byte is
@@ -245,14 +254,66 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     if (sampled > 0) walked += decided * open / sampled;
     if (walked > budget) return nullptr;
   }
-  for (size_t k = 0; k < ranges.size(); ++k) {
-    if (whole[k]) {
-      walk(ranges[k].first, ranges[k].second, whole[k] == 1);
-    } else if (!decide(ranges[k].first, ranges[k].second)) {
-      return nullptr;
+  // Tokens walked per range. The walk declines once the tokens walked up to the end of a decided
+  // range exceed the budget: a part stops when its own count does (a lower bound of the whole
+  // walk's), and the parts' counts are checked in walk order afterwards.
+  std::vector<size_t> walked(ranges.size(), 0);
+  auto run = [&](Walker& w, size_t k0, size_t k1) {
+    for (size_t k = k0; k < k1; ++k) {
+      const size_t before = w.n_walked;
+      if (whole[k]) {
+        walk(w, ranges[k].first, ranges[k].second, whole[k] == 1);
+      } else {
+        decide(w, ranges[k].first, ranges[k].second);
+      }
+      walked[k] = w.n_walked - before;
+      if (!whole[k] && w.n_walked > budget) return false;
     }
+    return true;
+  };
+  auto over_budget = [&] {
+    size_t sum = 0;
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      sum += walked[k];
+      if (!whole[k] && sum > budget) return true;
+    }
+    return false;
+  };
+  // Inside a batch fill a large walk is cut at its ranges (runs of one first byte at depth 0:
+  // no record of the walk spans two) into parts for the batch's threads, put together in order
+  // as split walks are (grammar_split.cpp). Outside one, or when small, it runs here.
+  size_t total = 0;
+  for (const auto& r : ranges) total += r.second - r.first;
+  const size_t threads = batch_team_threads();
+  if (threads >= 2 && ranges.size() >= 2 && total >= split_min_tokens()) {
+    const size_t n_parts = std::min(ranges.size(), 4 * threads);
+    std::vector<size_t> cut{0};
+    size_t acc = 0;
+    for (size_t k = 0; k + 1 < ranges.size(); ++k) {
+      acc += ranges[k].second - ranges[k].first;
+      if (cut.size() < n_parts && acc * n_parts >= total * cut.size()) cut.push_back(k + 1);
+    }
+    cut.push_back(ranges.size());
+    std::vector<std::shared_ptr<const StateMask>> done(cut.size() - 1);
+    std::atomic<bool> declined{false};
+    count_split();
+    run_parts(done.size(), [&](size_t i) {
+      if (declined.load(std::memory_order_relaxed)) return;
+      Walker w;
+      make_walker(w);
+      if (!run(w, cut[i], cut[i + 1])) declined.store(true, std::memory_order_relaxed);
+      auto part = std::make_shared<StateMask>(std::move(w.out));
+      part->accepted_bits = std::move(w.bits);
+      done[i] = std::move(part);
+    });
+    if (declined.load() || over_budget()) return nullptr;
+    return assemble_parts(t, done, nullptr);
   }
-  finish_mask(*out, std::move(bits), n_accepted);
+  Walker w;
+  make_walker(w);
+  if (!run(w, 0, ranges.size())) return nullptr;
+  auto out = std::make_shared<StateMask>(std::move(w.out));
+  finish_mask(*out, std::move(w.bits), w.n_accepted);
   out->exits.shrink_to_fit();
   out->uncertain.shrink_to_fit();
   return out;

@@ -152,9 +152,11 @@ bool same_mask(const StateMask* a, const StateMask* b) {
 // The parts' results put together as the unsplit walk builds its own: base's accepted tokens
 // plus every part's, the parts' uncertain positions and region exits in walk order, then base's
 // uncertain positions merged in.
-std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
-                                          const std::vector<std::shared_ptr<const StateMask>>& done,
-                                          const StateMask* base) {
+}  // namespace
+
+std::shared_ptr<const StateMask> assemble_parts(const TokenizerInfo& tk,
+                                                const std::vector<std::shared_ptr<const StateMask>>& done,
+                                                const StateMask* base) {
   auto mask = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
   seed_bits(base, bits);
@@ -181,8 +183,6 @@ std::shared_ptr<const StateMask> assemble(const TokenizerInfo& tk,
   return mask;
 }
 
-}  // namespace
-
 bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
                                  std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
@@ -205,7 +205,7 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
   });
   // A pushdown part that gives up makes the whole walk give up (the caller falls back to the
   // plain walk); the unsplit walk, which interns every part's configuration sets, would too.
-  *out = gave_up.load() ? nullptr : assemble(*tok, done, base);
+  *out = gave_up.load() ? nullptr : assemble_parts(*tok, done, base);
   return true;
 }
 
@@ -221,7 +221,7 @@ bool CompiledGrammar::split_region(int32_t s, const RegionRows& rr, std::shared_
     KeepBits keep;
     done[i] = compute_region_part(rr, s, r.begin, r.end, parts[i].resume);
   });
-  *out = assemble(*tok, done, nullptr);
+  *out = assemble_parts(*tok, done, nullptr);
   return true;
 }
 
@@ -254,7 +254,7 @@ bool CompiledGrammar::split_region_depth1(const RegionRows& rr, int32_t t,
     KeepBits keep;
     done[i] = walk_region_depth1_part(rr, t, ranges_as_runs(parts[i].ranges), parts[i].resume);
   });
-  *out = assemble(*tok, done, nullptr);
+  *out = assemble_parts(*tok, done, nullptr);
   return true;
 }
 
@@ -270,7 +270,7 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
       done.push_back(walk(p.ranges, p.resume));
       if (!done.back()) return whole == nullptr;  // a pushdown part gave up: so must the whole
     }
-    return same_mask(whole.get(), assemble(*tok, done, nullptr).get());
+    return same_mask(whole.get(), assemble_parts(*tok, done, nullptr).get());
   };
   auto plain = [&](const std::vector<WalkRange>& r, bool resume) { return compute_mask_part(r, nullptr, resume); };
   auto calls = [&](const std::vector<WalkRange>& r, bool resume) {
