@@ -279,9 +279,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
     }
     return false;
   };
-  // Inside a batch fill a large walk is cut at its ranges (runs of one first byte at depth 0:
-  // no record of the walk spans two) into parts for the batch's threads, put together in order
-  // as split walks are (grammar_split.cpp). Outside one, or when small, it runs here.
+  // Inside a batch fill a large walk is cut between its ranges (each range is walked on its own,
+  // so no record spans a cut; at depth 0 they are runs of one first byte) into parts for the
+  // batch's threads, put together in walk order as split walks are (grammar_split.cpp). Outside
+  // one, or when small, it runs here.
   size_t total = 0;
   for (const auto& r : ranges) total += r.second - r.first;
   const size_t threads = batch_team_threads();
