@@ -207,7 +207,8 @@ struct Batch {
       const size_t i = order ? order[k] : k;
       try {
         TraceScope trace('r', i);
-        results[i] = matchers[i]->fill_mask(data + rows[i] * words, words, pending ? pending[i] : Matcher::kUnknown) ? 1 : 0;
+        const uint32_t cost = pending ? pending[i] : Matcher::kUnknown;
+        results[i] = matchers[i]->fill_mask(data + rows[i] * words, words, cost) ? 1 : 0;
       } catch (...) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (!error) error = std::current_exception();

@@ -149,10 +149,11 @@ bool same_mask(const StateMask* a, const StateMask* b) {
          same_exits();
 }
 
+}  // namespace
+
 // The parts' results put together as the unsplit walk builds its own: base's accepted tokens
 // plus every part's, the parts' uncertain positions and region exits in walk order, then base's
 // uncertain positions merged in.
-}  // namespace
 
 std::shared_ptr<const StateMask> assemble_parts(const TokenizerInfo& tk,
                                                 const std::vector<std::shared_ptr<const StateMask>>& done,
