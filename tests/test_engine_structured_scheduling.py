@@ -116,8 +116,15 @@ def test_async_scheduling_on_and_off_identical(make_llm: Callable[..., Any], for
     assert on.engine.grammar.filler.overlap and not off.engine.grammar.filler.overlap
     a, b = _mixed_batch(on), _mixed_batch(off)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    for i in (0, 3):
-        assert a[i].finish_reason == "stop"
-        jsonschema.validate(json.loads(a[i].text), SCHEMA)
+    assert a[0].finish_reason == "stop"  # greedy: this prompt's answer is short
+    jsonschema.validate(json.loads(a[0].text), SCHEMA)
+    # Sampled at 0.9, the small model may spend its tokens on \uXXXX escapes inside "city" (up to
+    # 20 characters of six bytes each), so it may hit the token limit: then the text is a prefix.
+    if a[3].finish_reason == "stop":
+        jsonschema.validate(json.loads(a[3].text), SCHEMA)
+    else:
+        assert a[3].finish_reason == "length"
+        schema_language = ReferenceRecognizer(StructuredOutput.json_schema(SCHEMA).to_grammar())
+        assert schema_language.is_prefix(a[3].text) and not schema_language.accepts(a[3].text)
     recognizer = ReferenceRecognizer(StructuredOutput.ebnf(ARITHMETIC).to_grammar())
     assert recognizer.accepts(a[2].text) if a[2].finish_reason == "stop" else recognizer.is_prefix(a[2].text)

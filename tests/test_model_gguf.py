@@ -24,6 +24,9 @@ RELATIVE_TOLERANCE = 1e-3
 # mean KL(HF || ours) 0.005 nats per position, every argmax equal. Bounds with ~2x headroom.
 Q8_RELATIVE_TOLERANCE = 0.1
 Q8_MEAN_KL = 0.01
+# A greedy step may diverge from transformers only at a near tie: its top-two logit gap at most this
+# fraction of the logit scale (the per-logit q8 error is itself up to ~5%).
+Q8_TIE_MARGIN = 0.02
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
@@ -92,18 +95,27 @@ def test_config_from_metadata(ours: LoadedModel) -> None:
     assert c.eos_token_ids == (2,)  # <|im_end|> is both the file's EOS and ChatML's end of turn
 
 
-def test_logits_match_transformers(ours: LoadedModel, hf_model: torch.nn.Module) -> None:
-    ids = _prompt(ours)
-    runner = SequenceRunner(ours.model, num_blocks=8, block_size=16)
-    # all positions' logits, not only the last: run the prefill through the model directly
+def _all_logits(ours: LoadedModel, ids: list[int]) -> torch.Tensor:
+    """Our logits at every position of ``ids`` (one prefill through the model, not only the last row)."""
     n = len(ids)
-    table = list(range(7, 7 - (-(-n // 16)), -1))  # non-contiguous, descending blocks
+    blocks = -(-n // 16)
+    runner = SequenceRunner(ours.model, num_blocks=blocks + 1, block_size=16)
+    table = list(range(blocks, 0, -1))  # non-contiguous, descending blocks
     slots = torch.tensor([table[p // 16] * 16 + p % 16 for p in range(n)])
     meta = AttentionMetadata([0, n], [n], [table], slots, 16)
     hidden = ours.model(torch.tensor(ids), torch.arange(n), meta, runner.cache)
-    mine = ours.model.compute_logits(hidden)
+    return ours.model.compute_logits(hidden)
+
+
+def _hf_logits(hf_model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        ref = hf_model(torch.tensor([ids])).logits[0].float()
+        return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+def test_logits_match_transformers(ours: LoadedModel, hf_model: torch.nn.Module) -> None:
+    ids = _prompt(ours)
+    mine = _all_logits(ours, ids)
+    ref = _hf_logits(hf_model, ids)
     diff = (mine - ref).abs().max().item()
     scale = ref.abs().max().item()
     agree = (mine.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -129,7 +141,19 @@ def test_greedy_generation_matches_transformers(ours: LoadedModel, hf_model: tor
         out = hf_model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None)
     ref = out[0, len(ids) :].tolist()
     print("ours:", ours.tokenizer.decode(mine))
-    assert mine == ref
+    if not _q8(ours) or mine == ref:
+        assert mine == ref
+        return
+    # int8 activations move logits by up to ~5% of their scale, so greedy decoding may take the other
+    # side of a near tie. Accept that only where transformers itself, fed the same prefix, has its
+    # top two candidates (its pick and ours) within Q8_TIE_MARGIN of the logit scale.
+    k = next(i for i, (a, b) in enumerate(zip(mine, ref, strict=True)) if a != b)
+    row = _hf_logits(hf_model, ids + mine[:k])[-1]
+    margin = (row[ref[k]] - row[mine[k]]).item()
+    scale = row.abs().max().item()
+    print(f"first divergence at {k}: transformers' margin {margin:.3g} of scale {scale:.3g}")
+    assert row.argmax().item() == ref[k]
+    assert 0.0 <= margin <= Q8_TIE_MARGIN * scale
 
 
 def test_chunked_prefill_equals_full_prefill(ours: LoadedModel) -> None:
