@@ -113,8 +113,17 @@ def sample(llm: Any) -> list[Case]:
     return drawn
 
 
-@pytest.mark.parametrize("close_on_length", [False, True], ids=["plain", "closing"])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
+# Each run is ~2 minutes of CPU decoding here. The default run covers both temperatures and both
+# modes with two of the four pairs; the other two run with ``-m slow`` (``make test-all``).
+@pytest.mark.parametrize(
+    ("temperature", "close_on_length"),
+    [
+        pytest.param(0.0, False, id="0.0-plain"),
+        pytest.param(0.8, True, id="0.8-closing"),
+        pytest.param(0.0, True, id="0.0-closing", marks=pytest.mark.slow),
+        pytest.param(0.8, False, id="0.8-plain", marks=pytest.mark.slow),
+    ],
+)
 def test_maskbench_schemas_validate(
     llm: Any, sample: list[Case], temperature: float, close_on_length: bool
 ) -> None:
