@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from test_grammar_core_support import assert_bits_match_acceptance, hf_tokenizer, tokenizer_info
 
 from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
@@ -61,8 +61,7 @@ def _check_doc(compiled: object, ids: list[int], stride: int, offset: int) -> in
     for pos, tid in enumerate(ids):
         if pos % stride == offset:
             bits = _mask_bits(m, info.vocab_size)
-            for t in range(info.vocab_size):
-                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            assert_bits_match_acceptance(m, bits, pos)
             checked += 1
         assert m.accept_token(tid), pos
     assert m.can_terminate()
@@ -80,13 +79,8 @@ def test_bounded_string_masks_exact(tokenizer: str) -> None:
         text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         # One character per step: the matcher visits every position of the bounded strings.
         ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
-        # each checked position forks the matcher once per id; DeepSeek-V4's 129 280 ids make a
-        # sparser stride cover the same string positions over the two passes in half the time
-        stride = 3 if info.vocab_size < 100_000 else 6
-        assert _check_doc(compiled, ids, stride, 0) * stride > 60
-        assert (
-            _check_doc(compiled, ids, stride, stride // 2) * stride > 60
-        )  # a second pass, pieces now cached
+        assert _check_doc(compiled, ids, 3, 0) > 20
+        assert _check_doc(compiled, ids, 3, 1) > 20  # a second pass, pieces now cached
 
 
 @pytest.mark.parametrize("tokenizer", ["smollm2", "deepseek"])
@@ -131,8 +125,7 @@ def test_chunked_string_masks_exact(tokenizer: str) -> None:
     for pos, tid in enumerate(ids):
         if pos in window:
             bits = _mask_bits(m, info.vocab_size)
-            for t in range(info.vocab_size):
-                assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+            assert_bits_match_acceptance(m, bits, pos)
         assert m.accept_token(tid), pos
     assert m.can_terminate()
 
@@ -173,9 +166,8 @@ def test_bounded_strings_among_optional_members_masks_exact_with_the_walk(tokeni
         for doc in WALK_DOCS:
             text = json.dumps(doc, separators=(",", ":"))
             ids = [t for ch in text for t in tok.encode(ch, add_special_tokens=False).ids]
-            stride = 2 if info.vocab_size < 100_000 else 4  # as above: DeepSeek-V4 checks sparser
-            assert _check_doc(compiled, ids, stride, 0) * stride > 40
-            assert _check_doc(compiled, ids, stride, stride // 2) * stride > 40
+            assert _check_doc(compiled, ids, 2, 0) > 20
+            assert _check_doc(compiled, ids, 2, 1) > 20
         profile = native.grammar_profile()
     finally:
         native.grammar_profile(False)

@@ -263,8 +263,35 @@ def assert_mask_exact(m: GrammarMatcher, pos: int) -> None:
     m.fill_next_token_bitmask(bitmask)
     words = bitmask[0].numpy().view(np.uint32)
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
-    for t in range(info.vocab_size):
-        assert bits[t] == m.fork().accept_token(t), (pos, t, info.token_bytes(t))
+    assert_bits_match_acceptance(m, bits, pos)
+
+
+def accepted_ids(m: GrammarMatcher) -> np.ndarray:
+    """Whether ``m`` accepts each token id, by trying it (``accept_token`` then ``rollback``):
+    the oracle the masks are checked against, independent of the mask fill, and ~3x faster here
+    than a fork per id; ``m`` is left as it was."""
+    vocab_size = m.compiled_grammar.tokenizer_info.vocab_size
+    out = np.zeros(vocab_size, dtype=bool)
+    accept, rollback = m.accept_token, m.rollback
+    for t in range(vocab_size):
+        if accept(t):
+            rollback(1)
+            out[t] = True
+    return out
+
+
+def assert_bits_match_acceptance(m: GrammarMatcher, bits: np.ndarray, pos: int) -> None:
+    """``bits`` (one bool per id) equals what ``m`` accepts; a failure names the position and the
+    first differing id with its bytes."""
+    expected = accepted_ids(m)
+    wrong = np.flatnonzero(bits[: len(expected)] != expected)
+    if len(wrong):
+        t = int(wrong[0])
+        info = m.compiled_grammar.tokenizer_info
+        raise AssertionError(
+            f"position {pos}: {len(wrong)} ids differ; first {t} {info.token_bytes(t)!r}: "
+            f"mask {bool(bits[t])}, accepted {bool(expected[t])}"
+        )
 
 
 def decode_char_by_char_exact(compiled: CompiledGrammar, tokenizer: str, doc: object, stride: int) -> None:
