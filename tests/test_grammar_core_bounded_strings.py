@@ -14,9 +14,8 @@ import json
 
 import numpy as np
 import pytest
-from test_grammar_core_support import assert_bits_match_acceptance, hf_tokenizer, tokenizer_info
+from test_grammar_core_support import assert_bits_match_acceptance, hf_tokenizer, mask_bits, tokenizer_info
 
-from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
@@ -46,13 +45,6 @@ DOCS = [
 ]
 
 
-def _mask_bits(m: GrammarMatcher, vocab_size: int) -> np.ndarray:
-    bitmask = allocate_token_bitmask(1, vocab_size)
-    m.fill_next_token_bitmask(bitmask)
-    words = bitmask[0].numpy().view(np.uint32)
-    return np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
-
-
 def _check_doc(compiled: object, ids: list[int], stride: int, offset: int) -> int:
     """Checks every token's bit at every ``stride``-th position; returns the positions checked."""
     info = compiled.tokenizer_info  # type: ignore[attr-defined]
@@ -60,7 +52,7 @@ def _check_doc(compiled: object, ids: list[int], stride: int, offset: int) -> in
     checked = 0
     for pos, tid in enumerate(ids):
         if pos % stride == offset:
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             assert_bits_match_acceptance(m, bits, pos)
             checked += 1
         assert m.accept_token(tid), pos
@@ -95,7 +87,7 @@ def test_bounded_string_lengths_enforced(tokenizer: str) -> None:
         assert m.accept_string('"' + "\u00e9" * n + '"') is ok, n
     m = GrammarMatcher(compiled)
     assert m.accept_string('"' + "ab" * 35)
-    bits = _mask_bits(m, info.vocab_size)
+    bits = mask_bits(m, info.vocab_size)
     allowed = [info.token_bytes(t) for t in np.flatnonzero(bits)]
     assert allowed and all(b.startswith(b'"') for b in allowed), allowed[:10]
 
@@ -124,7 +116,7 @@ def test_chunked_string_masks_exact(tokenizer: str) -> None:
     m = GrammarMatcher(compiled)
     for pos, tid in enumerate(ids):
         if pos in window:
-            bits = _mask_bits(m, info.vocab_size)
+            bits = mask_bits(m, info.vocab_size)
             assert_bits_match_acceptance(m, bits, pos)
         assert m.accept_token(tid), pos
     assert m.can_terminate()

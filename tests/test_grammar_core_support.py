@@ -258,18 +258,13 @@ GRAMMARS = {
 def assert_mask_exact(m: GrammarMatcher, pos: int) -> None:
     """Every token id's bit in ``m``'s mask equals whether a fork of ``m`` accepts it (``pos`` names
     the position in failure messages)."""
-    info = m.compiled_grammar.tokenizer_info
-    bitmask = allocate_token_bitmask(1, info.vocab_size)
-    m.fill_next_token_bitmask(bitmask)
-    words = bitmask[0].numpy().view(np.uint32)
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: info.vocab_size].astype(bool)
-    assert_bits_match_acceptance(m, bits, pos)
+    assert_bits_match_acceptance(m, mask_bits(m, m.compiled_grammar.tokenizer_info.vocab_size), pos)
 
 
 def accepted_ids(m: GrammarMatcher) -> np.ndarray:
     """Whether ``m`` accepts each token id, by trying it (``accept_token`` then ``rollback``):
-    the oracle the masks are checked against, independent of the mask fill, and ~3x faster here
-    than a fork per id; ``m`` is left as it was."""
+    the oracle the masks are checked against, independent of the mask fill, and 3-10x faster here
+    than a fork per id (no matcher copy); ``m`` is left as it was."""
     vocab_size = m.compiled_grammar.tokenizer_info.vocab_size
     out = np.zeros(vocab_size, dtype=bool)
     accept, rollback = m.accept_token, m.rollback
