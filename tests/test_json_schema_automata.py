@@ -199,3 +199,54 @@ def test_merged_construction_is_smaller_and_the_same_language(pattern: str) -> N
         assert dfa_accepts(plain, w) is want, w
     if pattern.startswith("^dev"):
         assert len(merged.edges) < 40 < len(plain.edges)
+
+
+_INCLUSION_PATTERNS = [
+    "^.*@.*$",
+    "^[a-z]+@[a-z]+$",
+    "@",
+    "^[a-z]",
+    "^[a-z0-9]{1,4}$",
+    "x*",
+    "^ab|cd$",
+    "^a.*b$",
+]
+
+
+@pytest.mark.parametrize("wide", _INCLUSION_PATTERNS)
+@pytest.mark.parametrize("narrow", _INCLUSION_PATTERNS)
+def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> None:
+    from agent_infer.grammar.json_schema_automata import dfa_includes, dfa_is_empty
+    from agent_infer.grammar.regex import regex_search_expr
+
+    a = expr_to_dfa(regex_search_expr(narrow, dialect="ecma"))
+    b = expr_to_dfa(regex_search_expr(wide, dialect="ecma"))
+    expected = dfa_is_empty(dfa_intersect(a, dfa_complement(b)))
+    assert dfa_includes(a, b) is expected
+
+
+def test_dfa_includes_gives_up_past_its_pair_limit() -> None:
+    from agent_infer.grammar.json_schema_automata import dfa_includes
+    from agent_infer.grammar.regex import regex_search_expr
+
+    a = expr_to_dfa(regex_search_expr("^[a-y]{30}$", dialect="ecma"))
+    b = expr_to_dfa(regex_search_expr("^[a-z]{30}$", dialect="ecma"))
+    assert dfa_includes(a, b, max_pairs=5) is None
+    assert dfa_includes(a, b) is True
+    assert dfa_includes(b, a) is False
+
+
+def test_a_pattern_the_format_implies_is_dropped_without_changing_the_language() -> None:
+    from agent_infer.grammar import Grammar
+    from agent_infer.grammar.reference import ReferenceRecognizer
+
+    def rec(schema: dict[str, str]) -> ReferenceRecognizer:
+        return ReferenceRecognizer(Grammar.from_json_schema({"type": "string", **schema}))
+
+    both = rec({"format": "email", "pattern": "^.*@.*$"})
+    alone = rec({"format": "email"})
+    narrowed = rec({"format": "email", "pattern": "^a"})
+    for text in ['"a@b.co"', '"ab.co"', '"x@y"', '"a b@c.d"', '"@b.co"', '"b@a.org"']:
+        assert both.accepts(text) == alone.accepts(text), text
+    assert both.accepts('"a@b.co"') and not both.accepts('"ab.co"')
+    assert narrowed.accepts('"a@b.co"') and not narrowed.accepts('"b@a.org"')

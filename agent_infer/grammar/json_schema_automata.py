@@ -265,6 +265,74 @@ def dfa_complement(a: DFA) -> DFA:
     return DFA(edges, set(range(len(edges))) - a.accept)
 
 
+def dfa_universal(a: DFA) -> set[int]:
+    """States from which every continuation (over all code points) is accepted."""
+
+    def covers_all(out: list[Edge]) -> bool:
+        nxt = 0
+        for lo, hi, _ in out:
+            if lo > nxt:
+                return False
+            nxt = hi + 1
+        return nxt > MAX_CP
+
+    found = {s for s in a.accept if covers_all(a.edges[s])}
+    changed = True
+    while changed:
+        changed = False
+        for s in list(found):
+            if any(t not in found for _, _, t in a.edges[s]):
+                found.discard(s)
+                changed = True
+    return found
+
+
+def dfa_includes(a: DFA, b: DFA, max_pairs: int = 4000) -> bool | None:
+    """Whether every string ``a`` accepts is one ``b`` accepts; None when deciding it would walk
+    more than ``max_pairs`` state pairs (callers then keep both constraints)."""
+    live_a = _live(a)
+    if 0 not in live_a:
+        return True
+    # A pair whose b side accepts every continuation can never show a counterexample, so the walk
+    # stops there: a format under a pattern like ``^.*@.*$`` costs only the states before the `@`.
+    universal_b = dfa_universal(b)
+    seen = {(0, 0)}
+    stack = [(0, 0)]
+    while stack:
+        x, y = stack.pop()
+        if y in universal_b:
+            continue
+        if x in a.accept and y not in b.accept:
+            return False
+        eb = b.edges[y]
+        nb = len(eb)
+        j0 = 0
+        for lo1, hi1, t1 in a.edges[x]:
+            if t1 not in live_a:
+                continue
+            while j0 < nb and eb[j0][1] < lo1:
+                j0 += 1
+            pos = lo1
+            j = j0
+            while j < nb and eb[j][0] <= hi1:
+                lo2, hi2, t2 = eb[j]
+                if lo2 > pos:
+                    return False  # a reads a code point b has no move on, and can still accept
+                pair = (t1, t2)
+                if pair not in seen:
+                    if len(seen) >= max_pairs:
+                        return None
+                    seen.add(pair)
+                    stack.append(pair)
+                pos = hi2 + 1
+                if pos > hi1:
+                    break
+                j += 1
+            if pos <= hi1:
+                return False
+    return True
+
+
 def dfa_length(min_len: int, max_len: int | None) -> DFA:
     """Strings of ``min_len`` to ``max_len`` code points."""
     n = max(min_len, 0) if max_len is None else max_len

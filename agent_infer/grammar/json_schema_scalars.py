@@ -7,6 +7,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import (
+    GrammarLimitError,
     GrammarSyntaxError,
     InvalidSchemaError,
     UnsupportedRegexError,
@@ -18,6 +19,7 @@ from agent_infer.grammar.ir import Alt, Expr, Ref, Repeat, Seq, alt, chars, lit,
 from agent_infer.grammar.json_schema_automata import (
     DFA,
     dfa_complement,
+    dfa_includes,
     dfa_intersect,
     dfa_length,
     dfa_to_rules,
@@ -143,6 +145,10 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
             return _encoded_format(fmt_name)
         if bounded is not None:
             return _encode_counted(c, bounded)
+    if len(pats) + (fmt_expr is not None) > 1:
+        reduced = _without_implied(c, flat, pats, fmt_name if fmt_expr is not None else None, pointer)
+        if reduced is not None:
+            return string_body(c, reduced, pointer)
     key = (tuple(pats), tuple(not_pats), tuple(excluded), fmt if fmt_expr is not None else None, lo, hi)
     shared = c.string_products.get(key)
     if shared is not None:
@@ -171,6 +177,37 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
     c.rules[prefix] = start
     c.string_products[key] = Ref(prefix)
     return Ref(prefix)
+
+
+def _without_implied(
+    c: Compiler, flat: dict[str, Any], pats: list[str], fmt_name: str | None, pointer: str
+) -> dict[str, Any] | None:
+    """``flat`` less the patterns (or format) that another of its constraints implies, or None when
+    none is implied. A pattern like ``^.*@.*$`` beside ``format: email`` changes nothing in their
+    intersection; dropped, the other's own encoding serves and no product automaton is built."""
+    dfas: list[DFA] = []
+    try:
+        dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
+        if fmt_name is not None:
+            dfas.append(_format_dfa(fmt_name))
+    except GrammarLimitError:
+        return None  # the product path reports the limit with its own context
+    dropped: set[int] = set()
+    for i, wide in enumerate(dfas):
+        # One of two equal languages stays: only a constraint not yet dropped can imply another.
+        if any(j != i and j not in dropped and dfa_includes(narrow, wide) for j, narrow in enumerate(dfas)):
+            dropped.add(i)
+    if not dropped:
+        return None
+    out = dict(flat)
+    kept = [p for i, p in enumerate(pats) if i not in dropped]
+    if len(pats) in dropped:
+        del out["format"]
+    if not kept:
+        out.pop("pattern", None)
+    else:
+        out["pattern"] = kept[0] if len(kept) == 1 else {"__patterns": kept}
+    return out
 
 
 def _encode_counted(c: Compiler, expr: Expr) -> Expr:
