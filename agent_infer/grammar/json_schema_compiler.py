@@ -83,7 +83,7 @@ class Compiler(RuleWriter):
         self._dfa_cache: dict[str, DFA] = {}
         # (patterns, negated patterns, excluded values, format, minLength, maxLength) -> the rule
         # of their product automaton: schemas repeat one string shape under many properties.
-        self.string_products: dict[tuple[Any, ...], Ref] = {}
+        self.string_products: dict[tuple[Any, ...], Expr] = {}
         self.rules["char"] = JSON_CHAR  # shared: every string body refers to it
         self.rules[HIGH_RULE] = HIGH_EXPR  # shared by encoded classes that include all non-ASCII
         self._blocks: dict[Expr, list[str]] = {}

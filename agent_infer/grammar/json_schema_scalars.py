@@ -145,14 +145,18 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
             return _encoded_format(fmt_name)
         if bounded is not None:
             return _encode_counted(c, bounded)
-    if len(pats) + (fmt_expr is not None) > 1:
-        reduced = _without_implied(c, flat, pats, fmt_name if fmt_expr is not None else None, pointer)
-        if reduced is not None:
-            return string_body(c, reduced, pointer)
     key = (tuple(pats), tuple(not_pats), tuple(excluded), fmt if fmt_expr is not None else None, lo, hi)
     shared = c.string_products.get(key)
     if shared is not None:
         return shared
+    if len(pats) + (fmt_expr is not None) > 1:
+        # Memoized under the full key, so a repeated field walks the inclusion test once.
+        reduced = _without_implied(c, flat, pats, fmt_name if fmt_expr is not None else None, pointer)
+        if reduced is not None:
+            body = string_body(c, reduced, pointer)
+            if body is not None:
+                c.string_products[key] = body
+            return body
     dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
     dfas += [dfa_complement(c.pattern_dfa(p, f"{pointer}/not/pattern")) for p in not_pats]
     if excluded:
@@ -185,7 +189,6 @@ def _without_implied(
     """``flat`` less the patterns (or format) that another of its constraints implies, or None when
     none is implied. A pattern like ``^.*@.*$`` beside ``format: email`` changes nothing in their
     intersection; dropped, the other's own encoding serves and no product automaton is built."""
-    dfas: list[DFA] = []
     try:
         dfas = [c.pattern_dfa(p, f"{pointer}/pattern") for p in pats]
         if fmt_name is not None:
