@@ -45,6 +45,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<std::vector<int32_t>>& own_rules = *own;
   const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
   if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
+  if (hoist_repeat_items(*rules_ptr, &own_rules)) rules_ptr = &own_rules;
   std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;

@@ -115,11 +115,68 @@ int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
   return id;
 }
 
+int32_t Determinizer::close_intern(const Nfa& nfa, DfaPool* pool) {
+  if (targets_.size() > 1) {
+    std::sort(targets_.begin(), targets_.end());
+    targets_.erase(std::unique(targets_.begin(), targets_.end()), targets_.end());
+  }
+  if (targets_.size() == 1) {
+    const size_t x = static_cast<size_t>(targets_[0]);
+    if (one_gen_.size() < nfa.size()) {
+      one_gen_.resize(nfa.size(), 0);
+      one_id_.resize(nfa.size(), -1);
+    }
+    if (one_gen_[x] == gen_) {
+      targets_.clear();
+      return one_id_[x];
+    }
+    closure(nfa, targets_);
+    const int32_t id = intern(nfa, pool);
+    one_gen_[x] = gen_;
+    one_id_[x] = id;
+    return id;
+  }
+  const uint64_t h = hash_set(targets_.data(), targets_.size());
+  size_t mask = seed_table_.size() - 1;
+  size_t i = static_cast<size_t>(h) & mask;
+  for (; seed_table_gen_[i] == gen_; i = (i + 1) & mask) {
+    const int32_t k = seed_table_[i];
+    if (seed_hash_[k] != h) continue;
+    const uint32_t b = seed_off_[k], e = seed_off_[k + 1];
+    if (e - b == targets_.size() && std::equal(targets_.begin(), targets_.end(), seed_data_.begin() + b)) {
+      targets_.clear();
+      return seed_id_[k];
+    }
+  }
+  const int32_t k = static_cast<int32_t>(seed_id_.size());
+  seed_data_.insert(seed_data_.end(), targets_.begin(), targets_.end());
+  seed_off_.push_back(static_cast<uint32_t>(seed_data_.size()));
+  seed_hash_.push_back(h);
+  closure(nfa, targets_);
+  const int32_t id = intern(nfa, pool);
+  seed_id_.push_back(id);
+  seed_table_[i] = k;
+  seed_table_gen_[i] = gen_;
+  if (seed_id_.size() * 2 > seed_table_.size()) {
+    std::vector<int32_t> table(seed_table_.size() * 2, -1);
+    std::vector<uint32_t> gen(table.size(), 0);
+    mask = table.size() - 1;
+    for (size_t s = 0; s < seed_id_.size(); ++s) {
+      size_t j = static_cast<size_t>(seed_hash_[s]) & mask;
+      while (gen[j] == gen_) j = (j + 1) & mask;
+      table[j] = static_cast<int32_t>(s);
+      gen[j] = gen_;
+    }
+    seed_table_.swap(table);
+    seed_table_gen_.swap(gen);
+  }
+  return id;
+}
+
 // Closes targets_ and adds the edge [a, b] to the set reached, joined with the previous edge when
 // it is adjacent and leads to the same state.
 void Determinizer::emit_interval(const Nfa& nfa, int32_t a, int32_t b, size_t first_edge, DfaPool* pool) {
-  closure(nfa, targets_);
-  const int32_t t = base_ + intern(nfa, pool);
+  const int32_t t = base_ + close_intern(nfa, pool);
   if (pool->bytes.size() > first_edge && pool->bytes.back().target == t && pool->bytes.back().hi + 1 == a) {
     pool->bytes.back().hi = static_cast<uint8_t>(b);
   } else {
@@ -205,8 +262,7 @@ void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
   const size_t first_edge = pool->bytes.size();
   if (edges_.size() == 1) {
     targets_.assign(1, edges_[0].target);
-    closure(nfa, targets_);
-    pool->bytes.push_back({edges_[0].lo, edges_[0].hi, base_ + intern(nfa, pool)});
+    pool->bytes.push_back({edges_[0].lo, edges_[0].hi, base_ + close_intern(nfa, pool)});
   } else if (edges_.size() <= 8) {
     points_.clear();
     for (const ByteEdge& e : edges_) {
@@ -234,8 +290,7 @@ void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
     size_t j = i;
     targets_.clear();
     while (j < ref_pairs_.size() && ref_pairs_[j].rule == ref_pairs_[i].rule) targets_.push_back(ref_pairs_[j++].target);
-    closure(nfa, targets_);
-    pool->refs.push_back({ref_pairs_[i].rule, base_ + intern(nfa, pool)});
+    pool->refs.push_back({ref_pairs_[i].rule, base_ + close_intern(nfa, pool)});
     i = j;
   }
   pool->ref_begin.push_back(static_cast<uint32_t>(pool->refs.size()));
@@ -255,8 +310,18 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
     table_.assign(64, -1);
     table_gen_.assign(64, 0);
   }
+  if (seed_table_.empty()) {
+    seed_table_.assign(64, -1);
+    seed_table_gen_.assign(64, 0);
+  }
+  seed_id_.clear();
+  seed_data_.clear();
+  seed_off_.assign(1, 0);
+  seed_hash_.clear();
   if (++gen_ == 0) {
     std::fill(table_gen_.begin(), table_gen_.end(), 0);
+    std::fill(one_gen_.begin(), one_gen_.end(), 0);
+    std::fill(seed_table_gen_.begin(), seed_table_gen_.end(), 0);
     gen_ = 1;
   }
   targets_.assign(1, nfa.start);
@@ -278,7 +343,8 @@ size_t Determinizer::retained_bytes() const {
   return bytes(set_data_) + bytes(set_off_) + bytes(set_hash_) + bytes(table_) + bytes(table_gen_) + bytes(mark_) +
          bytes(bits_) + bytes(stack_) + bytes(closure_) + bytes(current_) + bytes(targets_) + bytes(points_) +
          bytes(by_lo_) + bytes(by_end_) + bytes(active_) + bytes(slot_) + bytes(count_in_) + bytes(edges_) +
-         bytes(ref_pairs_);
+         bytes(ref_pairs_) + bytes(one_id_) + bytes(one_gen_) + bytes(seed_table_) + bytes(seed_id_) +
+         bytes(seed_data_) + bytes(seed_table_gen_) + bytes(seed_off_) + bytes(seed_hash_);
 }
 
 }  // namespace grammar

@@ -52,7 +52,95 @@ bool refs_in_tail(const std::vector<int32_t>& code, size_t& pc, bool tail, int d
   }
 }
 
+constexpr int64_t kCap = int64_t{1} << 40;  // sizes and counts saturate here
+
+// a * b for a, b in [0, kCap], saturated at kCap.
+int64_t sat_mul(int64_t a, int64_t b) { return b != 0 && a > kCap / b ? kCap : std::min(a * b, kCap); }
+
+// Adds to (*words)[r] the program words of the expression at pc times `mult` (the copies the
+// enclosing counted repeats make of it), and to (*refs) each reference with its multiplicity;
+// moves pc past the expression.
+void count_copies(const std::vector<int32_t>& code, size_t& pc, int64_t mult, int64_t* words,
+                  std::vector<std::pair<int32_t, int64_t>>* refs, int depth) {
+  if (depth > 2000) throw LimitError("grammar expression nesting is deeper than 2000 levels");
+  const int32_t op = code.at(pc);
+  const size_t len = instruction_length(code, pc);
+  *words = std::min(*words + sat_mul(mult, static_cast<int64_t>(len)), kCap);
+  if (op == kRef) refs->push_back({code.at(pc + 1), mult});
+  pc += len;
+  if (op == kSeq || op == kAlt) {
+    const int32_t n = code.at(pc - 1);
+    for (int32_t i = 0; i < n; ++i) count_copies(code, pc, mult, words, refs, depth + 1);
+  } else if (op == kRepeat) {
+    const int64_t copies = std::max<int64_t>(1, std::max(code.at(pc - 2), code.at(pc - 1)));
+    count_copies(code, pc, sat_mul(mult, copies), words, refs, depth + 1);
+  }
+}
+
 }  // namespace
+
+// An inlined rule is copied into every caller, and into every copy a counted repeat around the
+// reference makes. choose_inline() bounds a rule's size with each callee counted once. A rule
+// whose own counted repeats multiply it (an array of enum strings with `maxItems`: one copy of
+// the enum's automaton per item) to at least kMinCopiedRule words, and whose extra copies (one
+// per reference past the first) would add more than kMaxExtraCopies words, stays a rule of its
+// own, built once instead of once per caller (`Github_medium---o21108`: the same arrays under
+// eight `anyOf` branches). Rules without counted repeats (`char`, `char-high`) always stay
+// inlined: behind a reference, every position of a string would need a pushdown walk.
+constexpr int64_t kMinCopiedRule = 1000;
+constexpr int64_t kMaxExtraCopies = 4000;
+
+// Drops from `inl` the rules described above, and then every inlined rule that
+// calls a rule no longer inlined (inlined rules only call inlined rules).
+static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, std::vector<uint8_t>* inl) {
+  const size_t R = rules.size();
+  std::vector<int64_t> expanded(R, -1), uses(R, 0);
+  std::vector<std::vector<std::pair<int32_t, int64_t>>> refs(R);
+  std::vector<int64_t> own(R, 0);
+  std::vector<uint8_t> counted(R, 0);
+  for (size_t r = 0; r < R; ++r) {
+    const std::vector<int32_t>& code = rules[r];
+    for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
+      if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) counted[r] = 1;
+    }
+    size_t pc = 0;
+    while (pc < code.size()) count_copies(code, pc, 1, &own[r], &refs[r], 0);
+    for (const auto& [q, m] : refs[r]) uses[q] = std::min(uses[q] + m, kCap);
+  }
+  // Inlined rules call only inlined rules and form no cycle: sizes by depth-first recursion.
+  std::function<int64_t(int32_t)> size_of = [&](int32_t r) -> int64_t {
+    if (expanded[r] >= 0) return expanded[r];
+    int64_t total = own[r];
+    for (const auto& [q, m] : refs[r]) {
+      if (!(*inl)[q]) continue;
+      const int64_t each = size_of(q);
+      total = std::min(total + sat_mul(m, each), kCap);
+    }
+    return expanded[r] = total;
+  };
+  bool changed = false;
+  for (size_t r = 0; r < R; ++r) {
+    if (!(*inl)[r] || !counted[r] || uses[r] < 2) continue;
+    const int64_t size = size_of(static_cast<int32_t>(r));
+    if (size >= kMinCopiedRule && uses[r] - 1 > kMaxExtraCopies / size) {
+      (*inl)[r] = 0;
+      changed = true;
+    }
+  }
+  while (changed) {
+    changed = false;
+    for (size_t r = 0; r < R; ++r) {
+      if (!(*inl)[r]) continue;
+      for (const auto& [q, m] : refs[r]) {
+        if (!(*inl)[q]) {
+          (*inl)[r] = 0;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+}
 
 // Rules with loops (strings, numbers) or long chains stay separate so their states' masks are shared.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root) {
@@ -112,6 +200,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
       }
     }
   }
+  demote_copied_rules(rules, &inl);
   return inl;
 }
 

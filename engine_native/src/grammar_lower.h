@@ -61,6 +61,13 @@ size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
 bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t root,
                        std::vector<std::vector<int32_t>>* out);
 
+// Replaces each large call-free, repeat-free item of a repeat (a pattern's character class with
+// its JSON escapes, under `+` or `{m,n}`) by a reference to an appended rule holding it, one rule
+// per distinct item, so the item is lowered once to its minimal automaton and spliced into each
+// copy (grammar_hoist.cpp). If anything is hoisted, writes the rules to `out` (which may be
+// `rules` itself) and returns true; else leaves `out` untouched and returns false.
+bool hoist_repeat_items(const std::vector<std::vector<int32_t>>& rules, std::vector<std::vector<int32_t>>* out);
+
 // Rules to inline into their callers: not recursive, a finite language, small once expanded.
 std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root);
 
@@ -156,6 +163,10 @@ class Determinizer {
   // Closes targets_ into a set and adds the byte edge [a, b] to it.
   void emit_interval(const Nfa& nfa, int32_t a, int32_t b, size_t first_edge, DfaPool* pool);
   void sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool);
+  // closure() + intern() of targets_, memoized per run by the target set: the same few NFA
+  // targets (the end of a character class with its loop and exits) are reached from many states
+  // and byte intervals, and each closure walks their epsilon edges again.
+  int32_t close_intern(const Nfa& nfa, DfaPool* pool);
 
   int64_t max_states_ = 0;
   int64_t total_ = 0;
@@ -177,6 +188,13 @@ class Determinizer {
   std::vector<int32_t> count_in_;  // per NFA state: active edges leading to it (zero between sweeps)
   std::vector<ByteEdge> edges_;
   std::vector<RefEdge> ref_pairs_;
+  // close_intern's memo: one target (by NFA state, valid where one_gen_ == gen_), and target
+  // sets of two or more (open addressing over their sorted members).
+  std::vector<int32_t> one_id_;
+  std::vector<uint32_t> one_gen_;
+  std::vector<int32_t> seed_table_, seed_id_, seed_data_;
+  std::vector<uint32_t> seed_table_gen_, seed_off_;
+  std::vector<uint64_t> seed_hash_;
 };
 
 // Merges the equivalent states of one rule's trimmed DFA that reach no cycle (see
