@@ -347,6 +347,35 @@ def test_enum_next_to_unknown_keywords_without_a_type() -> None:
         json_schema_to_grammar({"enum": ["a"], "maxLenght": 3})
 
 
+def test_number_enum_listed_in_one_pass_keeps_every_numeral() -> None:
+    """An enum of numbers is built in one pass (``listed_numbers``): the same JSON texts as one
+    exact value expression per member (``value_expr``), trailing zeros, ``-0`` and a float too
+    large for a short decimal included."""
+    from agent_infer.grammar import json_schema_numbers as num
+    from agent_infer.grammar.ir import alt
+    from agent_infer.grammar.ir_grammar import Grammar
+    from agent_infer.grammar.json_schema_compiler import Compiler
+    from agent_infer.grammar.json_schema_merge import to_fraction
+    from agent_infer.grammar.json_schema_objects import value_expr
+
+    values: list[Any] = [0, 100, 101, 226, 499, -3, 2.5, 0.1, -0.25, 1e22, 1.5e-7]
+    c = Compiler.__new__(Compiler)
+    old = alt(*(value_expr(c, v, 0) for v in values))
+    new = num.listed_numbers([to_fraction(v) for v in values], [json.dumps(v) for v in values])
+    ref_old = ReferenceRecognizer(Grammar.from_expr(old))
+    ref_new = ReferenceRecognizer(Grammar.from_expr(new))
+    texts = [json.dumps(v) for v in values] + [
+        f"{s}{i}{t}"
+        for s in ("", "-")
+        for i in ("0", "100", "226", "3", "2", "00")
+        for t in ("", ".0", ".00", ".5", ".50", "e2")
+    ]
+    texts += ["0.10", ".1", "1.5e-7", "0.00000015", "10000000000000000000000", "1e+22", "-0.250", "2.50"]
+    for t in texts:
+        assert ref_old.accepts(t) == ref_new.accepts(t), t
+    check({"enum": [0, 100, 2.5, "x", None]}, [0, -0.0, 100, 100.0, 2.5, '"x"', None], [1, 2.4, '"y"', False])
+
+
 def test_enumerated_multiples_keep_every_numeral_of_each_value() -> None:
     """Bounded ``multipleOf`` lists its values (``exact_numerals``): the same numerals as one exact
     interval per value (``bounded_number``), signs, zero's ``-0`` and trailing zeros included."""

@@ -247,6 +247,16 @@ def exact_numerals(values: list[Fraction], integer: bool) -> Expr:
     return alt(*parts)
 
 
+def listed_numbers(values: list[Fraction], spelled: list[str]) -> Expr:
+    """JSON texts equal to one of ``values`` (an enum's numbers): every exponent-free numeral of
+    the finite decimals, built in one pass (``exact_numerals``), and ``spelled[i]`` (the value's
+    JSON text) for the others. An integer enum of HTTP codes has dozens of values; building each
+    as an exact interval (``bounded_number``) cost ~60 µs apiece."""
+    decimals = [v for v in values if _is_decimal(v)]
+    others = [lit(t) for v, t in zip(values, spelled) if not _is_decimal(v)]
+    return alt(exact_numerals(decimals, False), *others) if decimals else alt(*others)
+
+
 def residue_rules(n: int, prefix: str) -> list[tuple[str, Expr]]:
     """Rules ``{prefix}{r}``: digit strings whose value v satisfies (r*10^len + v) % n == 0."""
     if n > MAX_MODULUS:

@@ -109,7 +109,11 @@ def lower_values(
         # nothing to flatten or drop, only hash every value's expression to be sure.
         exprs = [_string_value(v) for v in keep]
         return exprs[0] if len(exprs) == 1 else Alt(tuple(exprs))
-    return alt(*(value_expr(c, v, depth) for v in keep))
+    numbers = [v for v in keep if type(v) is int or type(v) is float]
+    if len(numbers) < 2:
+        return alt(*(value_expr(c, v, depth) for v in keep))
+    rest = [value_expr(c, v, depth) for v in keep if not (type(v) is int or type(v) is float)]
+    return alt(num.listed_numbers([to_fraction(v) for v in numbers], [json.dumps(v) for v in numbers]), *rest)
 
 
 def _string_value(v: str) -> Expr:
