@@ -94,33 +94,43 @@ constexpr int64_t kMaxExtraCopies = 4000;
 // calls a rule no longer inlined (inlined rules only call inlined rules).
 static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, std::vector<uint8_t>* inl) {
   const size_t R = rules.size();
-  std::vector<int64_t> expanded(R, -1), uses(R, 0);
-  std::vector<std::vector<std::pair<int32_t, int64_t>>> refs(R);
-  std::vector<int64_t> own(R, 0);
   std::vector<uint8_t> counted(R, 0);
+  bool any = false;
   for (size_t r = 0; r < R; ++r) {
+    if (!(*inl)[r]) continue;
     const std::vector<int32_t>& code = rules[r];
     for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-      if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) counted[r] = 1;
+      if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) {
+        counted[r] = 1;
+        any = true;
+        break;
+      }
     }
-    size_t pc = 0;
-    while (pc < code.size()) count_copies(code, pc, 1, &own[r], &refs[r], 0);
-    for (const auto& [q, m] : refs[r]) uses[q] = std::min(uses[q] + m, kCap);
   }
+  if (!any) return;  // most grammars: nothing to demote, and no second pass over the programs
+  // References with their multiplicity, flat per rule; program words times the copies made.
+  std::vector<uint32_t> ref_begin(R + 1, 0);
+  std::vector<std::pair<int32_t, int64_t>> refs;
+  std::vector<int64_t> own(R, 0), uses(R, 0), expanded(R, -1);
+  for (size_t r = 0; r < R; ++r) {
+    size_t pc = 0;
+    while (pc < rules[r].size()) count_copies(rules[r], pc, 1, &own[r], &refs, 0);
+    ref_begin[r + 1] = static_cast<uint32_t>(refs.size());
+  }
+  for (const auto& [q, m] : refs) uses[q] = std::min(uses[q] + m, kCap);
   // Inlined rules call only inlined rules and form no cycle: sizes by depth-first recursion.
   std::function<int64_t(int32_t)> size_of = [&](int32_t r) -> int64_t {
     if (expanded[r] >= 0) return expanded[r];
     int64_t total = own[r];
-    for (const auto& [q, m] : refs[r]) {
-      if (!(*inl)[q]) continue;
-      const int64_t each = size_of(q);
-      total = std::min(total + sat_mul(m, each), kCap);
+    for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
+      const auto [q, m] = refs[k];
+      if ((*inl)[q]) total = std::min(total + sat_mul(m, size_of(q)), kCap);
     }
     return expanded[r] = total;
   };
   bool changed = false;
   for (size_t r = 0; r < R; ++r) {
-    if (!(*inl)[r] || !counted[r] || uses[r] < 2) continue;
+    if (!counted[r] || uses[r] < 2) continue;
     const int64_t size = size_of(static_cast<int32_t>(r));
     if (size >= kMinCopiedRule && uses[r] - 1 > kMaxExtraCopies / size) {
       (*inl)[r] = 0;
@@ -131,8 +141,8 @@ static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, 
     changed = false;
     for (size_t r = 0; r < R; ++r) {
       if (!(*inl)[r]) continue;
-      for (const auto& [q, m] : refs[r]) {
-        if (!(*inl)[q]) {
+      for (uint32_t k = ref_begin[r]; k < ref_begin[r + 1]; ++k) {
+        if (!(*inl)[refs[k].first]) {
           (*inl)[r] = 0;
           changed = true;
           break;
