@@ -77,42 +77,73 @@ void Determinizer::closure(const Nfa& nfa, std::vector<int32_t>& seed) {
   }
 }
 
-int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
-  const uint64_t h = hash_set(closure_.data(), closure_.size());
-  size_t mask = table_.size() - 1;
+void SetTable::clear() {
+  data_.clear();
+  off_.assign(1, 0);
+  hash_.clear();
+  if (table_.empty()) {
+    table_.assign(64, -1);
+    table_gen_.assign(64, 0);
+  }
+  if (++gen_ == 0) {
+    std::fill(table_gen_.begin(), table_gen_.end(), 0);
+    gen_ = 1;
+  }
+}
+
+int32_t SetTable::find(const int32_t* data, size_t n, uint64_t h, size_t* slot) const {
+  const size_t mask = table_.size() - 1;
   size_t i = static_cast<size_t>(h) & mask;
   for (; table_gen_[i] == gen_; i = (i + 1) & mask) {
     const int32_t id = table_[i];
-    if (set_hash_[id] != h) continue;
-    const uint32_t b = set_off_[id], e = set_off_[id + 1];
-    if (e - b == closure_.size() && std::equal(closure_.begin(), closure_.end(), set_data_.begin() + b)) return id;
+    if (hash_[id] != h) continue;
+    const uint32_t b = off_[id], e = off_[id + 1];
+    if (e - b == n && std::equal(data, data + n, data_.begin() + b)) return id;
   }
-  if (++total_ > max_states_) {
-    throw LimitError("grammar is too large: more than " + std::to_string(max_states_) + " automaton states");
-  }
-  deadline_->check();
-  const int32_t id = count_++;
-  set_data_.insert(set_data_.end(), closure_.begin(), closure_.end());
-  set_off_.push_back(static_cast<uint32_t>(set_data_.size()));
-  set_hash_.push_back(h);
-  table_[i] = id;
-  table_gen_[i] = gen_;
-  pool->final.push_back(0);
-  if (static_cast<size_t>(count_) * 2 > table_.size()) {
-    // Grow and rehash the sets of this rule (entries of earlier rules are stale by generation).
+  *slot = i;
+  return -1;
+}
+
+int32_t SetTable::insert(const int32_t* data, size_t n, uint64_t h, size_t slot) {
+  const int32_t id = size();
+  data_.insert(data_.end(), data, data + n);
+  off_.push_back(static_cast<uint32_t>(data_.size()));
+  hash_.push_back(h);
+  table_[slot] = id;
+  table_gen_[slot] = gen_;
+  if (hash_.size() * 2 > table_.size()) {
+    // Grow and rehash this numbering's sets (entries of earlier ones are stale by generation).
     std::vector<int32_t> table(table_.size() * 2, -1);
     std::vector<uint32_t> gen(table.size(), 0);
-    mask = table.size() - 1;
-    for (int32_t s = 0; s < count_; ++s) {
-      size_t j = static_cast<size_t>(set_hash_[s]) & mask;
+    const size_t mask = table.size() - 1;
+    for (size_t s = 0; s < hash_.size(); ++s) {
+      size_t j = static_cast<size_t>(hash_[s]) & mask;
       while (gen[j] == gen_) j = (j + 1) & mask;
-      table[j] = s;
+      table[j] = static_cast<int32_t>(s);
       gen[j] = gen_;
     }
     table_.swap(table);
     table_gen_.swap(gen);
   }
   return id;
+}
+
+size_t SetTable::retained_bytes() const {
+  auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  return bytes(data_) + bytes(off_) + bytes(hash_) + bytes(table_) + bytes(table_gen_);
+}
+
+int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
+  const uint64_t h = hash_set(closure_.data(), closure_.size());
+  size_t slot = 0;
+  const int32_t found = sets_.find(closure_.data(), closure_.size(), h, &slot);
+  if (found >= 0) return found;
+  if (++total_ > max_states_) {
+    throw LimitError("grammar is too large: more than " + std::to_string(max_states_) + " automaton states");
+  }
+  deadline_->check();
+  pool->final.push_back(0);
+  return sets_.insert(closure_.data(), closure_.size(), h, slot);
 }
 
 int32_t Determinizer::close_intern(const Nfa& nfa, DfaPool* pool) {
@@ -137,39 +168,16 @@ int32_t Determinizer::close_intern(const Nfa& nfa, DfaPool* pool) {
     return id;
   }
   const uint64_t h = hash_set(targets_.data(), targets_.size());
-  size_t mask = seed_table_.size() - 1;
-  size_t i = static_cast<size_t>(h) & mask;
-  for (; seed_table_gen_[i] == gen_; i = (i + 1) & mask) {
-    const int32_t k = seed_table_[i];
-    if (seed_hash_[k] != h) continue;
-    const uint32_t b = seed_off_[k], e = seed_off_[k + 1];
-    if (e - b == targets_.size() && std::equal(targets_.begin(), targets_.end(), seed_data_.begin() + b)) {
-      targets_.clear();
-      return seed_id_[k];
-    }
+  size_t slot = 0;
+  const int32_t k = seeds_.find(targets_.data(), targets_.size(), h, &slot);
+  if (k >= 0) {
+    targets_.clear();
+    return seed_id_[k];
   }
-  const int32_t k = static_cast<int32_t>(seed_id_.size());
-  seed_data_.insert(seed_data_.end(), targets_.begin(), targets_.end());
-  seed_off_.push_back(static_cast<uint32_t>(seed_data_.size()));
-  seed_hash_.push_back(h);
+  seeds_.insert(targets_.data(), targets_.size(), h, slot);  // before closure() consumes targets_
   closure(nfa, targets_);
   const int32_t id = intern(nfa, pool);
   seed_id_.push_back(id);
-  seed_table_[i] = k;
-  seed_table_gen_[i] = gen_;
-  if (seed_id_.size() * 2 > seed_table_.size()) {
-    std::vector<int32_t> table(seed_table_.size() * 2, -1);
-    std::vector<uint32_t> gen(table.size(), 0);
-    mask = table.size() - 1;
-    for (size_t s = 0; s < seed_id_.size(); ++s) {
-      size_t j = static_cast<size_t>(seed_hash_[s]) & mask;
-      while (gen[j] == gen_) j = (j + 1) & mask;
-      table[j] = static_cast<int32_t>(s);
-      gen[j] = gen_;
-    }
-    seed_table_.swap(table);
-    seed_table_gen_.swap(gen);
-  }
   return id;
 }
 
@@ -248,8 +256,8 @@ void Determinizer::sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool)
 }
 
 void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
-  // Copied out: interning new sets may reallocate set_data_.
-  current_.assign(set_data_.begin() + set_off_[d], set_data_.begin() + set_off_[d + 1]);
+  // Copied out: interning new sets may reallocate the table's members.
+  current_.assign(sets_.members(d), sets_.members_end(d));
   edges_.clear();
   ref_pairs_.clear();
   uint8_t final = 0;
@@ -302,32 +310,17 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
     sweep_dirty_ = false;
   }
   base_ = static_cast<int32_t>(pool->size());
-  count_ = 0;
-  set_data_.clear();
-  set_off_.assign(1, 0);
-  set_hash_.clear();
-  if (table_.empty()) {
-    table_.assign(64, -1);
-    table_gen_.assign(64, 0);
-  }
-  if (seed_table_.empty()) {
-    seed_table_.assign(64, -1);
-    seed_table_gen_.assign(64, 0);
-  }
+  sets_.clear();
+  seeds_.clear();
   seed_id_.clear();
-  seed_data_.clear();
-  seed_off_.assign(1, 0);
-  seed_hash_.clear();
   if (++gen_ == 0) {
-    std::fill(table_gen_.begin(), table_gen_.end(), 0);
     std::fill(one_gen_.begin(), one_gen_.end(), 0);
-    std::fill(seed_table_gen_.begin(), seed_table_gen_.end(), 0);
     gen_ = 1;
   }
   targets_.assign(1, nfa.start);
   closure(nfa, targets_);
   intern(nfa, pool);
-  for (int32_t d = 0; d < count_; ++d) expand(nfa, d, pool);
+  for (int32_t d = 0; d < sets_.size(); ++d) expand(nfa, d, pool);
   return base_;
 }
 
@@ -340,11 +333,10 @@ void Determinizer::charge(int64_t states) {
 
 size_t Determinizer::retained_bytes() const {
   auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
-  return bytes(set_data_) + bytes(set_off_) + bytes(set_hash_) + bytes(table_) + bytes(table_gen_) + bytes(mark_) +
-         bytes(bits_) + bytes(stack_) + bytes(closure_) + bytes(current_) + bytes(targets_) + bytes(points_) +
-         bytes(by_lo_) + bytes(by_end_) + bytes(active_) + bytes(slot_) + bytes(count_in_) + bytes(edges_) +
-         bytes(ref_pairs_) + bytes(one_id_) + bytes(one_gen_) + bytes(seed_table_) + bytes(seed_id_) +
-         bytes(seed_data_) + bytes(seed_table_gen_) + bytes(seed_off_) + bytes(seed_hash_);
+  return sets_.retained_bytes() + seeds_.retained_bytes() + bytes(mark_) + bytes(bits_) + bytes(stack_) +
+         bytes(closure_) + bytes(current_) + bytes(targets_) + bytes(points_) + bytes(by_lo_) + bytes(by_end_) +
+         bytes(active_) + bytes(slot_) + bytes(count_in_) + bytes(edges_) + bytes(ref_pairs_) + bytes(one_id_) +
+         bytes(one_gen_) + bytes(seed_id_);
 }
 
 }  // namespace grammar

@@ -92,21 +92,12 @@ constexpr int64_t kMaxExtraCopies = 4000;
 
 // Drops from `inl` the rules described above, and then every inlined rule that
 // calls a rule no longer inlined (inlined rules only call inlined rules).
-static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, std::vector<uint8_t>* inl) {
+// counted[r]: rule r holds a repeat of two or more copies.
+static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, const std::vector<uint8_t>& counted,
+                                std::vector<uint8_t>* inl) {
   const size_t R = rules.size();
-  std::vector<uint8_t> counted(R, 0);
   bool any = false;
-  for (size_t r = 0; r < R; ++r) {
-    if (!(*inl)[r]) continue;
-    const std::vector<int32_t>& code = rules[r];
-    for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-      if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) {
-        counted[r] = 1;
-        any = true;
-        break;
-      }
-    }
-  }
+  for (size_t r = 0; r < R && !any; ++r) any = counted[r] && (*inl)[r];
   if (!any) return;  // most grammars: nothing to demote, and no second pass over the programs
   // References with their multiplicity, flat per rule; program words times the copies made.
   std::vector<uint32_t> ref_begin(R + 1, 0);
@@ -130,7 +121,7 @@ static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, 
   };
   bool changed = false;
   for (size_t r = 0; r < R; ++r) {
-    if (!counted[r] || uses[r] < 2) continue;
+    if (!counted[r] || !(*inl)[r] || uses[r] < 2) continue;
     const int64_t size = size_of(static_cast<int32_t>(r));
     if (size >= kMinCopiedRule && uses[r] - 1 > kMaxExtraCopies / size) {
       (*inl)[r] = 0;
@@ -158,7 +149,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
   // References per rule, flat (one scan of each program, which also finds its long repeats).
   std::vector<uint32_t> ref_begin(R + 1, 0);
   std::vector<int32_t> ref_list;
-  std::vector<uint8_t> long_repeat(R, 0);
+  std::vector<uint8_t> long_repeat(R, 0), counted(R, 0);
   for (size_t r = 0; r < R; ++r) {
     const std::vector<int32_t>& code = rules[r];
     for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
@@ -169,6 +160,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
                  code[pc] == kKeyTrie) {
         long_repeat[r] = 1;  // a key trie calls its rest rule, a loop: never inlined
       }
+      if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) counted[r] = 1;
     }
     ref_begin[r + 1] = static_cast<uint32_t>(ref_list.size());
   }
@@ -210,7 +202,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
       }
     }
   }
-  demote_copied_rules(rules, &inl);
+  demote_copied_rules(rules, counted, &inl);
   return inl;
 }
 

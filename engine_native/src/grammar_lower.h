@@ -132,6 +132,31 @@ struct DfaPool {
 // Throws DefinitionError for a malformed instruction (grammar_key_set.cpp).
 int32_t lower_key_trie(const std::vector<int32_t>& code, size_t num_rules, DfaPool* pool);
 
+// Interned sets of int32 (each a sorted run of members, stored back to back), numbered in the
+// order they are inserted and found again through an open-addressing table. clear() starts a new
+// numbering and keeps the buffers (stale table slots are told apart by generation).
+class SetTable {
+ public:
+  void clear();
+  // The number of the set [data, data + n) whose hash is h, or -1; then *slot is where insert()
+  // puts it.
+  int32_t find(const int32_t* data, size_t n, uint64_t h, size_t* slot) const;
+  // Adds the set find() did not find at `slot`; returns its number.
+  int32_t insert(const int32_t* data, size_t n, uint64_t h, size_t slot);
+  const int32_t* members(int32_t id) const { return data_.data() + off_[id]; }
+  const int32_t* members_end(int32_t id) const { return data_.data() + off_[id + 1]; }
+  int32_t size() const { return static_cast<int32_t>(hash_.size()); }
+  size_t retained_bytes() const;
+
+ private:
+  std::vector<int32_t> data_;
+  std::vector<uint32_t> off_{0};
+  std::vector<uint64_t> hash_;
+  std::vector<int32_t> table_;  // set numbers, -1 = empty; valid where table_gen_ == gen_
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+};
+
 // Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
 // live back to back in one buffer, interned through an open-addressing table; every buffer is
 // reused from rule to rule, so determinizing allocates only while its buffers grow.
@@ -173,13 +198,9 @@ class Determinizer {
   Deadline* deadline_ = nullptr;
   // A sweep was cut short (its state budget ran out): count_in_ must be cleared before reuse.
   bool sweep_dirty_ = false;
-  int32_t base_ = 0, count_ = 0;
-  std::vector<int32_t> set_data_;
-  std::vector<uint32_t> set_off_;
-  std::vector<uint64_t> set_hash_;
-  std::vector<int32_t> table_;      // set ids, -1 = empty; valid where table_gen_ == gen_
-  std::vector<uint32_t> table_gen_;
-  uint32_t gen_ = 0;
+  int32_t base_ = 0;
+  SetTable sets_;  // the DFA states of the current run, by number
+  uint32_t gen_ = 0;  // per run: one_gen_ entries of earlier runs are stale
   std::vector<uint32_t> mark_;
   std::vector<uint64_t> bits_;  // closure()'s members as bits (all zero between calls)
   uint32_t stamp_ = 0;
@@ -189,12 +210,11 @@ class Determinizer {
   std::vector<ByteEdge> edges_;
   std::vector<RefEdge> ref_pairs_;
   // close_intern's memo: one target (by NFA state, valid where one_gen_ == gen_), and target
-  // sets of two or more (open addressing over their sorted members).
+  // sets of two or more (seeds_, with the state each closed to in seed_id_).
   std::vector<int32_t> one_id_;
   std::vector<uint32_t> one_gen_;
-  std::vector<int32_t> seed_table_, seed_id_, seed_data_;
-  std::vector<uint32_t> seed_table_gen_, seed_off_;
-  std::vector<uint64_t> seed_hash_;
+  SetTable seeds_;
+  std::vector<int32_t> seed_id_;
 };
 
 // Merges the equivalent states of one rule's trimmed DFA that reach no cycle (see
