@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["assert_accepts", "assert_prefix", "assert_rejects", "random_strings", "strings", "to_grammar"]
 
 _INF = float("inf")
+# Characters after which a drawn string is only completed: the default of ``max_length``.
+DEFAULT_MAX_LENGTH = 400
 
 
 def to_grammar(grammar: Grammar | str, kind: str = "gbnf") -> Grammar:
@@ -174,19 +176,29 @@ class _Chooser:
         raise AssertionError("index within bucket size")
 
 
+_FIRST = _Chooser(lambda lo, hi: lo)  # every choice its simplest: completes a draw without drawing
+
+
 class _Generator:
     """Random expansion of the IR with a depth budget that always lets recursion terminate.
 
     ``height`` is the fewest nested rule references any derivation of a node needs (a fixed point
     over the rules). A node is only chosen when its height fits the remaining depth, and the
     budget starts at the root's height plus ``max_depth``, so a valid choice always exists.
+    Once ``max_length`` characters are out, every later choice is the simplest one (the
+    shallowest alternative, the fewest repetitions) and draws nothing: nested repeats and
+    recursion otherwise grow a draw exponentially with ``max_depth``.
     """
 
-    def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int) -> None:
+    def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int, max_length: int) -> None:
+        if max_length < 0:
+            raise ConfigError(f"max_length must be non-negative, not {max_length}")
         self.rules = grammar.rule_map
         self.root = grammar.root
         self.max_repeat = max_repeat
         self.max_depth = max_depth
+        self.max_length = max_length
+        self.size = 0  # characters out in the current draw
         self.rule_height: dict[str, float] = {name: _INF for name in self.rules}
         self.rule_length: dict[str, float] = {name: _INF for name in self.rules}
         changed = True
@@ -243,14 +255,19 @@ class _Generator:
 
     def generate(self, chooser: _Chooser) -> str:
         out: list[str] = []
+        self.size = 0
         self._expand(Ref(self.root), self.height(Ref(self.root)) + self.max_depth, chooser, out)
         return "".join(out)
 
     def _expand(self, expr: Expr, budget: float, chooser: _Chooser, out: list[str]) -> None:
+        if self.size >= self.max_length:
+            chooser = _FIRST
         if isinstance(expr, Literal):
             out.append(expr.text)
+            self.size += len(expr.text)
         elif isinstance(expr, CharClass):
             out.append(chooser.char(expr.normalized()))
+            self.size += 1
         elif isinstance(expr, Ref):
             self._expand(self.rules[expr.name], budget - 1, chooser, out)
         elif isinstance(expr, Seq):
@@ -266,21 +283,29 @@ class _Generator:
             if self.height(expr.item) > budget:
                 hi = expr.min  # only reachable with min == 0: the item cannot fit, so take none
             for _ in range(chooser.integer(expr.min, hi)):
-                self._expand(expr.item, budget, chooser, out)
+                self._expand(expr.item, budget, _FIRST if self.size >= self.max_length else chooser, out)
 
 
 def strings(
-    grammar: Grammar | str, *, kind: str = "gbnf", max_repeat: int = 5, max_depth: int = 8
+    grammar: Grammar | str,
+    *,
+    kind: str = "gbnf",
+    max_repeat: int = 5,
+    max_depth: int = 8,
+    max_length: int = DEFAULT_MAX_LENGTH,
 ) -> SearchStrategy[str]:
     """A Hypothesis strategy of strings ``grammar`` accepts.
 
     Unbounded repeats draw at most ``max_repeat`` extra items; rule nesting goes at most
-    ``max_depth`` levels beyond the shallowest derivation. Draws shrink toward the simplest
-    alternative (shallowest, then shortest), the fewest repetitions and printable ASCII.
+    ``max_depth`` levels beyond the shallowest derivation. Once a string has ``max_length``
+    characters (default :data:`DEFAULT_MAX_LENGTH`) the rest is its simplest completion, so a
+    string exceeds ``max_length`` only by what the grammar needs to close what is open; shorter
+    strings are drawn as without the bound. Draws shrink toward the simplest alternative
+    (shallowest, then shortest), the fewest repetitions and printable ASCII.
     """
     from hypothesis import strategies as st
 
-    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth)
+    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth, max_length)
 
     @st.composite
     def _strings(draw: Any) -> str:
@@ -297,9 +322,11 @@ def random_strings(
     kind: str = "gbnf",
     max_repeat: int = 5,
     max_depth: int = 8,
+    max_length: int = DEFAULT_MAX_LENGTH,
 ) -> list[str]:
-    """``n`` pseudo-random strings ``grammar`` accepts, reproducible from ``seed`` (no Hypothesis)."""
-    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth)
+    """``n`` pseudo-random strings ``grammar`` accepts, reproducible from ``seed`` (no Hypothesis);
+    ``max_length`` bounds them as in :func:`strings`."""
+    gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth, max_length)
     rng = random.Random(seed)
     chooser = _Chooser(rng.randint)
     return [gen.generate(chooser) for _ in range(n)]

@@ -8,7 +8,7 @@ starts a comment to the end of the line. Parenthesised groups stay separate IR n
 
 from __future__ import annotations
 
-from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, GrammarSyntaxError
 from agent_infer.grammar.ir import (
     MAX_CODEPOINT,
     Alt,
@@ -22,6 +22,10 @@ from agent_infer.grammar.ir import (
     Seq,
     walk,
 )
+
+# Parentheses nested deeper than this raise GrammarLimitError: parsing and the later passes over
+# the IR (printing, serializing, lowering) recurse once per level on Python's ~1000-frame stack.
+MAX_GROUP_NESTING = 100
 
 _ESCAPES = {"n": 10, "r": 13, "t": 9, "\\": 92, '"': 34, "[": 91, "]": 93}
 _HEX_LEN = {"x": 2, "u": 4, "U": 8}
@@ -38,6 +42,7 @@ class _Parser:
         self.s = text
         self.i = 0
         self.refs: list[tuple[str, int]] = []  # (name, position) of each reference, for errors
+        self.depth = 0  # open parentheses around the cursor
 
     # -- positions and errors --
 
@@ -133,7 +138,14 @@ class _Parser:
             elif c == "(":
                 self.i += 1
                 self.space(True)
+                self.depth += 1
+                if self.depth > MAX_GROUP_NESTING:
+                    line, column = self.where(pos)
+                    raise GrammarLimitError(
+                        f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
+                    )
                 items.append(self.alternates(nested=True))
+                self.depth -= 1
                 if self.peek() != ")":
                     raise self.error("expected ')' to close the group opened here", pos)
                 self.i += 1

@@ -25,8 +25,8 @@ def _escape_char(cp: int, in_class: bool) -> str:
     return chr(cp)
 
 
-def _fmt(expr: Expr, prec: int) -> str:
-    """Format with precedence: 0 = alternation, 1 = sequence, 2 = atom."""
+def _leaf(expr: Expr) -> str | None:
+    """The text of a node without children (None for Seq, Repeat and non-empty Alt)."""
     if isinstance(expr, Empty):
         return '""'
     if isinstance(expr, Literal):
@@ -39,28 +39,69 @@ def _fmt(expr: Expr, prec: int) -> str:
         return f"[{'^' if expr.negated else ''}{body}]"
     if isinstance(expr, Ref):
         return expr.name
-    if isinstance(expr, Seq):
-        text = " ".join(_fmt(item, 2 if isinstance(item, Alt | Seq) else 1) for item in expr.items)
-        return f"({text})" if prec >= 2 else text
-    if isinstance(expr, Alt):
-        if not expr.items:
-            return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
-        text = " | ".join(_fmt(item, 1) for item in expr.items)
-        return f"({text})" if prec >= 1 else text
-    if isinstance(expr, Repeat):
-        inner = _fmt(expr.item, 2)
-        if isinstance(expr.item, Repeat):
-            inner = f"({inner})"
-        lo, hi = expr.min, expr.max
-        if (lo, hi) == (0, None):
-            return inner + "*"
-        if (lo, hi) == (1, None):
-            return inner + "+"
-        if (lo, hi) == (0, 1):
-            return inner + "?"
-        if hi is None:
-            return f"{inner}{{{lo},}}"
-        if lo == hi:
-            return f"{inner}{{{lo}}}"
-        return f"{inner}{{{lo},{hi}}}"
+    if isinstance(expr, Alt) and not expr.items:
+        return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
+    if isinstance(expr, Seq | Alt | Repeat):
+        return None
     raise TypeError(f"not an IR node: {expr!r}")
+
+
+def _repeat_suffix(lo: int, hi: int | None) -> str:
+    if (lo, hi) == (0, None):
+        return "*"
+    if (lo, hi) == (1, None):
+        return "+"
+    if (lo, hi) == (0, 1):
+        return "?"
+    if hi is None:
+        return f"{{{lo},}}"
+    if lo == hi:
+        return f"{{{lo}}}"
+    return f"{{{lo},{hi}}}"
+
+
+def _fmt(expr: Expr, prec: int) -> str:
+    """Format with precedence: 0 = alternation, 1 = sequence, 2 = atom.
+
+    Iterative (an explicit stack, children's texts on ``done``): a programmatically built
+    expression may nest thousands of levels, more than Python's recursion limit allows."""
+    done: list[str] = []
+    todo: list[tuple[Expr, int, bool]] = [(expr, prec, False)]
+    while todo:
+        node, p, children_done = todo.pop()
+        if not children_done:
+            text = _leaf(node)
+            if text is not None:
+                done.append(text)
+                continue
+            todo.append((node, p, True))
+            if isinstance(node, Repeat):
+                todo.append((node.item, 2, False))
+            else:
+                assert isinstance(node, Seq | Alt)
+                for item in reversed(node.items):
+                    todo.append(
+                        (
+                            item,
+                            (2 if isinstance(item, Alt | Seq) else 1) if isinstance(node, Seq) else 1,
+                            False,
+                        )
+                    )
+            continue
+        if isinstance(node, Repeat):
+            inner = done.pop()
+            if isinstance(node.item, Repeat):
+                inner = f"({inner})"
+            done.append(inner + _repeat_suffix(node.min, node.max))
+            continue
+        assert isinstance(node, Seq | Alt)
+        n = len(node.items)
+        parts = done[len(done) - n :]
+        del done[len(done) - n :]
+        if isinstance(node, Seq):
+            text = " ".join(parts)
+            done.append(f"({text})" if p >= 2 else text)
+        else:
+            text = " | ".join(parts)
+            done.append(f"({text})" if p >= 1 else text)
+    return done[0]

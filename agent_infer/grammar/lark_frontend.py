@@ -15,7 +15,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError, UnsupportedRegexError
+from agent_infer.errors import (
+    GrammarDefinitionError,
+    GrammarLimitError,
+    GrammarSyntaxError,
+    UnsupportedRegexError,
+)
 from agent_infer.grammar import regex_classes as rc
 from agent_infer.grammar.ir import (
     Alt,
@@ -44,6 +49,9 @@ _TOKEN_RE = re.compile(
     re.VERBOSE,
 )
 _IGNORE = "__ignore"
+# '(' / '[' nested deeper than this raise GrammarLimitError: parsing and the later passes over the
+# IR (ignore insertion, printing, serializing, lowering) recurse once per level on Python's stack.
+MAX_GROUP_NESTING = 100
 
 
 @dataclass
@@ -80,6 +88,7 @@ class _Parser:
         self.toks = self.tokenize()
         self.k = 0
         self.in_terminal = False
+        self.depth = 0  # open '(' / '[' around the cursor
 
     # -- lexing: a newline ends a statement unless the next line continues with '|' or a bracket is open --
 
@@ -242,7 +251,15 @@ class _Parser:
         tok = self.tok
         if self.at("op", "(", "["):
             self.k += 1
+            self.depth += 1
+            if self.depth > MAX_GROUP_NESTING:
+                where = self.error("", tok.pos)
+                raise GrammarLimitError(
+                    f"Lark: groups nest deeper than {MAX_GROUP_NESTING} levels"
+                    f" (line {where.line}, column {where.column})"
+                )
             inner = self.expansions()
+            self.depth -= 1
             self.take("op", ")" if tok.text == "(" else "]")
             return inner if tok.text == "(" else Repeat(inner, 0, 1)
         if tok.kind == "string":

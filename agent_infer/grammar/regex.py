@@ -31,12 +31,17 @@ from agent_infer.grammar.ir import (
 from agent_infer.grammar.regex_escapes import _Anchor, _Flags, _Reader
 
 MAX_REPEAT_BOUND = 100_000  # beyond this the automaton would be unreasonably large
+# Groups nested deeper than this raise GrammarLimitError: parsing and every later pass over the
+# IR (anchor handling, printing, serializing, lowering) recurse once per level, and Python's stack
+# holds ~1000 frames in all, shared with the caller's.
+MAX_GROUP_NESTING = 100
 
 
 class _Parser(_Reader):
     """Recursive descent over alternation > sequence > quantified atom."""
 
     def parse(self) -> Expr:
+        self.depth = 0
         flags = _Flags()
         expr = self.alternation(flags)
         if self.i < len(self.p):
@@ -177,7 +182,13 @@ class _Parser(_Reader):
                 inner_flags, scoped = self.inline_flags(flags, pos)
                 if not scoped:
                     return None
+        self.depth += 1
+        if self.depth > MAX_GROUP_NESTING:
+            raise GrammarLimitError(
+                f"regex groups nest deeper than {MAX_GROUP_NESTING} levels (position {pos})"
+            )
         expr = self.alternation(inner_flags)
+        self.depth -= 1
         if self.peek() != ")":
             raise self.error("missing ), unterminated subpattern", pos)
         self.i += 1

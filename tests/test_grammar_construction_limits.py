@@ -1,0 +1,142 @@
+"""Limits of grammar construction: nesting depth of the text front ends, memory while building
+automata, and the size of strings the test-string generator draws."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
+from agent_infer.grammar.gbnf import MAX_GROUP_NESTING as GBNF_NESTING
+from agent_infer.grammar.ir import Alt, Literal, Seq
+from agent_infer.grammar.lark_frontend import MAX_GROUP_NESTING as LARK_NESTING
+from agent_infer.grammar.regex import MAX_GROUP_NESTING as REGEX_NESTING
+from agent_infer.testing import DEFAULT_MAX_LENGTH, random_strings, strings
+
+BUILTINS = ["json", "json_array", "arithmetic", "sql_select", "tool_call", "csv", "yaml_subset"]
+
+
+@pytest.fixture(scope="module")
+def compiler() -> GrammarCompiler:
+    return GrammarCompiler(TokenizerInfo.bytes_only())
+
+
+def _deep_stack(depth: int, fn: object) -> object:
+    """``fn()`` called ``depth`` frames below here: a caller that is itself deep in the stack."""
+    if depth == 0:
+        return fn()  # type: ignore[operator]
+    return _deep_stack(depth - 1, fn)
+
+
+def _accepts(compiler: GrammarCompiler, grammar: Grammar, text: str) -> bool:
+    matcher = GrammarMatcher(compiler.compile(grammar))
+    return matcher.accept_string(text) and bool(matcher.can_terminate())
+
+
+# --- nesting -------------------------------------------------------------------------------------
+
+
+def _regex(depth: int) -> str:
+    return "(a|" * depth + "b" + ")*" * depth
+
+
+def _gbnf(depth: int) -> str:
+    return "root ::= " + '("a" | ' * depth + '"b"' + ")*" * depth
+
+
+def _lark(depth: int) -> str:
+    # '[' and '(' alternate: both count as one level.
+    opens = "".join('("a" | ' if k % 2 == 0 else '["a" ' for k in range(depth))
+    closes = "".join(")*" if k % 2 == 0 else "]" for k in reversed(range(depth)))
+    return '%ignore " "\nstart: ' + opens + '"b"' + closes
+
+
+CASES = {
+    "regex": (REGEX_NESTING, lambda d: Grammar.from_regex(_regex(d))),
+    "gbnf": (GBNF_NESTING, lambda d: Grammar.from_ebnf(_gbnf(d))),
+    "lark": (LARK_NESTING, lambda d: Grammar.from_ebnf(_lark(d), syntax="lark")),
+    "schema pattern": (
+        REGEX_NESTING,
+        lambda d: Grammar.from_json_schema({"type": "string", "pattern": "^" + _regex(d) + "$"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_nesting_at_the_limit_builds_prints_and_compiles(kind: str, compiler: GrammarCompiler) -> None:
+    limit, build = CASES[kind]
+    grammar = _deep_stack(100, lambda: build(limit))
+    assert isinstance(grammar, Grammar)
+    text = _deep_stack(100, lambda: str(grammar))
+    assert isinstance(text, str) and text
+    sample = "a" * (limit // 2) + "b"
+    if kind == "schema pattern":
+        sample = json.dumps(sample)
+    assert _accepts(compiler, grammar, sample)
+
+
+@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("depth", [1, 2, 1000])
+def test_nesting_beyond_the_limit_is_a_limit_error_naming_the_place(kind: str, depth: int) -> None:
+    limit, build = CASES[kind]
+    with pytest.raises(GrammarLimitError, match=f"deeper than {limit}") as err:
+        build(limit + depth)
+    # The innermost group that crosses the limit: the (limit + 1)-th opening bracket.
+    if kind in ("regex", "schema pattern"):
+        assert f"(position {3 * limit + (1 if kind == 'schema pattern' else 0)})" in str(err.value)
+    elif kind == "gbnf":
+        assert f"(line 1, column {len('root ::= ') + 7 * limit + 1})" in str(err.value)
+    else:
+        assert "(line 2, column" in str(err.value)
+
+
+def test_deep_ir_prints() -> None:
+    expr = Literal("b")
+    for _ in range(3000):
+        expr = Alt((Literal("a"), Seq((expr, Literal("c")))))
+    text = str(Grammar.from_expr(expr))
+    assert text.count("(") == text.count(")") == 3000 - 1
+    assert text.count('"c"') == 3000
+    shallow = Alt((Literal("a"), Seq((Alt((Literal("a"), Seq((Literal("b"), Literal("c"))))), Literal("c")))))
+    assert str(Grammar.from_expr(shallow)) == 'root ::= "a" | ("a" | "b" "c") "c"\n'
+
+
+# --- the test-string generator -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_twenty_draws_of_each_builtin_are_quick_bounded_and_accepted(
+    name: str, compiler: GrammarCompiler
+) -> None:
+    grammar = Grammar.builtin(name)
+    drawn: list[str] = []
+
+    @settings(max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(text=strings(grammar))
+    def draw(text: str) -> None:
+        drawn.append(text)
+
+    start = time.perf_counter()
+    draw()
+    assert time.perf_counter() - start < 5.0
+    assert len(drawn) >= 20
+    # Only the simplest completion follows the bound: a few hundred characters at most here.
+    assert max(map(len, drawn)) < 2 * DEFAULT_MAX_LENGTH
+    for text in drawn[:20]:
+        assert _accepts(compiler, grammar, text), text
+
+
+def test_max_length_is_configurable_and_keeps_short_strings(compiler: GrammarCompiler) -> None:
+    grammar = Grammar.builtin("sql_select")
+    short = random_strings(grammar, 30, seed=5, max_length=40)
+    assert max(map(len, short)) < 200
+    assert all(_accepts(compiler, grammar, t) for t in short)
+    # Strings the bound never reaches are drawn exactly as without it.
+    tiny = random_strings('root ::= [a-z]{1,5} ("," [a-z]{1,5})*', 50, seed=2, max_length=10_000)
+    assert tiny == random_strings('root ::= [a-z]{1,5} ("," [a-z]{1,5})*', 50, seed=2)
+    long = random_strings(grammar, 5, seed=5, max_length=5000)
+    assert max(map(len, long)) > max(map(len, short))
