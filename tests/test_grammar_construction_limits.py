@@ -4,6 +4,10 @@ automata, and the size of strings the test-string generator draws."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -15,6 +19,7 @@ from agent_infer.grammar.gbnf import MAX_GROUP_NESTING as GBNF_NESTING
 from agent_infer.grammar.ir import Alt, Literal, Seq
 from agent_infer.grammar.lark_frontend import MAX_GROUP_NESTING as LARK_NESTING
 from agent_infer.grammar.regex import MAX_GROUP_NESTING as REGEX_NESTING
+from agent_infer.grammar.regex import MAX_SEARCH_SPAN, regex_search_expr
 from agent_infer.testing import DEFAULT_MAX_LENGTH, random_strings, strings
 
 BUILTINS = ["json", "json_array", "arithmetic", "sql_select", "tool_call", "csv", "yaml_subset"]
@@ -35,6 +40,112 @@ def _deep_stack(depth: int, fn: object) -> object:
 def _accepts(compiler: GrammarCompiler, grammar: Grammar, text: str) -> bool:
     matcher = GrammarMatcher(compiler.compile(grammar))
     return matcher.accept_string(text) and bool(matcher.can_terminate())
+
+
+# --- memory and work while building automata ----------------------------------------------------
+
+
+def _run_capped(body: str, extra_mib: int, timeout: float = 120.0) -> tuple[str, float]:
+    """Run ``body`` in a fresh interpreter whose address space may grow ``extra_mib`` MiB past what
+    it has mapped once agent_infer is imported; returns its output and its wall time."""
+    head = textwrap.dedent(
+        f"""\
+        import resource, time
+        from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
+        compiler = GrammarCompiler(TokenizerInfo.bytes_only())
+        compiler.compile(Grammar.from_regex("[a-z]{{3}}"))  # the extension's own buffers first
+        mapped = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + ({extra_mib} << 20),) * 2)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+        """
+    )
+    tail = textwrap.dedent(
+        """\
+        except Exception as exc:
+            print("raised", type(exc).__name__, exc)
+        print("peak_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+        """
+    )
+    script = head + textwrap.indent(textwrap.dedent(body).strip() + "\n", "    ") + tail
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return done.stdout + done.stderr, time.perf_counter() - start
+
+
+def test_long_literal_pattern_compiles_in_bounded_memory() -> None:
+    # Determinizing `.*a{n}.*` holds sets of up to n pattern positions, one per state.
+    out, _ = _run_capped(
+        """
+        n = 10_000
+        g = Grammar.from_json_schema({"type": "string", "pattern": "a" * n})
+        compiled = compiler.compile(g)
+        def accepts(text):
+            m = GrammarMatcher(compiled)
+            return m.accept_string(text) and m.can_terminate()
+        print("inside", accepts('"b' + "a" * n + 'c"'))
+        print("short", accepts('"' + "a" * (n - 1) + 'b"'))
+        """,
+        extra_mib=1024,
+    )
+    assert "inside True" in out and "short False" in out, out
+    peak_mib = int(out.split("peak_kib")[1].split()[0]) / 1024
+    assert peak_mib < 200, out
+
+
+def test_nested_repeat_pattern_is_a_quick_limit_error_in_bounded_memory() -> None:
+    out, seconds = _run_capped(
+        """
+        schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": "(a{1000}){1000}"}}}
+        compiler.compile(Grammar.from_json_schema(schema))
+        """,
+        extra_mib=512,
+    )
+    assert "raised GrammarLimitError" in out, out
+    assert f"more than {MAX_SEARCH_SPAN} character positions" in out and "(position 9)" in out, out
+    assert seconds < 20, out
+
+
+def test_search_span_limit_counts_what_follows_the_padding() -> None:
+    regex_search_expr("a" * MAX_SEARCH_SPAN)
+    with pytest.raises(GrammarLimitError, match=r"\(position 0\)"):
+        regex_search_expr("a" * (MAX_SEARCH_SPAN + 1))
+    with pytest.raises(GrammarLimitError, match=r"\(position 4\)"):
+        regex_search_expr(f"x|(y{{{MAX_SEARCH_SPAN + 1}}})")
+    # Anchored at the start, the run is matched from the first character: one set per position.
+    regex_search_expr(f"^a{{{2 * MAX_SEARCH_SPAN}}}")
+    regex_search_expr(f"^.{{1,{5 * MAX_SEARCH_SPAN}}}$")
+    regex_search_expr(f".{{1,{5 * MAX_SEARCH_SPAN}}}$")  # the search only needs its last character
+
+
+def test_large_state_sets_keep_the_exact_language(compiler: GrammarCompiler) -> None:
+    # Overlapping prefixes put hundreds of positions in one subset (far past the flat sets).
+    literal = "ab" * 150 + "c"
+    grammar = Grammar.from_json_schema({"type": "string", "pattern": literal})
+    texts = [
+        "ab" * 150 + "c",
+        "ab" * 400 + "c",
+        "a" + "ab" * 150 + "cx",
+        "ab" * 149 + "c",
+        "ab" * 150 + "ac",
+        "x" + "ab" * 75 + "b" + "ab" * 75 + "c",
+        "ab" * 160,
+    ]
+    for text in texts:
+        assert _accepts(compiler, grammar, json.dumps(text)) == (re.search(literal, text) is not None), text
+
+
+def test_running_out_of_memory_while_compiling_is_a_limit_error() -> None:
+    out, _ = _run_capped(
+        """
+        compiler.compile(Grammar.from_regex("([a-z]{3}[0-9]){20000}"))
+        print("compiled")
+        """,
+        extra_mib=8,
+    )
+    assert "raised GrammarLimitError grammar is too large: compiling it ran out of memory" in out, out
 
 
 # --- nesting -------------------------------------------------------------------------------------

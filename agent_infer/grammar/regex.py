@@ -35,6 +35,11 @@ MAX_REPEAT_BOUND = 100_000  # beyond this the automaton would be unreasonably la
 # IR (anchor handling, printing, serializing, lowering) recurse once per level, and Python's stack
 # holds ~1000 frames in all, shared with the caller's.
 MAX_GROUP_NESTING = 100
+# The longest run of character positions (counted repeats unrolled) a JSON Schema ``pattern``
+# may have between the ``.*`` its unanchored search adds and its end. Determinizing ``.*X`` keeps
+# every position of X that could still be matching, so it costs the square of that run: a
+# 10,000-position literal takes seconds, ``(a{1000}){1000}`` would take hours.
+MAX_SEARCH_SPAN = 20_000
 
 
 class _Parser(_Reader):
@@ -42,6 +47,8 @@ class _Parser(_Reader):
 
     def parse(self) -> Expr:
         self.depth = 0
+        self.spans: dict[int, int] = {}  # _span's memo
+        self.long_repeat: int | None = None  # the first quantifier unrolling past MAX_SEARCH_SPAN
         flags = _Flags()
         expr = self.alternation(flags)
         if self.i < len(self.p):
@@ -91,6 +98,8 @@ class _Parser(_Reader):
             if max(lo, hi or 0) > MAX_REPEAT_BOUND:
                 raise GrammarLimitError(f"regex repeat bound above {MAX_REPEAT_BOUND} (position {pos})")
             atom = Repeat(atom, lo, hi)
+            if self.long_repeat is None and _span(atom, self.spans) > MAX_SEARCH_SPAN:
+                self.long_repeat = pos
             quantified = True
             if self.peek() in ("?", "+"):  # lazy / possessive: same language as greedy here
                 self.i += 1
@@ -343,6 +352,32 @@ def _search(expr: Expr, pre: bool, suf: bool) -> Expr:
     return seq(_ANY if pre else Empty(), expr, _ANY if suf else Empty())
 
 
+def _span(expr: Expr, memo: dict[int, int]) -> int:
+    """Positions on the longest path through ``expr`` with counted repeats unrolled (an unbounded
+    repeat counts its copies plus one; ``.*`` padding counts nothing). ``memo`` is keyed by node
+    identity: the IR shares subtrees, and the nodes outlive the call."""
+    if expr is _ANY:
+        return 0
+    key = id(expr)
+    found = memo.get(key)
+    if found is not None:
+        return found
+    if isinstance(expr, Literal):
+        n = len(expr.text)
+    elif isinstance(expr, CharClass):
+        n = 1
+    elif isinstance(expr, Seq):
+        n = sum(_span(e, memo) for e in expr.items)
+    elif isinstance(expr, Alt):
+        n = max((_span(e, memo) for e in expr.items), default=0)
+    elif isinstance(expr, Repeat):
+        n = _span(expr.item, memo) * (expr.min + 1 if expr.max is None else expr.max)
+    else:
+        n = 0
+    memo[key] = n
+    return n
+
+
 def _parse_raw(pattern: str, dialect: str) -> Expr:
     return _Parser(pattern, dialect).parse()
 
@@ -361,12 +396,57 @@ def regex_search_expr(pattern: str, dialect: str = "ecma") -> Expr:
     """Strings *containing* a match of ``pattern`` (JSON Schema semantics), honouring ``^``/``$``.
 
     ``^`` pins only the start and ``$`` only the end; each alternative is padded separately.
+    GrammarLimitError (with the position of the first repeat that crosses it) when the padded
+    search would have to track more than :data:`MAX_SEARCH_SPAN` positions at once.
     Cached (a pure function; IR nodes are immutable): schemas repeat their patterns. Errors are
     raised again on every call.
     """
-    raw = _parse_raw(pattern, dialect)
+    parser = _Parser(pattern, dialect)
+    raw = parser.parse()
     _strip(raw, True, True)  # validates anchor placement with the same errors as parse_regex
-    return _search(raw, True, True)
+    found = _search(raw, True, True)
+    if _search_span(found, parser.spans)[1] > MAX_SEARCH_SPAN:
+        raise GrammarLimitError(
+            f"pattern {_excerpt(pattern)} is too long to search for: more than {MAX_SEARCH_SPAN}"
+            f" character positions once its repeats are unrolled"
+            f" (position {parser.long_repeat or 0})"
+        )
+    return found
+
+
+def _search_span(expr: Expr, memo: dict[int, int]) -> tuple[int | None, int]:
+    """(positions from the last ``.*`` inside ``expr`` to its end, None without one; the longest
+    such run that starts inside ``expr``): what determinizing the search keeps in one state set."""
+    if expr is _ANY:
+        return 0, 0
+    if isinstance(expr, Seq):
+        running: int | None = None
+        best = 0
+        for item in expr.items:
+            tail, inner = _search_span(item, memo)
+            best = max(best, inner)
+            if running is not None:
+                running += _span(item, memo)
+            if tail is not None:
+                running = tail if running is None else max(running, tail)
+            best = max(best, running or 0)
+        return running, best
+    if isinstance(expr, Alt):
+        found = [_search_span(e, memo) for e in expr.items]
+        tails = [t for t, _ in found if t is not None]
+        return (max(tails) if tails else None), max((b for _, b in found), default=0)
+    if isinstance(expr, Repeat):
+        tail, inner = _search_span(expr.item, memo)
+        if tail is None:
+            return None, inner
+        copies = expr.min + 1 if expr.max is None else expr.max
+        tail += _span(expr.item, memo) * max(copies - 1, 0)
+        return tail, max(inner, tail)
+    return None, 0
+
+
+def _excerpt(pattern: str) -> str:
+    return repr(pattern) if len(pattern) <= 60 else repr(pattern[:57]) + "..."
 
 
 def regex_to_grammar(pattern: str, *, dialect: str = "python") -> Grammar:

@@ -13,6 +13,7 @@
 // escape sets: grammar_follow.cpp.
 #include <algorithm>
 #include <chrono>
+#include <new>
 
 #include "grammar.h"
 #include "grammar_lower.h"
@@ -20,11 +21,26 @@
 namespace agent_infer {
 namespace grammar {
 
+namespace {
+
+// Memory ran out while lowering: the grammar is too large for this machine, which is a size limit
+// of the input (GrammarLimitError), not an internal failure. The buffers of the failed lowering
+// are freed by the unwinding before this message is built.
+[[noreturn]] void throw_out_of_memory() {
+  throw LimitError("grammar is too large: compiling it ran out of memory");
+}
+
+}  // namespace
+
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std::vector<std::vector<int32_t>>& rules_in,
                                  int32_t root_, const Limits& limits)
     : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
   std::vector<std::vector<int32_t>> own_rules;  // the rules once rewritten, if they are
-  lower_rules(rules_in, &own_rules, limits);
+  try {
+    lower_rules(rules_in, &own_rules, limits);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory();
+  }
 }
 
 // Programs the caller gives up (compile_serialized): merging and outlining rewrite them where they
@@ -32,7 +48,11 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, std::vector<std::vector<int32_t>>&& rules_in,
                                  int32_t root_, const Limits& limits)
     : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
-  lower_rules(rules_in, &rules_in, limits);
+  try {
+    lower_rules(rules_in, &rules_in, limits);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory();
+  }
 }
 
 void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules_in,

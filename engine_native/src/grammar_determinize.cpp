@@ -133,17 +133,36 @@ size_t SetTable::retained_bytes() const {
   return bytes(data_) + bytes(off_) + bytes(hash_) + bytes(table_) + bytes(table_gen_);
 }
 
-int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
-  const uint64_t h = hash_set(closure_.data(), closure_.size());
-  size_t slot = 0;
-  const int32_t found = sets_.find(closure_.data(), closure_.size(), h, &slot);
-  if (found >= 0) return found;
+int32_t Determinizer::new_state(DfaPool* pool, int32_t ref) {
   if (++total_ > max_states_) {
     throw LimitError("grammar is too large: more than " + std::to_string(max_states_) + " automaton states");
   }
   deadline_->check();
+  if (sets_.bytes_used() + seeds_.bytes_used() + trie_.bytes_used() > kMaxDeterminizeBytes) {
+    throw LimitError("grammar is too large: building one rule's automaton needs more than " +
+                     std::to_string(kMaxDeterminizeBytes >> 20) + " MiB of state sets");
+  }
   pool->final.push_back(0);
-  return sets_.insert(closure_.data(), closure_.size(), h, slot);
+  state_ref_.push_back(ref);
+  return static_cast<int32_t>(state_ref_.size()) - 1;
+}
+
+int32_t Determinizer::intern(const Nfa& nfa, DfaPool* pool) {
+  if (closure_.size() > kFlatMembers) {
+    const int32_t id = trie_.intern(closure_.data(), closure_.size());
+    if (static_cast<size_t>(id) < trie_state_.size() && trie_state_[id] >= 0) return trie_state_[id];
+    const int32_t d = new_state(pool, ~id);
+    if (trie_state_.size() <= static_cast<size_t>(id)) trie_state_.resize(trie_.bound(), -1);
+    trie_state_[id] = d;
+    return d;
+  }
+  const uint64_t h = hash_set(closure_.data(), closure_.size());
+  size_t slot = 0;
+  const int32_t found = sets_.find(closure_.data(), closure_.size(), h, &slot);
+  if (found >= 0) return flat_state_[found];
+  const int32_t d = new_state(pool, sets_.insert(closure_.data(), closure_.size(), h, slot));
+  flat_state_.push_back(d);
+  return d;
 }
 
 int32_t Determinizer::close_intern(const Nfa& nfa, DfaPool* pool) {
@@ -165,6 +184,18 @@ int32_t Determinizer::close_intern(const Nfa& nfa, DfaPool* pool) {
     const int32_t id = intern(nfa, pool);
     one_gen_[x] = gen_;
     one_id_[x] = id;
+    return id;
+  }
+  if (targets_.size() > kFlatMembers) {
+    const int32_t seed = trie_.intern(targets_.data(), targets_.size());
+    if (static_cast<size_t>(seed) < trie_seed_.size() && trie_seed_[seed] >= 0) {
+      targets_.clear();
+      return trie_seed_[seed];
+    }
+    closure(nfa, targets_);
+    const int32_t id = intern(nfa, pool);
+    if (trie_seed_.size() <= static_cast<size_t>(seed)) trie_seed_.resize(trie_.bound(), -1);
+    trie_seed_[seed] = id;
     return id;
   }
   const uint64_t h = hash_set(targets_.data(), targets_.size());
@@ -257,7 +288,13 @@ void Determinizer::sweep_edges(const Nfa& nfa, size_t first_edge, DfaPool* pool)
 
 void Determinizer::expand(const Nfa& nfa, int32_t d, DfaPool* pool) {
   // Copied out: interning new sets may reallocate the table's members.
-  current_.assign(sets_.members(d), sets_.members_end(d));
+  const int32_t ref = state_ref_[d];
+  if (ref >= 0) {
+    current_.assign(sets_.members(ref), sets_.members_end(ref));
+  } else {
+    current_.clear();
+    trie_.members(~ref, &current_);
+  }
   edges_.clear();
   ref_pairs_.clear();
   uint8_t final = 0;
@@ -313,6 +350,11 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
   sets_.clear();
   seeds_.clear();
   seed_id_.clear();
+  trie_.clear(nfa.size());
+  state_ref_.clear();
+  flat_state_.clear();
+  trie_state_.clear();
+  trie_seed_.clear();
   if (++gen_ == 0) {
     std::fill(one_gen_.begin(), one_gen_.end(), 0);
     gen_ = 1;
@@ -320,7 +362,7 @@ int32_t Determinizer::run(const Nfa& nfa, DfaPool* pool) {
   targets_.assign(1, nfa.start);
   closure(nfa, targets_);
   intern(nfa, pool);
-  for (int32_t d = 0; d < sets_.size(); ++d) expand(nfa, d, pool);
+  for (size_t d = 0; d < state_ref_.size(); ++d) expand(nfa, static_cast<int32_t>(d), pool);
   return base_;
 }
 
@@ -333,7 +375,8 @@ void Determinizer::charge(int64_t states) {
 
 size_t Determinizer::retained_bytes() const {
   auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
-  return sets_.retained_bytes() + seeds_.retained_bytes() + bytes(mark_) + bytes(bits_) + bytes(stack_) +
+  return sets_.retained_bytes() + seeds_.retained_bytes() + trie_.retained_bytes() + bytes(state_ref_) +
+         bytes(flat_state_) + bytes(trie_state_) + bytes(trie_seed_) + bytes(mark_) + bytes(bits_) + bytes(stack_) +
          bytes(closure_) + bytes(current_) + bytes(targets_) + bytes(points_) + bytes(by_lo_) + bytes(by_end_) +
          bytes(active_) + bytes(slot_) + bytes(count_in_) + bytes(edges_) + bytes(ref_pairs_) + bytes(one_id_) +
          bytes(one_gen_) + bytes(seed_id_);

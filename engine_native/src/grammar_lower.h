@@ -146,6 +146,8 @@ class SetTable {
   const int32_t* members(int32_t id) const { return data_.data() + off_[id]; }
   const int32_t* members_end(int32_t id) const { return data_.data() + off_[id + 1]; }
   int32_t size() const { return static_cast<int32_t>(hash_.size()); }
+  // Bytes the sets use now (members, offsets, hashes and table).
+  size_t bytes_used() const { return data_.size() * 4 + hash_.size() * 12 + table_.size() * 8; }
   size_t retained_bytes() const;
 
  private:
@@ -156,6 +158,42 @@ class SetTable {
   std::vector<uint32_t> table_gen_;
   uint32_t gen_ = 0;
 };
+
+// Hash-consed sets of int32 below a universe fixed per clear(), for the determinizer's large sets.
+// A set is a fixed-depth binary tree over 64-member blocks whose empty subtrees are left out and
+// whose nodes are interned, so equal sets get the same id and sets that differ in a few blocks
+// share every other subtree. A search automaton's states hold all the pattern positions still
+// matching (a literal of n characters: sets of 1..n members); stored flat they cost O(n^2) words,
+// here O(n log n) nodes.
+class SetTrie {
+ public:
+  // Forgets every set; members of the sets to come are below `universe`.
+  void clear(size_t universe);
+  // The id (>= 1) of the set [data, data + n): sorted, distinct, n >= 1, each below the universe.
+  int32_t intern(const int32_t* data, size_t n);
+  // Appends the members of set `id` to *out, in ascending order.
+  void members(int32_t id, std::vector<int32_t>* out) const;
+  // Ids are below this (node ids and set ids are one numbering).
+  int32_t bound() const { return static_cast<int32_t>(x_.size()); }
+  // Bytes the nodes and their table use now.
+  size_t bytes_used() const { return x_.size() * (sizeof(uint64_t) + sizeof(uint32_t)) + table_.size() * 8; }
+  size_t retained_bytes() const;
+
+ private:
+  int32_t node(uint64_t x, uint32_t level);
+  std::vector<uint64_t> x_;      // per node: a leaf's member bits, or left << 32 | right (0 = empty)
+  std::vector<uint32_t> level_;  // per node: 0 for a leaf
+  std::vector<int32_t> table_;   // node ids, open addressing; valid where table_gen_ == gen_
+  std::vector<uint32_t> table_gen_;
+  uint32_t gen_ = 0;
+  uint32_t levels_ = 0;  // a set's root is at this level
+  std::vector<std::pair<uint32_t, uint64_t>> cur_, next_;  // intern's levels: (index, word or id)
+  mutable std::vector<std::pair<int32_t, std::pair<uint32_t, uint32_t>>> walk_;  // members' stack
+};
+
+// Working memory of one determinizer run's state sets (flat tables and trie) past which a rule's
+// subset construction stops with LimitError.
+constexpr size_t kMaxDeterminizeBytes = size_t{256} << 20;
 
 // Subset construction with byte ranges and rule references as the alphabet. Sets of NFA states
 // live back to back in one buffer, interned through an open-addressing table; every buffer is
@@ -199,7 +237,14 @@ class Determinizer {
   // A sweep was cut short (its state budget ran out): count_in_ must be cleared before reuse.
   bool sweep_dirty_ = false;
   int32_t base_ = 0;
-  SetTable sets_;  // the DFA states of the current run, by number
+  // The DFA states of the current run: sets of up to kFlatMembers members in sets_, larger ones
+  // in trie_. state_ref_[d]: state d's sets_ number, or ~its trie id; flat_state_ / trie_state_
+  // map back (trie_state_ is indexed by trie id, -1 where no state).
+  static constexpr size_t kFlatMembers = 64;
+  SetTable sets_;
+  SetTrie trie_;
+  std::vector<int32_t> state_ref_, flat_state_, trie_state_, trie_seed_;
+  int32_t new_state(DfaPool* pool, int32_t ref);
   uint32_t gen_ = 0;  // per run: one_gen_ entries of earlier runs are stale
   std::vector<uint32_t> mark_;
   std::vector<uint64_t> bits_;  // closure()'s members as bits (all zero between calls)
@@ -210,7 +255,8 @@ class Determinizer {
   std::vector<ByteEdge> edges_;
   std::vector<RefEdge> ref_pairs_;
   // close_intern's memo: one target (by NFA state, valid where one_gen_ == gen_), and target
-  // sets of two or more (seeds_, with the state each closed to in seed_id_).
+  // sets of two or more (seeds_, with the state each closed to in seed_id_; sets of more than
+  // kFlatMembers by trie id in trie_seed_, -1 where none).
   std::vector<int32_t> one_id_;
   std::vector<uint32_t> one_gen_;
   SetTable seeds_;
