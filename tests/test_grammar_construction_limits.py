@@ -137,6 +137,21 @@ def test_large_state_sets_keep_the_exact_language(compiler: GrammarCompiler) -> 
         assert _accepts(compiler, grammar, json.dumps(text)) == (re.search(literal, text) is not None), text
 
 
+def test_determinizing_stops_at_its_state_set_budget() -> None:
+    # `.*a[ab]{n}` needs a state per combination of the last n characters, each holding about
+    # n / 2 positions: with a state budget this large, the sets' memory is what must stop it.
+    out, seconds = _run_capped(
+        """
+        big = GrammarCompiler(TokenizerInfo.bytes_only(), max_states=2_000_000)
+        big.compile(Grammar.from_regex(".*a[ab]{2000}"))
+        """,
+        extra_mib=1536,
+    )
+    assert "raised GrammarLimitError" in out and "MiB of state sets" in out, out
+    assert int(out.split("peak_kib")[1].split()[0]) < 1024 * 1024, out
+    assert seconds < 60, out
+
+
 def test_running_out_of_memory_while_compiling_is_a_limit_error() -> None:
     out, _ = _run_capped(
         """
