@@ -9,7 +9,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
+from agent_infer.errors import ConfigError, GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
@@ -25,6 +25,8 @@ _INT32_MAX = 2**31 - 1
 DEFAULT_MAX_STATES = 500_000
 DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
+# Grammar.from_json_schema's keyword options (compile_json_schema passes them on).
+_JSON_SCHEMA_OPTIONS = frozenset(("strict", "whitespace", "max_whitespace", "indent", "remotes"))
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
@@ -339,7 +341,16 @@ class GrammarCompiler:
 
     @pauses_gc
     def compile_json_schema(self, schema: Any, **kwargs: Any) -> CompiledGrammar:
-        """JSON Schema (dict, JSON text, Pydantic model) -> compiled grammar; kwargs go to Grammar.from_json_schema."""
+        """JSON Schema (dict, JSON text, Pydantic model) -> compiled grammar; kwargs go to Grammar.from_json_schema.
+
+        An option it does not take, or one out of range, raises ConfigError naming it.
+        """
+        unknown = sorted(set(kwargs) - _JSON_SCHEMA_OPTIONS)
+        if unknown:
+            raise ConfigError(
+                f"compile_json_schema got unknown option(s) {', '.join(unknown)}; "
+                f"it takes {', '.join(sorted(_JSON_SCHEMA_OPTIONS))}"
+            )
         return self.compile(Grammar.from_json_schema(schema, **kwargs))
 
     @pauses_gc

@@ -464,6 +464,19 @@ class Compiler(RuleWriter):
         rec = ReferenceRecognizer(Grammar((("root", body), *sub.rules.items()), "root"))
 
         def accepts(v: Any) -> bool:
-            return rec.accepts(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
+            return rec.accepts(json.dumps(_integral(v), separators=(",", ":"), ensure_ascii=False))
 
         return accepts
+
+
+def _integral(v: Any) -> Any:
+    """``v`` with integral floats as ints: JSON Schema compares numbers by value (3.0 is an integer),
+    while json.dumps writes 3.0 as "3.0", a text the "integer" grammar does not take."""
+    kind = type(v)
+    if kind is float:
+        return int(v) if v.is_integer() else v
+    if kind is list:
+        return [_integral(x) for x in v]
+    if kind is dict:
+        return {k: _integral(x) for k, x in v.items()}
+    return v

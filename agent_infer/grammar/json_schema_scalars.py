@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -52,13 +53,32 @@ EXTRA_FORMATS = {
 }
 
 
+# Counts are written as binary "doubling" rules, one level per bit (RuleWriter.repeat): past 64
+# bits no text could reach the bound anyway, and thousand-bit counts nest too deep to build.
+MAX_COUNT = 2**64 - 1
+
+
 def count(flat: dict[str, Any], key: str, pointer: str) -> int | None:
-    """A non-negative integer keyword (``2.0`` counts as 2), or None when absent."""
+    """A non-negative integer keyword (``2.0`` counts as 2), or None when absent.
+
+    Raises InvalidSchemaError for anything else (booleans, non-finite numbers) and
+    GrammarLimitError for a count above :data:`MAX_COUNT`.
+    """
     if key not in flat:
         return None
     v = flat[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or (isinstance(v, float) and not math.isfinite(v))
+        or v < 0
+        or v != int(v)
+    ):
         raise InvalidSchemaError(f"{key} must be a non-negative integer", pointer=f"{pointer}/{key}")
+    if v > MAX_COUNT:
+        raise GrammarLimitError(
+            f"{key} at {pointer}/{key} is above the largest supported count {MAX_COUNT} (2**64 - 1)"
+        )
     return int(v)
 
 

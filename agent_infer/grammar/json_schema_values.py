@@ -43,12 +43,10 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return flat
-    if "const" in flat:
-        if canon(v) != canon(flat["const"]):
-            return False
-    elif "enum" in flat and canon(v) not in _canon_set(c, flat["enum"]):
+    # const and enum are separate assertions: a value listed by one must be allowed by the other.
+    if "const" in flat and canon(v) != canon(flat["const"]):
         return False
-    if "enum" in flat and "const" in flat and canon(v) != canon(flat["const"]):
+    if "enum" in flat and canon(v) not in _canon_set(c, flat["enum"]):
         return False
 
     def sub(s: Any, where: str) -> bool:
@@ -186,10 +184,10 @@ def _canon_set(c: Compiler, enum: Any) -> set[Any]:
 
 
 def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
-    """The answer of the ``{"type": ...}`` grammar for a scalar ``v``, without building it (None:
-    not that case). That grammar takes any JSON string, null or boolean of an allowed type, any
-    integer for "integer" (INTEGER: digits only), any finite float only for "number" (NUMBER takes
-    every ``repr``; INTEGER none, as it has a '.' or an exponent)."""
+    """Whether a scalar ``v`` is valid under ``rest`` when that is ``{"type": ...}`` alone, decided
+    without building its grammar (None: not that case). Types go by value: any JSON string, null or
+    boolean of an allowed type, any integer for "integer", any finite float for "number", and an
+    integral float (3.0) for "integer" too; its own grammar (``value_expr``) takes "3"."""
     if len(rest) != 1 or "type" not in rest:
         return None
     t = rest["type"]
@@ -206,5 +204,6 @@ def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
     if kind is int:
         return "integer" in names or "number" in names
     if kind is float:
-        return "number" in names and math.isfinite(v)
+        # JSON Schema types by value: 3.0 is an integer.
+        return math.isfinite(v) and ("number" in names or ("integer" in names and v.is_integer()))
     return None
