@@ -406,6 +406,40 @@ def test_count_above_the_limit_names_its_keyword(keyword: str) -> None:
         Grammar.from_json_schema({"properties": {"p": {keyword: 2**64 - 1}}})
 
 
+def test_long_numbers_are_written_exactly(byte_compiler: GrammarCompiler) -> None:
+    """Values of thousands of digits (within the int-to-str limit) and bounds of hundreds compile:
+    the common digits of a range are one literal."""
+    big = 10**4299
+    const = byte_compiler.compile(Grammar.from_json_schema({"const": -big}))
+    assert _accepts(const, str(-big)) and not _accepts(const, str(-big - 1))
+    bound = 10**399  # MAX_NUMBER_DIGITS digits
+    below = byte_compiler.compile(Grammar.from_json_schema({"type": "number", "maximum": -bound}))
+    assert _accepts(below, str(-bound)) and _accepts(below, str(-bound - 1) + ".5")
+    assert not _accepts(below, str(-bound + 1))
+    doubles = {"type": "number", "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308}
+    compiled = byte_compiler.compile(Grammar.from_json_schema(doubles))
+    assert _accepts(compiled, "-12.5") and _accepts(compiled, str(17976931348623157 * 10**292))
+    assert not _accepts(compiled, str(17976931348623157 * 10**292 + 1))
+    tiny = byte_compiler.compile(Grammar.from_json_schema({"type": "number", "exclusiveMinimum": 5e-324}))
+    assert _accepts(tiny, "0." + "0" * 323 + "6") and not _accepts(tiny, "0." + "0" * 323 + "5")
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("minimum", 10**300 + 1),
+        ("maximum", -int("7" * 101)),
+        ("exclusiveMinimum", 10**400),
+        ("exclusiveMaximum", -(10**401)),
+        ("multipleOf", 10**4000),
+    ],
+    ids=["301-significant", "101-significant", "401-digits", "402-digits", "above-modulus-limit"],
+)
+def test_number_beyond_the_digit_limits_names_its_keyword(keyword: str, value: Any) -> None:
+    with pytest.raises(GrammarLimitError, match=f"{keyword} at /items/{keyword}"):
+        Grammar.from_json_schema({"type": "array", "items": {"type": "number", keyword: value}})
+
+
 # -- options --------------------------------------------------------------------------------------
 
 

@@ -265,23 +265,33 @@ def number_problem(v: Any) -> str | None:
     return None
 
 
-def check_value(value: Any, pointer: str) -> None:
+def check_value(value: Any, pointer: str, keyword: str = "enum") -> None:
     """Reject a JSON value (``enum``/``const``) holding a number :func:`number_problem` refuses,
-    naming the number's own pointer. Iterative: values nest as deep as their source allows."""
+    naming the number's own pointer. Iterative (values nest as deep as their source allows); a
+    pointer is spelled out only for a container or the culprit, as enums list thousands of codes."""
+    if type(value) in _PLAIN:
+        return
     stack = [(value, pointer)]
     while stack:
         v, here = stack.pop()
         vt = type(v)
-        if vt is str or vt is bool or v is None:
-            continue
-        if vt is list:
-            stack.extend((x, f"{here}/{i}") for i, x in enumerate(v))
-        elif vt is dict:
-            stack.extend((x, f"{here}/{_escape(str(k))}") for k, x in v.items())
+        if vt is list or vt is dict:
+            items = enumerate(v) if vt is list else v.items()
+            if vt is list and set(map(type, v)) <= _PLAIN:
+                continue
+            for k, x in items:
+                xt = type(x)
+                if xt in _PLAIN:
+                    continue
+                if xt is list or xt is dict or number_problem(x) is not None:
+                    stack.append((x, f"{here}/{_escape(str(k))}"))
         else:
             problem = number_problem(v)
             if problem is not None:
-                raise InvalidSchemaError(f"value {problem}", pointer=here)
+                raise InvalidSchemaError(f"{keyword} value {problem}", pointer=here)
+
+
+_PLAIN = frozenset((str, bool, type(None)))
 
 
 def _is_num(v: Any) -> bool:
@@ -298,7 +308,7 @@ def _check_shape(key: str, value: Any, parent: str) -> None:
         if key == "enum" and not isinstance(value, list):
             raise InvalidSchemaError("enum must be an array", pointer=f"{parent}/enum")
         if vt is not str:
-            check_value(value, f"{parent}/{key}")
+            check_value(value, f"{parent}/{key}", key)
         return
     is_num = _is_num
     problem = None
