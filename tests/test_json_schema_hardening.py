@@ -127,6 +127,55 @@ def test_integral_float_enum_value_is_an_integer(byte_compiler: GrammarCompiler)
         assert not _accepts(compiled, text.replace("3", "2.5")), schema
 
 
+# Wrong acceptances the exactness sweep found (schema, an invalid instance the grammar took).
+FOUND = [
+    (
+        {
+            "type": "object",
+            "properties": {"b": {}},
+            "patternProperties": {"b": {"type": "string"}},
+            "not": {"maxProperties": 1},
+            "oneOf": [{"maxProperties": 1}, {"required": ["c"]}],
+        },
+        '{"a":1}',
+    ),
+    (
+        {
+            "properties": {"a": {}},
+            "required": ["a", "b"],
+            "anyOf": [{"required": ["a"]}, {"maxProperties": 0}],
+        },
+        "{}",
+    ),
+    ({"type": "object", "required": ["b", "c"], "maxProperties": 0, "not": {"minProperties": 2}}, "{}"),
+    (
+        {"properties": {"a": {}}, "required": ["a"], "maxProperties": 3, "dependentRequired": {"b": ["c"]}},
+        "{}",
+    ),
+    (
+        {
+            "type": "string",
+            "enum": ["", "ab"],
+            "const": "abcde",
+            "oneOf": [{"maxLength": 1}, {"pattern": "a"}],
+        },
+        '"abcde"',
+    ),
+    ({"exclusiveMinimum": 1.5, "enum": [1, 2, 3, 4.5], "const": 2.5, "not": {"const": 1}}, "2.5"),
+]
+
+
+@pytest.mark.parametrize(("schema", "text"), FOUND)
+def test_found_wrong_acceptances(schema: Any, text: str, byte_compiler: GrammarCompiler) -> None:
+    assert not _oracle(schema).is_valid(json.loads(text, parse_float=Decimal))
+    try:
+        compiled = byte_compiler.compile(Grammar.from_json_schema(schema, whitespace="compact"))
+    except GrammarDefinitionError as exc:
+        assert "empty" in str(exc)
+        return
+    assert not _accepts(compiled, text)
+
+
 # -- the exactness sweep ------------------------------------------------------------------------------
 
 CANDIDATES: list[Any] = [
@@ -331,6 +380,24 @@ def test_exactness_against_jsonschema(byte_compiler: GrammarCompiler) -> None:
     assert compiled_count > 1200
     assert not false_accepts, "\n".join(false_accepts[:30])
     assert not false_rejects, "\n".join(false_rejects[:30])
+
+
+@pytest.mark.parametrize("layout", [{"indent": 2}, {"whitespace": "flexible"}])
+def test_no_false_accepts_in_other_layouts(layout: dict[str, Any], byte_compiler: GrammarCompiler) -> None:
+    """Empty containers and separators are written per layout (``{}`` with blank inside, pinned
+    newlines): a sample of the sweep, texts as json.dumps(indent=2) writes them."""
+    false_accepts = []
+    for schema in _schemas()[::4]:
+        try:
+            compiled = byte_compiler.compile(Grammar.from_json_schema(schema, **layout))
+        except (UnsupportedSchemaError, GrammarDefinitionError):
+            continue
+        oracle = _oracle(schema)
+        for inst in _instances(schema):
+            text = json.dumps(inst, indent=2, ensure_ascii=False)
+            if _accepts(compiled, text) and not oracle.is_valid(json.loads(text, parse_float=Decimal)):
+                false_accepts.append(f"{json.dumps(schema)} accepts {text!r}")
+    assert not false_accepts, "\n".join(false_accepts[:30])
 
 
 # -- non-finite and huge numbers --------------------------------------------------------------------
