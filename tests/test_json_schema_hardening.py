@@ -18,6 +18,7 @@ from agent_infer.errors import (
     GrammarDefinitionError,
     GrammarLimitError,
     InvalidSchemaError,
+    UnsupportedSchemaError,
 )
 from agent_infer.grammar import (
     CompiledGrammar,
@@ -116,6 +117,20 @@ def test_integral_float_enum_value_is_an_integer(byte_compiler: GrammarCompiler)
         text = "[3]" if schema["type"] == "array" else "3"
         assert _accepts(compiled, text), schema
         assert not _accepts(compiled, text.replace("3", "2.5")), schema
+
+
+def test_enum_numbers_are_checked_by_value_not_by_spelling(byte_compiler: GrammarCompiler) -> None:
+    """json.dumps writes 1e-05 with an exponent, which a bounded grammar does not take: the value
+    checks must not read that as "out of bounds" (a wrong rejection, or under ``not`` a wrong
+    acceptance)."""
+    kept = byte_compiler.compile(Grammar.from_json_schema({"enum": [1e-05, -1], "minimum": 0}))
+    assert _accepts(kept, "0.00001") and not _accepts(kept, "-1")
+    for schema in (
+        {"enum": [1e-05, 2], "not": {"minimum": 0}},
+        {"enum": [[1e-05]], "not": {"items": {"minimum": 0}}},
+    ):
+        with pytest.raises(GrammarDefinitionError, match="empty"):
+            byte_compiler.compile(Grammar.from_json_schema(schema))
 
 
 # -- non-finite and huge numbers --------------------------------------------------------------------
@@ -223,6 +238,16 @@ def test_long_numbers_are_written_exactly(byte_compiler: GrammarCompiler) -> Non
 def test_number_beyond_the_digit_limits_names_its_keyword(keyword: str, value: Any) -> None:
     with pytest.raises(GrammarLimitError, match=f"{keyword} at /items/{keyword}"):
         Grammar.from_json_schema({"type": "array", "items": {"type": "number", keyword: value}})
+
+
+def test_property_count_beyond_the_counting_states_names_its_keyword() -> None:
+    with pytest.raises(UnsupportedSchemaError) as err:
+        Grammar.from_json_schema({"properties": {"p": {"type": "object", "minProperties": 5000}}})
+    assert err.value.keyword == "minProperties" and err.value.pointer == "/properties/p/minProperties"
+    lenient = Grammar.from_json_schema(
+        {"type": "object", "required": ["a"], "maxProperties": 5000}, strict=False
+    )
+    assert any("maxProperties at /maxProperties" in w for w in lenient.warnings)
 
 
 # -- options --------------------------------------------------------------------------------------

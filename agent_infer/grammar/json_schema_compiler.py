@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from agent_infer import envs
@@ -464,19 +465,26 @@ class Compiler(RuleWriter):
         rec = ReferenceRecognizer(Grammar((("root", body), *sub.rules.items()), "root"))
 
         def accepts(v: Any) -> bool:
-            return rec.accepts(json.dumps(_integral(v), separators=(",", ":"), ensure_ascii=False))
+            return rec.accepts(_plain_json(v))
 
         return accepts
 
 
-def _integral(v: Any) -> Any:
-    """``v`` with integral floats as ints: JSON Schema compares numbers by value (3.0 is an integer),
-    while json.dumps writes 3.0 as "3.0", a text the "integer" grammar does not take."""
+def _plain_json(v: Any) -> str:
+    """Compact JSON text of ``v`` with every number in plain decimal (json.dumps writes 1e-05 and
+    3.0, texts a bounded or "integer" grammar does not take, though JSON Schema compares numbers
+    by value: 0.00001 is at least 0, 3.0 is an integer)."""
     kind = type(v)
     if kind is float:
-        return int(v) if v.is_integer() else v
+        if v.is_integer():
+            return str(int(v))
+        return format(Decimal(repr(v)), "f")
     if kind is list:
-        return [_integral(x) for x in v]
+        return "[" + ",".join(_plain_json(x) for x in v) + "]"
     if kind is dict:
-        return {k: _integral(x) for k, x in v.items()}
-    return v
+        return (
+            "{"
+            + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _plain_json(x) for k, x in v.items())
+            + "}"
+        )
+    return json.dumps(v, ensure_ascii=False)

@@ -158,8 +158,11 @@ def counted_members(
         return _never()
     cap = hi if hi is not None else max(lo, 1)
     if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
+        keyword = "maxProperties" if hi is not None else "minProperties"
         c.unsupported(
-            "maxProperties" if hi is not None else "minProperties", pointer, "property count too large"
+            keyword,
+            f"{pointer}/{keyword}",
+            f"property count too large: (members + 1) x (count + 1) above {MAX_COUNT_STATES} counting states",
         )
         body, nullable = member_list(c, members, extra, depth)  # non-strict: drop the count, keep the rest
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
