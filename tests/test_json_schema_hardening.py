@@ -193,8 +193,16 @@ def test_schema_text_with_bad_numbers_is_invalid_schema(text: str) -> None:
 
 
 def test_long_integer_in_an_annotation_is_ignored(byte_compiler: GrammarCompiler) -> None:
+    """Annotations constrain nothing: their integers may be past the int-to-str limit (JSON text or
+    Python ints), also where the compiler keys a subschema by its text."""
     compiled = byte_compiler.compile(Grammar.from_json_schema('{"type": "integer", "default": ' + BIG + "}"))
     assert _accepts(compiled, "12")
+    huge = 10**5000
+    names = {"type": "object", "propertyNames": {"maxLength": 1, "default": huge}}
+    assert _accepts(byte_compiler.compile(Grammar.from_json_schema(names)), '{"a":1}')
+    listed = {"enum": [1, -1], "not": {"minimum": 0, "examples": [{"n": huge}], "vendor": [huge]}}
+    compiled = byte_compiler.compile(Grammar.from_json_schema(listed, strict=False))
+    assert _accepts(compiled, "-1") and not _accepts(compiled, "1")
 
 
 @pytest.mark.parametrize("keyword", ["minLength", "maxItems", "maxProperties"])

@@ -39,7 +39,7 @@ from agent_infer.grammar.json_schema_merge import (
     type_set,
     values,
 )
-from agent_infer.grammar.json_schema_resolve import Registry
+from agent_infer.grammar.json_schema_resolve import Registry, schema_text
 from agent_infer.grammar.json_schema_rule_writer import MAX_RULES, RuleWriter
 from agent_infer.grammar.json_schema_text import HIGH_EXPR, HIGH_RULE, JSON_CHAR
 
@@ -395,7 +395,7 @@ class Compiler(RuleWriter):
 
         ``record`` copies the sub-compilation's warnings (when its result shapes this grammar).
         """
-        key = (json.dumps(schema, sort_keys=True, default=str), strict)
+        key = (schema_text(schema, sort_keys=True), strict)
         if key in self._matchers:
             return self._matchers[key]
         if key in self._building:
@@ -420,7 +420,7 @@ class Compiler(RuleWriter):
         schema's compiled grammar."""
         from agent_infer.grammar.json_schema_values import _type_only
 
-        key = (json.dumps(schema, sort_keys=True, default=str), self.strict)
+        key = (schema_text(schema, sort_keys=True), self.strict)
         found = self._matchers.get(key)
         if found is not None:
             return found

@@ -11,6 +11,7 @@ become numbers.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -253,6 +254,31 @@ class TooLongInteger:
 
     def __repr__(self) -> str:
         return f"<integer of {len(self.text.lstrip('-'))} digits>"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def schema_text(value: Any, *, sort_keys: bool = False) -> str:
+    """``json.dumps(value, default=str)``, the key the compiler's memos use for a schema or a
+    value, also where an annotation holds an integer past Python's int-to-str limit (kept by
+    validation, which only looks at the keywords that constrain)."""
+    try:
+        return json.dumps(value, sort_keys=sort_keys, default=str)
+    except ValueError:
+        return json.dumps(_hex_huge(value), sort_keys=sort_keys, default=str)
+
+
+def _hex_huge(value: Any) -> Any:
+    """``value`` with integers past the int-to-str limit as hex text (hex has no such limit)."""
+    kind = type(value)
+    if kind is int and not -_INT_BOUND < value < _INT_BOUND:
+        return f"<integer 0x{value:x}>"
+    if kind is list:
+        return [_hex_huge(x) for x in value]
+    if kind is dict:
+        return {k: _hex_huge(x) for k, x in value.items()}
+    return value
 
 
 def number_problem(v: Any) -> str | None:
