@@ -336,13 +336,14 @@ def _check_shape(key: str, value: Any, parent: str) -> None:
         if vt is not str:
             check_value(value, f"{parent}/{key}", key)
         return
+    if (key in _NUMBERS or key in _EXCLUSIVE or key in _COUNTS) and vt is not bool:
+        # Non-finite and over-long numbers first: the checks below would convert them.
+        problem = number_problem(value)
+        if problem is not None:
+            raise InvalidSchemaError(f"{key} {problem}", pointer=f"{parent}/{_escape(key)}")
     is_num = _is_num
     problem = None
-    if (key in _NUMBERS or key in _EXCLUSIVE or key in _COUNTS) and vt is not bool:
-        problem = number_problem(value)
-    if problem is not None:
-        pass
-    elif key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
+    if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
         problem = "must be a non-negative integer"
     elif key in _NUMBERS and not is_num(value):
         problem = "must be a number"

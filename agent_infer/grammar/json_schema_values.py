@@ -77,7 +77,7 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     by_type = _type_only(rest, v)
     if by_type is not None:
         return by_type
-    if type(v) is dict or type(v) is list:
+    if _is_container(v):
         by_members = _container_valid(c, rest, v, pointer, depth)
         if by_members is not None:
             return by_members
