@@ -299,3 +299,34 @@ def test_largest_options_compile_and_match(byte_compiler: GrammarCompiler) -> No
     flexible = byte_compiler.compile_json_schema(schema, max_whitespace=64)
     assert _accepts(flexible, "{" + " " * 64 + '"a"' + " " * 64 + ":[]}")
     assert not _accepts(flexible, "{" + " " * 65 + '"a":[]}')
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_states", 10**30),
+        ("max_states", 0),
+        ("max_states", "10"),
+        ("max_items_per_step", -5),
+        ("max_items_per_step", 2**31),
+        ("max_compile_seconds", -1),
+        ("max_compile_seconds", float("nan")),
+        ("max_threads", 0),
+        ("cache_limit_bytes", -1),
+        ("cache_enabled", "yes"),
+    ],
+)
+def test_out_of_range_compiler_option_is_config_error(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=name):
+        GrammarCompiler(TokenizerInfo.bytes_only(), **{name: value})
+
+
+def test_compiler_options_at_their_bounds_compile() -> None:
+    compiler = GrammarCompiler(
+        TokenizerInfo.bytes_only(),
+        max_states=2**31 - 1,
+        max_items_per_step=2**31 - 1,
+        max_compile_seconds=float("inf"),
+        cache_limit_bytes=0,
+    )
+    assert _accepts(compiler.compile_json_schema({"type": "integer"}), "12")
