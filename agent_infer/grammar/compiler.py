@@ -9,7 +9,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
+from agent_infer.errors import ConfigError, GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
@@ -25,6 +25,8 @@ _INT32_MAX = 2**31 - 1
 DEFAULT_MAX_STATES = 500_000
 DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
+# Grammar.from_json_schema's keyword options (compile_json_schema passes them on).
+_JSON_SCHEMA_OPTIONS = frozenset(("strict", "whitespace", "max_whitespace", "indent", "remotes"))
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
@@ -270,6 +272,13 @@ class CompiledGrammar:
         return f"CompiledGrammar(states={self.num_states}, bytes={self.memory_size_bytes})"
 
 
+def _check_count(name: str, value: Any, lo: int, hi: int | None) -> None:
+    """ConfigError unless ``value`` is an integer in [lo, hi] (no upper end when ``hi`` is None)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        allowed = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise ConfigError(f"{name} must be an integer {allowed}, got {value!r}")
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer; results are cached by rule programs (LRU, byte budget)."""
 
@@ -288,7 +297,25 @@ class GrammarCompiler:
 
         ``max_threads`` is accepted for XGrammar compatibility; compilation runs on the calling thread
         with the GIL released, so callers may compile from several threads at once.
+        Options out of range raise ConfigError naming them: ``max_states`` and
+        ``max_items_per_step`` are integers in [1, 2**31 - 1], ``max_compile_seconds`` a number
+        above 0 (``inf``: no budget), ``max_threads`` an integer of at least 1,
+        ``cache_limit_bytes`` one of at least 0, ``cache_enabled`` a bool.
         """
+        _check_count("max_states", max_states, 1, _INT32_MAX)
+        _check_count("max_items_per_step", max_items_per_step, 1, _INT32_MAX)
+        _check_count("max_threads", max_threads, 1, None)
+        _check_count("cache_limit_bytes", cache_limit_bytes, 0, None)
+        if (
+            not isinstance(max_compile_seconds, int | float)
+            or isinstance(max_compile_seconds, bool)
+            or not max_compile_seconds > 0  # NaN too
+        ):
+            raise ConfigError(
+                f"max_compile_seconds must be a number above 0 (inf for no budget), got {max_compile_seconds!r}"
+            )
+        if not isinstance(cache_enabled, bool):
+            raise ConfigError(f"cache_enabled must be True or False, got {cache_enabled!r}")
         self.tokenizer_info = tokenizer_info
         self.max_threads = max_threads
         self._cache_enabled = cache_enabled
@@ -339,7 +366,16 @@ class GrammarCompiler:
 
     @pauses_gc
     def compile_json_schema(self, schema: Any, **kwargs: Any) -> CompiledGrammar:
-        """JSON Schema (dict, JSON text, Pydantic model) -> compiled grammar; kwargs go to Grammar.from_json_schema."""
+        """JSON Schema (dict, JSON text, Pydantic model) -> compiled grammar; kwargs go to Grammar.from_json_schema.
+
+        An option it does not take, or one out of range, raises ConfigError naming it.
+        """
+        unknown = sorted(set(kwargs) - _JSON_SCHEMA_OPTIONS)
+        if unknown:
+            raise ConfigError(
+                f"compile_json_schema got unknown option(s) {', '.join(unknown)}; "
+                f"it takes {', '.join(sorted(_JSON_SCHEMA_OPTIONS))}"
+            )
         return self.compile(Grammar.from_json_schema(schema, **kwargs))
 
     @pauses_gc

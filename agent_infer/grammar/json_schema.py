@@ -41,7 +41,7 @@ from agent_infer.grammar.json_schema_compiler import (
     complement_keys,
 )
 from agent_infer.grammar.json_schema_keywords import KNOWN
-from agent_infer.grammar.json_schema_resolve import build_registry
+from agent_infer.grammar.json_schema_resolve import MAX_INT_DIGITS, TooLongInteger, build_registry
 from agent_infer.grammar.json_schema_rule_writer import (
     MAX_CHUNKS,
     MAX_INLINE_REPEAT,
@@ -50,16 +50,26 @@ from agent_infer.grammar.json_schema_rule_writer import (
 )
 from agent_infer.grammar.json_schema_rule_writer import _rule_base as _rule_base
 
+# Option bounds. Pinned layouts (indent) are written out per depth, so indent * MAX_INDENT_DEPTH
+# spaces of literal text per line; 16 covers every indent json.dumps users pick (2, 4, 8).
+# Flexible whitespace is a counted repeat of blanks at every optional spot (after a newline, at
+# least MAX_LINE_INDENT): 64 is far above any real formatter's run of blanks.
+MAX_INDENT = 16
+MAX_WHITESPACE = 64
+
 __all__ = [
     "KNOWN",
     "MAX_CHUNKS",
     "MAX_FLATTEN_DEPTH",
+    "MAX_INDENT",
     "MAX_INDENT_DEPTH",
     "MAX_INLINE_REPEAT",
     "MAX_LINE_INDENT",
     "MAX_RULES",
+    "MAX_WHITESPACE",
     "SHARED_RULE_PREFIX",
     "Compiler",
+    "check_options",
     "complement_keys",
     "json_schema_to_grammar",
 ]
@@ -71,9 +81,21 @@ def _load(schema: Any) -> Any:
             return json.loads(schema)
         except json.JSONDecodeError as exc:
             raise InvalidSchemaError(f"schema is not valid JSON: {exc}", pointer="") from exc
+        except ValueError:
+            # An integer literal past the int-to-str digit limit: parsed again keeping such
+            # literals as text, so the keyword that holds one is reported with its pointer
+            # (json_schema_resolve). NaN/Infinity (and overflowing floats) parse to non-finite
+            # floats and are reported there too.
+            return json.loads(schema, parse_int=_parse_int)
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return _close_objects(schema.model_json_schema())
     return schema
+
+
+def _parse_int(text: str) -> int | TooLongInteger:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        return TooLongInteger(text)
+    return int(text)
 
 
 def _close_objects(node: Any) -> Any:
@@ -90,6 +112,29 @@ def _close_objects(node: Any) -> Any:
     return out
 
 
+def _check_int(name: str, value: Any, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+        raise ConfigError(f"{name} must be an integer from 0 to {hi}, got {value!r}")
+
+
+def check_options(*, strict: Any, whitespace: Any, max_whitespace: Any, indent: Any, remotes: Any) -> None:
+    """Raise ConfigError, naming the argument and what it allows, for an option of
+    :func:`json_schema_to_grammar` out of range: ``whitespace`` is ``"flexible"`` or ``"compact"``,
+    ``max_whitespace`` an integer in [0, MAX_WHITESPACE], ``indent`` None or an integer in
+    [0, MAX_INDENT], ``strict`` a bool, ``remotes`` None or a mapping from URI strings."""
+    if whitespace not in ("flexible", "compact") or type(whitespace) is not str:
+        raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
+    _check_int("max_whitespace", max_whitespace, MAX_WHITESPACE)
+    if indent is not None:
+        _check_int("indent", indent, MAX_INDENT)
+    if type(strict) is not bool:
+        raise ConfigError(f"strict must be True or False, got {strict!r}")
+    if remotes is not None and (
+        not isinstance(remotes, Mapping) or not all(isinstance(uri, str) for uri in remotes)
+    ):
+        raise ConfigError("remotes must be a mapping from URI strings to schema documents")
+
+
 def json_schema_to_grammar(
     schema: Any,
     *,
@@ -101,14 +146,16 @@ def json_schema_to_grammar(
 ) -> Grammar:
     """Compile a JSON Schema (dict, JSON text, bool, or Pydantic model class) to a Grammar.
 
+    ``whitespace="flexible"`` allows up to ``max_whitespace`` (0 to MAX_WHITESPACE) blanks at each
+    optional spot; ``indent`` (None, or 0 to MAX_INDENT spaces per level) pins the layout
+    json.dumps(indent=...) writes. Options out of range raise ConfigError.
     Strict mode raises UnsupportedSchemaError for a keyword that cannot be enforced exactly;
     non-strict mode ignores it and records ``"ignored keyword K at /ptr"`` in ``Grammar.warnings``.
     ``remotes`` maps absolute URIs to schema documents that ``$ref`` may point into.
     """
-    if whitespace not in ("flexible", "compact"):
-        raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
-    if max_whitespace < 0 or (indent is not None and indent < 0):
-        raise ConfigError("max_whitespace and indent must be non-negative")
+    check_options(
+        strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent, remotes=remotes
+    )
     comp: Compiler | None = None
     over_limit = False
     try:

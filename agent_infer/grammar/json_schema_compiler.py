@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from agent_infer import envs
@@ -38,7 +39,7 @@ from agent_infer.grammar.json_schema_merge import (
     type_set,
     values,
 )
-from agent_infer.grammar.json_schema_resolve import Registry
+from agent_infer.grammar.json_schema_resolve import Registry, schema_text
 from agent_infer.grammar.json_schema_rule_writer import MAX_RULES, RuleWriter
 from agent_infer.grammar.json_schema_text import HIGH_EXPR, HIGH_RULE, JSON_CHAR
 
@@ -394,7 +395,7 @@ class Compiler(RuleWriter):
 
         ``record`` copies the sub-compilation's warnings (when its result shapes this grammar).
         """
-        key = (json.dumps(schema, sort_keys=True, default=str), strict)
+        key = (schema_text(schema, sort_keys=True), strict)
         if key in self._matchers:
             return self._matchers[key]
         if key in self._building:
@@ -419,7 +420,7 @@ class Compiler(RuleWriter):
         schema's compiled grammar."""
         from agent_infer.grammar.json_schema_values import _type_only
 
-        key = (json.dumps(schema, sort_keys=True, default=str), self.strict)
+        key = (schema_text(schema, sort_keys=True), self.strict)
         found = self._matchers.get(key)
         if found is not None:
             return found
@@ -464,6 +465,26 @@ class Compiler(RuleWriter):
         rec = ReferenceRecognizer(Grammar((("root", body), *sub.rules.items()), "root"))
 
         def accepts(v: Any) -> bool:
-            return rec.accepts(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
+            return rec.accepts(_plain_json(v))
 
         return accepts
+
+
+def _plain_json(v: Any) -> str:
+    """Compact JSON text of ``v`` with every number in plain decimal (json.dumps writes 1e-05 and
+    3.0, texts a bounded or "integer" grammar does not take, though JSON Schema compares numbers
+    by value: 0.00001 is at least 0, 3.0 is an integer)."""
+    kind = type(v)
+    if kind is float:
+        if v.is_integer():
+            return str(int(v))
+        return format(Decimal(repr(v)), "f")
+    if kind is list:
+        return "[" + ",".join(_plain_json(x) for x in v) + "]"
+    if kind is dict:
+        return (
+            "{"
+            + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _plain_json(x) for k, x in v.items())
+            + "}"
+        )
+    return json.dumps(v, ensure_ascii=False)

@@ -154,10 +154,15 @@ def counted_members(
     pointer: str,
 ) -> Expr:
     """Members with the number of properties kept in [lo, hi] (states: position x count)."""
+    if hi is not None and hi < lo:
+        return _never()
     cap = hi if hi is not None else max(lo, 1)
     if (len(members) + 1) * (cap + 1) > MAX_COUNT_STATES:
+        keyword = "maxProperties" if hi is not None else "minProperties"
         c.unsupported(
-            "maxProperties" if hi is not None else "minProperties", pointer, "property count too large"
+            keyword,
+            f"{pointer}/{keyword}",
+            f"property count too large: (members + 1) x (count + 1) above {MAX_COUNT_STATES} counting states",
         )
         body, nullable = member_list(c, members, extra, depth)  # non-strict: drop the count, keep the rest
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
@@ -188,5 +193,8 @@ def counted_members(
 
     body = state(0, 0)
     full = seq(lit("{"), c.open(depth), body, c.close(depth), lit("}"))
-    # The empty object is written "{}" (or with blank inside); count it only if lo == 0.
-    return alt(full, c.empty("{", "}")) if lo == 0 else full
+    # The empty object is written "{}" (or with blank inside): it has no members, so it is valid
+    # only when no count is required and no member is either.
+    if lo == 0 and not any(is_required for _, is_required in members):
+        return alt(full, c.empty("{", "}"))
+    return full

@@ -25,11 +25,10 @@ builds every schema dict completely before lowering it).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agent_infer.grammar.json_schema_merge import is_annotation
-from agent_infer.grammar.json_schema_resolve import LIST_KEYWORDS, MAP_KEYWORDS, SCHEMA_KEYWORDS
+from agent_infer.grammar.json_schema_resolve import LIST_KEYWORDS, MAP_KEYWORDS, SCHEMA_KEYWORDS, schema_text
 
 # Annotations that still matter for the translation: they set a base URI or an anchor that $ref
 # and $dynamicRef resolve against, or they name the dialect.
@@ -61,7 +60,7 @@ def _literal(value: Any) -> object:
         return (kind, repr(value))
     if kind is list and all(type(x) is str for x in value):
         return (kind, *value)
-    return json.dumps(value, default=str)
+    return schema_text(value)
 
 
 class SchemaKeys:

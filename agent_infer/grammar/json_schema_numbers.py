@@ -31,10 +31,15 @@ def _digit(lo: int, hi: int) -> Expr:
 
 def _fixed_range(lo: str, hi: str) -> Expr:
     """Digit strings of len(lo) == len(hi) between lo and hi (leading zeros allowed)."""
+    # The common prefix is one literal, not one level of recursion per digit: bounds and enum
+    # values run to thousands of digits (10**4000, its neighbours, the value itself).
+    same = 0
+    while same < len(lo) and lo[same] == hi[same]:
+        same += 1
+    if same:
+        return seq(lit(lo[:same]), _fixed_range(lo[same:], hi[same:])) if same < len(lo) else lit(lo)
     if not lo:
         return Empty()
-    if lo[0] == hi[0]:
-        return seq(lit(lo[0]), _fixed_range(lo[1:], hi[1:]))
     n = len(lo) - 1
     parts: list[Expr] = []
     a, b = int(lo[0]), int(hi[0])

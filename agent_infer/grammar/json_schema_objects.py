@@ -28,6 +28,7 @@ from agent_infer.grammar.json_schema_formats import FORMATS
 from agent_infer.grammar.json_schema_members import cat, counted_members, member_list, seq_items
 from agent_infer.grammar.json_schema_merge import canon, is_annotation, to_fraction, type_set
 from agent_infer.grammar.json_schema_names import names_dfa
+from agent_infer.grammar.json_schema_resolve import schema_text
 from agent_infer.grammar.json_schema_scalars import count
 from agent_infer.grammar.json_schema_text import encode_expr, encode_literal
 
@@ -294,7 +295,7 @@ def _extra_member(
     if len(pats) > MAX_PATTERN_REGIONS:
         c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
         pats = {}
-    pn = json.dumps(flat["propertyNames"], sort_keys=True, default=str) if "propertyNames" in flat else "true"
+    pn = schema_text(flat["propertyNames"], sort_keys=True) if "propertyNames" in flat else "true"
     sorted_names = tuple(sorted(names))
     if keys is True and not pats:
         # The common case (one region: any key but the declared names), as the loop below does it.

@@ -11,6 +11,8 @@ become numbers.
 from __future__ import annotations
 
 import functools
+import json
+import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
@@ -224,6 +226,7 @@ _SHAPED = frozenset(
         "exclusiveMaximum",
         "required",
         "enum",
+        "const",
         "pattern",
         "format",
         "uniqueItems",
@@ -231,6 +234,90 @@ _SHAPED = frozenset(
 ) | {"type"}
 _EXCLUSIVE = frozenset(("exclusiveMinimum", "exclusiveMaximum"))
 _STRUCTURAL = frozenset(("$ref", "additionalItems", *SCHEMA_KEYWORDS, *MAP_KEYWORDS, *LIST_KEYWORDS))
+
+
+# Integers are written and compared through their decimal text (grammars, enum filtering), which
+# Python refuses to produce past its default int-to-str limit: such integers are rejected, with
+# the same bound whatever the interpreter's setting.
+MAX_INT_DIGITS = 4300
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+class TooLongInteger:
+    """An integer literal of JSON schema text with more than MAX_INT_DIGITS digits (``json.loads``
+    cannot convert it): kept as its text so the keyword holding it is reported with its pointer."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<integer of {len(self.text.lstrip('-'))} digits>"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def schema_text(value: Any, *, sort_keys: bool = False) -> str:
+    """``json.dumps(value, default=str)``, the key the compiler's memos use for a schema or a
+    value, also where an annotation holds an integer past Python's int-to-str limit (kept by
+    validation, which only looks at the keywords that constrain)."""
+    try:
+        return json.dumps(value, sort_keys=sort_keys, default=str)
+    except ValueError:
+        return json.dumps(_hex_huge(value), sort_keys=sort_keys, default=str)
+
+
+def _hex_huge(value: Any) -> Any:
+    """``value`` with integers past the int-to-str limit as hex text (hex has no such limit)."""
+    kind = type(value)
+    if kind is int and not -_INT_BOUND < value < _INT_BOUND:
+        return f"<integer 0x{value:x}>"
+    if kind is list:
+        return [_hex_huge(x) for x in value]
+    if kind is dict:
+        return {k: _hex_huge(x) for k, x in value.items()}
+    return value
+
+
+def number_problem(v: Any) -> str | None:
+    """Why the JSON number ``v`` cannot be compiled (non-finite, too many digits), or None."""
+    vt = type(v)
+    if vt is float:
+        return None if math.isfinite(v) else f"must be a finite number, got {v!r}"
+    if vt is TooLongInteger or (vt is not bool and isinstance(v, int) and not -_INT_BOUND < v < _INT_BOUND):
+        return f"is an integer with more than {MAX_INT_DIGITS} digits"
+    return None
+
+
+def check_value(value: Any, pointer: str, keyword: str = "enum") -> None:
+    """Reject a JSON value (``enum``/``const``) holding a number :func:`number_problem` refuses,
+    naming the number's own pointer. Iterative (values nest as deep as their source allows); a
+    pointer is spelled out only for a container or the culprit, as enums list thousands of codes."""
+    if type(value) in _PLAIN:
+        return
+    stack = [(value, pointer)]
+    while stack:
+        v, here = stack.pop()
+        vt = type(v)
+        if vt is list or vt is dict:
+            items = enumerate(v) if vt is list else v.items()
+            if vt is list and set(map(type, v)) <= _PLAIN:
+                continue
+            for k, x in items:
+                xt = type(x)
+                if xt in _PLAIN:
+                    continue
+                if xt is list or xt is dict or number_problem(x) is not None:
+                    stack.append((x, f"{here}/{_escape(str(k))}"))
+        else:
+            problem = number_problem(v)
+            if problem is not None:
+                raise InvalidSchemaError(f"{keyword} value {problem}", pointer=here)
+
+
+_PLAIN = frozenset((str, bool, type(None)))
 
 
 def _is_num(v: Any) -> bool:
@@ -243,6 +330,17 @@ def _check_shape(key: str, value: Any, parent: str) -> None:
     vt = type(value)
     if vt is str and (key == "type" or key in _STRINGS):
         return  # the common cases, decided without the chain below
+    if key == "enum" or key == "const":
+        if key == "enum" and not isinstance(value, list):
+            raise InvalidSchemaError("enum must be an array", pointer=f"{parent}/enum")
+        if vt is not str:
+            check_value(value, f"{parent}/{key}", key)
+        return
+    if (key in _NUMBERS or key in _EXCLUSIVE or key in _COUNTS) and vt is not bool:
+        # Non-finite and over-long numbers first: the checks below would convert them.
+        problem = number_problem(value)
+        if problem is not None:
+            raise InvalidSchemaError(f"{key} {problem}", pointer=f"{parent}/{_escape(key)}")
     is_num = _is_num
     problem = None
     if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
@@ -255,8 +353,6 @@ def _check_shape(key: str, value: Any, parent: str) -> None:
         problem = "must be a number"
     elif key == "required" and not (isinstance(value, list) and all(isinstance(r, str) for r in value)):
         problem = "must be an array of strings"
-    elif key == "enum" and not isinstance(value, list):
-        problem = "must be an array"
     elif key in ("pattern", "format") and not isinstance(value, str):
         problem = "must be a string"
     elif key == "uniqueItems" and not isinstance(value, bool):

@@ -43,12 +43,10 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return flat
-    if "const" in flat:
-        if canon(v) != canon(flat["const"]):
-            return False
-    elif "enum" in flat and canon(v) not in _canon_set(c, flat["enum"]):
+    # const and enum are separate assertions: a value listed by one must be allowed by the other.
+    if "const" in flat and canon(v) != canon(flat["const"]):
         return False
-    if "enum" in flat and "const" in flat and canon(v) != canon(flat["const"]):
+    if "enum" in flat and canon(v) not in _canon_set(c, flat["enum"]):
         return False
 
     def sub(s: Any, where: str) -> bool:
@@ -79,6 +77,10 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     by_type = _type_only(rest, v)
     if by_type is not None:
         return by_type
+    if _is_container(v):
+        by_members = _container_valid(c, rest, v, pointer, depth)
+        if by_members is not None:
+            return by_members
     unknown = [k for k in rest if k not in KNOWN and not k.startswith("__")]
     if _typed_unknown(rest, unknown):
         # {"type": ..., <unknown keywords>} or unknown keywords alone: the unknown ones are
@@ -141,6 +143,10 @@ def value_predicate(
             n = _code_points(v)
             if n is not None:
                 return lengths[0] <= n and (lengths[1] is None or n <= lengths[1])
+        if _is_container(v):
+            by_members = _container_valid(c, rest, v, pointer, 0)
+            if by_members is not None:
+                return by_members
         if not slow:
             slow.append(
                 c.typed_matcher(rest, unknown, pointer)
@@ -150,6 +156,104 @@ def value_predicate(
         return slow[0](v)
 
     return accepts
+
+
+def _is_container(v: Any) -> bool:
+    """Whether ``v`` is a JSON object or array (decided member by member, not by a grammar)."""
+    return type(v) is dict or type(v) is list
+
+
+# Keywords that constrain only objects, only arrays, and only scalars (ignored by the others).
+_OBJECT = frozenset(
+    (
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "required",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+    )
+)
+_ARRAY = frozenset(("prefixItems", "items", "contains", "minContains", "maxContains", "minItems", "maxItems"))
+_SCALAR = frozenset(
+    (
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "contentEncoding",
+        "contentMediaType",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+    )
+)
+
+
+def _container_valid(c: Compiler, rest: dict[str, Any], v: Any, pointer: str, depth: int) -> bool | None:
+    """Validity of an object or array ``v`` under ``rest`` (no logic keywords), member by member:
+    the grammar of ``rest`` takes members in one declared order only, so a check against it would
+    turn that documented false negative into a wrong answer (and under ``not``/``oneOf`` into a
+    wrong acceptance). None: ``rest`` has a keyword decided here for no container (the grammar
+    check decides)."""
+    from agent_infer.grammar.json_schema_scalars import count
+
+    is_dict = type(v) is dict
+    own = _OBJECT if is_dict else _ARRAY
+    other = _ARRAY if is_dict else _OBJECT
+    if any(k != "type" and k not in own and k not in other and k not in _SCALAR for k in rest):
+        return None
+    t = rest.get("type")
+    if t is not None:
+        names = t if isinstance(t, list) else [t]
+        if not all(isinstance(n, str) and n in TYPES for n in names):
+            return None  # the grammar path reports the bad type name
+        if ("object" if is_dict else "array") not in names:
+            return False
+
+    def sub(schema: Any, where: str, x: Any) -> bool:
+        return value_valid(c, schema, x, f"{pointer}/{where}", depth + 1)
+
+    if not is_dict:
+        prefix = rest.get("prefixItems", [])
+        items = rest.get("items", True)
+        lo, hi = count(rest, "minItems", pointer) or 0, count(rest, "maxItems", pointer)
+        if len(v) < lo or (hi is not None and len(v) > hi):
+            return False
+        for i, x in enumerate(v):
+            schema, where = (prefix[i], f"prefixItems/{i}") if i < len(prefix) else (items, "items")
+            if not sub(schema, where, x):
+                return False
+        if "contains" in rest:
+            hits = sum(sub(rest["contains"], "contains", x) for x in v)
+            least = count(rest, "minContains", pointer)
+            most = count(rest, "maxContains", pointer)
+            if hits < (1 if least is None else least) or (most is not None and hits > most):
+                return False
+        return True
+    props = rest.get("properties", {})
+    pats = rest.get("patternProperties", {})
+    additional = rest.get("additionalProperties", True)
+    lo, hi = count(rest, "minProperties", pointer) or 0, count(rest, "maxProperties", pointer)
+    if len(v) < lo or (hi is not None and len(v) > hi):
+        return False
+    if any(name not in v for name in rest.get("required", [])):
+        return False
+    names = rest.get("propertyNames", True)
+    for key, x in v.items():
+        if names is not True and not sub(names, "propertyNames", key):
+            return False
+        matched = [p for p in pats if c.matches(p, key)]
+        if key in props and not sub(props[key], f"properties/{key}", x):
+            return False
+        if any(not sub(pats[p], f"patternProperties/{p}", x) for p in matched):
+            return False
+        if key not in props and not matched and not sub(additional, "additionalProperties", x):
+            return False
+    return True
 
 
 def _string_lengths(rest: dict[str, Any]) -> tuple[int, int | None] | None:
@@ -186,10 +290,10 @@ def _canon_set(c: Compiler, enum: Any) -> set[Any]:
 
 
 def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
-    """The answer of the ``{"type": ...}`` grammar for a scalar ``v``, without building it (None:
-    not that case). That grammar takes any JSON string, null or boolean of an allowed type, any
-    integer for "integer" (INTEGER: digits only), any finite float only for "number" (NUMBER takes
-    every ``repr``; INTEGER none, as it has a '.' or an exponent)."""
+    """Whether a scalar ``v`` is valid under ``rest`` when that is ``{"type": ...}`` alone, decided
+    without building its grammar (None: not that case). Types go by value: any JSON string, null or
+    boolean of an allowed type, any integer for "integer", any finite float for "number", and an
+    integral float (3.0) for "integer" too; its own grammar (``value_expr``) takes "3"."""
     if len(rest) != 1 or "type" not in rest:
         return None
     t = rest["type"]
@@ -206,5 +310,6 @@ def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
     if kind is int:
         return "integer" in names or "number" in names
     if kind is float:
-        return "number" in names and math.isfinite(v)
+        # JSON Schema types by value: 3.0 is an integer.
+        return math.isfinite(v) and ("number" in names or ("integer" in names and v.is_integer()))
     return None
