@@ -302,6 +302,9 @@ class Compiler(RuleWriter):
             raise InvalidSchemaError(
                 f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer
             ) from exc
+        except GrammarLimitError as exc:
+            # The regex names its position; the schema's pointer says which pattern.
+            raise GrammarLimitError(f"{exc} (at {pointer or '/'})") from exc
 
     # -- the dispatcher -------------------------------------------------------------------------
 
