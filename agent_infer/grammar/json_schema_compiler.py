@@ -289,22 +289,7 @@ class Compiler(RuleWriter):
     def pattern_expr(self, pattern: str, pointer: str) -> Expr:
         """The search expression of ``pattern`` (strings containing a match), with a regex's
         errors as the schema errors that name ``pointer``."""
-        from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
-        from agent_infer.grammar.regex import regex_search_expr
-
-        try:
-            return regex_search_expr(pattern, dialect="ecma")
-        except UnsupportedRegexError as exc:
-            raise UnsupportedSchemaError(
-                f"pattern {pattern!r}: {exc}", keyword="pattern", pointer=pointer
-            ) from exc
-        except GrammarSyntaxError as exc:
-            raise InvalidSchemaError(
-                f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer
-            ) from exc
-        except GrammarLimitError as exc:
-            # The regex names its position; the schema's pointer says which pattern.
-            raise GrammarLimitError(f"{exc} (at {pointer or '/'})") from exc
+        return scalars.pattern_search(pattern, pointer)
 
     # -- the dispatcher -------------------------------------------------------------------------
 

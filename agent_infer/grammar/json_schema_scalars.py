@@ -156,7 +156,7 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         usable = []
         for p in pats:
             try:
-                _search(p, f"{pointer}/pattern")
+                pattern_search(p, f"{pointer}/pattern")
                 usable.append(p)
             except UnsupportedSchemaError as exc:
                 c.unsupported("pattern", f"{pointer}/pattern", str(exc))
@@ -181,21 +181,21 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         # Lengths that one of several constraints already implies (an email format under
         # ``minLength: 3``, a ``^https://`` pattern next to it) bound the intersection too:
         # dropped, they leave one product automaton factor fewer, or none.
-        for implied in [fmt_expr, *(_search(p, f"{pointer}/pattern") for p in pats)]:
+        for implied in [fmt_expr, *(pattern_search(p, f"{pointer}/pattern") for p in pats)]:
             if implied is not None and bounded_pattern(implied, lo, hi) is implied:
                 lo, hi = 0, None
                 break
     if len(pats) == 1 and fmt_expr is None and lo == 0 and hi is None and plain:
-        return _search(pats[0], f"{pointer}/pattern", encoded=True)
+        return pattern_search(pats[0], f"{pointer}/pattern", encoded=True)
     if not pats and fmt_expr is not None and lo == 0 and hi is None and plain:
         return _encoded_format(fmt_name)
     if len(pats) == 1 and fmt_expr is not None and lo == 0 and hi is None and plain:
-        leads = literal_prefixes(_search(pats[0], f"{pointer}/pattern"))
+        leads = literal_prefixes(pattern_search(pats[0], f"{pointer}/pattern"))
         narrowed = [prefixed_format(fmt_expr, lead) for lead in leads or ()]
         if narrowed and all(n is not None for n in narrowed):
             return encode_expr(alt(*(n for n in narrowed if n is not None)))
     if len(pats) == 1 and fmt_expr is None and plain:
-        bounded = bounded_pattern(_search(pats[0], f"{pointer}/pattern"), lo, hi)
+        bounded = bounded_pattern(pattern_search(pats[0], f"{pointer}/pattern"), lo, hi)
         if bounded is not None:
             return _encode_counted(c, bounded)
     if not pats and fmt_expr is not None and plain:
@@ -335,7 +335,9 @@ def _encoded_search(pattern: str) -> Expr:
     return encode_expr(regex_search_expr(pattern, dialect="ecma"))
 
 
-def _search(pattern: str, pointer: str, *, encoded: bool = False) -> Expr:
+def pattern_search(pattern: str, pointer: str, *, encoded: bool = False) -> Expr:
+    """The strings containing a match of ``pattern`` (JSON-encoded when ``encoded``), with the
+    regex's errors as schema errors that name ``pointer``."""
     from agent_infer.grammar.regex import regex_search_expr
 
     try:
@@ -346,6 +348,9 @@ def _search(pattern: str, pointer: str, *, encoded: bool = False) -> Expr:
         ) from exc
     except GrammarSyntaxError as exc:
         raise InvalidSchemaError(f"pattern {pattern!r} is not a valid regex: {exc}", pointer=pointer) from exc
+    except GrammarLimitError as exc:
+        # The regex names its position; the pointer says which pattern.
+        raise GrammarLimitError(f"{exc} (at {pointer or '/'})") from exc
 
 
 def lower_string(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
