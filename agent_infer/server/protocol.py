@@ -41,6 +41,8 @@ IGNORED_FIELDS = (
     "reasoning_effort",
     "verbosity",
     "prompt_cache_key",
+    "prompt_cache_options",
+    "prompt_cache_retention",
     "safety_identifier",
     "user",
     "prediction",
@@ -215,16 +217,21 @@ class ChatCompletionRequest(_CommonRequest):
     # Accepted and ignored (IGNORED_FIELDS): nothing here stores, routes, bills or reasons.
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # Strings, not OpenAI's current literals: any tier or effort is ignored alike, and a value
+    # added later must not turn into a 400.
+    service_tier: str | None = None
     reasoning_effort: str | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     prediction: PredictionSpec | None = None
     # Honoured where they match what this server does (text out), rejected by value otherwise.
     modalities: list[str] | None = None
     audio: Any = None
     web_search_options: Any = None
+    moderation: Any = None
     functions: Any = None
     function_call: Any = None
 
@@ -240,6 +247,7 @@ class ChatCompletionRequest(_CommonRequest):
         for name, why in (
             ("audio", "audio output is unsupported"),
             ("web_search_options", "web search is unsupported"),
+            ("moderation", "moderation is unsupported: nothing here screens input or output"),
             ("functions", "the deprecated functions field is unsupported; send tools"),
             ("function_call", "the deprecated function_call field is unsupported; send tool_choice"),
         ):
