@@ -115,7 +115,7 @@ def _nested(depth: int, kind: str) -> bytes:
 @pytest.mark.parametrize("kind", ["array", "object"])
 def test_deep_bodies_are_400_naming_the_limit(server: LiveServer, depth: int, kind: str) -> None:
     error = _error(_post(server, _nested(depth, kind)))
-    assert error["code"] == "body_too_deep"
+    assert error["code"] == "json_too_deep"
     assert f"limit of {MAX_BODY_DEPTH} levels" in error["message"]
     # The body is one line; level MAX_BODY_DEPTH + 1 opens MAX_BODY_DEPTH levels below "messages".
     step = 5 if kind == "object" else 1
@@ -125,7 +125,7 @@ def test_deep_bodies_are_400_naming_the_limit(server: LiveServer, depth: int, ki
 
 def test_bodies_at_the_depth_limit_reach_validation(server: LiveServer) -> None:
     error = _error(_post(server, _nested(MAX_BODY_DEPTH - 1, "array")))
-    assert error["code"] != "body_too_deep" and error["param"] is not None, error
+    assert error["code"] != "json_too_deep" and error["param"] is not None, error
 
 
 def test_brackets_inside_strings_do_not_count(server: LiveServer) -> None:
@@ -140,7 +140,7 @@ def test_deep_schema_is_a_typed_400(server: LiveServer) -> None:
         schema = {"type": "array", "items": schema}
     format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     error = _error(_post(server, _chat(server, response_format=format_)))
-    assert error["code"] == "body_too_deep"
+    assert error["code"] == "json_too_deep"
 
 
 def test_schema_over_the_front_ends_nesting_limit_names_the_pointer(server: LiveServer) -> None:
@@ -152,6 +152,50 @@ def test_schema_over_the_front_ends_nesting_limit_names_the_pointer(server: Live
     error = _error(_post(server, _chat(server, response_format=format_)))
     assert error["code"] == "grammar_limit" and error["param"] == "response_format.json_schema.schema"
     assert re.search(r"at /\$defs/d\d+", error["message"]), error
+
+
+def _with_arguments(server: LiveServer, arguments: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+    ]
+    return _chat(server, messages=messages)
+
+
+def _with_schema_text(server: LiveServer, text: str) -> dict[str, Any]:
+    return _chat(server, structured_outputs={"json": text})
+
+
+@pytest.mark.parametrize(
+    ("make", "param"),
+    [
+        (_with_arguments, "messages.1.tool_calls.0.function.arguments"),
+        (_with_schema_text, "structured_outputs.json"),
+    ],
+)
+@pytest.mark.parametrize("depth", [MAX_BODY_DEPTH + 1, 100_000])
+def test_deep_json_text_in_string_fields_is_400_naming_the_field(
+    server: LiveServer, make: Any, param: str, depth: int
+) -> None:
+    error = _error(_post(server, make(server, "[" * depth + "]" * depth)))
+    assert error["code"] == "json_too_deep" and error["param"] == param, error
+    assert f"(line 1, column {MAX_BODY_DEPTH + 1})" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("make", "param"),
+    [
+        (_with_arguments, "messages.1.tool_calls.0.function.arguments"),
+        (_with_schema_text, "structured_outputs.json"),
+    ],
+)
+def test_invalid_json_text_in_string_fields_names_the_field(
+    server: LiveServer, make: Any, param: str
+) -> None:
+    error = _error(_post(server, make(server, '{"a": NaN}')))
+    assert error["code"] == "invalid_json" and error["param"] == param, error
 
 
 @pytest.mark.parametrize(

@@ -36,24 +36,30 @@ _STEP[list(b"]}")] = -1
 async def read_json(request: Request, model: type[M], limit: int) -> M:
     """Read at most ``limit`` bytes of body, parse JSON, bound its nesting, validate against ``model``."""
     raw = await _read_body(request, limit)
-    try:
-        json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        # Only a body far deeper than MAX_BODY_DEPTH gets here; the scan says where.
-        _check_depth(raw, force=True)
-        raise _too_deep("") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid_json(str(exc)) from None
-    _check_depth(raw)
+    parse_json(raw, "request body")
     try:
         return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
 
 
-def invalid_json(detail: str) -> ApiError:
-    """The one error for a body that does not parse as JSON (``code: "invalid_json"``)."""
-    return ApiError(400, f"request body is not valid JSON: {detail}", code="invalid_json")
+def parse_json(text: str | bytes, what: str, param: str | None = None) -> Any:
+    """Parse JSON ``text`` nesting at most ``MAX_BODY_DEPTH`` levels; else a 400 naming ``what``.
+
+    Used for the body and for JSON carried inside string fields (tool-call arguments, a schema
+    given as text), which would otherwise reach Python's parser unbounded.
+    """
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # Only text far deeper than MAX_BODY_DEPTH gets here; the scan says where.
+        _check_depth(raw, what, param, force=True)
+        raise _too_deep(what, param, "") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"{what} is not valid JSON: {exc}", param=param, code="invalid_json") from None
+    _check_depth(raw, what, param)
+    return value
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -77,7 +83,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def _check_depth(raw: bytes, *, force: bool = False) -> None:
+def _check_depth(raw: bytes, what: str, param: str | None, *, force: bool = False) -> None:
     """Raise a 400 naming the line and column where ``raw`` nests past ``MAX_BODY_DEPTH``."""
     if not force:
         # No more opening brackets than the limit (strings included): it cannot nest deeper.
@@ -97,14 +103,15 @@ def _check_depth(raw: bytes, *, force: bool = False) -> None:
                 offset = token.start()
                 line = raw.count(b"\n", 0, offset) + 1
                 column = offset - (raw.rfind(b"\n", 0, offset) + 1) + 1
-                raise _too_deep(f" (line {line}, column {column})")
+                raise _too_deep(what, param, f" (line {line}, column {column})")
         elif first in (b"]", b"}"):
             depth -= 1
 
 
-def _too_deep(where: str) -> ApiError:
+def _too_deep(what: str, param: str | None, where: str) -> ApiError:
     return ApiError(
         400,
-        f"request body nests arrays/objects deeper than the limit of {MAX_BODY_DEPTH} levels{where}",
-        code="body_too_deep",
+        f"{what} nests arrays/objects deeper than the limit of {MAX_BODY_DEPTH} levels{where}",
+        param=param,
+        code="json_too_deep",
     )
