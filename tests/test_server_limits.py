@@ -219,6 +219,12 @@ def test_401_names_the_bearer_scheme(server: LiveServer) -> None:
     assert httpx.get(server.v1 + "/models", timeout=30).headers["www-authenticate"] == "Bearer"
 
 
+def test_405_names_the_allowed_method(server: LiveServer) -> None:
+    resp = httpx.get(server.v1 + "/chat/completions", headers=AUTH, timeout=30)
+    assert _error(resp, 405)["type"] == "invalid_request_error"
+    assert resp.headers["allow"] == "POST"
+
+
 def test_duplicate_tool_names_are_400_naming_the_duplicate(server: LiveServer) -> None:
     def tool(name: str) -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

@@ -134,7 +134,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+        body = ApiError(exc.status_code, str(exc.detail)).body()
+        # Routing errors carry headers of their own (405: Allow).
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
