@@ -6,8 +6,9 @@ of being silently ignored. Fields OpenAI defines but this server cannot honour a
 their *values* can be checked (``check_supported``): the neutral value passes, anything else is
 rejected by name.
 
-Integers are bounded to 64-bit signed values (OpenAI's range for ``seed``; nothing downstream
-takes more), so an oversized number is a 400 naming its field rather than an overflow deeper in.
+Integers are bounded to 64-bit signed values (OpenAI's range for ``seed``; torch's seeds and
+token tensors are 64-bit), so an oversized number is a 400 naming its field rather than an
+overflow deeper in.
 Floats must be finite. OpenAI fields that change nothing in this server's output (``store``,
 ``metadata``, ``service_tier``, ``reasoning_effort``, ...) are declared, type-checked and then
 ignored (listed in ``IGNORED_FIELDS``); fields whose values would change the output are honoured
