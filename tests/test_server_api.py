@@ -259,3 +259,48 @@ def test_text_completion_logprobs(client: Any, server: LiveServer) -> None:
     assert "".join(lp.tokens).startswith(resp.choices[0].text)
     assert lp.text_offset[0] == 0 and all(len(top) <= 2 for top in lp.top_logprobs)
     assert max(lp.top_logprobs[0].values()) == pytest.approx(lp.token_logprobs[0])
+
+
+# OpenAI fields that change nothing in this server's output, with values SDKs send.
+IGNORED = {
+    "store": True,
+    "metadata": {"run": "test"},
+    "service_tier": "auto",
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "prompt_cache_key": "conversation-1",
+    "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+    "prompt_cache_retention": "24h",
+    "safety_identifier": "user-hash",
+    "user": "user-1",
+    "prediction": {"type": "content", "content": "Hello"},
+}
+
+
+def test_openai_fields_without_effect_are_accepted_and_ignored(client: Any, server: LiveServer) -> None:
+    from agent_infer.server.protocol import IGNORED_FIELDS
+
+    assert set(IGNORED) == set(IGNORED_FIELDS)
+    plain = _chat(client, server, "Say hi.", max_tokens=4)
+    # The SDK's own keyword arguments: what its users send.
+    sent = _chat(client, server, "Say hi.", max_tokens=4, modalities=["text"], **IGNORED)
+    assert sent.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_echoed_reasoning_content_is_accepted_and_left_out_of_the_prompt(
+    client: Any, server: LiveServer
+) -> None:
+    def turn(assistant: dict[str, Any]) -> Any:
+        messages = [
+            {"role": "user", "content": "Hi"},
+            assistant,
+            {"role": "user", "content": "Say it again."},
+        ]
+        return client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=4, temperature=0
+        )
+
+    plain = turn({"role": "assistant", "content": "Hello!"})
+    echoed = turn({"role": "assistant", "content": "Hello!", "reasoning_content": "The user greets me."})
+    assert echoed.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert echoed.choices[0].message.content == plain.choices[0].message.content

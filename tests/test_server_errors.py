@@ -101,6 +101,17 @@ def test_wrong_types_name_the_field(server: LiveServer, fields: dict[str, Any], 
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"metadata": {"k": 1}}, "metadata.k"),
+        (
+            {"messages": [{"role": "user", "content": "x", "reasoning_content": "y"}]},
+            "messages.0.reasoning_content",
+        ),
     ],
 )
 def test_unsupported_values_are_rejected_by_name(

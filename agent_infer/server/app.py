@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,18 +19,17 @@ from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.gc_heap import freeze_startup_heap
 from agent_infer.server.async_engine import AsyncEngine
+from agent_infer.server.body import read_json
 from agent_infer.server.chat import create_chat_completion
 from agent_infer.server.completions import create_completion
 from agent_infer.server.config import ServerConfig
-from agent_infer.server.errors import ApiError, validation_error
+from agent_infer.server.errors import ApiError
 from agent_infer.server.metrics import ServerMetrics
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.server.state import ServerState
 from agent_infer.tool_formats import detect_format, get_format
 
 logger = logging.getLogger(__name__)
-
-M = TypeVar("M", bound=BaseModel)
 
 
 def served_name(engine: LLMEngine) -> str:
@@ -81,7 +77,10 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
         # compare_digest takes time independent of where the strings differ.
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
             raise ApiError(
-                401, "missing or wrong API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+                401,
+                "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
             )
 
     guarded = [Depends(require_key)]
@@ -116,51 +115,28 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat(request: Request) -> Response:
-        body = await _read_json(request, ChatCompletionRequest, config.max_body_bytes)
+        body = await read_json(request, ChatCompletionRequest, config.max_body_bytes)
         return await create_chat_completion(state, body, request)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
-        body = await _read_json(request, CompletionRequest, config.max_body_bytes)
+        body = await read_json(request, CompletionRequest, config.max_body_bytes)
         return await create_completion(state, body, request)
 
     app.add_middleware(_CountRequests, metrics=metrics)
     return app
 
 
-async def _read_json(request: Request, model: type[M], limit: int) -> M:
-    """Read at most ``limit`` bytes of body, parse JSON, validate strictly against ``model``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", code="body_too_large"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    try:
-        return model.model_validate_json(raw, strict=True)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+        body = ApiError(exc.status_code, str(exc.detail)).body()
+        # Routing errors carry headers of their own (405: Allow).
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -168,19 +144,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         loc = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse(ApiError(400, f"{loc}: {first.get('msg')}", param=loc).body(), status_code=400)
 
-    async def unexpected(_: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error", exc_info=exc)
-        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body()
-        return JSONResponse(body, status_code=500)
-
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(Exception, unexpected)
 
 
 class _CountRequests:
-    """ASGI wrapper counting responses by route and status (it only watches ``send``)."""
+    """ASGI wrapper counting responses by route and status, and answering unexpected errors.
+
+    An exception no handler took becomes a logged 500 in OpenAI's shape here, inside the count.
+    It is not re-raised: Starlette's outermost middleware would re-raise it to uvicorn, which
+    then closes the keep-alive connection under the client's next request. An exception after
+    the response started cannot be answered any more; it propagates, so the connection closes
+    and the client sees a truncated response rather than a complete-looking wrong one.
+    """
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
@@ -193,12 +170,23 @@ class _CountRequests:
         path = scope.get("path", "")
         endpoint = path if path in _ENDPOINTS else "other"
 
+        started = False
+
         async def counted(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.observe_request(endpoint, int(message["status"]))
             await send(message)
 
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except Exception as exc:
+            if started:
+                raise
+            logger.exception("unhandled error in %s %s", scope.get("method", ""), path, exc_info=exc)
+            error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+            await JSONResponse(error.body(), status_code=500)(scope, receive, counted)
 
 
 _ENDPOINTS = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ from starlette.responses import Response
 from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
+from agent_infer.server.body import parse_json
 from agent_infer.server.errors import ApiError, constraint_error
 from agent_infer.server.params import (
     build_constraint,
@@ -56,14 +56,8 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
         out["tool_call_id"] = msg.tool_call_id
     if msg.tool_calls:
         for j, call in enumerate(msg.tool_calls):
-            try:
-                json.loads(call.function.arguments)
-            except ValueError as exc:
-                raise ApiError(
-                    400,
-                    f"arguments are not JSON: {exc}",
-                    param=f"messages.{index}.tool_calls.{j}.function.arguments",
-                ) from None
+            where = f"messages.{index}.tool_calls.{j}.function.arguments"
+            parse_json(call.function.arguments, where, where)
         out["tool_calls"] = [c.model_dump(exclude_none=True) for c in msg.tool_calls]
     return out
 

@@ -32,13 +32,21 @@ class ApiError(AgentInferError):
     """An error answered to the client: HTTP ``status``, message, the request field (``param``)."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        #: Extra response headers (``WWW-Authenticate`` on a 401).
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -57,10 +65,18 @@ class ApiError(AgentInferError):
 def validation_error(exc: ValidationError) -> ApiError:
     """A 400 naming the first offending field of a request body (dotted path, list indices included)."""
     errors = exc.errors(include_url=False)
-    # With unions pydantic reports one error per member; the deepest one is the most specific.
-    first = max(errors, key=lambda e: len([p for p in e["loc"] if not _is_union_tag(p)]))
+    # With unions pydantic reports one error per member; the deepest one is the most specific,
+    # and among equally deep ones a value error (out of range) beats a type error (wrong member).
+    first = max(
+        errors,
+        key=lambda e: (len([p for p in e["loc"] if not _is_union_tag(p)]), not e["type"].endswith("_type")),
+    )
     loc = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p))
     kind = first["type"]
+    if kind == "json_invalid":
+        # The body was parsed once already; name this the same way as that parse's failures.
+        detail = str(first.get("ctx", {}).get("error") or first["msg"])
+        return ApiError(400, f"request body is not valid JSON: {detail}", code="invalid_json")
     if kind == "extra_forbidden":
         message = f"unknown field {loc!r}"
     elif kind == "missing":

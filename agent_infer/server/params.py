@@ -11,6 +11,7 @@ from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
+from agent_infer.server.body import parse_json
 from agent_infer.server.errors import ApiError, constraint_error
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.structured import StructuredOutput
@@ -84,7 +85,9 @@ def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constrai
     where = f"structured_outputs.{name}"
     try:
         if so.json_ is not None:
-            return Constraint(StructuredOutput.json_schema(so.json_), where)
+            # Schema text is parsed here so that its nesting is bounded like the body's.
+            schema = parse_json(so.json_, where, where) if isinstance(so.json_, str) else so.json_
+            return Constraint(StructuredOutput.json_schema(schema), where)
         if so.regex is not None:
             return Constraint(StructuredOutput.regex(so.regex), where)
         if so.grammar is not None:

@@ -5,19 +5,53 @@ number, no ``true`` for an integer), so a misspelt or unsupported field is a 400
 of being silently ignored. Fields OpenAI defines but this server cannot honour are declared so that
 their *values* can be checked (``check_supported``): the neutral value passes, anything else is
 rejected by name.
+
+Integers are bounded to 64-bit signed values (OpenAI's range for ``seed``; torch's seeds and
+token tensors are 64-bit), so an oversized number is a 400 naming its field rather than an
+overflow deeper in.
+Floats must be finite. OpenAI fields that change nothing in this server's output (``store``,
+``metadata``, ``service_tier``, ``reasoning_effort``, ...) are declared, type-checked and then
+ignored (listed in ``IGNORED_FIELDS``); fields whose values would change the output are honoured
+or rejected by value.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_infer.server.errors import ApiError
 
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+#: Any request integer: a 64-bit signed value.
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: A count (token limits, choices): at least 1, at most the 64-bit maximum.
+Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
+#: A token id: non-negative and 64-bit (the engine checks it against the vocabulary).
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+#: Chat fields accepted and ignored: they steer OpenAI's storage, routing, billing or reasoning
+#: models, none of which exists here, and no value of theirs changes what this server generates.
+IGNORED_FIELDS = (
+    "store",
+    "metadata",
+    "service_tier",
+    "reasoning_effort",
+    "verbosity",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "user",
+    "prediction",
+)
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ContentPart(_Strict):
@@ -48,7 +82,9 @@ class ToolCallIn(_Strict):
 
 class ChatMessage(_Strict):
     """One transcript message. ``refusal``/``annotations``/``audio``/``function_call`` are accepted
-    because clients echo assistant messages back verbatim; only their empty values are."""
+    because clients echo assistant messages back verbatim; only their empty values are. An
+    assistant's ``reasoning_content`` (echoed by DeepSeek-style clients) is accepted and left out
+    of the prompt, as reasoning APIs drop earlier turns' reasoning."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -59,6 +95,7 @@ class ChatMessage(_Strict):
     annotations: list[Any] | None = None
     audio: None = None
     function_call: None = None
+    reasoning_content: str | None = None
 
 
 class FunctionSpec(_Strict):
@@ -116,10 +153,19 @@ class StructuredOutputs(_Strict):
     json_object: bool | None = None
 
 
+class PredictionSpec(_Strict):
+    """``prediction``: predicted output (a latency hint in OpenAI; accepted and ignored here)."""
+
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+
 class StreamOptions(_Strict):
-    """``stream_options``: a final usage chunk when ``include_usage``."""
+    """``stream_options``: a final usage chunk when ``include_usage``. ``include_obfuscation``
+    (random padding against length side channels) is accepted and ignored: nothing is padded."""
 
     include_usage: bool = False
+    include_obfuscation: bool | None = None
 
 
 class _CommonRequest(_Strict):
@@ -128,13 +174,13 @@ class _CommonRequest(_Strict):
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1)
+    stop_token_ids: list[TokenId] | None = None
+    seed: Int64 | None = None
+    n: Count | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -163,17 +209,69 @@ class ChatCompletionRequest(_CommonRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Accepted and ignored (IGNORED_FIELDS): nothing here stores, routes, bills or reasons.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    # Strings, not OpenAI's current literals: any tier or effort is ignored alike, and a value
+    # added later must not turn into a 400.
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    prediction: PredictionSpec | None = None
+    # Honoured where they match what this server does (text out), rejected by value otherwise.
+    modalities: list[str] | None = None
+    audio: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     def check_supported(self) -> None:
         """Reject values this server cannot honour, naming the field."""
         self.check_common()
+        if self.modalities is not None and any(m != "text" for m in self.modalities):
+            raise ApiError(
+                400,
+                f"modalities {self.modalities} are unsupported: this server outputs text",
+                param="modalities",
+            )
+        for name, why in (
+            ("audio", "audio output is unsupported"),
+            ("web_search_options", "web search is unsupported"),
+            ("moderation", "moderation is unsupported: nothing here screens input or output"),
+            ("functions", "the deprecated functions field is unsupported; send tools"),
+            ("function_call", "the deprecated function_call field is unsupported; send tool_choice"),
+        ):
+            if getattr(self, name) is not None:
+                raise ApiError(400, why, param=name)
+        seen: dict[str, int] = {}
+        for i, tool in enumerate(self.tools or []):
+            name = tool.function.name
+            if name in seen:
+                raise ApiError(
+                    400,
+                    f"duplicate tool name {name!r} (tools.{seen[name]} and tools.{i}): tool names must be unique",
+                    param=f"tools.{i}.function.name",
+                    code="duplicate_tool_name",
+                )
+            seen[name] = i
         for i, message in enumerate(self.messages):
+            if message.reasoning_content is not None and message.role != "assistant":
+                raise ApiError(
+                    400,
+                    f"reasoning_content is only accepted on assistant messages, not {message.role!r}",
+                    param=f"messages.{i}.reasoning_content",
+                )
             for j, part in enumerate(message.content if isinstance(message.content, list) else []):
                 if part.type != "text" or part.text is None:
                     raise ApiError(
@@ -193,11 +291,11 @@ class ChatCompletionRequest(_CommonRequest):
 class CompletionRequest(_CommonRequest):
     """``POST /v1/completions`` (one prompt per request)."""
 
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[TokenId]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
-    best_of: int | None = Field(default=None, ge=1)
+    best_of: Count | None = None
 
     def check_supported(self) -> None:
         """Reject values this server cannot honour, naming the field."""

@@ -8,6 +8,7 @@ failed stream, and the release of the engine request however the stream ends.
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -32,6 +33,8 @@ from agent_infer.server.streaming import (
 )
 
 Choice = dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 def usage(output: RequestOutput) -> dict[str, int]:
@@ -145,6 +148,12 @@ class Responder(ABC):
                 output = await stream.next()
         except AgentInferError as exc:
             yield error_event(str(exc), type(exc).__name__)
+            yield DONE
+        except Exception as exc:
+            # The 200 is sent: the failure can only be reported in the stream, which still ends
+            # properly, so the client's keep-alive connection stays usable.
+            logger.exception("unhandled error in stream %s", self.request_id, exc_info=exc)
+            yield error_event(f"internal error: {type(exc).__name__}: {exc}", "internal_error")
             yield DONE
         finally:
             self.state.release(self.request_id, finished)
