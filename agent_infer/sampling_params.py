@@ -86,6 +86,11 @@ class SamplingParams:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
         if self.seed is not None:
             _check_int(self.seed, "seed")
+            # OpenAI's range; torch's generators take no more than 64 bits.
+            if not -(2**63) <= self.seed < 2**63:
+                raise InvalidRequestError(
+                    f"seed must be a 64-bit signed integer, got {self.seed}", field="seed"
+                )
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs")
             if self.logprobs < 0:

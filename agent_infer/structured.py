@@ -15,7 +15,6 @@ with a message naming the explicit constructors.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,12 +46,11 @@ class StructuredOutput:
         """A JSON Schema (dict or JSON text) or a Pydantic model class."""
         model = schema if isinstance(schema, type) else None
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise InvalidRequestError(
-                    f"JSON Schema text does not parse: {exc}", field="structured"
-                ) from None
+            # The front end's parser: its errors name the problem (and keep over-long integers
+            # as text so the compiler can point at the keyword holding one).
+            from agent_infer.grammar.json_schema import load_schema
+
+            schema = load_schema(schema)
         return cls("json_schema", schema, tuple(sorted(options.items())), model)
 
     @classmethod

@@ -119,3 +119,15 @@ def test_top_p_candidate_set_grows_to_cover_a_flat_nucleus() -> None:
     seq = seq_with(SamplingParams(temperature=1.0, top_p=0.9, seed=1))
     draws = {Sampler()(logits, [seq]).token_ids[0] for _ in range(300)}
     assert len(draws) > 128
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 1180591620717411303424])
+def test_seed_outside_64_bits_is_a_typed_error(seed: int) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(seed=seed)
+    assert info.value.field == "seed"
+
+
+def test_seeds_at_the_ends_of_the_range_are_taken() -> None:
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)

@@ -330,3 +330,18 @@ def test_compiler_options_at_their_bounds_compile() -> None:
         cache_limit_bytes=0,
     )
     assert _accepts(compiler.compile_json_schema({"type": "integer"}), "12")
+
+
+def test_structured_output_schema_text_errors_are_typed() -> None:
+    from agent_infer.errors import GrammarLimitError
+    from agent_infer.structured import StructuredOutput
+
+    with pytest.raises(GrammarLimitError, match="nests too deeply"):
+        StructuredOutput.json_schema("[" * 5000 + "]" * 5000)
+    with pytest.raises(InvalidSchemaError, match="not valid JSON"):
+        StructuredOutput.json_schema('{"type": ')
+    # An over-long integer is kept as text, so the compiler names the keyword holding it.
+    out = StructuredOutput.json_schema('{"type": "integer", "maximum": ' + "9" * 5000 + "}")
+    with pytest.raises(InvalidSchemaError) as info:
+        Grammar.from_json_schema(out.value)
+    assert info.value.pointer == "/maximum"

@@ -75,12 +75,18 @@ __all__ = [
 ]
 
 
-def _load(schema: Any) -> Any:
+def load_schema(schema: Any) -> Any:
+    """A schema given as JSON text parsed (a Pydantic class as its JSON Schema, anything else as is).
+
+    Bad text is an ``InvalidSchemaError``, text nested past Python's parser a ``GrammarLimitError``.
+    """
     if isinstance(schema, str):
         try:
             return json.loads(schema)
         except json.JSONDecodeError as exc:
             raise InvalidSchemaError(f"schema is not valid JSON: {exc}", pointer="") from exc
+        except RecursionError:
+            raise GrammarLimitError("JSON Schema text nests too deeply for the JSON parser") from None
         except ValueError:
             # An integer literal past the int-to-str digit limit: parsed again keeping such
             # literals as text, so the keyword that holds one is reported with its pointer
@@ -159,7 +165,7 @@ def json_schema_to_grammar(
     comp: Compiler | None = None
     over_limit = False
     try:
-        registry, root = build_registry(_load(schema), remotes)
+        registry, root = build_registry(load_schema(schema), remotes)
         comp = Compiler(
             registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
         )
