@@ -9,7 +9,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
+from agent_infer.errors import ConfigError, GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.caches import register_cache
 from agent_infer.grammar.gc_pause import pauses_gc
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
@@ -25,6 +25,10 @@ _INT32_MAX = 2**31 - 1
 DEFAULT_MAX_STATES = 500_000
 DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
+# Matching work (Earley items added plus origin-set items scanned by completions) for one
+# accepted byte, and for all the Earley steps of one mask fill (or one shortest completion).
+DEFAULT_MAX_WORK_PER_BYTE = 1_000_000
+DEFAULT_MAX_WORK_PER_MASK = 16_000_000
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
@@ -283,8 +287,16 @@ class GrammarCompiler:
         max_states: int = DEFAULT_MAX_STATES,
         max_compile_seconds: float = DEFAULT_MAX_COMPILE_SECONDS,
         max_items_per_step: int = DEFAULT_MAX_ITEMS_PER_STEP,
+        max_work_per_byte: int = DEFAULT_MAX_WORK_PER_BYTE,
+        max_work_per_mask: int = DEFAULT_MAX_WORK_PER_MASK,
     ) -> None:
         """``max_states``/``max_compile_seconds``/``max_items_per_step`` raise GrammarLimitError when exceeded.
+
+        ``max_work_per_byte``/``max_work_per_mask`` bound a matcher's parsing work (Earley items
+        added plus items of earlier sets scanned by completions) for one accepted byte and for one
+        mask fill or shortest completion: highly ambiguous grammars (``root ::= root root | "a"``)
+        cost more per byte the longer the input, and raise GrammarLimitError (the matcher left as
+        before the call) instead of stalling.
 
         ``max_threads`` is accepted for XGrammar compatibility; compilation runs on the calling thread
         with the GIL released, so callers may compile from several threads at once.
@@ -296,6 +308,13 @@ class GrammarCompiler:
         self._max_states = max_states
         self._max_seconds = max_compile_seconds
         self._max_items = max_items_per_step
+        for name, value in (
+            ("max_work_per_byte", max_work_per_byte),
+            ("max_work_per_mask", max_work_per_mask),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**62:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        self._max_work = (max_work_per_byte, max_work_per_mask)
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._cache_bytes = 0
         self._lock = threading.Lock()
@@ -323,7 +342,13 @@ class GrammarCompiler:
         ext = load_native()
         make = ext.CompiledGrammar if isinstance(programs, list) else ext.compile_serialized
         native = make(
-            self.tokenizer_info._native, programs, root, self._max_states, self._max_seconds, self._max_items
+            self.tokenizer_info._native,
+            programs,
+            root,
+            self._max_states,
+            self._max_seconds,
+            self._max_items,
+            *self._max_work,
         )
         compiled = CompiledGrammar(grammar, self.tokenizer_info, native)
         if self._cache_enabled:
