@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from agent_infer import envs
 from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar.compiler import CompiledGrammar
+from agent_infer.grammar.matcher_args import batch_rows, int32, int_argument, row_index, text_bytes
 from agent_infer.native import load_native
 
 
@@ -95,6 +95,10 @@ class GrammarMatcher:
     ``terminate_without_eos``: EOS is never allowed; the matcher counts as terminated once the
     grammar can end and nothing may follow. ``max_rollback_tokens``: how many recent steps
     :meth:`rollback` can undo (-1: unlimited).
+
+    A matcher serves one thread at a time: a call made while another thread's call on it runs
+    (accepts and fills release the GIL) raises :class:`~agent_infer.errors.MatcherBusyError`;
+    :meth:`fork` gives each thread its own. A call that raises leaves the matcher as it was.
     """
 
     def __init__(
@@ -110,7 +114,7 @@ class GrammarMatcher:
                 f"expected a CompiledGrammar (from GrammarCompiler), got {type(compiled_grammar).__name__}",
                 argument="compiled_grammar",
             )
-        max_rollback_tokens = _int_argument(max_rollback_tokens, "max_rollback_tokens")
+        max_rollback_tokens = int_argument(max_rollback_tokens, "max_rollback_tokens")
         if not -1 <= max_rollback_tokens < 2**31:
             raise MatcherUsageError(
                 f"max_rollback_tokens must be -1 (unlimited) or a count below 2**31, got {max_rollback_tokens}",
@@ -141,12 +145,12 @@ class GrammarMatcher:
             raise
         except TypeError:
             # nanobind refuses non-ints and ints outside int32 before the call reaches C++.
-            token_id = _int_argument(token_id, "token_id")
-            return bool(self._m.accept_token(_int32(token_id, "token_id", "outside the vocabulary")))
+            token_id = int_argument(token_id, "token_id")
+            return bool(self._m.accept_token(int32(token_id, "token_id", "outside the vocabulary")))
 
     def accept_string(self, text: str | bytes) -> bool:
         """Advance by raw text (one rollback step); returns False (state unchanged) if rejected."""
-        return bool(self._m.accept_bytes(_text_bytes(text, "text")))
+        return bool(self._m.accept_bytes(text_bytes(text, "text")))
 
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
         """Write the allowed next tokens into row ``index`` of an int32 bitmask.
@@ -164,15 +168,15 @@ class GrammarMatcher:
         except TypeError as exc:
             # nanobind refused an argument before the call reached C++ (the index, or an array
             # _row_view let through that the native side cannot write in place).
-            index = _row_index(index, "index")
+            index = row_index(index, "index")
             if not -(2**63) <= index < 2**63:
                 raise TokenBitmaskError(f"bitmask row {index} is outside the bitmask") from None
             raise TokenBitmaskError(f"the bitmask cannot be filled in place: {exc}") from None
 
     def rollback(self, num_tokens: int = 1) -> None:
         """Undo the last ``num_tokens`` accepted steps (0 <= num_tokens <= num_accepted_steps)."""
-        num_tokens = _int_argument(num_tokens, "num_tokens")
-        self._m.rollback(_int32(num_tokens, "num_tokens", "more than can be rolled back"))
+        num_tokens = int_argument(num_tokens, "num_tokens")
+        self._m.rollback(int32(num_tokens, "num_tokens", "more than can be rolled back"))
 
     def fork(self) -> GrammarMatcher:
         """An independent copy in the same state."""
@@ -323,53 +327,6 @@ _FOLLOW_TAILS = ("", "a", "0", " ", '"')
 _PROBES = ("a", "Z", "0", " ", " a", "\n", '"', "'", ",", ".", "}", "é", "日", "xxxxxxxx", "_", "-")
 
 
-def _int_argument(value: Any, argument: str) -> int:
-    """``value`` as an int (ints and integer scalars such as numpy's; not bools or floats)."""
-    if isinstance(value, bool):
-        raise MatcherUsageError(f"{argument} must be an int, got a bool", argument=argument)
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise MatcherUsageError(
-            f"{argument} must be an int, got {type(value).__name__} {value!r}", argument=argument
-        ) from None
-
-
-def _int32(value: int, argument: str, outside: str) -> int:
-    """``value`` if the native int32 argument can hold it, else a MatcherUsageError naming it."""
-    if -(2**31) <= value < 2**31:
-        return value
-    raise MatcherUsageError(f"{argument} {value} is {outside}", argument=argument)
-
-
-def _row_index(value: Any, argument: str) -> int:
-    """A bitmask row index as an int; anything else is a TokenBitmaskError naming ``argument``."""
-    if isinstance(value, bool):
-        raise TokenBitmaskError(f"{argument} must be an int row index, got a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TokenBitmaskError(
-            f"{argument} must be an int row index, got {type(value).__name__} {value!r}"
-        ) from None
-
-
-def _text_bytes(text: Any, argument: str) -> bytes:
-    """UTF-8 bytes of ``text`` (str, or bytes-like); typed errors for lone surrogates and other types."""
-    if isinstance(text, str):
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise MatcherUsageError(
-                f"{argument} is not valid Unicode: {text[exc.start : exc.end]!r} at character {exc.start} "
-                "is a lone surrogate",
-                argument=argument,
-            ) from None
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        return bytes(text)
-    raise MatcherUsageError(f"{argument} must be str or bytes, got {type(text).__name__}", argument=argument)
-
-
 def _from_char_start(data: bytes) -> bytes:
     """``data`` without leading UTF-8 continuation bytes (the tail of a character begun earlier)."""
     start = 0
@@ -414,7 +371,7 @@ def fill_next_token_bitmask_batch(
     if spin_us != _applied_spin_us:
         native.grammar_batch_spin(spin_us * 1000)
         _applied_spin_us = spin_us
-    rows = None if indices is None else _batch_rows(indices)
+    rows = None if indices is None else batch_rows(indices)
     # The native side checks lengths, rows, widths and that no matcher appears twice.
     handles = []
     for i, m in enumerate(matchers):
@@ -423,7 +380,7 @@ def fill_next_token_bitmask_batch(
                 f"matchers[{i}] is a {type(m).__name__}, not a GrammarMatcher", argument="matchers"
             )
         handles.append(m._m)
-    threads = 0 if num_threads is None else _int_argument(num_threads, "num_threads")
+    threads = 0 if num_threads is None else int_argument(num_threads, "num_threads")
     if not 0 <= threads < 2**31:
         raise MatcherUsageError(f"num_threads must be 0 (all) or more, got {threads}", argument="num_threads")
     pool = envs.grammar_threads()
@@ -435,17 +392,6 @@ def fill_next_token_bitmask_batch(
             handles, _row_view(bitmask), rows, threads, pool, _foreign(bitmask)
         )
     )
-
-
-def _batch_rows(indices: Any) -> list[int]:
-    """Row indices of a batch fill as ints (the native side checks them against the bitmask)."""
-    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
-        raise TokenBitmaskError(f"indices must be a sequence of ints, got {type(indices).__name__}")
-    rows = [_row_index(value, f"indices[{i}]") for i, value in enumerate(indices)]
-    for i, row in enumerate(rows):
-        if not -(2**63) <= row < 2**63:
-            raise TokenBitmaskError(f"indices[{i}] = {row} is outside the bitmask")
-    return rows
 
 
 class BatchGrammarMatcher:

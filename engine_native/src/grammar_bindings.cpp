@@ -321,7 +321,7 @@ void register_grammar(nb::module_& m) {
            })
       .def("next_bytes_after",
            [](Matcher& mt, nb::bytes b) -> nb::object {
-             Matcher::Use use(mt, "next_bytes_after");
+             Matcher::Use use(mt, "forced_tokens");  // its only caller
              std::array<uint32_t, 8> set;
              if (!mt.next_bytes_after(std::string(b.c_str(), b.size()), &set)) return nb::none();
              std::vector<int> out;
