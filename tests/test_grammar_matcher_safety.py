@@ -96,15 +96,21 @@ def test_a_second_thread_is_refused_while_an_accept_runs() -> None:
 
 
 def test_a_matcher_in_a_running_batch_fill_is_busy() -> None:
+    """Each fill here runs the Earley check of "))"-like tokens (about 2 ms with the GIL released)."""
     info = tokenizer_info("smollm2")
-    m = GrammarMatcher(compile_ebnf(AMBIGUOUS, info))
-    assert m.accept_string("a" * 400)
-    other = GrammarMatcher(compile_ebnf(AMBIGUOUS, info))
+    compiled = compile_ebnf(PARENS, info)
+    m, other = GrammarMatcher(compiled), GrammarMatcher(compiled)
+    for matcher in (m, other):
+        assert matcher.accept_string("((((" + "a" * 300)
     bitmask = allocate_token_bitmask(2, info.vocab_size)
-    worker = threading.Thread(target=lambda: fill_next_token_bitmask_batch([other, m], bitmask))
-    err = _poll_until_busy(m, worker, lambda: m.accept_token(ord("a")))
-    assert (err.operation, err.running) == ("accept_token", "fill_next_token_bitmask_batch")
-    assert m.num_accepted_steps == 1  # the refused accept changed nothing
+
+    def fills() -> None:
+        for _ in range(20):
+            fill_next_token_bitmask_batch([other, m], bitmask)
+
+    err = _poll_until_busy(m, threading.Thread(target=fills), m.can_terminate)
+    assert (err.operation, err.running) == ("can_terminate", "fill_next_token_bitmask_batch")
+    assert m.accept_string("))))") and m.can_terminate()
 
 
 def test_threads_sharing_a_matcher_get_errors_not_heap_corruption() -> None:
