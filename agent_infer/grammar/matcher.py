@@ -77,11 +77,13 @@ def _tensor_rows(bitmask: Any) -> tuple[int, int, int, bool] | None:
         or not bitmask.is_contiguous()
     ):
         return None
-    ndim = bitmask.dim()
-    if ndim == 2:
-        rows, words = bitmask.shape
-    elif ndim == 1:
-        rows, words = 1, bitmask.shape[0]
+    # One shape read instead of dim() and shape: each torch attribute costs about 0.1 µs, and the
+    # storage check below is one more.
+    shape = bitmask.shape
+    if len(shape) == 2:
+        rows, words = shape
+    elif len(shape) == 1:
+        rows, words = 1, shape[0]
     else:
         return None
     if rows == 0 or words == 0:

@@ -742,6 +742,13 @@ class Matcher {
   // false if `data` is rejected. The matcher is left as it was. grammar_complete.cpp.
   bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
   int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
+  // Whether accepting `bytes` bytes may take long enough to release the GIL for: the work per
+  // byte grows with the current set (completions scan the sets its items began at); releasing
+  // costs about as much as a typical accept.
+  bool long_step(size_t bytes) const {
+    return (items_.size() - set_begin_.back()) * bytes >= kLongStep;
+  }
+  static constexpr size_t kLongStep = 512;
   // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
   std::vector<std::array<int64_t, 5>> debug_items() const;
   const std::shared_ptr<const CompiledGrammar>& compiled() const { return g_; }

@@ -236,6 +236,8 @@ void register_grammar(nb::module_& m) {
       .def("accept_token",
            [](Matcher& mt, int32_t id) {
              Matcher::Use use(mt, "accept_token");
+             const TokenizerInfo& t = *mt.compiled()->tok;
+             if (id < 0 || id >= t.vocab_size || !mt.long_step(t.tokens[id].size())) return mt.accept_token(id);
              nb::gil_scoped_release release;
              return mt.accept_token(id);
            })
@@ -243,6 +245,7 @@ void register_grammar(nb::module_& m) {
            [](Matcher& mt, nb::bytes b) {
              Matcher::Use use(mt, "accept_string");
              std::string data(b.c_str(), b.size());
+             if (!mt.long_step(data.size())) return mt.accept_bytes(data);
              nb::gil_scoped_release release;
              return mt.accept_bytes(data);
            })
