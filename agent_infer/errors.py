@@ -128,7 +128,31 @@ class GrammarLimitError(GrammarError):
 
 
 class TokenBitmaskError(GrammarError):
-    """A token bitmask does not fit the logits it is applied to (shape, dtype, device or row indices)."""
+    """A token bitmask does not fit the logits it is applied to, or cannot be filled (shape, dtype,
+    device, row indices, read-only memory)."""
+
+
+class MatcherUsageError(GrammarError, TypeError):
+    """A grammar matcher got an argument it cannot take (a token id outside the vocabulary, a
+    rollback past the start, text that is not valid Unicode, an object of the wrong type).
+    ``argument`` names the offending argument when one is to blame."""
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(f"{message} (argument {argument!r})" if argument else message)
+        self.argument = argument
+
+
+class MatcherBusyError(GrammarError, RuntimeError):
+    """A grammar matcher was called while another call on it, from another thread, was still running.
+
+    A matcher serves one thread at a time; ``operation`` is the refused call and ``running`` the
+    one in progress (``fill_next_token_bitmask_batch`` while the matcher is in a batch fill).
+    """
+
+    def __init__(self, message: str, *, operation: str = "", running: str = "") -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.running = running
 
 
 class TokenizerError(AgentInferError, ValueError):

@@ -15,7 +15,7 @@ import pytest
 import regex
 from test_grammar_core_support import hf_tokenizer, tokenizer_info
 
-from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, MatcherUsageError
 from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import (
@@ -355,13 +355,13 @@ def test_rollback_fork_reset(byte_compiler: GrammarCompiler) -> None:
     assert m.can_terminate()  # back to "12"
     assert m.accept_token(ord("+")) and m.accept_token(ord("4"))
     assert fork.accept_token(ord("9")) and fork.can_terminate()
-    with pytest.raises(IndexError):
+    with pytest.raises(MatcherUsageError, match="cannot roll back 10 tokens; only 3"):
         m.rollback(10)
     m.reset()
     assert not m.can_terminate() and not m.accept_token(ord("+"))
     limited = GrammarMatcher(compiled, max_rollback_tokens=1)
     assert limited.accept_token(ord("1")) and limited.accept_token(ord("2"))
-    with pytest.raises(IndexError):
+    with pytest.raises(MatcherUsageError, match="cannot roll back 2 tokens; only 1"):
         limited.rollback(2)
     limited.rollback(1)
     assert limited.accept_token(ord("+"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
-from agent_infer.errors import TokenBitmaskError
+from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.matcher import GrammarMatcher, _tensor_rows, fill_next_token_bitmask_batch
@@ -49,17 +49,17 @@ def test_every_target_gets_the_same_row(matcher: GrammarMatcher) -> None:
     ref = np.zeros((3, words), np.int32)
     assert matcher.fill_next_token_bitmask(ref, 2)  # numpy: buffer protocol
     tensor = torch.zeros((3, words), dtype=torch.int32)
-    assert _tensor_rows(tensor) == (tensor.data_ptr(), 3, words)
+    assert _tensor_rows(tensor) == (tensor.data_ptr(), 3, words, False)
     assert matcher.fill_next_token_bitmask(tensor, 2)  # the address path
     assert np.array_equal(tensor[2].numpy(), ref[2]) and not tensor[:2].any()
     flat = torch.zeros(words, dtype=torch.int32)  # one row
-    assert _tensor_rows(flat) == (flat.data_ptr(), 1, words)
+    assert _tensor_rows(flat) == (flat.data_ptr(), 1, words, False)
     matcher.fill_next_token_bitmask(flat)
     assert np.array_equal(flat.numpy(), ref[2])
     # A row of a larger buffer: the view's own address (storage offset included).
     big = torch.zeros((5, words), dtype=torch.int32)
     view = big[2:4]
-    assert _tensor_rows(view) == (big[2].data_ptr(), 2, words)
+    assert _tensor_rows(view) == (big[2].data_ptr(), 2, words, False)
     matcher.fill_next_token_bitmask(view, 1)
     assert np.array_equal(big[3].numpy(), ref[2]) and not big[[0, 1, 2, 4]].any()
 
@@ -99,11 +99,11 @@ def test_bitmasks_a_fill_could_not_reach_are_refused(matcher: GrammarMatcher) ->
 def test_bad_rows_are_refused_on_both_paths(matcher: GrammarMatcher, kind: str) -> None:
     words = _words()
     make = _zeros(kind)
-    with pytest.raises(IndexError, match="bitmask row 2 is outside the bitmask's 2 rows"):
+    with pytest.raises(TokenBitmaskError, match="bitmask row 2 is outside the bitmask's 2 rows"):
         matcher.fill_next_token_bitmask(make(2, words), 2)
-    with pytest.raises(IndexError, match="row -1"):
+    with pytest.raises(TokenBitmaskError, match="row -1"):
         matcher.fill_next_token_bitmask(make(2, words), -1)
-    with pytest.raises(ValueError, match=f"bitmask rows have {words - 1} words"):
+    with pytest.raises(TokenBitmaskError, match=f"bitmask rows have {words - 1} words"):
         matcher.fill_next_token_bitmask(make(1, words - 1))
 
 
@@ -127,16 +127,16 @@ def test_bad_batches_are_refused_on_both_paths(matcher: GrammarMatcher, kind: st
     words = _words()
     make = _zeros(kind)
     other = matcher.fork()
-    with pytest.raises(ValueError, match="the same matcher appears twice"):
+    with pytest.raises(MatcherUsageError, match="the same matcher appears twice"):
         fill_next_token_bitmask_batch([matcher, other, matcher], make(3, words))
-    with pytest.raises(ValueError, match="2 matchers but 1 indices"):
+    with pytest.raises(TokenBitmaskError, match="2 matchers but 1 indices"):
         fill_next_token_bitmask_batch([matcher, other], make(2, words), [0])
-    with pytest.raises(IndexError, match="bitmask row 2 is outside the bitmask's 2 rows"):
+    with pytest.raises(TokenBitmaskError, match="bitmask row 2 is outside the bitmask's 2 rows"):
         fill_next_token_bitmask_batch([matcher, other], make(2, words), [0, 2])
-    with pytest.raises(ValueError, match=f"bitmask rows have {words - 1} words"):
+    with pytest.raises(TokenBitmaskError, match=f"bitmask rows have {words - 1} words"):
         fill_next_token_bitmask_batch([matcher], make(1, words - 1))
     untouched = make(2, words)
-    with pytest.raises(IndexError):
+    with pytest.raises(TokenBitmaskError):
         fill_next_token_bitmask_batch([matcher, other], untouched, [1, 5])
     assert not untouched.any()  # checks run before any row is written
 

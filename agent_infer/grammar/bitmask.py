@@ -8,6 +8,7 @@ float32 CPU logits, Triton (else the CUDA kernel) on NVIDIA, the torch reference
 
 from __future__ import annotations
 
+import operator
 import threading
 import warnings
 from collections.abc import Sequence
@@ -35,8 +36,26 @@ def bitmask_words(vocab_size: int) -> int:
 
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
-    """An all-ones (allow everything) int32 bitmask of shape ``[batch_size, ceil(vocab_size / 32)]``."""
-    return torch.full((batch_size, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+    """An all-ones (allow everything) int32 bitmask of shape ``[batch_size, ceil(vocab_size / 32)]``.
+
+    ``batch_size`` >= 0 and 1 <= ``vocab_size`` < 2**31 (token ids are int32), else TokenBitmaskError.
+    """
+    rows = _count(batch_size, "batch_size", 0)
+    vocab = _count(vocab_size, "vocab_size", 1)
+    return torch.full((rows, bitmask_words(vocab)), -1, dtype=torch.int32)
+
+
+def _count(value: object, name: str, low: int) -> int:
+    """``value`` as an int in [low, 2**31), else a TokenBitmaskError naming ``name``."""
+    if isinstance(value, bool):
+        raise TokenBitmaskError(f"{name} must be an int, got a bool")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TokenBitmaskError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not low <= number < 2**31:
+        raise TokenBitmaskError(f"{name} must be in [{low}, 2**31), got {number}")
+    return number
 
 
 def _index_tensor(indices: Sequence[int] | torch.Tensor, limit: int, where: str) -> torch.Tensor:
@@ -51,12 +70,21 @@ def _index_tensor(indices: Sequence[int] | torch.Tensor, limit: int, where: str)
                 bad = low if low < 0 else high
                 raise TokenBitmaskError(f"indices contain {bad}, outside the {limit} rows of {where}")
         return idx
-    values = list(indices)
-    for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TokenBitmaskError(f"indices[{i}] = {value!r} is not an int")
-        if not 0 <= value < limit:
-            raise TokenBitmaskError(f"indices[{i}] = {value} is outside the {limit} rows of {where}")
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        raise TokenBitmaskError(
+            f"indices must be a sequence of ints or a tensor, got {type(indices).__name__}"
+        )
+    values = []
+    for i, value in enumerate(indices):
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            number = operator.index(value)
+        except TypeError:
+            raise TokenBitmaskError(f"indices[{i}] = {value!r} is not an int") from None
+        if not 0 <= number < limit:
+            raise TokenBitmaskError(f"indices[{i}] = {number} is outside the {limit} rows of {where}")
+        values.append(number)
     return torch.tensor(values, dtype=torch.int64)
 
 

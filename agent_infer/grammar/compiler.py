@@ -27,6 +27,10 @@ DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
 # Grammar.from_json_schema's keyword options (compile_json_schema passes them on).
 _JSON_SCHEMA_OPTIONS = frozenset(("strict", "whitespace", "max_whitespace", "indent", "remotes"))
+# Matching work (Earley items added plus origin-set items scanned by completions) for one
+# accepted byte, and for all the Earley steps of one mask fill (or one shortest completion).
+DEFAULT_MAX_WORK_PER_BYTE = 1_000_000
+DEFAULT_MAX_WORK_PER_MASK = 16_000_000
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
@@ -292,15 +296,24 @@ class GrammarCompiler:
         max_states: int = DEFAULT_MAX_STATES,
         max_compile_seconds: float = DEFAULT_MAX_COMPILE_SECONDS,
         max_items_per_step: int = DEFAULT_MAX_ITEMS_PER_STEP,
+        max_work_per_byte: int = DEFAULT_MAX_WORK_PER_BYTE,
+        max_work_per_mask: int = DEFAULT_MAX_WORK_PER_MASK,
     ) -> None:
         """``max_states``/``max_compile_seconds``/``max_items_per_step`` raise GrammarLimitError when exceeded.
+
+        ``max_work_per_byte``/``max_work_per_mask`` bound a matcher's parsing work (Earley items
+        added plus items of earlier sets scanned by completions) for one accepted byte and for one
+        mask fill or shortest completion: highly ambiguous grammars (``root ::= root root | "a"``)
+        cost more per byte the longer the input, and raise GrammarLimitError (the matcher left as
+        before the call) instead of stalling.
 
         ``max_threads`` is accepted for XGrammar compatibility; compilation runs on the calling thread
         with the GIL released, so callers may compile from several threads at once.
         Options out of range raise ConfigError naming them: ``max_states`` and
         ``max_items_per_step`` are integers in [1, 2**31 - 1], ``max_compile_seconds`` a number
         above 0 (``inf``: no budget), ``max_threads`` an integer of at least 1,
-        ``cache_limit_bytes`` one of at least 0, ``cache_enabled`` a bool.
+        ``cache_limit_bytes`` one of at least 0, ``cache_enabled`` a bool, ``max_work_per_byte`` and
+        ``max_work_per_mask`` integers in [1, 2**62 - 1].
         """
         _check_count("max_states", max_states, 1, _INT32_MAX)
         _check_count("max_items_per_step", max_items_per_step, 1, _INT32_MAX)
@@ -323,6 +336,9 @@ class GrammarCompiler:
         self._max_states = max_states
         self._max_seconds = max_compile_seconds
         self._max_items = max_items_per_step
+        _check_count("max_work_per_byte", max_work_per_byte, 1, 2**62 - 1)
+        _check_count("max_work_per_mask", max_work_per_mask, 1, 2**62 - 1)
+        self._max_work = (max_work_per_byte, max_work_per_mask)
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._cache_bytes = 0
         self._lock = threading.Lock()
@@ -350,7 +366,13 @@ class GrammarCompiler:
         ext = load_native()
         make = ext.CompiledGrammar if isinstance(programs, list) else ext.compile_serialized
         native = make(
-            self.tokenizer_info._native, programs, root, self._max_states, self._max_seconds, self._max_items
+            self.tokenizer_info._native,
+            programs,
+            root,
+            self._max_states,
+            self._max_seconds,
+            self._max_items,
+            *self._max_work,
         )
         compiled = CompiledGrammar(grammar, self.tokenizer_info, native)
         if self._cache_enabled:

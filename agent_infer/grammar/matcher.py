@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_infer import envs
-from agent_infer.errors import TokenBitmaskError
+from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar.compiler import CompiledGrammar
+from agent_infer.grammar.matcher_args import batch_rows, int32, int_argument, row_index, text_bytes
 from agent_infer.native import load_native
 
 
@@ -46,8 +47,22 @@ def _row_view(bitmask: Any) -> Any:
     return bitmask
 
 
-def _tensor_rows(bitmask: Any) -> tuple[int, int, int] | None:
-    """(address, rows, words) of a C-contiguous 1-D or 2-D int32 CPU torch tensor, else None.
+def _foreign(bitmask: Any) -> bool:
+    """Whether a tensor's memory needs its writability checked before a fill.
+
+    Torch records none: ``torch.from_numpy`` of a read-only ``np.memmap`` wraps read-only pages,
+    where a store kills the process. Storage torch allocated is resizable (until something else
+    takes its address, e.g. ``.numpy()``) and writable; for other storage the native side asks
+    the kernel about each row it fills. Memory that is writable but belongs to an immutable
+    object (``torch.frombuffer`` of ``bytes``, which torch warns about when the tensor is made)
+    cannot be told apart. Numpy arrays carry their own flag (checked by ``_row_view``).
+    """
+    storage = getattr(bitmask, "untyped_storage", None)
+    return storage is not None and not storage().resizable()
+
+
+def _tensor_rows(bitmask: Any) -> tuple[int, int, int, bool] | None:
+    """(address, rows, words, foreign) of a C-contiguous 1-D or 2-D int32 CPU torch tensor, else None.
 
     Such a tensor is written through its address: DLPack, the general path (numpy arrays,
     other tensors, and every error message), costs about 2 µs per call, more than a cached fill.
@@ -62,16 +77,18 @@ def _tensor_rows(bitmask: Any) -> tuple[int, int, int] | None:
         or not bitmask.is_contiguous()
     ):
         return None
-    ndim = bitmask.dim()
-    if ndim == 2:
-        rows, words = bitmask.shape
-    elif ndim == 1:
-        rows, words = 1, bitmask.shape[0]
+    # One shape read instead of dim() and shape: each torch attribute costs about 0.1 µs, and the
+    # storage check below is one more.
+    shape = bitmask.shape
+    if len(shape) == 2:
+        rows, words = shape
+    elif len(shape) == 1:
+        rows, words = 1, shape[0]
     else:
         return None
     if rows == 0 or words == 0:
         return None
-    return bitmask.data_ptr(), rows, words
+    return bitmask.data_ptr(), rows, words, not bitmask.untyped_storage().resizable()
 
 
 class GrammarMatcher:
@@ -80,6 +97,10 @@ class GrammarMatcher:
     ``terminate_without_eos``: EOS is never allowed; the matcher counts as terminated once the
     grammar can end and nothing may follow. ``max_rollback_tokens``: how many recent steps
     :meth:`rollback` can undo (-1: unlimited).
+
+    A matcher serves one thread at a time: a call made while another thread's call on it runs
+    (accepts and fills release the GIL) raises :class:`~agent_infer.errors.MatcherBusyError`;
+    :meth:`fork` gives each thread its own. A call that raises leaves the matcher as it was.
     """
 
     def __init__(
@@ -90,11 +111,22 @@ class GrammarMatcher:
         max_rollback_tokens: int = -1,
         _native: Any = None,
     ) -> None:
+        if not isinstance(compiled_grammar, CompiledGrammar):
+            raise MatcherUsageError(
+                f"expected a CompiledGrammar (from GrammarCompiler), got {type(compiled_grammar).__name__}",
+                argument="compiled_grammar",
+            )
+        max_rollback_tokens = int_argument(max_rollback_tokens, "max_rollback_tokens")
+        if not -1 <= max_rollback_tokens < 2**31:
+            raise MatcherUsageError(
+                f"max_rollback_tokens must be -1 (unlimited) or a count below 2**31, got {max_rollback_tokens}",
+                argument="max_rollback_tokens",
+            )
         self._compiled = compiled_grammar
-        self._terminate_without_eos = terminate_without_eos
+        self._terminate_without_eos = bool(terminate_without_eos)
         self._max_rollback = max_rollback_tokens
         self._m = _native or load_native().GrammarMatcher(
-            compiled_grammar._native, terminate_without_eos, max_rollback_tokens
+            compiled_grammar._native, self._terminate_without_eos, max_rollback_tokens
         )
 
     @property
@@ -103,27 +135,50 @@ class GrammarMatcher:
         return self._compiled
 
     def accept_token(self, token_id: int) -> bool:
-        """Advance by one token; returns False (state unchanged) if the grammar rejects it."""
-        return bool(self._m.accept_token(token_id))
+        """Advance by one token; returns False (state unchanged) if the grammar rejects it.
+
+        Raises :class:`MatcherUsageError` for a token id that is not an int in the vocabulary,
+        :class:`GrammarLimitError` when a byte exceeds the matching work budget (the matcher is
+        then left as before the call).
+        """
+        try:
+            return bool(self._m.accept_token(token_id))
+        except MatcherUsageError:
+            raise
+        except TypeError:
+            # nanobind refuses non-ints and ints outside int32 before the call reaches C++.
+            token_id = int_argument(token_id, "token_id")
+            return bool(self._m.accept_token(int32(token_id, "token_id", "outside the vocabulary")))
 
     def accept_string(self, text: str | bytes) -> bool:
         """Advance by raw text (one rollback step); returns False (state unchanged) if rejected."""
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        return bool(self._m.accept_bytes(data))
+        return bool(self._m.accept_bytes(text_bytes(text, "text")))
 
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
         """Write the allowed next tokens into row ``index`` of an int32 bitmask.
 
-        Returns True when the row restricts something (False: every token is allowed).
+        Returns True when the row restricts something (False: every token is allowed). Raises
+        :class:`TokenBitmaskError` for a bitmask or row that cannot be filled in place.
         """
         rows = _tensor_rows(bitmask)
-        if rows is not None:
-            return bool(self._m.fill_next_token_bitmask_at(*rows, index))
-        return bool(self._m.fill_next_token_bitmask(_row_view(bitmask), index))
+        try:
+            if rows is not None:
+                return bool(self._m.fill_next_token_bitmask_at(*rows, index))
+            return bool(self._m.fill_next_token_bitmask(_row_view(bitmask), index, _foreign(bitmask)))
+        except MatcherUsageError:
+            raise
+        except TypeError as exc:
+            # nanobind refused an argument before the call reached C++ (the index, or an array
+            # _row_view let through that the native side cannot write in place).
+            index = row_index(index, "index")
+            if not -(2**63) <= index < 2**63:
+                raise TokenBitmaskError(f"bitmask row {index} is outside the bitmask") from None
+            raise TokenBitmaskError(f"the bitmask cannot be filled in place: {exc}") from None
 
     def rollback(self, num_tokens: int = 1) -> None:
-        """Undo the last ``num_tokens`` accepted steps."""
-        self._m.rollback(num_tokens)
+        """Undo the last ``num_tokens`` accepted steps (0 <= num_tokens <= num_accepted_steps)."""
+        num_tokens = int_argument(num_tokens, "num_tokens")
+        self._m.rollback(int32(num_tokens, "num_tokens", "more than can be rolled back"))
 
     def fork(self) -> GrammarMatcher:
         """An independent copy in the same state."""
@@ -318,14 +373,27 @@ def fill_next_token_bitmask_batch(
     if spin_us != _applied_spin_us:
         native.grammar_batch_spin(spin_us * 1000)
         _applied_spin_us = spin_us
-    rows = None if indices is None else [int(i) for i in indices]
-    # The native side checks lengths, rows, widths and that no matcher appears twice (ValueError).
-    handles = [m._m for m in matchers]
-    threads, pool = int(num_threads or 0), envs.grammar_threads()
+    rows = None if indices is None else batch_rows(indices)
+    # The native side checks lengths, rows, widths and that no matcher appears twice.
+    handles = []
+    for i, m in enumerate(matchers):
+        if not isinstance(m, GrammarMatcher):
+            raise MatcherUsageError(
+                f"matchers[{i}] is a {type(m).__name__}, not a GrammarMatcher", argument="matchers"
+            )
+        handles.append(m._m)
+    threads = 0 if num_threads is None else int_argument(num_threads, "num_threads")
+    if not 0 <= threads < 2**31:
+        raise MatcherUsageError(f"num_threads must be 0 (all) or more, got {threads}", argument="num_threads")
+    pool = envs.grammar_threads()
     target = _tensor_rows(bitmask)
     if target is not None:
         return list(native.fill_next_token_bitmask_batch_at(handles, *target, rows, threads, pool))
-    return list(native.fill_next_token_bitmask_batch(handles, _row_view(bitmask), rows, threads, pool))
+    return list(
+        native.fill_next_token_bitmask_batch(
+            handles, _row_view(bitmask), rows, threads, pool, _foreign(bitmask)
+        )
+    )
 
 
 class BatchGrammarMatcher:

@@ -34,6 +34,29 @@ struct LimitError : std::runtime_error {
 struct DefinitionError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// Mapped to agent_infer.errors.MatcherUsageError: an argument a matcher cannot take (a token id
+// outside the vocabulary, a rollback past the start); `argument` names the Python argument.
+struct UsageError : std::invalid_argument {
+  UsageError(const std::string& message, const char* argument_)
+      : std::invalid_argument(message), argument(argument_) {}
+  const char* argument;
+};
+// Mapped to agent_infer.errors.TokenBitmaskError: a bitmask row or width that does not fit.
+struct BitmaskError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+// Mapped to agent_infer.errors.MatcherBusyError: a matcher entered while another call on it
+// (another thread's) is still running. `operation` and `running` are the two calls' names.
+struct BusyError : std::runtime_error {
+  BusyError(const char* operation_, const char* running_)
+      : std::runtime_error(std::string("GrammarMatcher.") + operation_ + " was called while " + running_ +
+                           " is running on the same matcher in another thread; a matcher serves one thread at a "
+                           "time (fork() one per thread, or serialize the calls)"),
+        operation(operation_),
+        running(running_) {}
+  const char* operation;
+  const char* running;
+};
 
 // Opcodes of the flat IR produced by agent_infer/grammar/compiler.py (_serialize_expr).
 //   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
@@ -269,14 +292,25 @@ struct Limits {
   int64_t max_dfa_states = 500000;
   double max_compile_seconds = 30.0;
   int64_t max_items_per_set = 200000;
+  // Matching work (Earley items added plus items of origin sets scanned by completions) allowed
+  // for one accepted byte, and for all the Earley steps of one token-mask fill. They bound the
+  // cost of ambiguous grammars (`root ::= root root | "a"` is quadratic per byte), whose sets
+  // stay small enough for max_items_per_set while completions rescan every earlier set.
+  static constexpr int64_t kDefaultWorkPerByte = 1000000;
+  static constexpr int64_t kDefaultWorkPerMask = 16000000;
+  int64_t max_work_per_byte = kDefaultWorkPerByte;
+  int64_t max_work_per_mask = kDefaultWorkPerMask;
 
   // The limits the Python compiler's arguments stand for (NFA states: 4x the DFA budget).
-  static Limits from_args(int64_t max_states, double max_seconds, int64_t max_items) {
+  static Limits from_args(int64_t max_states, double max_seconds, int64_t max_items,
+                          int64_t max_work_byte = kDefaultWorkPerByte, int64_t max_work_mask = kDefaultWorkPerMask) {
     Limits lim;
     lim.max_nfa_states = max_states * 4;
     lim.max_dfa_states = max_states;
     lim.max_compile_seconds = max_seconds;
     lim.max_items_per_set = max_items;
+    lim.max_work_per_byte = max_work_byte;
+    lim.max_work_per_mask = max_work_mask;
     return lim;
   }
 };
@@ -301,6 +335,8 @@ class CompiledGrammar {
   std::vector<uint8_t> nullable;
   int32_t root = 0;
   int64_t max_items_per_set = 0;
+  int64_t max_work_per_byte = Limits::kDefaultWorkPerByte;  // Limits::max_work_per_byte
+  int64_t max_work_per_mask = Limits::kDefaultWorkPerMask;  // Limits::max_work_per_mask
   // Byte sets (256 bits): follow[r] = bytes that may come right after rule r finishes, in any
   // context; escape[q] = bytes that may be read next from state q by leaving its rule's own
   // automaton (calling a rule, or finishing the rule). Over-approximations are safe.
@@ -657,10 +693,32 @@ class ItemMap {
   size_t size_ = 0;
 };
 
+// Every mutating call is all-or-nothing: one that throws (a limit, memory) leaves the Earley
+// sets, the rollback marks and the termination flag as they were before it.
 class Matcher {
  public:
   Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback);
   Matcher(const Matcher& other);
+
+  // Held for the length of every call from Python (grammar_bindings.cpp): calls that release the
+  // GIL (mask fills, accepts) would otherwise let a second thread resize the Earley sets under
+  // them. A second entry throws BusyError instead of waiting: sharing a matcher between threads
+  // is a caller bug, and waiting would hide it (and could deadlock on the GIL).
+  class Use {
+   public:
+    Use(const Matcher& m, const char* operation) : m_(&m) {
+      const char* running = nullptr;
+      if (!m.busy_.compare_exchange_strong(running, operation, std::memory_order_acquire)) {
+        throw BusyError(operation, running);
+      }
+    }
+    ~Use() { m_->busy_.store(nullptr, std::memory_order_release); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const Matcher* m_;
+  };
 
   bool accept_token(int32_t id);
   bool accept_bytes(const std::string& bytes);
@@ -684,6 +742,13 @@ class Matcher {
   // false if `data` is rejected. The matcher is left as it was. grammar_complete.cpp.
   bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
   int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
+  // Whether accepting `bytes` bytes may take long enough to release the GIL for: the work per
+  // byte grows with the current set (completions scan the sets its items began at); releasing
+  // costs about as much as a typical accept.
+  bool long_step(size_t bytes) const {
+    return (items_.size() - set_begin_.back()) * bytes >= kLongStep;
+  }
+  static constexpr size_t kLongStep = 512;
   // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
   std::vector<std::array<int64_t, 5>> debug_items() const;
   const std::shared_ptr<const CompiledGrammar>& compiled() const { return g_; }
@@ -693,6 +758,24 @@ class Matcher {
   void pop_set();
   void add(int32_t state, int32_t origin, int32_t pos);
   void closure(uint32_t begin, int32_t pos);
+  // forced_bytes' steps: appends the forced bytes to `out`, advancing the matcher past them.
+  void forced_loop(std::string& out, bool* must_end);
+  // Starts a work budget (Limits::max_work_per_byte or _per_mask) for the Earley steps that follow.
+  void budget(bool per_mask) {
+    per_mask_ = per_mask;
+    work_at_ = static_cast<uint32_t>(set_begin_.size() - 1);
+    work_left_ = per_mask ? g_->max_work_per_mask : g_->max_work_per_byte;
+  }
+  // Spends `n` units of the budget; throws LimitError once it is spent.
+  void spend(int64_t n) {
+    work_left_ -= n;
+    if (work_left_ < 0) work_exceeded();
+  }
+  [[noreturn]] void work_exceeded() const;
+  // Pops sets until `sets` remain (the state before a failed multi-byte step).
+  void pop_to(uint32_t sets) {
+    while (set_begin_.size() > sets) pop_set();
+  }
   bool last_set_can_end() const;
   bool any_byte_possible() const;
   void check_uncertain(uint32_t* mask);
@@ -725,6 +808,11 @@ class Matcher {
   std::vector<uint32_t> allowed_before_;
   std::vector<int32_t> ctx_sets_;
   std::unordered_map<int32_t, int32_t> ctx_ids_;
+  int64_t work_left_ = 0;
+  bool per_mask_ = false;
+  uint32_t work_at_ = 0;  // the input position the budget was started at (for the error)
+  // The name of the call holding the matcher (Use), or null.
+  mutable std::atomic<const char*> busy_{nullptr};
 };
 
 // Sorts v, which is made of sorted segments beginning at `starts` (ascending), by merging

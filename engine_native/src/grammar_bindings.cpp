@@ -8,7 +8,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <unistd.h>
+#define AGENT_INFER_HAVE_DEV_ZERO 1
+#endif
+
 #include <algorithm>
+#include <cerrno>
 #include <optional>
 
 #include "bindings.h"
@@ -26,7 +33,7 @@ using Mask = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 void check_width(int64_t words, const TokenizerInfo& tok) {
   if (words < tok.words) {
-    throw std::invalid_argument("bitmask rows have " + std::to_string(words) + " words but the vocabulary of " +
+    throw grammar::BitmaskError("bitmask rows have " + std::to_string(words) + " words but the vocabulary of " +
                                 std::to_string(tok.vocab_size) + " tokens needs " + std::to_string(tok.words));
   }
 }
@@ -34,7 +41,7 @@ void check_width(const Mask& mask, const TokenizerInfo& tok) { check_width(stati
 
 void check_row(int64_t rows, int64_t index) {
   if (index < 0 || index >= rows) {
-    throw std::out_of_range("bitmask row " + std::to_string(index) + " is outside the bitmask's " +
+    throw grammar::BitmaskError("bitmask row " + std::to_string(index) + " is outside the bitmask's " +
                             std::to_string(rows) + " rows");
   }
 }
@@ -51,30 +58,68 @@ void check_first(size_t first) {
   if (first > 1) throw std::invalid_argument("first must be 0 or 1, not " + std::to_string(first));
 }
 
+// Whether [address, address + nbytes) may be written, asked of the kernel: reading /dev/zero into
+// it fails with EFAULT on read-only pages (a read-only file mapping) where a store would kill the
+// process. Zeroes the range: only rows about to be filled are asked. True if it cannot tell.
+bool pages_writable(uintptr_t address, int64_t nbytes) {
+#ifndef AGENT_INFER_HAVE_DEV_ZERO
+  return true;
+#else
+  static const int zero_fd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+  if (zero_fd < 0) return true;
+  char* p = reinterpret_cast<char*>(address);
+  while (nbytes > 0) {
+    const ssize_t got = read(zero_fd, p, static_cast<size_t>(std::min<int64_t>(nbytes, int64_t{1} << 20)));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno != EFAULT;
+    }
+    if (got == 0) return true;
+    p += got;
+    nbytes -= got;
+  }
+  return true;
+#endif
+}
+
+// Refuses a row of memory torch did not allocate (`foreign`) that may not be written.
+void check_writable(bool foreign, int32_t* row, int64_t words) {
+  if (foreign && !pages_writable(reinterpret_cast<uintptr_t>(row), words * 4)) {
+    throw grammar::BitmaskError(
+        "the token bitmask is read-only memory (a tensor over a read-only mapping, e.g. torch.from_numpy of a "
+        "read-only np.memmap)");
+  }
+}
+
 // One batch fill after the checks both bitmask paths share; `indices` null means rows 0..n-1.
 nb::list fill_batch_checked(const std::vector<Matcher*>& matchers, int32_t* data, int64_t rows, int64_t words,
                             const std::optional<std::vector<int64_t>>& indices, int32_t num_threads,
-                            int32_t pool_size) {
+                            int32_t pool_size, bool foreign = false) {
   const size_t n = matchers.size();
   std::vector<int64_t> own;
   if (!indices) {
     own.resize(n);
     for (size_t i = 0; i < n; ++i) own[i] = static_cast<int64_t>(i);
   } else if (indices->size() != n) {
-    throw std::invalid_argument(std::to_string(n) + " matchers but " + std::to_string(indices->size()) + " indices");
+    throw grammar::BitmaskError(std::to_string(n) + " matchers but " + std::to_string(indices->size()) + " indices");
   }
   const std::vector<int64_t>& idx = indices ? *indices : own;
   for (int64_t i : idx) check_row(rows, i);
   for (Matcher* mt : matchers) {
-    if (!mt) throw std::invalid_argument("matcher is None");
+    if (!mt) throw grammar::UsageError("matcher is None", "matchers");
     check_width(words, *mt->compiled()->tok);
   }
   // Two threads must never fill one matcher (its state would race).
   std::vector<Matcher*> sorted(matchers);
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    throw std::invalid_argument("the same matcher appears twice in one batch fill");
+    throw grammar::UsageError("the same matcher appears twice in one batch fill", "matchers");
   }
+  for (int64_t i : idx) check_writable(foreign, data + i * words, words);
+  // Every matcher is busy until the whole batch is done: its rows run on pool threads.
+  std::vector<std::unique_ptr<Matcher::Use>> uses;
+  uses.reserve(n);
+  for (Matcher* mt : matchers) uses.push_back(std::make_unique<Matcher::Use>(*mt, "fill_next_token_bitmask_batch"));
   std::vector<uint8_t> results(n, 0);
   {
     nb::gil_scoped_release release;
@@ -98,6 +143,20 @@ void translate_errors(const std::exception_ptr& p, void*) {
   } catch (const grammar::DefinitionError& e) {
     cls = "GrammarDefinitionError";
     msg = e.what();
+  } catch (const grammar::UsageError& e) {
+    nb::object type = nb::module_::import_("agent_infer.errors").attr("MatcherUsageError");
+    nb::object argument = e.argument ? nb::cast(e.argument) : nb::object(nb::none());
+    nb::object err = type(e.what(), nb::arg("argument") = argument);
+    PyErr_SetObject(type.ptr(), err.ptr());
+    return;
+  } catch (const grammar::BitmaskError& e) {
+    cls = "TokenBitmaskError";
+    msg = e.what();
+  } catch (const grammar::BusyError& e) {
+    nb::object type = nb::module_::import_("agent_infer.errors").attr("MatcherBusyError");
+    nb::object err = type(e.what(), nb::arg("operation") = e.operation, nb::arg("running") = e.running);
+    PyErr_SetObject(type.ptr(), err.ptr());
+    return;
   }
   nb::object type = nb::module_::import_("agent_infer.errors").attr(cls);
   PyErr_SetString(type.ptr(), msg.c_str());
@@ -127,13 +186,16 @@ void register_grammar(nb::module_& m) {
       .def(
           "__init__",
           [](CompiledGrammar* self, std::shared_ptr<TokenizerInfo> tok, const std::vector<std::vector<int32_t>>& rules,
-             int32_t root, int64_t max_states, double max_seconds, int64_t max_items) {
-            const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
+             int32_t root, int64_t max_states, double max_seconds, int64_t max_items, int64_t max_work_byte,
+             int64_t max_work_mask) {
+            const grammar::Limits lim =
+                grammar::Limits::from_args(max_states, max_seconds, max_items, max_work_byte, max_work_mask);
             nb::gil_scoped_release release;
             new (self) CompiledGrammar(std::move(tok), rules, root, lim);
           },
           nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
-          nb::arg("max_items"))
+          nb::arg("max_items"), nb::arg("max_work_per_byte") = grammar::Limits::kDefaultWorkPerByte,
+          nb::arg("max_work_per_mask") = grammar::Limits::kDefaultWorkPerMask)
       .def("memory_bytes", &CompiledGrammar::memory_bytes)
       .def(
           "split_matches_whole",
@@ -163,6 +225,7 @@ void register_grammar(nb::module_& m) {
           nb::arg("state"), nb::arg("first"))
       .def_prop_ro("num_states", [](const CompiledGrammar& g) { return g.states.size(); });
 
+  // Every method holds a Matcher::Use for the call (concurrent use raises MatcherBusyError).
   nb::class_<Matcher>(m, "GrammarMatcher")
       .def(
           "__init__",
@@ -170,48 +233,98 @@ void register_grammar(nb::module_& m) {
             new (self) Matcher(std::move(g), terminate_without_eos, max_rollback);
           },
           nb::arg("compiled"), nb::arg("terminate_without_eos"), nb::arg("max_rollback"))
-      .def("accept_token", &Matcher::accept_token)
-      .def("accept_bytes", [](Matcher& mt, nb::bytes b) { return mt.accept_bytes(std::string(b.c_str(), b.size())); })
+      .def("accept_token",
+           [](Matcher& mt, int32_t id) {
+             Matcher::Use use(mt, "accept_token");
+             const TokenizerInfo& t = *mt.compiled()->tok;
+             if (id < 0 || id >= t.vocab_size || !mt.long_step(t.tokens[id].size())) return mt.accept_token(id);
+             nb::gil_scoped_release release;
+             return mt.accept_token(id);
+           })
+      .def("accept_bytes",
+           [](Matcher& mt, nb::bytes b) {
+             Matcher::Use use(mt, "accept_string");
+             std::string data(b.c_str(), b.size());
+             if (!mt.long_step(data.size())) return mt.accept_bytes(data);
+             nb::gil_scoped_release release;
+             return mt.accept_bytes(data);
+           })
       .def(
           "fill_next_token_bitmask",
-          [](Matcher& mt, Mask mask, int64_t index) {
+          [](Matcher& mt, Mask mask, int64_t index, bool foreign) {
+            Matcher::Use use(mt, "fill_next_token_bitmask");
             check_row(mask, index);
             check_width(mask, *mt.compiled()->tok);
             int64_t words = static_cast<int64_t>(mask.shape(1));
             int32_t* row = mask.data() + index * words;
             nb::gil_scoped_release release;
+            check_writable(foreign, row, words);
             return mt.fill_mask(row, words);
           },
           // noconvert: a converted array would be a copy, and the fill would never reach the caller.
-          nb::arg("bitmask").noconvert(), nb::arg("index") = 0)
+          nb::arg("bitmask").noconvert(), nb::arg("index") = 0, nb::arg("foreign") = false)
       .def(
           "fill_next_token_bitmask_at",
           // The fast path for C-contiguous int32 CPU tensors, checked by the Python wrapper
           // (matcher.py _tensor_rows), which also keeps the tensor alive during the call:
           // importing a torch tensor through DLPack costs ~2 us, more than a cached fill.
-          [](Matcher& mt, uintptr_t address, int64_t rows, int64_t words, int64_t index) {
+          // `foreign`: torch did not allocate the memory, so the row's pages are checked first.
+          [](Matcher& mt, uintptr_t address, int64_t rows, int64_t words, bool foreign, int64_t index) {
+            Matcher::Use use(mt, "fill_next_token_bitmask");
             check_row(rows, index);
             check_width(words, *mt.compiled()->tok);
-            if (address == 0) throw std::invalid_argument("bitmask has no data");
+            if (address == 0) throw grammar::BitmaskError("bitmask has no data");
             int32_t* row = reinterpret_cast<int32_t*>(address) + index * words;
             nb::gil_scoped_release release;
+            check_writable(foreign, row, words);
             return mt.fill_mask(row, words);
           },
-          nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("index"))
-      .def("rollback", &Matcher::rollback)
-      .def("reset", &Matcher::reset)
-      .def("fork", [](const Matcher& mt) { return new Matcher(mt); })
-      .def("is_terminated", &Matcher::is_terminated)
-      .def("can_terminate", &Matcher::can_terminate)
-      .def("num_tokens", &Matcher::num_tokens)
-      .def("debug_items", &Matcher::debug_items)
-      .def("forced_bytes", [](Matcher& mt) {
-        bool must_end = false;
-        std::string s = mt.forced_bytes(&must_end);
-        return std::make_pair(nb::bytes(s.data(), s.size()), must_end);
-      })
+          nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("foreign"), nb::arg("index"))
+      .def("rollback",
+           [](Matcher& mt, int32_t n) {
+             Matcher::Use use(mt, "rollback");
+             mt.rollback(n);
+           })
+      .def("reset",
+           [](Matcher& mt) {
+             Matcher::Use use(mt, "reset");
+             mt.reset();
+           })
+      .def("fork",
+           [](const Matcher& mt) {
+             Matcher::Use use(mt, "fork");
+             return new Matcher(mt);
+           })
+      .def("is_terminated",
+           [](const Matcher& mt) {
+             Matcher::Use use(mt, "is_terminated");
+             return mt.is_terminated();
+           })
+      .def("can_terminate",
+           [](const Matcher& mt) {
+             Matcher::Use use(mt, "can_terminate");
+             return mt.can_terminate();
+           })
+      .def("num_tokens",
+           [](const Matcher& mt) {
+             Matcher::Use use(mt, "num_accepted_steps");
+             return mt.num_tokens();
+           })
+      .def("debug_items",
+           [](const Matcher& mt) {
+             Matcher::Use use(mt, "debug_items");
+             return mt.debug_items();
+           })
+      .def("forced_bytes",
+           [](Matcher& mt) {
+             Matcher::Use use(mt, "find_forced_bytes");
+             bool must_end = false;
+             std::string s = mt.forced_bytes(&must_end);
+             return std::make_pair(nb::bytes(s.data(), s.size()), must_end);
+           })
       .def("next_bytes_after",
            [](Matcher& mt, nb::bytes b) -> nb::object {
+             Matcher::Use use(mt, "forced_tokens");  // its only caller
              std::array<uint32_t, 8> set;
              if (!mt.next_bytes_after(std::string(b.c_str(), b.size()), &set)) return nb::none();
              std::vector<int> out;
@@ -221,6 +334,7 @@ void register_grammar(nb::module_& m) {
              return nb::cast(out);
            })
       .def("shortest_completion", [](const Matcher& mt) -> nb::object {
+        Matcher::Use use(mt, "shortest_completion");
         std::string s;
         if (!mt.shortest_completion(&s)) return nb::none();
         return nb::bytes(s.data(), s.size());
@@ -229,24 +343,24 @@ void register_grammar(nb::module_& m) {
   m.def(
       "fill_next_token_bitmask_batch",
       [](const std::vector<Matcher*>& matchers, Mask mask, std::optional<std::vector<int64_t>> indices,
-         int32_t num_threads, int32_t pool_size) {
+         int32_t num_threads, int32_t pool_size, bool foreign) {
         return fill_batch_checked(matchers, mask.data(), static_cast<int64_t>(mask.shape(0)),
-                                  static_cast<int64_t>(mask.shape(1)), indices, num_threads, pool_size);
+                                  static_cast<int64_t>(mask.shape(1)), indices, num_threads, pool_size, foreign);
       },
       nb::arg("matchers"), nb::arg("bitmask").noconvert(), nb::arg("indices").none(), nb::arg("num_threads"),
-      nb::arg("pool_size"));
+      nb::arg("pool_size"), nb::arg("foreign") = false);
   m.def(
       "fill_next_token_bitmask_batch_at",
       // The batch twin of GrammarMatcher.fill_next_token_bitmask_at (the wrapper checked the
       // tensor and keeps it alive).
-      [](const std::vector<Matcher*>& matchers, uintptr_t address, int64_t rows, int64_t words,
+      [](const std::vector<Matcher*>& matchers, uintptr_t address, int64_t rows, int64_t words, bool foreign,
          std::optional<std::vector<int64_t>> indices, int32_t num_threads, int32_t pool_size) {
-        if (address == 0) throw std::invalid_argument("bitmask has no data");
+        if (address == 0) throw grammar::BitmaskError("bitmask has no data");
         return fill_batch_checked(matchers, reinterpret_cast<int32_t*>(address), rows, words, indices, num_threads,
-                                  pool_size);
+                                  pool_size, foreign);
       },
-      nb::arg("matchers"), nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("indices").none(),
-      nb::arg("num_threads"), nb::arg("pool_size"));
+      nb::arg("matchers"), nb::arg("address"), nb::arg("rows"), nb::arg("words"), nb::arg("foreign"),
+      nb::arg("indices").none(), nb::arg("num_threads"), nb::arg("pool_size"));
   m.def(
       "grammar_batch_stats",
       [] {

@@ -119,6 +119,7 @@ bool Matcher::check_uncertain_walk(uint32_t* mask) {
       // Finishing at a history set: advance the items of that set waiting on the rule.
       const size_t o = static_cast<size_t>(-1 - c.origin);
       const uint32_t end = o + 1 < n_sets ? set_begin_[o + 1] : static_cast<uint32_t>(items_.size());
+      spend(static_cast<int64_t>(end - set_begin_[o]));
       for (uint32_t j = set_begin_[o]; j < end; ++j) {
         const Item w = items_[j];
         const State& ws = g.states[w.state];

@@ -34,7 +34,9 @@ namespace {
 
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std::vector<std::vector<int32_t>>& rules_in,
                                  int32_t root_, const Limits& limits)
-    : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
+    : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set),
+      max_work_per_byte(limits.max_work_per_byte),
+      max_work_per_mask(limits.max_work_per_mask) {
   std::vector<std::vector<int32_t>> own_rules;  // the rules once rewritten, if they are
   try {
     lower_rules(rules_in, &own_rules, limits);
@@ -47,7 +49,9 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std:
 // are, where the copy merging made first cost ~0.35 ms of a Kubernetes schema's compile.
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, std::vector<std::vector<int32_t>>&& rules_in,
                                  int32_t root_, const Limits& limits)
-    : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set) {
+    : tok(std::move(tok_)), root(root_), max_items_per_set(limits.max_items_per_set),
+      max_work_per_byte(limits.max_work_per_byte),
+      max_work_per_mask(limits.max_work_per_mask) {
   try {
     lower_rules(rules_in, &rules_in, limits);
   } catch (const std::bad_alloc&) {

@@ -177,6 +177,9 @@ bool Matcher::shortest_completion(std::string* out) const {
   }
   const uint64_t goal = node(0, g.root);
   bool found = false;
+  // Each popped node scans a whole Earley set: ambiguous grammars make that quadratic in the
+  // input, so the search shares the mask fill's budget.
+  int64_t work_left = g.max_work_per_mask;
   while (!heap.empty()) {
     auto [cost, at] = heap.top();
     heap.pop();
@@ -189,6 +192,11 @@ bool Matcher::shortest_completion(std::string* out) const {
     const int32_t rule = static_cast<int32_t>(at & 0xFFFFFFFFu);
     const uint32_t end = set + 1 < static_cast<int32_t>(set_begin_.size()) ? set_begin_[set + 1]
                                                                            : static_cast<uint32_t>(items_.size());
+    work_left -= static_cast<int64_t>(end - set_begin_[set]);
+    if (work_left < 0) {
+      throw LimitError("shortest completion exceeded its work budget of " + std::to_string(g.max_work_per_mask) +
+                       " parser steps (max_work_per_mask); the grammar is too ambiguous");
+    }
     for (uint32_t k = set_begin_[set]; k < end; ++k) {
       const Item& it = items_[k];
       const State& st = g.states[it.state];
@@ -218,11 +226,17 @@ bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>*
   if (is_terminated()) return false;
   const uint32_t base = static_cast<uint32_t>(set_begin_.size());
   bool ok = true;
-  for (char c : data) {
-    if (!advance(static_cast<uint8_t>(c))) {
-      ok = false;
-      break;
+  try {
+    for (char c : data) {
+      budget(false);
+      if (!advance(static_cast<uint8_t>(c))) {
+        ok = false;
+        break;
+      }
     }
+  } catch (...) {
+    pop_to(base);
+    throw;
   }
   if (ok) {
     const CompiledGrammar& g = *g_;
@@ -233,7 +247,7 @@ bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>*
       }
     }
   }
-  while (set_begin_.size() > base) pop_set();
+  pop_to(base);
   return ok;
 }
 

@@ -99,17 +99,36 @@ Matcher::Matcher(const Matcher& o)
       state_stamp_(o.g_->states.size(), 0) {}
 
 void Matcher::reset() {
-  items_.clear();
-  set_begin_.assign(1, 0);
+  // Built beside the current state, which a throwing reset keeps.
+  std::vector<Item> items;
+  std::vector<uint32_t> sets(1, 0);
+  items_.swap(items);
+  set_begin_.swap(sets);
+  try {
+    seen_.clear();
+    budget(false);
+    add(g_->rule_start[g_->root], 0, 0);
+    closure(0, 0);
+  } catch (...) {
+    items_.swap(items);
+    set_begin_.swap(sets);
+    throw;
+  }
   token_marks_.clear();
   terminated_ = false;
-  seen_.clear();
-  add(g_->rule_start[g_->root], 0, 0);
-  closure(0, 0);
+}
+
+void Matcher::work_exceeded() const {
+  const int64_t limit = per_mask_ ? g_->max_work_per_mask : g_->max_work_per_byte;
+  throw LimitError("grammar matching exceeded its work budget of " + std::to_string(limit) +
+                   (per_mask_ ? " parser steps for one token mask (max_work_per_mask)" :
+                                " parser steps for one byte (max_work_per_byte)") +
+                   " at input offset " + std::to_string(work_at_) + "; the grammar is too ambiguous");
 }
 
 void Matcher::add(int32_t state, int32_t origin, int32_t pos) {
   if (seen_.insert(item_key(state, origin))) {
+    spend(1);
     items_.push_back({state, origin});
     if (static_cast<int64_t>(items_.size() - set_begin_[pos]) > g_->max_items_per_set) {
       throw LimitError("grammar matching exceeded " + std::to_string(g_->max_items_per_set) +
@@ -136,6 +155,7 @@ void Matcher::closure(uint32_t begin, int32_t pos) {
         uint32_t end = (o + 1 < static_cast<int32_t>(set_begin_.size())) ? set_begin_[o + 1]
                                                                          : static_cast<uint32_t>(items_.size());
         if (j >= end) break;
+        spend(1);
         const Item w = items_[j];
         const State& ws = g.states[w.state];
         for (uint32_t e = ws.ref_begin; e < ws.ref_end; ++e) {
@@ -152,16 +172,16 @@ bool Matcher::advance(uint8_t b) {
   const uint32_t prev_end = static_cast<uint32_t>(items_.size());
   const int32_t pos = static_cast<int32_t>(set_begin_.size());
   set_begin_.push_back(prev_end);
-  seen_.clear();
-  for (uint32_t k = prev_begin; k < prev_end; ++k) {
-    int32_t t = g.step(items_[k].state, b);
-    if (t >= 0) add(t, items_[k].origin, pos);
-  }
-  if (items_.size() == prev_end) {
-    set_begin_.pop_back();
-    return false;
-  }
   try {
+    seen_.clear();
+    for (uint32_t k = prev_begin; k < prev_end; ++k) {
+      int32_t t = g.step(items_[k].state, b);
+      if (t >= 0) add(t, items_[k].origin, pos);
+    }
+    if (items_.size() == prev_end) {
+      set_begin_.pop_back();
+      return false;
+    }
     closure(prev_end, pos);
   } catch (...) {
     pop_set();
@@ -200,7 +220,12 @@ bool Matcher::is_terminated() const {
 
 bool Matcher::accept_token(int32_t id) {
   const TokenizerInfo& t = *g_->tok;
-  if (id < 0 || id >= t.vocab_size || is_terminated()) return false;
+  if (id < 0 || id >= t.vocab_size) {
+    throw UsageError("token_id " + std::to_string(id) + " is outside the vocabulary of " +
+                         std::to_string(t.vocab_size) + " tokens",
+                     "token_id");
+  }
+  if (is_terminated()) return false;
   if (std::find(t.eos_ids.begin(), t.eos_ids.end(), id) != t.eos_ids.end()) {
     if (terminate_without_eos_ || !last_set_can_end()) return false;
     token_marks_.push_back({static_cast<uint32_t>(set_begin_.size()), terminated_});
@@ -220,13 +245,19 @@ bool Matcher::accept_token(int32_t id) {
 bool Matcher::accept_bytes(const std::string& bytes) {
   if (is_terminated()) return false;
   const uint32_t base = static_cast<uint32_t>(set_begin_.size());
-  for (char c : bytes) {
-    if (!advance(static_cast<uint8_t>(c))) {
-      while (set_begin_.size() > base) pop_set();
-      return false;
+  try {
+    for (char c : bytes) {
+      budget(false);
+      if (!advance(static_cast<uint8_t>(c))) {
+        pop_to(base);
+        return false;
+      }
     }
+    token_marks_.push_back({base, terminated_});
+  } catch (...) {
+    pop_to(base);
+    throw;
   }
-  token_marks_.push_back({base, terminated_});
   if (max_rollback_ >= 0 && static_cast<int32_t>(token_marks_.size()) > max_rollback_) {
     token_marks_.erase(token_marks_.begin());
   }
@@ -235,8 +266,9 @@ bool Matcher::accept_bytes(const std::string& bytes) {
 
 void Matcher::rollback(int32_t n) {
   if (n < 0 || n > static_cast<int32_t>(token_marks_.size())) {
-    throw std::out_of_range("cannot roll back " + std::to_string(n) + " tokens; only " +
-                            std::to_string(token_marks_.size()) + " can be rolled back");
+    throw UsageError("cannot roll back " + std::to_string(n) + " tokens; only " +
+                         std::to_string(token_marks_.size()) + " can be rolled back",
+                     "num_tokens");
   }
   if (n == 0) return;
   Mark m = token_marks_[token_marks_.size() - n];
@@ -337,6 +369,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
     std::memset(mask, 0, static_cast<size_t>(words) * 4);
     return true;
   }
+  budget(true);
   // A row meeting several states for the first time (dozens, in a set that opens many
   // alternatives) computes their masks on the threads of its batch fill.
   first_visits_in_parallel(pending);
@@ -507,11 +540,22 @@ std::vector<std::array<int64_t, 5>> Matcher::debug_items() const {
 }
 
 std::string Matcher::forced_bytes(bool* must_end) {
-  const CompiledGrammar& g = *g_;
   std::string out;
   const uint32_t base = static_cast<uint32_t>(set_begin_.size());
   *must_end = false;
   if (is_terminated()) return out;
+  try {
+    forced_loop(out, must_end);
+  } catch (...) {
+    pop_to(base);
+    throw;
+  }
+  pop_to(base);
+  return out;
+}
+
+void Matcher::forced_loop(std::string& out, bool* must_end) {
+  const CompiledGrammar& g = *g_;
   while (out.size() < 65536) {
     bool can_end = last_set_can_end();
     uint32_t seen[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -535,11 +579,10 @@ std::string Matcher::forced_bytes(bool* must_end) {
       break;
     }
     if (count > 1 || can_end) break;
+    budget(false);
     advance(static_cast<uint8_t>(only));
     out.push_back(static_cast<char>(only));
   }
-  while (set_begin_.size() > base) pop_set();
-  return out;
 }
 
 }  // namespace grammar

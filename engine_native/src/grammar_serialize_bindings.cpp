@@ -112,8 +112,9 @@ void register_grammar_serialize(nb::module_& m) {
   m.def(
       "compile_serialized",
       [](std::shared_ptr<grammar::TokenizerInfo> tok, SerializedRules& rules, int32_t root, int64_t max_states,
-         double max_seconds, int64_t max_items) {
-        const grammar::Limits lim = grammar::Limits::from_args(max_states, max_seconds, max_items);
+         double max_seconds, int64_t max_items, int64_t max_work_byte, int64_t max_work_mask) {
+        const grammar::Limits lim =
+            grammar::Limits::from_args(max_states, max_seconds, max_items, max_work_byte, max_work_mask);
         // The compile takes the programs over (rewriting them as it merges and outlines rules):
         // ``rules`` is empty afterwards, whether the compile succeeds or raises.
         std::vector<Program> programs = std::move(rules.programs);
@@ -122,7 +123,8 @@ void register_grammar_serialize(nb::module_& m) {
         return std::make_shared<grammar::CompiledGrammar>(std::move(tok), std::move(programs), root, lim);
       },
       nb::arg("tokenizer"), nb::arg("rules"), nb::arg("root"), nb::arg("max_states"), nb::arg("max_seconds"),
-      nb::arg("max_items"),
+      nb::arg("max_items"), nb::arg("max_work_per_byte") = grammar::Limits::kDefaultWorkPerByte,
+      nb::arg("max_work_per_mask") = grammar::Limits::kDefaultWorkPerMask,
       "CompiledGrammar(tokenizer, rules, ...) from SerializedRules, which it consumes (empty afterwards).");
 
 
