@@ -22,7 +22,7 @@ import pydantic
 
 from agent_infer.client.generation import OutputInvalid, decode
 from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage
-from agent_infer.errors import MaxTurnsExceeded, ToolCallError
+from agent_infer.errors import IncompleteToolCallError, MaxTurnsExceeded, ToolCallError
 from agent_infer.tools import Tool, ToolArgumentsError, ToolDefinitionError, ToolRetry
 
 __all__ = [
@@ -136,6 +136,25 @@ def check_tools(tools: Sequence[Tool], constraint: Constraint | None) -> None:
             )
 
 
+def check_complete_calls(request: ModelRequest, response: ModelResponse) -> None:
+    """:class:`IncompleteToolCallError` when the output ran out of ``max_tokens`` inside a tool call.
+
+    A cut-off call cannot be executed, and handing back the rest as if the turn were whole would
+    drop the call silently; the remedies (a larger ``max_tokens``, bounded parameters,
+    ``close_on_length=True``) are the caller's to choose.
+    """
+    if response.unfinished_call is None:
+        return
+    raise IncompleteToolCallError(
+        f"the output ran out of max_tokens={request.max_tokens} inside a tool call; raise max_tokens, "
+        "bound the tool's parameters (max_length, maximum) or pass close_on_length=True",
+        tool=response.unfinished_call or None,
+        raw_output=response.raw_text if response.raw_text is not None else response.content,
+        tool_calls=response.tool_calls,
+        max_tokens=request.max_tokens,
+    )
+
+
 def _final_value(constraint: Constraint, arguments: str) -> Any:
     args = json.loads(arguments) if arguments.strip() else {}
     if not (isinstance(constraint.value, dict) and constraint.value.get("type") == "object"):
@@ -164,6 +183,7 @@ def run_flow(
             request, messages=list(transcript), tools=all_tools, constraint=None, tool_choice=choice
         )
         usage = usage + response.usage
+        check_complete_calls(request, response)
         transcript.append(response.message)
         calls = response.tool_calls
         if not calls:
@@ -199,7 +219,9 @@ def run_flow(
                 if status == "ok":
                     answered[_key(call)] = text
             else:
-                status, text = "ok", f"{answered[_key(call)]}\n({_repeat_hint(constraint)})"
+                # Only the earlier result: an instruction inside a tool result is text a small
+                # model repeats as its answer. The next turn's tool_choice makes it answer.
+                status, text = "ok", answered[_key(call)]
                 choice = {"name": FINAL_TOOL} if constraint is not None else "none"
             if status == "retry":
                 retries[call.name] = retries.get(call.name, 0) + 1
@@ -212,7 +234,10 @@ def run_flow(
                 text = f"Retry: {text}\nCall the tool again with corrected arguments."
             transcript.append(_tool_message(call, text))
     raise MaxTurnsExceeded(
-        f"no final answer after {max_turns} model call(s)", transcript=transcript, max_turns=max_turns
+        f"no final answer after {max_turns} model call(s)",
+        transcript=transcript,
+        max_turns=max_turns,
+        usage=usage,
     )
 
 
@@ -222,11 +247,6 @@ def _key(call: PendingCall) -> tuple[str, str]:
     except json.JSONDecodeError:
         canonical = call.arguments
     return call.name, canonical
-
-
-def _repeat_hint(constraint: Constraint | None) -> str:
-    then = f"call {FINAL_TOOL} with the answer" if constraint is not None else "answer the user"
-    return f"You already made this call and this is its result; now {then}."
 
 
 def _tool_message(call: PendingCall, content: str) -> Message:

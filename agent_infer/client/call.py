@@ -13,7 +13,14 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from agent_infer.client.agent import RunResult, ToolBatch, check_tools, run_flow, validate_run_options
+from agent_infer.client.agent import (
+    RunResult,
+    ToolBatch,
+    check_complete_calls,
+    check_tools,
+    run_flow,
+    validate_run_options,
+)
 from agent_infer.client.generation import PartialStream, generate_flow
 from agent_infer.client.request import (
     Constraint,
@@ -149,6 +156,7 @@ def chat_stream_call(
 
 def _message_of(request: ModelRequest) -> Flow[Message]:
     response: ModelResponse = yield request
+    check_complete_calls(request, response)
     return response.message
 
 

@@ -9,10 +9,12 @@ tool-call deltas included. An HTTP error becomes :class:`RemoteError` with the s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from agent_infer.client.remote_errors import typed_remote_error
 from agent_infer.client.request import (
     ModelRequest,
     ModelResponse,
@@ -132,8 +134,19 @@ def parse_response(data: Any) -> ModelResponse:
         ) from None
 
 
+def _with_cut_call(request: ModelRequest, response: ModelResponse) -> ModelResponse:
+    """Under ``tool_choice`` "required" or a named tool the whole output is calls, so running out of
+    ``max_tokens`` without a complete call means a call was cut off (the wire does not say more)."""
+    if request.forces_calls and response.finish_reason == "length" and not response.tool_calls:
+        return dataclasses.replace(response, unfinished_call="", raw_text=response.content)
+    return response
+
+
 def parse_event(data: Mapping[str, Any]) -> StreamChunk:
-    """One ``chat.completion.chunk`` as a :class:`StreamChunk`."""
+    """One ``chat.completion.chunk`` as a :class:`StreamChunk`; an error event raises."""
+    if isinstance(data, Mapping) and data.get("error") is not None:
+        # An error after the 200 (the engine failed mid-stream) arrives as an event.
+        raise typed_remote_error(200, json.dumps(data))
     usage = _usage(data["usage"]) if data.get("usage") else None
     choices = data.get("choices") or []
     if not choices:
@@ -173,10 +186,11 @@ class _EventReader:
 
 
 def _reply(status: int, body: bytes | str) -> Any:
-    """The JSON of a reply; an HTTP error status raises :class:`RemoteError` with the body."""
+    """The JSON of a reply; an HTTP error status raises the typed error its code names (the one the
+    same mistake raises locally), else :class:`RemoteError` with the body."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     if status >= 400:
-        raise RemoteError("the server rejected the request", status=status, body=text)
+        raise typed_remote_error(status, text)
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -224,7 +238,7 @@ class RemoteBackend:
         """One blocking chat-completions call."""
         with _transport_errors(f"cannot reach {self._url}"):
             r = self._client().post(self._url, json=request_body(self.model, request, False))
-        return parse_response(_reply(r.status_code, r.text))
+        return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     def stream(self, request: ModelRequest) -> Iterator[StreamChunk]:
         """A streamed call: one chunk per server event."""
@@ -243,7 +257,7 @@ class RemoteBackend:
         """Async :meth:`complete`."""
         with _transport_errors(f"cannot reach {self._url}"):
             r = await self._aclient().post(self._url, json=request_body(self.model, request, False))
-        return parse_response(_reply(r.status_code, r.text))
+        return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Async :meth:`stream`."""

@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from agent_infer.errors import InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.tool_formats.base import ToolCallDelta
-from agent_infer.tools import Tool
+from agent_infer.tools import Tool, no_json_form_path, warn_any_json
 
 Message = dict[str, Any]
 ToolChoice = str | Mapping[str, Any]
@@ -49,7 +51,7 @@ class Constraint:
             )
         if schema is not None:
             if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-                return cls("json_schema", close_objects(schema.model_json_schema()), schema)
+                return cls("json_schema", close_objects(_model_schema(schema)), schema)
             if isinstance(schema, dict | bool):
                 return cls("json_schema", schema)
             raise InvalidRequestError(
@@ -104,6 +106,11 @@ class ModelRequest:
     stop: tuple[str, ...] | None = None
     close_on_length: bool = False
 
+    @property
+    def forces_calls(self) -> bool:
+        """True when the output may only be tool calls (``tool_choice`` "required" or a named tool)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, Mapping))
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -128,11 +135,17 @@ class Usage:
 
 @dataclass(frozen=True)
 class ModelResponse:
-    """One model call's answer: the assistant message (OpenAI shape), its raw text and usage."""
+    """One model call's answer: the assistant message (OpenAI shape), its finish reason and usage.
+
+    ``unfinished_call`` is set when the output ran out of ``max_tokens`` inside a tool call: the
+    tool's name, or "" when it is not known. ``raw_text`` is the model's text before parsing.
+    """
 
     message: Message
     finish_reason: str
     usage: Usage
+    unfinished_call: str | None = None
+    raw_text: str | None = None
 
     @property
     def content(self) -> str:
@@ -153,6 +166,22 @@ class StreamChunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     finish_reason: str | None = None
     usage: Usage | None = None
+
+
+def _model_schema(model: Any) -> dict[str, Any]:
+    """A Pydantic model's JSON Schema; a field without a JSON form is an error naming its path, and
+    fields that accept any JSON value are warned about (:class:`~agent_infer.tools.AnyJSONWarning`)."""
+    try:
+        schema: dict[str, Any] = model.model_json_schema()
+    except pydantic.errors.PydanticUserError as exc:
+        path = no_json_form_path(model)
+        where = f"field {path!r} of {model.__name__}" if path else model.__name__
+        raise InvalidRequestError(
+            f"schema: {where} has no JSON Schema form: {exc.message}",
+            field=f"schema.{path}" if path else "schema",
+        ) from None
+    warn_any_json(schema, f"schema {model.__name__}")
+    return schema
 
 
 def close_objects(schema: Any) -> Any:
