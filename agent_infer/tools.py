@@ -96,9 +96,9 @@ def _clean_schema(schema: Any, close: bool) -> Any:
     return out
 
 
-def no_json_form_path(model: type[pydantic.BaseModel]) -> str | None:
-    """The dotted path of the first field of ``model`` (nested models included) that has no JSON
-    Schema form (a ``Callable``, an arbitrary class), or None when every field has one.
+def no_json_form_path(model: Any) -> str | None:
+    """The dotted path of the first field of ``model`` (a model class or any type, nested models
+    included) that has no JSON Schema form (a ``Callable``, an arbitrary class), or None.
 
     Pydantic's own error names the core-schema type but not the field, which in a large model
     leaves the user guessing.

@@ -114,7 +114,10 @@ def final_tool(constraint: Constraint) -> Tool:
     """The ``final_result`` tool whose arguments are the answer (non-object schemas are wrapped)."""
     schema = constraint.value
     if not (isinstance(schema, dict) and schema.get("type") == "object"):
-        schema = {"type": "object", "properties": {_WRAP_KEY: schema}, "required": [_WRAP_KEY]}
+        inner = dict(schema) if isinstance(schema, dict) else schema
+        # "#/$defs/..." references are relative to the document root: the definitions move up with them.
+        defs = {k: inner.pop(k) for k in ("$defs", "definitions") if isinstance(inner, dict) and k in inner}
+        schema = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
     return Tool(
         name=FINAL_TOOL,
         description="Give the final answer. Call this once you have everything you need.",

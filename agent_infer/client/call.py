@@ -23,6 +23,7 @@ from agent_infer.client.agent import (
 )
 from agent_infer.client.generation import PartialStream, generate_flow
 from agent_infer.client.request import (
+    Completion,
     Constraint,
     Message,
     ModelRequest,
@@ -102,15 +103,20 @@ def generate_call(
     max_retries: int,
     system: str | None,
     decoding: Decoding,
+    with_completion: bool = False,
 ) -> Flow[Any]:
-    """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times."""
+    """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times.
+
+    ``with_completion``: the flow returns ``(value, Completion)`` instead of the value.
+    """
     check_retries(max_retries)
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
-    return _value_only(generate_flow(request, max_retries))
+    flow = generate_flow(request, max_retries)
+    return flow if with_completion else _value_only(flow)
 
 
-def _value_only(flow: Generator[ModelRequest, ModelResponse, tuple[Any, Any]]) -> Flow[Any]:
+def _value_only(flow: Generator[Any, Any, tuple[Any, Any]]) -> Flow[Any]:
     value, _ = yield from flow
     return value
 
@@ -138,9 +144,11 @@ def chat_call(
     tool_choice: ToolChoice,
     parallel_tool_calls: bool,
     decoding: Decoding,
-) -> Flow[Message]:
-    """``chat``: one call; the result is its assistant message."""
-    return _message_of(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+    with_completion: bool = False,
+) -> Flow[Any]:
+    """``chat``: one call; the result is its assistant message (and its :class:`Completion`)."""
+    flow = _message_of(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+    return flow if with_completion else _value_only(flow)
 
 
 def chat_stream_call(
@@ -154,10 +162,11 @@ def chat_stream_call(
     return StreamCall(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
 
-def _message_of(request: ModelRequest) -> Flow[Message]:
+def _message_of(request: ModelRequest) -> Flow[tuple[Message, Completion]]:
     response: ModelResponse = yield request
     check_complete_calls(request, response)
-    return response.message
+    raw = response.raw_text if response.raw_text is not None else response.content
+    return response.message, Completion(raw, response.message, response.finish_reason, response.usage)
 
 
 def run_call(

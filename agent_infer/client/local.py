@@ -144,7 +144,9 @@ class LocalBackend:
         if isinstance(constraint.value, Grammar):
             return constraint.value
         if constraint.kind == "json_schema":
-            structured = StructuredOutput.json_schema(constraint.model or constraint.value)
+            structured = StructuredOutput.json_schema(
+                constraint.model if constraint.is_model else constraint.value
+            )
         elif constraint.kind == "regex":
             structured = StructuredOutput.regex(constraint.value)
         elif constraint.kind == "choice":
