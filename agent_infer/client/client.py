@@ -1,7 +1,9 @@
 """``Client``: structured generation, tool-calling chat and agent runs on a local model or a remote server.
 
 ``Client()`` loads the default model on first use; ``Client(model=path)`` any supported local
-model; ``Client(base_url=..., api_key=..., model=name)`` an OpenAI-compatible server. The same
+model; ``Client(base_url=..., api_key=..., model=name)`` an OpenAI-compatible server (transient
+failures retried ``http_retries`` times, default 2, with exponential backoff from ``http_backoff``
+seconds, default 0.5). The same
 methods exist on :class:`~agent_infer.client.async_client.AsyncClient` as coroutines.
 """
 
@@ -18,6 +20,7 @@ from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLi
 from agent_infer.client.local import LocalBackend
 from agent_infer.client.remote import RemoteBackend
 from agent_infer.client.request import Completion, Message, ModelResponse, StreamChunk, ToolChoice, Usage
+from agent_infer.client.retry import RetryPolicy
 from agent_infer.errors import ConfigError
 
 T = TypeVar("T")
@@ -34,6 +37,8 @@ class ClientBase:
         base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 600.0,
+        http_retries: int | None = None,
+        http_backoff: float | None = None,
         engine: Any = None,
         tool_format: str | None = None,
         **engine_config: Any,
@@ -49,7 +54,14 @@ class ClientBase:
                 raise ConfigError(
                     "engine, engine options and tool_format apply to local models, not base_url"
                 )
-            self._backend = RemoteBackend(base_url, model or "default", api_key=api_key, timeout=timeout)
+            retry = RetryPolicy(
+                2 if http_retries is None else http_retries, 0.5 if http_backoff is None else http_backoff
+            )
+            self._backend = RemoteBackend(
+                base_url, model or "default", api_key=api_key, timeout=timeout, retry=retry
+            )
+        elif http_retries is not None or http_backoff is not None:
+            raise ConfigError("http_retries and http_backoff apply to remote servers (base_url)")
         elif engine is not None:
             if model is not None or engine_config:
                 raise ConfigError("give either engine= or model=/engine options, not both")

@@ -3,14 +3,18 @@
 JSON schemas go as ``response_format: {"type": "json_schema", "json_schema": {..., "strict": true}}``;
 regex, grammar and choice as vLLM's ``structured_outputs: {"regex" | "grammar" | "choice": ...}``;
 tools as ``tools`` / ``tool_choice`` / ``parallel_tool_calls``. Streaming reads server-sent events,
-tool-call deltas included. An HTTP error becomes :class:`RemoteError` with the status and body.
+tool-call deltas included. Rate limits, server failures, dropped connections and timeouts are
+retried with exponential backoff (:mod:`retry`); an HTTP error that remains becomes the typed error
+its code names (:mod:`remote_errors`) or :class:`RemoteError` with the status and body.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -23,6 +27,7 @@ from agent_infer.client.request import (
     arguments_text,
     assistant_message,
 )
+from agent_infer.client.retry import RETRY_STATUSES, RetryPolicy
 from agent_infer.errors import ConfigError, RemoteError
 from agent_infer.tool_formats import ToolCallDelta
 
@@ -197,6 +202,10 @@ def _reply(status: int, body: bytes | str) -> Any:
         raise RemoteError("the server's reply is not JSON", status=200, body=text) from None
 
 
+def _unreachable(url: str, attempt: int, exc: BaseException) -> RemoteError:
+    return RemoteError(f"cannot reach {url} ({attempt + 1} attempt(s))", status=0, body=str(exc))
+
+
 @contextlib.contextmanager
 def _transport_errors(message: str) -> Iterator[None]:
     """Connection failures and timeouts become :class:`RemoteError` (status 0)."""
@@ -210,13 +219,21 @@ def _transport_errors(message: str) -> Iterator[None]:
 class RemoteBackend:
     """Model calls against an OpenAI-compatible server; sync and async clients are made on first use."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
+        self._retry = retry or RetryPolicy()
         self._sync: Any = None
         self._async: Any = None
 
@@ -234,44 +251,90 @@ class RemoteBackend:
             self._async = _httpx().AsyncClient(headers=self._headers, timeout=self._timeout)
         return self._async
 
+    def _send(self, body: dict[str, Any], stream: bool) -> Any:
+        """POST ``body``, retrying transient failures (:mod:`retry`); the last failure is raised."""
+        httpx = _httpx()
+        client = self._client()
+        for attempt in range(self._retry.attempts):
+            last = attempt + 1 == self._retry.attempts
+            try:
+                r = client.send(client.build_request("POST", self._url, json=body), stream=stream)
+            except httpx.TransportError as exc:
+                if last:
+                    raise _unreachable(self._url, attempt, exc) from exc
+                time.sleep(self._retry.wait(attempt))
+                continue
+            except httpx.HTTPError as exc:  # not transient (too many redirects, a bad URL)
+                raise _unreachable(self._url, attempt, exc) from exc
+            if r.status_code in RETRY_STATUSES and not last:
+                r.close()
+                time.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
+                continue
+            return r
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _asend(self, body: dict[str, Any], stream: bool) -> Any:
+        """Async :meth:`_send`."""
+        httpx = _httpx()
+        client = self._aclient()
+        for attempt in range(self._retry.attempts):
+            last = attempt + 1 == self._retry.attempts
+            try:
+                r = await client.send(client.build_request("POST", self._url, json=body), stream=stream)
+            except httpx.TransportError as exc:
+                if last:
+                    raise _unreachable(self._url, attempt, exc) from exc
+                await asyncio.sleep(self._retry.wait(attempt))
+                continue
+            except httpx.HTTPError as exc:  # not transient (too many redirects, a bad URL)
+                raise _unreachable(self._url, attempt, exc) from exc
+            if r.status_code in RETRY_STATUSES and not last:
+                await r.aclose()
+                await asyncio.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
+                continue
+            return r
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def complete(self, request: ModelRequest) -> ModelResponse:
-        """One blocking chat-completions call."""
-        with _transport_errors(f"cannot reach {self._url}"):
-            r = self._client().post(self._url, json=request_body(self.model, request, False))
+        """One blocking chat-completions call (transient failures retried)."""
+        r = self._send(request_body(self.model, request, False), stream=False)
         return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     def stream(self, request: ModelRequest) -> Iterator[StreamChunk]:
-        """A streamed call: one chunk per server event."""
-        body = request_body(self.model, request, True)
-        failed = _transport_errors(f"the stream from {self._url} failed")
-        with failed, self._client().stream("POST", self._url, json=body) as r:
+        """A streamed call: one chunk per server event (opening it is retried, not a broken stream)."""
+        r = self._send(request_body(self.model, request, True), stream=True)
+        try:
             if r.status_code >= 400:
                 _reply(r.status_code, r.read())
             events = _EventReader()
-            for line in r.iter_lines():
-                yield from events.feed(line)
-                if events.done:
-                    return
+            with _transport_errors(f"the stream from {self._url} failed"):
+                for line in r.iter_lines():
+                    yield from events.feed(line)
+                    if events.done:
+                        return
+        finally:
+            r.close()
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Async :meth:`complete`."""
-        with _transport_errors(f"cannot reach {self._url}"):
-            r = await self._aclient().post(self._url, json=request_body(self.model, request, False))
+        r = await self._asend(request_body(self.model, request, False), stream=False)
         return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Async :meth:`stream`."""
-        body = request_body(self.model, request, True)
-        with _transport_errors(f"the stream from {self._url} failed"):
-            async with self._aclient().stream("POST", self._url, json=body) as r:
-                if r.status_code >= 400:
-                    _reply(r.status_code, await r.aread())
-                events = _EventReader()
+        r = await self._asend(request_body(self.model, request, True), stream=True)
+        try:
+            if r.status_code >= 400:
+                _reply(r.status_code, await r.aread())
+            events = _EventReader()
+            with _transport_errors(f"the stream from {self._url} failed"):
                 async for line in r.aiter_lines():
                     for chunk in events.feed(line):
                         yield chunk
                     if events.done:
                         return
+        finally:
+            await r.aclose()
 
     def close(self) -> None:
         """Close the sync HTTP connection pool (the async one closes in :meth:`aclose`)."""
