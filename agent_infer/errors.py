@@ -174,6 +174,23 @@ class MaxTurnsExceeded(AgentInferError):
         self.usage = usage
 
 
+class UsageLimitExceeded(AgentInferError):
+    """An agent run hit one of its usage limits.
+
+    ``limit`` names it (``max_requests``, ``max_total_tokens``, ``max_tool_calls``), ``value`` is
+    its bound, ``usage`` what the run had spent and ``transcript`` every message so far.
+    """
+
+    def __init__(
+        self, message: str, *, limit: str, value: int, usage: object, transcript: list[dict[str, object]]
+    ) -> None:
+        super().__init__(f"{message} ({limit}={value})")
+        self.limit = limit
+        self.value = value
+        self.usage = usage
+        self.transcript = transcript
+
+
 class ToolCallError(AgentInferError):
     """A tool call could not be completed (the tool kept asking for corrections, or the reply was unusable).
 

@@ -13,8 +13,9 @@ from pydantic import BaseModel, Field
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of
-from agent_infer.client.request import Completion
-from agent_infer.errors import InvalidRequestError
+from agent_infer.client.request import Completion, UsageLimits
+from agent_infer.errors import InvalidRequestError, UsageLimitExceeded
+from agent_infer.tools import ToolRetry
 
 Small = Annotated[int, Field(ge=0, le=100)]
 
@@ -115,3 +116,46 @@ def test_a_non_type_schema_is_a_typed_error(client: Client) -> None:
     with pytest.raises(InvalidRequestError) as info:
         client.generate("x", schema=42)
     assert info.value.field == "schema"
+
+
+# --- usage limits for run ---------------------------------------------------------------------------
+
+
+def _pinned(client: Client, limits: UsageLimits, ran: list[int]) -> Any:
+    def bump(n: Small) -> int:
+        """Increase a counter."""
+        ran.append(n)
+        raise ToolRetry("try again")  # a retried call is not answered from memory: it runs again
+
+    return client.run(
+        "Bump 1.", tools=[bump], tool_choice={"name": "bump"}, max_turns=6, max_tokens=40, usage_limits=limits
+    )
+
+
+def test_usage_limits_bound_requests_tokens_and_tool_calls(client: Client) -> None:
+    ran: list[int] = []
+    with pytest.raises(UsageLimitExceeded) as requests:
+        _pinned(client, UsageLimits(max_requests=1), ran)
+    assert requests.value.limit == "max_requests" and requests.value.value == 1
+    assert requests.value.usage.requests == 1 and len(ran) == 1
+
+    ran.clear()
+    with pytest.raises(UsageLimitExceeded) as tokens:
+        _pinned(client, UsageLimits(max_total_tokens=50), ran)
+    assert tokens.value.limit == "max_total_tokens" and tokens.value.usage.total_tokens > 50
+    assert not ran  # the first call already crossed the bound: its tool call did not run
+
+    ran.clear()
+    with pytest.raises(UsageLimitExceeded) as calls:
+        _pinned(client, UsageLimits(max_tool_calls=1), ran)  # the same call, retried
+    assert calls.value.limit == "max_tool_calls" and len(ran) == 1
+    assert calls.value.transcript[-1]["role"] == "assistant"
+
+
+def test_usage_limits_are_checked(client: Client) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        UsageLimits(max_requests=0)
+    assert info.value.field == "usage_limits.max_requests"
+    with pytest.raises(InvalidRequestError) as wrong:
+        client.run("x", tools=[], usage_limits={"max_requests": 1})  # type: ignore[arg-type]
+    assert wrong.value.field == "usage_limits"

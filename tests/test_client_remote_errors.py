@@ -78,3 +78,12 @@ def test_a_cut_off_forced_call_raises_over_the_wire(remote: Client) -> None:
     with pytest.raises(IncompleteToolCallError) as info:
         remote.chat("Save a note describing Paris.", tools=[note], tool_choice="required", max_tokens=12)
     assert info.value.max_tokens == 12 and info.value.raw_output
+
+
+def test_an_error_event_inside_a_stream_raises() -> None:
+    """An error after the 200 arrives as a ``data: {"error": ...}`` event; it is raised, not skipped."""
+    from agent_infer.client.remote import parse_event
+
+    event = {"error": {"message": "generation failed", "type": "server_error", "code": "engine_error"}}
+    with pytest.raises(RemoteError, match="generation failed"):
+        parse_event(event)

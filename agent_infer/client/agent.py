@@ -21,8 +21,8 @@ from typing import Any
 import pydantic
 
 from agent_infer.client.generation import OutputInvalid, decode
-from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage
-from agent_infer.errors import IncompleteToolCallError, MaxTurnsExceeded, ToolCallError
+from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage, UsageLimits
+from agent_infer.errors import IncompleteToolCallError, MaxTurnsExceeded, ToolCallError, UsageLimitExceeded
 from agent_infer.tools import Tool, ToolArgumentsError, ToolDefinitionError, ToolRetry
 
 __all__ = [
@@ -172,8 +172,11 @@ def run_flow(
     *,
     max_turns: int,
     max_tool_retries: int,
+    limits: UsageLimits | None = None,
 ) -> Generator[ModelRequest | ToolBatch, Any, RunResult]:
     """The agent loop; see the module docstring for the protocol."""
+    limits = limits or UsageLimits()
+    tool_calls_run = 0
     by_name = {t.name: t for t in tools}
     all_tools = (*tools, final_tool(constraint)) if constraint is not None else tuple(tools)
     transcript = list(request.messages)
@@ -182,12 +185,14 @@ def run_flow(
     answered: dict[tuple[str, str], str] = {}
     choice = request.tool_choice
     for turn in range(1, max_turns + 1):
+        _check_limit("max_requests", limits.max_requests, usage.requests + 1, usage, transcript)
         response: ModelResponse = yield dataclasses.replace(
             request, messages=list(transcript), tools=all_tools, constraint=None, tool_choice=choice
         )
         usage = usage + response.usage
         check_complete_calls(request, response)
         transcript.append(response.message)
+        _check_limit("max_total_tokens", limits.max_total_tokens, usage.total_tokens, usage, transcript)
         calls = response.tool_calls
         if not calls:
             if constraint is None:
@@ -214,6 +219,8 @@ def run_flow(
         # running again (tools may have side effects), and the next turn must answer: a model that
         # repeats itself has got all it will get from the tools (small models loop otherwise).
         fresh = [p for p in pending if _key(p) not in answered]
+        tool_calls_run += len(fresh)
+        _check_limit("max_tool_calls", limits.max_tool_calls, tool_calls_run, usage, transcript)
         outcomes: list[Outcome] = (yield ToolBatch(fresh, request.parallel_tool_calls)) if fresh else []
         results = dict(zip((_key(p) for p in fresh), outcomes))
         for call in pending:
@@ -242,6 +249,18 @@ def run_flow(
         max_turns=max_turns,
         usage=usage,
     )
+
+
+def _check_limit(name: str, bound: int | None, reached: int, usage: Usage, transcript: list[Message]) -> None:
+    """:class:`UsageLimitExceeded` when going on would spend ``reached`` of something bounded by ``bound``."""
+    if bound is not None and reached > bound:
+        raise UsageLimitExceeded(
+            f"the run would exceed its usage limit ({name.removeprefix('max_').replace('_', ' ')}: {reached})",
+            limit=name,
+            value=bound,
+            usage=usage,
+            transcript=list(transcript),
+        )
 
 
 def _key(call: PendingCall) -> tuple[str, str]:

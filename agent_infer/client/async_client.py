@@ -16,7 +16,7 @@ from agent_infer.client.agent import Outcome, RunResult, ToolBatch, aexecute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.client import ClientBase
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Completion, Message, StreamChunk, ToolChoice
+from agent_infer.client.request import Completion, Message, StreamChunk, ToolChoice, UsageLimits
 
 T = TypeVar("T")
 
@@ -196,11 +196,20 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
         decoding = Decoding(temperature, max_tokens, seed)
         flow = call.run_call(
-            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
+            messages,
+            tools,
+            schema,
+            max_turns,
+            tool_choice,
+            parallel_tool_calls,
+            max_tool_retries,
+            decoding,
+            usage_limits,
         )
         return await self._drive(flow)
 

@@ -30,6 +30,7 @@ from agent_infer.client.request import (
     ModelResponse,
     StreamChunk,
     ToolChoice,
+    UsageLimits,
     as_messages,
 )
 from agent_infer.errors import InvalidRequestError
@@ -178,6 +179,7 @@ def run_call(
     parallel_tool_calls: bool,
     max_tool_retries: int,
     decoding: Decoding,
+    usage_limits: UsageLimits | None = None,
 ) -> Flow[RunResult]:
     """``run``: the agent loop (``tool_choice`` defaults to "required" with a schema, else "auto")."""
     validate_run_options(max_turns, max_tool_retries)
@@ -190,7 +192,18 @@ def run_call(
         tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
         parallel_tool_calls=parallel_tool_calls,
     )
-    return run_flow(request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries)
+    if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+        raise InvalidRequestError(
+            f"usage_limits must be a UsageLimits, got {type(usage_limits).__name__}", field="usage_limits"
+        )
+    return run_flow(
+        request,
+        tool_objs,
+        constraint,
+        max_turns=max_turns,
+        max_tool_retries=max_tool_retries,
+        limits=usage_limits,
+    )
 
 
 class FlowStep(Generic[T]):

@@ -19,7 +19,15 @@ from agent_infer.client.agent import Outcome, RunResult, ToolBatch, execute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.local import LocalBackend
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Completion, Message, ModelResponse, StreamChunk, ToolChoice, Usage
+from agent_infer.client.request import (
+    Completion,
+    Message,
+    ModelResponse,
+    StreamChunk,
+    ToolChoice,
+    Usage,
+    UsageLimits,
+)
 from agent_infer.client.retry import RetryPolicy
 from agent_infer.errors import ConfigError
 
@@ -304,6 +312,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> RunResult:
         """The agent loop: call the model, execute its tool calls, repeat until a final answer.
 
@@ -312,10 +321,19 @@ class Client(ClientBase):
         schema-valid arguments (``tool_choice`` defaults to "required"). Tool errors go back to the
         model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
         tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
+        ``usage_limits`` bounds requests, tokens and tool calls (:class:`UsageLimitExceeded`).
         """
         decoding = Decoding(temperature, max_tokens, seed)
         flow = call.run_call(
-            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
+            messages,
+            tools,
+            schema,
+            max_turns,
+            tool_choice,
+            parallel_tool_calls,
+            max_tool_retries,
+            decoding,
+            usage_limits,
         )
         return self._drive(flow)
 

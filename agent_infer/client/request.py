@@ -152,6 +152,29 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class UsageLimits:
+    """Bounds on what one ``run`` may spend; None means no bound.
+
+    ``max_requests``: model calls; ``max_total_tokens``: prompt plus completion tokens summed over
+    the run (checked after each model call, so the call that crosses it is counted);
+    ``max_tool_calls``: tool executions (checked before a turn's calls run, so none of an
+    over-budget turn runs).
+    """
+
+    max_requests: int | None = None
+    max_total_tokens: int | None = None
+    max_tool_calls: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "max_total_tokens", "max_tool_calls"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(
+                    f"{name} must be a positive integer or None, got {value!r}", field=f"usage_limits.{name}"
+                )
+
+
+@dataclass(frozen=True)
 class ModelResponse:
     """One model call's answer: the assistant message (OpenAI shape), its finish reason and usage.
 
