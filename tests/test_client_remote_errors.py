@@ -87,3 +87,22 @@ def test_an_error_event_inside_a_stream_raises() -> None:
     event = {"error": {"message": "generation failed", "type": "server_error", "code": "engine_error"}}
     with pytest.raises(RemoteError, match="generation failed"):
         parse_event(event)
+
+
+def test_a_tool_schema_mistake_raises_the_same_error(local: Client, remote: Client) -> None:
+    spec = {
+        "type": "function",
+        "function": {
+            "name": "tag",
+            "strict": True,
+            "parameters": {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+        },
+    }
+    raised = []
+    for client in (local, remote):
+        with pytest.raises(AgentInferError) as info:
+            client.chat("Tag it.", tools=[spec], tool_choice="required", max_tokens=5)
+        raised.append(info.value)
+    here, there = raised
+    assert type(there) is type(here)
+    assert (there.keyword, there.pointer) == (here.keyword, here.pointer)  # type: ignore[attr-defined]
