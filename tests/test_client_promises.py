@@ -101,8 +101,9 @@ def test_parse_cut_off_keeps_complete_calls_and_drops_the_cut_one(name: str) -> 
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("add", {"a": 1, "b": 2})]
     assert parsed.unfinished_call == "get_weather"
     assert "Pa" not in parsed.content
-    before_name = fmt.parse_cut_off(whole[: whole.rindex("get_weather") + 3])
-    assert before_name.unfinished_call in ("", "get_weather"[:3]) or before_name.unfinished_call == "get"
+    inside_name = fmt.parse_cut_off(whole[: whole.rindex("get_weather") + 3])
+    assert inside_name.unfinished_call == ""  # a name is only reported once it is whole
+    assert [c.name for c in inside_name.tool_calls] == ["add"]
     finished = fmt.parse_cut_off(whole)
     assert finished.unfinished_call is None and len(finished.tool_calls) == 2
 
