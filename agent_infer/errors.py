@@ -178,12 +178,41 @@ class ValidationRetryError(AgentInferError):
 
 
 class MaxTurnsExceeded(AgentInferError):
-    """An agent run reached ``max_turns`` without a final answer; ``transcript`` has every message."""
+    """An agent run reached ``max_turns`` without a final answer.
 
-    def __init__(self, message: str, *, transcript: list[dict[str, object]], max_turns: int) -> None:
+    ``transcript`` has every message, ``usage`` the tokens and requests the run spent (a client
+    ``Usage``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transcript: list[dict[str, object]],
+        max_turns: int,
+        usage: object = None,
+    ) -> None:
         super().__init__(message)
         self.transcript = transcript
         self.max_turns = max_turns
+        self.usage = usage
+
+
+class UsageLimitExceeded(AgentInferError):
+    """An agent run hit one of its usage limits.
+
+    ``limit`` names it (``max_requests``, ``max_total_tokens``, ``max_tool_calls``), ``value`` is
+    its bound, ``usage`` what the run had spent and ``transcript`` every message so far.
+    """
+
+    def __init__(
+        self, message: str, *, limit: str, value: int, usage: object, transcript: list[dict[str, object]]
+    ) -> None:
+        super().__init__(f"{message} ({limit}={value})")
+        self.limit = limit
+        self.value = value
+        self.usage = usage
+        self.transcript = transcript
 
 
 class ToolCallError(AgentInferError):
@@ -196,6 +225,31 @@ class ToolCallError(AgentInferError):
         super().__init__(f"{message} (tool {tool!r})")
         self.tool = tool
         self.arguments = arguments
+
+
+class IncompleteToolCallError(ToolCallError):
+    """The model's output ran out of ``max_tokens`` inside a tool call, so the call cannot be made.
+
+    ``tool`` names the tool when its name was written before the cut (else None), ``raw_output`` is
+    the whole output, ``tool_calls`` the calls that were complete (OpenAI-shaped) and
+    ``max_tokens`` the budget that ran out.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool: str | None,
+        raw_output: str,
+        tool_calls: list[dict[str, object]],
+        max_tokens: int,
+    ) -> None:
+        AgentInferError.__init__(self, f"{message} (tool {tool!r})" if tool else message)
+        self.tool = tool  # type: ignore[assignment]  # None: the cut came before the name
+        self.arguments = None
+        self.raw_output = raw_output
+        self.tool_calls = tool_calls
+        self.max_tokens = max_tokens
 
 
 class RemoteError(AgentInferError):

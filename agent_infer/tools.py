@@ -13,7 +13,9 @@ import inspect
 import json
 import re
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -23,6 +25,7 @@ from agent_infer.docstrings import parse_docstring
 from agent_infer.errors import InvalidRequestError
 
 __all__ = [
+    "AnyJSONWarning",
     "Tool",
     "ToolArgumentsError",
     "ToolDefinitionError",
@@ -51,6 +54,14 @@ class ToolArgumentsError(InvalidRequestError):
 
 class ToolRetry(Exception):
     """Raised by a tool to ask the model for a corrected call; the message is shown to the model."""
+
+
+class AnyJSONWarning(UserWarning):
+    """A parameter or field has no type the schema can express (no annotation, ``object``, ``Any``),
+    so the model may write any JSON value there."""
+
+
+_ANY_JSON_NOTE = "Any JSON value."
 
 
 # --- schemas ---------------------------------------------------------------------------------------
@@ -83,6 +94,95 @@ def _clean_schema(schema: Any, close: bool) -> Any:
     if close and "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+def no_json_form_path(model: Any) -> str | None:
+    """The dotted path of the first field of ``model`` (a model class or any type, nested models
+    included) that has no JSON Schema form (a ``Callable``, an arbitrary class), or None.
+
+    Pydantic's own error names the core-schema type but not the field, which in a large model
+    leaves the user guessing.
+    """
+    return _unschemable(model, [])
+
+
+def _has_json_form(annotation: Any) -> bool:
+    try:
+        pydantic.TypeAdapter(annotation).json_schema()
+    except Exception:  # any failure to produce a schema means "no JSON form" here
+        return False
+    return True
+
+
+def _unschemable(annotation: Any, path: list[str]) -> str | None:
+    if _has_json_form(annotation):
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        for name, info in annotation.model_fields.items():
+            found = _unschemable(info.annotation, [*path, name])
+            if found is not None:
+                return found
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) or typing.get_origin(arg) is not None:
+            found = _unschemable(arg, path)
+            if found is not None:
+                return found
+    return ".".join(path) or None
+
+
+def any_json_pointers(schema: Any, pointer: str = "") -> list[str]:
+    """JSON pointers of the properties and items of ``schema`` that accept any JSON value.
+
+    A generated schema has such a spot when a field was typed ``object``/``Any`` or a parameter had
+    no annotation: nothing constrains what the model writes there.
+    """
+    found: list[str] = []
+    if not isinstance(schema, dict):
+        return found
+    for key in ("properties", "$defs"):
+        for name, sub in (schema.get(key) or {}).items():
+            where = f"{pointer}/{key}/{_escape(name)}"
+            found += [where] if key == "properties" and _is_any(sub) else any_json_pointers(sub, where)
+    for key in ("items", "additionalProperties"):
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            found += [f"{pointer}/{key}"] if _is_any(sub) else any_json_pointers(sub, f"{pointer}/{key}")
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for i, sub in enumerate(schema.get(key) or []):
+            found += any_json_pointers(sub, f"{pointer}/{key}/{i}")
+    return found
+
+
+def _is_any(schema: Any) -> bool:
+    return isinstance(schema, dict) and not set(schema) - {"description", "default", "title", "examples"}
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def warn_any_json(schema: Any, what: str) -> list[str]:
+    """Warn (:class:`AnyJSONWarning`) about every any-JSON spot of a generated schema; returns the pointers."""
+    pointers = any_json_pointers(schema)
+    if pointers:
+        warnings.warn(
+            f"{what}: {', '.join(pointers)} accept(s) any JSON value (no type, 'object' or 'Any'); "
+            "annotate a concrete type to constrain the output",
+            AnyJSONWarning,
+            stacklevel=3,
+        )
+    return pointers
+
+
+def _note_any_json(schema: dict[str, Any]) -> None:
+    """Say in the parameter's own description that it takes any JSON value, so the model knows too."""
+    for name, sub in (schema.get("properties") or {}).items():
+        if _is_any(sub):
+            text = sub.get("description")
+            schema["properties"][name] = {
+                **sub,
+                "description": f"{text} {_ANY_JSON_NOTE}" if text else _ANY_JSON_NOTE,
+            }
 
 
 def _signature_model(
@@ -171,9 +271,15 @@ class Tool:
         try:
             raw_schema = model.model_json_schema()
         except pydantic.errors.PydanticUserError as exc:  # e.g. a Callable parameter has no JSON form
-            raise ToolDefinitionError(f"tool {tool_name!r}: a parameter has no JSON Schema: {exc}") from exc
+            path = no_json_form_path(model)
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: parameter {path!r} has no JSON Schema form: {exc.message}",
+                field=f"{tool_name}.{path}" if path else tool_name,
+            ) from exc
         schema = _clean_schema(raw_schema, close=strict)
         schema.setdefault("properties", {})
+        if warn_any_json(schema, f"tool {tool_name!r}"):
+            _note_any_json(schema)
         return cls(
             name=tool_name,
             description=summary if description is None else description,
@@ -248,7 +354,11 @@ class Tool:
         return {key: getattr(validated, key) for key in type(validated).model_fields}
 
     def invoke(self, arguments: Mapping[str, Any] | str) -> Any:
-        """Validate ``arguments`` and call the function (an async tool runs in a fresh event loop)."""
+        """Validate ``arguments`` and call the function.
+
+        An async tool runs in a fresh event loop: in this thread, or in a worker thread when this
+        thread already runs a loop (a sync client called from async code).
+        """
         kwargs = self.validate_arguments(arguments)
         func = self._callable()
         if self.is_async:
@@ -256,9 +366,11 @@ class Tool:
                 asyncio.get_running_loop()
             except RuntimeError:
                 return asyncio.run(func(**kwargs))
-            raise InvalidRequestError(
-                f"tool {self.name!r} is async; use 'await tool.ainvoke(...)' inside an event loop"
-            )
+            # This thread already runs an event loop (Jupyter, an async web handler): it cannot run
+            # a second one, and waiting here on a task of that loop would deadlock it. The
+            # coroutine gets its own loop in a worker thread.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tool-{self.name}") as pool:
+                return pool.submit(asyncio.run, func(**kwargs)).result()
         return func(**kwargs)
 
     async def ainvoke(self, arguments: Mapping[str, Any] | str) -> Any:

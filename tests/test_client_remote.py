@@ -15,7 +15,7 @@ from test_client_generate import STORY_PROMPT, Story, check_every_attempt_report
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
-from agent_infer.errors import MaxTurnsExceeded, RemoteError
+from agent_infer.errors import GrammarSyntaxError, MaxTurnsExceeded, RemoteError
 
 server = server_fixture()
 
@@ -111,9 +111,9 @@ def test_remote_errors(server: LiveServer) -> None:
     with pytest.raises(RemoteError) as wrong_model:
         Client(base_url=server.v1, model="no-such-model").generate("hi", max_tokens=4)
     assert wrong_model.value.status == 404 and "no-such-model" in wrong_model.value.body
-    with pytest.raises(RemoteError) as bad_regex:
+    with pytest.raises(GrammarSyntaxError) as bad_regex:  # the local error type, with its position
         Client(base_url=server.v1, model=server.model).generate("hi", regex="(unclosed")
-    assert bad_regex.value.status == 400
+    assert bad_regex.value.status == 400 and bad_regex.value.position == 0  # type: ignore[attr-defined]
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -280,12 +280,13 @@ def test_invoke_and_ainvoke() -> None:
     assert blocking.invoke({"x": 1}) == 2
     assert coro.invoke('{"x": 2}') == 20  # no loop running: a fresh one is used
 
-    async def main() -> tuple[int, int]:
-        with pytest.raises(InvalidRequestError, match="ainvoke"):
-            coro.invoke({"x": 1})
-        return await blocking.ainvoke({"x": 5}), await coro.ainvoke({"x": 3})
+    async def main() -> tuple[int, int, int]:
+        # Sync code inside a running loop (a notebook, an async handler): the coroutine runs in
+        # its own loop on a worker thread instead of failing.
+        inside = coro.invoke({"x": 1})
+        return inside, await blocking.ainvoke({"x": 5}), await coro.ainvoke({"x": 3})
 
-    assert asyncio.run(main()) == (6, 30)
+    assert asyncio.run(main()) == (10, 6, 30)
     assert seen[0] == main_thread and seen[1] != main_thread  # ainvoke ran the sync tool in a thread
     with pytest.raises(ToolArgumentsError):
         blocking.invoke({"x": "nope"})

@@ -10,6 +10,6 @@ from __future__ import annotations
 from agent_infer.client.agent import RunResult
 from agent_infer.client.async_client import AsyncClient
 from agent_infer.client.client import Client
-from agent_infer.client.request import StreamChunk, Usage
+from agent_infer.client.request import Completion, StreamChunk, Usage, UsageLimits
 
-__all__ = ["AsyncClient", "Client", "RunResult", "StreamChunk", "Usage"]
+__all__ = ["AsyncClient", "Client", "Completion", "RunResult", "StreamChunk", "Usage", "UsageLimits"]

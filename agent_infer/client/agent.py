@@ -21,8 +21,8 @@ from typing import Any
 import pydantic
 
 from agent_infer.client.generation import OutputInvalid, decode
-from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage
-from agent_infer.errors import MaxTurnsExceeded, ToolCallError
+from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage, UsageLimits
+from agent_infer.errors import IncompleteToolCallError, MaxTurnsExceeded, ToolCallError, UsageLimitExceeded
 from agent_infer.tools import Tool, ToolArgumentsError, ToolDefinitionError, ToolRetry
 
 __all__ = [
@@ -114,7 +114,10 @@ def final_tool(constraint: Constraint) -> Tool:
     """The ``final_result`` tool whose arguments are the answer (non-object schemas are wrapped)."""
     schema = constraint.value
     if not (isinstance(schema, dict) and schema.get("type") == "object"):
-        schema = {"type": "object", "properties": {_WRAP_KEY: schema}, "required": [_WRAP_KEY]}
+        inner = dict(schema) if isinstance(schema, dict) else schema
+        # "#/$defs/..." references are relative to the document root: the definitions move up with them.
+        defs = {k: inner.pop(k) for k in ("$defs", "definitions") if isinstance(inner, dict) and k in inner}
+        schema = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
     return Tool(
         name=FINAL_TOOL,
         description="Give the final answer. Call this once you have everything you need.",
@@ -136,6 +139,25 @@ def check_tools(tools: Sequence[Tool], constraint: Constraint | None) -> None:
             )
 
 
+def check_complete_calls(request: ModelRequest, response: ModelResponse) -> None:
+    """:class:`IncompleteToolCallError` when the output ran out of ``max_tokens`` inside a tool call.
+
+    A cut-off call cannot be executed, and handing back the rest as if the turn were whole would
+    drop the call silently; the remedies (a larger ``max_tokens``, bounded parameters,
+    ``close_on_length=True``) are the caller's to choose.
+    """
+    if response.unfinished_call is None:
+        return
+    raise IncompleteToolCallError(
+        f"the output ran out of max_tokens={request.max_tokens} inside a tool call; raise max_tokens, "
+        "bound the tool's parameters (max_length, maximum) or pass close_on_length=True",
+        tool=response.unfinished_call or None,
+        raw_output=response.raw_text if response.raw_text is not None else response.content,
+        tool_calls=response.tool_calls,
+        max_tokens=request.max_tokens,
+    )
+
+
 def _final_value(constraint: Constraint, arguments: str) -> Any:
     args = json.loads(arguments) if arguments.strip() else {}
     if not (isinstance(constraint.value, dict) and constraint.value.get("type") == "object"):
@@ -150,8 +172,11 @@ def run_flow(
     *,
     max_turns: int,
     max_tool_retries: int,
+    limits: UsageLimits | None = None,
 ) -> Generator[ModelRequest | ToolBatch, Any, RunResult]:
     """The agent loop; see the module docstring for the protocol."""
+    limits = limits or UsageLimits()
+    tool_calls_run = 0
     by_name = {t.name: t for t in tools}
     all_tools = (*tools, final_tool(constraint)) if constraint is not None else tuple(tools)
     transcript = list(request.messages)
@@ -160,11 +185,14 @@ def run_flow(
     answered: dict[tuple[str, str], str] = {}
     choice = request.tool_choice
     for turn in range(1, max_turns + 1):
+        _check_limit("max_requests", limits.max_requests, usage.requests + 1, usage, transcript)
         response: ModelResponse = yield dataclasses.replace(
             request, messages=list(transcript), tools=all_tools, constraint=None, tool_choice=choice
         )
         usage = usage + response.usage
+        check_complete_calls(request, response)
         transcript.append(response.message)
+        _check_limit("max_total_tokens", limits.max_total_tokens, usage.total_tokens, usage, transcript)
         calls = response.tool_calls
         if not calls:
             if constraint is None:
@@ -191,6 +219,8 @@ def run_flow(
         # running again (tools may have side effects), and the next turn must answer: a model that
         # repeats itself has got all it will get from the tools (small models loop otherwise).
         fresh = [p for p in pending if _key(p) not in answered]
+        tool_calls_run += len(fresh)
+        _check_limit("max_tool_calls", limits.max_tool_calls, tool_calls_run, usage, transcript)
         outcomes: list[Outcome] = (yield ToolBatch(fresh, request.parallel_tool_calls)) if fresh else []
         results = dict(zip((_key(p) for p in fresh), outcomes))
         for call in pending:
@@ -199,7 +229,9 @@ def run_flow(
                 if status == "ok":
                     answered[_key(call)] = text
             else:
-                status, text = "ok", f"{answered[_key(call)]}\n({_repeat_hint(constraint)})"
+                # Only the earlier result: an instruction inside a tool result is text a small
+                # model repeats as its answer. The next turn's tool_choice makes it answer.
+                status, text = "ok", answered[_key(call)]
                 choice = {"name": FINAL_TOOL} if constraint is not None else "none"
             if status == "retry":
                 retries[call.name] = retries.get(call.name, 0) + 1
@@ -212,8 +244,23 @@ def run_flow(
                 text = f"Retry: {text}\nCall the tool again with corrected arguments."
             transcript.append(_tool_message(call, text))
     raise MaxTurnsExceeded(
-        f"no final answer after {max_turns} model call(s)", transcript=transcript, max_turns=max_turns
+        f"no final answer after {max_turns} model call(s)",
+        transcript=transcript,
+        max_turns=max_turns,
+        usage=usage,
     )
+
+
+def _check_limit(name: str, bound: int | None, reached: int, usage: Usage, transcript: list[Message]) -> None:
+    """:class:`UsageLimitExceeded` when going on would spend ``reached`` of something bounded by ``bound``."""
+    if bound is not None and reached > bound:
+        raise UsageLimitExceeded(
+            f"the run would exceed its usage limit ({name.removeprefix('max_').replace('_', ' ')}: {reached})",
+            limit=name,
+            value=bound,
+            usage=usage,
+            transcript=list(transcript),
+        )
 
 
 def _key(call: PendingCall) -> tuple[str, str]:
@@ -222,11 +269,6 @@ def _key(call: PendingCall) -> tuple[str, str]:
     except json.JSONDecodeError:
         canonical = call.arguments
     return call.name, canonical
-
-
-def _repeat_hint(constraint: Constraint | None) -> str:
-    then = f"call {FINAL_TOOL} with the answer" if constraint is not None else "answer the user"
-    return f"You already made this call and this is its result; now {then}."
 
 
 def _tool_message(call: PendingCall, content: str) -> Message:

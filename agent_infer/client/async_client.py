@@ -16,7 +16,7 @@ from agent_infer.client.agent import Outcome, RunResult, ToolBatch, aexecute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.client import ClientBase
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Message, StreamChunk, ToolChoice
+from agent_infer.client.request import Completion, Message, StreamChunk, ToolChoice, UsageLimits
 
 T = TypeVar("T")
 
@@ -119,6 +119,53 @@ class AsyncClient(ClientBase):
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         return await self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
+    async def generate_with_completion(
+        self,
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: Any = None,
+        choice: Sequence[str] | None = None,
+        max_retries: int = 2,
+        system: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
+    ) -> tuple[Any, Completion]:
+        """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
+        finish reason, usage of every attempt, number of attempts)."""
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        flow = call.generate_call(
+            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding, True
+        )
+        result: tuple[Any, Completion] = await self._drive(flow)
+        return result
+
+    async def chat_with_completion(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolLike] | None = None,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
+    ) -> tuple[Message, Completion]:
+        """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
+        turn ended on its own, called tools, or ran out of ``max_tokens``)."""
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
+        result: tuple[Message, Completion] = await self._drive(flow)
+        return result
+
     async def chat_stream(
         self,
         messages: str | Sequence[Mapping[str, Any]],
@@ -149,11 +196,20 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
         decoding = Decoding(temperature, max_tokens, seed)
         flow = call.run_call(
-            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
+            messages,
+            tools,
+            schema,
+            max_turns,
+            tool_choice,
+            parallel_tool_calls,
+            max_tool_retries,
+            decoding,
+            usage_limits,
         )
         return await self._drive(flow)
 

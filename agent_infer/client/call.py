@@ -13,15 +13,24 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from agent_infer.client.agent import RunResult, ToolBatch, check_tools, run_flow, validate_run_options
+from agent_infer.client.agent import (
+    RunResult,
+    ToolBatch,
+    check_complete_calls,
+    check_tools,
+    run_flow,
+    validate_run_options,
+)
 from agent_infer.client.generation import PartialStream, generate_flow
 from agent_infer.client.request import (
+    Completion,
     Constraint,
     Message,
     ModelRequest,
     ModelResponse,
     StreamChunk,
     ToolChoice,
+    UsageLimits,
     as_messages,
 )
 from agent_infer.errors import InvalidRequestError
@@ -95,15 +104,20 @@ def generate_call(
     max_retries: int,
     system: str | None,
     decoding: Decoding,
+    with_completion: bool = False,
 ) -> Flow[Any]:
-    """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times."""
+    """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times.
+
+    ``with_completion``: the flow returns ``(value, Completion)`` instead of the value.
+    """
     check_retries(max_retries)
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
-    return _value_only(generate_flow(request, max_retries))
+    flow = generate_flow(request, max_retries)
+    return flow if with_completion else _value_only(flow)
 
 
-def _value_only(flow: Generator[ModelRequest, ModelResponse, tuple[Any, Any]]) -> Flow[Any]:
+def _value_only(flow: Generator[Any, Any, tuple[Any, Any]]) -> Flow[Any]:
     value, _ = yield from flow
     return value
 
@@ -131,9 +145,11 @@ def chat_call(
     tool_choice: ToolChoice,
     parallel_tool_calls: bool,
     decoding: Decoding,
-) -> Flow[Message]:
-    """``chat``: one call; the result is its assistant message."""
-    return _message_of(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+    with_completion: bool = False,
+) -> Flow[Any]:
+    """``chat``: one call; the result is its assistant message (and its :class:`Completion`)."""
+    flow = _message_of(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
+    return flow if with_completion else _value_only(flow)
 
 
 def chat_stream_call(
@@ -147,9 +163,11 @@ def chat_stream_call(
     return StreamCall(chat_request(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
 
-def _message_of(request: ModelRequest) -> Flow[Message]:
+def _message_of(request: ModelRequest) -> Flow[tuple[Message, Completion]]:
     response: ModelResponse = yield request
-    return response.message
+    check_complete_calls(request, response)
+    raw = response.raw_text if response.raw_text is not None else response.content
+    return response.message, Completion(raw, response.message, response.finish_reason, response.usage)
 
 
 def run_call(
@@ -161,6 +179,7 @@ def run_call(
     parallel_tool_calls: bool,
     max_tool_retries: int,
     decoding: Decoding,
+    usage_limits: UsageLimits | None = None,
 ) -> Flow[RunResult]:
     """``run``: the agent loop (``tool_choice`` defaults to "required" with a schema, else "auto")."""
     validate_run_options(max_turns, max_tool_retries)
@@ -173,7 +192,18 @@ def run_call(
         tool_choice=tool_choice or ("required" if constraint is not None else "auto"),
         parallel_tool_calls=parallel_tool_calls,
     )
-    return run_flow(request, tool_objs, constraint, max_turns=max_turns, max_tool_retries=max_tool_retries)
+    if usage_limits is not None and not isinstance(usage_limits, UsageLimits):
+        raise InvalidRequestError(
+            f"usage_limits must be a UsageLimits, got {type(usage_limits).__name__}", field="usage_limits"
+        )
+    return run_flow(
+        request,
+        tool_objs,
+        constraint,
+        max_turns=max_turns,
+        max_tool_retries=max_tool_retries,
+        limits=usage_limits,
+    )
 
 
 class FlowStep(Generic[T]):

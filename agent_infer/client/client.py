@@ -1,7 +1,9 @@
 """``Client``: structured generation, tool-calling chat and agent runs on a local model or a remote server.
 
 ``Client()`` loads the default model on first use; ``Client(model=path)`` any supported local
-model; ``Client(base_url=..., api_key=..., model=name)`` an OpenAI-compatible server. The same
+model; ``Client(base_url=..., api_key=..., model=name)`` an OpenAI-compatible server (transient
+failures retried ``http_retries`` times, default 2, with exponential backoff from ``http_backoff``
+seconds, default 0.5). The same
 methods exist on :class:`~agent_infer.client.async_client.AsyncClient` as coroutines.
 """
 
@@ -17,7 +19,16 @@ from agent_infer.client.agent import Outcome, RunResult, ToolBatch, execute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.local import LocalBackend
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Message, ModelResponse, StreamChunk, ToolChoice, Usage
+from agent_infer.client.request import (
+    Completion,
+    Message,
+    ModelResponse,
+    StreamChunk,
+    ToolChoice,
+    Usage,
+    UsageLimits,
+)
+from agent_infer.client.retry import RetryPolicy
 from agent_infer.errors import ConfigError
 
 T = TypeVar("T")
@@ -34,6 +45,8 @@ class ClientBase:
         base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 600.0,
+        http_retries: int | None = None,
+        http_backoff: float | None = None,
         engine: Any = None,
         tool_format: str | None = None,
         **engine_config: Any,
@@ -49,7 +62,14 @@ class ClientBase:
                 raise ConfigError(
                     "engine, engine options and tool_format apply to local models, not base_url"
                 )
-            self._backend = RemoteBackend(base_url, model or "default", api_key=api_key, timeout=timeout)
+            retry = RetryPolicy(
+                2 if http_retries is None else http_retries, 0.5 if http_backoff is None else http_backoff
+            )
+            self._backend = RemoteBackend(
+                base_url, model or "default", api_key=api_key, timeout=timeout, retry=retry
+            )
+        elif http_retries is not None or http_backoff is not None:
+            raise ConfigError("http_retries and http_backoff apply to remote servers (base_url)")
         elif engine is not None:
             if model is not None or engine_config:
                 raise ConfigError("give either engine= or model=/engine options, not both")
@@ -215,6 +235,53 @@ class Client(ClientBase):
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         return self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
 
+    def generate_with_completion(
+        self,
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        schema: Any = None,
+        regex: str | None = None,
+        grammar: Any = None,
+        choice: Sequence[str] | None = None,
+        max_retries: int = 2,
+        system: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
+    ) -> tuple[Any, Completion]:
+        """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
+        finish reason, usage of every attempt, number of attempts)."""
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        flow = call.generate_call(
+            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding, True
+        )
+        result: tuple[Any, Completion] = self._drive(flow)
+        return result
+
+    def chat_with_completion(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        tools: Iterable[ToolLike] | None = None,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+        close_on_length: bool = False,
+    ) -> tuple[Message, Completion]:
+        """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
+        turn ended on its own, called tools, or ran out of ``max_tokens``)."""
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
+        result: tuple[Message, Completion] = self._drive(flow)
+        return result
+
     def chat_stream(
         self,
         messages: str | Sequence[Mapping[str, Any]],
@@ -245,6 +312,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> RunResult:
         """The agent loop: call the model, execute its tool calls, repeat until a final answer.
 
@@ -253,10 +321,19 @@ class Client(ClientBase):
         schema-valid arguments (``tool_choice`` defaults to "required"). Tool errors go back to the
         model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
         tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
+        ``usage_limits`` bounds requests, tokens and tool calls (:class:`UsageLimitExceeded`).
         """
         decoding = Decoding(temperature, max_tokens, seed)
         flow = call.run_call(
-            messages, tools, schema, max_turns, tool_choice, parallel_tool_calls, max_tool_retries, decoding
+            messages,
+            tools,
+            schema,
+            max_turns,
+            tool_choice,
+            parallel_tool_calls,
+            max_tool_retries,
+            decoding,
+            usage_limits,
         )
         return self._drive(flow)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pydantic
 
 from agent_infer.client.partial_json import PartialJSON, PartialJSONError, partial_model
-from agent_infer.client.request import Constraint, ModelRequest, ModelResponse, Usage
+from agent_infer.client.request import Completion, Constraint, ModelRequest, ModelResponse, Usage
 from agent_infer.errors import ValidationRetryError
 
 __all__ = ["OutputInvalid", "PartialStream", "decode", "generate_flow"]
@@ -52,7 +52,7 @@ def decode(constraint: Constraint | None, text: str, finish_reason: str) -> Any:
         raise OutputInvalid(f"the output is not valid JSON: {exc}") from None
     if constraint.model is not None:
         try:
-            return constraint.model.model_validate(value)
+            return constraint.validate(value)
         except pydantic.ValidationError as exc:
             raise OutputInvalid(_pydantic_errors(exc)) from None
     _check_json_schema(constraint.value, value)
@@ -85,18 +85,21 @@ def _feedback(error: str) -> str:
 
 def generate_flow(
     request: ModelRequest, max_retries: int
-) -> Generator[ModelRequest, ModelResponse, tuple[Any, Usage]]:
-    """Ask, validate, and re-ask with the validation error appended, at most ``max_retries`` times."""
+) -> Generator[ModelRequest, ModelResponse, tuple[Any, Completion]]:
+    """Ask, validate, and re-ask with the validation error appended, at most ``max_retries`` times.
+
+    Returns the value and the :class:`Completion` of the attempt that produced it.
+    """
     raw_outputs: list[str] = []
     errors: list[str] = []
     usage = Usage()
     messages = request.messages
-    for _ in range(max_retries + 1):
+    for attempt in range(1, max_retries + 2):
         response = yield dataclasses.replace(request, messages=messages)
         usage = usage + response.usage
         text = response.content
         try:
-            return decode(request.constraint, text, response.finish_reason), usage
+            value = decode(request.constraint, text, response.finish_reason)
         except OutputInvalid as exc:
             raw_outputs.append(text)
             errors.append(str(exc))
@@ -105,6 +108,9 @@ def generate_flow(
                 {"role": "assistant", "content": text},
                 {"role": "user", "content": _feedback(str(exc))},
             ]
+            continue
+        raw = response.raw_text if response.raw_text is not None else text
+        return value, Completion(raw, response.message, response.finish_reason, usage, attempt)
     raise ValidationRetryError(
         f"no valid output after {len(raw_outputs)} attempt(s)", raw_outputs=raw_outputs, errors=errors
     )
@@ -143,7 +149,7 @@ class PartialStream:
             return []
         self._last = view
         assert self._constraint is not None
-        if self._constraint.model is not None:
+        if self._constraint.is_model:
             return [partial_model(root, self._constraint.model)]
         return [view]
 

@@ -34,6 +34,7 @@ from agent_infer.grammar.ir import Grammar
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.structured import StructuredOutput
 from agent_infer.tool_formats import ContentDelta, ToolCallDelta, ToolCallFormat, detect_format
+from agent_infer.tool_formats.base import ParsedOutput
 
 Sink = Callable[[RequestOutput | BaseException], None]
 _GRAMMAR_CACHE_SIZE = 64
@@ -143,7 +144,9 @@ class LocalBackend:
         if isinstance(constraint.value, Grammar):
             return constraint.value
         if constraint.kind == "json_schema":
-            structured = StructuredOutput.json_schema(constraint.model or constraint.value)
+            structured = StructuredOutput.json_schema(
+                constraint.model if constraint.is_model else constraint.value
+            )
         elif constraint.kind == "regex":
             structured = StructuredOutput.regex(constraint.value)
         elif constraint.kind == "choice":
@@ -174,14 +177,26 @@ class LocalBackend:
                 f"the model call ended with {completion.finish_reason}: {completion.error or ''}"
             )
         usage = Usage(len(out.prompt_token_ids), len(completion.token_ids), 1)
+        finish = completion.finish_reason or "stop"
         if not request.tools:
             return ModelResponse(
-                assistant_message(completion.text, []), completion.finish_reason or "stop", usage
+                assistant_message(completion.text, []), finish, usage, raw_text=completion.text
             )
-        parsed = self.format.parse(completion.text)
+        if finish == "length":
+            # "length" stays the finish reason even with complete calls, and a call cut short is
+            # reported apart from the text: it is neither an answer nor a call that can be made.
+            parsed = self.format.parse_cut_off(completion.text)
+            if parsed.unfinished_call is None and request.forces_calls and parsed.content.strip():
+                # A forced choice ("required" or a named tool) allows only calls, so leftover text
+                # is the start of a call cut before the scanner could tell (a partial opening tag).
+                parsed = ParsedOutput("", parsed.tool_calls, "")
+        else:
+            parsed = self.format.parse(completion.text)
         calls = [c.to_openai() for c in parsed.tool_calls]
-        reason = "tool_calls" if calls else (completion.finish_reason or "stop")
-        return ModelResponse(assistant_message(parsed.content, calls), reason, usage)
+        reason = "tool_calls" if calls and finish == "stop" else finish
+        return ModelResponse(
+            assistant_message(parsed.content, calls), reason, usage, parsed.unfinished_call, completion.text
+        )
 
     # -- sync API --
 

@@ -3,16 +3,22 @@
 JSON schemas go as ``response_format: {"type": "json_schema", "json_schema": {..., "strict": true}}``;
 regex, grammar and choice as vLLM's ``structured_outputs: {"regex" | "grammar" | "choice": ...}``;
 tools as ``tools`` / ``tool_choice`` / ``parallel_tool_calls``. Streaming reads server-sent events,
-tool-call deltas included. An HTTP error becomes :class:`RemoteError` with the status and body.
+tool-call deltas included. Rate limits, server failures, dropped connections and timeouts are
+retried with exponential backoff (:mod:`retry`); an HTTP error that remains becomes the typed error
+its code names (:mod:`remote_errors`) or :class:`RemoteError` with the status and body.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from agent_infer.client.remote_errors import typed_remote_error
 from agent_infer.client.request import (
     ModelRequest,
     ModelResponse,
@@ -21,6 +27,7 @@ from agent_infer.client.request import (
     arguments_text,
     assistant_message,
 )
+from agent_infer.client.retry import RETRY_STATUSES, RetryPolicy
 from agent_infer.errors import ConfigError, RemoteError
 from agent_infer.tool_formats import ToolCallDelta
 
@@ -132,8 +139,19 @@ def parse_response(data: Any) -> ModelResponse:
         ) from None
 
 
+def _with_cut_call(request: ModelRequest, response: ModelResponse) -> ModelResponse:
+    """Under ``tool_choice`` "required" or a named tool the whole output is calls, so running out of
+    ``max_tokens`` without a complete call means a call was cut off (the wire does not say more)."""
+    if request.forces_calls and response.finish_reason == "length" and not response.tool_calls:
+        return dataclasses.replace(response, unfinished_call="", raw_text=response.content)
+    return response
+
+
 def parse_event(data: Mapping[str, Any]) -> StreamChunk:
-    """One ``chat.completion.chunk`` as a :class:`StreamChunk`."""
+    """One ``chat.completion.chunk`` as a :class:`StreamChunk`; an error event raises."""
+    if isinstance(data, Mapping) and data.get("error") is not None:
+        # An error after the 200 (the engine failed mid-stream) arrives as an event.
+        raise typed_remote_error(200, json.dumps(data))
     usage = _usage(data["usage"]) if data.get("usage") else None
     choices = data.get("choices") or []
     if not choices:
@@ -173,14 +191,19 @@ class _EventReader:
 
 
 def _reply(status: int, body: bytes | str) -> Any:
-    """The JSON of a reply; an HTTP error status raises :class:`RemoteError` with the body."""
+    """The JSON of a reply; an HTTP error status raises the typed error its code names (the one the
+    same mistake raises locally), else :class:`RemoteError` with the body."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     if status >= 400:
-        raise RemoteError("the server rejected the request", status=status, body=text)
+        raise typed_remote_error(status, text)
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         raise RemoteError("the server's reply is not JSON", status=200, body=text) from None
+
+
+def _unreachable(url: str, attempt: int, exc: BaseException) -> RemoteError:
+    return RemoteError(f"cannot reach {url} ({attempt + 1} attempt(s))", status=0, body=str(exc))
 
 
 @contextlib.contextmanager
@@ -196,13 +219,21 @@ def _transport_errors(message: str) -> Iterator[None]:
 class RemoteBackend:
     """Model calls against an OpenAI-compatible server; sync and async clients are made on first use."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
+        self._retry = retry or RetryPolicy()
         self._sync: Any = None
         self._async: Any = None
 
@@ -220,44 +251,90 @@ class RemoteBackend:
             self._async = _httpx().AsyncClient(headers=self._headers, timeout=self._timeout)
         return self._async
 
+    def _send(self, body: dict[str, Any], stream: bool) -> Any:
+        """POST ``body``, retrying transient failures (:mod:`retry`); the last failure is raised."""
+        httpx = _httpx()
+        client = self._client()
+        for attempt in range(self._retry.attempts):
+            last = attempt + 1 == self._retry.attempts
+            try:
+                r = client.send(client.build_request("POST", self._url, json=body), stream=stream)
+            except httpx.TransportError as exc:
+                if last:
+                    raise _unreachable(self._url, attempt, exc) from exc
+                time.sleep(self._retry.wait(attempt))
+                continue
+            except httpx.HTTPError as exc:  # not transient (too many redirects, a bad URL)
+                raise _unreachable(self._url, attempt, exc) from exc
+            if r.status_code in RETRY_STATUSES and not last:
+                r.close()
+                time.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
+                continue
+            return r
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _asend(self, body: dict[str, Any], stream: bool) -> Any:
+        """Async :meth:`_send`."""
+        httpx = _httpx()
+        client = self._aclient()
+        for attempt in range(self._retry.attempts):
+            last = attempt + 1 == self._retry.attempts
+            try:
+                r = await client.send(client.build_request("POST", self._url, json=body), stream=stream)
+            except httpx.TransportError as exc:
+                if last:
+                    raise _unreachable(self._url, attempt, exc) from exc
+                await asyncio.sleep(self._retry.wait(attempt))
+                continue
+            except httpx.HTTPError as exc:  # not transient (too many redirects, a bad URL)
+                raise _unreachable(self._url, attempt, exc) from exc
+            if r.status_code in RETRY_STATUSES and not last:
+                await r.aclose()
+                await asyncio.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
+                continue
+            return r
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def complete(self, request: ModelRequest) -> ModelResponse:
-        """One blocking chat-completions call."""
-        with _transport_errors(f"cannot reach {self._url}"):
-            r = self._client().post(self._url, json=request_body(self.model, request, False))
-        return parse_response(_reply(r.status_code, r.text))
+        """One blocking chat-completions call (transient failures retried)."""
+        r = self._send(request_body(self.model, request, False), stream=False)
+        return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     def stream(self, request: ModelRequest) -> Iterator[StreamChunk]:
-        """A streamed call: one chunk per server event."""
-        body = request_body(self.model, request, True)
-        failed = _transport_errors(f"the stream from {self._url} failed")
-        with failed, self._client().stream("POST", self._url, json=body) as r:
+        """A streamed call: one chunk per server event (opening it is retried, not a broken stream)."""
+        r = self._send(request_body(self.model, request, True), stream=True)
+        try:
             if r.status_code >= 400:
                 _reply(r.status_code, r.read())
             events = _EventReader()
-            for line in r.iter_lines():
-                yield from events.feed(line)
-                if events.done:
-                    return
+            with _transport_errors(f"the stream from {self._url} failed"):
+                for line in r.iter_lines():
+                    yield from events.feed(line)
+                    if events.done:
+                        return
+        finally:
+            r.close()
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Async :meth:`complete`."""
-        with _transport_errors(f"cannot reach {self._url}"):
-            r = await self._aclient().post(self._url, json=request_body(self.model, request, False))
-        return parse_response(_reply(r.status_code, r.text))
+        r = await self._asend(request_body(self.model, request, False), stream=False)
+        return _with_cut_call(request, parse_response(_reply(r.status_code, r.text)))
 
     async def astream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Async :meth:`stream`."""
-        body = request_body(self.model, request, True)
-        with _transport_errors(f"the stream from {self._url} failed"):
-            async with self._aclient().stream("POST", self._url, json=body) as r:
-                if r.status_code >= 400:
-                    _reply(r.status_code, await r.aread())
-                events = _EventReader()
+        r = await self._asend(request_body(self.model, request, True), stream=True)
+        try:
+            if r.status_code >= 400:
+                _reply(r.status_code, await r.aread())
+            events = _EventReader()
+            with _transport_errors(f"the stream from {self._url} failed"):
                 async for line in r.aiter_lines():
                     for chunk in events.feed(line):
                         yield chunk
                     if events.done:
                         return
+        finally:
+            await r.aclose()
 
     def close(self) -> None:
         """Close the sync HTTP connection pool (the async one closes in :meth:`aclose`)."""

@@ -7,14 +7,18 @@ these types only, so the local engine and a remote OpenAI-compatible server are 
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from agent_infer.errors import InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.tool_formats.base import ToolCallDelta
-from agent_infer.tools import Tool
+from agent_infer.tools import Tool, no_json_form_path, warn_any_json
 
 Message = dict[str, Any]
 ToolChoice = str | Mapping[str, Any]
@@ -25,12 +29,24 @@ class Constraint:
     """The output constraint of one call: ``kind`` is json_schema, regex, grammar or choice.
 
     ``value`` is the JSON Schema dict, the regex, the grammar (GBNF text or a :class:`Grammar`) or
-    the tuple of choices; ``model`` the Pydantic class when the schema came from one.
+    the tuple of choices; ``model`` the Pydantic class, or a ``TypeAdapter`` when the schema came
+    from another type (``list[int]``, ``Literal``, an ``Enum``, a union of models).
     """
 
     kind: str
     value: Any
     model: Any = field(default=None, compare=False)
+
+    @property
+    def is_model(self) -> bool:
+        """True when the schema came from a Pydantic model class (partials are model instances)."""
+        return isinstance(self.model, type) and issubclass(self.model, pydantic.BaseModel)
+
+    def validate(self, value: Any) -> Any:
+        """``value`` (parsed JSON) as the schema's Python type; raises ``pydantic.ValidationError``."""
+        if isinstance(self.model, pydantic.TypeAdapter):
+            return self.model.validate_python(value)
+        return self.model.model_validate(value)
 
     @classmethod
     def from_keywords(
@@ -48,12 +64,16 @@ class Constraint:
                 field=next(iter(given)),
             )
         if schema is not None:
-            if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-                return cls("json_schema", close_objects(schema.model_json_schema()), schema)
+            if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+                return cls("json_schema", close_objects(_model_schema(schema, schema.__name__)), schema)
             if isinstance(schema, dict | bool):
                 return cls("json_schema", schema)
+            if _is_type(schema):
+                adapter = pydantic.TypeAdapter(schema)
+                return cls("json_schema", close_objects(_model_schema(adapter, _type_name(schema))), adapter)
             raise InvalidRequestError(
-                f"schema must be a Pydantic model class or a JSON Schema dict, got {type(schema).__name__}",
+                "schema must be a Pydantic model, a type (list[int], Literal[...], an Enum, a union of "
+                f"models) or a JSON Schema dict, got {type(schema).__name__}",
                 field="schema",
             )
         if regex is not None:
@@ -104,6 +124,11 @@ class ModelRequest:
     stop: tuple[str, ...] | None = None
     close_on_length: bool = False
 
+    @property
+    def forces_calls(self) -> bool:
+        """True when the output may only be tool calls (``tool_choice`` "required" or a named tool)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, Mapping))
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -127,12 +152,41 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class UsageLimits:
+    """Bounds on what one ``run`` may spend; None means no bound.
+
+    ``max_requests``: model calls; ``max_total_tokens``: prompt plus completion tokens summed over
+    the run (checked after each model call, so the call that crosses it is counted);
+    ``max_tool_calls``: tool executions (checked before a turn's calls run, so none of an
+    over-budget turn runs).
+    """
+
+    max_requests: int | None = None
+    max_total_tokens: int | None = None
+    max_tool_calls: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "max_total_tokens", "max_tool_calls"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(
+                    f"{name} must be a positive integer or None, got {value!r}", field=f"usage_limits.{name}"
+                )
+
+
+@dataclass(frozen=True)
 class ModelResponse:
-    """One model call's answer: the assistant message (OpenAI shape), its raw text and usage."""
+    """One model call's answer: the assistant message (OpenAI shape), its finish reason and usage.
+
+    ``unfinished_call`` is set when the output ran out of ``max_tokens`` inside a tool call: the
+    tool's name, or "" when it is not known. ``raw_text`` is the model's text before parsing.
+    """
 
     message: Message
     finish_reason: str
     usage: Usage
+    unfinished_call: str | None = None
+    raw_text: str | None = None
 
     @property
     def content(self) -> str:
@@ -146,6 +200,22 @@ class ModelResponse:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """The model output behind a returned value: what instructor calls the raw completion.
+
+    ``text`` is the model's raw text, ``message`` the OpenAI-shaped assistant message,
+    ``finish_reason`` how the output ended ("stop", "length", "tool_calls"), ``usage`` the tokens of
+    every attempt and ``attempts`` how many model calls it took (validation retries included).
+    """
+
+    text: str
+    message: Message
+    finish_reason: str
+    usage: Usage
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
 class StreamChunk:
     """A piece of a streamed answer: new text and/or tool-call deltas; the last has ``finish_reason``."""
 
@@ -153,6 +223,34 @@ class StreamChunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     finish_reason: str | None = None
     usage: Usage | None = None
+
+
+def _model_schema(model: Any, name: str) -> dict[str, Any]:
+    """The JSON Schema of a Pydantic model or ``TypeAdapter``; a field without a JSON form is an
+    error naming its path, and spots that accept any JSON value are warned about
+    (:class:`~agent_infer.tools.AnyJSONWarning`)."""
+    try:
+        schema: dict[str, Any] = (
+            model.json_schema() if isinstance(model, pydantic.TypeAdapter) else model.model_json_schema()
+        )
+    except pydantic.errors.PydanticUserError as exc:
+        path = no_json_form_path(model._type if isinstance(model, pydantic.TypeAdapter) else model)
+        where = f"field {path!r} of {name}" if path else name
+        raise InvalidRequestError(
+            f"schema: {where} has no JSON Schema form: {exc.message}",
+            field=f"schema.{path}" if path else "schema",
+        ) from None
+    warn_any_json(schema, f"schema {name}")
+    return schema
+
+
+def _is_type(schema: Any) -> bool:
+    """A Python type or type expression (``int``, ``list[int]``, ``Literal["a"]``, ``A | B``)."""
+    return isinstance(schema, type | types.UnionType) or typing.get_origin(schema) is not None
+
+
+def _type_name(schema: Any) -> str:
+    return schema.__name__ if isinstance(schema, type) else repr(schema).replace("typing.", "")
 
 
 def close_objects(schema: Any) -> Any:

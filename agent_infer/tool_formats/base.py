@@ -49,10 +49,15 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedOutput:
-    """Model output split into its free-text ``content`` and its ``tool_calls``."""
+    """Model output split into its free-text ``content`` and its ``tool_calls``.
+
+    ``unfinished_call`` is set only by :meth:`ToolCallFormat.parse_cut_off` when the output stopped
+    inside a call: the tool's name, or "" when the cut came before the name.
+    """
 
     content: str
     tool_calls: list[ToolCall]
+    unfinished_call: str | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,23 @@ class ToolCallFormat(ABC):
         """The content and tool calls of a complete output."""
         content, calls = assemble(self._scan(text, True))
         return ParsedOutput(content, [ToolCall(p.name or "", json.loads(p.arguments)) for p in calls])
+
+    def parse_cut_off(self, text: str) -> ParsedOutput:
+        """The content and complete calls of an output that was cut off (``max_tokens``).
+
+        A call opened but not finished is neither content nor a call: it is reported as
+        ``unfinished_call`` so that the caller can tell a cut-off call from a text answer.
+        """
+        pieces = self._scan(text, False)
+        open_calls = [p for p in pieces if p.is_call and not p.complete]
+        if not open_calls:
+            return self.parse(text)
+        content, calls = assemble([p for p in pieces if not (p.is_call and not p.complete)], True)
+        return ParsedOutput(
+            content,
+            [ToolCall(p.name or "", json.loads(p.arguments)) for p in calls],
+            open_calls[0].name or "",
+        )
 
     def stream_parser(self) -> StreamParser:
         """An incremental parser: ``feed(delta)`` as text arrives, ``finish()`` at the end."""
