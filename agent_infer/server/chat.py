@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,42 @@ class ChatPlan:
     warnings: tuple[str, ...]
     tool_format: ToolCallFormat | None  # set when the output may contain tool calls
     top_logprobs: int | None
+
+
+def _cut_in_call(fmt: ToolCallFormat, text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """Content and calls of an output cut by ``max_tokens`` inside a call; None if it was not.
+
+    The stream parser's view of an unfinished output holds back what may still become a call; the
+    whole-text parse reads a half call as text. They agree (up to trailing whitespace) exactly when
+    no call was cut, and otherwise the held-back view is the answer: the calls as far as they got,
+    and no fragment of a call delimiter in the content, as a stream would have sent them.
+    """
+    content = ""
+    calls: list[dict[str, Any]] = []
+    for event in fmt.stream_parser().feed(text):
+        if isinstance(event, ContentDelta):
+            content += event.text
+        elif event.id is not None:
+            calls.append(
+                {"id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
+            )
+        else:
+            calls[event.index]["function"]["arguments"] += event.arguments
+    whole = fmt.parse(text)
+    same_calls = len(whole.tool_calls) == len(calls) and all(
+        c.name == d["function"]["name"] and _json_or_none(d["function"]["arguments"]) == c.arguments
+        for c, d in zip(whole.tool_calls, calls, strict=False)
+    )
+    if same_calls and whole.content.rstrip() == content.rstrip():
+        return None
+    return content, calls
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
@@ -166,8 +203,14 @@ class _ChatResponder(Responder):
         completion = output.outputs[0]
         message: dict[str, Any] = {"role": "assistant", "content": completion.text, "refusal": None}
         finish = completion.finish_reason
-        if self._plan.tool_format is not None:
-            parsed = self._plan.tool_format.parse(completion.text)
+        fmt = self._plan.tool_format
+        cut = _cut_in_call(fmt, completion.text) if fmt is not None and finish == "length" else None
+        if cut is not None:
+            message["content"] = cut[0] or None
+            if cut[1]:
+                message["tool_calls"] = cut[1]
+        elif fmt is not None:
+            parsed = fmt.parse(completion.text)
             if parsed.tool_calls:
                 message["content"] = parsed.content or None
                 message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
@@ -187,7 +230,14 @@ class _ChatResponder(Responder):
         deltas: list[dict[str, Any]] = []
         if self._parser is not None:
             events = self._parser.feed(step.text) if step.text else []
-            if output.finished:
+            # A call cut by max_tokens stays as far as it was streamed: the final flush would
+            # re-read the half call as text and send it again as content.
+            fmt = self._plan.tool_format
+            if output.finished and not (
+                output.finish_reason == "length"
+                and fmt is not None
+                and _cut_in_call(fmt, output.text) is not None
+            ):
                 events += self._parser.finish()
             for event in events:
                 if isinstance(event, ContentDelta):
