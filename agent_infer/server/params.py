@@ -9,6 +9,7 @@ from typing import Any
 
 from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
+from agent_infer.grammar.regex import regex_to_grammar
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.body import parse_json
@@ -34,6 +35,19 @@ def _lenient_schema(schema: Any, where: str) -> Constraint:
     except GrammarError as exc:
         raise constraint_error(exc, where) from exc
     return Constraint(StructuredOutput.grammar(grammar), where, tuple(grammar.warnings))
+
+
+def vllm_regex(pattern: str, where: str) -> Grammar:
+    """``structured_outputs.regex`` as vLLM reads it: ECMAScript syntax, ASCII ``\\d`` and ``\\w``.
+
+    vLLM's grammar backends take the pattern as ECMAScript (JavaScript) syntax, so ``\\d`` is
+    ``[0-9]`` there; Python's ``re`` (what :meth:`StructuredOutput.regex` keeps for the Python API)
+    would let a "digit" be any Unicode decimal digit. ``\\s`` is ECMAScript's white space.
+    """
+    try:
+        return regex_to_grammar(pattern, dialect="ecma")
+    except GrammarError as exc:
+        raise constraint_error(exc, where) from exc
 
 
 def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constraint:
@@ -89,7 +103,7 @@ def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constrai
             schema = parse_json(so.json_, where, where) if isinstance(so.json_, str) else so.json_
             return Constraint(StructuredOutput.json_schema(schema), where)
         if so.regex is not None:
-            return Constraint(StructuredOutput.regex(so.regex), where)
+            return Constraint(StructuredOutput.grammar(vllm_regex(so.regex, where)), where)
         if so.grammar is not None:
             # GBNF writes rules with ``::=``; Lark with ``:``.
             syntax = "gbnf" if "::=" in so.grammar else "lark"
