@@ -25,6 +25,7 @@ from agent_infer.server.completions import create_completion
 from agent_infer.server.config import ServerConfig
 from agent_infer.server.errors import ApiError
 from agent_infer.server.metrics import ServerMetrics
+from agent_infer.server.prompts import PromptTokenizer
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.server.state import ServerState
 from agent_infer.tool_formats import detect_format, get_format
@@ -51,6 +52,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
         tokenizer=tokenizer,
         tool_format=fmt,
         metrics=metrics,
+        prompts=PromptTokenizer(engine),
     )
 
     @asynccontextmanager
