@@ -21,7 +21,7 @@ from agent_infer.server.params import (
     resolve_max_tokens,
     warning_headers,
 )
-from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage
+from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
 from agent_infer.server.responder import Responder
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
@@ -99,9 +99,9 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _tools(req: ChatCompletionRequest) -> list[Tool]:
+def _tools(specs: list[ToolSpec]) -> list[Tool]:
     tools = []
-    for i, spec in enumerate(req.tools or []):
+    for i, spec in enumerate(specs):
         try:
             tools.append(Tool.from_openai(spec.model_dump(exclude_none=True)))
         except InvalidRequestError as exc:
@@ -129,17 +129,26 @@ def _tool_grammar(fmt: ToolCallFormat, tools: list[Tool], req: ChatCompletionReq
         raise constraint_error(exc, "tools") from exc
 
 
-def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
-    """Build the engine prompt and constraint; bad input raises a 400 naming the field."""
-    messages = [_message(i, m) for i, m in enumerate(req.messages)]
-    tools = _tools(req)
-    fmt = state.tool_format
+def render_messages(
+    state: ServerState, msgs: list[ChatMessage], specs: list[ToolSpec]
+) -> list[dict[str, Any]]:
+    """The transcript as chat-template messages: tools and tool calls written in the model's format."""
+    messages = [_message(i, m) for i, m in enumerate(msgs)]
+    tools = _tools(specs)
     if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
         try:
-            rendered = fmt.render_tools(messages, tools)
+            rendered = state.tool_format.render_tools(messages, tools)
         except (KeyError, ValueError) as exc:
             raise ApiError(400, f"cannot render the tool transcript: {exc}", param="messages") from exc
         messages = rendered if isinstance(rendered, list) else messages
+    return messages
+
+
+def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
+    """Build the engine prompt and constraint; bad input raises a 400 naming the field."""
+    messages = render_messages(state, req.messages, req.tools or [])
+    tools = _tools(req.tools or [])
+    fmt = state.tool_format
     constraint = build_constraint(req)
     structured, where = constraint.structured, constraint.field
     calls_possible = bool(tools) and req.tool_choice != "none"
@@ -174,7 +183,11 @@ async def create_chat_completion(
         req.max_completion_tokens or req.max_tokens, field, state.config.max_tokens_limit
     )
     params = build_sampling(
-        req, max_tokens=max_tokens, structured=plan.structured, logprobs=plan.top_logprobs
+        req,
+        max_tokens=max_tokens,
+        structured=plan.structured,
+        logprobs=plan.top_logprobs,
+        vocab_size=state.engine.engine.vocab_size,
     )
     responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
     headers = warning_headers(plan.warnings)

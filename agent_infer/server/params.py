@@ -137,8 +137,10 @@ def build_sampling(
     max_tokens: int,
     structured: StructuredOutput | None,
     logprobs: int | None,
+    vocab_size: int,
 ) -> SamplingParams:
     """SamplingParams for the request; its validation errors become 400s naming the field."""
+    bias = _logit_bias(req.logit_bias, vocab_size)
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -155,9 +157,28 @@ def build_sampling(
             frequency_penalty=req.frequency_penalty or 0.0,
             structured=structured,
             close_on_length=bool(req.close_on_length),
+            min_tokens=req.min_tokens or 0,
+            logit_bias=bias,
         )
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param=exc.field) from exc
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with the ids checked against the vocabulary."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdecimal() else -1
+        if not 0 <= token < vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                param=f"logit_bias.{key}",
+            )
+        out[token] = value
+    return out
 
 
 def _token_text(tokenizer: Tokenizer, token_id: int) -> str:

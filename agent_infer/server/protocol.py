@@ -188,6 +188,7 @@ class _CommonRequest(_Strict):
     # vLLM extensions: multiplicative repetition penalty; close the document at max_tokens.
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     close_on_length: bool | None = None
+    min_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -197,10 +198,6 @@ class _CommonRequest(_Strict):
         """Reject values this server cannot honour, naming the field."""
         if self.n not in (None, 1):
             raise ApiError(400, f"n={self.n} is unsupported: this server returns one choice", param="n")
-        if self.logit_bias:
-            raise ApiError(
-                400, "logit_bias is unsupported (only an empty map is accepted)", param="logit_bias"
-            )
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 

@@ -37,10 +37,15 @@ Choice = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
-def usage(output: RequestOutput) -> dict[str, int]:
-    """The ``usage`` object of a finished request."""
+def usage(output: RequestOutput) -> dict[str, Any]:
+    """The ``usage`` object of a finished request; ``cached_tokens``: prompt tokens the prefix cache served."""
     prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
+    }
 
 
 class Responder(ABC):
