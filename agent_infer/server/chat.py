@@ -207,6 +207,10 @@ class _ChatResponder(Responder):
         self._parser = plan.tool_format.stream_parser() if plan.tool_format is not None else None
         self._saw_calls = False
 
+    def fork(self) -> _ChatResponder:
+        """Another choice's responder: same plan, its own tool-call stream parser."""
+        return _ChatResponder(self.state, self.request_id, self._plan)
+
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]]) -> dict[str, Any]:
         assert self._plan.top_logprobs is not None
         return {"content": chat_logprobs(self.state.tokenizer, token_ids, entries, self._plan.top_logprobs)}

@@ -65,6 +65,10 @@ class _TextResponder(Responder):
         self._top_logprobs = top_logprobs
         self._offset = 0
 
+    def fork(self) -> _TextResponder:
+        """Another choice's responder (its own logprobs text offset)."""
+        return _TextResponder(self.state, self.request_id, self._top_logprobs)
+
     def choice(self, output: RequestOutput) -> dict[str, Any]:
         """The generated text and its finish reason."""
         completion = output.outputs[0]

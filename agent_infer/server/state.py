@@ -110,6 +110,17 @@ class ServerState:
             raise ApiError(503, "the request was aborted (server shutting down)", code="aborted")
         return output
 
+    async def final_outputs(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
+        """The finished outputs of a request's choices; if one fails, every choice is aborted."""
+        if len(streams) == 1:
+            return [await self.final_output(streams[0], request)]
+        try:
+            return list(await asyncio.gather(*(self.final_output(s, request) for s in streams)))
+        except BaseException:
+            for stream in streams:
+                self.release(stream.request_id, False)
+            raise
+
     async def _until(
         self, work: Coroutine[Any, Any, RequestOutput], stream: RequestStream, request: Request
     ) -> RequestOutput:
