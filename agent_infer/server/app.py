@@ -27,6 +27,7 @@ from agent_infer.server.errors import ApiError
 from agent_infer.server.metrics import ServerMetrics
 from agent_infer.server.prompts import PromptTokenizer
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
+from agent_infer.server.responses import ResponsesRequest, create_response
 from agent_infer.server.state import ServerState
 from agent_infer.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from agent_infer.tool_formats import detect_format, get_format
@@ -117,6 +118,15 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
     async def model(model_id: str) -> Response:
         state.check_model(model_id)
         return JSONResponse(model_card())
+
+    @app.post("/v1/responses", dependencies=guarded)
+    async def responses(request: Request) -> Response:
+        body = await read_json(request, ResponsesRequest, config.max_body_bytes)
+        return await create_response(state, body, request)
+
+    @app.get("/v1/responses/{response_id}", dependencies=guarded)
+    async def stored_response(response_id: str) -> Response:
+        return JSONResponse(state.responses.get(response_id, "response_id")[0])
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize_route(request: Request) -> Response:
@@ -211,6 +221,7 @@ _ENDPOINTS = frozenset(
         "/v1/models",
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/tokenize",
         "/detokenize",
     }

@@ -21,6 +21,7 @@ from agent_infer.server.config import ServerConfig
 from agent_infer.server.errors import ApiError, finish_error, request_error
 from agent_infer.server.metrics import ServerMetrics
 from agent_infer.server.prompts import PromptTokenizer
+from agent_infer.server.response_store import ResponseStore
 from agent_infer.tool_formats import ToolCallFormat
 
 
@@ -42,6 +43,7 @@ class ServerState:
     tool_format: ToolCallFormat
     metrics: ServerMetrics
     prompts: PromptTokenizer
+    responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
     active: set[str] = field(default_factory=set)
 
