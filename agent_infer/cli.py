@@ -59,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=64, help="requests batched together")
     serve.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 1024 * 1024)
     serve.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="most tokens fed to the model in one step"
+    )
+    serve.add_argument(
+        "--max-prefill-tokens-while-decoding",
+        type=int,
+        default=16,
+        help="most prompt tokens in a step while other requests decode (keeps their streams flowing)",
+    )
+    serve.add_argument(
         "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
     )
     return parser
@@ -122,6 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
         speculative_tokens=args.speculative_tokens,
     )
     serve(args.model, config, engine_config)

@@ -22,6 +22,11 @@ class SamplingParams:
     positive logits and multiplies the negative ones of every token already in the prompt or the
     output; ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2], 0 = off) subtract a constant,
     and a constant per occurrence, from the logits of tokens already in the output.
+    ``logit_bias`` maps token ids to a value in [-100, 100] added to that token's logit before
+    sampling (OpenAI's semantics: -100 bans a token, +100 all but forces it; a grammar-masked token
+    stays masked). ``min_tokens`` (vLLM's) keeps EOS and ``stop_token_ids`` from being sampled, and
+    stop strings from ending the request, until that many tokens are generated; a grammar that can
+    only end still ends the request.
     ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
     a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
     :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
@@ -48,6 +53,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     structured: Any = None
     close_on_length: bool = False
+    min_tokens: int = 0
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -115,6 +122,13 @@ class SamplingParams:
                 "close_on_length cannot be combined with logprobs: closing tokens are not sampled",
                 field="close_on_length",
             )
+        _check_int(self.min_tokens, "min_tokens")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
+                field="min_tokens",
+            )
+        object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
         # Normalise to tuples so a frozen params object cannot be mutated through a shared list.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_ids(self.stop_token_ids))
@@ -138,8 +152,20 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """True when any repetition, presence or frequency penalty is active."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """True when the sampler changes this request's logits: a repetition, presence or frequency
+        penalty, ``logit_bias`` or ``min_tokens`` (such requests never draft: see ``speculator.py``)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
+
+    @property
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as sorted ``(token id, bias)`` pairs (empty when none)."""
+        return self.logit_bias if isinstance(self.logit_bias, tuple) else ()
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -165,6 +191,33 @@ def _check_number(value: object, field: str) -> None:
 def _check_int(value: object, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequestError(f"{field} must be an integer, got {type(value).__name__}", field=field)
+
+
+def _normalise_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
+    """``logit_bias`` as sorted ``(token id, bias)`` pairs: hashable, and cheap to apply."""
+    if bias is None:
+        return None
+    if isinstance(bias, Mapping):
+        items: list[Any] = list(bias.items())
+    elif isinstance(bias, (tuple, list)):
+        items = list(bias)
+    else:
+        raise InvalidRequestError("logit_bias must map token ids to numbers", field="logit_bias")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidRequestError("logit_bias must map token ids to numbers", field="logit_bias")
+        token, value = item
+        where = f"logit_bias.{token}"
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidRequestError(f"logit_bias key {token!r} is not a token id", field=where)
+        _check_number(value, where)
+        if not -100.0 <= value <= 100.0:
+            raise InvalidRequestError(
+                f"logit_bias for token {token} must be in [-100, 100], got {value}", field=where
+            )
+        pairs[token] = float(value)
+    return tuple(sorted(pairs.items())) or None
 
 
 def _normalise_stop(stop: object) -> tuple[str, ...] | None:

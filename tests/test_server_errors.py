@@ -92,10 +92,13 @@ def test_wrong_types_name_the_field(server: LiveServer, fields: dict[str, Any], 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"abc": 5}}, "logit_bias.abc"),
+        ({"logit_bias": {"1": 101}}, "logit_bias.1"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias.99999999"),
+        ({"min_tokens": 5}, "min_tokens"),  # more than max_tokens (4)
         ({"max_tokens": 100000}, "max_tokens"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -182,8 +185,8 @@ def test_api_key_required_and_compared(server: LiveServer) -> None:
 def test_openai_client_sees_bad_request(server: LiveServer) -> None:
     client = openai.OpenAI(base_url=server.v1, api_key=KEY, max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], n=3)
-    assert "unsupported" in str(info.value)
+        client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], n=99)
+    assert "limit of 16 choices" in str(info.value)
 
 
 def test_server_still_serves_after_bad_requests(server: LiveServer) -> None:

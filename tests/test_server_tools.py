@@ -132,3 +132,64 @@ def test_multi_turn_tool_loop(client: Any, server: LiveServer) -> None:
     # A third turn with the tool result and tools gone still renders (tool messages need no tools).
     third = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0)
     assert third.choices[0].message.content is not None
+
+
+GET_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "GetWeather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+
+
+def _streamed(client: Any, server: LiveServer, **kw: Any) -> tuple[str, dict[int, dict[str, str]], list[str]]:
+    content = ""
+    calls: dict[int, dict[str, str]] = {}
+    finishes = []
+    for chunk in client.chat.completions.create(model=server.model, stream=True, **kw):
+        choice = chunk.choices[0]
+        if choice.finish_reason:
+            finishes.append(choice.finish_reason)
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += delta.id or ""
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+    return content, calls, finishes
+
+
+@pytest.mark.parametrize("max_tokens", [3, 8, 14, 20, 26, 30, 33])
+def test_call_cut_by_max_tokens_stays_out_of_content(
+    client: Any, server: LiveServer, max_tokens: int
+) -> None:
+    # max_tokens cuts the call at different places: in the opening tag, the name, the arguments,
+    # the closing tag. The half call is never content, and streaming tells the same story.
+    kw: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
+        "tools": [GET_WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    whole = client.chat.completions.create(model=server.model, **kw).choices[0]
+    assert whole.finish_reason == "length"
+    assert not whole.message.content, whole.message.content
+    whole_calls = whole.message.tool_calls or []
+    assert len(whole_calls) <= 1
+    for call in whole_calls:
+        assert call.function.name == "GetWeather" and call.id.startswith("call_")
+    content, calls, finishes = _streamed(client, server, **kw)
+    assert finishes == ["length"]
+    assert content == ""
+    assert len(calls) == len(whole_calls)
+    for index, call in enumerate(whole_calls):
+        assert calls[index]["name"] == call.function.name
+        assert calls[index]["arguments"] == call.function.arguments

@@ -31,6 +31,11 @@ class EngineConfig:
     grammars of a step's rows all exclude (packed CPU head only; logits stay bit-identical);
     ``grammar_workers`` is the size of the pool that compiles request grammars.
 
+    Batching: a step feeds at most ``max_num_batched_tokens`` tokens; while any request decodes,
+    prompt chunks take at most ``max_prefill_tokens_while_decoding`` of them, so a long prompt is
+    prefilled over many short steps and the decoding streams keep receiving tokens (a step's time
+    grows with its tokens, and each decoding stream waits for the whole step).
+
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
     prompt-lookup draft verified per request and step (0 = off; default 5, as DeepInfer's).
     """
@@ -40,6 +45,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 512 * 1024 * 1024
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    max_prefill_tokens_while_decoding: int = 16
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     dtype: str = "float32"
@@ -52,7 +58,13 @@ class EngineConfig:
     speculative_tokens: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "kv_cache_memory_bytes",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_prefill_tokens_while_decoding",
+        ):
             _positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:
             _positive_int("num_kv_blocks", self.num_kv_blocks)

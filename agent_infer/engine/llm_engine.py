@@ -69,7 +69,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.scheduler.on_grammar_ready = self._jump_at_start
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.eos_token_ids)
         self.grammar = GrammarManager(
             self.tokenizer,
             self.vocab_size,
@@ -353,7 +353,9 @@ class LLMEngine:
             self._finish(seq, FinishReason.STOP)
             return True
         self._detokenize(seq)
-        if params.stop_strings and self._truncate_at_stop(seq):
+        if params.stop_strings and seq.num_output_tokens < params.min_tokens:
+            seq.stop_checked_len = len(seq.output_text)  # text before min_tokens never stops it
+        if params.stop_strings and seq.num_output_tokens >= params.min_tokens and self._truncate_at_stop(seq):
             self._finish(seq, FinishReason.STOP)
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, FinishReason.LENGTH)

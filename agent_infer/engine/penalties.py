@@ -1,8 +1,11 @@
-"""Repetition, presence and frequency penalties on next-token logits (vLLM / OpenAI semantics).
+"""Logit adjustments before sampling: repetition, presence and frequency penalties, ``logit_bias``
+and ``min_tokens`` (vLLM / OpenAI semantics).
 
 A penalty changes which token is chosen, never what the model reports: the sampler applies it to
 a copy of the rows that need it, and log-probabilities still come from the unpenalized logits.
-Masked logits (``-inf`` from a grammar) stay ``-inf`` under every penalty, so constraints hold.
+Masked logits (``-inf`` from a grammar) stay ``-inf`` under every penalty and bias, so constraints
+hold. ``min_tokens`` bans EOS and the stop ids only while some other token remains possible: when a
+grammar allows nothing but the end, the end is kept (a row of ``-inf`` has nothing to sample).
 
 Cost is proportional to the sequence length, not the vocabulary: each penalized row gathers and
 scatters only the ids that occur in its prompt/output.
@@ -10,6 +13,7 @@ scatters only the ids that occur in its prompt/output.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 
 import torch
@@ -17,10 +21,12 @@ import torch
 from agent_infer.engine.sequence import Sequence
 
 
-def apply_penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
-    """``logits`` (``[len(seqs), vocab]``) with each sequence's penalties applied.
+def apply_penalties(
+    logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Collection[int] = ()
+) -> torch.Tensor:
+    """``logits`` (``[len(seqs), vocab]``) with each sequence's penalties, bias and min_tokens applied.
 
-    Returns ``logits`` itself when no sequence has a penalty, else a penalized copy.
+    Returns ``logits`` itself when no sequence adjusts its logits, else an adjusted copy.
     """
     rows = [i for i, seq in enumerate(seqs) if seq.params.penalized]
     if not rows:
@@ -46,4 +52,21 @@ def apply_penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
             )
             if ids.numel():
                 row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
+        if p.logit_bias:
+            pairs = [(t, b) for t, b in p.bias_pairs if t < vocab]
+            if pairs:
+                ids = torch.tensor([t for t, _ in pairs], dtype=torch.long)
+                row[ids] += torch.tensor([b for _, b in pairs], dtype=row.dtype)
+        if len(generated) < p.min_tokens:
+            _ban_end(row, {*eos_token_ids, *p.stop_ids}, vocab)
     return out
+
+
+def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
+    ids = torch.tensor(sorted(t for t in ends if 0 <= t < vocab), dtype=torch.long)
+    if not ids.numel():
+        return
+    kept = row[ids].clone()
+    row[ids] = float("-inf")
+    if not bool(torch.isfinite(row).any()):
+        row[ids] = kept

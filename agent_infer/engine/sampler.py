@@ -11,6 +11,7 @@ CPU, so top-k/top-p work on a ``topk`` candidate set that grows only when the nu
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +44,14 @@ _TOP_P_CANDIDATES = 128
 class Sampler:
     """Chooses one token per logits row according to each sequence's :class:`SamplingParams`."""
 
+    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+        # Banned by ``min_tokens`` until a request has generated enough tokens.
+        self.eos_token_ids = tuple(eos_token_ids)
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Sample from ``logits`` (float32 ``[len(seqs), vocab]``); row ``i`` belongs to ``seqs[i]``."""
         params = [seq.params for seq in seqs]
-        scores = apply_penalties(logits, seqs)
+        scores = apply_penalties(logits, seqs, self.eos_token_ids)
         # Greedy rows need one batched kernel and one device-to-host copy.
         token_ids: list[int] = scores.argmax(dim=-1).tolist()
         for i, p in enumerate(params):

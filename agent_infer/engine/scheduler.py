@@ -1,8 +1,12 @@
 """Continuous batching with chunked prefill and preemption by recompute.
 
 Every step has a token budget (``max_num_batched_tokens``). Running sequences are served first, in
-arrival order: a decoding sequence costs one token, a sequence mid-prefill costs its next chunk.
-Whatever budget is left admits waiting sequences, whose prompt may be cut into a chunk. When the
+arrival order, decoding ones before those mid-prefill: a decoding sequence costs one token (plus
+its draft), a sequence mid-prefill costs its next chunk. Whatever budget is left admits waiting
+sequences, whose prompt may be cut into a chunk. While any sequence decodes, prefill chunks
+(running and admitted together) get at most ``max_prefill_tokens_while_decoding`` tokens per step:
+a step's time grows with the tokens it feeds, and every decoding stream waits for the whole step,
+so a long prompt is spread over many short steps instead of stalling each stream for seconds. When the
 KV pool is exhausted, the newest running sequence is preempted: its blocks are freed and it goes
 back to the head of the queue; its generated tokens are kept and re-prefilled when it returns.
 
@@ -74,6 +78,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_prefill_tokens_while_decoding = config.max_prefill_tokens_while_decoding
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -139,11 +144,17 @@ class Scheduler:
         failed: list[Sequence] = self._promote_compiled()
 
         # Iterate over a snapshot: preemption removes victims from the tail of ``self.running``.
-        queue = list(self.running)
+        # Decoding sequences go first so that prefill chunks can never take their budget.
+        decoding = [s for s in self.running if _decoding(s)]
+        queue = decoding + [s for s in self.running if not _decoding(s)]
+        prefill_budget = self.max_prefill_tokens_while_decoding if decoding else budget
         for seq in queue:
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
             pending = seq.num_tokens - seq.num_computed_tokens
+            prefilling = not _decoding(seq)
+            if prefilling and prefill_budget == 0:
+                continue
             # A draft is only worth its rows when it fits whole, without preempting anyone, and
             # when the request's drafts are accepted often enough for a batch this size.
             if seq.draft_ids and (
@@ -161,13 +172,20 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             self.block_manager.append(seq, len(seq.draft_ids))
-            num_new = min(pending, budget)
+            num_new = min(pending, budget, prefill_budget) if prefilling else min(pending, budget)
             item = ScheduledSequence.of(seq, num_new, tuple(seq.draft_ids))
             scheduled.append(item)
             budget -= item.num_fed_tokens
+            if prefilling:
+                prefill_budget -= num_new
 
         # Admitting new work in the same step as a preemption would just thrash the pool.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+        while (
+            self.waiting
+            and min(budget, prefill_budget) > 0
+            and len(self.running) < self.max_num_seqs
+            and not preempted
+        ):
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq):
                 if not self.running and not scheduled:
@@ -189,7 +207,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             pending = seq.num_tokens - seq.num_computed_tokens
-            num_new = min(pending, budget)
+            num_new = min(pending, budget, prefill_budget)
+            prefill_budget -= num_new
             # A draft set before the first pass (the boundary of the grammar's leading forced
             # text) rides along with a prefill that completes in this step.
             draft = tuple(seq.draft_ids)
@@ -237,3 +256,8 @@ class Scheduler:
                 seq.grammar_future = None
         if seq.block_table:
             self.block_manager.deallocate(seq)
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Whether ``seq`` is past its prompt: it samples a token every step it runs."""
+    return seq.num_computed_tokens >= seq.num_prompt_tokens

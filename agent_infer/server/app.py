@@ -25,8 +25,11 @@ from agent_infer.server.completions import create_completion
 from agent_infer.server.config import ServerConfig
 from agent_infer.server.errors import ApiError
 from agent_infer.server.metrics import ServerMetrics
+from agent_infer.server.prompts import PromptTokenizer
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
+from agent_infer.server.responses import ResponsesRequest, create_response
 from agent_infer.server.state import ServerState
+from agent_infer.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from agent_infer.tool_formats import detect_format, get_format
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
         tokenizer=tokenizer,
         tool_format=fmt,
         metrics=metrics,
+        prompts=PromptTokenizer(engine),
     )
 
     @asynccontextmanager
@@ -96,22 +100,43 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
         text = metrics.render(state.engine.snapshot, len(state.active))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict[str, object]:
+        return {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "agent-infer",
+            "max_model_len": engine.max_model_len,
+        }
+
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": state.model_name,
-                        "object": "model",
-                        "created": state.created,
-                        "owned_by": "agent-infer",
-                        "max_model_len": engine.max_model_len,
-                    }
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    # ``:path``: model ids may contain slashes (``org/name``), as in OpenAI and vLLM.
+    @app.get("/v1/models/{model_id:path}", dependencies=guarded)
+    async def model(model_id: str) -> Response:
+        state.check_model(model_id)
+        return JSONResponse(model_card())
+
+    @app.post("/v1/responses", dependencies=guarded)
+    async def responses(request: Request) -> Response:
+        body = await read_json(request, ResponsesRequest, config.max_body_bytes)
+        return await create_response(state, body, request)
+
+    @app.get("/v1/responses/{response_id}", dependencies=guarded)
+    async def stored_response(response_id: str) -> Response:
+        return JSONResponse(state.responses.get(response_id, "response_id")[0])
+
+    @app.post("/tokenize", dependencies=guarded)
+    async def tokenize_route(request: Request) -> Response:
+        body = await read_json(request, TokenizeRequest, config.max_body_bytes)
+        return JSONResponse(await tokenize(state, body))
+
+    @app.post("/detokenize", dependencies=guarded)
+    async def detokenize_route(request: Request) -> Response:
+        body = await read_json(request, DetokenizeRequest, config.max_body_bytes)
+        return JSONResponse(await detokenize(state, body))
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat(request: Request) -> Response:
@@ -189,7 +214,18 @@ class _CountRequests:
             await JSONResponse(error.body(), status_code=500)(scope, receive, counted)
 
 
-_ENDPOINTS = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"})
+_ENDPOINTS = frozenset(
+    {
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/tokenize",
+        "/detokenize",
+    }
+)
 
 
 def serve(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from agent_infer.server.params import (
     resolve_max_tokens,
     warning_headers,
 )
-from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage
+from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
 from agent_infer.server.responder import Responder
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
@@ -39,6 +40,42 @@ class ChatPlan:
     warnings: tuple[str, ...]
     tool_format: ToolCallFormat | None  # set when the output may contain tool calls
     top_logprobs: int | None
+
+
+def _cut_in_call(fmt: ToolCallFormat, text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """Content and calls of an output cut by ``max_tokens`` inside a call; None if it was not.
+
+    The stream parser's view of an unfinished output holds back what may still become a call; the
+    whole-text parse reads a half call as text. They agree (up to trailing whitespace) exactly when
+    no call was cut, and otherwise the held-back view is the answer: the calls as far as they got,
+    and no fragment of a call delimiter in the content, as a stream would have sent them.
+    """
+    content = ""
+    calls: list[dict[str, Any]] = []
+    for event in fmt.stream_parser().feed(text):
+        if isinstance(event, ContentDelta):
+            content += event.text
+        elif event.id is not None:
+            calls.append(
+                {"id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
+            )
+        else:
+            calls[event.index]["function"]["arguments"] += event.arguments
+    whole = fmt.parse(text)
+    same_calls = len(whole.tool_calls) == len(calls) and all(
+        c.name == d["function"]["name"] and _json_or_none(d["function"]["arguments"]) == c.arguments
+        for c, d in zip(whole.tool_calls, calls, strict=False)
+    )
+    if same_calls and whole.content.rstrip() == content.rstrip():
+        return None
+    return content, calls
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
@@ -62,9 +99,9 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _tools(req: ChatCompletionRequest) -> list[Tool]:
+def _tools(specs: list[ToolSpec]) -> list[Tool]:
     tools = []
-    for i, spec in enumerate(req.tools or []):
+    for i, spec in enumerate(specs):
         try:
             tools.append(Tool.from_openai(spec.model_dump(exclude_none=True)))
         except InvalidRequestError as exc:
@@ -92,17 +129,26 @@ def _tool_grammar(fmt: ToolCallFormat, tools: list[Tool], req: ChatCompletionReq
         raise constraint_error(exc, "tools") from exc
 
 
-def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
-    """Build the engine prompt and constraint; bad input raises a 400 naming the field."""
-    messages = [_message(i, m) for i, m in enumerate(req.messages)]
-    tools = _tools(req)
-    fmt = state.tool_format
+def render_messages(
+    state: ServerState, msgs: list[ChatMessage], specs: list[ToolSpec]
+) -> list[dict[str, Any]]:
+    """The transcript as chat-template messages: tools and tool calls written in the model's format."""
+    messages = [_message(i, m) for i, m in enumerate(msgs)]
+    tools = _tools(specs)
     if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
         try:
-            rendered = fmt.render_tools(messages, tools)
+            rendered = state.tool_format.render_tools(messages, tools)
         except (KeyError, ValueError) as exc:
             raise ApiError(400, f"cannot render the tool transcript: {exc}", param="messages") from exc
         messages = rendered if isinstance(rendered, list) else messages
+    return messages
+
+
+def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
+    """Build the engine prompt and constraint; bad input raises a 400 naming the field."""
+    messages = render_messages(state, req.messages, req.tools or [])
+    tools = _tools(req.tools or [])
+    fmt = state.tool_format
     constraint = build_constraint(req)
     structured, where = constraint.structured, constraint.field
     calls_possible = bool(tools) and req.tool_choice != "none"
@@ -137,7 +183,11 @@ async def create_chat_completion(
         req.max_completion_tokens or req.max_tokens, field, state.config.max_tokens_limit
     )
     params = build_sampling(
-        req, max_tokens=max_tokens, structured=plan.structured, logprobs=plan.top_logprobs
+        req,
+        max_tokens=max_tokens,
+        structured=plan.structured,
+        logprobs=plan.top_logprobs,
+        vocab_size=state.engine.engine.vocab_size,
     )
     responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
     headers = warning_headers(plan.warnings)
@@ -157,6 +207,10 @@ class _ChatResponder(Responder):
         self._parser = plan.tool_format.stream_parser() if plan.tool_format is not None else None
         self._saw_calls = False
 
+    def fork(self) -> _ChatResponder:
+        """Another choice's responder: same plan, its own tool-call stream parser."""
+        return _ChatResponder(self.state, self.request_id, self._plan)
+
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]]) -> dict[str, Any]:
         assert self._plan.top_logprobs is not None
         return {"content": chat_logprobs(self.state.tokenizer, token_ids, entries, self._plan.top_logprobs)}
@@ -166,8 +220,14 @@ class _ChatResponder(Responder):
         completion = output.outputs[0]
         message: dict[str, Any] = {"role": "assistant", "content": completion.text, "refusal": None}
         finish = completion.finish_reason
-        if self._plan.tool_format is not None:
-            parsed = self._plan.tool_format.parse(completion.text)
+        fmt = self._plan.tool_format
+        cut = _cut_in_call(fmt, completion.text) if fmt is not None and finish == "length" else None
+        if cut is not None:
+            message["content"] = cut[0] or None
+            if cut[1]:
+                message["tool_calls"] = cut[1]
+        elif fmt is not None:
+            parsed = fmt.parse(completion.text)
             if parsed.tool_calls:
                 message["content"] = parsed.content or None
                 message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
@@ -187,7 +247,14 @@ class _ChatResponder(Responder):
         deltas: list[dict[str, Any]] = []
         if self._parser is not None:
             events = self._parser.feed(step.text) if step.text else []
-            if output.finished:
+            # A call cut by max_tokens stays as far as it was streamed: the final flush would
+            # re-read the half call as text and send it again as content.
+            fmt = self._plan.tool_format
+            if output.finished and not (
+                output.finish_reason == "length"
+                and fmt is not None
+                and _cut_in_call(fmt, output.text) is not None
+            ):
                 events += self._parser.finish()
             for event in events:
                 if isinstance(event, ContentDelta):

@@ -33,7 +33,11 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     limit = state.config.max_tokens_limit
     max_tokens = resolve_max_tokens(req.max_tokens or min(_DEFAULT_MAX_TOKENS, limit), "max_tokens", limit)
     params = build_sampling(
-        req, max_tokens=max_tokens, structured=constraint.structured, logprobs=req.logprobs
+        req,
+        max_tokens=max_tokens,
+        structured=constraint.structured,
+        logprobs=req.logprobs,
+        vocab_size=state.engine.engine.vocab_size,
     )
     responder = _TextResponder(state, state.new_id("cmpl"), req.logprobs)
     headers = warning_headers(constraint.warnings)
@@ -60,6 +64,10 @@ class _TextResponder(Responder):
         super().__init__(state, request_id)
         self._top_logprobs = top_logprobs
         self._offset = 0
+
+    def fork(self) -> _TextResponder:
+        """Another choice's responder (its own logprobs text offset)."""
+        return _TextResponder(self.state, self.request_id, self._top_logprobs)
 
     def choice(self, output: RequestOutput) -> dict[str, Any]:
         """The generated text and its finish reason."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent_infer.errors import GrammarError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
+from agent_infer.grammar.regex import regex_to_grammar
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.body import parse_json
@@ -34,6 +35,19 @@ def _lenient_schema(schema: Any, where: str) -> Constraint:
     except GrammarError as exc:
         raise constraint_error(exc, where) from exc
     return Constraint(StructuredOutput.grammar(grammar), where, tuple(grammar.warnings))
+
+
+def vllm_regex(pattern: str, where: str) -> Grammar:
+    """``structured_outputs.regex`` as vLLM reads it: ECMAScript syntax, ASCII ``\\d`` and ``\\w``.
+
+    vLLM's grammar backends take the pattern as ECMAScript (JavaScript) syntax, so ``\\d`` is
+    ``[0-9]`` there; Python's ``re`` (what :meth:`StructuredOutput.regex` keeps for the Python API)
+    would let a "digit" be any Unicode decimal digit. ``\\s`` is ECMAScript's white space.
+    """
+    try:
+        return regex_to_grammar(pattern, dialect="ecma")
+    except GrammarError as exc:
+        raise constraint_error(exc, where) from exc
 
 
 def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constraint:
@@ -89,7 +103,7 @@ def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constrai
             schema = parse_json(so.json_, where, where) if isinstance(so.json_, str) else so.json_
             return Constraint(StructuredOutput.json_schema(schema), where)
         if so.regex is not None:
-            return Constraint(StructuredOutput.regex(so.regex), where)
+            return Constraint(StructuredOutput.grammar(vllm_regex(so.regex, where)), where)
         if so.grammar is not None:
             # GBNF writes rules with ``::=``; Lark with ``:``.
             syntax = "gbnf" if "::=" in so.grammar else "lark"
@@ -123,8 +137,10 @@ def build_sampling(
     max_tokens: int,
     structured: StructuredOutput | None,
     logprobs: int | None,
+    vocab_size: int,
 ) -> SamplingParams:
     """SamplingParams for the request; its validation errors become 400s naming the field."""
+    bias = _logit_bias(req.logit_bias, vocab_size)
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -141,9 +157,28 @@ def build_sampling(
             frequency_penalty=req.frequency_penalty or 0.0,
             structured=structured,
             close_on_length=bool(req.close_on_length),
+            min_tokens=req.min_tokens or 0,
+            logit_bias=bias,
         )
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param=exc.field) from exc
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with the ids checked against the vocabulary."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdecimal() else -1
+        if not 0 <= token < vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                param=f"logit_bias.{key}",
+            )
+        out[token] = value
+    return out
 
 
 def _token_text(tokenizer: Tokenizer, token_id: int) -> str:

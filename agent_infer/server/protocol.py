@@ -28,6 +28,9 @@ INT64_MAX = 2**63 - 1
 
 #: Any request integer: a 64-bit signed value.
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: Most choices (``n``) one request may ask for: each is an engine request of its own.
+MAX_N = 16
+
 #: A count (token limits, choices): at least 1, at most the 64-bit maximum.
 Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
 #: A token id: non-negative and 64-bit (the engine checks it against the vocabulary).
@@ -188,6 +191,7 @@ class _CommonRequest(_Strict):
     # vLLM extensions: multiplicative repetition penalty; close the document at max_tokens.
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     close_on_length: bool | None = None
+    min_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -195,12 +199,8 @@ class _CommonRequest(_Strict):
 
     def check_common(self) -> None:
         """Reject values this server cannot honour, naming the field."""
-        if self.n not in (None, 1):
-            raise ApiError(400, f"n={self.n} is unsupported: this server returns one choice", param="n")
-        if self.logit_bias:
-            raise ApiError(
-                400, "logit_bias is unsupported (only an empty map is accepted)", param="logit_bias"
-            )
+        if self.n is not None and self.n > MAX_N:
+            raise ApiError(400, f"n={self.n} exceeds this server's limit of {MAX_N} choices", param="n")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 

@@ -13,13 +13,15 @@ from starlette.requests import Request
 
 from agent_infer.engine.llm_engine import Prompt
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import InvalidRequestError, TokenizerError
+from agent_infer.errors import InvalidRequestError
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.async_engine import AsyncEngine, EngineStoppedError, RequestStream
 from agent_infer.server.config import ServerConfig
 from agent_infer.server.errors import ApiError, finish_error, request_error
 from agent_infer.server.metrics import ServerMetrics
+from agent_infer.server.prompts import PromptTokenizer
+from agent_infer.server.response_store import ResponseStore
 from agent_infer.tool_formats import ToolCallFormat
 
 
@@ -40,6 +42,8 @@ class ServerState:
     tokenizer: Tokenizer
     tool_format: ToolCallFormat
     metrics: ServerMetrics
+    prompts: PromptTokenizer
+    responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
     active: set[str] = field(default_factory=set)
 
@@ -67,15 +71,14 @@ class ServerState:
             if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], dict)
             else "messages"
         )
+        token_ids = await self.prompts.token_ids(prompt, prompt_field)
         try:
-            stream = await self.engine.add(request_id, prompt, params)
+            stream = await self.engine.add(request_id, token_ids, params)
         except InvalidRequestError as exc:
             error = request_error(exc, constraint_field)
             if error.param == "prompt":
                 error.param = prompt_field
             raise error from exc
-        except TokenizerError as exc:  # the chat template refused the transcript (e.g. role order)
-            raise ApiError(400, str(exc), param=prompt_field, code="chat_template") from exc
         except EngineStoppedError as exc:
             raise ApiError(503, str(exc), code="engine_stopped") from exc
         stream.constraint_field = constraint_field
@@ -108,6 +111,17 @@ class ServerState:
         if output.finish_reason == "abort":
             raise ApiError(503, "the request was aborted (server shutting down)", code="aborted")
         return output
+
+    async def final_outputs(self, streams: list[RequestStream], request: Request) -> list[RequestOutput]:
+        """The finished outputs of a request's choices; if one fails, every choice is aborted."""
+        if len(streams) == 1:
+            return [await self.final_output(streams[0], request)]
+        try:
+            return list(await asyncio.gather(*(self.final_output(s, request) for s in streams)))
+        except BaseException:
+            for stream in streams:
+                self.release(stream.request_id, False)
+            raise
 
     async def _until(
         self, work: Coroutine[Any, Any, RequestOutput], stream: RequestStream, request: Request
