@@ -130,18 +130,22 @@ def test_unsupported_schema_keyword_names_keyword_and_pointer(server: LiveServer
     assert "uniqueItems" in error["message"] and "/properties/tags/uniqueItems" in error["message"]
     assert error["param"] == "response_format.json_schema.schema"
     assert error["code"] == "unsupported_schema"
+    assert error["keyword"] == "uniqueItems" and error["pointer"] == "/properties/tags/uniqueItems"
 
 
 def test_invalid_schema_names_the_pointer(server: LiveServer) -> None:
     error = _error(_post(server, _schema_body(server, {"type": "string", "minLength": "x"})), 400)
     assert "/minLength" in error["message"] and error["code"] == "invalid_schema"
+    assert error["pointer"] == "/minLength"
 
 
 def test_bad_grammar_and_regex(server: LiveServer) -> None:
     error = _error(_post(server, _chat_body(server, structured_outputs={"grammar": "root ::= ("})), 400)
     assert error["param"] == "structured_outputs.grammar" and "line" in error["message"]
+    assert error["code"] == "grammar_syntax" and error["line"] == 1 and error["column"] >= 1
     error = _error(_post(server, _chat_body(server, structured_outputs={"regex": "(?<=a)b"})), 400)
     assert error["param"] == "structured_outputs.regex"
+    assert error["code"] == "unsupported_regex" and error["position"] == 0
 
 
 def test_bad_tool_schema_names_the_tool(server: LiveServer) -> None:

@@ -115,13 +115,16 @@ def parse_response(data: Any) -> ModelResponse:
     try:
         choice = data["choices"][0]
         message = choice["message"]
+        # No arguments at all mean "{}", except in an output cut by max_tokens, where a call that
+        # got no further than its name is unfinished (_with_cut_call).
+        empty = "" if choice.get("finish_reason") == "length" else "{}"
         calls = [
             {
                 "id": c.get("id") or f"call_{i}",
                 "type": "function",
                 "function": {
                     "name": c["function"]["name"],
-                    "arguments": arguments_text(c["function"].get("arguments") or "{}"),
+                    "arguments": arguments_text(c["function"].get("arguments") or empty),
                 },
             }
             for i, c in enumerate(message.get("tool_calls") or [])
@@ -140,11 +143,35 @@ def parse_response(data: Any) -> ModelResponse:
 
 
 def _with_cut_call(request: ModelRequest, response: ModelResponse) -> ModelResponse:
-    """Under ``tool_choice`` "required" or a named tool the whole output is calls, so running out of
-    ``max_tokens`` without a complete call means a call was cut off (the wire does not say more)."""
-    if request.forces_calls and response.finish_reason == "length" and not response.tool_calls:
+    """Marks a tool call cut off by ``max_tokens``.
+
+    A server that reports a cut call as far as it got (ours, OpenAI) sends it last, with
+    arguments that do not parse: it is dropped from the calls and named as unfinished. Under
+    ``tool_choice`` "required" or a named tool the whole output is calls, so running out of
+    ``max_tokens`` without any call means one was cut off before its name reached the wire.
+    """
+    if response.finish_reason != "length":
+        return response
+    calls = response.tool_calls
+    if calls and not _parses(calls[-1]["function"]["arguments"]):
+        return dataclasses.replace(
+            response,
+            message=assistant_message(response.message.get("content"), calls[:-1]),
+            unfinished_call=calls[-1]["function"]["name"],
+            # The wire has no raw text: what the model wrote of the call is its arguments so far.
+            raw_text=response.content + calls[-1]["function"]["arguments"],
+        )
+    if request.forces_calls and not calls:
         return dataclasses.replace(response, unfinished_call="", raw_text=response.content)
     return response
+
+
+def _parses(arguments: str) -> bool:
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_event(data: Mapping[str, Any]) -> StreamChunk:

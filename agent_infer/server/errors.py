@@ -14,6 +14,7 @@ from agent_infer.errors import (
     GrammarSyntaxError,
     InvalidRequestError,
     InvalidSchemaError,
+    UnsupportedRegexError,
     UnsupportedSchemaError,
 )
 
@@ -39,6 +40,7 @@ class ApiError(AgentInferError):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        where: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -47,6 +49,10 @@ class ApiError(AgentInferError):
         self.code = code
         #: Extra response headers (``WWW-Authenticate`` on a 401).
         self.headers = headers
+        #: Where a constraint's problem is, as fields of the error object (``pointer`` and
+        #: ``keyword`` for schemas, ``line``/``column`` or ``position`` for grammar text), so a
+        #: client need not read them out of the message.
+        self.where = where or {}
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -58,6 +64,7 @@ class ApiError(AgentInferError):
                 ),
                 "param": self.param,
                 "code": self.code,
+                **self.where,
             }
         }
 
@@ -99,7 +106,13 @@ def constraint_error(exc: BaseException, where: str) -> ApiError:
     """A 400 for a constraint that does not lower, naming ``where`` it came from and the schema location."""
     cause = exc.__cause__ if isinstance(exc, InvalidRequestError) and exc.__cause__ is not None else exc
     detail, code = _constraint_detail(cause)
-    return ApiError(400, f"{where}: {detail}", param=where, code=code)
+    return ApiError(400, f"{where}: {detail}", param=where, code=code, where=_location(cause))
+
+
+def _location(cause: BaseException) -> dict[str, Any]:
+    """The location fields of a typed constraint error, those it has."""
+    names = ("pointer", "keyword", "line", "column", "position")
+    return {n: getattr(cause, n) for n in names if getattr(cause, n, None) is not None}
 
 
 def _constraint_detail(cause: BaseException) -> tuple[str, str | None]:
@@ -109,6 +122,8 @@ def _constraint_detail(cause: BaseException) -> tuple[str, str | None]:
         return f"unsupported JSON Schema keyword {cause.keyword!r} at {at}: {cause}", "unsupported_schema"
     if isinstance(cause, InvalidSchemaError):
         return f"invalid JSON Schema at {cause.pointer or '/'}: {cause}", "invalid_schema"
+    if isinstance(cause, UnsupportedRegexError):
+        return str(cause), "unsupported_regex"
     if isinstance(cause, GrammarSyntaxError):
         return str(cause), "grammar_syntax"
     if isinstance(cause, GrammarLimitError):
