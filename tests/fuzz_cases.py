@@ -1,0 +1,267 @@
+"""Hypothesis strategies for the grammar fuzz suite: each draws one case for :mod:`fuzz_worker`.
+
+Regexes come from a small ``re`` syntax tree (so every draw is a valid Python pattern), schemas from
+a recursive mix of keywords, grammar texts from mutations of the shipped GBNF grammars, the shared
+GBNF corpus and a few Lark grammars. Sizes stay small: a case must run in well under a second so the
+default profile fits the test budget; the campaign script draws from the same strategies for longer.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+GBNF_DIRS = (ROOT / "grammars", ROOT.parent / "shared" / "data" / "gbnf")
+TOKENIZERS = ("bytes", "smollm2", "deepseek")
+
+# --- regexes ---------------------------------------------------------------------------------------
+
+_LITERALS = "abc01-. é中\n"
+_CLASSES = ["[abc]", "[a-c]", "[^ab]", "[0-9a-f]", "[-a]", "[é-ë]", ".", r"\d", r"\w", r"\s", r"\D", "[^\n]"]
+_QUANTIFIERS = ["?", "*", "+", "{2}", "{0,2}", "{1,3}", "{2,}", "??", "*?", "+?", "{1,2}?"]
+
+
+def _quantified(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.tuples(inner, st.sampled_from(_QUANTIFIERS)).map(lambda p: f"(?:{p[0]}){p[1]}")
+
+
+_regex_atoms = st.one_of(st.sampled_from(_LITERALS).map(re.escape), st.sampled_from(_CLASSES))
+regexes: st.SearchStrategy[str] = st.recursive(
+    _regex_atoms,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=2, max_size=4).map("".join),
+        st.lists(inner, min_size=2, max_size=3).map("|".join).map(lambda s: f"(?:{s})"),
+        inner.map(lambda s: f"({s})"),
+        _quantified(inner),
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def regex_cases(draw: Any, tokenizers: tuple[str, ...] = ("bytes",)) -> dict[str, Any]:
+    """A pattern with candidates: strings it matches (Hypothesis' own generator) and near misses."""
+    pattern = draw(regexes)
+    matching = draw(st.lists(st.from_regex(pattern, fullmatch=True), max_size=3))
+    others = draw(st.lists(st.text(alphabet=_LITERALS + "xyz!", max_size=8), max_size=3))
+    return {
+        "kind": "regex",
+        "pattern": pattern,
+        "matching": matching,
+        "candidates": others,
+        "tokenizer": draw(st.sampled_from(tokenizers)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+# --- JSON Schemas ----------------------------------------------------------------------------------
+
+_NAMES = ["a", "b", "id", "name", "x y", "é"]
+_SCALAR_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-20, 20),
+    st.sampled_from([0.5, -1.25, 3.75, 1e-3]),
+    st.text(alphabet="abé 1", max_size=4),
+)
+json_values: st.SearchStrategy[Any] = st.recursive(
+    _SCALAR_VALUES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(_NAMES), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _with(
+    base: dict[str, Any], extra: st.SearchStrategy[dict[str, Any]]
+) -> st.SearchStrategy[dict[str, Any]]:
+    return extra.map(lambda e: {**base, **e})
+
+
+def _keywords(**options: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Any subset of the given keywords, each with a drawn value."""
+    return st.fixed_dictionaries({}, optional=options)
+
+
+_small = st.integers(0, 4)
+_bound = st.one_of(st.integers(-10, 10), st.sampled_from([0.5, -2.5]))
+_leaf_schemas = st.one_of(
+    _with(
+        {"type": "string"},
+        _keywords(
+            minLength=_small, maxLength=_small, pattern=st.sampled_from(["^a", "b$", "[0-9]", "^[a-c]*$"])
+        ),
+    ),
+    _with(
+        {"type": "integer"},
+        _keywords(minimum=_bound, maximum=_bound, exclusiveMinimum=_bound, multipleOf=st.integers(1, 5)),
+    ),
+    _with({"type": "number"}, _keywords(minimum=_bound, exclusiveMaximum=_bound)),
+    st.sampled_from([{"type": "boolean"}, {"type": "null"}, {}, True, {"type": ["integer", "string"]}]),
+    st.lists(_SCALAR_VALUES, min_size=1, max_size=3, unique_by=repr).map(lambda v: {"enum": v}),
+    _SCALAR_VALUES.map(lambda v: {"const": v}),
+)
+
+
+def _compound(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    props = st.dictionaries(st.sampled_from(_NAMES), inner, max_size=3)
+    obj = st.builds(
+        lambda p, req, extra: {
+            "type": "object",
+            "properties": p,
+            "required": [n for n in req if n in p],
+            **extra,
+        },
+        props,
+        st.lists(st.sampled_from(_NAMES), max_size=2, unique=True),
+        _keywords(
+            additionalProperties=st.one_of(st.booleans(), inner),
+            minProperties=_small,
+            maxProperties=_small,
+        ),
+    )
+    arr = _with(
+        {"type": "array"}, _keywords(items=inner, minItems=_small, maxItems=_small, uniqueItems=st.booleans())
+    )
+    logic = st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(lambda s: {"anyOf": s}),
+        st.lists(inner, min_size=1, max_size=2).map(lambda s: {"allOf": s}),
+        st.lists(inner, min_size=1, max_size=2).map(lambda s: {"oneOf": s}),
+        inner.map(lambda s: {"not": s}),
+    )
+    # Few `not`s: most complements are unsupported (a typed error ends the case early).
+    return st.one_of(obj, obj, arr, arr, logic)
+
+
+schemas: st.SearchStrategy[Any] = st.recursive(_leaf_schemas, _compound, max_leaves=5)
+
+
+@st.composite
+def schema_cases(draw: Any, tokenizers: tuple[str, ...] = ("bytes",)) -> dict[str, Any]:
+    """A schema with instances to validate (random JSON values; the worker adds generated ones)."""
+    return {
+        "kind": "schema",
+        "schema": draw(schemas),
+        "instances": draw(st.lists(json_values, max_size=4)),
+        "tokenizer": draw(st.sampled_from(tokenizers)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+# --- grammar texts ---------------------------------------------------------------------------------
+
+LARK_SEEDS = (
+    'start: pair ("," pair)*\npair: KEY ":" VALUE\nKEY: /[a-z]+/\nVALUE: INT | "true" | "false"\n%import common.INT\n',
+    'start: expr\n?expr: term (("+"|"-") term)*\n?term: NUMBER | "(" expr ")"\nNUMBER: /[0-9]+/\n',
+    'start: "[" [item ("," item)*] "]"\nitem: ESCAPED_STRING | SIGNED_NUMBER\n'
+    "%import common.ESCAPED_STRING\n%import common.SIGNED_NUMBER\n",
+    'start: greeting+\ngreeting: HELLO NAME\nHELLO: "hi " | "hello "\nNAME: /[A-Z][a-z]{0,5}/ " "?\n',
+)
+
+# Pieces of grammar syntax: mutations built from them reach deeper than random characters.
+_GRAMMAR_TOKENS = [
+    "::=",
+    "|",
+    "(",
+    ")",
+    "*",
+    "+",
+    "?",
+    "{2,3}",
+    "{0,}",
+    "{,4}",
+    "{99999}",
+    '"',
+    '""',
+    "[",
+    "]",
+    "[^",
+    "\\",
+    "-",
+    "root",
+    "x",
+    " ",
+    "\n",
+    "#",
+    ".",
+    "ws",
+    "/[a-z]+/",
+    "->",
+    ":",
+    "%import common.WS",
+    "%ignore WS",
+    "?",
+    "~",
+    "\\u00e9",
+    "\\x00",
+    "\x00",
+    "é",
+    "\ud800",
+    "((((",
+    "))))",
+    "root ::= root",
+    "start:",
+]
+
+
+def _grammar_seeds() -> list[tuple[str, str]]:
+    seeds = [
+        ("gbnf", p.read_text(encoding="utf-8"))
+        for d in GBNF_DIRS
+        if d.is_dir()
+        for p in sorted(d.glob("*.gbnf"))
+    ]
+    seeds += [("lark", p.read_text(encoding="utf-8")) for p in sorted((ROOT / "grammars").glob("*.lark"))]
+    return seeds + [("lark", text) for text in LARK_SEEDS]
+
+
+GRAMMAR_SEEDS = _grammar_seeds()
+
+
+@st.composite
+def mutated_text(draw: Any, text: str) -> str:
+    """``text`` with 1-4 edits: a slice deleted, a syntax piece or random character inserted, a
+    slice duplicated or moved."""
+    for _ in range(draw(st.integers(1, 4))):
+        n = len(text)
+        i = draw(st.integers(0, n))
+        j = draw(st.integers(i, min(n, i + 40)))
+        op = draw(st.integers(0, 3))
+        if op == 0:
+            text = text[:i] + text[j:]
+        elif op == 1:
+            piece = draw(
+                st.one_of(st.sampled_from(_GRAMMAR_TOKENS), st.characters(max_codepoint=0x2FF).map(str))
+            )
+            text = text[:i] + piece + text[i:]
+        elif op == 2:
+            text = text[:j] + text[i:j] + text[j:]
+        else:
+            k = draw(st.integers(0, n))
+            chunk, rest = text[i:j], text[:i] + text[j:]
+            k = min(k, len(rest))
+            text = rest[:k] + chunk + rest[k:]
+    return text
+
+
+@st.composite
+def grammar_cases(draw: Any, tokenizers: tuple[str, ...] = ("bytes",)) -> dict[str, Any]:
+    """A shipped or corpus grammar, mutated (or, now and then, as is)."""
+    syntax, text = draw(st.sampled_from(GRAMMAR_SEEDS))
+    if draw(st.integers(0, 9)):
+        text = draw(mutated_text(text))
+    return {
+        "kind": "grammar",
+        "syntax": syntax,
+        "text": text,
+        "tokenizer": draw(st.sampled_from(tokenizers)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+CASE_STRATEGIES = {"regex": regex_cases, "schema": schema_cases, "grammar": grammar_cases}
