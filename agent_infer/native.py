@@ -45,12 +45,13 @@ def _load_from_file(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("agent_infer._native", path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"AGENT_INFER_NATIVE_LIBRARY={str(path)!r} is not an extension module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent_infer._native"] = module
     try:
+        # For an extension module, module_from_spec is where the file is dlopen'ed.
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["agent_infer._native"] = module
         spec.loader.exec_module(module)
     except ImportError as exc:
-        del sys.modules["agent_infer._native"]
+        sys.modules.pop("agent_infer._native", None)
         raise NativeExtensionMissingError(
             f"AGENT_INFER_NATIVE_LIBRARY={str(path)!r} failed to import ({exc}); {_BUILD_HINT}"
         ) from exc
