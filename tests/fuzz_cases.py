@@ -265,3 +265,107 @@ def grammar_cases(draw: Any, tokenizers: tuple[str, ...] = ("bytes",)) -> dict[s
 
 
 CASE_STRATEGIES = {"regex": regex_cases, "schema": schema_cases, "grammar": grammar_cases}
+
+
+# --- stress: sizes and values past the limits ------------------------------------------------------
+
+_BIG = [1, 10, 100, 1000, 5000, 100_000]
+# Nested counts multiply: the worker generates a member of the language, so keep it at most ~1 MB.
+_BIG_PAIRS = st.tuples(st.sampled_from(_BIG), st.sampled_from(_BIG)).filter(lambda p: p[0] * p[1] <= 10**6)
+_HOSTILE_NUMBERS = [
+    10**30,
+    -(10**30),
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    1e308,
+    -0.0,
+    2**63,
+    2**31,
+    0.1,
+    -1,
+]
+
+
+def _nested(depth: int, open_: str, leaf: str, close: str) -> str:
+    return open_ * depth + leaf + close * depth
+
+
+_stress_regex = st.one_of(
+    st.integers(1, 600).map(lambda d: _nested(d, "(", "a", ")")),
+    st.integers(1, 600).map(lambda d: _nested(d, "(?:", "a|b", ")*")),
+    _BIG_PAIRS.map(lambda p: f"(a{{{p[0]}}}){{{p[1]}}}"),
+    st.tuples(st.sampled_from(_BIG), st.sampled_from(_BIG)).map(lambda p: f"[a-z]{{{p[0]},{p[0] + p[1]}}}b"),
+    st.lists(st.text(alphabet="abcxyz", min_size=1, max_size=6), min_size=1, max_size=400).map("|".join),
+)
+_stress_gbnf = st.one_of(
+    st.integers(1, 1200).map(lambda d: "root ::= " + _nested(d, "(", '"a"', ")")),
+    st.sampled_from(
+        [
+            'root ::= root root | "a"',
+            'root ::= "a" root | ""',
+            'root ::= root "a" | "a"',
+            "root ::= x\nx ::= root",
+            'root ::= (root | "a")*',
+            'root ::= ("" | "a")*',
+        ]
+    ),
+    _BIG_PAIRS.map(lambda p: f'root ::= ("ab"{{{p[0]}}}){{{p[1]}}}'),
+)
+_stress_lark = st.one_of(
+    st.integers(1, 600).map(lambda d: "start: " + _nested(d, "(", '"a"', ")")),
+    st.sampled_from(_BIG).map(lambda n: f'start: "a"~{n}'),
+    st.just('start: start start | "a"'),
+)
+
+
+def _deep_schema(depth: int, keyword: str) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        schema = (
+            {"type": "array", "items": schema}
+            if keyword == "items"
+            else {"type": "object", "properties": {"a": schema}}
+        )
+    return schema
+
+
+_hostile = st.sampled_from(_HOSTILE_NUMBERS)
+_stress_schema = st.one_of(
+    st.tuples(st.integers(1, 600), st.sampled_from(["items", "properties"])).map(lambda p: _deep_schema(*p)),
+    _with(
+        {"type": "integer"},
+        _keywords(minimum=_hostile, maximum=_hostile, exclusiveMaximum=_hostile, multipleOf=_hostile),
+    ),
+    _with({"type": "number"}, _keywords(minimum=_hostile, exclusiveMinimum=_hostile, multipleOf=_hostile)),
+    _with({"type": "string"}, _keywords(minLength=_hostile, maxLength=_hostile)),
+    _with({"type": "array"}, _keywords(minItems=_hostile, maxItems=_hostile)),
+    _with({"type": "object"}, _keywords(minProperties=_hostile, maxProperties=_hostile)),
+    _hostile.map(lambda v: {"enum": [v]}),
+)
+_schema_options = _keywords(
+    whitespace=st.sampled_from(["compact", "flexible"]),
+    max_whitespace=st.sampled_from([0, 2, 10**6, -1]),
+    indent=st.sampled_from([None, 0, 2, 10**6, -1]),
+)
+
+
+@st.composite
+def stress_cases(draw: Any, tokenizers: tuple[str, ...] = ("bytes",)) -> dict[str, Any]:
+    """Deep nesting, huge repeat counts, self-recursive rules, extreme keyword values and layout
+    options: each must compile within the limits or raise a typed error."""
+    front = draw(st.sampled_from(["regex", "gbnf", "lark", "schema"]))
+    source = {"regex": _stress_regex, "gbnf": _stress_gbnf, "lark": _stress_lark, "schema": _stress_schema}[
+        front
+    ]
+    return {
+        "kind": "stress",
+        "front": front,
+        "source": draw(source),
+        "options": draw(_schema_options) if front == "schema" else {},
+        "tokenizer": draw(st.sampled_from(tokenizers)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+CASE_STRATEGIES["stress"] = stress_cases

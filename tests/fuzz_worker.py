@@ -10,7 +10,10 @@ A *case* is a JSON object (so it can cross a pipe and be saved as a reproducer):
   is invalid JSON or invalid for ``jsonschema``; valid instances the documented policies do not
   exclude (no objects, canonical numbers) are accepted;
 * ``{"kind": "grammar", "syntax", "text", "tokenizer", "seed"}``: the text compiles or raises a
-  typed error; if it compiles, the native matcher agrees with the reference recognizer.
+  typed error; if it compiles, the native matcher agrees with the reference recognizer;
+* ``{"kind": "stress", "front", "source", "options", "tokenizer", "seed"}``: a regex, GBNF, Lark
+  or schema past the usual sizes (deep nesting, huge repeats, extreme keyword values): compiled
+  within the limits or a typed error, then generated strings decoded (no reference at that size).
 
 Every case also checks mask exactness on ``tokenizer`` along one accepted string (the mask equals
 what ``accept_token`` accepts, the oracle of ``test_grammar_core_support``). Verdict ``status``:
@@ -23,13 +26,16 @@ what ``accept_token`` accepts, the oracle of ``test_grammar_core_support``). Ver
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 # The compiler limits every case runs under: small enough that a runaway case stops in seconds.
@@ -39,6 +45,8 @@ MASK_POSITIONS = 4  # mask-exactness checks per case, spread over one accepted s
 MAX_CANDIDATE_BYTES = 200  # generated strings are cut here (a cut may split a character: still a case)
 MAX_REGEX_REFERENCE_CHARS = 16  # longer non-members are not checked against re (backtracking)
 MAX_REFERENCE_BYTES = 60  # the reference recognizer is a Python Earley parser, cubic at worst
+GENERATE_SECONDS = 2.0  # time budget of the IR string generator per case
+MAX_REFERENCE_SIZE = 5_000  # IR nodes with counted repeats unrolled, past which the reference is not used
 
 _MUTATION_BYTES = [b"a", b"0", b" ", b'"', b"{", b"}", b"[", b"]", b",", b":", b"\\", b"\n", b"\x00"]
 _MUTATION_BYTES += [b"\x7f", b"\xc3", b"\xa9", b"\xe4\xb8\xad", b"\xff", b"\xf0\x9f\x98\x80"]
@@ -147,9 +155,16 @@ class _Checker:
         return ids
 
     def generated(self, grammar: Any, rng: random.Random, n: int) -> list[bytes]:
+        """Up to ``n`` strings of the grammar's IR. The generator is a test helper, not the subject:
+        it writes every copy of a counted repeat and recurses per nesting level, so it gets
+        GENERATE_SECONDS and Python's recursion limit, and yields nothing past them."""
         from agent_infer.testing import random_strings
 
-        texts = random_strings(grammar, n, rng.randrange(1 << 30), max_repeat=3, max_depth=4)
+        try:
+            with _budget(GENERATE_SECONDS):
+                texts = random_strings(grammar, n, rng.randrange(1 << 30), max_repeat=3, max_depth=4)
+        except (_OutOfBudget, RecursionError):
+            return []
         return [t.encode("utf-8", "surrogatepass")[:MAX_CANDIDATE_BYTES] for t in texts]
 
     # --- the three kinds -------------------------------------------------------------------------
@@ -160,6 +175,8 @@ class _Checker:
         kind = case["kind"]
         if kind == "probe":
             return _probe(case["action"])
+        if kind == "stress":
+            return self._run_stress(case, rng)
         if kind == "regex":
             grammar = self.Grammar.from_regex(case["pattern"])
             regex = re.compile(case["pattern"])
@@ -183,9 +200,13 @@ class _Checker:
             grammar = self.Grammar.from_ebnf(case["text"], syntax=case["syntax"])
             from agent_infer.grammar.reference import ReferenceRecognizer
 
-            recognizer = ReferenceRecognizer(grammar)
+            # The reference unrolls counted repeats into productions: past a size it is skipped.
+            small = _expanded_size(grammar) <= MAX_REFERENCE_SIZE
+            recognizer = ReferenceRecognizer(grammar) if small else None
 
             def reference(data: bytes) -> bool | None:
+                if recognizer is None:
+                    return None
                 try:
                     return bool(recognizer.accepts(data.decode("utf-8")))
                 except UnicodeDecodeError:
@@ -238,6 +259,49 @@ class _Checker:
                 accepted.append(data.decode("utf-8"))
         return self._mask_check(case, grammar, accepted, rng)
 
+    def _run_stress(self, case: dict[str, Any], rng: random.Random) -> str | None:
+        """Robustness only (no reference at these sizes): build, compile, then decode generated
+        strings the matcher accepts, checking masks along one of them."""
+        front, source = case["front"], case["source"]
+        if front == "regex":
+            grammar = self.Grammar.from_regex(source)
+        elif front == "schema":
+            grammar = self.Grammar.from_json_schema(source, **case["options"])
+        else:
+            grammar = self.Grammar.from_ebnf(source, syntax=front)
+        compiled = self.compile(grammar, "bytes")
+        problem = self.random_walk(compiled, rng)
+        if problem:
+            return problem
+        accepted = [
+            d.decode("utf-8") for d in self.generated(grammar, rng, 2) if self.byte_accepts(compiled, d)
+        ]
+        return self._mask_check(case, grammar, accepted, rng)
+
+    def random_walk(self, compiled: Any, rng: random.Random, steps: int = 64) -> str | None:
+        """Decode random bytes the mask allows over the bytes-only vocabulary; at a few steps the mask
+        must equal what accept_token accepts, and every allowed byte must be accepted."""
+        m = self.GrammarMatcher(compiled)
+        picks = set(rng.sample(range(steps), MASK_POSITIONS))
+        taken = bytearray()
+        for step in range(steps):
+            bits = self.support.mask_bits(m, 257)
+            if step in picks:
+                try:
+                    self.support.assert_bits_match_acceptance(m, bits, step)
+                except AssertionError as exc:
+                    return f"mask differs from accept_token after bytes {bytes(taken)!r}: {exc}"
+            allowed = [int(t) for t in bits.nonzero()[0]]
+            if not allowed:
+                return None if m.is_terminated() else f"empty mask after bytes {bytes(taken)!r}"
+            token = rng.choice(allowed)
+            if not m.accept_token(token):
+                return f"mask allows token {token} after bytes {bytes(taken)!r}; accept_token rejects it"
+            if token == 256:
+                return None
+            taken.append(token)
+        return None
+
     def _mask_check(
         self, case: dict[str, Any], grammar: Any, accepted: list[str], rng: random.Random
     ) -> str | None:
@@ -262,6 +326,46 @@ def _probe(action: str) -> None:
         raise KeyError("probe")
     if action == "sleep":
         time.sleep(3600)
+
+
+def _expanded_size(grammar: Any) -> int:
+    """IR nodes with counted repeats unrolled (each rule once), saturating past MAX_REFERENCE_SIZE.
+    Iterative: the grammars here may nest deeper than Python's recursion limit."""
+    from agent_infer.grammar.ir import Alt, Repeat, Seq
+
+    cap = MAX_REFERENCE_SIZE + 1
+    total = 0
+    # (expr, copies): a node counts once per unrolled copy of the repeats above it.
+    stack = [(expr, 1) for _, expr in grammar.rules]
+    while stack and total < cap:
+        expr, copies = stack.pop()
+        total += copies
+        if isinstance(expr, (Seq, Alt)):
+            stack.extend((e, copies) for e in expr.items)
+        elif isinstance(expr, Repeat):
+            count = max(expr.min, expr.max if expr.max is not None else expr.min + 1, 1)
+            stack.append((expr.item, min(copies * count, cap)))
+    return total
+
+
+class _OutOfBudget(Exception):
+    """A pure-Python helper ran past its time budget (SIGALRM)."""
+
+
+@contextlib.contextmanager
+def _budget(seconds: float) -> Iterator[None]:
+    """Raise _OutOfBudget in this (main) thread once ``seconds`` pass inside the block."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _OutOfBudget
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class _Slow(Exception):
@@ -303,10 +407,10 @@ def verdict(checker: _Checker, case: dict[str, Any]) -> dict[str, Any]:
             "status": "blowup",
             "detail": "MemoryError (address-space limit)\n" + traceback.format_exc(),
         }
-    except RecursionError:
-        result = {"status": "untyped", "detail": traceback.format_exc()[-3000:]}
-    except Exception:
-        result = {"status": "untyped", "detail": traceback.format_exc()[-3000:]}
+    except Exception as exc:
+        # The exception first: a RecursionError's traceback is thousands of identical frames.
+        head = f"{type(exc).__name__}: {str(exc)[:300]}"
+        result = {"status": "untyped", "detail": f"{head}\n{traceback.format_exc()[-2500:]}"}
     result["seconds"] = round(time.monotonic() - start, 3)
     return result
 

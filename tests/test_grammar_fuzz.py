@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fuzz_cases import grammar_cases, regex_cases, schema_cases
+from fuzz_cases import grammar_cases, regex_cases, schema_cases, stress_cases
 from fuzz_harness import GuardedWorker, assert_case
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.fuzz
@@ -27,13 +27,14 @@ _SUPPRESS.append(HealthCheck.function_scoped_fixture)
 _ALL_TOKENIZERS = ("bytes", "smollm2", "deepseek")
 
 
-def _profile(default: int, *, fixed: bool = True) -> settings:
+def _profile(default: int, *, fixed: bool = True, shrink: bool = True) -> settings:
     """``AGENT_INFER_FUZZ_EXAMPLES`` (else ``default``) examples per test. ``fixed``: the same draws
     every run, so CI is stable and a sanitized run meets the cases a normal run passed; the long
     profile draws afresh. No deadline: the worker's per-case timeout is the time bound."""
     raw = os.environ.get("AGENT_INFER_FUZZ_EXAMPLES", "").strip()
     return settings(
         max_examples=int(raw) if raw else default,
+        phases=list(Phase) if shrink else [Phase.explicit, Phase.generate],
         deadline=None,
         suppress_health_check=_SUPPRESS,
         derandomize=fixed,
@@ -44,6 +45,8 @@ def _profile(default: int, *, fixed: bool = True) -> settings:
 DEFAULT = _profile(800)
 MASKS = _profile(120)
 LONG = _profile(3_000, fixed=False)  # only under -m slow
+# Stress cases that fail tend to hang or blow up: each shrink step could cost a full timeout.
+STRESS = _profile(40, shrink=False)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +127,18 @@ def test_fuzz_grammar_masks_exact_real_tokenizers(token_worker: GuardedWorker, c
     event(assert_case(token_worker, case))
 
 
+@STRESS
+@given(case=stress_cases())
+def test_fuzz_stress_limits(worker: GuardedWorker, case: dict[str, Any]) -> None:
+    event(assert_case(worker, case))
+
+
 @pytest.mark.slow
 @LONG
-@given(case=st.one_of(*(cases(_ALL_TOKENIZERS) for cases in (regex_cases, schema_cases, grammar_cases))))
+@given(
+    case=st.one_of(
+        *(cases(_ALL_TOKENIZERS) for cases in (regex_cases, schema_cases, grammar_cases, stress_cases))
+    )
+)
 def test_fuzz_long(token_worker: GuardedWorker, case: dict[str, Any]) -> None:
     event(assert_case(token_worker, case))
