@@ -232,9 +232,8 @@ class _Checker:
         return self._mask_check(case, grammar, accepted, rng)
 
     def _run_schema(self, case: dict[str, Any], grammar: Any, rng: random.Random) -> str | None:
-        import jsonschema
 
-        validator = jsonschema.Draft202012Validator(case["schema"])
+        validator = _ecma_validator()(case["schema"])
         compiled = self.compile(grammar, "bytes")
         canonical = [
             json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in case["instances"]
@@ -346,6 +345,19 @@ def _expanded_size(grammar: Any) -> int:
             count = max(expr.min, expr.max if expr.max is not None else expr.min + 1, 1)
             stack.append((expr.item, min(copies * count, cap)))
     return total
+
+
+def _ecma_validator() -> Any:
+    """Draft 2020-12 with ECMA-262 ``pattern`` anchoring, as the compiler implements: ``$`` is the end
+    of the string (Python's ``$`` also matches before a final newline). The generated patterns have
+    no escaped ``$`` and none inside classes, so a plain replacement is exact for them."""
+    import jsonschema
+
+    def pattern(validator: Any, regex: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not re.search(regex.replace("$", r"\Z"), instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
+
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": pattern})
 
 
 class _OutOfBudget(Exception):

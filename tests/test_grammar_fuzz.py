@@ -1,9 +1,12 @@
-"""Fuzzing the grammar stack: regexes, JSON Schemas and mutated grammar texts, in a guarded worker.
+"""Fuzzing the grammar stack: regexes, JSON Schemas, mutated grammar texts and stress cases (deep
+nesting, huge repeats, extreme keyword values), each run in a guarded worker.
 
 Properties (see ``fuzz_worker``): no crash, hang or memory blow-up; only ``AgentInferError``
 escapes; the matcher accepts exactly what ``re``/``jsonschema``/the reference recognizer accept;
 masks over the real SmolLM2 and DeepSeek-V4 vocabularies equal what ``accept_token`` accepts.
-A failure prints the case and how to re-run it. ``AGENT_INFER_FUZZ_EXAMPLES`` sets the examples per
+A failure prints the case and how to re-run it. Failing cases shrink (Hypothesis stops shrinking
+after 5 minutes), except in the stress test, where each smaller hanging case would cost another
+full timeout. ``AGENT_INFER_FUZZ_EXAMPLES`` sets the examples per
 test (``-m slow`` runs the long profile); ``benchmarks/fuzz_campaign.py`` runs the same cases for N
 minutes.
 """
