@@ -70,10 +70,13 @@ _SCALAR_VALUES = st.one_of(
     st.sampled_from([0.5, -1.25, 3.75, 1e-3]),
     st.text(alphabet="abé 1", max_size=4),
 )
+# Empty containers are leaves: Hypothesis checks that `extend` uses its argument by extending
+# nothing(), so every extended branch needs at least one inner draw.
 json_values: st.SearchStrategy[Any] = st.recursive(
-    _SCALAR_VALUES,
+    _SCALAR_VALUES | st.just([]) | st.just({}),
     lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(_NAMES), inner, max_size=3)
+        st.lists(inner, min_size=1, max_size=3),
+        st.dictionaries(st.sampled_from(_NAMES), inner, min_size=1, max_size=3),
     ),
     max_leaves=6,
 )
@@ -107,11 +110,17 @@ _leaf_schemas = st.one_of(
     st.sampled_from([{"type": "boolean"}, {"type": "null"}, {}, True, {"type": ["integer", "string"]}]),
     st.lists(_SCALAR_VALUES, min_size=1, max_size=3, unique_by=repr).map(lambda v: {"enum": v}),
     _SCALAR_VALUES.map(lambda v: {"const": v}),
+    # Containers without subschemas (the compound ones below always have one).
+    _with({"type": "array"}, _keywords(minItems=_small, maxItems=_small, uniqueItems=st.booleans())),
+    _with(
+        {"type": "object"},
+        _keywords(minProperties=_small, maxProperties=_small, additionalProperties=st.booleans()),
+    ),
 )
 
 
 def _compound(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    props = st.dictionaries(st.sampled_from(_NAMES), inner, max_size=3)
+    props = st.dictionaries(st.sampled_from(_NAMES), inner, min_size=1, max_size=3)
     obj = st.builds(
         lambda p, req, extra: {
             "type": "object",
@@ -127,8 +136,11 @@ def _compound(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
             maxProperties=_small,
         ),
     )
-    arr = _with(
-        {"type": "array"}, _keywords(items=inner, minItems=_small, maxItems=_small, uniqueItems=st.booleans())
+    arr = inner.flatmap(
+        lambda item: _with(
+            {"type": "array", "items": item},
+            _keywords(minItems=_small, maxItems=_small, uniqueItems=st.booleans()),
+        )
     )
     logic = st.one_of(
         st.lists(inner, min_size=1, max_size=3).map(lambda s: {"anyOf": s}),
