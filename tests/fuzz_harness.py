@@ -1,6 +1,6 @@
 """The guarded side of the grammar fuzz suite: a worker process per session that runs cases.
 
-The worker (:mod:`fuzz_worker`) runs under an address-space limit and answers each case within a
+The worker (:mod:`fuzz_worker`, with its oracles in :mod:`fuzz_oracles`) runs under an address-space limit and answers each case within a
 timeout, so a segfault, an abort (a sanitizer report included), a hang or a memory blow-up costs one
 worker restart and is reported with its reproducer, not a dead pytest. Shared by
 ``tests/test_grammar_fuzz.py`` and ``benchmarks/fuzz_campaign.py``.

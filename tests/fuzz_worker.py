@@ -26,17 +26,26 @@ what ``accept_token`` accepts, the oracle of ``test_grammar_core_support``). Ver
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import re
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from typing import Any
+
+from fuzz_oracles import (
+    MAX_REFERENCE_SIZE,
+    DuplicateKey,
+    OutOfBudget,
+    budget,
+    ecma_validator,
+    expanded_size,
+    mutations,
+    no_duplicates,
+    policy_free,
+)
 
 # The compiler limits every case runs under: small enough that a runaway case stops in seconds.
 MAX_COMPILE_SECONDS = 5.0
@@ -46,31 +55,6 @@ MAX_CANDIDATE_BYTES = 200  # generated strings are cut here (a cut may split a c
 MAX_REGEX_REFERENCE_CHARS = 16  # longer non-members are not checked against re (backtracking)
 MAX_REFERENCE_BYTES = 60  # the reference recognizer is a Python Earley parser, cubic at worst
 GENERATE_SECONDS = 2.0  # time budget of the IR string generator per case
-MAX_REFERENCE_SIZE = 5_000  # IR nodes with counted repeats unrolled, past which the reference is not used
-
-_MUTATION_BYTES = [b"a", b"0", b" ", b'"', b"{", b"}", b"[", b"]", b",", b":", b"\\", b"\n", b"\x00"]
-_MUTATION_BYTES += [b"\x7f", b"\xc3", b"\xa9", b"\xe4\xb8\xad", b"\xff", b"\xf0\x9f\x98\x80"]
-
-
-def mutations(data: bytes, rng: random.Random, n: int) -> list[bytes]:
-    """``n`` byte-level mutants of ``data``: a byte replaced, deleted, inserted or a slice doubled."""
-    out = []
-    for _ in range(n):
-        b = bytearray(data)
-        op = rng.randrange(4)
-        i = rng.randrange(len(b) + 1)
-        if op == 0 and b:
-            i = min(i, len(b) - 1)
-            b[i : i + 1] = rng.choice(_MUTATION_BYTES)
-        elif op == 1 and b:
-            del b[min(i, len(b) - 1)]
-        elif op == 2:
-            b[i:i] = rng.choice(_MUTATION_BYTES)
-        else:
-            j = rng.randrange(i, len(b) + 1)
-            b[i:i] = b[i:j] or rng.choice(_MUTATION_BYTES)
-        out.append(bytes(b))
-    return out
 
 
 class _Checker:
@@ -161,9 +145,9 @@ class _Checker:
         from agent_infer.testing import random_strings
 
         try:
-            with _budget(GENERATE_SECONDS):
+            with budget(GENERATE_SECONDS):
                 texts = random_strings(grammar, n, rng.randrange(1 << 30), max_repeat=3, max_depth=4)
-        except (_OutOfBudget, RecursionError):
+        except (OutOfBudget, RecursionError):
             return []
         return [t.encode("utf-8", "surrogatepass")[:MAX_CANDIDATE_BYTES] for t in texts]
 
@@ -201,7 +185,7 @@ class _Checker:
             from agent_infer.grammar.reference import ReferenceRecognizer
 
             # The reference unrolls counted repeats into productions: past a size it is skipped.
-            small = _expanded_size(grammar) <= MAX_REFERENCE_SIZE
+            small = expanded_size(grammar) <= MAX_REFERENCE_SIZE
             recognizer = ReferenceRecognizer(grammar) if small else None
 
             def reference(data: bytes) -> bool | None:
@@ -233,7 +217,7 @@ class _Checker:
 
     def _run_schema(self, case: dict[str, Any], grammar: Any, rng: random.Random) -> str | None:
 
-        validator = _ecma_validator()(case["schema"])
+        validator = ecma_validator()(case["schema"])
         compiled = self.compile(grammar, "bytes")
         canonical = [
             json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in case["instances"]
@@ -244,15 +228,15 @@ class _Checker:
         for k, data in enumerate(pool):
             got = self.byte_accepts(compiled, data)
             try:
-                value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+                value = json.loads(data.decode("utf-8"), object_pairs_hook=no_duplicates)
                 valid = validator.is_valid(value)
             except (UnicodeDecodeError, ValueError):
                 value, valid = None, False
-            except _DuplicateKey:
+            except DuplicateKey:
                 continue  # documented: additional members may repeat a key; validators see the last
             if got and not valid:
                 return f"matcher accepts {data!r}, which is not valid for the schema"
-            if valid and not got and k < len(canonical) and _policy_free(value):
+            if valid and not got and k < len(canonical) and policy_free(value):
                 return f"matcher rejects {data!r}, which is valid (canonical, no objects)"
             if got:
                 accepted.append(data.decode("utf-8"))
@@ -327,81 +311,8 @@ def _probe(action: str) -> None:
         time.sleep(3600)
 
 
-def _expanded_size(grammar: Any) -> int:
-    """IR nodes with counted repeats unrolled (each rule once), saturating past MAX_REFERENCE_SIZE.
-    Iterative: the grammars here may nest deeper than Python's recursion limit."""
-    from agent_infer.grammar.ir import Alt, Repeat, Seq
-
-    cap = MAX_REFERENCE_SIZE + 1
-    total = 0
-    # (expr, copies): a node counts once per unrolled copy of the repeats above it.
-    stack = [(expr, 1) for _, expr in grammar.rules]
-    while stack and total < cap:
-        expr, copies = stack.pop()
-        total += copies
-        if isinstance(expr, (Seq, Alt)):
-            stack.extend((e, copies) for e in expr.items)
-        elif isinstance(expr, Repeat):
-            count = max(expr.min, expr.max if expr.max is not None else expr.min + 1, 1)
-            stack.append((expr.item, min(copies * count, cap)))
-    return total
-
-
-def _ecma_validator() -> Any:
-    """Draft 2020-12 with ECMA-262 ``pattern`` anchoring, as the compiler implements: ``$`` is the end
-    of the string (Python's ``$`` also matches before a final newline). The generated patterns have
-    no escaped ``$`` and none inside classes, so a plain replacement is exact for them."""
-    import jsonschema
-
-    def pattern(validator: Any, regex: str, instance: Any, schema: Any) -> Iterator[Any]:
-        if validator.is_type(instance, "string") and not re.search(regex.replace("$", r"\Z"), instance):
-            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
-
-    return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": pattern})
-
-
-class _OutOfBudget(Exception):
-    """A pure-Python helper ran past its time budget (SIGALRM)."""
-
-
-@contextlib.contextmanager
-def _budget(seconds: float) -> Iterator[None]:
-    """Raise _OutOfBudget in this (main) thread once ``seconds`` pass inside the block."""
-
-    def expire(signum: int, frame: Any) -> None:
-        raise _OutOfBudget
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class _Slow(Exception):
     """A step ran past its documented time limit without raising GrammarLimitError."""
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len({k for k, _ in pairs}) != len(pairs):
-        raise _DuplicateKey
-    return dict(pairs)
-
-
-def _policy_free(value: Any) -> bool:
-    """Whether a valid instance must be accepted: documented false negatives are property order
-    (objects) and integral floats spelled ``1.0``."""
-    if isinstance(value, dict):
-        return False
-    if isinstance(value, list):
-        return all(_policy_free(v) for v in value)
-    return not (isinstance(value, float) and value.is_integer())
 
 
 def verdict(checker: _Checker, case: dict[str, Any]) -> dict[str, Any]:
