@@ -1,11 +1,12 @@
 """The guarded side of the grammar fuzz suite: a worker process per session that runs cases.
 
-The worker (:mod:`fuzz_worker`, with its oracles in :mod:`fuzz_oracles`) runs under an address-space limit and answers each case within a
-timeout, so a segfault, an abort (a sanitizer report included), a hang or a memory blow-up costs one
-worker restart and is reported with its reproducer, not a dead pytest. Shared by
-``tests/test_grammar_fuzz.py`` and ``benchmarks/fuzz_campaign.py``.
+The worker (:mod:`fuzz_worker`, its oracles in :mod:`fuzz_oracles`) runs under an address-space
+limit and answers each case within a timeout, so a segfault, an abort (a sanitizer report
+included), a hang or a memory blow-up costs one worker restart and is reported with its
+reproducer, not a dead pytest. Shared by ``tests/test_grammar_fuzz.py`` and
+``benchmarks/fuzz_campaign.py``.
 
-Knobs (test-side only, read here): ``AGENT_INFER_FUZZ_EXAMPLES`` (examples per fuzz test),
+Knobs (test-side only): ``AGENT_INFER_FUZZ_EXAMPLES`` (examples per fuzz test, read by the test),
 ``AGENT_INFER_FUZZ_TIMEOUT`` (seconds per case, default 30), ``AGENT_INFER_FUZZ_MEMORY_MB``
 (worker address-space limit, default 6144; 0 = none, which sanitizer runs need).
 """
