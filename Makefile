@@ -7,7 +7,7 @@ NATIVE_SRC := $(wildcard engine_native/src/*.cpp engine_native/src/*.h engine_na
 # torch's OpenMP threads busy-wait; with 2 cores any other busy thread then starves (see README).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: demo test test-all lint native bench venv clean
+.PHONY: demo test test-all test-asan lint native bench venv clean
 
 venv: $(VENV)/.deps $(VENV)/.native
 
@@ -36,6 +36,36 @@ test: venv
 
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# The native extension built with AddressSanitizer + UndefinedBehaviorSanitizer in its own build dir
+# (the normal build and .venv stay as they are), loaded through AGENT_INFER_NATIVE_LIBRARY, running
+# the native and grammar tests. libasan must come first in the process and libstdc++ must be loaded
+# when it starts (its __cxa_throw interceptor), hence both in LD_PRELOAD. pytest captures with
+# --capture=sys so a sanitizer report reaches the terminal before the abort. A failed allocation
+# returns null (std::bad_alloc / MemoryError, as without ASan) instead of aborting; leaks are not
+# checked (Python and torch keep memory until exit by design).
+ASAN_BUILD := build/asan
+ASAN_TESTS ?= tests/test_grammar_core_matcher.py tests/test_grammar_core_json.py tests/test_bitmask_kernels.py \
+	tests/test_grammar_frontend_gbnf.py tests/test_grammar_frontend_lark.py tests/test_grammar_batch_split.py \
+	tests/test_grammar_completion.py tests/test_grammar_forced_utf8.py tests/test_json_schema_keywords.py \
+	tests/test_grammar_serialize_packed.py tests/test_grammar_scratch.py tests/test_grammar_frontend_regex.py \
+	tests/test_grammar_core_mask_cache.py tests/test_grammar_core_bounded_strings.py tests/test_grammar_fuzz.py
+ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:strict_init_order=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	AGENT_INFER_NATIVE_LIBRARY="$$(ls $(CURDIR)/$(ASAN_BUILD)/_native*.so)" \
+	AGENT_INFER_FUZZ_EXAMPLES=$${AGENT_INFER_FUZZ_EXAMPLES:-150}
+
+$(ASAN_BUILD)/.built: $(VENV)/.deps $(NATIVE_SRC)
+	$(VENV)/bin/cmake -S engine_native -B $(ASAN_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo -DAGENT_INFER_SANITIZE=ON -DPython_EXECUTABLE=$(abspath $(PY))
+	$(VENV)/bin/cmake --build $(ASAN_BUILD)
+	touch $@
+
+test-asan: venv $(ASAN_BUILD)/.built
+	$(ASAN_ENV) $(PY) -c "import sys, pytest; from agent_infer.native import load_native; \
+		print('sanitized extension:', load_native().__file__); sys.exit(pytest.main(sys.argv[1:]))" \
+		-q -p no:cacheprovider --capture=sys $(ASAN_TESTS)
 
 lint: venv
 	$(VENV)/bin/ruff check agent_infer tests benchmarks examples

@@ -147,3 +147,10 @@ def api_key() -> str | None:
 def gc_freeze() -> bool:
     """``AGENT_INFER_GC_FREEZE``: freeze the start-up heap once the server's engine is loaded (default on)."""
     return _flag("AGENT_INFER_GC_FREEZE", True)
+
+
+def native_library() -> Path | None:
+    """``AGENT_INFER_NATIVE_LIBRARY``: a separately built ``_native`` extension file to load instead of
+    the installed one (``make test-asan`` points it at the sanitized build). Unset: the installed one."""
+    value = _get("AGENT_INFER_NATIVE_LIBRARY", "")
+    return Path(value) if value else None
