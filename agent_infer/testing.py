@@ -15,7 +15,12 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.errors import ConfigError, GrammarDefinitionError, NativeExtensionMissingError
+from agent_infer.errors import (
+    ConfigError,
+    GrammarDefinitionError,
+    GrammarLimitError,
+    NativeExtensionMissingError,
+)
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.grammar.reference import ReferenceRecognizer
 
@@ -27,6 +32,11 @@ __all__ = ["assert_accepts", "assert_prefix", "assert_rejects", "random_strings"
 _INF = float("inf")
 # Characters after which a drawn string is only completed: the default of ``max_length``.
 DEFAULT_MAX_LENGTH = 400
+# A grammar whose shortest string is longer than this cannot be drawn from in reasonable time.
+MAX_SHORTEST_STRING = 1_000_000
+# Expansion steps of one draw before every later choice is the simplest: nested repeats of items
+# that draw nothing (``((a?)*)*``) never reach ``max_length`` and would otherwise multiply.
+MAX_DRAW_STEPS = 200_000
 
 
 def to_grammar(grammar: Grammar | str, kind: str = "gbnf") -> Grammar:
@@ -212,9 +222,18 @@ class _Generator:
                     changed = True
         if self.rule_height[self.root] == _INF:
             raise GrammarDefinitionError(f"grammar rooted at {self.root!r} accepts no string")
-        self.memo: dict[Expr, float] = {}
+        shortest = self.rule_length[self.root]
+        if shortest > MAX_SHORTEST_STRING:
+            raise GrammarLimitError(
+                f"the grammar's shortest string has {shortest:.0f} characters; strings are drawn"
+                f" only from grammars whose shortest string has at most {MAX_SHORTEST_STRING}"
+            )
+        self.steps = 0  # expansion steps in the current draw
+        # Keyed by node identity (the rules keep every node alive): hashing a frozen IR node walks
+        # its whole subtree.
+        self.memo: dict[int, float] = {}
         # Alternatives sorted simplest first, so Hypothesis shrinks toward the simplest choice.
-        self.order: dict[Alt, list[Expr]] = {}
+        self.order: dict[int, list[Expr]] = {}
 
     def _length(self, expr: Expr) -> float:
         if isinstance(expr, Empty):
@@ -249,18 +268,21 @@ class _Generator:
         raise TypeError(f"not an IR node: {expr!r}")
 
     def height(self, expr: Expr) -> float:
-        if expr not in self.memo:
-            self.memo[expr] = self._height(expr)
-        return self.memo[expr]
+        found = self.memo.get(id(expr))
+        if found is None:
+            found = self.memo[id(expr)] = self._height(expr)
+        return found
 
     def generate(self, chooser: _Chooser) -> str:
         out: list[str] = []
         self.size = 0
+        self.steps = 0
         self._expand(Ref(self.root), self.height(Ref(self.root)) + self.max_depth, chooser, out)
         return "".join(out)
 
     def _expand(self, expr: Expr, budget: float, chooser: _Chooser, out: list[str]) -> None:
-        if self.size >= self.max_length:
+        self.steps += 1
+        if self.size >= self.max_length or self.steps > MAX_DRAW_STEPS:
             chooser = _FIRST
         if isinstance(expr, Literal):
             out.append(expr.text)
@@ -274,16 +296,19 @@ class _Generator:
             for item in expr.items:
                 self._expand(item, budget, chooser, out)
         elif isinstance(expr, Alt):
-            if expr not in self.order:
-                self.order[expr] = sorted(expr.items, key=lambda e: (self.height(e), self._length(e)))
-            fits = [e for e in self.order[expr] if self.height(e) <= budget]
+            order = self.order.get(id(expr))
+            if order is None:
+                key = lambda e: (self.height(e), self._length(e))  # noqa: E731
+                order = self.order[id(expr)] = sorted(expr.items, key=key)
+            fits = [e for e in order if self.height(e) <= budget]
             self._expand(fits[chooser.integer(0, len(fits) - 1)], budget, chooser, out)
         elif isinstance(expr, Repeat):
             hi = expr.min + self.max_repeat if expr.max is None else min(expr.max, expr.min + self.max_repeat)
             if self.height(expr.item) > budget:
                 hi = expr.min  # only reachable with min == 0: the item cannot fit, so take none
             for _ in range(chooser.integer(expr.min, hi)):
-                self._expand(expr.item, budget, _FIRST if self.size >= self.max_length else chooser, out)
+                done = self.size >= self.max_length or self.steps > MAX_DRAW_STEPS
+                self._expand(expr.item, budget, _FIRST if done else chooser, out)
 
 
 def strings(
@@ -300,7 +325,9 @@ def strings(
     ``max_depth`` levels beyond the shallowest derivation. Once a string has ``max_length``
     characters (default :data:`DEFAULT_MAX_LENGTH`) the rest is its simplest completion, so a
     string exceeds ``max_length`` only by what the grammar needs to close what is open; shorter
-    strings are drawn as without the bound. Draws shrink toward the simplest alternative
+    strings are drawn as without the bound. Likewise after :data:`MAX_DRAW_STEPS` expansion steps
+    (nested repeats of items that may be empty). A grammar whose shortest string is longer than
+    :data:`MAX_SHORTEST_STRING` raises ``GrammarLimitError``. Draws shrink toward the simplest alternative
     (shallowest, then shortest), the fewest repetitions and printable ASCII.
     """
     from hypothesis import strategies as st

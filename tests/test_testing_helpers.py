@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from agent_infer.errors import GrammarDefinitionError
-from agent_infer.grammar.ir import Alt, CharClass, Grammar, Ref, alt, lit, seq
+from agent_infer.grammar.ir import Alt, CharClass, Expr, Grammar, Ref, Repeat, alt, lit, seq
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.testing import assert_accepts, assert_prefix, assert_rejects, random_strings, strings
 
@@ -98,3 +98,26 @@ def test_grammar_kinds() -> None:
     with pytest.raises(ValueError, match="backend"):
         assert_accepts(gbnf_text := 'root ::= "a"\n', "a", backend="fast")
     assert gbnf_text
+
+
+def test_draws_stay_bounded_on_repeats_of_items_that_may_be_empty() -> None:
+    """Nested repeats of optional items never reach max_length; the step bound ends the draw."""
+
+    inner: Expr = Ref("x")
+    for _ in range(20):  # 20 nested stars of an empty rule: ~2.5**20 expansions unbounded
+        inner = Repeat(inner, 0, None)
+    nested = Grammar.from_rules({"root": alt(inner, lit("z")), "x": lit("")})
+    assert set(random_strings(nested, 5)) <= {"", "z"}
+    many = Grammar.from_ebnf("root ::= [ ]*{99999}")
+    assert all(set(t) <= {" "} for t in random_strings(many, 3))
+
+
+def test_a_grammar_whose_shortest_string_is_huge_is_a_limit_error() -> None:
+    from agent_infer.errors import GrammarLimitError
+    from agent_infer.testing import MAX_SHORTEST_STRING, random_strings
+
+    schema = {"type": "string", "minLength": 2**31, "maxLength": 2**31}
+    with pytest.raises(GrammarLimitError, match="shortest string"):
+        random_strings(Grammar.from_json_schema(schema), 1)
+    at_limit = Grammar.from_ebnf(f'root ::= "a"{{{MAX_SHORTEST_STRING}}}')
+    assert random_strings(at_limit, 1) == ["a" * MAX_SHORTEST_STRING]
