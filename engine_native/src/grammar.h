@@ -307,7 +307,9 @@ struct Limits {
     Limits lim;
     lim.max_nfa_states = max_states * 4;
     lim.max_dfa_states = max_states;
-    lim.max_compile_seconds = max_seconds;
+    // No budget (inf) is about three years: the deadlines convert seconds to integer microseconds
+    // and add them to the clock, which inf or ~2^63 ns would overflow.
+    lim.max_compile_seconds = std::min(max_seconds, 1e8);
     lim.max_items_per_set = max_items;
     lim.max_work_per_byte = max_work_byte;
     lim.max_work_per_mask = max_work_mask;
