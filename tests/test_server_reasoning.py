@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from server_harness import LiveServer, openai_client, server_fixture
 
+from agent_infer.cli import main
 from agent_infer.errors import ConfigError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.server import ServerConfig
@@ -84,9 +85,12 @@ def test_think_then_constrains_the_answer_only() -> None:
         assert_rejects(grammar, text)
 
 
-def test_unknown_reasoning_parser_is_a_config_error() -> None:
+def test_unknown_reasoning_parser_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="reasoning_parser"):
         ServerConfig(reasoning_parser="qwen3")
+    with pytest.raises(SystemExit):
+        main(["serve", "--reasoning-parser", "qwen3"])
+    assert "--reasoning-parser" in capsys.readouterr().err
 
 
 # --- over the wire, with the real default model -----------------------------------------------------

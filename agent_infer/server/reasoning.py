@@ -49,10 +49,16 @@ def split_reasoning(text: str) -> ReasoningSplit:
 
 
 class ReasoningStream:
-    """Incremental :func:`split_reasoning`: ``feed`` returns the new (reasoning, content) text."""
+    """Incremental :func:`split_reasoning`: ``feed`` returns the new (reasoning, content) text.
+
+    Each feed searches for ``</think>`` only in the text that arrived since the last search (plus
+    the tag's length, for a tag split across deltas), so a long thinking costs linear time.
+    """
 
     def __init__(self) -> None:
         self._text = ""
+        self._searched = 0  # ``</think>`` does not start before this offset
+        self._end: int | None = None  # where ``</think>`` starts, once seen
         self._reasoning_sent = 0  # characters of the thinking already returned
         self._content_sent = 0  # characters of the answer already returned
 
@@ -63,28 +69,24 @@ class ReasoningStream:
         if not final and THINK_OPEN.startswith(text):
             return "", ""  # may still become the optional opening tag
         start = len(THINK_OPEN) if text.startswith(THINK_OPEN) else 0
-        end = text.find(THINK_CLOSE, start)
-        if end < 0:
+        if self._end is None:
+            found = text.find(THINK_CLOSE, max(start, self._searched))
+            self._searched = max(start, len(text) - len(THINK_CLOSE) + 1)
+            self._end = found if found >= 0 else None
+        if self._end is None:
             stop = len(text) if final else len(text) - _partial_suffix(text, THINK_CLOSE, start)
-            reasoning, content = text[start:stop], ""
+            reasoning_end, content_start = stop, len(text)
         else:
-            reasoning, content = text[start:end], text[end + len(THINK_CLOSE) :]
-        new_reasoning = reasoning[self._reasoning_sent :]
-        new_content = content[self._content_sent :]
-        self._reasoning_sent = max(self._reasoning_sent, len(reasoning))
-        self._content_sent = len(content)
+            reasoning_end, content_start = self._end, self._end + len(THINK_CLOSE)
+        new_reasoning = text[start + self._reasoning_sent : reasoning_end]
+        new_content = text[content_start + self._content_sent :]
+        self._reasoning_sent += len(new_reasoning)
+        self._content_sent += len(new_content)
         return new_reasoning, new_content
 
     def finish(self) -> tuple[str, str]:
         """The output is complete: what was held back in case it began a tag."""
         return self.feed("", final=True)
-
-    @property
-    def content_text(self) -> str:
-        """The answer as far as it was returned (the text tool calls are parsed from)."""
-        start = len(THINK_OPEN) if self._text.startswith(THINK_OPEN) else 0
-        end = self._text.find(THINK_CLOSE, start)
-        return "" if end < 0 else self._text[end + len(THINK_CLOSE) :][: self._content_sent]
 
 
 def _partial_suffix(text: str, marker: str, start: int) -> int:
