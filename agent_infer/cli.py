@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--tool-format", default=None, help="tool-call format (default: from the chat template)"
     )
+    serve.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=["deepseek_r1"],
+        help="split <think>...</think> into reasoning_content; constraints apply to the answer (default: off)",
+    )
     serve.add_argument("--max-num-seqs", type=int, default=64, help="requests batched together")
     serve.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 1024 * 1024)
     serve.add_argument(
@@ -125,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_tokens_limit=args.max_tokens_limit,
         tool_format=args.tool_format,
+        reasoning_parser=args.reasoning_parser,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"agent-infer serve: warning: listening on {args.host} without an API key", file=sys.stderr)

@@ -193,3 +193,24 @@ def test_call_cut_by_max_tokens_stays_out_of_content(
     for index, call in enumerate(whole_calls):
         assert calls[index]["name"] == call.function.name
         assert calls[index]["arguments"] == call.function.arguments
+
+
+def test_streamed_arguments_are_the_non_streamed_arguments_text(client: Any, server: LiveServer) -> None:
+    # Sampled (seeded) so that the model spaces its JSON its own way: the non-streamed arguments
+    # are its text as written, which is what the streamed deltas concatenate to.
+    kw: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Add 2 and 3."}],
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "add"}},
+        "temperature": 1.0,
+        "seed": 1,
+        "max_tokens": 40,
+    }
+    whole = client.chat.completions.create(model=server.model, **kw).choices[0]
+    (call,) = whole.message.tool_calls
+    _, calls, finishes = _streamed(client, server, **kw)
+    streamed = calls[0]["arguments"]
+    assert streamed != json.dumps(json.loads(streamed)), "the seed should give non-default spacing"
+    assert finishes == [whole.finish_reason] == ["tool_calls"]
+    assert calls[0]["name"] == call.function.name == "add"
+    assert streamed == call.function.arguments

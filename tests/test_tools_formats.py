@@ -227,6 +227,22 @@ def test_stream_equals_parse_on_fragment_soup(fmt: ToolCallFormat) -> None:
         assert collect(fmt, chunks)[:2] == expected(fmt, text), chunks
 
 
+def test_parsed_arguments_text_equals_concatenated_stream_deltas(fmt: ToolCallFormat) -> None:
+    """Whatever spacing the model writes, the whole answer reports the argument text the deltas add up to."""
+    for raw in ['{"a":1,"b":-2}', '{\n  "a" : 1,\n  "b": -2\n}', '{"a": 1.0e0, "b": -2, "s": "\\u00e9"}']:
+        text = fmt.render_assistant_tool_calls([ADD]).replace('{"a": 1, "b": -2}', raw)
+        (call,) = fmt.parse(text).tool_calls
+        assert call.to_openai()["function"]["arguments"] == raw
+        assert call == ToolCall("add", json.loads(raw))
+        for cut in range(len(text) + 1):
+            parser = fmt.stream_parser()
+            events = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
+            streamed = "".join(e.arguments for e in events if isinstance(e, ToolCallDelta))
+            assert streamed == raw, (text, cut)
+        cut_off = fmt.parse_cut_off(text + fmt.render_assistant_tool_calls([ADD])[:-3])
+        assert cut_off.tool_calls[0].to_openai()["function"]["arguments"] == raw
+
+
 def test_stream_names_a_call_before_its_arguments_end(fmt: ToolCallFormat) -> None:
     text = fmt.render_assistant_tool_calls([WEATHER])
     cut = text.index("Paris") + 3  # mid-argument

@@ -22,6 +22,7 @@ from agent_infer.server.params import (
     warning_headers,
 )
 from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
+from agent_infer.server.reasoning import ReasoningStream, split_reasoning, think_then
 from agent_infer.server.responder import Responder
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
@@ -40,6 +41,7 @@ class ChatPlan:
     warnings: tuple[str, ...]
     tool_format: ToolCallFormat | None  # set when the output may contain tool calls
     top_logprobs: int | None
+    reasoning: bool = False  # split ``<think>...</think>`` into ``reasoning_content``
 
 
 def _cut_in_call(fmt: ToolCallFormat, text: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -161,6 +163,13 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         structured = StructuredOutput.grammar(_tool_grammar(fmt, tools, req))
         where = "tools"
         out_format = fmt if calls_possible else None
+    reasoning = state.config.reasoning_parser is not None
+    if reasoning and structured is not None:
+        # The constraint is on the answer: the thinking before it stays free.
+        try:
+            structured = StructuredOutput.grammar(think_then(structured.to_grammar()))
+        except GrammarError as exc:
+            raise constraint_error(exc, where or "response_format") from exc
     return ChatPlan(
         messages=messages,
         structured=structured,
@@ -168,6 +177,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         warnings=constraint.warnings,
         tool_format=out_format,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        reasoning=reasoning,
     )
 
 
@@ -205,6 +215,7 @@ class _ChatResponder(Responder):
         super().__init__(state, request_id)
         self._plan = plan
         self._parser = plan.tool_format.stream_parser() if plan.tool_format is not None else None
+        self._reasoning = ReasoningStream() if plan.reasoning else None
         self._saw_calls = False
 
     def fork(self) -> _ChatResponder:
@@ -218,16 +229,22 @@ class _ChatResponder(Responder):
     def choice(self, output: RequestOutput) -> dict[str, Any]:
         """The assistant message; "tool_calls" as the finish reason when it called tools."""
         completion = output.outputs[0]
-        message: dict[str, Any] = {"role": "assistant", "content": completion.text, "refusal": None}
+        text: str | None = completion.text
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self._plan.reasoning:
+            split = split_reasoning(completion.text)
+            text = message["content"] = split.content
+            message["reasoning_content"] = split.reasoning
+        text = text or ""
         finish = completion.finish_reason
         fmt = self._plan.tool_format
-        cut = _cut_in_call(fmt, completion.text) if fmt is not None and finish == "length" else None
+        cut = _cut_in_call(fmt, text) if fmt is not None and finish == "length" else None
         if cut is not None:
             message["content"] = cut[0] or None
             if cut[1]:
                 message["tool_calls"] = cut[1]
         elif fmt is not None:
-            parsed = fmt.parse(completion.text)
+            parsed = fmt.parse(text)
             if parsed.tool_calls:
                 message["content"] = parsed.content or None
                 message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
@@ -243,17 +260,25 @@ class _ChatResponder(Responder):
         return [{"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
     def increment(self, step: Increment, output: RequestOutput) -> list[dict[str, Any]]:
-        """Text and tool-call deltas; the step's logprobs ride on the first."""
+        """Reasoning, text and tool-call deltas; the step's logprobs ride on the first."""
         deltas: list[dict[str, Any]] = []
+        text = step.text
+        if self._reasoning is not None:
+            thinking, text = self._reasoning.feed(step.text)
+            if output.finished:
+                more_thinking, more_text = self._reasoning.finish()
+                thinking, text = thinking + more_thinking, text + more_text
+            if thinking:
+                deltas.append({"reasoning_content": thinking})
         if self._parser is not None:
-            events = self._parser.feed(step.text) if step.text else []
+            events = self._parser.feed(text) if text else []
             # A call cut by max_tokens stays as far as it was streamed: the final flush would
             # re-read the half call as text and send it again as content.
             fmt = self._plan.tool_format
             if output.finished and not (
                 output.finish_reason == "length"
                 and fmt is not None
-                and _cut_in_call(fmt, output.text) is not None
+                and _cut_in_call(fmt, self._answer(output.text)) is not None
             ):
                 events += self._parser.finish()
             for event in events:
@@ -262,8 +287,8 @@ class _ChatResponder(Responder):
                 else:
                     self._saw_calls = True
                     deltas.append({"tool_calls": [event.to_openai()]})
-        elif step.text:
-            deltas.append({"content": step.text})
+        elif text:
+            deltas.append({"content": text})
         logprobs = None
         if self._plan.top_logprobs is not None and step.token_ids:
             logprobs = self._logprobs(step.token_ids, step.logprobs)
@@ -273,6 +298,10 @@ class _ChatResponder(Responder):
             {"delta": delta, "logprobs": logprobs if i == 0 else None, "finish_reason": None}
             for i, delta in enumerate(deltas)
         ]
+
+    def _answer(self, text: str) -> str:
+        """The part of the output tool calls are read from: after the thinking, when it is split off."""
+        return (split_reasoning(text).content or "") if self._plan.reasoning else text
 
     def finish(self, reason: str | None) -> dict[str, Any]:
         """An empty delta; "tool_calls" when the model called tools and stopped."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_infer.errors import ConfigError
+from agent_infer.server.reasoning import check_reasoning_parser
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,9 @@ class ServerConfig:
     ``model`` field of requests (None: the model file's name). ``max_body_bytes`` bounds a request
     body (413 beyond it); ``max_tokens_limit`` bounds ``max_tokens`` and is the default when a
     request gives none. ``tool_format`` names a tool-call format (None: detected from the chat
-    template).
+    template). ``reasoning_parser`` (``"deepseek_r1"``; None: off) splits the model's
+    ``<think>...</think>`` thinking into ``reasoning_content`` and constrains only the answer
+    (``agent_infer.server.reasoning``).
     """
 
     host: str = "127.0.0.1"
@@ -26,6 +29,7 @@ class ServerConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     max_tokens_limit: int = 4096
     tool_format: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens_limit"):
@@ -34,5 +38,6 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be an integer in [0, 65535], got {self.port!r}")
+        check_reasoning_parser(self.reasoning_parser)
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be a non-empty string or None")

@@ -23,7 +23,7 @@ from agent_infer.server.chat import _ChatResponder, plan_chat
 from agent_infer.server.errors import ApiError, validation_error
 from agent_infer.server.params import build_sampling, resolve_max_tokens, warning_headers
 from agent_infer.server.protocol import ChatCompletionRequest, Count, _Strict
-from agent_infer.server.responses_stream import call_item, message_item, response_events
+from agent_infer.server.responses_stream import call_item, message_item, reasoning_item, response_events
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import EngineStreamingResponse
 
@@ -63,17 +63,18 @@ class NamedTool(_Strict):
 
 
 class ContentItem(_Strict):
-    """A text content part of an input message."""
+    """A text content part of an input message (``reasoning_text``: of an echoed reasoning item)."""
 
-    type: Literal["input_text", "output_text"]
+    type: Literal["input_text", "output_text", "reasoning_text"]
     text: str
     annotations: list[Any] | None = None
 
 
 class InputItem(_Strict):
-    """An input item: a message (``type`` may be left out), a function call or a call's output."""
+    """An input item: a message (``type`` may be left out), a function call, a call's output, or a
+    reasoning item echoed back from an earlier response."""
 
-    type: Literal["message", "function_call", "function_call_output"] | None = None
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] | None = None
     id: str | None = None
     status: str | None = None
     role: Literal["system", "developer", "user", "assistant"] | None = None
@@ -82,6 +83,8 @@ class InputItem(_Strict):
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+    summary: list[Any] | None = None
+    encrypted_content: str | None = None
 
 
 class ResponsesRequest(_Strict):
@@ -119,6 +122,8 @@ def _messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         kind = item.type or "message"
+        if kind == "reasoning":
+            continue  # earlier turns' thinking stays out of the prompt, as in chat's reasoning_content
         if kind == "message":
             if item.role is None:
                 raise ApiError(400, "a message item needs a role", param=f"input.{i}.role")
@@ -298,7 +303,9 @@ class _Run:
 
 
 def _items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
-    items = [message_item(message["content"])] if message.get("content") else []
+    items = [reasoning_item(message["reasoning_content"])] if message.get("reasoning_content") else []
+    if message.get("content"):
+        items.append(message_item(message["content"]))
     for call in message.get("tool_calls") or []:
         items.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
     return items

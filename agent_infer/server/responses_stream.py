@@ -26,6 +26,17 @@ def message_item(text: str) -> dict[str, Any]:
     }
 
 
+def reasoning_item(text: str) -> dict[str, Any]:
+    """A ``reasoning`` output item holding the model's thinking as ``reasoning_text``."""
+    return {
+        "type": "reasoning",
+        "id": "rs_" + uuid.uuid4().hex,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": "completed",
+    }
+
+
 def call_item(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """A ``function_call`` output item."""
     return {
@@ -51,11 +62,24 @@ async def response_events(run: _Run, first: RequestOutput, stream: Any) -> Async
     items: list[dict[str, Any]] = []
     open_text: dict[str, Any] | None = None
     open_call: dict[str, Any] | None = None
+    open_reasoning: dict[str, Any] | None = None
 
     def close() -> list[bytes]:
-        nonlocal open_text, open_call
+        nonlocal open_text, open_call, open_reasoning
         out: list[bytes] = []
         index = len(items) - 1
+        if open_reasoning is not None:
+            out.append(
+                event(
+                    "response.reasoning_text.done",
+                    item_id=open_reasoning["id"],
+                    output_index=index,
+                    content_index=0,
+                    text=open_reasoning["content"][0]["text"],
+                )
+            )
+            out.append(event("response.output_item.done", output_index=index, item=open_reasoning))
+            open_reasoning = None
         if open_text is not None:
             part = open_text["content"][0]
             out.append(
@@ -101,6 +125,26 @@ async def response_events(run: _Run, first: RequestOutput, stream: Any) -> Async
         while True:
             for choice in run.responder.increment(text.advance(output), output):
                 delta = choice["delta"]
+                if delta.get("reasoning_content"):
+                    if open_reasoning is None:
+                        for chunk in close():
+                            yield chunk
+                        open_reasoning = reasoning_item("")
+                        open_reasoning["status"] = "in_progress"
+                        items.append(open_reasoning)
+                        yield event(
+                            "response.output_item.added",
+                            output_index=len(items) - 1,
+                            item={**open_reasoning, "content": []},
+                        )
+                    open_reasoning["content"][0]["text"] += delta["reasoning_content"]
+                    yield event(
+                        "response.reasoning_text.delta",
+                        item_id=open_reasoning["id"],
+                        output_index=len(items) - 1,
+                        content_index=0,
+                        delta=delta["reasoning_content"],
+                    )
                 if delta.get("content"):
                     if open_text is None:
                         for chunk in close():

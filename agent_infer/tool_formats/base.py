@@ -32,19 +32,24 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call: tool ``name`` and decoded ``arguments``. The ``id`` does not take part in equality."""
+    """One call: tool ``name`` and decoded ``arguments``. ``id`` and ``arguments_text`` do not take part in equality.
+
+    ``arguments_text`` is the arguments' JSON exactly as the model wrote it (set by parsing); the
+    stream parser sends that same text in its deltas, so reporting it keeps a whole answer equal to
+    the concatenated stream whatever spacing the model chose.
+    """
 
     name: str
     arguments: dict[str, Any]
     id: str = field(default_factory=new_call_id, compare=False)
+    arguments_text: str | None = field(default=None, compare=False, repr=False)
 
     def to_openai(self) -> dict[str, Any]:
-        """The OpenAI ``tool_calls`` entry (arguments as JSON text)."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
-        }
+        """The OpenAI ``tool_calls`` entry: arguments as the model's JSON text, or serialized when built in code."""
+        text = self.arguments_text
+        if text is None:
+            text = json.dumps(self.arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": text}}
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,7 @@ class ToolCallFormat(ABC):
     def parse(self, text: str) -> ParsedOutput:
         """The content and tool calls of a complete output."""
         content, calls = assemble(self._scan(text, True))
-        return ParsedOutput(content, [ToolCall(p.name or "", json.loads(p.arguments)) for p in calls])
+        return ParsedOutput(content, [_call_of(p) for p in calls])
 
     def parse_cut_off(self, text: str) -> ParsedOutput:
         """The content and complete calls of an output that was cut off (``max_tokens``).
@@ -198,7 +203,7 @@ class ToolCallFormat(ABC):
         content, calls = assemble([p for p in pieces if not (p.is_call and not p.complete)], True)
         return ParsedOutput(
             content,
-            [ToolCall(p.name or "", json.loads(p.arguments)) for p in calls],
+            [_call_of(p) for p in calls],
             open_calls[0].name or "",
         )
 
@@ -236,6 +241,10 @@ class ToolCallFormat(ABC):
     def _text_or_calls(self, b: GrammarBuilder, calls: Expr) -> Expr:
         """tool_choice "auto": text, optionally followed by calls."""
         return seq(self._plain_text(b), opt(calls))
+
+
+def _call_of(piece: Piece) -> ToolCall:
+    return ToolCall(piece.name or "", json.loads(piece.arguments), arguments_text=piece.arguments)
 
 
 def _join(prompt: str, content: str, role: str) -> str:
