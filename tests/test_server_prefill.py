@@ -15,7 +15,7 @@ from server_harness import LiveServer, server_fixture
 
 from agent_infer.server import ServerConfig
 
-STREAMS = 4
+STREAMS = 16
 server = server_fixture(
     ServerConfig(max_body_bytes=4 * 1024 * 1024), kv_cache_memory_bytes=256 * 1024 * 1024, max_num_seqs=8
 )
