@@ -17,7 +17,7 @@ from agent_infer.server import ServerConfig
 
 STREAMS = 16
 server = server_fixture(
-    ServerConfig(max_body_bytes=4 * 1024 * 1024), kv_cache_memory_bytes=256 * 1024 * 1024, max_num_seqs=8
+    ServerConfig(max_body_bytes=4 * 1024 * 1024), kv_cache_memory_bytes=256 * 1024 * 1024, max_num_seqs=32
 )
 
 
