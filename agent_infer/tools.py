@@ -9,6 +9,7 @@ How tool calls look in a model's output is the job of :mod:`agent_infer.tool_for
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import re
@@ -17,7 +18,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Generic, TypeVar, overload
 
 import pydantic
 
@@ -26,6 +27,7 @@ from agent_infer.errors import InvalidRequestError
 
 __all__ = [
     "AnyJSONWarning",
+    "RunContext",
     "Tool",
     "ToolArgumentsError",
     "ToolDefinitionError",
@@ -62,6 +64,33 @@ class AnyJSONWarning(UserWarning):
 
 
 _ANY_JSON_NOTE = "Any JSON value."
+
+DepsT = TypeVar("DepsT")
+
+
+@dataclass(frozen=True)
+class RunContext(Generic[DepsT]):
+    """What a tool that asks for it receives (pydantic-ai's ``RunContext``): annotate the tool's first
+    parameter with ``RunContext[Deps]`` and it is passed the ``deps=`` of ``Client.run``.
+
+    ``tool_name`` and ``tool_call_id`` name the call being executed, ``turn`` the model call (from 1)
+    that made it. The parameter is not part of the tool's JSON schema: the model never sees it.
+    """
+
+    deps: DepsT
+    tool_name: str = ""
+    tool_call_id: str = ""
+    turn: int = 0
+
+
+def _is_context(annotation: Any) -> bool:
+    return annotation is RunContext or typing.get_origin(annotation) is RunContext
+
+
+def context_deps_type(annotation: Any) -> type | None:
+    """The ``Deps`` of a ``RunContext[Deps]`` annotation when it is a plain class (checkable with isinstance)."""
+    args = typing.get_args(annotation)
+    return args[0] if len(args) == 1 and isinstance(args[0], type) and args[0] is not Any else None
 
 
 # --- schemas ---------------------------------------------------------------------------------------
@@ -187,13 +216,23 @@ def _note_any_json(schema: dict[str, Any]) -> None:
 
 def _signature_model(
     func: Callable[..., Any], name: str, descriptions: Mapping[str, str]
-) -> type[pydantic.BaseModel]:
+) -> tuple[type[pydantic.BaseModel], Any]:
+    """The arguments model of ``func`` and the ``RunContext`` annotation of its first parameter (or None)."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:  # unresolvable forward references: name the function
         raise ToolDefinitionError(f"cannot resolve the type hints of tool {name!r}: {exc}") from exc
     fields: dict[str, Any] = {}
-    for param in inspect.signature(func).parameters.values():
+    context: Any = None
+    for index, param in enumerate(inspect.signature(func).parameters.values()):
+        if _is_context(hints.get(param.name)):
+            if index != 0 or param.kind == param.KEYWORD_ONLY:
+                raise ToolDefinitionError(
+                    f"tool {name!r}: the RunContext parameter {param.name!r} must be the first "
+                    "positional parameter"
+                )
+            context = hints[param.name]
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             star = "*" if param.kind == param.VAR_POSITIONAL else "**"
             raise ToolDefinitionError(
@@ -212,11 +251,12 @@ def _signature_model(
         else:
             fields[param.name] = (annotation, default)
     try:
-        return pydantic.create_model(
+        model = pydantic.create_model(
             f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
         )
     except (pydantic.PydanticSchemaGenerationError, TypeError) as exc:
         raise ToolDefinitionError(f"tool {name!r}: unsupported parameter type: {exc}") from exc
+    return model, context
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
@@ -244,6 +284,8 @@ class Tool:
     is_async: bool = False
     strict: bool = True
     _model: type[pydantic.BaseModel] | None = field(default=None, compare=False, repr=False)
+    #: The ``RunContext[...]`` annotation of the function's first parameter; None when it takes none.
+    context_type: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -267,7 +309,7 @@ class Tool:
             raise ToolDefinitionError(f"a tool must be a callable, got {type(func).__name__}")
         tool_name = str(name or getattr(func, "__name__", ""))
         summary, param_docs = parse_docstring(inspect.getdoc(func))
-        model = _signature_model(func, tool_name, param_docs)
+        model, context_type = _signature_model(func, tool_name, param_docs)
         try:
             raw_schema = model.model_json_schema()
         except pydantic.errors.PydanticUserError as exc:  # e.g. a Callable parameter has no JSON form
@@ -288,6 +330,7 @@ class Tool:
             is_async=_is_async(func),
             strict=strict,
             _model=model,
+            context_type=context_type,
         )
 
     @classmethod
@@ -353,14 +396,26 @@ class Tool:
             ) from exc
         return {key: getattr(validated, key) for key in type(validated).model_fields}
 
-    def invoke(self, arguments: Mapping[str, Any] | str) -> Any:
-        """Validate ``arguments`` and call the function.
+    def _bound(self, context: RunContext[Any] | None) -> Callable[..., Any]:
+        """The function, with ``context`` bound to its ``RunContext`` parameter when it has one.
+
+        A tool that asks for a context and is invoked without one gets ``RunContext(deps=None)``, the
+        same as ``Client.run`` without ``deps=``.
+        """
+        func = self._callable()
+        if self.context_type is None:
+            return func
+        ctx = context if context is not None else RunContext(None, self.name)
+        return functools.partial(func, ctx)
+
+    def invoke(self, arguments: Mapping[str, Any] | str, context: RunContext[Any] | None = None) -> Any:
+        """Validate ``arguments`` and call the function (passed ``context`` if it takes a ``RunContext``).
 
         An async tool runs in a fresh event loop: in this thread, or in a worker thread when this
         thread already runs a loop (a sync client called from async code).
         """
         kwargs = self.validate_arguments(arguments)
-        func = self._callable()
+        func = self._bound(context)
         if self.is_async:
             try:
                 asyncio.get_running_loop()
@@ -373,10 +428,12 @@ class Tool:
                 return pool.submit(asyncio.run, func(**kwargs)).result()
         return func(**kwargs)
 
-    async def ainvoke(self, arguments: Mapping[str, Any] | str) -> Any:
+    async def ainvoke(
+        self, arguments: Mapping[str, Any] | str, context: RunContext[Any] | None = None
+    ) -> Any:
         """Validate and call from async code; a sync function runs in a worker thread so the loop keeps going."""
         kwargs = self.validate_arguments(arguments)
-        func = self._callable()
+        func = self._bound(context)
         if self.is_async:
             return await func(**kwargs)
         return await asyncio.to_thread(func, **kwargs)

@@ -11,5 +11,15 @@ from agent_infer.client.agent import RunResult
 from agent_infer.client.async_client import AsyncClient
 from agent_infer.client.client import Client
 from agent_infer.client.request import Completion, StreamChunk, Usage, UsageLimits
+from agent_infer.tools import RunContext
 
-__all__ = ["AsyncClient", "Client", "Completion", "RunResult", "StreamChunk", "Usage", "UsageLimits"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Completion",
+    "RunContext",
+    "RunResult",
+    "StreamChunk",
+    "Usage",
+    "UsageLimits",
+]

@@ -22,8 +22,21 @@ import pydantic
 
 from agent_infer.client.generation import OutputInvalid, decode
 from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage, UsageLimits
-from agent_infer.errors import IncompleteToolCallError, MaxTurnsExceeded, ToolCallError, UsageLimitExceeded
-from agent_infer.tools import Tool, ToolArgumentsError, ToolDefinitionError, ToolRetry
+from agent_infer.errors import (
+    IncompleteToolCallError,
+    InvalidRequestError,
+    MaxTurnsExceeded,
+    ToolCallError,
+    UsageLimitExceeded,
+)
+from agent_infer.tools import (
+    RunContext,
+    Tool,
+    ToolArgumentsError,
+    ToolDefinitionError,
+    ToolRetry,
+    context_deps_type,
+)
 
 __all__ = [
     "FINAL_TOOL",
@@ -55,12 +68,16 @@ class RunResult:
 
 @dataclass(frozen=True)
 class PendingCall:
-    """One tool call the model made (``tool`` is None when it named no known tool)."""
+    """One tool call the model made (``tool`` is None when it named no known tool).
+
+    ``context`` is what the tool receives when its first parameter is a ``RunContext``.
+    """
 
     id: str
     name: str
     arguments: str
     tool: Tool | None
+    context: RunContext[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,7 @@ def execute(call: PendingCall) -> Outcome:
     if call.tool is None:
         return "error", f"Error: there is no tool named {call.name!r}"
     try:
-        return "ok", _render_result(call.tool.invoke(call.arguments))
+        return "ok", _render_result(call.tool.invoke(call.arguments, call.context))
     except Exception as exc:  # a failing tool is reported to the model, not raised
         return _classify(exc)
 
@@ -105,7 +122,7 @@ async def aexecute(call: PendingCall) -> Outcome:
     if call.tool is None:
         return "error", f"Error: there is no tool named {call.name!r}"
     try:
-        return "ok", _render_result(await call.tool.ainvoke(call.arguments))
+        return "ok", _render_result(await call.tool.ainvoke(call.arguments, call.context))
     except Exception as exc:
         return _classify(exc)
 
@@ -125,12 +142,20 @@ def final_tool(constraint: Constraint) -> Tool:
     )
 
 
-def check_tools(tools: Sequence[Tool], constraint: Constraint | None) -> None:
-    """Tools for ``run`` must be callable, and ``final_result`` is reserved when a schema is given."""
+def check_tools(tools: Sequence[Tool], constraint: Constraint | None, deps: Any = None) -> None:
+    """Tools for ``run`` must be callable, ``final_result`` is reserved when a schema is given, and
+    ``deps`` must be an instance of the ``Deps`` class a tool's ``RunContext[Deps]`` names (checked
+    before anything runs, so a wrong dependency fails here and not inside a tool mid-run)."""
     for t in tools:
         if t.function is None:
             raise ToolDefinitionError(
                 f"tool {t.name!r} has no Python function; run() executes tools", field="tools"
+            )
+        wanted = context_deps_type(t.context_type)
+        if wanted is not None and not isinstance(deps, wanted):
+            raise InvalidRequestError(
+                f"tool {t.name!r} takes RunContext[{wanted.__name__}] but deps= is {type(deps).__name__}",
+                field="deps",
             )
         if constraint is not None and t.name == FINAL_TOOL:
             raise ToolDefinitionError(
@@ -173,8 +198,9 @@ def run_flow(
     max_turns: int,
     max_tool_retries: int,
     limits: UsageLimits | None = None,
+    deps: Any = None,
 ) -> Generator[ModelRequest | ToolBatch, Any, RunResult]:
-    """The agent loop; see the module docstring for the protocol."""
+    """The agent loop; see the module docstring for the protocol. Tools taking a ``RunContext`` get ``deps``."""
     limits = limits or UsageLimits()
     tool_calls_run = 0
     by_name = {t.name: t for t in tools}
@@ -205,6 +231,7 @@ def run_flow(
                 c["function"]["name"],
                 c["function"].get("arguments") or "{}",
                 by_name.get(c["function"]["name"]),
+                RunContext(deps, c["function"]["name"], c.get("id") or f"call_{turn}_{i}", turn),
             )
             for i, c in enumerate(calls)
         ]
@@ -277,8 +304,6 @@ def _tool_message(call: PendingCall, content: str) -> Message:
 
 def validate_run_options(max_turns: int, max_tool_retries: int) -> None:
     """Typed errors for nonsense loop bounds."""
-    from agent_infer.errors import InvalidRequestError
-
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise InvalidRequestError(
             f"max_turns must be a positive integer, got {max_turns!r}", field="max_turns"

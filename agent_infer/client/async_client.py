@@ -69,11 +69,21 @@ class AsyncClient(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> Any:
         """See :meth:`Client.generate`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
-            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
+            prompt_or_messages,
+            schema,
+            regex,
+            grammar,
+            choice,
+            max_retries,
+            system,
+            decoding,
+            False,
+            validation_context,
         )
         return await self._drive(flow)
 
@@ -92,11 +102,12 @@ class AsyncClient(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         partials = call.generate_stream_call(
-            prompt_or_messages, schema, regex, grammar, choice, system, decoding
+            prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
         )
         async for item in self._stream(partials):
             yield item
@@ -135,12 +146,22 @@ class AsyncClient(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
-            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding, True
+            prompt_or_messages,
+            schema,
+            regex,
+            grammar,
+            choice,
+            max_retries,
+            system,
+            decoding,
+            True,
+            validation_context,
         )
         result: tuple[Any, Completion] = await self._drive(flow)
         return result
@@ -197,6 +218,7 @@ class AsyncClient(ClientBase):
         max_tokens: int = 512,
         seed: int | None = None,
         usage_limits: UsageLimits | None = None,
+        deps: Any = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
         decoding = Decoding(temperature, max_tokens, seed)
@@ -210,6 +232,7 @@ class AsyncClient(ClientBase):
             max_tool_retries,
             decoding,
             usage_limits,
+            deps,
         )
         return await self._drive(flow)
 

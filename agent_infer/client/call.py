@@ -105,6 +105,7 @@ def generate_call(
     system: str | None,
     decoding: Decoding,
     with_completion: bool = False,
+    validation_context: Any = None,
 ) -> Flow[Any]:
     """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times.
 
@@ -112,9 +113,24 @@ def generate_call(
     """
     check_retries(max_retries)
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+    check_validation_context(constraint, validation_context)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
-    flow = generate_flow(request, max_retries)
+    flow = generate_flow(request, max_retries, validation_context)
     return flow if with_completion else _value_only(flow)
+
+
+def check_validation_context(constraint: Constraint | None, validation_context: Any) -> None:
+    """A validation context needs Pydantic validators to reach: a schema given as a type or model.
+
+    With a dict schema, regex, grammar, choice or free text nothing would ever read it, and a
+    context the caller counts on must not be dropped without a word.
+    """
+    if validation_context is not None and (constraint is None or constraint.model is None):
+        raise InvalidRequestError(
+            "validation_context needs schema= as a Pydantic model or a type: only Pydantic "
+            "validators read it",
+            field="validation_context",
+        )
 
 
 def _value_only(flow: Generator[Any, Any, tuple[Any, Any]]) -> Flow[Any]:
@@ -180,12 +196,13 @@ def run_call(
     max_tool_retries: int,
     decoding: Decoding,
     usage_limits: UsageLimits | None = None,
+    deps: Any = None,
 ) -> Flow[RunResult]:
     """``run``: the agent loop (``tool_choice`` defaults to "required" with a schema, else "auto")."""
     validate_run_options(max_turns, max_tool_retries)
     constraint = Constraint.from_keywords(schema=schema)
     tool_objs = as_tools(tools)
-    check_tools(tool_objs, constraint)
+    check_tools(tool_objs, constraint, deps)
     request = build_request(
         messages,
         decoding,
@@ -203,6 +220,7 @@ def run_call(
         max_turns=max_turns,
         max_tool_retries=max_tool_retries,
         limits=usage_limits,
+        deps=deps,
     )
 
 
@@ -264,8 +282,10 @@ def generate_stream_call(
     choice: Sequence[str] | None,
     system: str | None,
     decoding: Decoding,
+    validation_context: Any = None,
 ) -> StreamCall:
     """``generate_stream``: one constrained streamed call read as partial values."""
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
+    check_validation_context(constraint, validation_context)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
-    return StreamCall(request, PartialStream(constraint))
+    return StreamCall(request, PartialStream(constraint, validation_context))

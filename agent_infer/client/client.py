@@ -169,6 +169,7 @@ class Client(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> Any:
         """Generate under at most one constraint; returns a validated value.
 
@@ -178,11 +179,21 @@ class Client(ClientBase):
         appended, at most ``max_retries`` times, then :class:`ValidationRetryError`.
         ``close_on_length=True`` (local engine, or a server of ours): a constrained output that would
         run out of ``max_tokens`` ends with the grammar's shortest completion instead, so it still
-        parses (content cut short).
+        parses (content cut short). ``validation_context`` is passed to the Pydantic validators
+        (``model_validate(..., context=...)``, read as ``info.context``); it needs a model or type schema.
         """
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
-            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding
+            prompt_or_messages,
+            schema,
+            regex,
+            grammar,
+            choice,
+            max_retries,
+            system,
+            decoding,
+            False,
+            validation_context,
         )
         return self._drive(flow)
 
@@ -201,6 +212,7 @@ class Client(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> Iterator[Any]:
         """Yield partial values as the output grows; the last item is the full validated value.
 
@@ -210,7 +222,9 @@ class Client(ClientBase):
         """
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         yield from self._stream(
-            call.generate_stream_call(prompt_or_messages, schema, regex, grammar, choice, system, decoding)
+            call.generate_stream_call(
+                prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
+            )
         )
 
     def chat(
@@ -251,12 +265,22 @@ class Client(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        validation_context: Any = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.generate_call(
-            prompt_or_messages, schema, regex, grammar, choice, max_retries, system, decoding, True
+            prompt_or_messages,
+            schema,
+            regex,
+            grammar,
+            choice,
+            max_retries,
+            system,
+            decoding,
+            True,
+            validation_context,
         )
         result: tuple[Any, Completion] = self._drive(flow)
         return result
@@ -313,6 +337,7 @@ class Client(ClientBase):
         max_tokens: int = 512,
         seed: int | None = None,
         usage_limits: UsageLimits | None = None,
+        deps: Any = None,
     ) -> RunResult:
         """The agent loop: call the model, execute its tool calls, repeat until a final answer.
 
@@ -322,6 +347,8 @@ class Client(ClientBase):
         model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
         tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
         ``usage_limits`` bounds requests, tokens and tool calls (:class:`UsageLimitExceeded`).
+        A tool whose first parameter is annotated ``RunContext[Deps]`` is passed a
+        :class:`~agent_infer.tools.RunContext` holding ``deps`` (``deps`` must then be a ``Deps``).
         """
         decoding = Decoding(temperature, max_tokens, seed)
         flow = call.run_call(
@@ -334,6 +361,7 @@ class Client(ClientBase):
             max_tool_retries,
             decoding,
             usage_limits,
+            deps,
         )
         return self._drive(flow)
 

@@ -26,8 +26,10 @@ class OutputInvalid(Exception):
     """Internal: one output failed validation; the message is what the model is told."""
 
 
-def decode(constraint: Constraint | None, text: str, finish_reason: str) -> Any:
+def decode(constraint: Constraint | None, text: str, finish_reason: str, context: Any = None) -> Any:
     """The value of one output under ``constraint``: a model instance, parsed JSON, or the text.
+
+    ``context`` is the Pydantic validation context (``info.context`` in validators).
 
     Raises :class:`OutputInvalid` when the output was cut off or does not validate (validators
     beyond the schema locally; anything at all from a remote server that ignored the constraint).
@@ -52,7 +54,7 @@ def decode(constraint: Constraint | None, text: str, finish_reason: str) -> Any:
         raise OutputInvalid(f"the output is not valid JSON: {exc}") from None
     if constraint.model is not None:
         try:
-            return constraint.validate(value)
+            return constraint.validate(value, context)
         except pydantic.ValidationError as exc:
             raise OutputInvalid(_pydantic_errors(exc)) from None
     _check_json_schema(constraint.value, value)
@@ -84,9 +86,10 @@ def _feedback(error: str) -> str:
 
 
 def generate_flow(
-    request: ModelRequest, max_retries: int
+    request: ModelRequest, max_retries: int, context: Any = None
 ) -> Generator[ModelRequest, ModelResponse, tuple[Any, Completion]]:
-    """Ask, validate, and re-ask with the validation error appended, at most ``max_retries`` times.
+    """Ask, validate (``context`` reaching the validators), and re-ask with the validation error
+    appended, at most ``max_retries`` times.
 
     Returns the value and the :class:`Completion` of the attempt that produced it.
     """
@@ -99,7 +102,7 @@ def generate_flow(
         usage = usage + response.usage
         text = response.content
         try:
-            value = decode(request.constraint, text, response.finish_reason)
+            value = decode(request.constraint, text, response.finish_reason, context)
         except OutputInvalid as exc:
             raw_outputs.append(text)
             errors.append(str(exc))
@@ -124,8 +127,9 @@ class PartialStream:
     constraints yield the text so far.
     """
 
-    def __init__(self, constraint: Constraint | None) -> None:
+    def __init__(self, constraint: Constraint | None, context: Any = None) -> None:
         self._constraint = constraint
+        self._context = context
         self._parser = PartialJSON() if constraint is not None and constraint.is_json else None
         self._text = ""
         self._last: Any = None
@@ -150,13 +154,13 @@ class PartialStream:
         self._last = view
         assert self._constraint is not None
         if self._constraint.is_model:
-            return [partial_model(root, self._constraint.model)]
+            return [partial_model(root, self._constraint.model, self._context)]
         return [view]
 
     def finish(self, finish_reason: str) -> Any:
         """The validated final value; :class:`ValidationRetryError` (one attempt) when it is not valid."""
         try:
-            return decode(self._constraint, self._text, finish_reason)
+            return decode(self._constraint, self._text, finish_reason, self._context)
         except OutputInvalid as exc:
             raise ValidationRetryError(
                 "the streamed output is not valid", raw_outputs=[self._text], errors=[str(exc)]

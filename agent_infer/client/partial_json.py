@@ -275,13 +275,13 @@ def _adapter(annotation: Any) -> pydantic.TypeAdapter[Any]:
     return pydantic.TypeAdapter(annotation)
 
 
-def _validate(annotation: Any, value: Any) -> Any:
+def _validate(annotation: Any, value: Any, context: Any = None) -> Any:
     try:
         adapter = _adapter(annotation)
     except TypeError:  # an unhashable annotation cannot be cached
         adapter = pydantic.TypeAdapter(annotation)
     try:
-        return adapter.validate_python(value)
+        return adapter.validate_python(value, context=context)
     except pydantic.ValidationError:
         # Validators beyond the schema decide on the whole object at the end; a partial shows the raw value.
         return value
@@ -302,15 +302,16 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def partial_model(node: Node, annotation: Any) -> Any:
-    """A partial value typed by ``annotation``: closed subtrees validated, open models built field by field.
+def partial_model(node: Node, annotation: Any, context: Any = None) -> Any:
+    """A partial value typed by ``annotation``: closed subtrees validated (``context`` reaching their
+    validators), open models built field by field.
 
     An open object whose annotation is a Pydantic model becomes ``Model.model_construct`` with only
     the fields that have arrived (``model_fields_set``); missing fields are absent attributes, so
     read them with ``getattr(obj, name, None)``.
     """
     if node.closed:
-        return _validate(annotation, node.to_python())
+        return _validate(annotation, node.to_python(), context)
     target = _unwrap(annotation)
     if node.kind == "object" and isinstance(target, type) and issubclass(target, pydantic.BaseModel):
         by_key = {(f.alias or name): name for name, f in target.model_fields.items()}
@@ -318,7 +319,7 @@ def partial_model(node: Node, annotation: Any) -> Any:
         for key, child in node.children:
             name = by_key.get(key or "")
             if name is not None:
-                values[name] = partial_model(child, target.model_fields[name].annotation)
+                values[name] = partial_model(child, target.model_fields[name].annotation, context)
         instance = target.model_construct(_fields_set=set(values), **values)
         for name in target.model_fields:
             if name not in values:
@@ -327,7 +328,7 @@ def partial_model(node: Node, annotation: Any) -> Any:
     if node.kind == "array" and typing.get_origin(target) in (list, tuple, set, frozenset):
         args = typing.get_args(target)
         item = args[0] if args else Any
-        return [partial_model(child, item) for _, child in node.children]
+        return [partial_model(child, item, context) for _, child in node.children]
     return node.to_python()
 
 

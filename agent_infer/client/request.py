@@ -42,11 +42,12 @@ class Constraint:
         """True when the schema came from a Pydantic model class (partials are model instances)."""
         return isinstance(self.model, type) and issubclass(self.model, pydantic.BaseModel)
 
-    def validate(self, value: Any) -> Any:
-        """``value`` (parsed JSON) as the schema's Python type; raises ``pydantic.ValidationError``."""
+    def validate(self, value: Any, context: Any = None) -> Any:
+        """``value`` (parsed JSON) as the schema's Python type, ``context`` passed to the validators
+        (``info.context``); raises ``pydantic.ValidationError``."""
         if isinstance(self.model, pydantic.TypeAdapter):
-            return self.model.validate_python(value)
-        return self.model.model_validate(value)
+            return self.model.validate_python(value, context=context)
+        return self.model.model_validate(value, context=context)
 
     @classmethod
     def from_keywords(
