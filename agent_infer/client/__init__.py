@@ -10,6 +10,7 @@ from __future__ import annotations
 from agent_infer.client.agent import RunResult
 from agent_infer.client.async_client import AsyncClient
 from agent_infer.client.client import Client
+from agent_infer.client.hooks import Hooks, ParseErrorEvent, RequestEvent, ResponseEvent, ToolCallEvent
 from agent_infer.client.request import Completion, StreamChunk, Usage, UsageLimits
 from agent_infer.tools import RunContext
 
@@ -17,9 +18,14 @@ __all__ = [
     "AsyncClient",
     "Client",
     "Completion",
+    "Hooks",
+    "ParseErrorEvent",
+    "RequestEvent",
+    "ResponseEvent",
     "RunContext",
     "RunResult",
     "StreamChunk",
+    "ToolCallEvent",
     "Usage",
     "UsageLimits",
 ]

@@ -21,6 +21,7 @@ from typing import Any
 import pydantic
 
 from agent_infer.client.generation import OutputInvalid, decode
+from agent_infer.client.hooks import HookEvent, ParseErrorEvent, ToolCallEvent
 from agent_infer.client.request import Constraint, Message, ModelRequest, ModelResponse, Usage, UsageLimits
 from agent_infer.errors import (
     IncompleteToolCallError,
@@ -199,8 +200,9 @@ def run_flow(
     max_tool_retries: int,
     limits: UsageLimits | None = None,
     deps: Any = None,
-) -> Generator[ModelRequest | ToolBatch, Any, RunResult]:
-    """The agent loop; see the module docstring for the protocol. Tools taking a ``RunContext`` get ``deps``."""
+) -> Generator[ModelRequest | ToolBatch | HookEvent, Any, RunResult]:
+    """The agent loop; see the module docstring for the protocol. Tools taking a ``RunContext`` get
+    ``deps``. Each executed call and each invalid answer is also yielded as a hook event."""
     limits = limits or UsageLimits()
     tool_calls_run = 0
     by_name = {t.name: t for t in tools}
@@ -210,6 +212,7 @@ def run_flow(
     retries: dict[str, int] = {}
     answered: dict[tuple[str, str], str] = {}
     choice = request.tool_choice
+    invalid_answers = 0
     for turn in range(1, max_turns + 1):
         _check_limit("max_requests", limits.max_requests, usage.requests + 1, usage, transcript)
         response: ModelResponse = yield dataclasses.replace(
@@ -240,6 +243,8 @@ def run_flow(
             try:
                 return RunResult(_final_value(constraint, final.arguments), transcript, usage, turn)
             except (OutputInvalid, json.JSONDecodeError) as exc:
+                invalid_answers += 1
+                yield ParseErrorEvent(final.arguments, str(exc), invalid_answers)
                 transcript.append(_tool_message(final, f"Error: the answer is not valid: {exc}"))
                 continue
         # A call repeated with the same arguments is answered from the earlier result instead of
@@ -250,6 +255,8 @@ def run_flow(
         _check_limit("max_tool_calls", limits.max_tool_calls, tool_calls_run, usage, transcript)
         outcomes: list[Outcome] = (yield ToolBatch(fresh, request.parallel_tool_calls)) if fresh else []
         results = dict(zip((_key(p) for p in fresh), outcomes))
+        for call, (status, text) in zip(fresh, outcomes):
+            yield ToolCallEvent(call.name, call.arguments, call.id, status, text, turn)
         for call in pending:
             if call in fresh:
                 status, text = results[_key(call)]

@@ -15,8 +15,23 @@ from agent_infer.client import call
 from agent_infer.client.agent import Outcome, RunResult, ToolBatch, aexecute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
 from agent_infer.client.client import ClientBase
+from agent_infer.client.hooks import (
+    Hooks,
+    RequestEvent,
+    StreamSeen,
+    record_response,
+    request_span,
+    response_event,
+)
 from agent_infer.client.remote import RemoteBackend
-from agent_infer.client.request import Completion, Message, StreamChunk, ToolChoice, UsageLimits
+from agent_infer.client.request import (
+    Completion,
+    Message,
+    ModelRequest,
+    StreamChunk,
+    ToolChoice,
+    UsageLimits,
+)
 
 T = TypeVar("T")
 
@@ -32,25 +47,41 @@ class AsyncClient(ClientBase):
             return await asyncio.to_thread(lambda: self.backend)
         return self._backend
 
-    async def _drive(self, flow: Flow[T]) -> T:
-        """Perform a flow's steps: model requests awaited on the backend, tool batches concurrently."""
+    async def _drive(self, flow: Flow[T], hooks: Hooks) -> T:
+        """Perform a flow's steps: model requests awaited on the backend, tool batches concurrently,
+        hook events."""
         backend = await self._abackend()
         step = FlowStep(flow)
         while not step.done:
             op = step.op
             if isinstance(op, ToolBatch):
                 step.send(await self._run_tools(op))
+            elif isinstance(op, ModelRequest):
+                hooks.request(RequestEvent(op))
+                with request_span(op, False) as span:
+                    response = self._counted(await backend.acomplete(op))
+                    record_response(span, response.finish_reason, response.usage)
+                hooks.response(response_event(op, response))
+                step.send(response)
             else:
-                step.send(self._counted(await backend.acomplete(op)))
+                hooks.notify(op)
+                step.send(None)
         return step.result()
 
-    async def _stream(self, stream_call: StreamCall) -> AsyncIterator[Any]:
+    async def _stream(self, stream_call: StreamCall, hooks: Hooks) -> AsyncIterator[Any]:
         backend = await self._abackend()
-        async for chunk in backend.astream(stream_call.request):
-            self._count(chunk.usage)
-            for item in stream_call.feed(chunk):
-                yield item
-        for item in stream_call.finish():
+        request = stream_call.request
+        hooks.request(RequestEvent(request, stream=True))
+        seen = StreamSeen()
+        with request_span(request, True) as span:
+            async for chunk in backend.astream(request):
+                self._count(chunk.usage)
+                seen.add(chunk)
+                for item in stream_call.feed(chunk):
+                    yield item
+            record_response(span, seen.finish_reason, seen.usage)
+        hooks.response(seen.event(request))
+        for item in stream_call.finish(hooks):
             yield item
 
     async def generate(
@@ -70,6 +101,7 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> Any:
         """See :meth:`Client.generate`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
@@ -85,7 +117,7 @@ class AsyncClient(ClientBase):
             False,
             validation_context,
         )
-        return await self._drive(flow)
+        return await self._drive(flow, self._hooks_for(hooks))
 
     async def generate_stream(
         self,
@@ -103,13 +135,14 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         partials = call.generate_stream_call(
             prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
         )
-        async for item in self._stream(partials):
+        async for item in self._stream(partials, self._hooks_for(hooks)):
             yield item
 
     async def chat(
@@ -125,10 +158,14 @@ class AsyncClient(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        hooks: Hooks | None = None,
     ) -> Message:
         """See :meth:`Client.chat`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
-        return await self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
+        return await self._drive(
+            call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
+            self._hooks_for(hooks),
+        )
 
     async def generate_with_completion(
         self,
@@ -147,6 +184,7 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
@@ -163,7 +201,7 @@ class AsyncClient(ClientBase):
             True,
             validation_context,
         )
-        result: tuple[Any, Completion] = await self._drive(flow)
+        result: tuple[Any, Completion] = await self._drive(flow, self._hooks_for(hooks))
         return result
 
     async def chat_with_completion(
@@ -179,12 +217,13 @@ class AsyncClient(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        hooks: Hooks | None = None,
     ) -> tuple[Message, Completion]:
         """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
         turn ended on its own, called tools, or ran out of ``max_tokens``)."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
-        result: tuple[Message, Completion] = await self._drive(flow)
+        result: tuple[Message, Completion] = await self._drive(flow, self._hooks_for(hooks))
         return result
 
     async def chat_stream(
@@ -197,11 +236,12 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        hooks: Hooks | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """See :meth:`Client.chat_stream`."""
         decoding = Decoding(temperature, max_tokens, seed)
         chunks = call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding)
-        async for chunk in self._stream(chunks):
+        async for chunk in self._stream(chunks, self._hooks_for(hooks)):
             yield chunk
 
     async def run(
@@ -219,6 +259,7 @@ class AsyncClient(ClientBase):
         seed: int | None = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
+        hooks: Hooks | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
         decoding = Decoding(temperature, max_tokens, seed)
@@ -234,7 +275,7 @@ class AsyncClient(ClientBase):
             usage_limits,
             deps,
         )
-        return await self._drive(flow)
+        return await self._drive(flow, self._hooks_for(hooks))
 
     @staticmethod
     async def _run_tools(batch: ToolBatch) -> list[Outcome]:

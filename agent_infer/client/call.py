@@ -22,6 +22,7 @@ from agent_infer.client.agent import (
     validate_run_options,
 )
 from agent_infer.client.generation import PartialStream, generate_flow
+from agent_infer.client.hooks import HookEvent, Hooks, ParseErrorEvent
 from agent_infer.client.request import (
     Completion,
     Constraint,
@@ -33,14 +34,14 @@ from agent_infer.client.request import (
     UsageLimits,
     as_messages,
 )
-from agent_infer.errors import InvalidRequestError
+from agent_infer.errors import InvalidRequestError, ValidationRetryError
 from agent_infer.tools import Tool, as_tools
 
 T = TypeVar("T")
 ToolLike = Tool | Callable[..., Any] | Mapping[str, Any]
 Prompt = str | Sequence[Mapping[str, Any]]
-#: A method's logic: yields model requests and tool batches, returns the method's result.
-Flow = Generator[ModelRequest | ToolBatch, Any, T]
+#: A method's logic: yields model requests, tool batches and hook events, returns the method's result.
+Flow = Generator[ModelRequest | ToolBatch | HookEvent, Any, T]
 
 
 @dataclass(frozen=True)
@@ -231,14 +232,14 @@ class FlowStep(Generic[T]):
         self._flow = flow
         self.done = False
         self._value: Any = None
-        self.op: ModelRequest | ToolBatch
+        self.op: ModelRequest | ToolBatch | HookEvent
         self._advance(lambda: next(flow))
 
     def send(self, result: Any) -> None:
         """Hand the result of ``op`` to the flow and move to its next step."""
         self._advance(lambda: self._flow.send(result))
 
-    def _advance(self, step: Callable[[], ModelRequest | ToolBatch]) -> None:
+    def _advance(self, step: Callable[[], ModelRequest | ToolBatch | HookEvent]) -> None:
         try:
             self.op = step()
         except StopIteration as stop:
@@ -269,9 +270,17 @@ class StreamCall:
         self._reason = chunk.finish_reason or self._reason
         return self._partials.feed(chunk.content)
 
-    def finish(self) -> list[Any]:
-        """The items after the last chunk (the final value when streaming partials)."""
-        return [] if self._partials is None else [self._partials.finish(self._reason)]
+    def finish(self, hooks: Hooks | None = None) -> list[Any]:
+        """The items after the last chunk (the final value when streaming partials); an invalid
+        final value goes to ``hooks``' ``on_parse_error`` before its error is raised."""
+        if self._partials is None:
+            return []
+        try:
+            return [self._partials.finish(self._reason)]
+        except ValidationRetryError as exc:
+            if hooks is not None:
+                hooks.parse_error(ParseErrorEvent(exc.raw_outputs[-1], exc.errors[-1], 1))
+            raise
 
 
 def generate_stream_call(

@@ -17,11 +17,22 @@ from typing import Any, TypeVar
 from agent_infer.client import call
 from agent_infer.client.agent import Outcome, RunResult, ToolBatch, execute
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
+from agent_infer.client.hooks import (
+    NO_HOOKS,
+    Hooks,
+    RequestEvent,
+    StreamSeen,
+    check_hooks,
+    record_response,
+    request_span,
+    response_event,
+)
 from agent_infer.client.local import LocalBackend
 from agent_infer.client.remote import RemoteBackend
 from agent_infer.client.request import (
     Completion,
     Message,
+    ModelRequest,
     ModelResponse,
     StreamChunk,
     ToolChoice,
@@ -49,8 +60,10 @@ class ClientBase:
         http_backoff: float | None = None,
         engine: Any = None,
         tool_format: str | None = None,
+        hooks: Hooks | None = None,
         **engine_config: Any,
     ) -> None:
+        self._hooks = check_hooks(hooks) or NO_HOOKS
         self._backend: Backend | None = None
         self._backend_lock = threading.Lock()
         self._model = model
@@ -129,6 +142,10 @@ class ClientBase:
         self._count(response.usage)
         return response
 
+    def _hooks_for(self, hooks: Hooks | None) -> Hooks:
+        """The client's hooks, then the call's."""
+        return self._hooks.then(check_hooks(hooks))
+
 
 class Client(ClientBase):
     """The synchronous client. Methods are thread-safe; concurrent local calls share batches.
@@ -136,22 +153,38 @@ class Client(ClientBase):
     Decoding defaults to greedy (``temperature=0``) and ``max_tokens=512``.
     """
 
-    def _drive(self, flow: Flow[T]) -> T:
-        """Perform a flow's steps: model requests on the backend, tool batches in threads."""
+    def _drive(self, flow: Flow[T], hooks: Hooks) -> T:
+        """Perform a flow's steps: model requests on the backend, tool batches in threads, hook events."""
         backend = self.backend
         step = FlowStep(flow)
         while not step.done:
             op = step.op
-            step.send(
-                self._run_tools(op) if isinstance(op, ToolBatch) else self._counted(backend.complete(op))
-            )
+            if isinstance(op, ToolBatch):
+                step.send(self._run_tools(op))
+            elif isinstance(op, ModelRequest):
+                hooks.request(RequestEvent(op))
+                with request_span(op, False) as span:
+                    response = self._counted(backend.complete(op))
+                    record_response(span, response.finish_reason, response.usage)
+                hooks.response(response_event(op, response))
+                step.send(response)
+            else:
+                hooks.notify(op)
+                step.send(None)
         return step.result()
 
-    def _stream(self, stream_call: StreamCall) -> Iterator[Any]:
-        for chunk in self.backend.stream(stream_call.request):
-            self._count(chunk.usage)
-            yield from stream_call.feed(chunk)
-        yield from stream_call.finish()
+    def _stream(self, stream_call: StreamCall, hooks: Hooks) -> Iterator[Any]:
+        request = stream_call.request
+        hooks.request(RequestEvent(request, stream=True))
+        seen = StreamSeen()
+        with request_span(request, True) as span:
+            for chunk in self.backend.stream(request):
+                self._count(chunk.usage)
+                seen.add(chunk)
+                yield from stream_call.feed(chunk)
+            record_response(span, seen.finish_reason, seen.usage)
+        hooks.response(seen.event(request))
+        yield from stream_call.finish(hooks)
 
     def generate(
         self,
@@ -170,6 +203,7 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> Any:
         """Generate under at most one constraint; returns a validated value.
 
@@ -195,7 +229,7 @@ class Client(ClientBase):
             False,
             validation_context,
         )
-        return self._drive(flow)
+        return self._drive(flow, self._hooks_for(hooks))
 
     def generate_stream(
         self,
@@ -213,6 +247,7 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> Iterator[Any]:
         """Yield partial values as the output grows; the last item is the full validated value.
 
@@ -224,7 +259,8 @@ class Client(ClientBase):
         yield from self._stream(
             call.generate_stream_call(
                 prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
-            )
+            ),
+            self._hooks_for(hooks),
         )
 
     def chat(
@@ -240,6 +276,7 @@ class Client(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        hooks: Hooks | None = None,
     ) -> Message:
         """One assistant turn, OpenAI-shaped: ``{"role", "content", "tool_calls"?}``.
 
@@ -247,7 +284,10 @@ class Client(ClientBase):
         ``{"name": tool}`` (exactly that call); locally the model's native format constrains it.
         """
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
-        return self._drive(call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding))
+        return self._drive(
+            call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
+            self._hooks_for(hooks),
+        )
 
     def generate_with_completion(
         self,
@@ -266,6 +306,7 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        hooks: Hooks | None = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
@@ -282,7 +323,7 @@ class Client(ClientBase):
             True,
             validation_context,
         )
-        result: tuple[Any, Completion] = self._drive(flow)
+        result: tuple[Any, Completion] = self._drive(flow, self._hooks_for(hooks))
         return result
 
     def chat_with_completion(
@@ -298,12 +339,13 @@ class Client(ClientBase):
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
+        hooks: Hooks | None = None,
     ) -> tuple[Message, Completion]:
         """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
         turn ended on its own, called tools, or ran out of ``max_tokens``)."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
         flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
-        result: tuple[Message, Completion] = self._drive(flow)
+        result: tuple[Message, Completion] = self._drive(flow, self._hooks_for(hooks))
         return result
 
     def chat_stream(
@@ -316,11 +358,13 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        hooks: Hooks | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream one assistant turn: text deltas and OpenAI-shaped tool-call deltas, then the finish reason."""
         decoding = Decoding(temperature, max_tokens, seed)
         yield from self._stream(
-            call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding)
+            call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
+            self._hooks_for(hooks),
         )
 
     def run(
@@ -338,6 +382,7 @@ class Client(ClientBase):
         seed: int | None = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
+        hooks: Hooks | None = None,
     ) -> RunResult:
         """The agent loop: call the model, execute its tool calls, repeat until a final answer.
 
@@ -347,6 +392,7 @@ class Client(ClientBase):
         model as text; ``ToolRetry`` asks for a corrected call (at most ``max_tool_retries`` per
         tool, then :class:`ToolCallError`); :class:`MaxTurnsExceeded` after ``max_turns`` calls.
         ``usage_limits`` bounds requests, tokens and tool calls (:class:`UsageLimitExceeded`).
+        ``hooks`` (every method) adds :class:`~agent_infer.client.hooks.Hooks` for this call.
         A tool whose first parameter is annotated ``RunContext[Deps]`` is passed a
         :class:`~agent_infer.tools.RunContext` holding ``deps`` (``deps`` must then be a ``Deps``).
         """
@@ -363,7 +409,7 @@ class Client(ClientBase):
             usage_limits,
             deps,
         )
-        return self._drive(flow)
+        return self._drive(flow, self._hooks_for(hooks))
 
     @staticmethod
     def _run_tools(batch: ToolBatch) -> list[Outcome]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pydantic
 
+from agent_infer.client.hooks import ParseErrorEvent
 from agent_infer.client.partial_json import PartialJSON, PartialJSONError, partial_model
 from agent_infer.client.request import Completion, Constraint, ModelRequest, ModelResponse, Usage
 from agent_infer.errors import ValidationRetryError
@@ -87,9 +88,10 @@ def _feedback(error: str) -> str:
 
 def generate_flow(
     request: ModelRequest, max_retries: int, context: Any = None
-) -> Generator[ModelRequest, ModelResponse, tuple[Any, Completion]]:
+) -> Generator[ModelRequest | ParseErrorEvent, Any, tuple[Any, Completion]]:
     """Ask, validate (``context`` reaching the validators), and re-ask with the validation error
-    appended, at most ``max_retries`` times.
+    appended, at most ``max_retries`` times. Each failure is also yielded as a
+    :class:`ParseErrorEvent` for the hooks (sent back None).
 
     Returns the value and the :class:`Completion` of the attempt that produced it.
     """
@@ -98,7 +100,7 @@ def generate_flow(
     usage = Usage()
     messages = request.messages
     for attempt in range(1, max_retries + 2):
-        response = yield dataclasses.replace(request, messages=messages)
+        response: ModelResponse = yield dataclasses.replace(request, messages=messages)
         usage = usage + response.usage
         text = response.content
         try:
@@ -106,6 +108,7 @@ def generate_flow(
         except OutputInvalid as exc:
             raw_outputs.append(text)
             errors.append(str(exc))
+            yield ParseErrorEvent(text, str(exc), attempt)
             messages = [
                 *messages,
                 {"role": "assistant", "content": text},
