@@ -77,7 +77,7 @@ class AsyncClient(ClientBase):
             async for chunk in backend.astream(request):
                 self._count(chunk.usage)
                 seen.add(chunk)
-                for item in stream_call.feed(chunk):
+                for item in stream_call.feed(chunk, hooks):
                     yield item
             record_response(span, seen.finish_reason, seen.usage)
         hooks.response(seen.event(request))

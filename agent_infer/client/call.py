@@ -263,12 +263,16 @@ class StreamCall:
         self._partials = partials
         self._reason = "stop"
 
-    def feed(self, chunk: StreamChunk) -> list[Any]:
-        """The items this chunk makes visible."""
+    def feed(self, chunk: StreamChunk, hooks: Hooks | None = None) -> list[Any]:
+        """The items this chunk makes visible (an invalid streamed item goes to ``hooks`` first)."""
         if self._partials is None:
             return [chunk]
         self._reason = chunk.finish_reason or self._reason
-        return self._partials.feed(chunk.content)
+        try:
+            return self._partials.feed(chunk.content)
+        except ValidationRetryError as exc:
+            _report(hooks, exc)
+            raise
 
     def finish(self, hooks: Hooks | None = None) -> list[Any]:
         """The items after the last chunk (the final value when streaming partials); an invalid
@@ -276,11 +280,15 @@ class StreamCall:
         if self._partials is None:
             return []
         try:
-            return [self._partials.finish(self._reason)]
+            return self._partials.finish_items(self._reason)
         except ValidationRetryError as exc:
-            if hooks is not None:
-                hooks.parse_error(ParseErrorEvent(exc.raw_outputs[-1], exc.errors[-1], 1))
+            _report(hooks, exc)
             raise
+
+
+def _report(hooks: Hooks | None, exc: ValidationRetryError) -> None:
+    if hooks is not None:
+        hooks.parse_error(ParseErrorEvent(exc.raw_outputs[-1], exc.errors[-1], 1))
 
 
 def generate_stream_call(

@@ -181,7 +181,7 @@ class Client(ClientBase):
             for chunk in self.backend.stream(request):
                 self._count(chunk.usage)
                 seen.add(chunk)
-                yield from stream_call.feed(chunk)
+                yield from stream_call.feed(chunk, hooks)
             record_response(span, seen.finish_reason, seen.usage)
         hooks.response(seen.event(request))
         yield from stream_call.finish(hooks)

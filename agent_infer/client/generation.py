@@ -8,6 +8,7 @@ the :class:`ModelResponse`; ``Client`` drives it with blocking calls and ``Async
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Generator
@@ -16,7 +17,7 @@ from typing import Any
 import pydantic
 
 from agent_infer.client.hooks import ParseErrorEvent
-from agent_infer.client.partial_json import PartialJSON, PartialJSONError, partial_model
+from agent_infer.client.partial_json import Node, PartialJSON, PartialJSONError, partial_model
 from agent_infer.client.request import Completion, Constraint, ModelRequest, ModelResponse, Usage
 from agent_infer.errors import ValidationRetryError
 
@@ -136,6 +137,7 @@ class PartialStream:
         self._parser = PartialJSON() if constraint is not None and constraint.is_json else None
         self._text = ""
         self._last: Any = None
+        self._emitted = 0  # Iterable[Item]: the items already yielded
 
     def feed(self, delta: str) -> list[Any]:
         """Add streamed text; returns the partial values that became visible (zero or one)."""
@@ -151,14 +153,40 @@ class PartialStream:
         root = self._parser.root
         if root is None:
             return []
+        assert self._constraint is not None
+        if self._constraint.item is not None:
+            return self._closed_items(root)
         view = root.to_python()
         if view == self._last:
             return []
         self._last = view
-        assert self._constraint is not None
         if self._constraint.is_model:
             return [partial_model(root, self._constraint.model, self._context)]
         return [view]
+
+    def _closed_items(self, root: Node) -> list[Any]:
+        """``Iterable[Item]``: each item of the root array that closed since the last call, validated.
+
+        Items close in order, so the first open one ends the scan. An item that fails validation
+        raises at once: the caller may already act on the items before it, and must not on it.
+        """
+        if root.kind != "array":
+            return []
+        assert self._constraint is not None
+        adapter = _item_adapter(self._constraint.item)
+        items: list[Any] = []
+        for _, child in root.children[self._emitted :]:
+            if not child.closed:
+                break
+            try:
+                items.append(adapter.validate_python(child.to_python(), context=self._context))
+            except pydantic.ValidationError as exc:
+                error = f"item {self._emitted}: {_pydantic_errors(exc)}"
+                raise ValidationRetryError(
+                    "a streamed item is not valid", raw_outputs=[self._text], errors=[error]
+                ) from None
+            self._emitted += 1
+        return items
 
     def finish(self, finish_reason: str) -> Any:
         """The validated final value; :class:`ValidationRetryError` (one attempt) when it is not valid."""
@@ -168,3 +196,18 @@ class PartialStream:
             raise ValidationRetryError(
                 "the streamed output is not valid", raw_outputs=[self._text], errors=[str(exc)]
             ) from None
+
+    def finish_items(self, finish_reason: str) -> list[Any]:
+        """What the stream yields at its end: the final value, or for ``Iterable[Item]`` the items
+        not yielded yet (the whole list is validated first)."""
+        final = self.finish(finish_reason)
+        if self._constraint is None or self._constraint.item is None:
+            return [final]
+        rest: list[Any] = final[self._emitted :]
+        self._emitted = len(final)
+        return rest
+
+
+@functools.lru_cache(maxsize=64)
+def _item_adapter(item: Any) -> pydantic.TypeAdapter[Any]:
+    return pydantic.TypeAdapter(item)

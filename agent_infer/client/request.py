@@ -6,6 +6,7 @@ these types only, so the local engine and a remote OpenAI-compatible server are 
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import types
 import typing
@@ -36,6 +37,8 @@ class Constraint:
     kind: str
     value: Any
     model: Any = field(default=None, compare=False)
+    #: The item type when the schema was ``Iterable[Item]`` (the value is then a list of items).
+    item: Any = field(default=None, compare=False)
 
     @property
     def is_model(self) -> bool:
@@ -69,6 +72,8 @@ class Constraint:
                 return cls("json_schema", close_objects(_model_schema(schema, schema.__name__)), schema)
             if isinstance(schema, dict | bool):
                 return cls("json_schema", schema)
+            if _ITERABLES.intersection((schema, typing.get_origin(schema))):
+                return cls._iterable(schema)
             if _is_type(schema):
                 adapter = pydantic.TypeAdapter(schema)
                 return cls("json_schema", close_objects(_model_schema(adapter, _type_name(schema))), adapter)
@@ -97,6 +102,19 @@ class Constraint:
                 raise InvalidRequestError("choice must be a non-empty list of strings", field="choice")
             return cls("choice", tuple(choice))
         return None
+
+    @classmethod
+    def _iterable(cls, schema: Any) -> Constraint:
+        """``Iterable[Item]`` (instructor's multi-object output): a JSON array of items, validated as
+        ``list[Item]`` (a list, not pydantic's lazy iterator, so every item is checked before the
+        value is returned); streams yield each item once its value closes."""
+        args = typing.get_args(schema)
+        if len(args) != 1:
+            raise InvalidRequestError("schema=Iterable[...] needs one item type", field="schema")
+        item = args[0]
+        adapter = pydantic.TypeAdapter(list[item])  # type: ignore[valid-type]
+        name = f"Iterable[{_type_name(item)}]"
+        return cls("json_schema", close_objects(_model_schema(adapter, name)), adapter, item)
 
     @property
     def is_json(self) -> bool:
@@ -243,6 +261,9 @@ def _model_schema(model: Any, name: str) -> dict[str, Any]:
         ) from None
     warn_any_json(schema, f"schema {name}")
     return schema
+
+
+_ITERABLES = {collections.abc.Iterable, collections.abc.Iterator}
 
 
 def _is_type(schema: Any) -> bool:
