@@ -17,6 +17,7 @@ from server_harness import LiveServer, server_fixture
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client import Hooks, ParseErrorEvent, RequestEvent, ResponseEvent, ToolCallEvent
+from agent_infer.client import hooks as hooks_module
 from agent_infer.errors import InvalidRequestError, ValidationRetryError
 
 server = server_fixture()
@@ -171,9 +172,14 @@ def test_bad_hooks_are_typed_errors(llm: Any) -> None:
 def test_without_opentelemetry(llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A None entry makes ``import opentelemetry`` raise ImportError, as when it is not installed.
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
-    client = Client(engine=llm.engine)
-    assert client.generate("Hi.", max_tokens=3) is not None
-    assert list(client.generate_stream("Hi.", max_tokens=3))
+    hooks_module._tracer.cache_clear()
+    try:
+        client = Client(engine=llm.engine)
+        assert client.generate("Hi.", max_tokens=3) is not None
+        assert list(client.generate_stream("Hi.", max_tokens=3))
+        assert hooks_module._tracer() is None
+    finally:
+        hooks_module._tracer.cache_clear()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("opentelemetry") is None, reason="opentelemetry not installed")
@@ -218,12 +224,17 @@ def test_with_opentelemetry_each_request_is_a_span(llm: Any, monkeypatch: pytest
     provider = RecordingProvider()
     # The API's global provider can be set only once per process; the test must not leave one behind.
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
-    current: list[Any] = []
-    client = Client(
-        engine=llm.engine, hooks=Hooks(on_request=lambda e: current.append(trace.get_current_span()))
-    )
-    client.generate("Say a word.", schema=Never.model_json_schema(), max_tokens=20)
-    list(client.generate_stream("Hi.", max_tokens=3))
+    # A tracer that saw this provider keeps it: start from a fresh one, and leave none behind.
+    hooks_module._tracer.cache_clear()
+    try:
+        current: list[Any] = []
+        client = Client(
+            engine=llm.engine, hooks=Hooks(on_request=lambda e: current.append(trace.get_current_span()))
+        )
+        client.generate("Say a word.", schema=Never.model_json_schema(), max_tokens=20)
+        list(client.generate_stream("Hi.", max_tokens=3))
+    finally:
+        hooks_module._tracer.cache_clear()
     spans = provider.tracer.spans
     assert [s.name for s in spans] == ["agent_infer.request"] * 2
     assert spans[0].attributes["agent_infer.constraint"] == "json_schema"

@@ -14,6 +14,7 @@ nothing is imported and nothing is traced.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,7 +173,10 @@ def check_hooks(hooks: Any, field_name: str = "hooks") -> Hooks | None:
     return hooks
 
 
+@functools.cache
 def _tracer() -> Any:
+    """The client's tracer, or None without ``opentelemetry``; looked up once, since a failed import
+    searches the whole path again every time. The tracer follows a provider set later."""
     try:
         from opentelemetry import trace
     except ImportError:
