@@ -113,17 +113,7 @@ int32_t SetTable::insert(const int32_t* data, size_t n, uint64_t h, size_t slot)
   table_gen_[slot] = gen_;
   if (hash_.size() * 2 > table_.size()) {
     // Grow and rehash this numbering's sets (entries of earlier ones are stale by generation).
-    std::vector<int32_t> table(table_.size() * 2, -1);
-    std::vector<uint32_t> gen(table.size(), 0);
-    const size_t mask = table.size() - 1;
-    for (size_t s = 0; s < hash_.size(); ++s) {
-      size_t j = static_cast<size_t>(hash_[s]) & mask;
-      while (gen[j] == gen_) j = (j + 1) & mask;
-      table[j] = static_cast<int32_t>(s);
-      gen[j] = gen_;
-    }
-    table_.swap(table);
-    table_gen_.swap(gen);
+    grow_id_table(&table_, &table_gen_, gen_, 0, hash_.size(), [this](size_t s) { return hash_[s]; });
   }
   return id;
 }

@@ -132,6 +132,24 @@ struct DfaPool {
 // Throws DefinitionError for a malformed instruction (grammar_key_set.cpp).
 int32_t lower_key_trie(const std::vector<int32_t>& code, size_t num_rules, DfaPool* pool);
 
+// Doubles an open-addressing table of ids whose live slots carry generation `gen`, and reinserts
+// ids first..count-1 by hash_of(id). SetTable and SetTrie grow their tables this way.
+template <class HashOf>
+void grow_id_table(std::vector<int32_t>* table, std::vector<uint32_t>* table_gen, uint32_t gen, size_t first,
+                   size_t count, HashOf hash_of) {
+  std::vector<int32_t> grown(table->size() * 2, -1);
+  std::vector<uint32_t> grown_gen(grown.size(), 0);
+  const size_t mask = grown.size() - 1;
+  for (size_t k = first; k < count; ++k) {
+    size_t j = static_cast<size_t>(hash_of(k)) & mask;
+    while (grown_gen[j] == gen) j = (j + 1) & mask;
+    grown[j] = static_cast<int32_t>(k);
+    grown_gen[j] = gen;
+  }
+  table->swap(grown);
+  table_gen->swap(grown_gen);
+}
+
 // Interned sets of int32 (each a sorted run of members, stored back to back), numbered in the
 // order they are inserted and found again through an open-addressing table. clear() starts a new
 // numbering and keeps the buffers (stale table slots are told apart by generation).

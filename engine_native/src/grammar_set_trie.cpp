@@ -32,7 +32,7 @@ void SetTrie::clear(size_t universe) {
 
 int32_t SetTrie::node(uint64_t x, uint32_t level) {
   const uint64_t h = hash_node(x, level);
-  size_t mask = table_.size() - 1;
+  const size_t mask = table_.size() - 1;
   size_t i = static_cast<size_t>(h) & mask;
   for (; table_gen_[i] == gen_; i = (i + 1) & mask) {
     const int32_t id = table_[i];
@@ -45,17 +45,8 @@ int32_t SetTrie::node(uint64_t x, uint32_t level) {
   table_gen_[i] = gen_;
   if (x_.size() * 2 > table_.size()) {
     // Every node belongs to the current numbering (clear() drops them all), so all are rehashed.
-    std::vector<int32_t> table(table_.size() * 2, -1);
-    std::vector<uint32_t> gen(table.size(), 0);
-    mask = table.size() - 1;
-    for (size_t k = 1; k < x_.size(); ++k) {
-      size_t j = static_cast<size_t>(hash_node(x_[k], level_[k])) & mask;
-      while (gen[j] == gen_) j = (j + 1) & mask;
-      table[j] = static_cast<int32_t>(k);
-      gen[j] = gen_;
-    }
-    table_.swap(table);
-    table_gen_.swap(gen);
+    grow_id_table(&table_, &table_gen_, gen_, 1, x_.size(),
+                  [this](size_t k) { return hash_node(x_[k], level_[k]); });
   }
   return id;
 }
