@@ -6,7 +6,7 @@ Each case (a regex, a JSON Schema or a mutated GBNF/Lark text, checked against `
 the reference recognizer, with mask exactness on the real tokenizers) runs in a worker process under
 an address-space limit and a per-case timeout; a crash or hang costs one worker restart. Every case
 that does not end ``ok`` or in a typed error is written to ``--out`` as ``<status>-NNNN.json``,
-which ``python tests/fuzz_worker.py FILE`` re-runs in-process. The summary counts cases, crashes,
+which ``python tests/support/fuzz_worker.py FILE`` re-runs in-process. The summary counts cases, crashes,
 hangs (and runs past the time limits), blow-ups (MemoryError), wrong masks/acceptance and untyped
 exceptions.
 
@@ -28,7 +28,7 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from fuzz_cases import CASE_STRATEGIES
 from fuzz_harness import FAILURE_KINDS, GuardedWorker, save_reproducer
@@ -90,7 +90,7 @@ def main() -> int:
     for status, label in labels.items():
         print(f"  {label:28} {counts[status]:7}   " + "  ".join(f"{k}={per_kind[k][status]}" for k in kinds))
     if written:
-        print(f"reproducers: {len(written)} in {args.out}/ (re-run one: python tests/fuzz_worker.py FILE)")
+        print(f"reproducers: {len(written)} in {args.out}/ (re-run one: python tests/support/fuzz_worker.py FILE)")
     (args.out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps({"cases": total, "counts": dict(counts)}, indent=1))
     return 1 if any(counts[s] for s in FAILURE_KINDS) else 0

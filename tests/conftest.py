@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Shared test helpers (server harness, fuzz worker, conformance ratchets, grammar cases) live in
+# tests/support/ and are imported by plain module name from every test folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 # torch's OpenMP threads busy-wait by default, which starves everything else on a small machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

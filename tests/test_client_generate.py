@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 import pytest
+from client_support import STORY_PROMPT, Story, check_every_attempt_reported
 from pydantic import BaseModel, Field, field_validator
 
 from agent_infer import AsyncClient, Client
@@ -112,27 +113,6 @@ def test_validator_retry_then_success(client: Client) -> None:
     assert client.usage.requests == before + 2  # one re-ask
 
 
-class Never(BaseModel):
-    """Valid JSON for the schema, rejected by its validator every time."""
-
-    word: str = Field(max_length=8)
-
-    @field_validator("word")
-    @classmethod
-    def reject(cls, v: str) -> str:
-        raise ValueError("never good enough")
-
-
-def check_every_attempt_reported(client: Client) -> None:
-    """One re-ask, then a ValidationRetryError carrying both attempts (shared with the remote tests)."""
-    with pytest.raises(ValidationRetryError) as info:
-        client.generate("Say one word.", schema=Never, max_retries=1)
-    err = info.value
-    assert err.attempts == 2 and len(err.raw_outputs) == 2 and len(err.errors) == 2
-    assert all("never good enough" in e for e in err.errors)
-    assert all(raw.startswith("{") for raw in err.raw_outputs)
-
-
 def test_validation_retry_error_carries_every_attempt(client: Client) -> None:
     check_every_attempt_reported(client)
 
@@ -140,16 +120,6 @@ def test_validation_retry_error_carries_every_attempt(client: Client) -> None:
 def test_truncated_output_is_a_validation_failure(client: Client) -> None:
     with pytest.raises(ValidationRetryError, match="cut off"):
         client.generate("Describe a person.", schema=Person, max_tokens=3, max_retries=0)
-
-
-class Story(BaseModel):
-    title: str
-    text: str
-    tags: list[str] = Field(min_length=1)
-
-
-# A document the model cannot finish in 40 tokens; also used by the remote client's test.
-STORY_PROMPT = "Write a very long story about a dragon as JSON with a title, the text and tags."
 
 
 def test_close_on_length_returns_a_valid_object_within_the_budget(client: Client) -> None:

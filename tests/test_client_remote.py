@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import pytest
+from client_support import STORY_PROMPT, Story, check_every_attempt_reported
 from pydantic import BaseModel, Field
 from server_harness import LiveServer, server_fixture
-from test_client_generate import STORY_PROMPT, Story, check_every_attempt_reported
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import jsonschema
 import pytest
+from engine_support import drain as _drain
 from pydantic import BaseModel
 
 from agent_infer import SamplingParams
@@ -28,15 +29,6 @@ SCHEMA = {
     "required": ["city", "rank"],
     "additionalProperties": False,
 }
-
-
-def _drain(engine: Any) -> dict[str, Any]:
-    done: dict[str, Any] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

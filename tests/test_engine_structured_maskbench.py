@@ -36,12 +36,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from shared_data import SHARED_DATA, require_shared_data
 
 from agent_infer import SamplingParams
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.matcher import GrammarMatcher
 
-MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev"
+MASKBENCH = SHARED_DATA / "maskbench-dev"
 SAMPLE_SEED = 5
 SAMPLE_SIZE = 50
 COMPILE_BUDGET_S = 2.0
@@ -52,7 +53,10 @@ MIN_STOP_SHARE = 0.76
 
 Case = tuple[str, Any, str, int]
 
-pytestmark = pytest.mark.skipif(not MASKBENCH.is_dir(), reason=f"MaskBench data not found at {MASKBENCH}")
+
+@pytest.fixture(autouse=True)
+def _maskbench_data() -> None:
+    require_shared_data("maskbench-dev")
 
 
 def _prompt(doc: dict[str, Any], schema: Any, example: str) -> str:

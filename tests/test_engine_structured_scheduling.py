@@ -8,7 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_engine_structured import _drain
+from engine_support import drain as _drain
 
 from agent_infer import SamplingParams
 from agent_infer.engine.config import EngineConfig

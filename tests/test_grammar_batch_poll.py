@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import ConfigError
 from agent_infer.grammar.bitmask import allocate_token_bitmask

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import GrammarCompiler

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_grammar_core_support import tokenizer_info
+from grammar_support import tokenizer_info
 
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import CharClass, Grammar, Ref, Seq, lit

@@ -8,16 +8,16 @@ document (which is one completion, so the shortest cannot be longer).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from test_grammar_core_support import tokenizer_info
+from grammar_support import tokenizer_info
+from shared_data import SHARED_DATA, require_shared_data
 
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher
 
-MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench-dev"
+MASKBENCH = SHARED_DATA / "maskbench-dev"
 
 PERSON = {
     "type": "object",
@@ -146,8 +146,8 @@ def test_closing_after_a_partial_character() -> None:
     assert m.is_terminated()
 
 
-@pytest.mark.skipif(not MASKBENCH.is_dir(), reason=f"MaskBench data not found at {MASKBENCH}")
 def test_maskbench_documents() -> None:
+    require_shared_data("maskbench-dev")
     # Real-world schemas: every prefix (every 7th byte) of each valid instance up to 1,500 bytes completes to a
     # document that validates; 40 schemas in a fixed order.
     checked = 0

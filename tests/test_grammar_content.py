@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from test_grammar_core_support import (
+from grammar_support import (
     assert_bits_match_acceptance,
     fresh_tokenizer_info,
     hf_tokenizer,

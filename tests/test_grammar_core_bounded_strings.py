@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from test_grammar_core_support import assert_bits_match_acceptance, hf_tokenizer, mask_bits, tokenizer_info
+from grammar_support import assert_bits_match_acceptance, hf_tokenizer, mask_bits, tokenizer_info
 
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar

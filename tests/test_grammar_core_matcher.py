@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import regex
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, MatcherUsageError
 from agent_infer.grammar.bitmask import allocate_token_bitmask

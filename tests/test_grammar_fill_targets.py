@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar.bitmask import allocate_token_bitmask

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_grammar_core_support import tokenizer_info
+from grammar_support import tokenizer_info
 
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher
 

@@ -17,7 +17,7 @@ import random
 import re
 
 import pytest
-from test_grammar_core_support import assert_mask_exact, hf_tokenizer, tokenizer_info
+from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from shared_data import SHARED_DATA, require_shared_data
 
 from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
 from agent_infer.grammar.gbnf import parse_gbnf
@@ -27,8 +26,15 @@ from agent_infer.grammar.ir import (
 )
 from agent_infer.grammar.reference import ReferenceRecognizer
 
-GBNF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gbnf"
-needs_data = pytest.mark.skipif(not GBNF_DIR.is_dir(), reason=f"{GBNF_DIR} not present")
+GBNF_DIR = SHARED_DATA / "gbnf"
+
+
+@pytest.fixture
+def _gbnf_data() -> None:
+    require_shared_data("gbnf")
+
+
+needs_data = pytest.mark.usefixtures("_gbnf_data")
 
 # file -> (accepted, rejected) hand-written examples of each language
 EXAMPLES: dict[str, tuple[list[str], list[str]]] = {

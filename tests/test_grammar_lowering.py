@@ -9,7 +9,7 @@ tests pin that merging happens (state counts) and that it is exact (strings and 
 from __future__ import annotations
 
 import numpy as np
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.grammar.bitmask import allocate_token_bitmask
 from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler

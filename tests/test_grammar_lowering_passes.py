@@ -14,7 +14,7 @@ and equal, prefix-equal and empty classes in different rules keep their own lang
 from __future__ import annotations
 
 import pytest
-from test_grammar_core_support import assert_mask_exact, tokenizer_info
+from grammar_support import assert_mask_exact, tokenizer_info
 
 from agent_infer.errors import AgentInferError
 from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler

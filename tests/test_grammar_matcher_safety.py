@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import (
     AgentInferError,
@@ -120,7 +120,7 @@ def test_threads_sharing_a_matcher_get_errors_not_heap_corruption() -> None:
         """
         import sys, threading, time
         sys.path.insert(0, "tests")
-        from test_grammar_core_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
+        from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
         from agent_infer.errors import MatcherBusyError
         from agent_infer.grammar.bitmask import allocate_token_bitmask
         from agent_infer.grammar.compiler import GrammarCompiler

@@ -7,7 +7,7 @@ cache must do, and a disabled profile must report nothing.
 
 from __future__ import annotations
 
-from test_grammar_core_support import tokenizer_info
+from grammar_support import tokenizer_info
 
 from agent_infer import _native
 from agent_infer.grammar.bitmask import allocate_token_bitmask

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_grammar_core_support import compile_schema_fresh, decode_char_by_char_exact
+from grammar_support import compile_schema_fresh, decode_char_by_char_exact
 
 CASES: list[tuple[Any, Any]] = [
     ({"type": "string", "pattern": "^[a-z]+$"}, "lowercase"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_grammar_core_support import compile_schema_fresh, decode_char_by_char_exact
+from grammar_support import compile_schema_fresh, decode_char_by_char_exact
 
 # Patterns are unanchored unless they say so: most lower to a `.*` loop around a literal.
 CASES: list[tuple[Any, Any]] = [

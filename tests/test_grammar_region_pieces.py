@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from test_grammar_core_support import assert_mask_exact, hf_tokenizer, tokenizer_info
+from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar

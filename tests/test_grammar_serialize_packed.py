@@ -14,7 +14,7 @@ from array import array
 
 import pytest
 from conformance import MASKBENCH_DIR
-from test_grammar_core_support import tokenizer_info
+from grammar_support import tokenizer_info
 
 from agent_infer.errors import AgentInferError, GrammarDefinitionError
 from agent_infer.grammar import compiler

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_grammar_core_support import (
+from grammar_support import (
     assert_bits_match_acceptance,
     fresh_tokenizer_info,
     hf_tokenizer,

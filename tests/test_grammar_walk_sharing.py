@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from test_grammar_core_support import assert_mask_exact, hf_tokenizer, tokenizer_info
+from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
 from agent_infer.grammar.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar

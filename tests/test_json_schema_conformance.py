@@ -1,8 +1,8 @@
-"""Conformance ratchets: no case may get worse than its golden (see tests/conformance.py).
+"""Conformance ratchets: no case may get worse than its golden (see tests/support/conformance.py).
 
 The default run covers the whole JSON-Schema-Test-Suite (draft 2020-12) and a fixed, seeded sample of
 MaskBench dev; the full MaskBench split is ``-m slow``. Regenerate goldens only on purpose with
-``python -m tests.conformance --suite jsts|maskbench --update``.
+``python tests/support/conformance.py --suite jsts|maskbench --update``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conformance
+from shared_data import SHARED_DATA, require_shared_data
 
 
 def _checker(suite: str) -> conformance.Checker:
@@ -27,8 +28,7 @@ def _checker(suite: str) -> conformance.Checker:
 
 
 def _require(path: Path) -> None:
-    if not path.exists():
-        pytest.skip(f"{path} not available")
+    require_shared_data(str(path.relative_to(SHARED_DATA)))
 
 
 def test_golden_has_no_forbidden_false_positives() -> None:

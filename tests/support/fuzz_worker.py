@@ -16,12 +16,12 @@ A *case* is a JSON object (so it can cross a pipe and be saved as a reproducer):
   within the limits or a typed error, then generated strings decoded (no reference at that size).
 
 Every case also checks mask exactness on ``tokenizer`` along one accepted string (the mask equals
-what ``accept_token`` accepts, the oracle of ``test_grammar_core_support``). Verdict ``status``:
+what ``accept_token`` accepts, the oracle of ``grammar_support``). Verdict ``status``:
 ``ok``, ``typed`` (an ``AgentInferError`` on bad input: fine), ``untyped``, ``wrong``, ``blowup``
 (``MemoryError``), ``slow`` (past the time limits with no ``GrammarLimitError``); the parent
 (:mod:`fuzz_harness`) adds ``crash`` and ``hang`` for a worker that dies or stops answering.
 
-``python tests/fuzz_worker.py CASE.json`` re-runs a saved case in this process (a reproducer).
+``python tests/support/fuzz_worker.py CASE.json`` re-runs a saved case in this process (a reproducer).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class _Checker:
     """Runs cases; tokenizers and the support helpers load once per process."""
 
     def __init__(self) -> None:
-        import test_grammar_core_support as support
+        import grammar_support as support
 
         from agent_infer import errors
         from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher

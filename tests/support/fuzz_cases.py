@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
+from shared_data import SHARED_DATA
 
-ROOT = Path(__file__).resolve().parent.parent
-GBNF_DIRS = (ROOT / "grammars", ROOT.parent / "shared" / "data" / "gbnf")
+ROOT = Path(__file__).resolve().parents[2]
+GBNF_DIRS = (ROOT / "grammars", SHARED_DATA / "gbnf")
 TOKENIZERS = ("bytes", "smollm2", "deepseek")
 
 # --- regexes ---------------------------------------------------------------------------------------

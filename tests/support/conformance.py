@@ -15,7 +15,7 @@ native matcher and a real tokenizer (compact JSON, and in flexible mode also ``i
 with the pure-Python reference recognizer when the native matcher is unavailable. The checker used
 is recorded in the golden.
 
-Script: ``python -m tests.conformance --suite jsts|maskbench [--sample N] [--checker NAME] [--update]``.
+Script: ``python tests/support/conformance.py --suite jsts|maskbench [--sample N] [--checker NAME] [--update]``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+from shared_data import SHARED_DATA
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = SHARED_DATA
 JSTS_DIR = DATA / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
 JSTS_REMOTES = DATA / "JSON-Schema-Test-Suite" / "remotes"
 MASKBENCH_DIR = DATA / "maskbench-dev"
