@@ -69,8 +69,8 @@ test-asan: venv $(ASAN_BUILD)/.built
 		-q -p no:cacheprovider --capture=sys $(ASAN_TESTS)
 
 lint: venv
-	$(VENV)/bin/ruff check agent_infer tests benchmarks examples
-	$(VENV)/bin/ruff format --check agent_infer tests benchmarks examples
+	$(VENV)/bin/ruff check agent_infer tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check agent_infer tests benchmarks examples scripts
 	$(VENV)/bin/mypy
 
 bench: venv

@@ -72,7 +72,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_grammar import load_schemas
 
-    from agent_infer.grammar.compiler import _serialize_for_compile, serialize_grammar_python
+    from agent_infer.grammar.compile.compiler import _serialize_for_compile, serialize_grammar_python
     from agent_infer.grammar.ir import Grammar
 
     # Lowering does not read the tokenizer: a bare native one (TokenizerInfo's constructor would

@@ -32,8 +32,12 @@ from typing import Any
 
 import torch
 
-from agent_infer.grammar.bitmask import apply_token_bitmask_inplace, bitmask_words, normalise_arguments
-from agent_infer.grammar.kernels import available, backend_module
+from agent_infer.grammar.runtime.bitmask import (
+    apply_token_bitmask_inplace,
+    bitmask_words,
+    normalise_arguments,
+)
+from agent_infer.grammar.runtime.kernels import available, backend_module
 
 
 def sparse_mask(rows: int, vocab: int, density: float, seed: int) -> torch.Tensor:

@@ -106,7 +106,7 @@ build() {
 cuda_kernel() {
   "$PY" - <<'EOF'
 import time
-from agent_infer.grammar.kernels import cuda
+from agent_infer.grammar.runtime.kernels import cuda
 start = time.perf_counter()
 cuda.load_op()
 print(f"CUDA mask kernel ready in {time.perf_counter() - start:.1f} s (cache: {cuda.build_directory()})")

@@ -149,7 +149,7 @@ def run_case(
     """One LLM with these settings: constrained batch of 8 and unconstrained batch of 8, greedy."""
     from agent_infer import LLM, SamplingParams
     from agent_infer.engine.config import EngineConfig
-    from agent_infer.grammar.bitmask import select_backend
+    from agent_infer.grammar.runtime.bitmask import select_backend
 
     known = {f.name for f in dataclasses.fields(EngineConfig)}
     skipped = [k for k in options if k not in known]

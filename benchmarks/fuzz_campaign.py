@@ -90,7 +90,9 @@ def main() -> int:
     for status, label in labels.items():
         print(f"  {label:28} {counts[status]:7}   " + "  ".join(f"{k}={per_kind[k][status]}" for k in kinds))
     if written:
-        print(f"reproducers: {len(written)} in {args.out}/ (re-run one: python tests/support/fuzz_worker.py FILE)")
+        print(
+            f"reproducers: {len(written)} in {args.out}/ (re-run one: python tests/support/fuzz_worker.py FILE)"
+        )
     (args.out / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps({"cases": total, "counts": dict(counts)}, indent=1))
     return 1 if any(counts[s] for s in FAILURE_KINDS) else 0

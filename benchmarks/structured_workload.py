@@ -65,8 +65,8 @@ def user_prompt(doc: dict[str, Any], schema: dict[str, Any], name: str, style: s
 
 def pick_workload(loaded: Any, n: int, seed: int, data: Path, style: str = "example") -> list[Request]:
     """``n`` schemas chosen by ``seed`` among those ours compiles (and that can be prompted in ``style``)."""
-    from agent_infer.grammar.compiler import GrammarCompiler
-    from agent_infer.grammar.tokenizer_info import TokenizerInfo
+    from agent_infer.grammar.compile.compiler import GrammarCompiler
+    from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
     from agent_infer.structured import as_structured
 
     tok = loaded.tokenizer

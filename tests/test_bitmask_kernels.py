@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from agent_infer.errors import AcceleratorUnavailableError, ConfigError, TokenBitmaskError
-from agent_infer.grammar.bitmask import (
+from agent_infer.grammar.runtime.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
     apply_token_bitmask_inplace_torch,
     bitmask_words,
     select_backend,
 )
-from agent_infer.grammar.kernels import available, backend_module
+from agent_infer.grammar.runtime.kernels import available, backend_module
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -239,7 +239,7 @@ def test_bad_arguments_raise_typed_errors_naming_the_problem(monkeypatch: pytest
 def test_auto_mode_falls_back_when_a_gpu_backend_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # Pretend Triton is the best backend for CPU tensors: without a GPU (or its interpreter) its
     # launch fails, so auto mode must warn, disable it for the process and still mask correctly.
-    import agent_infer.grammar.bitmask as bitmask_module
+    import agent_infer.grammar.runtime.bitmask as bitmask_module
 
     monkeypatch.delenv("AGENT_INFER_MASK_BACKEND", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -265,7 +265,7 @@ def test_importing_the_package_imports_no_gpu_backend() -> None:
         from agent_infer.grammar import apply_token_bitmask_inplace, allocate_token_bitmask
         apply_token_bitmask_inplace(torch.zeros(2, 40), allocate_token_bitmask(2, 40))
         apply_token_bitmask_inplace(torch.zeros(2, 40, dtype=torch.bfloat16), allocate_token_bitmask(2, 40))
-        print([m for m in ("triton", "agent_infer.grammar.kernels.triton", "agent_infer.grammar.kernels.cuda")
+        print([m for m in ("triton", "agent_infer.grammar.runtime.kernels.triton", "agent_infer.grammar.runtime.kernels.cuda")
                if m in sys.modules])
         """
     )
@@ -278,8 +278,8 @@ def test_importing_the_package_imports_no_gpu_backend() -> None:
 INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
-    from agent_infer.grammar.kernels import triton as backend
-    from agent_infer.grammar.bitmask import apply_token_bitmask_inplace_torch
+    from agent_infer.grammar.runtime.kernels import triton as backend
+    from agent_infer.grammar.runtime.bitmask import apply_token_bitmask_inplace_torch
     cases = json.loads(sys.argv[1])
     results = []
     for vocab, words, dtype_name, with_indices in cases:

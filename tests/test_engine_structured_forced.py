@@ -12,8 +12,8 @@ import pytest
 
 from agent_infer import SamplingParams
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
 from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.structured import StructuredOutput
 
 SCHEMAS: list[dict[str, Any]] = [

@@ -40,7 +40,7 @@ from shared_data import SHARED_DATA, require_shared_data
 
 from agent_infer import SamplingParams
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 MASKBENCH = SHARED_DATA / "maskbench-dev"
 SAMPLE_SEED = 5

@@ -17,9 +17,9 @@ import torch
 from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import ConfigError
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.matcher import GrammarMatcher, fill_next_token_bitmask_batch
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, fill_next_token_bitmask_batch
 from agent_infer.native import load_native
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the pool has no helper thread on one core")

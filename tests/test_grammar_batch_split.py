@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from grammar_support import hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher, fill_next_token_bitmask_batch
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, fill_next_token_bitmask_batch
 from agent_infer.native import load_native
 
 # Dense first visits of several kinds: free keys (pieces), maxLength strings (counted repeats),

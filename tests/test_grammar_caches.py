@@ -9,9 +9,9 @@ from agent_infer.grammar import (
     GrammarMatcher,
     TokenizerInfo,
     clear_grammar_caches,
-    json_schema_keys,
-    regex,
 )
+from agent_infer.grammar.frontends.json_schema import keys as json_schema_keys
+from agent_infer.grammar.frontends.regex import parser as regex
 from agent_infer.native import load_native
 
 SCHEMA = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grammar_support import tokenizer_info
 
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import CharClass, Grammar, Ref, Seq, lit
 
 

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
-from agent_infer.grammar.gbnf import MAX_GROUP_NESTING as GBNF_NESTING
+from agent_infer.grammar.frontends.ebnf.gbnf import MAX_GROUP_NESTING as GBNF_NESTING
+from agent_infer.grammar.frontends.ebnf.lark_grammar import MAX_GROUP_NESTING as LARK_NESTING
+from agent_infer.grammar.frontends.regex.parser import MAX_GROUP_NESTING as REGEX_NESTING
+from agent_infer.grammar.frontends.regex.parser import MAX_SEARCH_SPAN, regex_search_expr
 from agent_infer.grammar.ir import Alt, Literal, Seq
-from agent_infer.grammar.lark_frontend import MAX_GROUP_NESTING as LARK_NESTING
-from agent_infer.grammar.regex import MAX_GROUP_NESTING as REGEX_NESTING
-from agent_infer.grammar.regex import MAX_SEARCH_SPAN, regex_search_expr
 from agent_infer.testing import DEFAULT_MAX_LENGTH, random_strings, strings
 
 BUILTINS = ["json", "json_array", "arithmetic", "sql_select", "tool_call", "csv", "yaml_subset"]

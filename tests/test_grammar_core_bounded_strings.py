@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from grammar_support import assert_bits_match_acceptance, hf_tokenizer, mask_bits, tokenizer_info
 
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 # `short` stays a counted Repeat (inline), `long` and `wide` become power-of-two blocks.
 SCHEMA = {

@@ -13,15 +13,15 @@ from grammar_support import (
     tokenizer_info,
 )
 
-from agent_infer.grammar.bitmask import (
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.ir import Grammar, chars, lit, plus, seq
+from agent_infer.grammar.runtime.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
     apply_token_bitmask_inplace_torch,
 )
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.ir import Grammar, chars, lit, plus, seq
-from agent_infer.grammar.matcher import GrammarMatcher, fill_next_token_bitmask_batch
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, fill_next_token_bitmask_batch
 
 TOKENIZERS = ["deepseek", "smollm2"]
 

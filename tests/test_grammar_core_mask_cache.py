@@ -12,9 +12,9 @@ import json
 
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 # Two string properties with the same syntax (one shared region walk) and a maxLength string too
 # long for 256-character chunks, which the front end splits into finite power-of-two rules whose

@@ -16,8 +16,8 @@ import regex
 from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, MatcherUsageError
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
@@ -34,8 +34,8 @@ from agent_infer.grammar.ir import (
     seq,
     star,
 )
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 TOKENIZERS = ["deepseek", "smollm2"]
 

@@ -17,9 +17,9 @@ import torch
 from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import MatcherUsageError, TokenBitmaskError
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.matcher import GrammarMatcher, _tensor_rows, fill_next_token_bitmask_batch
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, _tensor_rows, fill_next_token_bitmask_batch
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ import pytest
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 CURIE = r"^([a-z0-9-]+):([a-z0-9\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$"
 

@@ -6,7 +6,7 @@ import pytest
 from shared_data import SHARED_DATA, require_shared_data
 
 from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
-from agent_infer.grammar.gbnf import parse_gbnf
+from agent_infer.grammar.frontends.ebnf.gbnf import parse_gbnf
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,

@@ -10,7 +10,7 @@ import pytest
 
 from agent_infer import grammar as g
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, InvalidSchemaError
-from agent_infer.grammar.gc_pause import gc_paused, pauses_gc
+from agent_infer.grammar.compile.gc_pause import gc_paused, pauses_gc
 
 
 @pytest.fixture(autouse=True)
@@ -151,7 +151,7 @@ def test_front_ends_run_with_collection_paused(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_compiler_entry_points_pause_and_restore(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_infer.grammar import compiler as compiler_module
+    from agent_infer.grammar.compile import compiler as compiler_module
 
     info = g.TokenizerInfo([b"a", b"b", b'"', b"{", b"}", b"1", b""], vocab_size=7, eos_token_ids=(6,))
     comp = g.GrammarCompiler(info, cache_enabled=False)

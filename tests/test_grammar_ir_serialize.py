@@ -16,8 +16,8 @@ import pytest
 from conformance import MASKBENCH_DIR
 
 from agent_infer.errors import AgentInferError, GrammarDefinitionError, GrammarLimitError
-from agent_infer.grammar import compiler
-from agent_infer.grammar.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.compile import compiler
+from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
@@ -32,7 +32,7 @@ from agent_infer.grammar.ir import (
     lit,
     seq,
 )
-from agent_infer.grammar.ir_references import _undefined_ref, first_undefined_ref
+from agent_infer.grammar.ir.references import _undefined_ref, first_undefined_ref
 from agent_infer.native import load_native
 
 SCHEMAS = [

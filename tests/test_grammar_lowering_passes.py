@@ -17,10 +17,10 @@ import pytest
 from grammar_support import assert_mask_exact, tokenizer_info
 
 from agent_infer.errors import AgentInferError
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import CharClass, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
 def _compile(grammar: Grammar, info: TokenizerInfo | None = None) -> CompiledGrammar:

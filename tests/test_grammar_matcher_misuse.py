@@ -13,9 +13,13 @@ import torch
 
 from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar import Grammar, TokenizerInfo
-from agent_infer.grammar.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
-from agent_infer.grammar.compiler import GrammarCompiler
-from agent_infer.grammar.matcher import BatchGrammarMatcher, GrammarMatcher, fill_next_token_bitmask_batch
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+from agent_infer.grammar.runtime.matcher import (
+    BatchGrammarMatcher,
+    GrammarMatcher,
+    fill_next_token_bitmask_batch,
+)
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ from agent_infer.errors import (
     TokenBitmaskError,
 )
 from agent_infer.grammar import Grammar, TokenizerInfo
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
-from agent_infer.grammar.matcher import GrammarMatcher, fill_next_token_bitmask_batch
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, fill_next_token_bitmask_batch
 
 # Quadratic work per byte: every completion rescans every earlier Earley set.
 AMBIGUOUS = 'root ::= root root | "a"'
@@ -119,12 +119,12 @@ def test_threads_sharing_a_matcher_get_errors_not_heap_corruption() -> None:
     script = textwrap.dedent(
         """
         import sys, threading, time
-        sys.path.insert(0, "tests")
+        sys.path.insert(0, "tests/support")
         from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
         from agent_infer.errors import MatcherBusyError
-        from agent_infer.grammar.bitmask import allocate_token_bitmask
-        from agent_infer.grammar.compiler import GrammarCompiler
-        from agent_infer.grammar.matcher import GrammarMatcher
+        from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+        from agent_infer.grammar.compile.compiler import GrammarCompiler
+        from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
         info = tokenizer_info("smollm2")
         m = GrammarMatcher(GrammarCompiler(info).compile(GRAMMARS["order"]()))

@@ -15,10 +15,10 @@ import json
 
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import Expr, Grammar, Ref, alt, chars, lit, seq
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 # Finite and small: inlined into its callers. Big enough (its program) to be worth sharing.
 ESC = alt(

@@ -10,11 +10,11 @@ from __future__ import annotations
 from grammar_support import tokenizer_info
 
 from agent_infer import _native
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 SCHEMA = {
     "type": "object",

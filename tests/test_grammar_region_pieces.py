@@ -15,9 +15,9 @@ import json
 
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 PATTERN = r"\d{4}-\d{2}(:\d{2})?"
 SCHEMA = {

@@ -14,11 +14,11 @@ import threading
 import pytest
 
 from agent_infer.errors import AgentInferError
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import Grammar, Ref, alt, chars, lit, plus, seq
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 INFO = TokenizerInfo.bytes_only()
 

@@ -17,11 +17,11 @@ from conformance import MASKBENCH_DIR
 from grammar_support import tokenizer_info
 
 from agent_infer.errors import AgentInferError, GrammarDefinitionError
-from agent_infer.grammar import compiler
-from agent_infer.grammar.compiler import GrammarCompiler, serialize_grammar_python
+from agent_infer.grammar.compile import compiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler, serialize_grammar_python
+from agent_infer.grammar.frontends.json_schema.key_set import KeySet
 from agent_infer.grammar.ir import Alt, Grammar, Ref, Seq, chars, lit
-from agent_infer.grammar.json_schema_key_set import KeySet
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.native import load_native
 
 SCHEMAS = [

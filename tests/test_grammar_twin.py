@@ -23,9 +23,9 @@ from grammar_support import (
 )
 
 from agent_infer import _native
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 SCHEMA = {
     "type": "object",

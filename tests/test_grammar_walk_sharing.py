@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.grammar.compiler import GrammarCompiler
+from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.matcher import GrammarMatcher
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 # Declared names sharing prefixes (trie nodes with one or several continuing bytes) next to free
 # keys; the nested object has many optional properties (one sparse key state per suffix).

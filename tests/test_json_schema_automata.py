@@ -13,9 +13,7 @@ import random
 import pytest
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.ir import Alt, alt, lit
-from agent_infer.grammar.json_schema import Compiler
-from agent_infer.grammar.json_schema_automata import (
+from agent_infer.grammar.automata.dfa import (
     DFA,
     Edge,
     dfa_accepts,
@@ -25,10 +23,12 @@ from agent_infer.grammar.json_schema_automata import (
     dfa_to_rules,
     expr_to_dfa,
 )
-from agent_infer.grammar.json_schema_names import names_complement_rules, names_dfa
-from agent_infer.grammar.json_schema_resolve import build_registry
-from agent_infer.grammar.json_schema_values import _type_only
-from agent_infer.grammar.regex import regex_search_expr
+from agent_infer.grammar.frontends.json_schema.entry import Compiler
+from agent_infer.grammar.frontends.json_schema.names import names_complement_rules, names_dfa
+from agent_infer.grammar.frontends.json_schema.resolve import build_registry
+from agent_infer.grammar.frontends.json_schema.values import _type_only
+from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+from agent_infer.grammar.ir import Alt, alt, lit
 
 NAME_SETS = [
     [],
@@ -216,8 +216,8 @@ _INCLUSION_PATTERNS = [
 @pytest.mark.parametrize("wide", _INCLUSION_PATTERNS)
 @pytest.mark.parametrize("narrow", _INCLUSION_PATTERNS)
 def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> None:
-    from agent_infer.grammar.json_schema_automata import dfa_includes, dfa_is_empty
-    from agent_infer.grammar.regex import regex_search_expr
+    from agent_infer.grammar.automata.dfa import dfa_includes, dfa_is_empty
+    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr(narrow, dialect="ecma"))
     b = expr_to_dfa(regex_search_expr(wide, dialect="ecma"))
@@ -226,8 +226,8 @@ def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> 
 
 
 def test_dfa_includes_gives_up_past_its_pair_limit() -> None:
-    from agent_infer.grammar.json_schema_automata import dfa_includes
-    from agent_infer.grammar.regex import regex_search_expr
+    from agent_infer.grammar.automata.dfa import dfa_includes
+    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr("^[a-y]{30}$", dialect="ecma"))
     b = expr_to_dfa(regex_search_expr("^[a-z]{30}$", dialect="ecma"))

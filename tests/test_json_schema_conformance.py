@@ -7,14 +7,10 @@ MaskBench dev; the full MaskBench split is ``-m slow``. Regenerate goldens only 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import conformance
+import pytest
 from shared_data import SHARED_DATA, require_shared_data
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from grammar_support import deepseek_tokenizer_path
 
 from agent_infer.errors import (
     ConfigError,
@@ -28,10 +27,6 @@ from agent_infer.grammar import (
     TokenizerInfo,
     allocate_token_bitmask,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from grammar_support import deepseek_tokenizer_path
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches, compiler
-from agent_infer.grammar import json_schema_key_trie as key_trie
-from agent_infer.grammar.compiler import serialize_grammar_python
+from agent_infer.grammar.compile.compiler import serialize_grammar_python
+from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
+from agent_infer.grammar.frontends.json_schema.key_set import KEY_TRIE_OPCODE, KeySet, all_plain
+from agent_infer.grammar.frontends.json_schema.keys import FREE_RULE, SINK_RULE
 from agent_infer.grammar.ir import Alt, Grammar
-from agent_infer.grammar.json_schema_key_set import KEY_TRIE_OPCODE, KeySet, all_plain
-from agent_infer.grammar.json_schema_keys import FREE_RULE, SINK_RULE
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.native import load_native
 

@@ -18,12 +18,12 @@ from conformance import MASKBENCH_DIR
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar import clear_grammar_caches, compiler, json_schema_compiler
-from agent_infer.grammar import json_schema_key_trie as key_trie
-from agent_infer.grammar.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
+from agent_infer.grammar.frontends.json_schema.keys import ComplementKeys, node_body
+from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref
 from agent_infer.grammar.ir import _rename as rename_refs
-from agent_infer.grammar.json_schema_keys import ComplementKeys, node_body
-from agent_infer.grammar.json_schema_text import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.native import load_native
 

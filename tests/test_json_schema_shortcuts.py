@@ -7,12 +7,12 @@ import pytest
 
 from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, clear_grammar_caches
-from agent_infer.grammar.gbnf import referenced_rules
-from agent_infer.grammar.json_schema_automata import dfa_complement, dfa_intersect, dfa_to_rules, expr_to_dfa
-from agent_infer.grammar.json_schema_lengths import bounded_rules, dfa_bound_length
-from agent_infer.grammar.json_schema_names import names_dfa
+from agent_infer.grammar.automata.dfa import dfa_complement, dfa_intersect, dfa_to_rules, expr_to_dfa
+from agent_infer.grammar.frontends.ebnf.gbnf import referenced_rules
+from agent_infer.grammar.frontends.json_schema.lengths import bounded_rules, dfa_bound_length
+from agent_infer.grammar.frontends.json_schema.names import names_dfa
+from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 from agent_infer.grammar.reference import ReferenceRecognizer
-from agent_infer.grammar.regex import regex_search_expr
 
 PATTERNS = [
     r"^([a-z0-9-]+):([a-z0-9\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",
@@ -108,7 +108,7 @@ def test_object_tails_are_all_reachable() -> None:
 
 def test_formats_are_process_constants() -> None:
     # Built from the fixed format table: not memos of earlier schemas, so the cold switch keeps them.
-    from agent_infer.grammar import json_schema_scalars as scalars
+    from agent_infer.grammar.frontends.json_schema import scalars as scalars
 
     first = scalars._encoded_format("date-time")
     clear_grammar_caches()

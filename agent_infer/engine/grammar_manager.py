@@ -27,9 +27,9 @@ from agent_infer.structured import StructuredOutput
 
 if TYPE_CHECKING:
     from agent_infer.engine.sequence import Sequence
-    from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+    from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
     from agent_infer.grammar.ir import Grammar
-    from agent_infer.grammar.matcher import GrammarMatcher
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
     from agent_infer.model.tokenizer import Tokenizer
 
 
@@ -98,8 +98,8 @@ class GrammarManager:
         """The compiler, built on first use (reading the vocabulary's bytes takes ~0.5 s)."""
         with self._lock:
             if self._compiler is None:
-                from agent_infer.grammar.compiler import GrammarCompiler
-                from agent_infer.grammar.tokenizer_info import TokenizerInfo
+                from agent_infer.grammar.compile.compiler import GrammarCompiler
+                from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 
                 info = TokenizerInfo.from_tokenizer(
                     self._tokenizer.hf_tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos
@@ -156,7 +156,7 @@ class GrammarManager:
 
     def new_matcher(self, structured: StructuredOutput) -> GrammarMatcher:
         """Lower and compile synchronously: a fresh matcher for one request."""
-        from agent_infer.grammar.matcher import GrammarMatcher
+        from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
         grammar = self.lower(structured)
         try:
@@ -177,7 +177,7 @@ class GrammarManager:
         """Join the fill started by :meth:`start_masks` and ``-inf`` the disallowed logits."""
         if pending is None:
             return
-        from agent_infer.grammar.bitmask import apply_token_bitmask_inplace
+        from agent_infer.grammar.runtime.bitmask import apply_token_bitmask_inplace
 
         bitmask = pending.result()
         with self._timings_lock:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from agent_infer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.compiler import CompiledGrammar
+    from agent_infer.grammar.compile.compiler import CompiledGrammar
     from agent_infer.grammar.ir import Grammar
-    from agent_infer.grammar.matcher import GrammarMatcher
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
 class GrammarWorkerPool:
@@ -37,7 +37,7 @@ class GrammarWorkerPool:
         return self._executor.submit(self._build, grammar)
 
     def _build(self, grammar: Grammar) -> GrammarMatcher:
-        from agent_infer.grammar.matcher import GrammarMatcher
+        from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
         return GrammarMatcher(self._compile(grammar))
 

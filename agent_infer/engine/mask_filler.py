@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.matcher import GrammarMatcher
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
 class PendingMasks:
@@ -46,8 +46,8 @@ class PendingMasks:
         self._future: Future[torch.Tensor] | None = executor.submit(self._fill) if executor else None
 
     def _fill(self) -> torch.Tensor:
-        from agent_infer.grammar.bitmask import allocate_token_bitmask
-        from agent_infer.grammar.matcher import fill_next_token_bitmask_batch
+        from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+        from agent_infer.grammar.runtime.matcher import fill_next_token_bitmask_batch
 
         start = time.perf_counter()
         bitmask = allocate_token_bitmask(self._num_rows, self._vocab_size)

@@ -14,7 +14,7 @@ from agent_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from agent_infer.engine.speculator import NgramIndex
-    from agent_infer.grammar.matcher import GrammarMatcher
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):

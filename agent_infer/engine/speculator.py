@@ -51,8 +51,8 @@ import torch
 from agent_infer.engine.closing import remaining_tokens
 from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.sampling_params import SamplingParams
 
 #: Longest and shortest n-gram looked up; longer matches are tried first.

@@ -12,15 +12,15 @@ from typing import Any
 from agent_infer.grammar.ir import Grammar
 
 _LAZY = {
-    "TokenizerInfo": "agent_infer.grammar.tokenizer_info",
-    "GrammarCompiler": "agent_infer.grammar.compiler",
-    "CompiledGrammar": "agent_infer.grammar.compiler",
-    "GrammarMatcher": "agent_infer.grammar.matcher",
-    "BatchGrammarMatcher": "agent_infer.grammar.matcher",
-    "allocate_token_bitmask": "agent_infer.grammar.bitmask",
-    "apply_token_bitmask_inplace": "agent_infer.grammar.bitmask",
-    "fill_next_token_bitmask_batch": "agent_infer.grammar.matcher",
-    "clear_grammar_caches": "agent_infer.grammar.caches",
+    "TokenizerInfo": "agent_infer.grammar.compile.tokenizer_info",
+    "GrammarCompiler": "agent_infer.grammar.compile.compiler",
+    "CompiledGrammar": "agent_infer.grammar.compile.compiler",
+    "GrammarMatcher": "agent_infer.grammar.runtime.matcher",
+    "BatchGrammarMatcher": "agent_infer.grammar.runtime.matcher",
+    "allocate_token_bitmask": "agent_infer.grammar.runtime.bitmask",
+    "apply_token_bitmask_inplace": "agent_infer.grammar.runtime.bitmask",
+    "fill_next_token_bitmask_batch": "agent_infer.grammar.runtime.matcher",
+    "clear_grammar_caches": "agent_infer.grammar.compile.caches",
 }
 
 __all__ = ["Grammar", *_LAZY]

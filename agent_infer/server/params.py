@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_infer.errors import GrammarError, InvalidRequestError
+from agent_infer.grammar.frontends.regex.parser import regex_to_grammar
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.regex import regex_to_grammar
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.body import parse_json

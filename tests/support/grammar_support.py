@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent_infer.grammar.bitmask import allocate_token_bitmask
-from agent_infer.grammar.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.compiler import CompiledGrammar, GrammarCompiler
+from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 from agent_infer.grammar.ir import (
     CharClass,
     Expr,
@@ -30,8 +30,8 @@ from agent_infer.grammar.ir import (
     seq,
     star,
 )
-from agent_infer.grammar.matcher import GrammarMatcher
-from agent_infer.grammar.tokenizer_info import TokenizerInfo
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
+from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 _CACHE = Path(os.environ.get("AGENT_INFER_TEST_CACHE", "/tmp/agent_infer_test_cache"))
 

@@ -1,0 +1,1 @@
+"""Compilation: the IR and a tokenizer to a compiled grammar (native lowering, token tables, caches)."""

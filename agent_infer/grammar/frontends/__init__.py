@@ -1,0 +1,1 @@
+"""Front ends: each lowers one constraint language to the grammar IR."""

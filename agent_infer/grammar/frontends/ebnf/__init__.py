@@ -1,0 +1,1 @@
+"""Grammar languages to the IR: llama.cpp's GBNF and Lark's EBNF."""

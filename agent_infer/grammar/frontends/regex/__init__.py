@@ -1,0 +1,1 @@
+"""Regular expressions (the JSON Schema ``pattern`` dialect and Python's ``re`` subset) to the IR."""

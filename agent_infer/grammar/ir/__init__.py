@@ -1,0 +1,75 @@
+"""The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
+
+A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
+code points. The tree has seven node kinds and nothing else:
+
+* :class:`Empty` -- the empty string.
+* :class:`Literal` -- a fixed, non-empty string.
+* :class:`CharClass` -- one code point from inclusive ranges (optionally negated).
+* :class:`Seq` / :class:`Alt` -- concatenation / alternation.
+* :class:`Repeat` -- ``item{min,max}`` (``max=None`` is unbounded).
+* :class:`Ref` -- a reference to another rule (recursion, including left recursion, is allowed).
+
+``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names), which our GBNF front end
+reads back to an equal grammar, so a failing test can show what a schema lowered to.
+The native compiler lowers the tree to UTF-8 byte automata; see ``docs/grammar_engine.md``.
+"""
+
+# The IR lives in one module per concept (nodes, constructors, printing, the grammar); this module
+# keeps the one import path every front end, test and user reads them from.
+from agent_infer.grammar.ir.constructors import (
+    alt,
+    alt_disjoint,
+    chars,
+    lit,
+    opt,
+    plus,
+    seq,
+    star,
+    walk,
+)
+from agent_infer.grammar.ir.grammar import (
+    Grammar,
+    builtin_grammar_path,
+    grammars_dir,
+)
+from agent_infer.grammar.ir.grammar import _rename as _rename
+from agent_infer.grammar.ir.nodes import (
+    MAX_CODEPOINT,
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    Literal,
+    Ref,
+    Repeat,
+    Seq,
+    complement_ranges,
+    merge_ranges,
+)
+
+__all__ = [
+    "MAX_CODEPOINT",
+    "Alt",
+    "CharClass",
+    "Empty",
+    "Expr",
+    "Grammar",
+    "Literal",
+    "Ref",
+    "Repeat",
+    "Seq",
+    "alt",
+    "alt_disjoint",
+    "builtin_grammar_path",
+    "chars",
+    "complement_ranges",
+    "grammars_dir",
+    "lit",
+    "merge_ranges",
+    "opt",
+    "plus",
+    "seq",
+    "star",
+    "walk",
+]

@@ -1,0 +1,1 @@
+"""Per-request matching: the matcher, the token bitmask and the kernels that apply it."""
