@@ -127,7 +127,9 @@ def test_many_threads_compiling_at_once_restore_collection() -> None:
 
 
 def test_front_ends_run_with_collection_paused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_infer.grammar import gbnf, json_schema, regex
+    from agent_infer.grammar.frontends.ebnf import gbnf
+    from agent_infer.grammar.frontends.json_schema import entry as json_schema
+    from agent_infer.grammar.frontends.regex import parser as regex
 
     states: list[bool] = []
 

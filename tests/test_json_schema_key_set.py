@@ -16,7 +16,8 @@ from conformance import MASKBENCH_DIR
 from grammar_support import hf_tokenizer, tokenizer_info
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
-from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches, compiler
+from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches
+from agent_infer.grammar.compile import compiler
 from agent_infer.grammar.compile.compiler import serialize_grammar_python
 from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
 from agent_infer.grammar.frontends.json_schema.key_set import KEY_TRIE_OPCODE, KeySet, all_plain

@@ -17,8 +17,10 @@ import pytest
 from conformance import MASKBENCH_DIR
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar import clear_grammar_caches, compiler, json_schema_compiler
+from agent_infer.grammar import clear_grammar_caches
+from agent_infer.grammar.compile import compiler
 from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.frontends.json_schema import compiler as json_schema_compiler
 from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
 from agent_infer.grammar.frontends.json_schema.keys import ComplementKeys, node_body
 from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE
