@@ -237,7 +237,7 @@ def test_duplicate_tool_names_are_400_naming_the_duplicate(server: LiveServer) -
 
 
 def _documented_metrics() -> set[str]:
-    doc = (Path(__file__).parent.parent / "docs" / "server.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
     section = doc.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     names = set()
     for cell in re.findall(r"^\| (.+?) \|", section, re.MULTILINE):
@@ -256,5 +256,5 @@ def test_docs_list_exactly_the_exported_metrics(server: LiveServer) -> None:
     text = httpx.get(server.base_url + "/metrics", timeout=30).text
     exported = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
     assert _documented_metrics() == exported
-    doc = (Path(__file__).parent.parent / "docs" / "server.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
     assert "not yet exported" not in doc.lower()
