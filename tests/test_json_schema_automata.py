@@ -13,20 +13,21 @@ import random
 import pytest
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.automata.dfa import (
+from agent_infer.grammar.automata import (
     DFA,
     Edge,
     dfa_accepts,
     dfa_complement,
     dfa_intersect,
     dfa_length,
-    dfa_to_rules,
     expr_to_dfa,
+    names_dfa,
 )
-from agent_infer.grammar.frontends.json_schema.entry import Compiler
-from agent_infer.grammar.frontends.json_schema.names import names_complement_rules, names_dfa
-from agent_infer.grammar.frontends.json_schema.resolve import build_registry
-from agent_infer.grammar.frontends.json_schema.values import _type_only
+from agent_infer.grammar.frontends.json_schema.compiler import Compiler
+from agent_infer.grammar.frontends.json_schema.keys.names import names_complement_rules
+from agent_infer.grammar.frontends.json_schema.resolve.registry import build_registry
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
+from agent_infer.grammar.frontends.json_schema.values.validation import _type_only
 from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 from agent_infer.grammar.ir import Alt, alt, lit
 
@@ -216,7 +217,7 @@ _INCLUSION_PATTERNS = [
 @pytest.mark.parametrize("wide", _INCLUSION_PATTERNS)
 @pytest.mark.parametrize("narrow", _INCLUSION_PATTERNS)
 def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> None:
-    from agent_infer.grammar.automata.dfa import dfa_includes, dfa_is_empty
+    from agent_infer.grammar.automata import dfa_includes, dfa_is_empty
     from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr(narrow, dialect="ecma"))
@@ -226,7 +227,7 @@ def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> 
 
 
 def test_dfa_includes_gives_up_past_its_pair_limit() -> None:
-    from agent_infer.grammar.automata.dfa import dfa_includes
+    from agent_infer.grammar.automata import dfa_includes
     from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr("^[a-y]{30}$", dialect="ecma"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from agent_infer.grammar.frontends.json_schema.keys import _CHAINS, ComplementKeys
-from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import _CHAINS, ComplementKeys
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.reference import ReferenceRecognizer
 

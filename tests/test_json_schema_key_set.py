@@ -19,9 +19,9 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches
 from agent_infer.grammar.compile import compiler
 from agent_infer.grammar.compile.compiler import serialize_grammar_python
-from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
-from agent_infer.grammar.frontends.json_schema.key_set import KEY_TRIE_OPCODE, KeySet, all_plain
-from agent_infer.grammar.frontends.json_schema.keys import FREE_RULE, SINK_RULE
+from agent_infer.grammar.frontends.json_schema.keys import key_trie as key_trie
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import FREE_RULE, SINK_RULE
+from agent_infer.grammar.frontends.json_schema.keys.key_set import KEY_TRIE_OPCODE, KeySet, all_plain
 from agent_infer.grammar.ir import Alt, Grammar
 from agent_infer.grammar.reference import ReferenceRecognizer
 from agent_infer.native import load_native

@@ -21,9 +21,9 @@ from agent_infer.grammar import clear_grammar_caches
 from agent_infer.grammar.compile import compiler
 from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
 from agent_infer.grammar.frontends.json_schema import compiler as json_schema_compiler
-from agent_infer.grammar.frontends.json_schema import key_trie as key_trie
-from agent_infer.grammar.frontends.json_schema.keys import ComplementKeys, node_body
-from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE
+from agent_infer.grammar.frontends.json_schema.keys import key_trie as key_trie
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import ComplementKeys, node_body
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref
 from agent_infer.grammar.ir import _rename as rename_refs
 from agent_infer.grammar.reference import ReferenceRecognizer

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar
+from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 from agent_infer.grammar.reference import ReferenceRecognizer
 
 
@@ -337,7 +337,7 @@ def test_enum_next_to_unknown_keywords_without_a_type() -> None:
     """A tool's own keyword and no ``type``: every enum value is kept (the keyword is an
     annotation), the warning is recorded once, and a typo of a real keyword still fails closed."""
     from agent_infer.errors import UnsupportedSchemaError
-    from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar
+    from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 
     schema = {"enum": ["a", 1, None, {"k": [1]}], "options": {"enum_titles": ["A", "One", "None", "Obj"]}}
     check(schema, ['"a"', 1, None, {"k": [1]}], ['"b"', 2, {"k": []}])
@@ -351,10 +351,10 @@ def test_number_enum_listed_in_one_pass_keeps_every_numeral() -> None:
     """An enum of numbers is built in one pass (``listed_numbers``): the same JSON texts as one
     exact value expression per member (``value_expr``), trailing zeros, ``-0`` and a float too
     large for a short decimal included."""
-    from agent_infer.grammar.frontends.json_schema import numbers as num
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
-    from agent_infer.grammar.frontends.json_schema.merge import to_fraction
-    from agent_infer.grammar.frontends.json_schema.objects import value_expr
+    from agent_infer.grammar.frontends.json_schema.types import numerals as num
+    from agent_infer.grammar.frontends.json_schema.values.canon import to_fraction
+    from agent_infer.grammar.frontends.json_schema.values.enums import value_expr
     from agent_infer.grammar.ir import alt
     from agent_infer.grammar.ir.grammar import Grammar
 
@@ -381,7 +381,7 @@ def test_enumerated_multiples_keep_every_numeral_of_each_value() -> None:
     interval per value (``bounded_number``), signs, zero's ``-0`` and trailing zeros included."""
     from fractions import Fraction
 
-    from agent_infer.grammar.frontends.json_schema import numbers as num
+    from agent_infer.grammar.frontends.json_schema.types import numerals as num
     from agent_infer.grammar.ir import alt
     from agent_infer.grammar.ir.grammar import Grammar
 

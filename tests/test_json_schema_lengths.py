@@ -9,7 +9,7 @@ import re
 import pytest
 
 from agent_infer.grammar import Grammar
-from agent_infer.grammar.frontends.json_schema.lengths import bounded_pattern
+from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_pattern
 from agent_infer.grammar.ir import CharClass, Literal, Repeat, Seq
 from agent_infer.grammar.reference import ReferenceRecognizer
 
@@ -97,13 +97,13 @@ def test_bounded_pattern_shapes() -> None:
 def test_bound_length_equals_product(pattern: str, lo: int, hi: int | None) -> None:
     # The counter-specialised product is the general product, state for state and edge for edge,
     # also on complements (whose edges are not merged by construction).
-    from agent_infer.grammar.automata.dfa import (
+    from agent_infer.grammar.automata import (
+        dfa_bound_length,
         dfa_complement,
         dfa_intersect,
         dfa_length,
         expr_to_dfa,
     )
-    from agent_infer.grammar.frontends.json_schema.lengths import dfa_bound_length
     from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 
     dfa = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))

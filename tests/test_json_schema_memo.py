@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_infer.grammar.automata.dfa import encoded_head
-from agent_infer.grammar.frontends.json_schema.keys import (
+from agent_infer.grammar.automata import names_dfa
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import (
     KEY_RULE_PREFIX,
     SINK_RULE,
     SPECIAL_EXPR,
@@ -22,9 +22,10 @@ from agent_infer.grammar.frontends.json_schema.keys import (
     ComplementKeys,
     special_head,
 )
-from agent_infer.grammar.frontends.json_schema.memo import SchemaKeys
-from agent_infer.grammar.frontends.json_schema.names import names_complement_rules, names_dfa
-from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE
+from agent_infer.grammar.frontends.json_schema.keys.names import names_complement_rules
+from agent_infer.grammar.frontends.json_schema.resolve.schema_keys import SchemaKeys
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import encoded_head
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref, Seq
 from agent_infer.grammar.ir import _rename as rename_refs
 from agent_infer.grammar.reference import ReferenceRecognizer
@@ -180,7 +181,7 @@ def test_trie_nodes_are_shared_across_grammars_consistently() -> None:
 
 
 def test_other_rules_never_take_the_key_trie_prefix() -> None:
-    from agent_infer.grammar.frontends.json_schema.entry import _rule_base
+    from agent_infer.grammar.frontends.json_schema.rule_writer import _rule_base
 
     assert not _rule_base("/properties/char-key-7").startswith(KEY_RULE_PREFIX)
     assert not _rule_base("char-key-7").startswith(KEY_RULE_PREFIX)
@@ -263,7 +264,7 @@ def test_a_failed_build_leaves_no_reference_cycle(monkeypatch: pytest.MonkeyPatc
     from agent_infer.errors import UnsupportedSchemaError
     from agent_infer.grammar import Grammar
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
-    from agent_infer.grammar.frontends.json_schema.objects import MAX_PATTERN_REGIONS
+    from agent_infer.grammar.frontends.json_schema.types.objects import MAX_PATTERN_REGIONS
 
     props: dict[str, Any] = {
         f"p{i}": {"type": "string", "enum": ["a", "b", 3], "options": {"i": i}} for i in range(40)

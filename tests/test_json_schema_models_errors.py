@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar
-from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar
+from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 from agent_infer.grammar.reference import ReferenceRecognizer
 
 

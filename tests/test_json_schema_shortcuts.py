@@ -7,10 +7,16 @@ import pytest
 
 from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, clear_grammar_caches
-from agent_infer.grammar.automata.dfa import dfa_complement, dfa_intersect, dfa_to_rules, expr_to_dfa
+from agent_infer.grammar.automata import (
+    dfa_bound_length,
+    dfa_complement,
+    dfa_intersect,
+    expr_to_dfa,
+    names_dfa,
+)
 from agent_infer.grammar.frontends.ebnf.gbnf import referenced_rules
-from agent_infer.grammar.frontends.json_schema.lengths import bounded_rules, dfa_bound_length
-from agent_infer.grammar.frontends.json_schema.names import names_dfa
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
+from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_rules
 from agent_infer.grammar.frontends.regex.parser import regex_search_expr
 from agent_infer.grammar.reference import ReferenceRecognizer
 
@@ -108,7 +114,7 @@ def test_object_tails_are_all_reachable() -> None:
 
 def test_formats_are_process_constants() -> None:
     # Built from the fixed format table: not memos of earlier schemas, so the cold switch keeps them.
-    from agent_infer.grammar.frontends.json_schema import scalars as scalars
+    from agent_infer.grammar.frontends.json_schema.types import strings as scalars
 
     first = scalars._encoded_format("date-time")
     clear_grammar_caches()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.grammar.frontends.json_schema.merge import is_annotation
+from agent_infer.grammar.frontends.json_schema.keywords import is_annotation
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.frontends.json_schema.entry import Compiler
+    from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 _BOUND_FLIP = {
     "minimum": "exclusiveMaximum",

@@ -11,33 +11,21 @@ become numbers.
 from __future__ import annotations
 
 import functools
-import json
-import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.frontends.json_schema.keywords import LIST_KEYWORDS, MAP_KEYWORDS, SCHEMA_KEYWORDS
+from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import (
+    EXCLUSIVE_KEYWORDS,
+    SHAPED_KEYWORDS,
+    check_shape,
+    pointer_escape,
+)
 
 DEFAULT_BASE = "urn:agent-infer:schema"
-
-# Keywords whose value is a schema, a map of schemas, or a list of schemas.
-SCHEMA_KEYWORDS = {
-    "additionalProperties",
-    "propertyNames",
-    "items",
-    "contains",
-    "not",
-    "if",
-    "then",
-    "else",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-    "contentSchema",
-}
-MAP_KEYWORDS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-LIST_KEYWORDS = {"allOf", "anyOf", "oneOf", "prefixItems"}
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -109,9 +97,9 @@ class Registry:
         for key, value in node.items():
             if key not in _STRUCTURAL:
                 # Most keywords are plain values: their pointer is only spelled out for an error.
-                if key in _SHAPED:
-                    _check_shape(key, value, pointer)
-                if key in _EXCLUSIVE and isinstance(value, bool):
+                if key in SHAPED_KEYWORDS:
+                    check_shape(key, value, pointer)
+                if key in EXCLUSIVE_KEYWORDS and isinstance(value, bool):
                     # draft-04: a boolean flag on minimum/maximum
                     bound = "minimum" if key == "exclusiveMinimum" else "maximum"
                     if value and bound in node:
@@ -120,7 +108,11 @@ class Registry:
                 else:
                     out[key] = value
                 continue
-            here = f"{pointer}/{key}" if "~" not in key and "/" not in key else f"{pointer}/{_escape(key)}"
+            here = (
+                f"{pointer}/{key}"
+                if "~" not in key and "/" not in key
+                else f"{pointer}/{pointer_escape(key)}"
+            )
             if key == "$ref":
                 if not isinstance(value, str):
                     raise InvalidSchemaError("$ref must be a string", pointer=here)
@@ -143,15 +135,19 @@ class Registry:
                     for name, dep in value.items():
                         target = "dependentRequired" if isinstance(dep, list) else "dependentSchemas"
                         walked = (
-                            dep if isinstance(dep, list) else self._walk(dep, base, f"{here}/{_escape(name)}")
+                            dep
+                            if isinstance(dep, list)
+                            else self._walk(dep, base, f"{here}/{pointer_escape(name)}")
                         )
                         out.setdefault(target, {})[name] = walked
                     continue
                 walk = self._walk
-                # _escape inline: property names rarely hold "~" or "/".
+                # pointer_escape inline: property names rarely hold "~" or "/".
                 out[key] = {
                     k: walk(
-                        v, base, f"{here}/{k}" if "~" not in k and "/" not in k else f"{here}/{_escape(k)}"
+                        v,
+                        base,
+                        f"{here}/{k}" if "~" not in k and "/" not in k else f"{here}/{pointer_escape(k)}",
                     )
                     for k, v in value.items()
                 }
@@ -203,170 +199,7 @@ class Registry:
         return node
 
 
-_COUNTS = {
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minContains",
-    "maxContains",
-}
-_NUMBERS = {"minimum", "maximum", "multipleOf"}
-_STRINGS = frozenset(("pattern", "format"))
-
-
-# Keywords _check_shape looks at, and those _walk rewrites or descends into (the rest are copied).
-_SHAPED = frozenset(
-    (
-        *_COUNTS,
-        *_NUMBERS,
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "required",
-        "enum",
-        "const",
-        "pattern",
-        "format",
-        "uniqueItems",
-    )
-) | {"type"}
-_EXCLUSIVE = frozenset(("exclusiveMinimum", "exclusiveMaximum"))
 _STRUCTURAL = frozenset(("$ref", "additionalItems", *SCHEMA_KEYWORDS, *MAP_KEYWORDS, *LIST_KEYWORDS))
-
-
-# Integers are written and compared through their decimal text (grammars, enum filtering), which
-# Python refuses to produce past its default int-to-str limit: such integers are rejected, with
-# the same bound whatever the interpreter's setting.
-MAX_INT_DIGITS = 4300
-_INT_BOUND = 10**MAX_INT_DIGITS
-
-
-class TooLongInteger:
-    """An integer literal of JSON schema text with more than MAX_INT_DIGITS digits (``json.loads``
-    cannot convert it): kept as its text so the keyword holding it is reported with its pointer."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"<integer of {len(self.text.lstrip('-'))} digits>"
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def schema_text(value: Any, *, sort_keys: bool = False) -> str:
-    """``json.dumps(value, default=str)``, the key the compiler's memos use for a schema or a
-    value, also where an annotation holds an integer past Python's int-to-str limit (kept by
-    validation, which only looks at the keywords that constrain)."""
-    try:
-        return json.dumps(value, sort_keys=sort_keys, default=str)
-    except ValueError:
-        return json.dumps(_hex_huge(value), sort_keys=sort_keys, default=str)
-
-
-def _hex_huge(value: Any) -> Any:
-    """``value`` with integers past the int-to-str limit as hex text (hex has no such limit)."""
-    kind = type(value)
-    if kind is int and not -_INT_BOUND < value < _INT_BOUND:
-        return f"<integer 0x{value:x}>"
-    if kind is list:
-        return [_hex_huge(x) for x in value]
-    if kind is dict:
-        return {k: _hex_huge(x) for k, x in value.items()}
-    return value
-
-
-def number_problem(v: Any) -> str | None:
-    """Why the JSON number ``v`` cannot be compiled (non-finite, too many digits), or None."""
-    vt = type(v)
-    if vt is float:
-        return None if math.isfinite(v) else f"must be a finite number, got {v!r}"
-    if vt is TooLongInteger or (vt is not bool and isinstance(v, int) and not -_INT_BOUND < v < _INT_BOUND):
-        return f"is an integer with more than {MAX_INT_DIGITS} digits"
-    return None
-
-
-def check_value(value: Any, pointer: str, keyword: str = "enum") -> None:
-    """Reject a JSON value (``enum``/``const``) holding a number :func:`number_problem` refuses,
-    naming the number's own pointer. Iterative (values nest as deep as their source allows); a
-    pointer is spelled out only for a container or the culprit, as enums list thousands of codes."""
-    if type(value) in _PLAIN:
-        return
-    stack = [(value, pointer)]
-    while stack:
-        v, here = stack.pop()
-        vt = type(v)
-        if vt is list or vt is dict:
-            items = enumerate(v) if vt is list else v.items()
-            if vt is list and set(map(type, v)) <= _PLAIN:
-                continue
-            for k, x in items:
-                xt = type(x)
-                if xt in _PLAIN:
-                    continue
-                if xt is list or xt is dict or number_problem(x) is not None:
-                    stack.append((x, f"{here}/{_escape(str(k))}"))
-        else:
-            problem = number_problem(v)
-            if problem is not None:
-                raise InvalidSchemaError(f"{keyword} value {problem}", pointer=here)
-
-
-_PLAIN = frozenset((str, bool, type(None)))
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _check_shape(key: str, value: Any, parent: str) -> None:
-    """Reject keyword values of the wrong JSON type (InvalidSchemaError with the keyword's pointer,
-    under ``parent``, the pointer of the schema holding it)."""
-    vt = type(value)
-    if vt is str and (key == "type" or key in _STRINGS):
-        return  # the common cases, decided without the chain below
-    if key == "enum" or key == "const":
-        if key == "enum" and not isinstance(value, list):
-            raise InvalidSchemaError("enum must be an array", pointer=f"{parent}/enum")
-        if vt is not str:
-            check_value(value, f"{parent}/{key}", key)
-        return
-    if (key in _NUMBERS or key in _EXCLUSIVE or key in _COUNTS) and vt is not bool:
-        # Non-finite and over-long numbers first: the checks below would convert them.
-        problem = number_problem(value)
-        if problem is not None:
-            raise InvalidSchemaError(f"{key} {problem}", pointer=f"{parent}/{_escape(key)}")
-    is_num = _is_num
-    problem = None
-    if key in _COUNTS and not (is_num(value) and value >= 0 and value == int(value)):
-        problem = "must be a non-negative integer"
-    elif key in _NUMBERS and not is_num(value):
-        problem = "must be a number"
-    elif key == "multipleOf" and value <= 0:
-        problem = "must be greater than 0"
-    elif key in ("exclusiveMinimum", "exclusiveMaximum") and not (is_num(value) or isinstance(value, bool)):
-        problem = "must be a number"
-    elif key == "required" and not (isinstance(value, list) and all(isinstance(r, str) for r in value)):
-        problem = "must be an array of strings"
-    elif key in ("pattern", "format") and not isinstance(value, str):
-        problem = "must be a string"
-    elif key == "uniqueItems" and not isinstance(value, bool):
-        problem = "must be a boolean"
-    elif key == "type" and not (
-        isinstance(value, str) or (isinstance(value, list) and all(isinstance(t, str) for t in value))
-    ):
-        problem = "must be a string or an array of strings"
-    if problem:
-        raise InvalidSchemaError(f"{key} {problem}", pointer=f"{parent}/{_escape(key)}")
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def build_registry(schema: Any, remotes: Mapping[str, Any] | None) -> tuple[Registry, Any]:

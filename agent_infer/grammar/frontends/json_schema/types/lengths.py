@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.automata.dfa import DFA, Edge, encoded_head, new_product_state
+from agent_infer.grammar.automata import DFA
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import encoded_head
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq, alt, seq
 
 _NO_MATCH: Expr = Alt(())
@@ -110,38 +111,6 @@ def bounded_pattern(expr: Expr, lo: int, hi: int | None) -> Expr | None:
             return inner
         return seq(*expr.items[:open_at], inner, *expr.items[open_at + 1 :])
     return None
-
-
-def dfa_bound_length(a: DFA, min_len: int, max_len: int | None, max_states: int = 4000) -> DFA:
-    """``dfa_intersect(a, dfa_length(min_len, max_len))`` without the general product: the length
-    automaton has one full-range edge per state, so a pair's edges are ``a``'s (sorted and
-    disjoint), retargeted. States and edges come out as ``dfa_intersect`` makes them."""
-    n = max(min_len, 0) if max_len is None else max_len
-    index = {(0, 0): 0}
-    order = [(0, 0)]
-    edges: list[list[Edge]] = []
-    accept: set[int] = set()
-    a_edges, a_accept = a.edges, a.accept
-    i = 0
-    while i < len(order):
-        x, k = order[i]
-        if k >= min_len and x in a_accept:
-            accept.add(i)
-        out: list[Edge] = []
-        if max_len is None or k < n:
-            k1 = k + 1 if k < n else n
-            for lo, hi, t in a_edges[x]:
-                pair = (t, k1)
-                target = index.get(pair)
-                if target is None:
-                    target = new_product_state(pair, index, order, max_states)
-                if out and out[-1][2] == target and out[-1][1] + 1 == lo:
-                    out[-1] = (out[-1][0], hi, target)  # as _merge would (complements leave these)
-                else:
-                    out.append((lo, hi, target))
-        edges.append(out)
-        i += 1
-    return DFA(edges, accept)
 
 
 def bounded_rules(

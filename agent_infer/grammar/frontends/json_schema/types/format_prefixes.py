@@ -12,7 +12,7 @@ does not apply or the derivative would grow past a small budget (the general rou
 
 from __future__ import annotations
 
-from agent_infer.grammar.frontends.json_schema.text import MAX_CP
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import MAX_CP
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Repeat, Seq, alt, seq
 
 _NONE: Expr = Alt(())

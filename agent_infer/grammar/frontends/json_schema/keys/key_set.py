@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agent_infer.grammar.frontends.json_schema.keys import FREE_RULE, SINK_RULE, plain_part
-from agent_infer.grammar.frontends.json_schema.names import code_point_gaps
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import FREE_RULE, SINK_RULE, plain_part
+from agent_infer.grammar.frontends.json_schema.keys.names import code_point_gaps
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
 
 KEY_TRIE_OPCODE = 7

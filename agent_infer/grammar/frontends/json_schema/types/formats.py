@@ -4,13 +4,17 @@ Formats are treated as assertions (see docs/json_schema.md). Dates are exact per
 including month lengths and Gregorian leap years; a leap second (``:60``) is accepted only at
 23:59 UTC written with ``Z`` or a zero offset. ``hostname`` checks label syntax and label lengths
 but not the 253-character total; ``uri``/``uri-reference`` check RFC 3986 character classes and
-the scheme, not every production.
+the scheme, not every production. A format's expression, JSON encoding and automaton are built
+once per process (:func:`format_expr`, :func:`encoded_format`, :func:`format_dfa`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from agent_infer.grammar.automata import DFA, expr_to_dfa
+from agent_infer.grammar.frontends.json_schema.types import numerals as num
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
 from agent_infer.grammar.ir import Expr, Repeat, alt, chars, lit, opt, plus, seq, star
 
 DIGIT = chars("0-9")
@@ -191,3 +195,52 @@ FORMATS: dict[str, Callable[[], Expr]] = {
     "uri": uri,
     "uri-reference": uri_reference,
 }
+
+
+# Extra formats that are cheap to state exactly.
+_JSON_POINTER = star(seq(lit("/"), star(alt(chars("~/", negated=True), seq(lit("~"), chars("01"))))))
+EXTRA_FORMATS = {
+    "json-pointer": lambda: _JSON_POINTER,
+    "relative-json-pointer": lambda: seq(num.uint_range(0, None), alt(lit("#"), _JSON_POINTER)),
+}
+
+
+# Format expressions, their JSON encodings and automata depend on the format's name alone, from a
+# fixed table (a date-time expression is ~2 000 IR nodes, its encoding more): library constants,
+# built at first use and kept for the process like the JSON character rules, not memos of earlier
+# schemas (so clear_grammar_caches leaves them). Only names in the table are ever stored.
+_FORMAT_EXPRS: dict[str, Expr] = {}
+_ENCODED_FORMATS: dict[str, Expr] = {}
+_FORMAT_DFAS: dict[str, DFA] = {}
+
+
+def format_expr(name: str) -> Expr | None:
+    """The decoded-string expression of format ``name`` (built once), or None for an unknown one."""
+    found = _FORMAT_EXPRS.get(name)
+    if found is None:
+        make = FORMATS.get(name) or EXTRA_FORMATS.get(name)
+        if make is None:
+            return None
+        found = _FORMAT_EXPRS.setdefault(name, make())
+    return found
+
+
+def encoded_format(name: str) -> Expr:
+    """The JSON encoding of a known format's expression (built once)."""
+    found = _ENCODED_FORMATS.get(name)
+    if found is None:
+        expr = format_expr(name)
+        assert expr is not None  # only called for known formats
+        found = _ENCODED_FORMATS.setdefault(name, encode_expr(expr))
+    return found
+
+
+def format_dfa(name: str) -> DFA:
+    """The automaton of a known format's expression (built once)."""
+    # DFAs are only read once built (their cached live set is a pure function of them).
+    found = _FORMAT_DFAS.get(name)
+    if found is None:
+        expr = format_expr(name)
+        assert expr is not None
+        found = _FORMAT_DFAS.setdefault(name, expr_to_dfa(expr))
+    return found

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_infer.grammar.frontends.json_schema.merge import is_annotation
-from agent_infer.grammar.frontends.json_schema.resolve import (
+from agent_infer.grammar.frontends.json_schema.keywords import (
     LIST_KEYWORDS,
     MAP_KEYWORDS,
     SCHEMA_KEYWORDS,
-    schema_text,
+    is_annotation,
 )
+from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import schema_text
 
 # Annotations that still matter for the translation: they set a base URI or an anchor that $ref
 # and $dynamicRef resolve against, or they name the dialect.

@@ -16,46 +16,9 @@ from typing import Any
 
 from agent_infer.errors import UnsupportedSchemaError
 from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, type_set, values
+from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
 
-TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
-
-# Keywords with no effect on validation; dropped silently.
-ANNOTATIONS = {
-    "title",
-    "description",
-    "default",
-    "examples",
-    "$comment",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "contentMediaType",
-    "contentEncoding",
-    "contentSchema",
-    "$schema",
-    "$id",
-    "$anchor",
-    "$dynamicAnchor",
-    "$vocabulary",
-    "$defs",
-    "definitions",
-    "discriminator",
-    "example",
-    "externalDocs",
-    "xml",
-    # editor and generator metadata (VS Code, Snowplow, code generators): never assertions
-    "markdownDescription",
-    "markdownEnumDescriptions",
-    "enumDescriptions",
-    "deprecationMessage",
-    "errorMessage",
-    "defaultSnippets",
-    "doNotSuggest",
-    "self",
-    "readonly",
-    "tsType",
-    "javaType",
-}
 _MIN = {"minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains"}
 _MAX = {"maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum", "maxContains"}
 _OBJECT = ("properties", "patternProperties", "additionalProperties")
@@ -74,69 +37,6 @@ def _annotation(key: str) -> bool:
     if len(_ANNOTATION_MEMO) < 4096:
         _ANNOTATION_MEMO[key] = found
     return found
-
-
-def is_annotation(key: str) -> bool:
-    """True for keywords that never affect validity (``x-``/``_`` extensions, draft-04 ``id``)."""
-    # "_name" is how stripped benchmark schemas and some tools disable a keyword.
-    # ("__" marks the compiler's own internal keywords, which are not annotations.)
-    return (
-        key in ANNOTATIONS
-        or key.startswith("x-")
-        or (key.startswith("_") and not key.startswith("__"))
-        or key == "id"
-    )
-
-
-def canon(v: Any) -> Any:
-    """A hashable key under JSON equality (1 == 1.0, true != 1, object key order irrelevant)."""
-    if isinstance(v, bool) or v is None:
-        return ("c", v)
-    if isinstance(v, int | float):
-        return ("n", to_fraction(v))
-    if isinstance(v, str):
-        return ("s", v)
-    if isinstance(v, list):
-        return ("a", tuple(canon(x) for x in v))
-    if isinstance(v, dict):
-        return ("o", frozenset((k, canon(x)) for k, x in v.items()))
-    return ("?", repr(v))
-
-
-def to_fraction(v: int | float) -> Fraction:
-    """Exact decimal value as written (floats via their shortest repr, so 0.1 is 1/10)."""
-    return Fraction(v) if isinstance(v, int) else Fraction(repr(v))
-
-
-def json_type(v: Any) -> str:
-    """The JSON Schema type name of a value (integers, including 1.0, are "integer")."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return "integer"
-    return {float: "number", str: "string", list: "array", dict: "object"}[type(v)]
-
-
-def type_set(schema: dict[str, Any]) -> set[str] | None:
-    """Allowed types ("integer" implied by "number"), or None when unconstrained."""
-    t = schema.get("type")
-    if t is None:
-        return None
-    names = set(t) if isinstance(t, list) else {t}
-    if "number" in names:
-        names.add("integer")
-    return names
-
-
-def values(schema: dict[str, Any]) -> list[Any] | None:
-    """The finite value set from const/enum, or None."""
-    if "const" in schema:
-        return [schema["const"]]
-    if "enum" in schema:
-        return list(schema["enum"])
-    return None
 
 
 def _both(a: Any, b: Any) -> Any:
@@ -350,3 +250,10 @@ def disjoint(a: Any, b: Any, flat_property: Callable[[Any], Any]) -> bool:
                     ):
                         return True
     return False
+
+
+def all_of(*schemas: Any) -> Any:
+    real = [s for s in schemas if s is not True and s != {}]
+    if not real:
+        return True
+    return real[0] if len(real) == 1 else {"allOf": real}

@@ -30,10 +30,11 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.automata.dfa import TRIE_MAX_STATES, encoded_head
+from agent_infer.grammar.automata import TRIE_MAX_STATES, names_dfa
 from agent_infer.grammar.compile.caches import register_cache
-from agent_infer.grammar.frontends.json_schema.names import code_point_gaps, complement_sink, names_dfa
-from agent_infer.grammar.frontends.json_schema.text import MAX_CP, encode_class
+from agent_infer.grammar.frontends.json_schema.keys.names import code_point_gaps, complement_sink
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import encoded_head
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import MAX_CP, encode_class
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
 
 SPECIAL_RULE = "char-special"

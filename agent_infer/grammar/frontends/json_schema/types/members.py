@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from agent_infer.grammar.ir import Alt, Empty, Expr, Literal, Ref, Seq, alt, lit, opt, seq, star
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.frontends.json_schema.entry import Compiler
+    from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 MAX_COUNT_STATES = 4000
 

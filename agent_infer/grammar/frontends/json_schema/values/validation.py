@@ -12,11 +12,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.grammar.frontends.json_schema.keywords import KNOWN
-from agent_infer.grammar.frontends.json_schema.merge import TYPES, canon, is_annotation
+from agent_infer.errors import GrammarLimitError
+from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, TYPES, is_annotation
+from agent_infer.grammar.frontends.json_schema.types.bounds import count
+from agent_infer.grammar.frontends.json_schema.values.canon import canon
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.frontends.json_schema.entry import Compiler
+    from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 _LOGIC = (
     "not",
@@ -35,8 +37,6 @@ MAX_DEPTH = 32
 def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) -> bool:
     """Exact validity of ``v`` under ``schema`` (raises UnsupportedSchemaError like strict lowering)."""
     if depth > MAX_DEPTH:
-        from agent_infer.errors import GrammarLimitError
-
         raise GrammarLimitError(
             f"schema nesting deeper than {MAX_DEPTH} while checking enum values at {pointer}"
         )
@@ -74,7 +74,7 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     rest = {k: x for k, x in flat.items() if k not in _LOGIC and not is_annotation(k)}
     if not rest:
         return True
-    by_type = _type_only(rest, v)
+    by_type = answer_by_type(rest, v)
     if by_type is not None:
         return by_type
     if _is_container(v):
@@ -111,7 +111,7 @@ def value_predicate(
     typed_unknown = _typed_unknown(rest, unknown)
     lengths = _string_lengths(rest)
     typed = {"type": rest["type"]} if "type" in rest else None
-    # _type_only's answer for a string, null or boolean depends on its kind alone.
+    # answer_by_type's answer for a string, null or boolean depends on its kind alone.
     by_kind: dict[type, bool] = {}
     # Built on the first value that needs it, as value_valid would (it records warnings).
     slow: list[Callable[[Any], bool]] = []
@@ -122,9 +122,9 @@ def value_predicate(
         if hit is not None:
             return hit
         if lengths is None:
-            verdict = _type_only(rest, v)
+            verdict = answer_by_type(rest, v)
         else:
-            verdict = True if typed is None else _type_only(typed, v)
+            verdict = True if typed is None else answer_by_type(typed, v)
         if verdict is not None and (kind is str or kind is bool or v is None):
             by_kind[kind] = verdict
         return verdict
@@ -199,8 +199,6 @@ def _container_valid(c: Compiler, rest: dict[str, Any], v: Any, pointer: str, de
     turn that documented false negative into a wrong answer (and under ``not``/``oneOf`` into a
     wrong acceptance). None: ``rest`` has a keyword decided here for no container (the grammar
     check decides)."""
-    from agent_infer.grammar.frontends.json_schema.scalars import count
-
     is_dict = type(v) is dict
     own = _OBJECT if is_dict else _ARRAY
     other = _ARRAY if is_dict else _OBJECT
@@ -289,7 +287,7 @@ def _canon_set(c: Compiler, enum: Any) -> set[Any]:
     return hit[1]
 
 
-def _type_only(rest: dict[str, Any], v: Any) -> bool | None:
+def answer_by_type(rest: dict[str, Any], v: Any) -> bool | None:
     """Whether a scalar ``v`` is valid under ``rest`` when that is ``{"type": ...}`` alone, decided
     without building its grammar (None: not that case). Types go by value: any JSON string, null or
     boolean of an allowed type, any integer for "integer", any finite float for "number", and an

@@ -16,10 +16,9 @@ from collections.abc import MutableMapping
 from typing import Any, Protocol
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.automata.dfa import TRIE_MAX_STATES
+from agent_infer.grammar.automata import TRIE_MAX_STATES, names_dfa
 from agent_infer.grammar.compile.caches import register_clearer
-from agent_infer.grammar.frontends.json_schema.key_set import KeySet, LazyAlt, all_plain
-from agent_infer.grammar.frontends.json_schema.keys import (
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import (
     FREE_EXPR,
     FREE_RULE,
     KEY_RULE_PREFIX,
@@ -30,7 +29,7 @@ from agent_infer.grammar.frontends.json_schema.keys import (
     ComplementKeys,
     node_body,
 )
-from agent_infer.grammar.frontends.json_schema.names import names_dfa
+from agent_infer.grammar.frontends.json_schema.keys.key_set import KeySet, LazyAlt, all_plain
 from agent_infer.grammar.ir import Alt, Expr, Ref
 from agent_infer.native import load_native, optional_native
 

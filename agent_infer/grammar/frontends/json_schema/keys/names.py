@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.automata.dfa import _DEFAULT_MAX_STATES, DFA, Edge, encoded_head
-from agent_infer.grammar.frontends.json_schema.text import MAX_CP
+from agent_infer.grammar.automata import DFA, names_dfa
+from agent_infer.grammar.frontends.json_schema.types.automaton_rules import encoded_head
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import MAX_CP
 from agent_infer.grammar.ir import Alt, Empty, Expr, Ref, Seq
 
 Head = Callable[[tuple[tuple[int, int], ...]], tuple[Expr, ...]]
@@ -91,46 +91,3 @@ def _branch(ranges: tuple[tuple[int, int], ...], ref: Ref, head: Head) -> Expr:
     """``seq(<ranges encoded by head>, ref)``."""
     items = head(ranges)
     return Seq((*items, ref)) if items else ref
-
-
-def names_dfa(names: list[str]) -> DFA:
-    """Exactly the given strings.
-
-    The trie of the names, numbered breadth first with children in code point order: the DFA
-    that determinizing ``alt(*map(lit, names))`` gives (each prefix is one subset of NFA states,
-    met first from its parent), with its state limits and errors, without the subset construction.
-    """
-    distinct = list(dict.fromkeys(names))
-    # NFA states that construction would allocate: the start, then for an alternation its end
-    # and per branch a start plus one state per character; a single name only its characters.
-    nfa_states = 1 + (
-        sum(len(n) for n in distinct) if len(distinct) == 1 else 1 + sum(1 + len(n) for n in distinct)
-    )
-    nfa_limit = _DEFAULT_MAX_STATES * 4
-    if nfa_states > nfa_limit:
-        raise GrammarLimitError(f"string constraint automaton exceeds {nfa_limit} states")
-    # Each trie node: the names that pass through it, and its depth (the prefix length).
-    order: list[list[str]] = [distinct]
-    depth = [0]
-    edges: list[list[Edge]] = []
-    accept: set[int] = set()
-    i = 0
-    while i < len(order):
-        group, d = order[i], depth[i]
-        children: dict[str, list[str]] = {}
-        for name in group:
-            if len(name) == d:
-                accept.add(i)
-            else:
-                children.setdefault(name[d], []).append(name)
-        out: list[Edge] = []
-        for ch in sorted(children):
-            if len(order) >= _DEFAULT_MAX_STATES:
-                raise GrammarLimitError(f"string constraint automaton exceeds {_DEFAULT_MAX_STATES} states")
-            cp = ord(ch)
-            out.append((cp, cp, len(order)))
-            order.append(children[ch])
-            depth.append(d + 1)
-        edges.append(out)
-        i += 1
-    return DFA(edges, accept)

@@ -11,11 +11,16 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.merge import canon, disjoint, is_annotation, values
+from agent_infer.grammar.frontends.json_schema.applicators.merge import disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
+from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
+from agent_infer.grammar.frontends.json_schema.values.canon import canon
+from agent_infer.grammar.frontends.json_schema.values.enums import lower_values
+from agent_infer.grammar.frontends.json_schema.values.validation import value_valid
 from agent_infer.grammar.ir import Expr, alt
 
 if TYPE_CHECKING:
-    from agent_infer.grammar.frontends.json_schema.entry import Compiler
+    from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 MAX_DEPENDENCY_TRIGGERS = 3
 MAX_EXCLUSIVE_BRANCHES = 8
@@ -63,8 +68,6 @@ def rewrite_logic(c: Compiler, flat: dict[str, Any], pointer: str) -> Any | None
     """``if``/``then``/``else`` and general ``not`` as ``anyOf`` of complements, when expressible."""
     if "not" not in flat and not flat.get("__conditionals"):
         return None  # nothing to rewrite (the common case)
-    from agent_infer.grammar.frontends.json_schema.negate import negate
-
     if any(k.startswith("unevaluated") for k in flat):
         return None  # rewriting would change which properties/items count as evaluated
     if flat.get("__conditionals"):
@@ -176,9 +179,6 @@ def lower_dependencies(c: Compiler, flat: dict[str, Any], pointer: str, depth: i
 
 def _finite_one_of(c: Compiler, branches: list[dict[str, Any]], pointer: str, depth: int) -> Expr:
     """oneOf of listed values: the values valid under exactly one branch."""
-    from agent_infer.grammar.frontends.json_schema.objects import lower_values
-    from agent_infer.grammar.frontends.json_schema.values import value_valid
-
     candidates = [v for b in branches for v in (values(b) or [])]
     keep = [
         v
@@ -193,8 +193,6 @@ def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer
     intersected with the complements of the (sibling-free ``raw``) branches it may overlap.
     All branches share the siblings, so ``B_i & S & not(B_j & S) == B_i & S & not B_j``.
     None if some complement is inexpressible."""
-    from agent_infer.grammar.frontends.json_schema.negate import negate
-
     n = len(branches)
     # disjoint_pair is symmetric (both directions of the value checks run inside): each unordered
     # pair once, which halves the pairwise checks of a wide oneOf (o360: 19 branches).
