@@ -26,6 +26,7 @@ from agent_infer.grammar.frontends.json_schema.keywords import (
     TYPES,
     _lift_conditionals,
     _near_keyword,
+    any_unevaluated,
     is_annotation,
     type_set,
     values,
@@ -63,15 +64,6 @@ def _any_value(v: Any) -> bool:
     return True
 
 
-def _any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
-    """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
-    flatten asks once per $ref/allOf)."""
-    for x in (rest, *parts):
-        if isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x):
-            return True
-    return False
-
-
 class Compiler(RuleWriter, Layout):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
@@ -102,7 +94,7 @@ class Compiler(RuleWriter, Layout):
         # value_matcher keys whose recognizer is being built (a recursive schema would re-enter).
         self._building: set[tuple[str, bool]] = set()
         self._next_suffix: dict[str, int] = {}
-        # id(enum list) -> (the list, its canonical values), for json_schema_values
+        # id(enum list) -> (the list, its canonical values), for values/validation.py
         self.canon_sets: dict[int, tuple[Any, set[Any]]] = {}
         # id(schema with $ref/allOf) -> (the schema, its flattening, the $ref/allOf levels below it)
         self._flat: dict[int, tuple[Any, Any, int]] = {}
@@ -212,7 +204,7 @@ class Compiler(RuleWriter, Layout):
             parts.append(self.flatten(target, self.where(target, pointer), level + 1))
         for i, sub in enumerate(schema.get("allOf", [])):
             parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
-        if parts and _any_unevaluated(rest, parts):
+        if parts and any_unevaluated(rest, parts):
             # Which properties count as evaluated depends on the schema structure that merging erases.
             self.unsupported("unevaluatedProperties", pointer, "unevaluated* combined with $ref/allOf")
             parts = [

@@ -185,3 +185,12 @@ MAP_KEYWORDS = {"properties", "patternProperties", "$defs", "definitions", "depe
 
 
 LIST_KEYWORDS = {"allOf", "anyOf", "oneOf", "prefixItems"}
+
+
+def any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
+    """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
+    flatten asks once per $ref/allOf)."""
+    for x in (rest, *parts):
+        if isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x):
+            return True
+    return False

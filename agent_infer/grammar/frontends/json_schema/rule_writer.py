@@ -42,7 +42,7 @@ def _rule_base(hint: str) -> str:
         base = core[-40:] if len(core) > 40 else _dashes(hint).strip("-")[-40:] or "s"
     else:
         base = _dashes(hint).strip("-")[-40:] or "s"
-    # The shared key-trie rules own their prefix (json_schema_keys): keep other names out of it.
+    # The shared key-trie rules own their prefix (keys/complement_keys.py): keep other names out of it.
     return "s-" + base if base.startswith(KEY_RULE_PREFIX) else base
 
 

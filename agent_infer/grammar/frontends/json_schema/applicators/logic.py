@@ -2,7 +2,7 @@
 
 Each is lowered exactly or reported as unsupported: ``oneOf`` needs pairwise-disjoint branches
 (proved, or made so by intersecting with complements), ``not`` and ``if`` need an expressible
-complement (:mod:`json_schema_negate`), dependencies split into "trigger present/absent" cases.
+complement (:mod:`.negate`), dependencies split into "trigger present/absent" cases.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ front end reads that language off the names' trie (:func:`names_complement_rules
 different names still share most of the trie's shape: every name's last node ("one more character,
 then anything") is the same rule, and so is every node whose remaining suffixes are equal
 (``...Name``, ``...Selector``, ``...Seconds``). Kubernetes schemas inline hundreds of objects, so
-writing each trie separately gave thousands of equal rules that the native compiler then had to
-find and merge. Building each trie bottom-up and interning a node by (does it end a name, its
+writing each trie separately would give thousands of equal rules for the native compiler to find
+and merge. Building each trie bottom-up and interning a node by (does it end a name, its
 children's code points, their rules) writes each distinct node once. A node's rule depends on
 nothing else, so the table is process-wide (rules named ``char-key-N``): the next grammar with an
 ``apiVersion``/``kind``/``metadata`` object reuses the nodes instead of building them again.
@@ -19,7 +19,7 @@ language in about a third of the program words, and one automaton fragment that 
 compiler lowers once and splices into every caller instead of re-expanding per edge.
 
 With the native extension the JSON Schema compiler builds the same tries natively
-(``json_schema_key_trie``); :class:`ComplementKeys` is the fallback and the reference it is
+(``keys/key_trie.py``); :class:`ComplementKeys` is the fallback and the reference it is
 tested against.
 """
 
@@ -65,8 +65,8 @@ def _covers(ranges: tuple[tuple[int, int], ...], part: tuple[tuple[int, int], ..
 
 def plain_part(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """The code points of the sorted disjoint ``ranges`` that lie in :data:`_PLAIN`, in order:
-    printable ASCII split at the three escaped characters (a loop over ``_PLAIN`` per range was
-    most of the cost of a trie node's gap edge)."""
+    printable ASCII split at the three escaped characters (written out, not a loop over
+    ``_PLAIN`` per range, which would be most of the cost of a trie node's gap edge)."""
     out: list[tuple[int, int]] = []
     for lo, hi in ranges:
         if hi < 0x20 or lo > 0x7E:
@@ -294,7 +294,7 @@ SINK_EXPR = _SINK_EXPR
 
 FREE_RULE = KEY_RULE_PREFIX + "free"
 """A special character (see :data:`SPECIAL_RULE`), then any rest of a key: the free branch of a
-whole-trie rule (``json_schema_key_set.KeySet``) for the characters that need escapes or UTF-8
+whole-trie rule (``keys/key_set.KeySet``) for the characters that need escapes or UTF-8
 sequences, as one call that reads the whole rest of the key."""
 FREE_EXPR: Expr = Seq((_SPECIAL_REF, _SINK_REF))
 

@@ -41,7 +41,7 @@ def count(flat: dict[str, Any], key: str, pointer: str) -> int | None:
 
 
 # Bounds are written digit by digit, one nested alternative per digit that is neither a leading
-# zero nor part of the run of 0s or 9s that ends it (json_schema_numbers): numbers are limited in
+# zero nor part of the run of 0s or 9s that ends it (types/numerals.py): numbers are limited in
 # significant digits (100 covers 128-bit integers and high-precision decimals) and in all digits
 # (400 covers every double, 1.7976931348623157e308 and 5e-324 included).
 MAX_SIGNIFICANT_DIGITS = 100

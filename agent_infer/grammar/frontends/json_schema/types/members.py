@@ -31,14 +31,14 @@ def member_list(
     # t0 / t1: members from position i on, once something was emitted (each needs a comma first)
     # and before anything was. A Kubernetes schema has ~500 members in ~100 objects, so the
     # helpers of the optional members' loop (seq_items, cat, _big, _or, the node classes'
-    # __init__) are written out inline there: their ~10,000 Python calls were most of this
-    # function's ~1.5 ms. Same nodes, same rules, in the same order.
+    # __init__) are written out inline there, where their calls would dominate: same nodes,
+    # same rules, in the same order.
     t0: Expr = star(seq(sep, extra)) if extra is not None else Empty()
     t1: Expr = seq(extra, star(seq(sep, extra))) if extra is not None else Alt(())
     nullable = True
     # "Nothing emitted yet" (t1) is only reachable up to the first required member: after it,
     # every later position needs a comma. Past that point t1 is neither built nor made a rule
-    # (such rules were unreachable, and were written, serialized and lowered for nothing).
+    # (it would be unreachable, yet written, serialized and lowered).
     first_required = len(members)
     for i, (_, is_required) in enumerate(members):
         if is_required:

@@ -136,7 +136,7 @@ def _extra_member(
     if pats and all(_same_schema(v, additional) for v in pats.values()):
         # Every region's value schema is additionalProperties' (``{"^.{1,255}$": {}}`` next to the
         # default true): one region, any undeclared key, without an automaton per pattern. The
-        # patterns are still parsed, so a bad one is reported as before.
+        # patterns are still parsed, so a bad one is still reported.
         for p in pats:
             c.pattern_expr(p, f"{pointer}/patternProperties")
         pats = {}

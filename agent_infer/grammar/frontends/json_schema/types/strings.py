@@ -66,7 +66,7 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
         fmt_expr = format_expr(fmt)
         if fmt_expr is None:
             c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
-    # Complements from `not` (see json_schema_negate): excluded values and patterns.
+    # Complements from `not` (see applicators/negate.py): excluded values and patterns.
     excluded = [x for x in flat.get("__not_values", []) if isinstance(x, str)]
     not_pats = list(flat.get("__not_patterns", []))
     plain = not excluded and not not_pats

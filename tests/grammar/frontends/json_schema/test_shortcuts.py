@@ -114,13 +114,13 @@ def test_object_tails_are_all_reachable() -> None:
 
 def test_formats_are_process_constants() -> None:
     # Built from the fixed format table: not memos of earlier schemas, so the cold switch keeps them.
-    from agent_infer.grammar.frontends.json_schema.types import strings as scalars
+    from agent_infer.grammar.frontends.json_schema.types import formats
 
-    first = scalars._encoded_format("date-time")
+    first = formats.encoded_format("date-time")
     clear_grammar_caches()
-    assert scalars._encoded_format("date-time") is first
-    assert scalars._format_expr("no-such-format") is None
-    assert "no-such-format" not in scalars._FORMAT_EXPRS
+    assert formats.encoded_format("date-time") is first
+    assert formats.format_expr("no-such-format") is None
+    assert "no-such-format" not in formats._FORMAT_EXPRS
 
 
 def _accepts(schema: object, texts: dict[str, bool]) -> None:
@@ -295,3 +295,19 @@ def test_key_regions_exclude_only_the_names_they_hold() -> None:
         "additionalProperties": {"type": "integer"},
     }
     _accepts(inside, {'{"id":true}': True, '{"id":3}': False, '{"A":3}': True, '{"A":true}': False})
+
+
+def test_a_pattern_the_format_implies_is_dropped_without_changing_the_language() -> None:
+    from agent_infer.grammar import Grammar
+    from agent_infer.grammar.reference import ReferenceRecognizer
+
+    def rec(schema: dict[str, str]) -> ReferenceRecognizer:
+        return ReferenceRecognizer(Grammar.from_json_schema({"type": "string", **schema}))
+
+    both = rec({"format": "email", "pattern": "^.*@.*$"})
+    alone = rec({"format": "email"})
+    narrowed = rec({"format": "email", "pattern": "^a"})
+    for text in ['"a@b.co"', '"ab.co"', '"x@y"', '"a b@c.d"', '"@b.co"', '"b@a.org"']:
+        assert both.accepts(text) == alone.accepts(text), text
+    assert both.accepts('"a@b.co"') and not both.accepts('"ab.co"')
+    assert narrowed.accepts('"a@b.co"') and not narrowed.accepts('"b@a.org"')

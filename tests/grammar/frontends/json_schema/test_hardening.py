@@ -1,6 +1,6 @@
 """JSON Schema front end hardening: required members under property counts, enum/const filtering,
 typed errors (with their pointer or argument) for non-finite, over-long and out-of-range numbers
-and for out-of-range options. The exactness sweep is in test_json_schema_exactness.py.
+and for out-of-range options. The exactness sweep is in test_exactness.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each distinct subschema is translated once: structural keys (json_schema_memo) and shared key tries.
+"""Each distinct subschema is translated once: structural keys (resolve/schema_keys.py) and shared key tries.
 
 Copies of a subschema that differ only in annotations must share one rule; anything that changes
 the language (property order, enum values, a property *named* ``description``...) must not.

@@ -1,8 +1,8 @@
-"""Key tries built natively (``_native.KeyTrieBuilder``, json_schema_key_trie.py) against the Python
+"""Key tries built natively (``_native.KeyTrieBuilder``, keys/key_trie.py) against the Python
 builder (``ComplementKeys``): the same rules in the same order, so the same programs, byte for
 byte; ``KeyNode`` bodies read as the ``Alt`` the Python builder writes; limits and cache clearing.
 The node builder serves name sets with a character outside plain printable ASCII; here it is made
-to serve every set (plain ones otherwise become one ``KeySet`` rule, test_json_schema_key_set.py)."""
+to serve every set (plain ones otherwise become one ``KeySet`` rule, keys/test_key_set.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ ALPHABET = 'ab_$-.Z/"\\\x01é中'
 
 @pytest.fixture(autouse=True)
 def _needs_native_tries(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not hasattr(load_native(), "KeyTrieBuilder"):
-        pytest.skip("extension built without KeyTrieBuilder")
-    # Plain-ASCII name sets take the one-rule KeySet path (tests/test_json_schema_key_set.py); the
+    # The extension is required: a build without the native key-trie builder is a failure.
+    assert hasattr(load_native(), "KeyTrieBuilder"), "extension built without KeyTrieBuilder"
+    # Plain-ASCII name sets take the one-rule KeySet path (tests/keys/test_key_set.py); the
     # node builder tested here serves the others, and every set when this switch is off.
     monkeypatch.setattr(key_trie, "all_plain", lambda names: False)
 
