@@ -1,6 +1,7 @@
 """The JSON Schema lowering's :class:`Compiler`: memoized lowering of (sub)schemas to rules,
-``$ref``/``allOf`` flattening, layout (whitespace, separators) and the per-type dispatch to the
-object, array, string and number lowerings."""
+``$ref``/``allOf`` flattening, the per-type dispatch to the object, array, string and number
+lowerings, and the value matchers that decide ``enum``/``const`` values by a schema's own grammar.
+Rule naming (:mod:`.rule_writer`) and layout (:mod:`.layout`) are its two mixins."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Automata over property names: "exactly these names" and "any key but these names".
+"""Rules for "any key but these names": JSON-encoded, right-linear, read off the names' trie.
 
-``names_dfa`` is the trie of the names as a DFA (what determinizing an alternation of literals
-gives, without the subset construction); ``names_complement_rules`` and its pieces write the
-complement straight off that trie as JSON-encoded right-linear rules, the shape that
+``names_complement_rules`` and its pieces write the complement straight off the names' trie
+(``names_dfa`` of the automata stage) as rules, the shape that
 ``dfa_to_rules(dfa_complement(names_dfa(names)))`` would produce.
 """
 

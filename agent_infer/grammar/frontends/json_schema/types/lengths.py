@@ -8,7 +8,8 @@ moves onto that one repeat's counts (``[a-z0-9-]{1,255}``) and the language is u
 :func:`bounded_pattern` does that rewrite on the decoded-level expression, or answers None when the
 length is shared between several open parts (then only the product is exact) or a long fixed tail
 follows the open part (then the product's state limit is the better judge of the cost).
-:func:`dfa_bound_length` is that product, built without a general intersection.
+That product is ``dfa_bound_length`` of the automata stage; :func:`bounded_rules` writes its rules
+without building it.
 """
 
 from __future__ import annotations

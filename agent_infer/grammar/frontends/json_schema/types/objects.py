@@ -1,4 +1,5 @@
-"""Objects, arrays and enum/const values for the JSON Schema compiler.
+"""Objects for the JSON Schema compiler: declared members, additional members by key region, and
+property counts.
 
 Property order policy: declared ``properties`` come first, in declared order, each optional one
 may be skipped; then required-but-undeclared names (in ``required`` order); then any number of

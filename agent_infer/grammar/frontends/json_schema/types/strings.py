@@ -1,4 +1,7 @@
-"""Strings (lengths, patterns, formats) and numbers (bounds, multipleOf) for the JSON Schema compiler."""
+"""JSON strings under ``minLength``/``maxLength``/``pattern``/``format`` (and the excluded values and
+patterns a ``not`` leaves): the cheapest exact form first (one encoded expression, a bound moved into
+the pattern, a constraint another implies dropped), else the product automaton of all of them,
+written once per distinct combination."""
 
 from __future__ import annotations
 
