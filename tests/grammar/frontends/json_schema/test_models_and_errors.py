@@ -236,7 +236,7 @@ def test_schema_nested_beyond_the_recursion_limit_is_a_limit_error() -> None:
 
 
 def test_lowering_has_a_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Conditionals that multiply (nested if/then under anyOf) used to reach the rule-count limit only
+    """Conditionals that multiply (nested if/then under anyOf) would reach the rule-count limit only
     after ~10 s; the lowering stops at its time limit instead, with a typed error naming it."""
     from agent_infer.errors import ConfigError
 

@@ -98,7 +98,7 @@ def _reachable(grammar: Grammar) -> set[str]:
 
 def test_object_tails_are_all_reachable() -> None:
     # Optional members after a required one: "nothing emitted yet" cannot happen there, so those
-    # tails are not written (they were rules no path reached).
+    # tails are not written (no path would reach them).
     props = {name: {"type": "object", "properties": {"x": {"type": "integer"}}} for name in "abcdefg"}
     schema = {"type": "object", "properties": props, "required": ["c"]}
     grammar = Grammar.from_json_schema(schema)
