@@ -48,7 +48,7 @@ class StructuredOutput:
         if isinstance(schema, str):
             # The front end's parser: its errors name the problem (and keep over-long integers
             # as text so the compiler can point at the keyword holding one).
-            from agent_infer.grammar.frontends.json_schema.entry import load_schema
+            from agent_infer.grammar.frontends.json_schema import load_schema
 
             schema = load_schema(schema)
         return cls("json_schema", schema, tuple(sorted(options.items())), model)

@@ -10,7 +10,7 @@ from agent_infer.grammar import (
     TokenizerInfo,
     clear_grammar_caches,
 )
-from agent_infer.grammar.frontends.json_schema import keys as json_schema_keys
+from agent_infer.grammar.frontends.json_schema.keys import complement_keys as json_schema_keys
 from agent_infer.grammar.frontends.regex import parser as regex
 from agent_infer.native import load_native
 

@@ -19,7 +19,7 @@ from grammar_support import tokenizer_info
 from agent_infer.errors import AgentInferError, GrammarDefinitionError
 from agent_infer.grammar.compile import compiler
 from agent_infer.grammar.compile.compiler import GrammarCompiler, serialize_grammar_python
-from agent_infer.grammar.frontends.json_schema.key_set import KeySet
+from agent_infer.grammar.frontends.json_schema.keys.key_set import KeySet
 from agent_infer.grammar.ir import Alt, Grammar, Ref, Seq, chars, lit
 from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.native import load_native

@@ -176,7 +176,7 @@ def classify(
 ) -> Outcome:
     """Compile ``case.schema`` strictly and check every instance (see module docstring)."""
     from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-    from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar
+    from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 
     use_alarm = hasattr(signal, "setitimer")
     if use_alarm:

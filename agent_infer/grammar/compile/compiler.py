@@ -13,8 +13,8 @@ from agent_infer.errors import ConfigError, GrammarDefinitionError, GrammarLimit
 from agent_infer.grammar.compile.caches import register_cache
 from agent_infer.grammar.compile.gc_pause import pauses_gc
 from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
-from agent_infer.grammar.frontends.json_schema.key_set import KeySet
-from agent_infer.grammar.frontends.json_schema.key_trie import KeyNode
+from agent_infer.grammar.frontends.json_schema.keys.key_set import KeySet
+from agent_infer.grammar.frontends.json_schema.keys.key_trie import KeyNode
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
 from agent_infer.native import load_native, optional_native
 

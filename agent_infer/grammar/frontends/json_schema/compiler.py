@@ -1,55 +1,63 @@
 """The JSON Schema lowering's :class:`Compiler`: memoized lowering of (sub)schemas to rules,
-``$ref``/``allOf`` flattening, layout (whitespace, separators) and the per-type dispatch to the
-object, array, string and number lowerings."""
+``$ref``/``allOf`` flattening, the per-type dispatch to the object, array, string and number
+lowerings, and the value matchers that decide ``enum``/``const`` values by a schema's own grammar.
+Rule naming (:mod:`.rule_writer`) and layout (:mod:`.layout`) are its two mixins."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_infer import envs
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema import logic as logic
-from agent_infer.grammar.frontends.json_schema import objects as objects
-from agent_infer.grammar.frontends.json_schema import scalars as scalars
-from agent_infer.grammar.frontends.json_schema.key_trie import complement_keys
-from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, _lift_conditionals, _near_keyword
-from agent_infer.grammar.frontends.json_schema.memo import SchemaKeys
-from agent_infer.grammar.frontends.json_schema.merge import (
+from agent_infer.grammar.automata import DFA, dfa_accepts, expr_to_dfa
+from agent_infer.grammar.frontends.json_schema.applicators.logic import (
+    apply_not,
+    check_conditionals,
+    lower_branches,
+    lower_dependencies,
+    rewrite_logic,
+)
+from agent_infer.grammar.frontends.json_schema.applicators.merge import Merger
+from agent_infer.grammar.frontends.json_schema.keys.key_trie import complement_keys
+from agent_infer.grammar.frontends.json_schema.keywords import (
+    KNOWN,
     TYPES,
-    Merger,
-    canon,
+    _lift_conditionals,
+    _near_keyword,
+    any_unevaluated,
     is_annotation,
     type_set,
     values,
 )
-from agent_infer.grammar.frontends.json_schema.resolve import Registry, schema_text
+from agent_infer.grammar.frontends.json_schema.layout import Layout
+from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import schema_text
+from agent_infer.grammar.frontends.json_schema.resolve.registry import Registry
+from agent_infer.grammar.frontends.json_schema.resolve.schema_keys import SchemaKeys
 from agent_infer.grammar.frontends.json_schema.rule_writer import MAX_RULES, RuleWriter
-from agent_infer.grammar.frontends.json_schema.text import HIGH_EXPR, HIGH_RULE, JSON_CHAR
+from agent_infer.grammar.frontends.json_schema.types.arrays import lower_array
+from agent_infer.grammar.frontends.json_schema.types.numbers import lower_non_integer, lower_number
+from agent_infer.grammar.frontends.json_schema.types.objects import lower_object
+from agent_infer.grammar.frontends.json_schema.types.patterns import pattern_search
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE, JSON_CHAR
+from agent_infer.grammar.frontends.json_schema.types.strings import lower_string
+from agent_infer.grammar.frontends.json_schema.values.canon import canon, plain_json
+from agent_infer.grammar.frontends.json_schema.values.enums import lower_values
+from agent_infer.grammar.frontends.json_schema.values.validation import answer_by_type
 from agent_infer.grammar.ir import (
     Alt,
-    Empty,
     Expr,
     Grammar,
     Ref,
-    Repeat,
-    alt,
     alt_disjoint,
-    chars,
     lit,
-    seq,
 )
-
-if TYPE_CHECKING:
-    from agent_infer.grammar.automata.dfa import DFA
+from agent_infer.grammar.reference import ReferenceRecognizer
 
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64
-# After a newline, flexible whitespace allows this much indentation (json.dumps(indent=2) to depth 20).
-MAX_LINE_INDENT = 40
 
 
 def _any_value(v: Any) -> bool:
@@ -57,16 +65,7 @@ def _any_value(v: Any) -> bool:
     return True
 
 
-def _any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
-    """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
-    flatten asks once per $ref/allOf)."""
-    for x in (rest, *parts):
-        if isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x):
-            return True
-    return False
-
-
-class Compiler(RuleWriter):
+class Compiler(RuleWriter, Layout):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
     def __init__(
@@ -96,26 +95,15 @@ class Compiler(RuleWriter):
         # value_matcher keys whose recognizer is being built (a recursive schema would re-enter).
         self._building: set[tuple[str, bool]] = set()
         self._next_suffix: dict[str, int] = {}
-        # id(enum list) -> (the list, its canonical values), for json_schema_values
+        # id(enum list) -> (the list, its canonical values), for values/validation.py
         self.canon_sets: dict[int, tuple[Any, set[Any]]] = {}
         # id(schema with $ref/allOf) -> (the schema, its flattening, the $ref/allOf levels below it)
         self._flat: dict[int, tuple[Any, Any, int]] = {}
         self._flat_deepest = 0  # deepest flatten level reached in the current outermost call
         self.char: Expr = Ref("char")
-        blank = chars(" \t")
-        if whitespace == "compact" or indent is not None:
-            self.ws: Expr = Empty()
-        else:
-            self.rules["ws"] = alt(
-                Repeat(blank, 0, max_whitespace),
-                seq(alt(lit("\n"), lit("\r\n")), Repeat(blank, 0, max(MAX_LINE_INDENT, max_whitespace))),
-            )
-            self.ws = Ref("ws")
-        self._colon = lit(": ") if indent is not None else seq(self.ws, lit(":"), self.ws)
-        self._seps: dict[int, Expr] = {}
-        # property name -> its quoted key and colon (json_schema_objects._quoted_key)
+        self.set_layout(whitespace, max_whitespace)
+        # property name -> its quoted key and colon (keys.property_names.quoted_key)
         self.quoted_keys: dict[str, Expr] = {}
-        self._empties: dict[str, Expr] = {}
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -146,42 +134,6 @@ class Compiler(RuleWriter):
             self.unsupported(keyword, pointer, f"unknown keyword {keyword!r} (did you mean {near[0]!r}?)")
         else:
             self.warnings.append(f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation")
-
-    # -- layout --------------------------------------------------------------------------------
-
-    def open(self, depth: int) -> Expr:
-        """Whitespace after ``{``/``[`` and after ``,``."""
-        return lit("\n" + " " * (self.indent * (depth + 1))) if self.indent is not None else self.ws
-
-    def close(self, depth: int) -> Expr:
-        """Whitespace before ``}``/``]``."""
-        return lit("\n" + " " * (self.indent * depth)) if self.indent is not None else self.ws
-
-    def sep(self, depth: int) -> Expr:
-        """An element separator: optional whitespace, comma, whitespace (or the pinned layout)."""
-        # Built once per depth (IR nodes are immutable): every member and element asks for it.
-        key = depth if self.indent is not None else 0
-        found = self._seps.get(key)
-        if found is None:
-            found = self._seps[key] = seq(self.ws, lit(","), self.open(depth))
-        return found
-
-    def colon(self) -> Expr:
-        """The key/value separator."""
-        return self._colon
-
-    def container(self, open_: str, close_: str, body: Expr, nullable: bool, depth: int) -> Expr:
-        """``open body close`` where ``body`` is non-empty members; the empty form if ``nullable``."""
-        full = seq(lit(open_), self.open(depth), body, self.close(depth), lit(close_))
-        return alt(full, self.empty(open_, close_)) if nullable else full
-
-    def empty(self, open_: str, close_: str) -> Expr:
-        """An empty container: ``{}`` (with optional blank inside in flexible mode)."""
-        found = self._empties.get(open_ + close_)
-        if found is None:
-            found = lit(open_ + close_) if self.indent is not None else seq(lit(open_), self.ws, lit(close_))
-            self._empties[open_ + close_] = found
-        return found
 
     def lower(self, schema: Any, pointer: str, depth: int) -> Expr:
         """The expression of JSON texts valid under ``schema`` (usually a Ref to a shared rule)."""
@@ -253,7 +205,7 @@ class Compiler(RuleWriter):
             parts.append(self.flatten(target, self.where(target, pointer), level + 1))
         for i, sub in enumerate(schema.get("allOf", [])):
             parts.append(self.flatten(sub, f"{pointer}/allOf/{i}", level + 1))
-        if parts and _any_unevaluated(rest, parts):
+        if parts and any_unevaluated(rest, parts):
             # Which properties count as evaluated depends on the schema structure that merging erases.
             self.unsupported("unevaluatedProperties", pointer, "unevaluated* combined with $ref/allOf")
             parts = [
@@ -274,14 +226,10 @@ class Compiler(RuleWriter):
 
     def matches(self, pattern: str, name: str) -> bool:
         """Whether ``name`` contains a match of the ECMA ``pattern`` (exact, via the regex IR)."""
-        from agent_infer.grammar.automata.dfa import dfa_accepts
-
         return dfa_accepts(self.pattern_dfa(pattern, ""), name)
 
     def pattern_dfa(self, pattern: str, pointer: str) -> DFA:
         """DFA of strings containing a match of ``pattern``; cached per pattern."""
-        from agent_infer.grammar.automata.dfa import expr_to_dfa
-
         if pattern not in self._dfa_cache:
             self._dfa_cache[pattern] = expr_to_dfa(self.pattern_expr(pattern, pointer))
         return self._dfa_cache[pattern]
@@ -289,7 +237,7 @@ class Compiler(RuleWriter):
     def pattern_expr(self, pattern: str, pointer: str) -> Expr:
         """The search expression of ``pattern`` (strings containing a match), with a regex's
         errors as the schema errors that name ``pointer``."""
-        return scalars.pattern_search(pattern, pointer)
+        return pattern_search(pattern, pointer)
 
     # -- the dispatcher -------------------------------------------------------------------------
 
@@ -309,16 +257,16 @@ class Compiler(RuleWriter):
         if vals is not None:
             # A finite list: every other keyword just filters it, decided exactly per value.
             self.allowed_types(flat, pointer)
-            return objects.lower_values(self, vals, flat, pointer, depth, own_enum="const" not in flat)
+            return lower_values(self, vals, flat, pointer, depth, own_enum="const" not in flat)
         if "dependentRequired" in flat or "dependentSchemas" in flat:
-            return logic.lower_dependencies(self, flat, pointer, depth)
+            return lower_dependencies(self, flat, pointer, depth)
         if "anyOf" in flat or "oneOf" in flat:
-            return logic.lower_branches(self, flat, pointer, depth)
-        rewritten = logic.rewrite_logic(self, flat, pointer)
+            return lower_branches(self, flat, pointer, depth)
+        rewritten = rewrite_logic(self, flat, pointer)
         if rewritten is not None:
             return self.lower_body(rewritten, pointer, depth)
-        flat = logic.apply_not(self, flat, pointer)
-        logic.check_conditionals(self, flat, pointer)
+        flat = apply_not(self, flat, pointer)
+        check_conditionals(self, flat, pointer)
         types = self.allowed_types(flat, pointer)
         excluded = {canon(v) for v in flat.get("__not_values", [])}
         out: list[Expr] = []
@@ -328,15 +276,15 @@ class Compiler(RuleWriter):
             elif t == "boolean":
                 out.extend(lit(json.dumps(b)) for b in (True, False) if canon(b) not in excluded)
             elif t == "object":
-                out.append(objects.lower_object(self, flat, pointer, depth))
+                out.append(lower_object(self, flat, pointer, depth))
             elif t == "array":
-                out.append(objects.lower_array(self, flat, pointer, depth))
+                out.append(lower_array(self, flat, pointer, depth))
             elif t == "string":
-                out.append(scalars.lower_string(self, flat, pointer))
+                out.append(lower_string(self, flat, pointer))
             elif t == "number-not-integer":
-                out.append(scalars.lower_non_integer(self, flat, pointer))
+                out.append(lower_non_integer(self, flat, pointer))
             else:
-                out.append(scalars.lower_number(self, flat, pointer, integer=(t == "integer")))
+                out.append(lower_number(self, flat, pointer, integer=(t == "integer")))
         # Each type's texts start differently (n, t/f, {, [, ", digit or -): disjoint languages.
         return alt_disjoint(*out) if out else Alt(())
 
@@ -406,8 +354,6 @@ class Compiler(RuleWriter):
         ``unknown`` keywords and at most a ``type``: the same warnings (or error) and answers, where
         a scalar's answer is read off its type (no type: every value) instead of running the
         schema's compiled grammar."""
-        from agent_infer.grammar.frontends.json_schema.values import _type_only
-
         key = (schema_text(schema, sort_keys=True), self.strict)
         found = self._matchers.get(key)
         if found is not None:
@@ -427,7 +373,7 @@ class Compiler(RuleWriter):
         full: list[Callable[[Any], bool]] = []
 
         def accepts(v: Any) -> bool:
-            by_type = _type_only(typed, v)
+            by_type = answer_by_type(typed, v)
             if by_type is not None:
                 return by_type
             if not full:  # containers, or a type name the grammar rejects: the grammar decides
@@ -441,8 +387,6 @@ class Compiler(RuleWriter):
         self, schema: Any, pointer: str, *, strict: bool, record: bool
     ) -> Callable[[Any], bool]:
         """The recognizer behind :meth:`value_matcher` (not memoized)."""
-        from agent_infer.grammar.reference import ReferenceRecognizer
-
         sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
         sub._dfa_cache = self._dfa_cache
         sub._matchers = self._matchers
@@ -453,26 +397,6 @@ class Compiler(RuleWriter):
         rec = ReferenceRecognizer(Grammar((("root", body), *sub.rules.items()), "root"))
 
         def accepts(v: Any) -> bool:
-            return rec.accepts(_plain_json(v))
+            return rec.accepts(plain_json(v))
 
         return accepts
-
-
-def _plain_json(v: Any) -> str:
-    """Compact JSON text of ``v`` with every number in plain decimal (json.dumps writes 1e-05 and
-    3.0, texts a bounded or "integer" grammar does not take, though JSON Schema compares numbers
-    by value: 0.00001 is at least 0, 3.0 is an integer)."""
-    kind = type(v)
-    if kind is float:
-        if v.is_integer():
-            return str(int(v))
-        return format(Decimal(repr(v)), "f")
-    if kind is list:
-        return "[" + ",".join(_plain_json(x) for x in v) + "]"
-    if kind is dict:
-        return (
-            "{"
-            + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _plain_json(x) for k, x in v.items())
-            + "}"
-        )
-    return json.dumps(v, ensure_ascii=False)

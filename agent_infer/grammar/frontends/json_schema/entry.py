@@ -1,10 +1,12 @@
 """JSON Schema (draft 2020-12, plus draft-07 spellings) to a grammar of exactly the valid JSON texts.
 
-Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``). Policies
+Entry point: :func:`json_schema_to_grammar` (also ``Grammar.from_json_schema``), with
+:func:`load_schema` (JSON text or a Pydantic class to a schema) and :func:`check_options`. Policies
 (property order, ``format`` as assertion, integers, whitespace, unknown keywords) are documented in
-``docs/json_schema.md``. Lowering is split by concern: ``json_schema_resolve`` ($ref/$id),
-``json_schema_merge`` (allOf/oneOf), ``json_schema_objects`` (objects/arrays/enum values),
-``json_schema_scalars`` (strings/numbers), plus the text, number, format and automata helpers.
+``docs/json_schema.md``. The lowering is split by concern: ``resolve/`` (documents, ``$ref``,
+structural keys), ``applicators/`` (``allOf`` merging, ``anyOf``/``oneOf``/``not``/``if``),
+``types/`` (strings, numbers, objects, arrays), ``values/`` (``enum``/``const``), ``keys/``
+(property names), driven by the :class:`~.compiler.Compiler`.
 """
 
 from __future__ import annotations
@@ -16,34 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError
+from agent_infer.grammar.frontends.json_schema.compiler import Compiler
+from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import MAX_INT_DIGITS, TooLongInteger
+from agent_infer.grammar.frontends.json_schema.resolve.registry import build_registry
+from agent_infer.grammar.frontends.json_schema.rule_writer import SHARED_RULE_PREFIX
 
-# Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
-# imported with the front end, not on first use: where no bytecode is cached (e.g. with
-# PYTHONDONTWRITEBYTECODE) compiling regex.py alone takes ~10 ms, which would land on whichever
-# schema first has a pattern.
-from agent_infer.grammar import reference  # noqa: F401
-from agent_infer.grammar.frontends.json_schema import negate, values  # noqa: F401
-
-# The lowering is split by concept: the vocabulary (json_schema_keywords), rule naming and counted
-# repeats (json_schema_rule_writer), the Compiler driving them (json_schema_compiler). Names other
-# modules and tests read from this module are re-exported here.
-from agent_infer.grammar.frontends.json_schema.compiler import (
-    MAX_FLATTEN_DEPTH,
-    MAX_INDENT_DEPTH,
-    MAX_LINE_INDENT,
-    Compiler,
-    complement_keys,
-)
-from agent_infer.grammar.frontends.json_schema.keywords import KNOWN
-from agent_infer.grammar.frontends.json_schema.resolve import MAX_INT_DIGITS, TooLongInteger, build_registry
-from agent_infer.grammar.frontends.json_schema.rule_writer import (
-    MAX_CHUNKS,
-    MAX_INLINE_REPEAT,
-    MAX_RULES,
-    SHARED_RULE_PREFIX,
-)
-from agent_infer.grammar.frontends.json_schema.rule_writer import _rule_base as _rule_base
-from agent_infer.grammar.frontends.regex import parser  # noqa: F401
+# Imported with the front end, not on first use (validating a value matcher's grammar needs it):
+# where no bytecode is cached (e.g. PYTHONDONTWRITEBYTECODE) compiling a module costs milliseconds,
+# which would land on whichever schema first needs it.
 from agent_infer.grammar.ir import (
     Grammar,
     references,  # noqa: F401
@@ -56,22 +38,7 @@ from agent_infer.grammar.ir import (
 MAX_INDENT = 16
 MAX_WHITESPACE = 64
 
-__all__ = [
-    "KNOWN",
-    "MAX_CHUNKS",
-    "MAX_FLATTEN_DEPTH",
-    "MAX_INDENT",
-    "MAX_INDENT_DEPTH",
-    "MAX_INLINE_REPEAT",
-    "MAX_LINE_INDENT",
-    "MAX_RULES",
-    "MAX_WHITESPACE",
-    "SHARED_RULE_PREFIX",
-    "Compiler",
-    "check_options",
-    "complement_keys",
-    "json_schema_to_grammar",
-]
+__all__ = ["MAX_INDENT", "MAX_WHITESPACE", "check_options", "json_schema_to_grammar", "load_schema"]
 
 
 def load_schema(schema: Any) -> Any:
@@ -89,7 +56,7 @@ def load_schema(schema: Any) -> Any:
         except ValueError:
             # An integer literal past the int-to-str digit limit: parsed again keeping such
             # literals as text, so the keyword that holds one is reported with its pointer
-            # (json_schema_resolve). NaN/Infinity (and overflowing floats) parse to non-finite
+            # (resolve/keyword_checks). NaN/Infinity (and overflowing floats) parse to non-finite
             # floats and are reported there too.
             return json.loads(schema, parse_int=_parse_int)
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
@@ -193,6 +160,6 @@ def json_schema_to_grammar(
             # call pays for its own churn instead of some later request (docs/performance.md).
             gc.collect()
     # Rules named char* ("char", "char-high", "char-special", the key-trie nodes) have bodies that
-    # are the same IR objects in every grammar: the serializer caches their programs (compiler.py).
+    # are the same IR objects in every grammar: the serializer caches their programs (compile/compiler.py).
     object.__setattr__(grammar, "_shared_prefix", SHARED_RULE_PREFIX)
     return grammar

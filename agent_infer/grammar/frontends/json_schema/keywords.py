@@ -1,6 +1,7 @@
-"""The JSON Schema keyword vocabulary the front end knows (:data:`KNOWN`), the near-miss lookup
-that tells a typo from an annotation, and the pairing of keywords that qualify each other
-(if/then/else, min/maxContains) before ``allOf`` merging."""
+"""The JSON Schema vocabulary of the front end: the keywords it knows (:data:`KNOWN`), the type
+names, the annotations (which never affect validity), the keywords whose values are schemas, the
+near-miss lookup that tells a typo from an annotation, and the pairing of keywords that qualify each
+other (if/then/else, min/maxContains) before ``allOf`` merging."""
 
 from __future__ import annotations
 
@@ -88,3 +89,108 @@ def _lift_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 register_cache(_near_keyword)
+
+
+TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+
+
+# Keywords with no effect on validation; dropped silently.
+ANNOTATIONS = {
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+    "contentSchema",
+    "$schema",
+    "$id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
+    "$defs",
+    "definitions",
+    "discriminator",
+    "example",
+    "externalDocs",
+    "xml",
+    # editor and generator metadata (VS Code, Snowplow, code generators): never assertions
+    "markdownDescription",
+    "markdownEnumDescriptions",
+    "enumDescriptions",
+    "deprecationMessage",
+    "errorMessage",
+    "defaultSnippets",
+    "doNotSuggest",
+    "self",
+    "readonly",
+    "tsType",
+    "javaType",
+}
+
+
+def is_annotation(key: str) -> bool:
+    """True for keywords that never affect validity (``x-``/``_`` extensions, draft-04 ``id``)."""
+    # "_name" is how stripped benchmark schemas and some tools disable a keyword.
+    # ("__" marks the compiler's own internal keywords, which are not annotations.)
+    return (
+        key in ANNOTATIONS
+        or key.startswith("x-")
+        or (key.startswith("_") and not key.startswith("__"))
+        or key == "id"
+    )
+
+
+def type_set(schema: dict[str, Any]) -> set[str] | None:
+    """Allowed types ("integer" implied by "number"), or None when unconstrained."""
+    t = schema.get("type")
+    if t is None:
+        return None
+    names = set(t) if isinstance(t, list) else {t}
+    if "number" in names:
+        names.add("integer")
+    return names
+
+
+def values(schema: dict[str, Any]) -> list[Any] | None:
+    """The finite value set from const/enum, or None."""
+    if "const" in schema:
+        return [schema["const"]]
+    if "enum" in schema:
+        return list(schema["enum"])
+    return None
+
+
+# Keywords whose value is a schema, a map of schemas, or a list of schemas.
+SCHEMA_KEYWORDS = {
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contentSchema",
+}
+
+
+MAP_KEYWORDS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+
+
+LIST_KEYWORDS = {"allOf", "anyOf", "oneOf", "prefixItems"}
+
+
+def any_unevaluated(rest: dict[str, Any], parts: list[Any]) -> bool:
+    """Whether ``rest`` or one of ``parts`` has an unevaluated* keyword (a loop, not a generator:
+    flatten asks once per $ref/allOf)."""
+    for x in (rest, *parts):
+        if isinstance(x, dict) and ("unevaluatedProperties" in x or "unevaluatedItems" in x):
+            return True
+    return False

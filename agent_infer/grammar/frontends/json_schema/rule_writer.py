@@ -10,8 +10,8 @@ import time
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.compile.caches import register_cache
-from agent_infer.grammar.frontends.json_schema.keys import KEY_RULE_PREFIX, SPECIAL_RULE
-from agent_infer.grammar.frontends.json_schema.text import HIGH_RULE
+from agent_infer.grammar.frontends.json_schema.keys.complement_keys import KEY_RULE_PREFIX, SPECIAL_RULE
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_RULE
 from agent_infer.grammar.ir import Alt, Empty, Expr, Ref, Repeat, alt, opt, seq
 
 MAX_RULES = 50_000
@@ -42,7 +42,7 @@ def _rule_base(hint: str) -> str:
         base = core[-40:] if len(core) > 40 else _dashes(hint).strip("-")[-40:] or "s"
     else:
         base = _dashes(hint).strip("-")[-40:] or "s"
-    # The shared key-trie rules own their prefix (json_schema_keys): keep other names out of it.
+    # The shared key-trie rules own their prefix (keys/complement_keys.py): keep other names out of it.
     return "s-" + base if base.startswith(KEY_RULE_PREFIX) else base
 
 

@@ -1,0 +1,100 @@
+"""Complements of simple schemas, so ``not``, ``if``/``then``/``else`` and overlapping ``oneOf`` lower exactly.
+
+``not S`` is rewritten as ``anyOf`` over the negations of S's keywords (De Morgan): each keyword
+only constrains instances of its own type, so its negation is "of that type and violating it". A
+keyword without an expressible complement (``items``, ``format``, numeric ``enum`` values, ...)
+makes :func:`negate` return None and the caller reports the construct as unsupported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent_infer.grammar.frontends.json_schema.keywords import is_annotation
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.frontends.json_schema.compiler import Compiler
+
+_BOUND_FLIP = {
+    "minimum": "exclusiveMaximum",
+    "maximum": "exclusiveMinimum",
+    "exclusiveMinimum": "maximum",
+    "exclusiveMaximum": "minimum",
+}
+_COUNT_FLIP = {
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
+MAX_DEPTH = 8
+
+
+def _any(parts: list[Any]) -> Any:
+    parts = [p for p in parts if p is not False]
+    if not parts:
+        return False
+    if any(p is True for p in parts):
+        return True
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None:
+    """A schema valid exactly for the instances ``schema`` rejects, or None if not expressible."""
+    if depth > MAX_DEPTH:
+        return None
+    flat = c.flatten(schema, pointer)
+    if isinstance(flat, bool):
+        return not flat
+    parts: list[Any] = []
+    for key, v in flat.items():
+        if key == "__not_types":
+            parts.append({"type": list(v)})
+            continue
+        if key.startswith("__"):
+            return None  # other internal forms (conditionals, exclusions) are not negated
+        if is_annotation(key):
+            continue
+        part = _negate_keyword(c, key, v, flat, pointer, depth)
+        if part is None:
+            return None
+        parts.append(part)
+    return _any(parts)
+
+
+def _negate_keyword(
+    c: Compiler, key: str, v: Any, flat: dict[str, Any], pointer: str, depth: int
+) -> Any | None:
+    if key == "type":
+        return {"not": {"type": v}}
+    if key == "required":
+        return _any([{"type": "object", "properties": {name: False}} for name in v])
+    if key == "properties":
+        out = []
+        for name, sub in v.items():
+            neg = negate(c, sub, f"{pointer}/properties/{name}", depth + 1)
+            if neg is None:
+                return None
+            out.append({"type": "object", "required": [name], "properties": {name: neg}})
+        return _any(out)
+    if key in ("const", "enum"):
+        vals = [v] if key == "const" else list(v)
+        if any(isinstance(x, int | float | list | dict) and not isinstance(x, bool) for x in vals):
+            return None  # a number has infinitely many spellings; containers are not excluded
+        return {"__not_values": vals}
+    if key in _BOUND_FLIP:
+        return {"type": "number", _BOUND_FLIP[key]: v}
+    if key in _COUNT_FLIP:
+        typ, other, delta = _COUNT_FLIP[key]
+        bound = int(v) + delta
+        return False if bound < 0 else {"type": typ, other: bound}
+    if key == "pattern" and isinstance(v, str):
+        return {"type": "string", "__not_patterns": [v]}
+    if key == "not":
+        return v
+    if key == "anyOf":
+        negs = [negate(c, b, f"{pointer}/anyOf/{i}", depth + 1) for i, b in enumerate(v)]
+        return None if any(n is None for n in negs) else {"allOf": negs}
+    return None
