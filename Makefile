@@ -47,7 +47,7 @@ test-all: venv
 ASAN_BUILD := build/asan
 ASAN_TESTS ?= tests/test_grammar_core_matcher.py tests/test_grammar_core_json.py tests/test_bitmask_kernels.py \
 	tests/test_grammar_frontend_gbnf.py tests/test_grammar_frontend_lark.py tests/test_grammar_batch_split.py \
-	tests/test_grammar_completion.py tests/test_grammar_forced_utf8.py tests/test_json_schema_keywords.py \
+	tests/test_grammar_completion.py tests/test_grammar_forced_utf8.py tests/grammar/frontends/json_schema/test_keywords.py \
 	tests/test_grammar_serialize_packed.py tests/test_grammar_scratch.py tests/test_grammar_frontend_regex.py \
 	tests/test_grammar_core_mask_cache.py tests/test_grammar_core_bounded_strings.py tests/test_grammar_fuzz.py \
 	tests/test_grammar_matcher_safety.py tests/test_grammar_matcher_misuse.py tests/test_grammar_construction_limits.py
