@@ -5,7 +5,7 @@
 One sequence with a ~270-token chat prompt in the KV cache; each measurement feeds ``k`` new
 tokens after it (then rewinds, so every pass sees the same context) and records the process CPU
 time of the pass (the trustworthy clock on a shared machine). Chunk rows attend either through
-SDPA (``NATIVE_MAX_QUERY = 1``: only single tokens take the native kernel) or row by row through
+SDPA (``max_native_query = 1``: only single tokens take the native kernel) or row by row through
 the native decode kernel (the engine's setting); the two run interleaved, and medians are printed.
 The default model (SmolLM2-135M GGUF), float32, the packed native linears.
 """
@@ -33,16 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from agent_infer.model import attention
+    from agent_infer.model.layers.native_ops import thread_budget
     from agent_infer.model.loader import load_model
-    from agent_infer.model.qlinear import thread_budget
     from agent_infer.model.runner import SequenceRunner
 
     lm = load_model()
     tok = lm.tokenizer
     text = "Describe a person as JSON with name, age, city and a list of hobbies. " * 14
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
-    engine_limit = attention.NATIVE_MAX_QUERY
+    attention = lm.model.kernels.attention
+    engine_limit = attention.max_native_query
     routes = {"SDPA": 1, "native rows": engine_limit}
     runner = SequenceRunner(lm.model, num_blocks=128)
     samples: dict[tuple[str, int], list[float]] = {}
@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 for k in args.chunks:
                     for name, limit in routes.items():
-                        attention.NATIVE_MAX_QUERY = limit
+                        attention.max_native_query = limit
                         t = time.process_time()
                         runner.step([(0, list(range(1000, 1000 + k)))])
                         samples.setdefault((name, k), []).append((time.process_time() - t) * 1e3)
                         runner._lens[0] = base  # rewind: the next pass sees the same context
     finally:
-        attention.NATIVE_MAX_QUERY = engine_limit
+        attention.max_native_query = engine_limit
     print(f"context {len(prompt)} tokens, {args.threads} threads, process CPU ms per forward (median)")
     print("| chunk | " + " | ".join(routes) + " |")
     print("|---|" + "---|" * len(routes))

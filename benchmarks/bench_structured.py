@@ -454,10 +454,9 @@ def save(rows: list[dict[str, Any]], notes: list[str], args: Any) -> None:
 
 def _activations(loaded: Any) -> str:
     """Which linear path the model runs: native int8 or float32 activations, or torch matmuls."""
-    head = getattr(loaded.model, "packed_head", None)
-    if head is None:
+    if not loaded.model.native:
         return "torch fp32"
-    return "native int8 (q8)" if head.packed.q8_activations else "native fp32"
+    return "native int8 (q8)" if loaded.model.lm_head.packed.q8_activations else "native fp32"
 
 
 def report(

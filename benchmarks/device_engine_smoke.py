@@ -63,8 +63,8 @@ MODEL_DIMS = {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_he
 
 def prepare(dest: Path) -> None:
     """Export the SmolLM2 tokenizer (tokenizer.json + tokenizer_config.json) from the default GGUF."""
-    from agent_infer.model.gguf_reader import GGUFFile
     from agent_infer.model.loader import default_model_path
+    from agent_infer.model.loading.gguf_reader import GGUFFile
     from agent_infer.model.tokenizer import Tokenizer
 
     dest.mkdir(parents=True, exist_ok=True)

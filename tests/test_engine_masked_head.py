@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent_infer import SamplingParams
-from agent_infer.model import qlinear
+from agent_infer.model.layers import qlinear
 from agent_infer.structured import StructuredOutput
 
 SCHEMA = {

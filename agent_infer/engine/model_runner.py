@@ -10,8 +10,8 @@ from agent_infer.accelerator import Accelerator
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.scheduler import ScheduledSequence
 from agent_infer.errors import ConfigError
-from agent_infer.model.attention import AttentionMetadata
 from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.loader import LoadedModel
 
 
@@ -23,9 +23,8 @@ class ModelRunner:
         self.model_config = loaded.config
         self.device = accelerator.device
         self.block_size = config.block_size
-        # Only the packed CPU head can skip masked-out tokens; elsewhere waiting for the mask
-        # before the projection would gain nothing.
-        self.masked_head = config.masked_head and getattr(self.model, "packed_head", None) is not None
+        # Only a head that skips masked-out tokens gains from waiting for the mask before the projection.
+        self.masked_head = config.masked_head and self.model.masked_head
         self.num_blocks = self._num_blocks(config)
         self.kv_cache = KVCache.allocate(
             self.model_config, self.num_blocks, self.block_size, self.device, config.torch_dtype

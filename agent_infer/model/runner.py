@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 
 from agent_infer.errors import EngineError
-from agent_infer.model.attention import AttentionMetadata
+from agent_infer.model.families.base import CausalLM
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.llama import LlamaForCausalLM
+from agent_infer.model.layers.attention import AttentionMetadata
 
 
 class SequenceRunner:
@@ -23,7 +23,7 @@ class SequenceRunner:
     ``0, 1, 2...``: this exercises the paging as the engine would.
     """
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 16) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int = 64, block_size: int = 16) -> None:
         self.model = model
         self.block_size = block_size
         self.cache = KVCache.allocate(model.config, num_blocks, block_size, model.device, model.dtype)

@@ -92,8 +92,8 @@ def _tokenizer_path(name: str) -> Path | None:
 
 def _write_smollm2_tokenizer(path: Path) -> None:
     """The engine's own SmolLM2 tokenizer (built from the GGUF metadata), saved as tokenizer.json."""
-    from agent_infer.model.gguf_reader import GGUFFile
     from agent_infer.model.loader import default_model_path
+    from agent_infer.model.loading.gguf_reader import GGUFFile
     from agent_infer.model.tokenizer import Tokenizer
 
     try:

@@ -41,14 +41,14 @@ def ours(request: pytest.FixtureRequest) -> Iterator[LoadedModel]:
         mp.setenv("AGENT_INFER_NATIVE_LINEAR", "0" if request.param == "torch" else "1")
         mp.setenv("AGENT_INFER_LINEAR_ACTIVATIONS", "f32" if request.param == "torch" else request.param)
         lm = load_model(default_model_path(), device=torch.device("cpu"))
-    assert lm.model.packed == (request.param != "torch")
-    if lm.model.packed:
-        assert lm.model.packed_head.packed.q8_activations == (request.param == "q8")
+    assert lm.model.native == (request.param != "torch")
+    if lm.model.native:
+        assert lm.model.lm_head.packed.q8_activations == (request.param == "q8")
     yield lm
 
 
 def _q8(ours: LoadedModel) -> bool:
-    return bool(ours.model.packed and ours.model.packed_head.packed.q8_activations)
+    return bool(ours.model.native and ours.model.lm_head.packed.q8_activations)
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,16 @@
-"""Native RoPE (engine_native/src/rope.cpp): in place on the fused qkv rows, bit-identical to torch."""
+"""Rotary embeddings: native RoPE (engine_native/src/rope.cpp) in place on the fused qkv rows,
+bit-identical to the torch formula."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agent_infer.model import llama, rope
+from agent_infer.model.layers import rotary as rope
+from agent_infer.model.layers.rotary import NativeRotaryEmbedding, RotaryEmbedding
+from agent_infer.native import load_native
 
-_native = pytest.importorskip("agent_infer._native")
+_native = load_native()
 
 
 def _tables(dim: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +58,7 @@ def test_model_logits_identical_with_native_and_torch_rope(monkeypatch: pytest.M
     from agent_infer.model.runner import SequenceRunner
 
     lm = load_model()
-    assert lm.model.packed
+    assert lm.model.native and type(lm.model.rotary) is NativeRotaryEmbedding
     ids = lm.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
 
     def run() -> torch.Tensor:
@@ -64,5 +67,5 @@ def test_model_logits_identical_with_native_and_torch_rope(monkeypatch: pytest.M
         return torch.cat([first, runner.step([(0, [int(first.argmax())])])])
 
     native = run()
-    monkeypatch.setattr(llama, "native_rope_ok", lambda *args: False)
+    monkeypatch.setattr(lm.model, "rotary", RotaryEmbedding(lm.config, lm.model.device, lm.model.dtype))
     assert torch.equal(run(), native)

@@ -12,8 +12,7 @@ from safetensors import SafetensorError, safe_open
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
+from agent_infer.model.registry import hf_architecture
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -35,18 +34,20 @@ def _ids(value: Any) -> list[int]:
 
 
 def hf_config(directory: str | Path) -> ModelConfig:
-    """Build a :class:`ModelConfig` from ``config.json`` (and ``generation_config.json`` for EOS ids)."""
+    """Build a :class:`ModelConfig` from ``config.json`` (and ``generation_config.json`` for EOS ids).
+
+    The architecture is the first ``architectures`` entry (``model_type`` without one), resolved by
+    the registry.
+    """
     d = Path(directory)
     cfg = _read_json(d / "config.json")
-    model_type = str(cfg.get("model_type", ""))
-    arch = _MODEL_TYPES.get(model_type)
-    if arch is None:
+    names = cfg.get("architectures")
+    name = str(names[0]) if isinstance(names, list) and names else str(cfg.get("model_type", ""))
+    found = hf_architecture(name, f"{d}: ")
+    arch = found.name
+    if not found.qkv_bias and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
         raise UnsupportedModelError(
-            f"{d}: unsupported model_type {model_type!r}; supported: {', '.join(_MODEL_TYPES)}"
-        )
-    if arch == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
-        raise UnsupportedModelError(
-            f"{d}: Llama with attention_bias/mlp_bias (o_proj/MLP biases) is not supported"
+            f"{d}: {name} with attention_bias/mlp_bias (o_proj/MLP biases) is not supported"
         )
     try:
         hidden = int(cfg["hidden_size"])
@@ -73,7 +74,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=arch == "qwen2",
+            attention_bias=found.qkv_bias,
             bos_token_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
             eos_token_ids=tuple(eos),
         )

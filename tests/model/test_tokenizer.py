@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent_infer.errors import TokenizerError
-from agent_infer.model.gguf_reader import GGUFFile
 from agent_infer.model.loader import default_model_path
+from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.tokenizer import Tokenizer, UnsupportedTokenizerError
 
 TEXTS = [

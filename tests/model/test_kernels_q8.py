@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from agent_infer.model import qlinear
+from agent_infer.model.layers import native_ops, qlinear
+from agent_infer.model.layers.norm import RMSNorm
+from agent_infer.native import load_native
 
-_native = pytest.importorskip("agent_infer._native")
-if not hasattr(_native, "PackedLinear"):
-    pytest.skip("native extension built without the linear kernel", allow_module_level=True)
+# the extension is part of the build: a missing or stale one fails here instead of skipping
+_native = load_native()
+assert native_ops.available(), f"agent_infer._native lacks a model kernel of {native_ops.MODEL_KERNELS}"
 
 F32, Q4_0, Q4_1, Q8_0 = 0, 2, 3, 8
 QTYPES = [Q4_1, Q8_0, Q4_0]
@@ -202,7 +204,9 @@ def test_fused_rms_norm_matches_torch_and_is_batch_invariant(q8: bool) -> None:
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(4)) * 3
     w = torch.rand(k, generator=torch.Generator().manual_seed(5)) + 0.5
     eps = 1e-5
-    got = layer.project_normed(x, w, eps)
+    norm = RMSNorm(k, eps, None, torch.float32)
+    norm.weight.data.copy_(w)
+    got = layer.project_normed(x, norm)
     normed = torch.nn.functional.rms_norm(x.double(), (k,), w.double(), eps).float()
     # the normalized rows agree with torch's to float rounding, so the kernel sees (nearly) the same
     # input: float32 activations give the same outputs to rounding, int8 ones at most a rounding
@@ -210,14 +214,14 @@ def test_fused_rms_norm_matches_torch_and_is_batch_invariant(q8: bool) -> None:
     want = layer.project(normed)
     scale = want.abs().max().item()
     assert (got - want).abs().max().item() <= (2e-2 if q8 else 1e-5) * scale
-    alone = torch.cat([layer.project_normed(x[r : r + 1], w, eps) for r in range(13)])
+    alone = torch.cat([layer.project_normed(x[r : r + 1], norm) for r in range(13)])
     assert torch.equal(got, alone)
     for isa in ISAS:
         _native.linear_set_isa(isa)
-        assert torch.equal(layer.project_normed(x, w, eps), got), isa
+        assert torch.equal(layer.project_normed(x, norm), got), isa
     # inputs the raw path cannot take fall back to torch's norm and forward()
     assert torch.allclose(
-        layer.project_normed(x.t().contiguous().t(), w, eps), got, rtol=0, atol=(2e-2 if q8 else 1e-5) * scale
+        layer.project_normed(x.t().contiguous().t(), norm), got, rtol=0, atol=(2e-2 if q8 else 1e-5) * scale
     )
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from agent_infer.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
-from agent_infer.model.gguf_reader import GGUFFile
 from agent_infer.model.loader import default_model_path, load_model
+from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.registry import gguf_architecture
 from agent_infer.model.runner import SequenceRunner
 
 QT = gguf.GGMLQuantizationType
@@ -116,9 +117,10 @@ def test_tiny_gguf_matches_unpermuted_reference(tmp_path: Path) -> None:
         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
     )  # fmt: skip
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    from agent_infer.model.gguf_loader import hf_name
+    from agent_infer.model.loading.gguf import hf_name
 
-    hf.load_state_dict({hf_name(k): torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+    arch = gguf_architecture(lm.config.architecture)
+    hf.load_state_dict({hf_name(arch, k): torch.from_numpy(v) for k, v in weights.items()}, strict=False)
     hf.tie_weights()
     ids = [5, 9, 2, 33, 17, 60, 4, 4, 8]
     with torch.no_grad():
@@ -144,9 +146,10 @@ def test_tiny_qwen2_gguf_matches_transformers(tmp_path: Path) -> None:
         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
     )  # fmt: skip
     hf = transformers.Qwen2ForCausalLM(cfg).eval()
-    from agent_infer.model.gguf_loader import hf_name
+    from agent_infer.model.loading.gguf import hf_name
 
-    hf.load_state_dict({hf_name(k): torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+    arch = gguf_architecture(lm.config.architecture)
+    hf.load_state_dict({hf_name(arch, k): torch.from_numpy(v) for k, v in weights.items()}, strict=False)
     hf.tie_weights()
     ids = [7, 3, 3, 50, 12, 1, 40]
     with torch.no_grad():

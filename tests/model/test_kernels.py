@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from agent_infer.model import qlinear
-from agent_infer.model.gguf_reader import _DEQUANT
+from agent_infer.model.layers import native_ops, qlinear
+from agent_infer.model.layers.kernels import native_kernels_usable
+from agent_infer.model.layers.linear import TorchLinear
+from agent_infer.model.loading.gguf_reader import _DEQUANT
+from agent_infer.native import load_native
 
-_native = pytest.importorskip("agent_infer._native")
-if not hasattr(_native, "PackedLinear"):
-    pytest.skip("native extension built without the linear kernel", allow_module_level=True)
+# the extension is part of the build: a missing or stale one fails here instead of skipping
+_native = load_native()
+assert native_ops.available(), f"agent_infer._native lacks a model kernel of {native_ops.MODEL_KERNELS}"
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 TYPES = [Q4_1, Q8_0, Q4_0, F32, F16, BF16]
@@ -172,18 +175,31 @@ def test_errors_are_typed_and_clear() -> None:
     with pytest.raises(ValueError, match="unknown ISA"):
         _native.linear_set_isa("sse9")
     with pytest.raises(ValueError, match=">= 1"):
-        qlinear.set_num_threads(0)
+        native_ops.set_num_threads(0)
+
+
+def _implementations(model: torch.nn.Module) -> set[type]:
+    layer = model.layers[0]  # type: ignore[index]
+    linears = (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down, model.lm_head)
+    return {type(x) for x in linears} | {type(model.rotary), type(model.attention)}  # type: ignore[attr-defined]
 
 
 def test_gguf_model_uses_packed_layers_and_can_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader decides once: every projection, the RoPE and the attention of a model come from one path."""
+    from agent_infer.model.layers.attention import NativePagedAttention, PagedAttention
+    from agent_infer.model.layers.rotary import NativeRotaryEmbedding, RotaryEmbedding
     from agent_infer.model.loader import default_model_path, load_model
 
-    assert qlinear.use_native_linear(torch.device("cpu"), torch.float32)
-    assert not qlinear.use_native_linear(torch.device("cpu"), torch.bfloat16)
-    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
-    assert not qlinear.use_native_linear(torch.device("cpu"), torch.float32)
+    assert native_kernels_usable(torch.device("cpu"), torch.float32)
+    assert not native_kernels_usable(torch.device("cpu"), torch.bfloat16)
     lm = load_model(default_model_path(), device=torch.device("cpu"))
-    assert not lm.model.packed and isinstance(lm.model.layers[0].qkv, torch.nn.Parameter)
+    assert lm.model.native and lm.model.masked_head
+    assert _implementations(lm.model) == {qlinear.QuantLinear, NativeRotaryEmbedding, NativePagedAttention}
+    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
+    assert not native_kernels_usable(torch.device("cpu"), torch.float32)
+    lm = load_model(default_model_path(), device=torch.device("cpu"))
+    assert not lm.model.native and not lm.model.masked_head
+    assert _implementations(lm.model) == {TorchLinear, RotaryEmbedding, PagedAttention}
 
 
 # --- decode attention -------------------------------------------------------------------------

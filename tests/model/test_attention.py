@@ -7,6 +7,7 @@ import torch
 
 from agent_infer.errors import ConfigError, EngineError, UnsupportedModelError
 from agent_infer.model import AttentionMetadata, KVCache, LlamaForCausalLM, ModelConfig
+from agent_infer.model.registry import build_model
 from agent_infer.model.runner import SequenceRunner
 
 
@@ -40,8 +41,8 @@ def test_kv_cache_shapes() -> None:
 
 
 def test_config_validation() -> None:
-    with pytest.raises(UnsupportedModelError, match="gpt_neox"):
-        _config(architecture="gpt_neox")
+    with pytest.raises(UnsupportedModelError, match="'gpt_neox'; supported: llama, qwen2"):
+        build_model(_config(architecture="gpt_neox"))
     with pytest.raises(UnsupportedModelError, match="num_kv_heads"):
         _config(num_kv_heads=3)
     with pytest.raises(UnsupportedModelError, match="yarn"):
@@ -109,16 +110,17 @@ def test_load_weights_errors(model: LlamaForCausalLM) -> None:
 
 def _hf_named(model: LlamaForCausalLM) -> list[tuple[str, torch.Tensor]]:
     c = model.config
-    out = [("model.embed_tokens.weight", model.embed), ("model.norm.weight", model.norm)]
-    out.append(("lm_head.weight", model.lm_head if model.lm_head is not None else model.embed))
+    out = [("model.embed_tokens.weight", model.embed), ("model.norm.weight", model.norm.weight)]
+    out.append(("lm_head.weight", model.lm_head.weight))
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        q, k, v = layer.qkv.split([c.q_size, c.kv_size, c.kv_size])
-        gate, up = layer.gate_up.chunk(2)
+        q, k, v = layer.qkv.weight.split([c.q_size, c.kv_size, c.kv_size])
+        gate, up = layer.mlp.gate_up.weight.chunk(2)
         out += [
-            (p + "input_layernorm.weight", layer.input_norm), (p + "post_attention_layernorm.weight", layer.post_norm),
+            (p + "input_layernorm.weight", layer.input_norm.weight),
+            (p + "post_attention_layernorm.weight", layer.post_norm.weight),
             (p + "self_attn.q_proj.weight", q), (p + "self_attn.k_proj.weight", k), (p + "self_attn.v_proj.weight", v),
-            (p + "self_attn.o_proj.weight", layer.o), (p + "mlp.gate_proj.weight", gate),
-            (p + "mlp.up_proj.weight", up), (p + "mlp.down_proj.weight", layer.down),
+            (p + "self_attn.o_proj.weight", layer.o.weight), (p + "mlp.gate_proj.weight", gate),
+            (p + "mlp.up_proj.weight", up), (p + "mlp.down_proj.weight", layer.mlp.down.weight),
         ]  # fmt: skip
     return out

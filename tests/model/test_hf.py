@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
-from agent_infer.model.gguf_reader import GGUFFile
 from agent_infer.model.loader import default_model_path, load_model
+from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.runner import SequenceRunner
 from agent_infer.model.tokenizer import Tokenizer
 
@@ -79,8 +79,14 @@ def test_bad_directories(tmp_path: Path, tokenizer_files: Path) -> None:
     _save("llama", tmp_path, tokenizer_files)
     cfg = json.loads((tmp_path / "config.json").read_text())
 
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
-    with pytest.raises(UnsupportedModelError, match="mamba"):
+    (tmp_path / "config.json").write_text(
+        json.dumps({**cfg, "architectures": ["MambaForCausalLM"], "model_type": "mamba"})
+    )
+    with pytest.raises(UnsupportedModelError, match="'MambaForCausalLM'; supported: LlamaForCausalLM, llama"):
+        load_model(tmp_path)
+    bare = {k: v for k, v in cfg.items() if k != "architectures"}
+    (tmp_path / "config.json").write_text(json.dumps({**bare, "model_type": "mamba"}))
+    with pytest.raises(UnsupportedModelError, match="'mamba'"):
         load_model(tmp_path)
 
     (tmp_path / "config.json").write_text(

@@ -36,7 +36,7 @@ def lm(request: pytest.FixtureRequest) -> LoadedModel:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AGENT_INFER_NATIVE_LINEAR", "1" if native else "0")
         loaded = load_model(default_model_path(), device=torch.device("cpu"), dtype=dtype)
-    assert loaded.model.packed == native
+    assert loaded.model.native == native
     return loaded
 
 
@@ -105,7 +105,7 @@ def test_short_chunk_rows_equal_decoding_token_by_token(lm: LoadedModel, chunk: 
     fed = SequenceRunner(lm.model, num_blocks=64, block_size=16)
     fed.step([(0, prompt)])
     got = fed.step([(0, tokens)])[0]
-    if lm.model.packed:
+    if lm.model.native:
         assert torch.equal(got, ref), f"max diff {(got - ref).abs().max().item():.3g}"
     elif lm.model.dtype == torch.float32:
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
@@ -117,7 +117,7 @@ def test_prompt_prefill_equals_decoding_token_by_token(lm: LoadedModel) -> None:
     """On the native path a prompt of up to ``NATIVE_MAX_QUERY`` tokens is prefilled row by row, each
     row attending as decoding that token alone would: one prefill, a chunked prefill (as after a
     prefix-cache hit) and token-by-token decoding give the same bits (other paths: within rounding)."""
-    from agent_infer.model.attention import NATIVE_MAX_QUERY
+    from agent_infer.model.layers.attention import NATIVE_MAX_QUERY
 
     prompt = _prompts(lm)[5]
     assert 20 < len(prompt) <= NATIVE_MAX_QUERY
@@ -128,7 +128,7 @@ def test_prompt_prefill_equals_decoding_token_by_token(lm: LoadedModel) -> None:
     one = SequenceRunner(lm.model, num_blocks=64, block_size=16)
     for t in prompt:
         stepped = one.step([(0, [t])])[0]
-    if lm.model.packed:
+    if lm.model.native:
         assert torch.equal(whole, stepped), f"max diff {(whole - stepped).abs().max().item():.3g}"
         assert torch.equal(whole, split)
     elif lm.model.dtype == torch.float32:

@@ -1,0 +1,107 @@
+"""What every architecture family provides: the causal-LM contract with the engine and loading by name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from agent_infer.errors import ModelLoadError
+from agent_infer.model.config import ModelConfig
+from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers.attention import AttentionMetadata
+from agent_infer.model.layers.kernels import Kernels
+
+#: HF name -> (destination tensor, first row inside it, expected shape of the checkpoint tensor).
+Targets = dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]
+
+# HF buffers that some checkpoints carry but which the families recompute.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder over a paged :class:`KVCache`, built from the :class:`Kernels` the loader chose.
+
+    Subclasses build their layers in ``__init__`` and implement :meth:`forward`,
+    :meth:`compute_logits` and :meth:`weight_targets`; loading by name is shared.
+    """
+
+    config: ModelConfig
+    dtype: torch.dtype
+    kernels: Kernels
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """Where the weights live."""
+
+    @property
+    def native(self) -> bool:
+        """Whether the model runs the packed native kernels."""
+        return self.kernels.name == "native"
+
+    @property
+    @abstractmethod
+    def masked_head(self) -> bool:
+        """Whether :meth:`compute_logits` skips the head weights of tokens no row of ``allowed`` takes."""
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Run the new tokens of a batch through the decoder, caching their K/V; the final-norm
+        hidden states of every row, or of ``keep_rows`` (in that order)."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]``."""
+
+    @abstractmethod
+    def weight_targets(self) -> Targets:
+        """Every tensor still to be loaded by name (the packed ones are not)."""
+
+    def ignored_weight_names(self) -> frozenset[str]:
+        """Checkpoint tensors that may appear and are dropped (a tied head stored anyway)."""
+        return frozenset()
+
+    def packed_weight_names(self) -> frozenset[str]:
+        """HF names of the tensors the model already holds packed (the loader need not read them)."""
+        names: set[str] = set()
+        for module in self.modules():
+            packed = getattr(module, "packed_names", None)
+            if packed is not None:
+                names.update(packed())
+        return frozenset(names)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the model (dtype converted); every target must appear exactly once.
+
+        Raises :class:`ModelLoadError` naming any missing, unexpected, duplicated or mis-shaped tensor.
+        """
+        targets = self.weight_targets()
+        ignored = self.ignored_weight_names()
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            if name.endswith(_IGNORED_SUFFIXES) or name in ignored:
+                continue
+            if name not in targets:
+                raise ModelLoadError(f"unexpected tensor {name!r} for a {self.config.architecture} model")
+            if name in seen:
+                raise ModelLoadError(f"tensor {name!r} appears twice")
+            dest, off, shape = targets[name]
+            if tuple(tensor.shape) != shape:
+                raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+            dest[off : off + shape[0]].copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ModelLoadError(f"missing tensors: {', '.join(missing[:5])}{more}")

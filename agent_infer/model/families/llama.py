@@ -1,0 +1,248 @@
+"""The Llama family: Llama 2/3.x and Qwen2 (Llama with q/k/v biases), on shared layers.
+
+A decoder block is RMSNorm -> fused q/k/v projection (optional bias) -> RoPE -> paged GQA
+attention -> o projection, then RMSNorm -> SwiGLU MLP, each with a residual; embeddings may be
+tied to the LM head. q/k/v and gate/up are fused into single projections to halve the calls.
+
+Rows of a forward are padded as the loader's :class:`Kernels` asks; attention runs per sequence
+and every other op is row-wise, so a sequence's logits do not depend on its batch (see
+layers/linear.py for the torch path, layers/qlinear.py for the native one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.errors import EngineError
+from agent_infer.model.config import ModelConfig
+from agent_infer.model.families.base import CausalLM, Targets
+from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.kernels import Kernels, torch_kernels
+from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
+from agent_infer.model.layers.mlp import GatedMLP
+from agent_infer.model.layers.norm import RMSNorm
+from agent_infer.model.layers.rotary import Rotation
+
+#: llama.cpp's GGUF tensor names -> HF names: outside the blocks, then per block (``blk.N.``).
+GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+class LlamaDecoderLayer(nn.Module):
+    """One decoder block (HF names under ``model.layers.{index}.``)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        kernels: Kernels,
+        device: torch.device | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        c = config
+        p = f"model.layers.{index}."
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
+        self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
+        self.qkv: Linear = kernels.linears.linear(
+            [
+                WeightPart(p + "self_attn.q_proj.weight", c.q_size, rope_heads=c.num_heads),
+                WeightPart(p + "self_attn.k_proj.weight", c.kv_size, rope_heads=c.num_kv_heads),
+                WeightPart(p + "self_attn.v_proj.weight", c.kv_size),
+            ],
+            c.hidden_size,
+            bias=c.attention_bias,
+        )
+        self.o: Linear = kernels.linears.linear(
+            [WeightPart(p + "self_attn.o_proj.weight", c.hidden_size)], c.q_size
+        )
+        self.mlp = GatedMLP(kernels.linears, p + "mlp.", c.hidden_size, c.intermediate_size)
+        self.attention: PagedAttention = kernels.attention
+        self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotation: Rotation,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: AttentionPlan,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block applied to ``x`` ``[rows, hidden]``; with ``keep`` (row indices), only those rows
+        go on past attention (the others only needed their K/V cached)."""
+        rows, heads, qk_heads, dim = int(x.shape[0]), self.heads, self.heads + self.kv_heads, self.dim
+        qkv = self.qkv.project_normed(x, self.input_norm)
+        qk = rotation.apply(qkv, qk_heads, dim)
+        v = qkv[:, qk_heads * dim :].view(rows, self.kv_heads, dim)
+        attn = self.attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
+        if keep is not None:
+            x, attn = x.index_select(0, keep), attn.index_select(0, keep)
+        x = x + self.o.project(attn)
+        # called directly: module dispatch costs microseconds, paid ~30 times per step
+        return x + self.mlp.forward(x, self.post_norm)
+
+
+class LlamaForCausalLM(CausalLM):
+    """Llama-architecture causal LM (Qwen2 = Llama + q/k/v bias) over a paged :class:`KVCache`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        kernels: Kernels | None = None,
+    ) -> None:
+        """``kernels`` defaults to the torch path on ``device``/``dtype``; the native path needs float32 on the CPU."""
+        super().__init__()
+        if kernels is None:
+            kernels = torch_kernels(device, dtype)
+        if kernels.name == "native" and (
+            dtype != torch.float32 or (device is not None and torch.device(device).type != "cpu")
+        ):
+            raise EngineError("the native kernels need a float32 model on the CPU")
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.kernels = kernels
+        self.embed = nn.Parameter(
+            torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(c, i, kernels, device, dtype) for i in range(c.num_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
+        self.lm_head: Linear = kernels.linears.head(
+            "lm_head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
+        )
+        self.rotary = kernels.rotary(c, device, dtype)
+        self.attention = kernels.attention
+
+    def _blocks(self) -> list[LlamaDecoderLayer]:
+        return cast(list[LlamaDecoderLayer], list(self.layers))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed.device
+
+    @property
+    def masked_head(self) -> bool:
+        """Whether the LM head can skip the columns of tokens no row allows (the packed head can)."""
+        return self.lm_head.takes_token_mask
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Run the new tokens of a batch through the decoder, caching their K/V.
+
+        Returns the final-norm hidden states ``[N, hidden]``; feed the rows you need to
+        :meth:`compute_logits`. With ``keep_rows`` (indices into the N rows), only those rows are
+        returned, in that order; when the kernels' rows are independent of the row count, the last
+        layer then runs its output projection and MLP for them alone (the other rows only need
+        their K/V there), which leaves the kept rows' bits unchanged.
+        """
+        with self.kernels.threads():
+            return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None,
+    ) -> torch.Tensor:
+        c = self.config
+        n = int(input_ids.shape[0])
+        plan = self.attention.plan(meta, n, kv_cache.num_slots, self.device)
+        if n and int(positions.max()) >= c.max_position_embeddings:
+            raise EngineError(
+                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
+            )
+        rows = pad_rows(n, self.kernels.row_multiple)
+        ids = input_ids.to(self.device)
+        pos = positions.to(self.device)
+        if rows > n:
+            ids = torch.cat((ids, ids.new_zeros(rows - n)))
+            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        rotation = self.rotary.at(pos)
+        x = F.embedding(ids, self.embed)
+        keep = None
+        if keep_rows is not None and self.kernels.rows_independent and len(keep_rows) < n:
+            keep = torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device)
+        blocks = self._blocks()
+        last = len(blocks) - 1
+        for i, layer in enumerate(blocks):
+            k_cache, v_cache = kv_cache.flat(i)
+            x = layer.forward(x, rotation, k_cache, v_cache, plan, keep if i == last else None)
+        x = self.norm.forward(x)
+        if keep is not None:
+            return x
+        if keep_rows is not None:
+            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
+        return x[:n]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant).
+
+        ``allowed`` (int32 token bitmask ``[M, words]``, e.g. a grammar's) lets a :attr:`masked_head`
+        skip the weights of tokens no row can take: those logits come back ``-inf`` and every other
+        one is bit-identical. Other heads ignore it (the caller masks anyway).
+        """
+        with self.kernels.threads():
+            return self.lm_head.logits(hidden, allowed)
+
+    def weight_targets(self) -> Targets:
+        """HF names of the embedding, the norms and every projection's tensors still loaded by name."""
+        t: Targets = {
+            "model.embed_tokens.weight": (self.embed, 0, tuple(self.embed.shape)),
+            "model.norm.weight": (self.norm.weight, 0, tuple(self.norm.weight.shape)),
+        }
+        t.update(self.lm_head.load_targets())
+        for i, layer in enumerate(self._blocks()):
+            p = f"model.layers.{i}."
+            for name, norm in (
+                ("input_layernorm", layer.input_norm),
+                ("post_attention_layernorm", layer.post_norm),
+            ):
+                t[f"{p}{name}.weight"] = (norm.weight, 0, tuple(norm.weight.shape))
+            for linear in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down):
+                t.update(linear.load_targets())
+        return t
+
+    def ignored_weight_names(self) -> frozenset[str]:
+        """A torch head tied to the embedding: some checkpoints still store the (identical) head."""
+        if self.config.tie_word_embeddings and "lm_head.weight" not in self.packed_weight_names():
+            return frozenset({"lm_head.weight"})
+        return frozenset()

@@ -1,0 +1,35 @@
+"""The dense gated MLP (SwiGLU): ``down(silu(gate(x)) * up(x))`` with gate and up fused in one projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart
+from agent_infer.model.layers.norm import RMSNorm
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP over two projections from the model's :class:`LinearBuilder`.
+
+    ``prefix`` is the HF name prefix of its tensors (``model.layers.3.mlp.``).
+    """
+
+    def __init__(self, linears: LinearBuilder, prefix: str, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up: Linear = linears.linear(
+            [
+                WeightPart(prefix + "gate_proj.weight", intermediate_size),
+                WeightPart(prefix + "up_proj.weight", intermediate_size),
+            ],
+            hidden_size,
+        )
+        self.down: Linear = linears.linear(
+            [WeightPart(prefix + "down_proj.weight", hidden_size)], intermediate_size
+        )
+
+    def forward(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """The MLP of ``norm(x)`` (the norm fused into the gate/up call where the kernel can)."""
+        gate, up = self.gate_up.project_normed(x, norm).chunk(2, dim=-1)
+        return self.down.project(F.silu(gate) * up)

@@ -1,0 +1,116 @@
+"""Mixture of experts: top-k routed SwiGLU experts plus optional always-on shared experts.
+
+The layout DeepSeekMoE and Qwen-MoE checkpoints share: a router ``[E, H]`` scores every expert
+per token (softmax, or sigmoid as DeepSeek V3 does), each token takes its ``top_k`` experts, the
+chosen weights are optionally renormalized to sum to one and scaled by ``routed_scaling_factor``,
+and shared experts (one fused SwiGLU of ``num_shared * I_shared`` width) add to every token.
+
+Tokens are grouped per expert (a stable sort of the token/expert pairs), so each expert runs one
+matmul over exactly the tokens that chose it; no expert runs for a token that did not choose it.
+Each group's matmuls take the torch path's row chunks of fixed height (see layers/linear.py), and
+a token's expert outputs are summed in ascending expert order whatever its batch, so a token's
+output does not depend on the other tokens of the batch on CPUs where that row-chunk property holds.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.model.layers.linear import row_invariant
+
+Scoring = Literal["softmax", "sigmoid"]
+
+
+def _param(*shape: int, device: torch.device | None, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+
+
+def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    def mlp(h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, down)
+
+    return row_invariant(mlp, x)
+
+
+class MoE(nn.Module):
+    """Routed experts (``gate_up`` ``[E, 2I, H]``, ``down`` ``[E, H, I]``) and optional shared experts.
+
+    ``score_bias`` (``[E]``, DeepSeek V3's ``e_score_correction_bias``) shifts which experts are
+    chosen but not their weights.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        scoring: Scoring = "softmax",
+        renormalize: bool = True,
+        routed_scaling_factor: float = 1.0,
+        score_bias: bool = False,
+        shared_intermediate_size: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unknown MoE scoring {scoring!r}; expected 'softmax' or 'sigmoid'")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.scoring: Scoring = scoring
+        self.renormalize = renormalize
+        self.routed_scaling_factor = routed_scaling_factor
+        self.router = _param(num_experts, hidden_size, device=device, dtype=dtype)
+        self.score_bias = _param(num_experts, device=device, dtype=torch.float32) if score_bias else None
+        self.gate_up = _param(num_experts, 2 * intermediate_size, hidden_size, device=device, dtype=dtype)
+        self.down = _param(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
+        self.shared_gate_up = (
+            _param(2 * shared_intermediate_size, hidden_size, device=device, dtype=dtype)
+            if shared_intermediate_size
+            else None
+        )
+        self.shared_down = (
+            _param(hidden_size, shared_intermediate_size, device=device, dtype=dtype)
+            if shared_intermediate_size
+            else None
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``."""
+        logits = row_invariant(lambda h: F.linear(h, self.router), x).float()
+        scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
+        choice = scores if self.score_bias is None else scores + self.score_bias
+        experts = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights * self.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x`` ``[T, H]`` (already normalized)."""
+        experts, weights = self.route(x)
+        flat = experts.reshape(-1)
+        order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // self.top_k
+        pair_weights = weights.reshape(-1)[order]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = tokens[start : start + count]
+                y = _swiglu(x.index_select(0, rows), self.gate_up[expert], self.down[expert])
+                out.index_add_(0, rows, y.float() * pair_weights[start : start + count, None])
+            start += count
+        if self.shared_gate_up is not None and self.shared_down is not None:
+            out += _swiglu(x, self.shared_gate_up, self.shared_down).float()
+        return out.to(x.dtype)

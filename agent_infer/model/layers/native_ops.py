@@ -1,0 +1,166 @@
+"""The model's typed door to the C++ extension: the only model module that touches ``agent_infer._native``.
+
+The kernels here (``engine_native/src/``: linear, attention, rope) take raw addresses on their hot entry points, so
+every wrapper documents the shapes and dtypes its caller must have checked. :func:`available` is
+the load-time question "can this process run the native path at all"; the loader asks it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Protocol
+
+import torch
+
+from agent_infer.errors import NativeExtensionMissingError
+from agent_infer.native import load_native
+
+#: Extension attributes the native model path needs; a build without any of them takes the torch path.
+MODEL_KERNELS = ("PackedLinear", "decode_attention", "DecodeBatch", "rope_rows")
+
+_ext: ModuleType | None = None
+
+
+def _native() -> ModuleType:
+    global _ext
+    if _ext is None:
+        _ext = load_native()
+    return _ext
+
+
+def available() -> bool:
+    """True when the extension loads and has every model kernel (:data:`MODEL_KERNELS`)."""
+    try:
+        ext = _native()
+    except NativeExtensionMissingError:
+        return False
+    return all(hasattr(ext, name) for name in MODEL_KERNELS)
+
+
+# --- threads -----------------------------------------------------------------------------------
+
+_threads: int | None = None
+
+
+def set_num_threads(n: int | None) -> None:
+    """Threads of the native kernels' pool; ``None`` follows ``torch.get_num_threads()``."""
+    global _threads
+    if n is not None and n < 1:
+        raise ValueError(f"native linear threads must be >= 1, got {n}")
+    _threads = n
+
+
+def get_num_threads() -> int:
+    """Threads the native kernels use per call."""
+    return _threads if _threads is not None else torch.get_num_threads()
+
+
+@contextmanager
+def thread_budget() -> Iterator[None]:
+    """Give the kernel pool torch's thread count and run torch's own ops on one thread meanwhile.
+
+    With the matmuls in the native pool, what torch still runs in a forward (norms, per-sequence
+    SDPA) is too small to gain from OpenMP fork/join: one torch thread is faster at batch 1 and 16
+    on 2 cores. Restores both settings on exit.
+    """
+    global _threads
+    prev_override, prev_torch = _threads, torch.get_num_threads()
+    _threads = get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev_torch)
+        _threads = prev_override
+
+
+# --- packed linear -----------------------------------------------------------------------------
+
+
+class PackedWeight(Protocol):
+    """What ``_native.PackedLinear`` offers (the extension ships no type stubs)."""
+
+    n: int
+    k: int
+    ggml_type: int
+    nbytes: int
+    q8_activations: bool
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor, num_threads: int = 1) -> None:
+        """``out = x @ W^T``."""
+        ...
+
+    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1) -> None:
+        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32, contiguous)."""
+        ...
+
+    def forward_raw_norm(
+        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1
+    ) -> None:
+        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address)."""
+        ...
+
+    def forward_allowed(
+        self, x: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, num_threads: int = 1
+    ) -> int:
+        """``out = x @ W^T`` for the column groups ``allowed`` selects; ``-inf`` elsewhere."""
+        ...
+
+
+def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:
+    """Pack ``raw`` (uint8 bytes of ``n`` rows of ``k`` weights of ``ggml_type``) for the linear kernel."""
+    packed: PackedWeight = _native().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
+    return packed
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+class DecodeBatch(Protocol):
+    """What ``_native.DecodeBatch`` offers: decode rows checked once, then run per layer on raw addresses."""
+
+    def run(
+        self, q: int, k_cache: int, v_cache: int, out: int, heads: int, kv_heads: int, dim: int,
+        scale: float, num_threads: int,
+    ) -> None:  # fmt: skip
+        """Attend every row of the batch (q ``[R, heads, dim]``, caches ``[num_slots, kv_heads, dim]``)."""
+        ...
+
+
+def decode_batch(
+    rows: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, num_tokens: int,
+    num_slots: int,
+) -> DecodeBatch:  # fmt: skip
+    """Check decode rows once (rows below ``num_tokens``, blocks inside ``num_slots``) for every layer's call."""
+    batch: DecodeBatch = _native().DecodeBatch(rows, tables, context_lens, block_size, num_tokens, num_slots)
+    return batch
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, rows: torch.Tensor,
+    tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float, num_threads: int,
+) -> None:  # fmt: skip
+    """The checking entry point of decode attention: anything unexpected raises a typed error."""
+    _native().decode_attention(
+        q, k_cache, v_cache, out, rows, tables, context_lens, block_size, scale, num_threads
+    )
+
+
+# --- rotary ------------------------------------------------------------------------------------
+
+
+def rope_rows(
+    qkv: torch.Tensor, qk_heads: int, dim: int, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor
+) -> None:
+    """Rotate the first ``qk_heads`` heads of each row of ``qkv`` in place by the tables at ``pos``.
+
+    The caller guarantees contiguous float32 CPU ``qkv`` ``[rows, width]``, tables
+    ``[max_positions, dim/2]`` and int64 ``pos`` with at least ``rows`` entries; the kernel checks
+    each position against the table length.
+    """
+    _native().rope_rows(
+        qkv.data_ptr(), int(qkv.shape[0]), int(qkv.shape[1]), qk_heads, dim, cos.data_ptr(), sin.data_ptr(),
+        int(cos.shape[0]), pos.data_ptr(),
+    )  # fmt: skip

@@ -1,0 +1,99 @@
+"""The architectures agent-infer runs, keyed by the names checkpoints give them.
+
+A Hugging Face ``config.json`` names its class in ``architectures`` (``LlamaForCausalLM``; its
+``model_type`` when that list is absent); a GGUF file names its ``general.architecture``
+(``llama``). Both resolve here, in one table, to an :class:`Architecture`: the family class that
+builds the model and the few facts the loaders need about the checkpoint's layout. A new family is
+a module under ``families/`` and its rows in :data:`ARCHITECTURES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from agent_infer.errors import UnsupportedModelError
+from agent_infer.model.config import ModelConfig
+from agent_infer.model.families import llama
+from agent_infer.model.families.base import CausalLM
+from agent_infer.model.layers.kernels import Kernels
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture: the names checkpoints use for it, its family, and its checkpoint layout."""
+
+    #: ``ModelConfig.architecture``; also the GGUF ``general.architecture`` and its metadata key prefix.
+    name: str
+    #: The Hugging Face ``architectures`` entries (and ``model_type``) that mean this architecture.
+    hf_names: tuple[str, ...]
+    family: type[CausalLM]
+    #: GGUF tensor names -> HF names, outside the blocks and per block (``blk.N.<name>``).
+    gguf_global_names: Mapping[str, str]
+    gguf_layer_names: Mapping[str, str]
+    #: llama.cpp's converter stores q/k rows permuted for its interleaved RoPE (LLaMA only).
+    gguf_permutes_qk: bool
+    #: HF checkpoints always carry q/k/v biases.
+    qkv_bias: bool
+
+
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture(
+        name="llama",
+        hf_names=("LlamaForCausalLM", "llama"),
+        family=llama.LlamaForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=llama.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=True,
+        qkv_bias=False,
+    ),
+    Architecture(
+        name="qwen2",
+        hf_names=("Qwen2ForCausalLM", "qwen2"),
+        family=llama.LlamaForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=llama.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=True,
+    ),
+)
+
+_BY_GGUF_NAME = {a.name: a for a in ARCHITECTURES}
+_BY_HF_NAME = {n: a for a in ARCHITECTURES for n in a.hf_names}
+
+
+def _unsupported(name: str, known: Mapping[str, Architecture], where: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{where}unsupported architecture {name!r}; supported: {', '.join(known)}")
+
+
+def gguf_architecture(name: str, where: str = "") -> Architecture:
+    """The architecture of a GGUF ``general.architecture`` value; ``where`` prefixes the error."""
+    found = _BY_GGUF_NAME.get(name)
+    if found is None:
+        raise _unsupported(name, _BY_GGUF_NAME, where)
+    return found
+
+
+def hf_architecture(name: str, where: str = "") -> Architecture:
+    """The architecture of an HF ``architectures`` entry (or ``model_type``); ``where`` prefixes the error."""
+    found = _BY_HF_NAME.get(name)
+    if found is None:
+        raise _unsupported(name, _BY_HF_NAME, where)
+    return found
+
+
+def architecture(name: str) -> Architecture:
+    """The architecture whose :attr:`Architecture.name` is ``name`` (a :class:`ModelConfig`'s)."""
+    return gguf_architecture(name)
+
+
+def build_model(
+    config: ModelConfig,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    kernels: Kernels | None = None,
+) -> CausalLM:
+    """An empty model of ``config``'s family over ``kernels`` (default: the torch path)."""
+    return architecture(config.architecture).family(config, device=device, dtype=dtype, kernels=kernels)
