@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from agent_infer import SamplingParams
-from agent_infer.engine import speculator
-from agent_infer.engine.speculator import SplitMemory, history_split
+from agent_infer.engine import boundary_drafts
+from agent_infer.engine.boundary_drafts import SplitMemory, history_split
 from agent_infer.structured import StructuredOutput
 
 # Three string fields: after the first, each key's boundary text '":"' has occurred before.
@@ -109,7 +109,7 @@ def test_model_split_drafts_keep_the_tokens_and_are_accepted_more_often(
     remembered = llm.engine.speculator.splits.get(b'":"')
     assert remembered is not None
     assert b"".join(llm.engine.grammar.compiler.tokenizer_info.token_bytes(t) for t in remembered) == b'":"'
-    monkeypatch.setattr(speculator, "history_split", lambda *args: None)
+    monkeypatch.setattr(boundary_drafts, "history_split", lambda *args: None)
     _, canonical = run()
     assert model_split.outputs[0].finish_reason == "stop"
     assert model_split.outputs[0].token_ids == canonical.outputs[0].token_ids
