@@ -13,8 +13,9 @@ back to the head of the queue; its generated tokens are kept and re-prefilled wh
 A constrained request whose grammar is still compiling waits outside the queue
 (``WAITING_FOR_GRAMMAR``); :meth:`Scheduler.take_compiled` hands it back to the engine once its
 compile is done (a failed compile ends that request alone), and the engine queues it at the tail
-after appending the tokens the grammar fixes at the start. Several uncomputed tokens of a running sequence (forced tokens appended by
-jump-forward, or a recompute after preemption) are fed as one chunk like a prefill.
+after appending the tokens the grammar fixes at the start. Several uncomputed tokens of a running
+sequence (forced tokens appended by jump-forward, or a recompute after preemption) are fed as one
+chunk like a prefill.
 """
 
 from __future__ import annotations

@@ -146,35 +146,6 @@ def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
     assert y.metrics.num_draft_tokens <= len(y.outputs[0].token_ids)
 
 
-def test_boundary_tokens_are_the_forced_text_left_to_the_model(loaded_model: Any) -> None:
-    """After jump-forward the grammar still fixes some text (its last token could merge with what
-    follows); the boundary draft is that text's canonical tokenization, and drafting it leaves the
-    matcher where it was."""
-    from agent_infer.engine.boundary_drafts import boundary_tokens
-    from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo
-
-    tok = loaded_model.tokenizer
-    info = TokenizerInfo.from_tokenizer(tok.hf_tokenizer, eos_token_ids=sorted(tok.eos_token_ids))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
-    m = GrammarMatcher(GrammarCompiler(info).compile_json_schema(schema, whitespace="compact"))
-    jumped = m.forced_tokens()
-    for t in jumped:
-        assert m.accept_token(t)
-    forced, _ = m.find_forced_bytes()
-    assert b'{"name":"'.startswith(b"".join(info.token_bytes(t) for t in jumped) + forced)
-    assert forced  # the boundary: jump-forward did not take all of '{"name":"'
-    before = m.num_accepted_steps
-    draft = boundary_tokens(m)
-    assert m.num_accepted_steps == before
-    assert draft == info.encode(forced.decode())
-    assert b"".join(info.token_bytes(t) for t in draft) == forced
-    for t in draft:
-        assert m.accept_token(t)
-    assert m.find_forced_bytes()[0] == b""  # the draft covers the whole forced text
-    m.rollback(len(draft))
-    assert boundary_tokens(m) == draft
-
-
 def test_seeded_sampling_gives_the_same_tokens_with_drafts(make_llm: Callable[..., Any]) -> None:
     plain = make_llm(speculative_tokens=0)
     spec = make_llm(speculative_tokens=4)
