@@ -2,7 +2,7 @@
 
 Two prompt styles (``--prompts``):
 
-* ``example`` (default): what a real request carries, as in ``tests/test_engine_structured_maskbench.py``:
+* ``example`` (default): what a real request carries, as in ``tests/engine/test_structured_maskbench.py``:
   the schema's description, its field names, and one example document (the MaskBench file's
   shortest valid test instance, at most ``MAX_INSTANCE_CHARS`` characters). Files without such an
   instance are not drawn. With a description alone, greedy SmolLM2-135M often loops inside strings

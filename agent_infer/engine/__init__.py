@@ -1,4 +1,5 @@
-"""The inference engine: scheduler, paged KV blocks, model runner, sampler and the step loop."""
+"""The inference engine: the step loop (schedule, run, postprocess) over paged KV blocks, the model runner,
+sampler, speculator and grammar masks."""
 
 from __future__ import annotations
 

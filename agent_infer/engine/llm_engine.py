@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -11,16 +10,17 @@ import torch
 from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.block_manager import BlockManager
-from agent_infer.engine.closing import closing_after
 from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
-from agent_infer.engine.sampler import Sampler, SamplerOutput, make_generator
-from agent_infer.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from agent_infer.engine.postprocessor import Postprocessor
+from agent_infer.engine.sampler import Sampler, make_generator
+from agent_infer.engine.scheduler import Scheduler
 from agent_infer.engine.sequence import FinishReason, Sequence
-from agent_infer.engine.speculator import Speculator, can_draft
-from agent_infer.errors import EngineError, InvalidRequestError, PromptTooLongError
+from agent_infer.engine.speculator import Speculator
+from agent_infer.errors import InvalidRequestError, PromptTooLongError
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -68,7 +68,6 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.scheduler.on_grammar_ready = self._jump_at_start
         self.sampler = Sampler(self.eos_token_ids)
         self.grammar = GrammarManager(
             self.tokenizer,
@@ -84,6 +83,15 @@ class LLMEngine:
             )
             if self.config.speculative_tokens or boundary
             else None
+        )
+        self.executor = Executor(self.runner, self.sampler, self.grammar, self.speculator)
+        self.postprocessor = Postprocessor(
+            self.scheduler,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.max_model_len,
+            forced_tokens=self.config.forced_tokens,
+            speculator=self.speculator,
         )
         self.requests: dict[str, Sequence] = {}
         # Outputs of requests ended outside a step (abort), delivered by the next step().
@@ -157,7 +165,8 @@ class LLMEngine:
             return
         seq.finish(FinishReason.ABORT)
         self.scheduler.finish(seq)
-        self._pending.append(self._release(seq))
+        self.requests.pop(request_id, None)
+        self._pending.append(RequestOutput.from_sequence(seq))
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits, runs, or has an undelivered final output."""
@@ -166,226 +175,34 @@ class LLMEngine:
     # --- the loop ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return outputs of requests that produced a token or finished."""
-        outputs, self._pending = self._pending, []
-        self.scheduler.wait_for_grammars(_GRAMMAR_POLL_SECONDS)
+        """Run one batch; return outputs of requests that produced a token or finished.
+
+        Requests whose grammar compiled join the queue, the scheduler picks the batch (chunks and
+        drafts), the executor runs it (forward pass, masks, sampling or draft verification), and
+        the postprocessor takes each sequence's new tokens through grammar, stop checks and text.
+        """
+        delivered, self._pending = self._pending, []
+        outputs = self._admit_compiled()
         plan = self.scheduler.schedule()
-        for seq in plan.failed:
-            outputs.append(self._release(seq))
-        if not plan.scheduled:
-            return outputs
-        sampled = self._execute(plan)
-        self.scheduler.advance(plan)
-        for item in plan.scheduled:
-            seq = item.seq
-            if seq.is_finished:  # failed inside _execute
-                outputs.append(self._release(seq))
-                continue
-            if seq in sampled:
-                tokens, logprobs, num_drafted = sampled[seq]
-                try:
-                    self._postprocess(seq, tokens, logprobs, num_drafted)
-                except Exception as exc:  # one request's failure must not take the batch down
-                    self._fail(seq, exc)
-                outputs.append(self._release(seq) if seq.is_finished else RequestOutput.from_sequence(seq))
+        outputs += [RequestOutput.from_sequence(seq) for seq in plan.failed]
+        if plan.scheduled:
+            result = self.executor.run(plan.scheduled)
+            outputs += self.postprocessor.process(plan, result)
+        for out in outputs:
+            if out.finished:
+                self.requests.pop(out.request_id, None)
+        return delivered + outputs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Queue the requests whose grammar compiled, after the tokens their grammar fixes at the
+        start (prefilled with the prompt); outputs of those that ended instead."""
+        self.scheduler.wait_for_grammars(_GRAMMAR_POLL_SECONDS)
+        outputs: list[RequestOutput] = []
+        for seq in self.scheduler.take_compiled():
+            if not seq.is_finished:
+                self.postprocessor.jump_at_start(seq)
+            if seq.is_finished:  # a failed compile, or an output the grammar fixed entirely
+                outputs.append(RequestOutput.from_sequence(seq))
+            else:
+                self.scheduler.add(seq)
         return outputs
-
-    def _execute(
-        self, plan: SchedulerOutput
-    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
-        """Forward and sample the batch; if the batch raises, retry items alone to isolate the culprit."""
-        try:
-            return self._forward_and_sample(plan.scheduled)
-        except Exception as exc:
-            if len(plan.scheduled) == 1:
-                self._fail(plan.scheduled[0].seq, exc)
-                return {}
-        # Re-running an item rewrites the same KV slots with the same values, so retrying is safe.
-        sampled: dict[Sequence, tuple[list[int], dict[int, float] | None, int]] = {}
-        for item in plan.scheduled:
-            try:
-                sampled.update(self._forward_and_sample([item]))
-            except Exception as exc:
-                self._fail(item.seq, exc)
-        return sampled
-
-    def _forward_and_sample(
-        self, batch: list[ScheduledSequence]
-    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
-        """Run the model on ``batch``; per sampling sequence, the tokens it gains this step (one,
-        or with a draft the accepted draft tokens plus one) and the logprobs entry."""
-        items = [item for item in batch if item.samples]
-        seqs = [item.seq for item in items]
-        drafts = [item.draft for item in items]
-        # With async scheduling the fill runs on a background thread during the forward pass; the
-        # matchers already hold every token accepted so far, forced ones included.
-        pending = self.grammar.start_masks(seqs, drafts if any(drafts) else None)
-        try:
-            logits = self.runner.run(batch, pending.result if pending is not None else None)
-        except BaseException:
-            if pending is not None:
-                pending.wait_quietly()  # the retry path must not fill these matchers concurrently
-            raise
-        if logits is None:
-            return {}
-        self.grammar.apply_masks(logits, pending)
-        if not any(drafts):
-            result: SamplerOutput = self.sampler(logits, seqs)
-            return {seq: ([tok], lp, 0) for seq, tok, lp in zip(seqs, result.token_ids, result.logprobs)}
-        return self._verify(logits, seqs, drafts)
-
-    def _verify(
-        self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[tuple[int, ...]]
-    ) -> dict[Sequence, tuple[list[int], dict[int, float] | None, int]]:
-        """Sample the rows of sequences without a draft; verify the drafts of the others."""
-        assert self.speculator is not None
-        starts: list[int] = []
-        row = 0
-        for draft in drafts:
-            starts.append(row)
-            row += 1 + len(draft)
-        out: dict[Sequence, tuple[list[int], dict[int, float] | None, int]] = {}
-        plain = [i for i, draft in enumerate(drafts) if not draft]
-        if plain:
-            index = torch.tensor([starts[i] for i in plain], dtype=torch.int64, device=logits.device)
-            result = self.sampler(logits.index_select(0, index), [seqs[i] for i in plain])
-            for i, tok, lp in zip(plain, result.token_ids, result.logprobs):
-                out[seqs[i]] = ([tok], lp, 0)
-        for i, draft in enumerate(drafts):
-            if draft:
-                rows = logits[starts[i] : starts[i] + 1 + len(draft)]
-                tokens, num_drafted = self.speculator.verify(seqs[i], draft, rows)
-                out[seqs[i]] = (tokens, None, num_drafted)
-        return out
-
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
-        seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
-        self.scheduler.finish(seq)
-
-    def _release(self, seq: Sequence) -> RequestOutput:
-        """Final output of a finished sequence; the engine forgets the request."""
-        self.requests.pop(seq.request_id, None)
-        return RequestOutput.from_sequence(seq)
-
-    # --- postprocess -------------------------------------------------------------------------------
-
-    def _postprocess(
-        self, seq: Sequence, tokens: list[int], logprobs: dict[int, float] | None, num_drafted: int = 0
-    ) -> None:
-        """Take this step's tokens (``num_drafted`` accepted draft tokens, whose KV this step wrote,
-        then usually one sampled token), jump forward, and propose the next draft."""
-        seq.draft_ids = []
-        for i, token in enumerate(tokens):
-            if seq.matcher is not None and not seq.matcher.accept_token(token):
-                # The mask allows only tokens the matcher accepts; reaching this is an engine bug.
-                raise EngineError(f"grammar rejected sampled token {token} despite the mask")
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = time.perf_counter()
-            if seq.params.close_on_length and self._close(seq, token):
-                return
-            if seq.logprobs is not None and logprobs is not None:
-                seq.logprobs.append(logprobs)
-            finished = self._append(seq, token)
-            if i < num_drafted:
-                seq.num_computed_tokens += 1
-            if finished:
-                return
-        # Forced tokens have no model distribution to report, so requests asking for logprobs
-        # sample every token instead of jumping forward.
-        if self.config.forced_tokens and seq.matcher is not None and seq.logprobs is None:
-            self._jump_forward(seq)
-        if not seq.is_finished and seq.num_computed_tokens >= seq.num_tokens:
-            # A whole draft was taken without a sampled token only because forced tokens follow it.
-            raise EngineError("no token left to feed after a draft (forced tokens expected)")
-        if self.speculator is not None and not seq.is_finished and can_draft(seq.params):
-            self.speculator.propose(seq)
-
-    def _jump_at_start(self, seq: Sequence) -> bool:
-        """Append the tokens the grammar fixes before any sampling (e.g. ``{"name":``), so they are
-        prefilled with the prompt instead of costing a step of their own; True when ``seq`` ended."""
-        if not self.config.forced_tokens or seq.logprobs is not None:
-            return False
-        try:
-            self._jump_forward(seq)
-            if self.speculator is not None and not seq.is_finished and can_draft(seq.params):
-                self.speculator.propose(seq)  # e.g. the boundary of the leading forced text
-        except Exception as exc:  # one request's failure must not take the batch down
-            self._fail(seq, exc)
-        return seq.is_finished
-
-    def _jump_forward(self, seq: Sequence) -> None:
-        """Append the tokens the grammar fixes next; the scheduler feeds them as one chunk."""
-        assert seq.matcher is not None
-        for token in seq.matcher.forced_tokens():
-            if not seq.matcher.accept_token(token):
-                raise EngineError(f"grammar rejected its own forced token {token}")
-            if seq.params.close_on_length and self._close(seq, token):
-                return
-            seq.num_forced_tokens += 1
-            if self._append(seq, token):
-                return
-
-    def _close(self, seq: Sequence, token: int) -> bool:
-        """Budget-aware closing (closing.py): True when ``token`` was replaced and ``seq`` finished."""
-        closing = closing_after(seq, token, self.max_model_len)
-        if closing is None:
-            return False
-        assert seq.matcher is not None
-        for t in closing:
-            if not seq.matcher.accept_token(t):
-                raise EngineError(f"grammar rejected its own closing token {t}")
-            seq.num_closing_tokens += 1
-            if self._append(seq, t):
-                return True
-        raise EngineError("closing tokens did not finish the request")
-
-    def _append(self, seq: Sequence, token: int) -> bool:
-        """Record one accepted token and apply the stop conditions; True when ``seq`` finished."""
-        seq.append_token(token)
-        params = seq.params
-        grammar_done = seq.matcher is not None and seq.matcher.is_terminated()
-        if (
-            grammar_done
-            or token in params.stop_ids
-            or (token in self.eos_token_ids and not params.ignore_eos)
-        ):
-            # The stop token stays in token_ids but its text is not part of the answer.
-            self._finish(seq, FinishReason.STOP)
-            return True
-        self._detokenize(seq)
-        if params.stop_strings and seq.num_output_tokens < params.min_tokens:
-            seq.stop_checked_len = len(seq.output_text)  # text before min_tokens never stops it
-        if params.stop_strings and seq.num_output_tokens >= params.min_tokens and self._truncate_at_stop(seq):
-            self._finish(seq, FinishReason.STOP)
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, FinishReason.LENGTH)
-        return seq.is_finished
-
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.finish(reason)
-        self.scheduler.finish(seq)
-
-    def _detokenize(self, seq: Sequence) -> None:
-        """Append the text of newly completed characters to ``seq.output_text``."""
-        ids = seq.token_ids
-        before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
-        after = self.tokenizer.decode(ids[seq.prefix_offset :])
-        # A trailing U+FFFD means a multi-byte character is still incomplete: wait for more tokens.
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            seq.output_text += after[len(before) :]
-            seq.prefix_offset = seq.read_offset
-            seq.read_offset = len(ids)
-
-    def _truncate_at_stop(self, seq: Sequence) -> bool:
-        """Cut ``seq.output_text`` at the earliest stop string; True when one was found."""
-        stops = seq.params.stop_strings
-        text = seq.output_text
-        # A new match must end in the new text, so it starts at most len(stop)-1 chars before it;
-        # this also catches stop strings spanning several tokens.
-        start = max(0, seq.stop_checked_len - max(len(s) for s in stops) + 1)
-        found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-        seq.stop_checked_len = len(text)
-        if not found:
-            return False
-        seq.output_text = text[: min(found)]
-        return True

@@ -119,8 +119,8 @@ class RequestOutput:
                 num_preemptions=m.num_preemptions,
                 num_forced_tokens=seq.num_forced_tokens,
                 num_closing_tokens=seq.num_closing_tokens,
-                num_draft_tokens=seq.num_draft_tokens,
-                num_accepted_draft_tokens=seq.num_accepted_draft_tokens,
+                num_draft_tokens=seq.spec.num_drafted,
+                num_accepted_draft_tokens=seq.spec.num_accepted,
             ),
         )
 

@@ -11,23 +11,24 @@ KV pool is exhausted, the newest running sequence is preempted: its blocks are f
 back to the head of the queue; its generated tokens are kept and re-prefilled when it returns.
 
 A constrained request whose grammar is still compiling waits outside the queue
-(``WAITING_FOR_GRAMMAR``) and joins the tail of the queue once its compile is done; a failed compile
-ends that request alone. Several uncomputed tokens of a running sequence (forced tokens appended by
-jump-forward, or a recompute after preemption) are fed as one chunk like a prefill.
+(``WAITING_FOR_GRAMMAR``); :meth:`Scheduler.take_compiled` hands it back to the engine once its
+compile is done (a failed compile ends that request alone), and the engine queues it at the tail
+after appending the tokens the grammar fixes at the start. Several uncomputed tokens of a running
+sequence (forced tokens appended by jump-forward, or a recompute after preemption) are fed as one
+chunk like a prefill.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
-from agent_infer.engine.speculator import draft_pays_off
+from agent_infer.engine.spec_state import draft_pays_off
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class ScheduledSequence:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """What one step runs, plus sequences that ended before running (``failed``: no room in the pool,
-    a failed grammar compile, or an output the grammar fixed entirely)."""
+    """What one step runs, plus sequences that ended before running (``failed``: a sequence the
+    KV pool can never hold)."""
 
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
@@ -84,8 +85,6 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.waiting_for_grammar: list[Sequence] = []
         self.num_preemptions = 0
-        #: Called with a sequence whose matcher just arrived, before it joins the queue.
-        self.on_grammar_ready: Callable[[Sequence], bool] | None = None
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (held back while ``seq.grammar_future`` is pending)."""
@@ -107,41 +106,36 @@ class Scheduler:
         futures = [s.grammar_future for s in self.waiting_for_grammar if s.grammar_future is not None]
         wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
 
-    def _promote_compiled(self) -> list[Sequence]:
-        """Move sequences whose grammar is compiled into the queue; return those whose compile failed."""
-        failed: list[Sequence] = []
+    def take_compiled(self) -> list[Sequence]:
+        """Sequences whose grammar compile ended, in arrival order, taken out of WAITING_FOR_GRAMMAR:
+        each has its matcher, or is finished with the compile's error. The caller queues the live
+        ones with :meth:`add`."""
+        done: list[Sequence] = []
         for seq in list(self.waiting_for_grammar):
             future = seq.grammar_future
             if future is not None and not future.done():
                 continue
             self.waiting_for_grammar.remove(seq)
             seq.grammar_future = None
-            if future is not None and future.cancelled():  # the pool was shut down under it
-                seq.finish(FinishReason.ERROR, "grammar compile was cancelled (engine shutting down)")
-                failed.append(seq)
+            done.append(seq)
+            if future is None:
                 continue
-            exc = future.exception() if future is not None else None
+            if future.cancelled():  # the pool was shut down under it
+                seq.finish(FinishReason.ERROR, "grammar compile was cancelled (engine shutting down)")
+                continue
+            exc = future.exception()
             if exc is not None:
                 seq.finish(FinishReason.ERROR, f"grammar compile failed: {type(exc).__name__}: {exc}")
-                failed.append(seq)
                 continue
-            if future is not None:
-                seq.matcher = future.result()
-                # The engine's hook appends the grammar's leading forced tokens, so they are
-                # prefilled with the prompt; True means they ended the request (nothing to sample).
-                if self.on_grammar_ready is not None and self.on_grammar_ready(seq):
-                    failed.append(seq)
-                    continue
-            seq.status = SequenceStatus.WAITING
-            self.waiting.append(seq)
-        return failed
+            seq.matcher = future.result()
+        return done
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch (running sequences first, then admissions)."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
-        failed: list[Sequence] = self._promote_compiled()
+        failed: list[Sequence] = []
 
         # Iterate over a snapshot: preemption removes victims from the tail of ``self.running``.
         # Decoding sequences go first so that prefill chunks can never take their budget.
@@ -155,14 +149,11 @@ class Scheduler:
             prefilling = not _decoding(seq)
             if prefilling and prefill_budget == 0:
                 continue
-            # A draft is only worth its rows when it fits whole, without preempting anyone, and
-            # when the request's drafts are accepted often enough for a batch this size.
-            if seq.draft_ids and (
-                pending + len(seq.draft_ids) > budget
-                or not self.block_manager.can_append(seq, len(seq.draft_ids))
-                or not draft_pays_off(seq, len(queue))
-            ):
-                seq.draft_ids = []
+            num_new = min(pending, budget, prefill_budget) if prefilling else min(pending, budget)
+            # A draft is only worth its rows when the request's drafts are accepted often enough
+            # for a batch this size.
+            if self._fit_draft(seq, num_new, pending, budget) and not draft_pays_off(seq.spec, len(queue)):
+                seq.spec.skip()
             while not self.block_manager.can_append(seq):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -171,9 +162,8 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            self.block_manager.append(seq, len(seq.draft_ids))
-            num_new = min(pending, budget, prefill_budget) if prefilling else min(pending, budget)
-            item = ScheduledSequence.of(seq, num_new, tuple(seq.draft_ids))
+            self.block_manager.append(seq, len(seq.spec.draft))
+            item = ScheduledSequence.of(seq, num_new, tuple(seq.spec.draft))
             scheduled.append(item)
             budget -= item.num_fed_tokens
             if prefilling:
@@ -211,13 +201,7 @@ class Scheduler:
             prefill_budget -= num_new
             # A draft set before the first pass (the boundary of the grammar's leading forced
             # text) rides along with a prefill that completes in this step.
-            draft = tuple(seq.draft_ids)
-            if draft and (
-                num_new < pending
-                or num_new + len(draft) > budget
-                or not self.block_manager.can_append(seq, len(draft))
-            ):
-                seq.draft_ids, draft = [], ()
+            draft = self._fit_draft(seq, num_new, pending, budget)
             if draft:
                 self.block_manager.append(seq, len(draft))
             item = ScheduledSequence.of(seq, num_new, draft)
@@ -226,8 +210,25 @@ class Scheduler:
 
         return SchedulerOutput(scheduled, preempted, failed)
 
+    def _fit_draft(self, seq: Sequence, num_new: int, pending: int, budget: int) -> tuple[int, ...]:
+        """``seq``'s draft if it rides along with a chunk of ``num_new`` of its ``pending`` tokens:
+        the chunk reaches the last pending token (the draft's rows follow the sampled one), chunk
+        and draft fit the step's ``budget``, and the draft's KV slots need no preemption. Otherwise
+        the draft is dropped and the result is empty."""
+        draft = seq.spec.draft
+        if not draft:
+            return ()
+        if (
+            num_new == pending
+            and num_new + len(draft) <= budget
+            and self.block_manager.can_append(seq, len(draft))
+        ):
+            return tuple(draft)
+        seq.spec.draft = []
+        return ()
+
     def _preempt(self, seq: Sequence) -> None:
-        seq.draft_ids = []
+        seq.spec.draft = []
         self.running.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent_infer.engine.spec_state import SpecState
 from agent_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from agent_infer.engine.speculator import NgramIndex
     from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
@@ -83,15 +83,7 @@ class Sequence:
         self.grammar_future: Future[GrammarMatcher] | None = None
         self.num_forced_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.num_closing_tokens = 0  # output tokens appended to close within max_tokens
-        # Speculative decoding (speculator.py): tokens guessed for the next step, fed after the
-        # pending ones and verified there; not part of ``token_ids`` until accepted.
-        self.draft_ids: list[int] = []
-        self.draft_then_forced = False  # the grammar forces tokens right after the whole draft
-        self.draft_len = 0  # the request's current draft length (its confidence schedule)
-        self.draft_acceptance = 0.0  # moving average of its drafts' acceptance rate (speculator.py)
-        self.spec_index: NgramIndex | None = None
-        self.num_draft_tokens = 0  # drafted tokens verified so far
-        self.num_accepted_draft_tokens = 0
+        self.spec = SpecState()  # speculative decoding: draft, n-gram index, confidence
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.output_text = ""
         # Incremental detokenization state: text is decoded from ``prefix_offset`` so multi-token

@@ -13,3 +13,12 @@ def drain(engine: Any) -> dict[str, Any]:
             if out.finished:
                 done[out.request_id] = out
     return done
+
+
+def simulate_step(sched: Any, out: Any, next_token: int = 7) -> None:
+    """Advance ``sched`` past the step ``out`` as the engine would, without a model: computed tokens
+    grow and every sequence whose chunk reached its end gains ``next_token``."""
+    sched.advance(out)
+    for item in out.scheduled:
+        if item.samples:
+            item.seq.append_token(next_token)

@@ -1,4 +1,5 @@
-"""Grammar compile in the worker pool, WAITING_FOR_GRAMMAR, and the async mask overlap."""
+"""The engine's GrammarManager: the lowering cache, compiles in the worker pool while a request waits
+(WAITING_FOR_GRAMMAR), and the mask fill overlapped with the forward pass."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 from engine_support import drain as _drain
+from pydantic import BaseModel
 
 from agent_infer import SamplingParams
 from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.sequence import SequenceStatus
 from agent_infer.errors import ConfigError, InvalidRequestError, UnsupportedSchemaError
 from agent_infer.grammar.reference import ReferenceRecognizer
@@ -128,3 +131,23 @@ def test_async_scheduling_on_and_off_identical(make_llm: Callable[..., Any], for
         assert schema_language.is_prefix(a[3].text) and not schema_language.accepts(a[3].text)
     recognizer = ReferenceRecognizer(StructuredOutput.ebnf(ARITHMETIC).to_grammar())
     assert recognizer.accepts(a[2].text) if a[2].finish_reason == "stop" else recognizer.is_prefix(a[2].text)
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+def test_lowering_is_cached_per_constraint(llm: Any) -> None:
+    manager: GrammarManager = llm.engine.grammar
+    ab = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    ba = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    first = manager.lower(StructuredOutput.json_schema(ab))
+    assert manager.lower(StructuredOutput.json_schema(dict(ab))) is first
+    other = manager.lower(StructuredOutput.json_schema(ba))
+    assert other is not first and str(other) != str(first)  # property order is part of the grammar
+    model = manager.lower(StructuredOutput.json_schema(Point))
+    assert manager.lower(StructuredOutput.json_schema(Point)) is model
+    regex = manager.lower(StructuredOutput.regex("[0-9]{3}"))
+    assert manager.lower(StructuredOutput.regex("[0-9]{3}")) is regex
+    assert manager.lower(StructuredOutput.regex("[0-9]{4}")) is not regex

@@ -12,7 +12,7 @@ import torch
 
 from agent_infer import SamplingParams
 from agent_infer.engine.config import EngineConfig
-from agent_infer.engine.speculator import NgramIndex, verify_rows
+from agent_infer.engine.speculator import verify_rows
 from agent_infer.errors import ConfigError
 from agent_infer.structured import StructuredOutput
 
@@ -132,7 +132,7 @@ def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
     boundary.engine.runner.run = lambda batch, *a: fed.append([i.draft for i in batch]) or run(batch, *a)
     x, y = _chat(pair[0], [PERSON_PROMPT], params)[0], _chat(boundary, [PERSON_PROMPT], params)[0]
     # The leading forced text's boundary rides along with the prompt's prefill.
-    from agent_infer.engine.speculator import boundary_tokens
+    from agent_infer.engine.boundary_drafts import boundary_tokens
     from agent_infer.grammar import GrammarMatcher
 
     m = GrammarMatcher(boundary.engine.grammar.compile(structured.to_grammar()))
@@ -144,35 +144,6 @@ def test_boundary_drafts_alone_keep_the_tokens_and_save_steps(
     assert 0 < y.metrics.num_accepted_draft_tokens <= y.metrics.num_draft_tokens
     # Only forced text is drafted: every draft token is one the grammar fixed at that point.
     assert y.metrics.num_draft_tokens <= len(y.outputs[0].token_ids)
-
-
-def test_boundary_tokens_are_the_forced_text_left_to_the_model(loaded_model: Any) -> None:
-    """After jump-forward the grammar still fixes some text (its last token could merge with what
-    follows); the boundary draft is that text's canonical tokenization, and drafting it leaves the
-    matcher where it was."""
-    from agent_infer.engine.speculator import boundary_tokens
-    from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo
-
-    tok = loaded_model.tokenizer
-    info = TokenizerInfo.from_tokenizer(tok.hf_tokenizer, eos_token_ids=sorted(tok.eos_token_ids))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
-    m = GrammarMatcher(GrammarCompiler(info).compile_json_schema(schema, whitespace="compact"))
-    jumped = m.forced_tokens()
-    for t in jumped:
-        assert m.accept_token(t)
-    forced, _ = m.find_forced_bytes()
-    assert b'{"name":"'.startswith(b"".join(info.token_bytes(t) for t in jumped) + forced)
-    assert forced  # the boundary: jump-forward did not take all of '{"name":"'
-    before = m.num_accepted_steps
-    draft = boundary_tokens(m)
-    assert m.num_accepted_steps == before
-    assert draft == info.encode(forced.decode())
-    assert b"".join(info.token_bytes(t) for t in draft) == forced
-    for t in draft:
-        assert m.accept_token(t)
-    assert m.find_forced_bytes()[0] == b""  # the draft covers the whole forced text
-    m.rollback(len(draft))
-    assert boundary_tokens(m) == draft
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_drafts(make_llm: Callable[..., Any]) -> None:
@@ -221,17 +192,6 @@ def test_logprobs_and_penalties_never_draft(pair: tuple[Any, Any]) -> None:
             assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
 
 
-def test_ngram_index_prefers_longest_latest_match() -> None:
-    index = NgramIndex()
-    tokens = [1, 2, 3, 9, 1, 2, 4, 7, 2]
-    # Suffix [2]: latest earlier occurrence is at 5 -> followed by 4, 7, 2.
-    assert index.lookup(tokens, 3) == [4, 7, 2]
-    tokens += [3]  # suffix [2, 3] occurs at 1..2 -> followed by 9, 1
-    assert index.lookup(tokens, 2) == [9, 1]
-    assert NgramIndex().lookup([5, 6, 7], 4) == []  # nothing repeats
-    assert NgramIndex().lookup([5], 4) == []
-
-
 def test_speculative_sampling_keeps_the_distribution() -> None:
     probs = torch.tensor([0.1, 0.5, 0.05, 0.25, 0.1])
     logits = probs.log().unsqueeze(0).repeat(2, 1)
@@ -251,17 +211,3 @@ def test_speculative_tokens_is_validated() -> None:
         EngineConfig(speculative_tokens=-1)
     with pytest.raises(ConfigError, match="speculative_tokens"):
         EngineConfig(speculative_tokens=True)
-
-
-def test_drafts_pay_off_only_above_the_break_even_rate_for_the_batch() -> None:
-    from agent_infer.engine.sequence import Sequence
-    from agent_infer.engine.speculator import draft_pays_off
-
-    seq = Sequence("r", [1, 2, 3], SamplingParams())
-    seq.draft_acceptance = 0.3
-    assert draft_pays_off(seq, 1)  # alone: break-even ~14%
-    assert not draft_pays_off(seq, 8)  # among eight: ~57%
-    assert seq.draft_acceptance > 0.3  # nudged up so drafting is retried later
-    for _ in range(20):
-        draft_pays_off(seq, 8)
-    assert draft_pays_off(seq, 8)

@@ -1,4 +1,5 @@
-"""Boundary drafts follow the model's own split of the forced text (history, then memory)."""
+"""Boundary drafts: the forced text jump-forward leaves to the model, drafted in the model's own split
+(history, then memory)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 
 from agent_infer import SamplingParams
-from agent_infer.engine import speculator
-from agent_infer.engine.speculator import SplitMemory, history_split
+from agent_infer.engine import boundary_drafts
+from agent_infer.engine.boundary_drafts import SplitMemory, boundary_tokens, history_split
 from agent_infer.structured import StructuredOutput
 
 # Three string fields: after the first, each key's boundary text '":"' has occurred before.
@@ -48,6 +49,32 @@ def _ids(info: Any, *pieces: str) -> list[int]:
         assert len(ids) == 1, (piece, ids)
         out.append(ids[0])
     return out
+
+
+def test_boundary_tokens_are_the_forced_text_left_to_the_model(info: Any) -> None:
+    """After jump-forward the grammar still fixes some text (its last token could merge with what
+    follows); the boundary draft is that text's canonical tokenization, and drafting it leaves the
+    matcher where it was."""
+    from agent_infer.grammar import GrammarCompiler, GrammarMatcher
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    m = GrammarMatcher(GrammarCompiler(info).compile_json_schema(schema, whitespace="compact"))
+    jumped = m.forced_tokens()
+    for t in jumped:
+        assert m.accept_token(t)
+    forced, _ = m.find_forced_bytes()
+    assert b'{"name":"'.startswith(b"".join(info.token_bytes(t) for t in jumped) + forced)
+    assert forced  # the boundary: jump-forward did not take all of '{"name":"'
+    before = m.num_accepted_steps
+    draft = boundary_tokens(m)
+    assert m.num_accepted_steps == before
+    assert draft == info.encode(forced.decode())
+    assert b"".join(info.token_bytes(t) for t in draft) == forced
+    for t in draft:
+        assert m.accept_token(t)
+    assert m.find_forced_bytes()[0] == b""  # the draft covers the whole forced text
+    m.rollback(len(draft))
+    assert boundary_tokens(m) == draft
 
 
 def test_history_split_finds_the_latest_split_of_the_text(info: Any) -> None:
@@ -109,7 +136,7 @@ def test_model_split_drafts_keep_the_tokens_and_are_accepted_more_often(
     remembered = llm.engine.speculator.splits.get(b'":"')
     assert remembered is not None
     assert b"".join(llm.engine.grammar.compiler.tokenizer_info.token_bytes(t) for t in remembered) == b'":"'
-    monkeypatch.setattr(speculator, "history_split", lambda *args: None)
+    monkeypatch.setattr(boundary_drafts, "history_split", lambda *args: None)
     _, canonical = run()
     assert model_split.outputs[0].finish_reason == "stop"
     assert model_split.outputs[0].token_ids == canonical.outputs[0].token_ids

@@ -217,14 +217,14 @@ def test_abort_ends_request_and_frees_blocks(llm: LLM) -> None:
 
 def test_failing_request_ends_alone(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = llm.engine
-    real = engine._detokenize
+    real = engine.postprocessor._detokenize
 
     def flaky(seq: Any) -> None:
         if seq.request_id == "bad":
             raise RuntimeError("boom")
         real(seq)
 
-    monkeypatch.setattr(engine, "_detokenize", flaky)
+    monkeypatch.setattr(engine.postprocessor, "_detokenize", flaky)
     engine.add_request("bad", PROMPTS[0], GREEDY)
     engine.add_request("good", PROMPTS[0], GREEDY)
     finals: dict[str, RequestOutput] = {}
