@@ -238,7 +238,7 @@ def test_dfa_includes_gives_up_past_its_pair_limit() -> None:
 
 def test_a_pattern_the_format_implies_is_dropped_without_changing_the_language() -> None:
     from agent_infer.grammar import Grammar
-    from agent_infer.grammar.reference import ReferenceRecognizer
+    from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
     def rec(schema: dict[str, str]) -> ReferenceRecognizer:
         return ReferenceRecognizer(Grammar.from_json_schema({"type": "string", **schema}))

@@ -11,7 +11,7 @@ import pytest
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.frontends.json_schema.lengths import bounded_pattern
 from agent_infer.grammar.ir import CharClass, Literal, Repeat, Seq
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 ALPHABET = 'ab-/.:_9Z"\\é'
 

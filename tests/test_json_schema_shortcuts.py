@@ -12,7 +12,7 @@ from agent_infer.grammar.frontends.ebnf.gbnf import referenced_rules
 from agent_infer.grammar.frontends.json_schema.lengths import bounded_rules, dfa_bound_length
 from agent_infer.grammar.frontends.json_schema.names import names_dfa
 from agent_infer.grammar.frontends.regex.parser import regex_search_expr
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 PATTERNS = [
     r"^([a-z0-9-]+):([a-z0-9\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",

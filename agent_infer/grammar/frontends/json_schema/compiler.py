@@ -441,7 +441,7 @@ class Compiler(RuleWriter):
         self, schema: Any, pointer: str, *, strict: bool, record: bool
     ) -> Callable[[Any], bool]:
         """The recognizer behind :meth:`value_matcher` (not memoized)."""
-        from agent_infer.grammar.reference import ReferenceRecognizer
+        from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
         sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
         sub._dfa_cache = self._dfa_cache

@@ -16,12 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent_infer.errors import ConfigError, GrammarLimitError, InvalidSchemaError
-
-# Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
-# imported with the front end, not on first use: where no bytecode is cached (e.g. with
-# PYTHONDONTWRITEBYTECODE) compiling regex.py alone takes ~10 ms, which would land on whichever
-# schema first has a pattern.
-from agent_infer.grammar import reference  # noqa: F401
 from agent_infer.grammar.frontends.json_schema import negate, values  # noqa: F401
 
 # The lowering is split by concept: the vocabulary (json_schema_keywords), rule naming and counted
@@ -44,8 +38,14 @@ from agent_infer.grammar.frontends.json_schema.rule_writer import (
 )
 from agent_infer.grammar.frontends.json_schema.rule_writer import _rule_base as _rule_base
 from agent_infer.grammar.frontends.regex import parser  # noqa: F401
+
+# Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
+# imported with the front end, not on first use: where no bytecode is cached (e.g. with
+# PYTHONDONTWRITEBYTECODE) compiling regex.py alone takes ~10 ms, which would land on whichever
+# schema first has a pattern.
 from agent_infer.grammar.ir import (
     Grammar,
+    recognizer,  # noqa: F401
     references,  # noqa: F401
 )
 
