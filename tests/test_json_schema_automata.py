@@ -27,7 +27,7 @@ from agent_infer.grammar.frontends.json_schema.entry import Compiler
 from agent_infer.grammar.frontends.json_schema.names import names_complement_rules, names_dfa
 from agent_infer.grammar.frontends.json_schema.resolve import build_registry
 from agent_infer.grammar.frontends.json_schema.values import _type_only
-from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Alt, alt, lit
 
 NAME_SETS = [
@@ -217,7 +217,7 @@ _INCLUSION_PATTERNS = [
 @pytest.mark.parametrize("narrow", _INCLUSION_PATTERNS)
 def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> None:
     from agent_infer.grammar.automata.dfa import dfa_includes, dfa_is_empty
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr(narrow, dialect="ecma"))
     b = expr_to_dfa(regex_search_expr(wide, dialect="ecma"))
@@ -227,7 +227,7 @@ def test_dfa_includes_matches_the_complement_product(narrow: str, wide: str) -> 
 
 def test_dfa_includes_gives_up_past_its_pair_limit() -> None:
     from agent_infer.grammar.automata.dfa import dfa_includes
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     a = expr_to_dfa(regex_search_expr("^[a-y]{30}$", dialect="ecma"))
     b = expr_to_dfa(regex_search_expr("^[a-z]{30}$", dialect="ecma"))

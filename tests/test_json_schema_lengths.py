@@ -104,7 +104,7 @@ def test_bound_length_equals_product(pattern: str, lo: int, hi: int | None) -> N
         expr_to_dfa,
     )
     from agent_infer.grammar.frontends.json_schema.lengths import dfa_bound_length
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     dfa = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
     for a in (dfa, dfa_complement(dfa)):

@@ -11,7 +11,7 @@ from agent_infer.grammar.automata.dfa import dfa_complement, dfa_intersect, dfa_
 from agent_infer.grammar.frontends.ebnf.gbnf import referenced_rules
 from agent_infer.grammar.frontends.json_schema.lengths import bounded_rules, dfa_bound_length
 from agent_infer.grammar.frontends.json_schema.names import names_dfa
-from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 PATTERNS = [

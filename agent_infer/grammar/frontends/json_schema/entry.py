@@ -37,7 +37,7 @@ from agent_infer.grammar.frontends.json_schema.rule_writer import (
     SHARED_RULE_PREFIX,
 )
 from agent_infer.grammar.frontends.json_schema.rule_writer import _rule_base as _rule_base
-from agent_infer.grammar.frontends.regex import parser  # noqa: F401
+from agent_infer.grammar.frontends.regex import parser, search  # noqa: F401
 
 # Modules the lowering needs only for some schemas (patterns, enums, `not`, value checks) are
 # imported with the front end, not on first use: where no bytecode is cached (e.g. with

@@ -1,17 +1,17 @@
 """A whole "any key but these names" trie as one rule body, lowered natively in one step.
 
-Written node by node (:mod:`json_schema_keys`), a Kubernetes schema's ~90 tries became ~1,700
-rules, and lowering them (fragment store, equal-rule merging, outlining, FOLLOW sets) was about
-half of its compile. When every name is plain printable ASCII (no quote, slash, backslash,
-control or non-ASCII character: nearly all property names), the front end instead writes one rule
-whose body is a :class:`~agent_infer.grammar.ir.KeySet` (an IR node kind) holding only the sorted
-names. The native serializer writes it as one ``KEY_TRIE`` instruction (engine_native/src/grammar.h)
-and the native compiler builds its minimal automaton directly (grammar_key_set.cpp).
+Written node by node (:mod:`.keys`), a Kubernetes schema's ~90 tries are ~1,700 rules, and
+lowering them (fragment store, equal-rule merging, outlining, FOLLOW sets) is about half of its
+compile. When every name is plain printable ASCII (no quote, slash, backslash, control or
+non-ASCII character: nearly all property names), the front end instead writes one rule whose body
+is a :class:`~agent_infer.grammar.ir.KeySet` (an IR node kind) holding only the sorted names. The
+native serializer writes it as one ``KEY_TRIE`` instruction (engine_native/src/grammar.h) and the
+native compiler builds its minimal automaton directly (grammar_key_set.cpp).
 
 This module registers the KeySet's expansion (``KeySet.expand``), which readers that interpret
 the IR node by node use (the reference recognizer, renaming): an ``Alt`` spelling the same
-automaton, the trie's nodes nested (each child inlined where :func:`json_schema_keys.node_body`
-references a rule), the same language as the node-by-node tries, built on first use.
+automaton, the trie's nodes nested (each child inlined where :func:`.keys.node_body` references a
+rule), the same language as the node-by-node tries, built on first use.
 """
 
 from __future__ import annotations

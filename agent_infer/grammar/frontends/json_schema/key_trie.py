@@ -1,14 +1,14 @@
 """Key tries ("any key but these names") built by the native extension, with lazy node bodies.
 
-:class:`~agent_infer.grammar.frontends.json_schema.keys.ComplementKeys` builds each trie node by node in
-Python; on a Kubernetes schema (~90 tries, ~3,000 node lookups, ~1,700 distinct nodes) that was a
-third of the front end. ``_native.KeyTrieBuilder`` runs the same construction (same node shapes,
-same rule order, rules named ``char-key-nN``) and gives each node a
+:class:`~agent_infer.grammar.frontends.json_schema.keys.ComplementKeys` builds each trie node by
+node in Python; on a Kubernetes schema (~90 tries, ~3,000 node lookups, ~1,700 distinct nodes)
+that is a third of the front end. ``_native.KeyTrieBuilder`` runs the same construction (same node
+shapes, same rule order, rules named ``char-key-nN``) and gives each node a
 :class:`~agent_infer.grammar.ir.KeyNode` body (an IR node kind): only its spec, with its branches
-(``json_schema_keys._node_body``, registered here as its expansion) built the first time Python
-reads them. The native serializer writes a node's program straight from the spec, so a grammar
-that is only compiled never builds those branches at all. The Python builder stays as the
-fallback without the extension and as the reference the tests compare against.
+(:func:`.keys.node_body`, registered here as its expansion) built the first time Python reads
+them. The native serializer writes a node's program straight from the spec, so a grammar that is
+only compiled never builds those branches at all. The Python builder is the fallback without the
+extension and the reference the tests compare against.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ KEY_SET_PREFIX = KEY_RULE_PREFIX + "set-"
 
 
 def _expand(node: KeyNode) -> tuple[Expr, ...]:
-    """The branches :func:`json_schema_keys.node_body` builds from the node's spec."""
+    """The branches :func:`.keys.node_body` builds from the node's spec."""
     body = node_body([(cp, Ref(rule)) for cp, rule in node.edges], node.ends_name)
     if not isinstance(body, Alt):  # only a leaf has one branch, and leaves are no KeyNode
         raise TypeError(f"key-trie node {node.spec!r} is not an alternation")
@@ -82,7 +82,7 @@ class NativeComplementKeys:
         if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
             names_dfa(list(distinct))  # may be over the automaton limits: the same errors as there
         if all_plain(distinct):
-            # The whole trie as one rule, lowered natively in one step (json_schema_key_set.py).
+            # The whole trie as one rule, lowered natively in one step (key_set.py).
             if len(self._rules) >= self._max_rules:
                 raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
             if FREE_RULE not in self._rules:

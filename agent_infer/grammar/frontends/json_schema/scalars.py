@@ -330,7 +330,7 @@ def _format_dfa(name: str) -> DFA:
 @functools.lru_cache(maxsize=1024)
 def _encoded_search(pattern: str) -> Expr:
     """The JSON encoding of the strings containing a match of ``pattern`` (errors propagate uncached)."""
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     return encode_expr(regex_search_expr(pattern, dialect="ecma"))
 
@@ -338,7 +338,7 @@ def _encoded_search(pattern: str) -> Expr:
 def pattern_search(pattern: str, pointer: str, *, encoded: bool = False) -> Expr:
     """The strings containing a match of ``pattern`` (JSON-encoded when ``encoded``), with the
     regex's errors as schema errors that name ``pointer``."""
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     try:
         return _encoded_search(pattern) if encoded else regex_search_expr(pattern, dialect="ecma")

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
-from agent_infer.grammar.frontends.regex.parser import parse_regex, regex_search_expr, regex_to_grammar
+from agent_infer.grammar.frontends.regex.parser import parse_regex, regex_to_grammar
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Grammar
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.testing import assert_accepts, assert_rejects, strings
