@@ -45,7 +45,8 @@ test-all: venv
 # returns null (std::bad_alloc / MemoryError, as without ASan) instead of aborting; leaks are not
 # checked (Python and torch keep memory until exit by design).
 ASAN_BUILD := build/asan
-ASAN_TESTS ?= tests/grammar/runtime/test_matcher.py tests/grammar/runtime/test_json_grammars.py \
+ASAN_TESTS ?= tests/grammar/runtime/test_matcher.py tests/grammar/runtime/test_matcher_state.py \
+	tests/grammar/runtime/test_json_grammars.py \
 	tests/grammar/runtime/kernels/test_apply_bitmask.py tests/grammar/frontends/ebnf/test_gbnf.py \
 	tests/grammar/frontends/ebnf/test_lark.py tests/grammar/runtime/test_batch_split.py \
 	tests/grammar/runtime/test_completion.py tests/grammar/runtime/test_forced_utf8.py tests/test_json_schema_keywords.py \
