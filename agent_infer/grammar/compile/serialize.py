@@ -86,41 +86,39 @@ def program_key(grammar: Grammar, programs: Any, root: int) -> str:
 def _declared(grammar: Grammar, index: dict[str, int]) -> Grammar:
     """``grammar`` rebuilt from exact node kinds with plain field values, or the error that says why
     a node cannot be compiled (the first in rule order, each rule in pre-order)."""
-    memo: dict[int, Expr] = {}
+    memo: dict[int, tuple[Expr, Expr]] = {}
     rules = tuple((name, _declared_expr(name, expr, index, memo)) for name, expr in grammar.rules)
     return Grammar.unchecked(rules, grammar.root, grammar.warnings)
 
 
-def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int, Expr]) -> Expr:
+def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int, tuple[Expr, Expr]]) -> Expr:
     """One rule body rebuilt (see :func:`_declared`); iterative, so any nesting depth works.
-    ``memo`` maps the id of each node already rebuilt to its copy, so shared subtrees stay shared."""
+    ``memo`` maps the id of each composite node already rebuilt to (the node, its copy): shared
+    subtrees stay shared, and holding the node keeps its id from being reused meanwhile."""
     if type(expr) is KeySet:  # only as a whole rule body
         _check_key_set(rule, expr, index)
         return expr
     # Work items: (node, None) visits a node; (node, kids) builds it from its last kids results.
     done: list[Expr] = []
-    made: list[Expr] = []  # alternations made here, kept alive while their ids are memo keys
     todo: list[tuple[Any, int | None]] = [(expr, None)]
     while todo:
         node, kids = todo.pop()
         if kids is not None:
             built = done[len(done) - kids :]
             del done[len(done) - kids :]
-            copy = (
-                Repeat(built[0], int(node.min), None if node.max is None else int(node.max))
-                if (isinstance(node, Repeat))
-                else (Seq if isinstance(node, Seq) else Alt)(tuple(built))
-            )
-            memo[id(node)] = copy
+            if isinstance(node, Repeat):
+                copy: Expr = Repeat(built[0], int(node.min), None if node.max is None else int(node.max))
+            else:
+                copy = (Seq if isinstance(node, Seq) else Alt)(tuple(built))
+            memo[id(node)] = (node, copy)
             done.append(copy)
             continue
         hit = memo.get(id(node))
         if hit is not None:
-            done.append(hit)
+            done.append(hit[1])
         elif isinstance(node, KeySet | KeyNode):
             # Nested (or a node whose rules are missing): the alternation it expands to.
-            made.append(Alt(node.expand()))
-            todo.append((made[-1], None))
+            todo.append((Alt(node.expand()), None))
         elif isinstance(node, Literal):
             try:
                 node.text.encode("utf-8")

@@ -23,6 +23,7 @@ from agent_infer.grammar.ir import (
     Empty,
     Expr,
     Grammar,
+    KeySet,
     Literal,
     Ref,
     Repeat,
@@ -114,3 +115,16 @@ def test_deep_nesting_falls_back_to_the_iterative_walk() -> None:
     programs, _ = serialize_grammar(g)
     assert programs == serialize_grammar_python(g)[0]
     assert programs[0][:3] == [5, 0, 1]
+
+
+def test_a_nested_key_set_is_written_as_its_expansion() -> None:
+    """A KeySet is one KEY_TRIE instruction only as a whole rule body; nested, the serializer
+    writes the alternation it expands to (the oracle does the same), with shared subtrees."""
+    g = Grammar.from_json_schema({"type": "object", "properties": {"kind": {}}}, whitespace="compact")
+    (name, key_set) = next((n, b) for n, b in g.rules if isinstance(b, KeySet))
+    shared = Seq((lit("<"), key_set))
+    rules = tuple((n, Alt((shared, Seq((shared, lit("!")))))) if n == name else (n, b) for n, b in g.rules)
+    nested = Grammar.unchecked(rules, g.root)
+    programs, _ = serialize_grammar(nested)
+    assert (programs, 0) == serialize_grammar_python(nested)
+    assert programs[[n for n, _ in g.rules].index(name)][:2] == [4, 2]  # an Alt, not KEY_TRIE
