@@ -14,8 +14,8 @@ code points. The tree has nine node kinds (:data:`NODE_KINDS`) and nothing else:
   alternation (:meth:`KeySet.expand`) is built by the JSON Schema front end, on first use.
 
 ``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names; key tries print as
-``%key-set(...)`` / ``%key-node(...)``), which our GBNF front end reads back to an equal grammar
-for grammars of the first seven kinds, so a failing test can show what a schema lowered to.
+``%key-set(...)`` / ``%key-node(...)``), which our GBNF front end reads back to an equal grammar,
+so a failing test can show what a schema lowered to.
 The IR imports no other part of the package: front ends register their builders for
 ``Grammar.from_*`` (:func:`register_frontend`). The native compiler lowers the tree to UTF-8 byte
 automata; see ``docs/grammar_engine.md``.

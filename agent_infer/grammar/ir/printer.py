@@ -4,7 +4,8 @@
 The two key-trie kinds print as what the compiler takes, not as their expansions:
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
-a name). They are not GBNF; only JSON Schema grammars hold them.
+a name). llama.cpp does not read these two forms; our GBNF front end does, so every grammar
+prints as text it reads back to an equal grammar.
 """
 
 from __future__ import annotations

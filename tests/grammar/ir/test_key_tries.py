@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from agent_infer.errors import GrammarDefinitionError
+from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
 from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo, clear_grammar_caches
+from agent_infer.grammar.frontends.ebnf.gbnf import parse_gbnf
 from agent_infer.grammar.ir import NODE_KINDS, Alt, Grammar, KeyNode, KeySet, Ref
 from agent_infer.grammar.ir.nodes import _EXPANSIONS
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
@@ -87,3 +88,21 @@ def test_a_union_renames_key_tries_through_their_expansion() -> None:
     for doc, ok in [('{"kind":1,"other":2}', True), ('{"kind":"s"}', False), ("x", True)]:
         m = GrammarMatcher(compiled)
         assert (m.accept_string(doc) and m.can_terminate()) == ok, doc
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["apiVersion", "kind", "a b"], ["a/b", "é", "ab", '"q"', "back\\slash", "\x01"]],
+    ids=["key-set", "key-nodes"],
+)
+def test_printed_key_tries_read_back_to_an_equal_grammar(names: list[str]) -> None:
+    g = _keys_grammar(names)
+    assert any(isinstance(b, KeySet | KeyNode) for _, b in g.rules)
+    again = parse_gbnf(str(g))
+    assert again == g and str(again) == str(g)
+
+
+def test_malformed_key_trie_forms_are_syntax_errors() -> None:
+    for text in ['root ::= %key-set("a"', 'root ::= %key-node("ab"->x)\nx ::= "x"', "root ::= %keys()"]:
+        with pytest.raises(GrammarSyntaxError):
+            parse_gbnf(text)
