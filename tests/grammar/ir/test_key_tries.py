@@ -106,3 +106,7 @@ def test_malformed_key_trie_forms_are_syntax_errors() -> None:
     for text in ['root ::= %key-set("a"', 'root ::= %key-node("ab"->x)\nx ::= "x"', "root ::= %keys()"]:
         with pytest.raises(GrammarSyntaxError):
             parse_gbnf(text)
+    with pytest.raises(GrammarDefinitionError, match="is a leaf"):
+        parse_gbnf("root ::= %key-node(ends-name)")
+    with pytest.raises(GrammarDefinitionError):  # the rules a key set calls are not defined
+        parse_gbnf('root ::= %key-set("a")')

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
-from agent_infer.errors import GrammarLimitError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.automata.dfa import TRIE_MAX_STATES
 from agent_infer.grammar.compile.caches import register_clearer
 from agent_infer.grammar.frontends.json_schema.key_set import all_plain
@@ -42,8 +42,8 @@ KEY_SET_PREFIX = KEY_RULE_PREFIX + "set-"
 def _expand(node: KeyNode) -> tuple[Expr, ...]:
     """The branches :func:`.keys.node_body` builds from the node's spec."""
     body = node_body([(cp, Ref(rule)) for cp, rule in node.edges], node.ends_name)
-    if not isinstance(body, Alt):  # only a leaf has one branch, and leaves are no KeyNode
-        raise TypeError(f"key-trie node {node.spec!r} is not an alternation")
+    if not isinstance(body, Alt):  # only a leaf has one branch, and the builders make no leaf KeyNode
+        raise GrammarDefinitionError(f"key-trie node {node.spec!r} is a leaf, which is not a KeyNode")
     return body.items
 
 
