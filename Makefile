@@ -45,12 +45,15 @@ test-all: venv
 # returns null (std::bad_alloc / MemoryError, as without ASan) instead of aborting; leaks are not
 # checked (Python and torch keep memory until exit by design).
 ASAN_BUILD := build/asan
-ASAN_TESTS ?= tests/test_grammar_core_matcher.py tests/test_grammar_core_json.py tests/test_bitmask_kernels.py \
-	tests/test_grammar_frontend_gbnf.py tests/test_grammar_frontend_lark.py tests/test_grammar_batch_split.py \
-	tests/test_grammar_completion.py tests/test_grammar_forced_utf8.py tests/grammar/frontends/json_schema/test_keywords.py \
-	tests/test_grammar_serialize_packed.py tests/test_grammar_scratch.py tests/test_grammar_frontend_regex.py \
-	tests/test_grammar_core_mask_cache.py tests/test_grammar_core_bounded_strings.py tests/test_grammar_fuzz.py \
-	tests/test_grammar_matcher_safety.py tests/test_grammar_matcher_misuse.py tests/test_grammar_construction_limits.py
+ASAN_TESTS ?= tests/grammar/runtime/test_matcher.py tests/grammar/runtime/test_matcher_state.py \
+	tests/grammar/runtime/test_json_grammars.py \
+	tests/grammar/runtime/kernels/test_apply_bitmask.py tests/grammar/frontends/ebnf/test_gbnf.py \
+	tests/grammar/frontends/ebnf/test_lark.py tests/grammar/runtime/test_batch_split.py \
+	tests/grammar/runtime/test_completion.py tests/grammar/runtime/test_forced_utf8.py tests/grammar/frontends/json_schema/test_keywords.py \
+	tests/grammar/compile/test_serialize_packed.py tests/grammar/compile/test_scratch.py \
+	tests/grammar/frontends/regex/test_parser.py tests/grammar/runtime/test_mask_cache.py \
+	tests/grammar/runtime/test_bounded_strings.py tests/grammar/test_fuzz.py tests/grammar/runtime/test_matcher_safety.py \
+	tests/grammar/runtime/test_matcher_misuse.py tests/grammar/compile/test_construction_limits.py
 ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:strict_init_order=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -72,8 +75,6 @@ lint: venv
 	$(VENV)/bin/ruff check agent_infer tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check agent_infer tests benchmarks examples scripts
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports --no-cache
-	$(PY) scripts/import_cycles.py
 
 bench: venv
 	$(PIP) install -q -e ".[bench]" --no-build-isolation

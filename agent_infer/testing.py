@@ -21,8 +21,20 @@ from agent_infer.errors import (
     GrammarLimitError,
     NativeExtensionMissingError,
 )
-from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir import (
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    Grammar,
+    KeyNode,
+    KeySet,
+    Literal,
+    Ref,
+    Repeat,
+    Seq,
+)
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -203,7 +215,11 @@ class _Generator:
     def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int, max_length: int) -> None:
         if max_length < 0:
             raise ConfigError(f"max_length must be non-negative, not {max_length}")
-        self.rules = grammar.rule_map
+        # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to.
+        self.rules = {
+            name: Alt(body.expand()) if isinstance(body, KeySet | KeyNode) else body
+            for name, body in grammar.rules
+        }
         self.root = grammar.root
         self.max_repeat = max_repeat
         self.max_depth = max_depth

@@ -460,7 +460,7 @@ def _validate_with_schema(name: str, schema: dict[str, Any], arguments: dict[str
         import jsonschema
     except ImportError:
         from agent_infer.grammar.ir import Grammar
-        from agent_infer.grammar.reference import ReferenceRecognizer
+        from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
         grammar = Grammar.from_json_schema(schema, strict=False, whitespace="compact")
         if not ReferenceRecognizer(grammar).accepts(

@@ -72,11 +72,13 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_grammar import load_schemas
 
-    from agent_infer.grammar.compile.compiler import _serialize_for_compile, serialize_grammar_python
+    from agent_infer.grammar.compile.serialize import serialize_for_compile
     from agent_infer.grammar.ir import Grammar
 
-    # Lowering does not read the tokenizer: a bare native one (TokenizerInfo's constructor would
-    # compile its precomputed string classes with whatever serializer the build has).
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from python_serializer import serialize_grammar_python
+
+    # Lowering does not read the tokenizer: a bare native one.
     tok = native.TokenizerInfo([bytes([b]) for b in range(256)] + [b""], 257, [256])
     rows: list[tuple[str, float, int]] = []
     for item in load_schemas(Path(args.data), args.limit, args.seed):
@@ -85,7 +87,7 @@ def main() -> None:
             if args.python_programs:
                 programs, root = serialize_grammar_python(grammar)
             else:
-                programs, root = _serialize_for_compile(grammar)
+                programs, root = serialize_for_compile(grammar)
         except Exception:  # the front end's compile errors are bench_grammar.py's business
             continue
         make = native.CompiledGrammar if isinstance(programs, list) else native.compile_serialized
@@ -93,7 +95,7 @@ def main() -> None:
         for rep in range(args.reps):
             if rep and not isinstance(programs, list):
                 # compile_serialized consumes its programs: the next rep needs them again (untimed).
-                programs, root = _serialize_for_compile(grammar)
+                programs, root = serialize_for_compile(grammar)
             start = time.process_time()
             try:
                 compiled = make(tok, programs, root, MAX_STATES, MAX_SECONDS, MAX_ITEMS)

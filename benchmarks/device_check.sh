@@ -7,7 +7,7 @@
 #   wheels.log           pure-Python wheels from .whl/ installed into /tmp/site (only the missing ones)
 #   build.log            pip install --no-build-isolation --no-deps -e . (the C++ extension)
 #   cuda_kernel.log      first-use compile of engine_native/cuda/apply_token_bitmask.cu (timed)
-#   pytest_kernels.log   tests/test_bitmask_kernels.py with CUDA (+ pytest_kernels.xml)
+#   pytest_kernels.log   tests/grammar/runtime/kernels/test_apply_bitmask.py with CUDA (+ pytest_kernels.xml)
 #   mask_kernels*.json   Triton vs CUDA vs torch, batch 1/16/64, vocab 49152/129280, median µs (+ .log)
 #   engine_smoke.json    tiny random Llama, JSON Schema, batch of 8: CPU vs GPU, every mask backend (+ .log)
 #
@@ -139,7 +139,7 @@ else
   step build 300 build
 fi
 [ -n "$CUDA_JOB" ] && wait "$CUDA_JOB"
-step pytest_kernels 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_bitmask_kernels.py \
+step pytest_kernels 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/grammar/runtime/kernels/test_apply_bitmask.py \
   --junitxml="$OUT/pytest_kernels.xml"
 step mask_kernels 150 "$PY" benchmarks/bench_mask_kernels.py --device "$DEVICE" $BENCH_ARGS \
   --out "$OUT/mask_kernels.json"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A time-boxed fuzz campaign over the grammar stack: the generators and the guarded worker of
-``tests/test_grammar_fuzz.py``, drawing fresh cases for ``--minutes`` minutes.
+``tests/grammar/test_fuzz.py``, drawing fresh cases for ``--minutes`` minutes.
 
 Each case (a regex, a JSON Schema or a mutated GBNF/Lark text, checked against ``re``/``jsonschema``/
 the reference recognizer, with mask exactness on the real tokenizers) runs in a worker process under

@@ -215,8 +215,8 @@ class OursEngine(Engine):
             "cache": ("cache_enabled=False" if "cache_enabled" in ckw else "no cache switch")
             + (
                 "; TokenizerInfo mask cache rebuilt and front-end memos cleared per schema (cold; the"
-                " TokenizerInfo constructor precomputes the common JSON string-content classes, as"
-                " llguidance's slices)"
+                " first GrammarCompiler for a TokenizerInfo precomputes the common JSON string-content"
+                " classes, as llguidance's slices)"
                 if self.cold
                 else "; TokenizerInfo mask cache kept (warm)"
             ),

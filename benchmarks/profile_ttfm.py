@@ -39,6 +39,7 @@ def _ours_phases(engine: OursEngine, schema: Any) -> dict[str, float] | None:
     from agent_infer.errors import AgentInferError
     from agent_infer.grammar.compile import compiler as gc_mod
     from agent_infer.grammar.compile.gc_pause import gc_paused
+    from agent_infer.grammar.compile.serialize import serialize_for_compile
     from agent_infer.native import load_native
 
     g = engine.g
@@ -50,7 +51,7 @@ def _ours_phases(engine: OursEngine, schema: Any) -> dict[str, float] | None:
         with gc_paused:
             grammar = g.Grammar.from_json_schema(schema, whitespace="compact")
             t.append(time.process_time_ns())
-            programs, root = gc_mod._serialize_for_compile(grammar)
+            programs, root = serialize_for_compile(grammar)
             t.append(time.process_time_ns())
             ext = load_native()
             make = ext.CompiledGrammar if isinstance(programs, list) else ext.compile_serialized

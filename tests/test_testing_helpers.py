@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir import Alt, CharClass, Expr, Grammar, Ref, Repeat, alt, lit, seq
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.testing import assert_accepts, assert_prefix, assert_rejects, random_strings, strings
 
 BUILTINS = ["json", "json_array", "arithmetic", "sql_select", "tool_call", "csv", "yaml_subset"]

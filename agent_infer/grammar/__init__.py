@@ -2,6 +2,12 @@
 
 Public names follow XGrammar's: Grammar, TokenizerInfo, GrammarCompiler, CompiledGrammar,
 GrammarMatcher, allocate_token_bitmask, apply_token_bitmask_inplace.
+
+The stages live in sub-packages, each importing only the ones before it: ``ir`` (the IR),
+``frontends`` (regex, EBNF, JSON Schema to IR), ``automata`` (code-point DFAs the JSON Schema front
+end builds with), ``compile`` (IR + tokenizer to native automata), ``runtime`` (matching and token
+bitmasks). Importing this package registers the front ends with the IR (see
+:mod:`.frontends`) and gives IR validation the native reference walk.
 """
 
 from __future__ import annotations
@@ -9,7 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agent_infer.grammar import frontends as frontends
 from agent_infer.grammar.ir import Grammar
+from agent_infer.grammar.ir.references import use_native_walk
+from agent_infer.native import optional_native
+
+use_native_walk(lambda: optional_native("first_missing_ref"))
 
 _LAZY = {
     "TokenizerInfo": "agent_infer.grammar.compile.tokenizer_info",

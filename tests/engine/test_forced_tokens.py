@@ -12,7 +12,7 @@ import pytest
 
 from agent_infer import SamplingParams
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.structured import StructuredOutput
 

@@ -17,7 +17,7 @@ from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.sequence import SequenceStatus
 from agent_infer.errors import ConfigError, InvalidRequestError, UnsupportedSchemaError
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.structured import StructuredOutput
 
 SCHEMA = {

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from agent_infer import SamplingParams
 from agent_infer.errors import InvalidRequestError
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.structured import StructuredOutput
 
 

@@ -113,7 +113,7 @@ class Checker:
     name = "reference"
 
     def prepare(self, grammar: Any) -> Callable[[str], bool]:
-        from agent_infer.grammar.reference import ReferenceRecognizer
+        from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
         return ReferenceRecognizer(grammar).accepts
 

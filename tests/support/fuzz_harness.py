@@ -3,7 +3,7 @@
 The worker (:mod:`fuzz_worker`, its oracles in :mod:`fuzz_oracles`) runs under an address-space
 limit and answers each case within a timeout, so a segfault, an abort (a sanitizer report
 included), a hang or a memory blow-up costs one worker restart and is reported with its
-reproducer, not a dead pytest. Shared by ``tests/test_grammar_fuzz.py`` and
+reproducer, not a dead pytest. Shared by ``tests/grammar/test_fuzz.py`` and
 ``benchmarks/fuzz_campaign.py``.
 
 Knobs (test-side only): ``AGENT_INFER_FUZZ_EXAMPLES`` (examples per fuzz test, read by the test),

@@ -182,7 +182,7 @@ class _Checker:
             return self._run_schema(case, grammar, rng)
         elif kind == "grammar":
             grammar = self.Grammar.from_ebnf(case["text"], syntax=case["syntax"])
-            from agent_infer.grammar.reference import ReferenceRecognizer
+            from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
             # The reference unrolls counted repeats into productions: past a size it is skipped.
             small = expanded_size(grammar) <= MAX_REFERENCE_SIZE

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from agent_infer.grammar.ir.constructors import clear_literal_memo
+
 _LOCK = threading.Lock()
 _CLEARERS: list[Callable[[], None]] = []
 
@@ -32,6 +34,9 @@ def register_clearer(clear: Callable[[], None]) -> None:
     :func:`clear_grammar_caches` runs."""
     with _LOCK:
         _CLEARERS.append(clear)
+
+
+register_clearer(clear_literal_memo)
 
 
 def clear_grammar_caches() -> None:

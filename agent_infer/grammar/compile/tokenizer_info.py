@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
 from agent_infer.errors import TokenizerError
 from agent_infer.native import load_native
 
@@ -97,43 +95,13 @@ def _kind(spec: dict[str, Any]) -> str:
     )
 
 
-_STR: dict[str, Any] = {"type": "string"}
-# (schema, document prefixes ending inside a string) whose string contents are precomputed: the
-# shared string rule's follow set (what the region walk depends on) is every subset of , } ]
-# that objects and arrays produce, or the end of the document; plus free object keys.
-_STRING_CONTEXTS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
-    (_STR, ('"',)),
-    ({"type": "array", "items": _STR}, ('["',)),
-    (
-        {"type": "object", "properties": {"a": _STR}, "required": ["a"], "additionalProperties": False},
-        ('{"a":"',),
-    ),
-    (
-        {
-            "type": "object",
-            "properties": {"a": _STR, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-        ('{"a":"',),
-    ),
-    (
-        {"type": "object", "properties": {"a": _STR, "b": _STR}, "required": ["a"]},
-        ('{"a":"', '{"a":"x","', '{"a":"x","c', '{"a":"x","c":"'),
-    ),
-    ({"type": "object", "properties": {"a": _STR, "b": {"type": "array", "items": _STR}}}, ('{"a":"',)),
-    (
-        {"type": "array", "items": {"type": "object", "properties": {"a": _STR}}},
-        ('[{"a":"', '[{"a":"x"},{"a":"'),
-    ),
-)
-
-
 class TokenizerInfo:
     """Per-token byte strings, vocabulary size and EOS ids of one tokenizer, plus its native tables.
 
     Build with :meth:`from_tokenizer` or :meth:`bytes_only`. Instances are immutable and shared by
-    every grammar compiled for the tokenizer (the native side caches per-state token masks here).
+    every grammar compiled for the tokenizer (the native side caches per-state token masks here;
+    the first GrammarCompiler built for it precomputes the common JSON string contents, see
+    :mod:`agent_infer.grammar.compile.warmup`).
     """
 
     def __init__(
@@ -166,30 +134,6 @@ class TokenizerInfo:
         self._eos = eos
         self._encode = encode
         self._native = load_native().TokenizerInfo(list(self._token_bytes), size, list(eos))
-        self._precompute_string_classes()
-
-    def _precompute_string_classes(self) -> None:
-        """Classify every token for the JSON string contents most schemas reach, once per tokenizer.
-
-        The mask of a string-content state is a walk of the whole vocabulary (about 1.5 ms for
-        129k tokens), shared by every grammar with the same string syntax and follow bytes. Doing
-        it here for the common cases (strings followed by ``,`` / ``}`` / ``]`` or the end, free
-        object keys) takes it off the first decoding steps of the first schemas, as llguidance's
-        precomputed "slices" do; schemas with other string syntaxes compute theirs on first use.
-        """
-        from agent_infer.grammar.compile.compiler import GrammarCompiler
-        from agent_infer.grammar.ir import Grammar
-        from agent_infer.grammar.runtime.matcher import GrammarMatcher
-
-        compiler = GrammarCompiler(self, cache_enabled=False)
-        words = (self._vocab_size + 31) // 32
-        row = np.zeros((1, words), dtype=np.int32)
-        for schema, prefixes in _STRING_CONTEXTS:
-            compiled = compiler.compile(Grammar.from_json_schema(schema, whitespace="compact"))
-            for prefix in prefixes:
-                m = GrammarMatcher(compiled)
-                if m.accept_string(prefix):
-                    m._m.fill_next_token_bitmask(row, 0)
 
     # -- construction --
 

@@ -1,7 +1,7 @@
 """The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
 
 A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
-code points. The tree has seven node kinds and nothing else:
+code points. The tree has nine node kinds (:data:`NODE_KINDS`) and nothing else:
 
 * :class:`Empty` -- the empty string.
 * :class:`Literal` -- a fixed, non-empty string.
@@ -9,10 +9,16 @@ code points. The tree has seven node kinds and nothing else:
 * :class:`Seq` / :class:`Alt` -- concatenation / alternation.
 * :class:`Repeat` -- ``item{min,max}`` (``max=None`` is unbounded).
 * :class:`Ref` -- a reference to another rule (recursion, including left recursion, is allowed).
+* :class:`KeySet` / :class:`KeyNode` -- "any JSON object key but these names" as a whole trie
+  (one ``KEY_TRIE`` instruction) or one trie node, compiled from their compact source; their
+  alternation (:meth:`KeySet.expand`) is built by the JSON Schema front end, on first use.
 
-``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names), which our GBNF front end
-reads back to an equal grammar, so a failing test can show what a schema lowered to.
-The native compiler lowers the tree to UTF-8 byte automata; see ``docs/grammar_engine.md``.
+``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names; key tries print as
+``%key-set(...)`` / ``%key-node(...)``), which our GBNF front end reads back to an equal grammar,
+so a failing test can show what a schema lowered to.
+The IR imports no other part of the package: front ends register their builders for
+``Grammar.from_*`` (:func:`register_frontend`). The native compiler lowers the tree to UTF-8 byte
+automata; see ``docs/grammar_engine.md``.
 """
 
 # The IR lives in one module per concept (nodes, constructors, printing, the grammar); this module
@@ -29,32 +35,42 @@ from agent_infer.grammar.ir.constructors import (
     walk,
 )
 from agent_infer.grammar.ir.grammar import (
+    FRONTENDS,
     Grammar,
     builtin_grammar_path,
     grammars_dir,
+    register_frontend,
 )
 from agent_infer.grammar.ir.grammar import _rename as _rename
 from agent_infer.grammar.ir.nodes import (
     MAX_CODEPOINT,
+    NODE_KINDS,
     Alt,
     CharClass,
     Empty,
     Expr,
+    KeyNode,
+    KeySet,
     Literal,
     Ref,
     Repeat,
     Seq,
     complement_ranges,
     merge_ranges,
+    register_expansion,
 )
 
 __all__ = [
+    "FRONTENDS",
     "MAX_CODEPOINT",
+    "NODE_KINDS",
     "Alt",
     "CharClass",
     "Empty",
     "Expr",
     "Grammar",
+    "KeyNode",
+    "KeySet",
     "Literal",
     "Ref",
     "Repeat",
@@ -69,6 +85,8 @@ __all__ = [
     "merge_ranges",
     "opt",
     "plus",
+    "register_expansion",
+    "register_frontend",
     "seq",
     "star",
     "walk",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agent_infer.grammar.compile.caches import register_cache
 from agent_infer.grammar.ir.nodes import Alt, CharClass, Empty, Expr, Literal, Repeat, Seq
 
 _SHORT_LITERALS: dict[str, Literal] = {}
@@ -125,4 +124,6 @@ def walk(expr: Expr) -> Iterator[Expr]:
         stack.extend(reversed(node.children()))
 
 
-register_cache(_SHORT_LITERALS)
+def clear_literal_memo() -> None:
+    """Forget the shared short literals (``clear_grammar_caches`` calls this)."""
+    _SHORT_LITERALS.clear()

@@ -1,21 +1,27 @@
 """The :class:`Grammar`: an immutable, ordered set of named IR rules with its root, its
 constructors from every front end, and the built-in grammar files. Re-exported by
-:mod:`agent_infer.grammar.ir`."""
+:mod:`agent_infer.grammar.ir`.
+
+The IR imports no front end: ``Grammar.from_regex``, ``from_json_schema`` and ``from_ebnf`` call the
+builder a front end registered under that name (:func:`register_frontend`), which
+:mod:`agent_infer.grammar.frontends` does for every front end when ``agent_infer.grammar`` is
+imported.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarDefinitionError
-from agent_infer.grammar.compile.gc_pause import pauses_gc
 from agent_infer.grammar.ir.constructors import alt, lit, seq
-from agent_infer.grammar.ir.nodes import Alt, Expr, Ref, Repeat, Seq, _set
+from agent_infer.grammar.ir.nodes import Alt, Expr, KeyNode, KeySet, Ref, Repeat, Seq, _set
 from agent_infer.grammar.ir.printer import _fmt
+from agent_infer.grammar.ir.references import first_undefined_ref
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -23,6 +29,26 @@ if TYPE_CHECKING:
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 # Names joined by NUL all match _NAME_RE when this matches (NUL is in no valid name).
 _NAMES_RE = re.compile(r"[A-Za-z0-9_-]+(?:\x00[A-Za-z0-9_-]+)*\Z")
+
+FRONTENDS = ("regex", "json_schema", "gbnf", "lark")
+"""The names front ends register builders under."""
+_BUILDERS: dict[str, Callable[..., Grammar]] = {}
+
+
+def register_frontend(name: str, build: Callable[..., Grammar]) -> None:
+    """Make ``build`` the front end ``Grammar.from_*`` calls for ``name`` (one of :data:`FRONTENDS`)."""
+    if name not in FRONTENDS:
+        raise ValueError(f"unknown front end {name!r}; expected one of {', '.join(FRONTENDS)}")
+    _BUILDERS[name] = build
+
+
+def _frontend(name: str) -> Callable[..., Grammar]:
+    build = _BUILDERS.get(name)
+    if build is None:
+        raise GrammarDefinitionError(
+            f"the {name} front end is not registered (import agent_infer.grammar, which registers them)"
+        )
+    return build
 
 
 @dataclass(frozen=True)
@@ -59,8 +85,6 @@ class Grammar:
                 seen.add(name)
         if self.root not in seen:
             raise GrammarDefinitionError(f"root rule {self.root!r} is not defined")
-        from agent_infer.grammar.ir.references import first_undefined_ref
-
         found = first_undefined_ref(self.rules, seen)
         if found is not None:
             raise GrammarDefinitionError(f"rule {found[0]!r} refers to undefined rule {found[1]!r}")
@@ -129,15 +153,11 @@ class Grammar:
         return cls((("root", expr),), "root")
 
     @classmethod
-    @pauses_gc
     def from_regex(cls, pattern: str) -> Grammar:
         """Python ``re`` syntax, matched in full. Lookarounds and backreferences raise UnsupportedRegexError."""
-        from agent_infer.grammar.frontends.regex.parser import regex_to_grammar
-
-        return regex_to_grammar(pattern)
+        return _frontend("regex")(pattern)
 
     @classmethod
-    @pauses_gc
     def from_json_schema(
         cls,
         schema: dict[str, Any] | str | type[BaseModel] | bool,
@@ -155,9 +175,7 @@ class Grammar:
         In strict mode an unenforceable keyword raises UnsupportedSchemaError. ``remotes`` maps
         absolute URIs to documents that ``$ref`` may point into (nothing is fetched).
         """
-        from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar
-
-        return json_schema_to_grammar(
+        return _frontend("json_schema")(
             schema,
             strict=strict,
             whitespace=whitespace,
@@ -167,17 +185,12 @@ class Grammar:
         )
 
     @classmethod
-    @pauses_gc
     def from_ebnf(cls, text: str, *, syntax: str = "gbnf", start: str | None = None) -> Grammar:
         """An EBNF grammar in llama.cpp's GBNF (``syntax="gbnf"``, start ``root``) or Lark (start ``start``)."""
         if syntax == "gbnf":
-            from agent_infer.grammar.frontends.ebnf.gbnf import parse_gbnf
-
-            return parse_gbnf(text, start=start or "root")
+            return _frontend("gbnf")(text, start=start or "root")
         if syntax == "lark":
-            from agent_infer.grammar.frontends.ebnf.lark_grammar import parse_lark
-
-            return parse_lark(text, start=start or "start")
+            return _frontend("lark")(text, start=start or "start")
         raise GrammarDefinitionError(f"unknown EBNF syntax {syntax!r}; expected 'gbnf' or 'lark'")
 
     @classmethod
@@ -206,6 +219,9 @@ class Grammar:
 
 
 def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
+    if isinstance(expr, KeySet | KeyNode):
+        # Key tries call rules by fixed names: renamed, one is the alternation it expands to.
+        return Alt(tuple(_rename(e, mapping) for e in expr.expand()))
     if isinstance(expr, Ref):
         return Ref(mapping[expr.name])
     if isinstance(expr, Seq):

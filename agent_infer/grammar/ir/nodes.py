@@ -1,11 +1,11 @@
-"""The IR's node classes (:class:`Expr` and its seven kinds) and the code point range helpers
+"""The IR's node classes (:class:`Expr` and its nine kinds) and the code point range helpers
 :class:`CharClass` normalizes with. Re-exported by :mod:`agent_infer.grammar.ir`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from agent_infer.errors import GrammarDefinitionError
 
@@ -62,10 +62,9 @@ class CharClass(Expr):
 
     ranges: tuple[tuple[int, int], ...]
     negated: bool = False
-    # Per-instance caches, set with object.__setattr__ (class variables, so not dataclass fields:
-    # equality, hashing and printing are unchanged).
+    # A per-instance cache, set with object.__setattr__ (a class variable, so not a dataclass
+    # field: equality, hashing and printing are unchanged).
     _normalized: ClassVar[tuple[tuple[int, int], ...] | None] = None
-    _program: ClassVar[tuple[int, ...] | None] = None
 
     def __init__(self, ranges: tuple[tuple[int, int], ...], negated: bool = False) -> None:
         _set(self, "ranges", ranges)
@@ -173,3 +172,140 @@ class Ref(Expr):
 
     def __init__(self, name: str) -> None:
         _set(self, "name", name)
+
+
+# -- key tries ------------------------------------------------------------------------------------
+#
+# Two node kinds stand for the "any JSON object key but these names" tries of the JSON Schema front
+# end, each compiled from a compact source rather than from branches: a whole trie as one
+# ``KEY_TRIE`` instruction (:class:`KeySet`), and one trie node written from its spec
+# (:class:`KeyNode`). Their meaning as an alternation (their *expansion*) is built from that source
+# by the front end that makes them, which registers it with :func:`register_expansion`; it is read
+# only by code that interprets the IR node by node (the reference recognizer, the test-string
+# sampler, renaming for ``Grammar.union``), never by the compiler, and built on first use.
+
+_EXPANSIONS: dict[type[Expr], Callable[[Any], tuple[Expr, ...]]] = {}
+
+
+def register_expansion(kind: type[KeySet] | type[KeyNode], expand: Callable[[Any], tuple[Expr, ...]]) -> None:
+    """Set how nodes of ``kind`` expand to the branches of an equivalent :class:`Alt`."""
+    _EXPANSIONS[kind] = expand
+
+
+class _Expanded(Expr):
+    """A node with a compact source whose branches (:meth:`expand`) are built on first use."""
+
+    __slots__ = ("_items",)
+    _items: tuple[Expr, ...]
+
+    def _args(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def expand(self) -> tuple[Expr, ...]:
+        """The branches of the :class:`Alt` this node is equivalent to (built once)."""
+        try:
+            return self._items
+        except AttributeError:
+            pass
+        expand = _EXPANSIONS.get(type(self))
+        if expand is None:
+            raise GrammarDefinitionError(
+                f"no expansion registered for {type(self).__name__} nodes (import agent_infer.grammar)"
+            )
+        items = expand(self)
+        _set(self, "_items", items)
+        return items
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.expand()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} nodes are immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._args() == other._args()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._args()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy and pickle rebuild the node from its source (the slots are set past __setattr__).
+        return (type(self), self._args())
+
+
+class KeySet(_Expanded):
+    """Any JSON object key (the text between its quotes) other than ``names``: sorted, distinct,
+    each plain printable ASCII (no quote, slash or backslash). Compiled as one ``KEY_TRIE``
+    instruction, whose automaton the native compiler builds from the names; only a whole rule body.
+
+    Besides the names' trie it calls two rules the grammar must define: :data:`FREE_RULE` (a
+    character that needs an escape or is not ASCII, then any rest of the key) and
+    :data:`REST_RULE` (any rest of a key)."""
+
+    __slots__ = ("_names",)
+    _names: tuple[str, ...]
+    FREE_RULE: ClassVar[str] = "char-key-free"
+    REST_RULE: ClassVar[str] = "char-key-rest"
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        _set(self, "_names", names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The excluded names."""
+        return self._names
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self._names,)
+
+    def __repr__(self) -> str:
+        return f"KeySet(names={self._names!r})"
+
+
+class KeyNode(_Expanded):
+    """One node of a key trie: ``spec`` is (ends a name, code point, child rule name, code point,
+    child rule name, ...), children in code point order. Compiled as the alternation of its edges
+    (each child's code point, then the child's rule), its gap branch (any other character, then
+    :data:`REST_RULE`) and, unless it ends a name, the end of the key; the native serializer
+    writes that program from the spec."""
+
+    __slots__ = ("_spec",)
+    _spec: tuple[Any, ...]
+    REST_RULE: ClassVar[str] = KeySet.REST_RULE
+
+    def __init__(self, spec: tuple[Any, ...]) -> None:
+        _set(self, "_spec", spec)
+
+    @property
+    def spec(self) -> tuple[Any, ...]:
+        """(ends a name, code point, child rule, ...)."""
+        return self._spec
+
+    @property
+    def ends_name(self) -> bool:
+        """Whether the path to this node spells one of the names (so the key may not end here)."""
+        return bool(self._spec[0])
+
+    @property
+    def edges(self) -> tuple[tuple[int, str], ...]:
+        """(code point, child rule name) per child, in code point order."""
+        spec = self._spec
+        return tuple((spec[i], spec[i + 1]) for i in range(1, len(spec), 2))
+
+    @property
+    def items(self) -> tuple[Expr, ...]:
+        """The branches of the alternation this node compiles to (:meth:`expand`): the native
+        serializer writes them for a node with an edge that is not plain printable ASCII."""
+        return self.expand()
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self._spec,)
+
+    def __repr__(self) -> str:
+        return f"KeyNode(spec={self._spec!r})"
+
+
+NODE_KINDS: tuple[type[Expr], ...] = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode, KeySet)
+"""Every node kind, in the order the native serializer and reference walk take them."""

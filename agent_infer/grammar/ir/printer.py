@@ -1,9 +1,27 @@
 """Printing IR expressions as GBNF (llama.cpp's dialect, plus ``_`` in names): what
-``str(grammar)`` shows and the GBNF front end reads back."""
+``str(grammar)`` shows and the GBNF front end reads back.
+
+The two key-trie kinds print as what the compiler takes, not as their expansions:
+``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
+``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
+a name). llama.cpp does not read these two forms; our GBNF front end does, so every grammar
+prints as text it reads back to an equal grammar.
+"""
 
 from __future__ import annotations
 
-from agent_infer.grammar.ir.nodes import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.ir.nodes import (
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    KeyNode,
+    KeySet,
+    Literal,
+    Ref,
+    Repeat,
+    Seq,
+)
 
 
 def _escape_char(cp: int, in_class: bool) -> str:
@@ -25,12 +43,29 @@ def _escape_char(cp: int, in_class: bool) -> str:
     return chr(cp)
 
 
+def _quoted(text: str) -> str:
+    return '"' + "".join(_escape_char(ord(c), False) for c in text) + '"'
+
+
+def _key_set(node: KeySet) -> str:
+    return "%key-set(" + " ".join(_quoted(name) for name in node.names) + ")"
+
+
+def _key_node(node: KeyNode) -> str:
+    edges = [f"{_quoted(chr(cp))}->{rule}" for cp, rule in node.edges]
+    return "%key-node(" + " ".join(["ends-name", *edges] if node.ends_name else edges) + ")"
+
+
 def _leaf(expr: Expr) -> str | None:
-    """The text of a node without children (None for Seq, Repeat and non-empty Alt)."""
+    """The text of a node printed without its children's (None for Seq, Repeat and non-empty Alt)."""
+    if isinstance(expr, KeySet):
+        return _key_set(expr)
+    if isinstance(expr, KeyNode):
+        return _key_node(expr)
     if isinstance(expr, Empty):
         return '""'
     if isinstance(expr, Literal):
-        return '"' + "".join(_escape_char(ord(c), False) for c in expr.text) + '"'
+        return _quoted(expr.text)
     if isinstance(expr, CharClass):
         body = "".join(
             _escape_char(lo, True) if lo == hi else f"{_escape_char(lo, True)}-{_escape_char(hi, True)}"

@@ -1,19 +1,41 @@
 """Grammar validation: the first reference to an undefined rule (``Grammar.__post_init__``).
 
 Big JSON Schema grammars hold ~10^5 nodes, and subtrees are shared within and between rules, so
-the walk skips composite nodes it has met; it runs natively when the extension has it
-(``_native.first_missing_ref``, the same walk in C++) and in Python otherwise.
+the walk skips composite nodes it has met. The same walk exists in C++ (``_native.first_missing_ref``);
+the IR does not load the extension itself: :mod:`agent_infer.grammar` installs a loader for it
+(:func:`use_native_walk`), and the Python walk below runs when there is none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from agent_infer.errors import AgentInferError
-from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.ir.nodes import (
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    KeyNode,
+    KeySet,
+    Literal,
+    Ref,
+    Repeat,
+    Seq,
+)
 
 _KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref)  # the order the native walk expects
+# The native walk once resolved (False: none), or None before the first validation.
 _native_walk: Any = None
+_load_native_walk: Callable[[], Any] | None = None
+
+
+def use_native_walk(load: Callable[[], Any]) -> None:
+    """Validate with the walk ``load()`` returns (the native ``first_missing_ref``, or a false value
+    for none), loaded at the first validation."""
+    global _load_native_walk, _native_walk
+    _load_native_walk = load
+    _native_walk = None
 
 
 def first_undefined_ref(rules: tuple[tuple[str, Expr], ...], names: set[str]) -> tuple[str, str] | None:
@@ -37,15 +59,10 @@ def first_undefined_ref(rules: tuple[tuple[str, Expr], ...], names: set[str]) ->
 
 def _native_first(rules: tuple[tuple[str, Expr], ...], names: set[str]) -> tuple[int, str] | None:
     """The native walk: (rule index, missing name), (-1, "") when all are defined, None when the
-    Python walk must decide (no extension, a build without the function, foreign node types)."""
+    Python walk must decide (no native walk installed, foreign node types, key tries)."""
     global _native_walk
     if _native_walk is None:
-        try:
-            from agent_infer.native import load_native
-
-            _native_walk = getattr(load_native(), "first_missing_ref", False)
-        except AgentInferError:  # the extension is not built
-            _native_walk = False
+        _native_walk = (_load_native_walk() if _load_native_walk is not None else False) or False
     if not _native_walk:
         return None
     found = _native_walk([expr for _, expr in rules], names, _KINDS)
@@ -130,4 +147,6 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             extend(node.items)
         elif isinstance(node, Repeat):
             push(node.item)
+        elif isinstance(node, KeySet | KeyNode):
+            extend(node.expand())  # the rules its expansion calls
     return None

@@ -28,7 +28,7 @@ from agent_infer.grammar.automata import (
 )
 from agent_infer.grammar.frontends.json_schema.keys.names import names_complement_rules
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
-from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Alt, alt, lit
 
 NAME_SETS = [

@@ -3,7 +3,9 @@
 Layout follows llama.cpp's recursive-descent parser: a rule ends at a newline, except that
 newlines are allowed right after ``::=``, after ``|`` and anywhere inside parentheses; ``#``
 starts a comment to the end of the line. Parenthesised groups stay separate IR nodes, so
-``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors.
+``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors. Beyond llama.cpp's
+dialect it reads the printed forms of the IR's two key-trie kinds, ``%key-set("a" "b")`` and
+``%key-node(ends-name "a"->rule ...)``, so a JSON Schema grammar reads back to an equal grammar too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from agent_infer.grammar.ir import (
     Empty,
     Expr,
     Grammar,
+    KeyNode,
+    KeySet,
     Literal,
     Ref,
     Repeat,
@@ -131,6 +135,8 @@ class _Parser:
             elif c == ".":
                 self.i += 1
                 items.append(_ANY)
+            elif c == "%":
+                items.append(self.key_trie())
             elif _is_word(c):
                 name = self.name()
                 self.refs.append((name, pos))
@@ -220,14 +226,53 @@ class _Parser:
             return ord(e)
         raise self.error(f"unknown escape '\\{e}'", pos)
 
-    def literal(self, start: int) -> Expr:
+    def text(self, start: int) -> str:
+        """The characters of a string literal up to its closing quote (the opening one is read)."""
         out: list[str] = []
         while self.peek() != '"':
             if not self.peek():
                 raise self.error("unterminated string literal", start)
             out.append(chr(self.char()))
         self.i += 1
-        return Literal("".join(out)) if out else Empty()
+        return "".join(out)
+
+    def literal(self, start: int) -> Expr:
+        text = self.text(start)
+        return Literal(text) if text else Empty()
+
+    def key_trie(self) -> Expr:
+        """``%key-set("name" ...)`` or ``%key-node([ends-name] "c"->rule ...)``."""
+        start = self.i
+        kind = "set" if self.s.startswith("%key-set(", start) else "node"
+        if not self.s.startswith(f"%key-{kind}(", start):
+            raise self.error("expected '%key-set(' or '%key-node('")
+        self.i += len(f"%key-{kind}(")
+        self.space(True)
+        spec: list[object] = []
+        if kind == "node":
+            spec.append(self.s.startswith("ends-name", self.i))
+            if spec[0]:
+                self.i += len("ends-name")
+                self.space(True)
+        while self.peek() == '"':
+            pos = self.i
+            self.i += 1
+            text = self.text(pos)
+            if kind == "set":
+                spec.append(text)
+            else:
+                if len(text) != 1 or not self.s.startswith("->", self.i):
+                    raise self.error("a key-node edge is one character, '->' and a rule name", pos)
+                self.i += 2
+                at = self.i
+                rule = self.name()
+                self.refs.append((rule, at))
+                spec.extend((ord(text), rule))
+            self.space(True)
+        if self.peek() != ")":
+            raise self.error(f"expected ')' to close '%key-{kind}('", start)
+        self.i += 1
+        return KeySet(tuple(spec)) if kind == "set" else KeyNode(tuple(spec))  # type: ignore[arg-type]
 
     def char_class(self, start: int) -> Expr:
         negated = self.peek() == "^"

@@ -54,7 +54,7 @@ from agent_infer.grammar.ir import (
     alt_disjoint,
     lit,
 )
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64

@@ -28,6 +28,7 @@ from agent_infer.grammar.frontends.json_schema.rule_writer import SHARED_RULE_PR
 # which would land on whichever schema first needs it.
 from agent_infer.grammar.ir import (
     Grammar,
+    recognizer,  # noqa: F401
     references,  # noqa: F401
 )
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 
 def _text(x: Any) -> str:

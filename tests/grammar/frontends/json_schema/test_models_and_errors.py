@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 
 class Color(enum.Enum):
@@ -198,7 +198,7 @@ def test_pydantic_models_generate_closed_objects() -> None:
         model_config = ConfigDict(extra="allow")
         y: int
 
-    from agent_infer.grammar.reference import ReferenceRecognizer
+    from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
     closed = ReferenceRecognizer(Grammar.from_json_schema(Outer, whitespace="compact"))
     assert closed.accepts('{"inner":{"x":1}}')

@@ -17,8 +17,8 @@ from agent_infer.grammar.automata import (
 from agent_infer.grammar.frontends.ebnf.gbnf import referenced_rules
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_rules
-from agent_infer.grammar.frontends.regex.parser import regex_search_expr
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 PATTERNS = [
     r"^([a-z0-9-]+):([a-z0-9\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",
@@ -299,7 +299,7 @@ def test_key_regions_exclude_only_the_names_they_hold() -> None:
 
 def test_a_pattern_the_format_implies_is_dropped_without_changing_the_language() -> None:
     from agent_infer.grammar import Grammar
-    from agent_infer.grammar.reference import ReferenceRecognizer
+    from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
     def rec(schema: dict[str, str]) -> ReferenceRecognizer:
         return ReferenceRecognizer(Grammar.from_json_schema({"type": "string", **schema}))

@@ -1,13 +1,14 @@
 """Key tries ("any key but these names") built by the native extension, with lazy node bodies.
 
-:class:`~agent_infer.grammar.frontends.json_schema.keys.ComplementKeys` builds each trie node by node in
-Python; on a Kubernetes schema (~90 tries, ~3,000 node lookups, ~1,700 distinct nodes) that was a
-third of the front end. ``_native.KeyTrieBuilder`` runs the same construction (same node shapes,
-same rule order, rules named ``char-key-nN``) and gives each node a :class:`KeyNode` body: an
-``Alt`` that stores only its spec and builds its branches (``json_schema_keys._node_body``) the
-first time Python reads them. The native serializer writes a node's program straight from the spec,
-so a grammar that is only compiled never builds those branches at all. The Python builder stays
-as the fallback without the extension and as the reference the tests compare against.
+:class:`~agent_infer.grammar.frontends.json_schema.keys.ComplementKeys` builds each trie node by
+node in Python; on a Kubernetes schema (~90 tries, ~3,000 node lookups, ~1,700 distinct nodes)
+that is a third of the front end. ``_native.KeyTrieBuilder`` runs the same construction (same node
+shapes, same rule order, rules named ``char-key-nN``) and gives each node a
+:class:`~agent_infer.grammar.ir.KeyNode` body (an IR node kind): only its spec, with its branches
+(:func:`.keys.node_body`, registered here as its expansion) built the first time Python reads
+them. The native serializer writes a node's program straight from the spec, so a grammar that is
+only compiled never builds those branches at all. The Python builder is the fallback without the
+extension and the reference the tests compare against.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
-from agent_infer.errors import GrammarLimitError
+from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.automata import TRIE_MAX_STATES, names_dfa
 from agent_infer.grammar.compile.caches import register_clearer
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import (
@@ -29,40 +30,20 @@ from agent_infer.grammar.frontends.json_schema.keys.complement_keys import (
     ComplementKeys,
     node_body,
 )
-from agent_infer.grammar.frontends.json_schema.keys.key_set import KeySet, LazyAlt, all_plain
-from agent_infer.grammar.ir import Alt, Expr, Ref
+from agent_infer.grammar.frontends.json_schema.keys.key_set import all_plain
+from agent_infer.grammar.ir import Alt, Expr, KeyNode, KeySet, Ref, register_expansion
 from agent_infer.native import load_native, optional_native
-
-_set = object.__setattr__
 
 KEY_SET_PREFIX = KEY_RULE_PREFIX + "set-"
 """Names of the rules whose bodies are :class:`KeySet` tries (never a trie node's name)."""
 
 
-class KeyNode(LazyAlt):
-    """The rule body of one key-trie node: ``spec`` is (ends a name, code point, child rule name,
-    code point, child rule name, ...), children in code point order. Equal, as an expression, to
-    the ``Alt`` that :func:`json_schema_keys.node_body` builds from it, which ``items`` returns."""
-
-    __slots__ = ("_spec",)
-    _spec: tuple[Any, ...]
-
-    def __init__(self, spec: tuple[Any, ...]) -> None:
-        _set(self, "_spec", spec)
-
-    def _args(self) -> tuple[Any, ...]:
-        return (self._spec,)
-
-    def _expand(self) -> tuple[Expr, ...]:
-        spec = self._spec
-        children = [(spec[i], Ref(spec[i + 1])) for i in range(1, len(spec), 2)]
-        body = node_body(children, bool(spec[0]))
-        if not isinstance(body, Alt):  # only a leaf has one branch, and leaves are no KeyNode
-            raise TypeError(f"key-trie node {spec!r} is not an alternation")
-        return body.items
-
-    def __repr__(self) -> str:
-        return f"Alt(items={self.items!r})"
+def _expand(node: KeyNode) -> tuple[Expr, ...]:
+    """The branches :func:`.keys.node_body` builds from the node's spec."""
+    body = node_body([(cp, Ref(rule)) for cp, rule in node.edges], node.ends_name)
+    if not isinstance(body, Alt):  # only a leaf has one branch, and the builders make no leaf KeyNode
+        raise GrammarDefinitionError(f"key-trie node {node.spec!r} is a leaf, which is not a KeyNode")
+    return body.items
 
 
 # The leaf every name ends in ("one more character, then anything"): not an Alt, and the same
@@ -100,7 +81,7 @@ class NativeComplementKeys:
         if 1 + sum(map(len, distinct)) > TRIE_MAX_STATES:
             names_dfa(list(distinct))  # may be over the automaton limits: the same errors as there
         if all_plain(distinct):
-            # The whole trie as one rule, lowered natively in one step (json_schema_key_set.py).
+            # The whole trie as one rule, lowered natively in one step (key_set.py).
             if len(self._rules) >= self._max_rules:
                 raise GrammarLimitError(f"JSON Schema grammar exceeds {self._max_rules} rules")
             if FREE_RULE not in self._rules:
@@ -131,4 +112,5 @@ def _clear_native_nodes() -> None:
         load_native().clear_key_tries()
 
 
+register_expansion(KeyNode, _expand)
 register_clearer(_clear_native_nodes)

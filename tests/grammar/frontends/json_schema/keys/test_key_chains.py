@@ -9,7 +9,7 @@ import random
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import _CHAINS, ComplementKeys
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 ALPHABET = "abcé_"
 

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from conformance import MASKBENCH_DIR
 from grammar_support import hf_tokenizer, tokenizer_info
+from python_serializer import KEY_TRIE_OPCODE, serialize_grammar_python
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar import GrammarCompiler, GrammarMatcher, clear_grammar_caches
-from agent_infer.grammar.compile import compiler
-from agent_infer.grammar.compile.compiler import serialize_grammar_python
+from agent_infer.grammar.compile.serialize import serialize_for_compile
 from agent_infer.grammar.frontends.json_schema.keys import key_trie as key_trie
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import FREE_RULE, SINK_RULE
-from agent_infer.grammar.frontends.json_schema.keys.key_set import KEY_TRIE_OPCODE, KeySet, all_plain
-from agent_infer.grammar.ir import Alt, Grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.frontends.json_schema.keys.key_set import all_plain
+from agent_infer.grammar.ir import Alt, Grammar, KeyNode, KeySet
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.native import load_native
 
 PLAIN = "abcAB_-.$ 09~!"
@@ -89,10 +89,10 @@ def test_plain_name_sets_become_one_rule_and_others_keep_the_node_tries() -> Non
     g = Grammar.from_json_schema(_schema(["apiVersion", "kind", "spec"]), whitespace="compact")
     sets = [body for _, body in g.rules if isinstance(body, KeySet)]
     assert len(sets) == 1 and sets[0].names == ("apiVersion", "kind", "spec")
-    assert not any(isinstance(body, key_trie.KeyNode) for _, body in g.rules)
+    assert not any(isinstance(body, KeyNode) for _, body in g.rules)
     g = Grammar.from_json_schema(_schema(["apiVersion", "a/b"]), whitespace="compact")
     assert not any(isinstance(body, KeySet) for _, body in g.rules)
-    assert any(isinstance(body, key_trie.KeyNode) for _, body in g.rules)
+    assert any(isinstance(body, KeyNode) for _, body in g.rules)
     assert all_plain(("a b", "~!")) and not all_plain(("ok", "é")) and not all_plain(('"',))
 
 
@@ -137,7 +137,7 @@ def test_key_sets_accept_and_mask_like_the_node_tries(
 
 
 def test_the_python_expansion_is_the_same_language(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``KeySet.items`` (what the printer and the reference recognizer read) against the native
+    """``KeySet.expand()`` (what the reference recognizer reads) against the native
     automaton built from the names alone."""
     comp = GrammarCompiler(tokenizer_info("bytes"), cache_enabled=False)
     rng = random.Random(9)
@@ -155,7 +155,7 @@ def test_the_python_expansion_is_the_same_language(monkeypatch: pytest.MonkeyPat
 
 def test_both_serializers_write_one_key_trie_instruction(monkeypatch: pytest.MonkeyPatch) -> None:
     g = _grammar(_schema(["kind", "apiVersion", "kind2"]), True, monkeypatch)
-    packed, root = compiler._serialize_for_compile(g)
+    packed, root = serialize_for_compile(g)
     assert not isinstance(packed, list)
     lists, root2 = serialize_grammar_python(g)
     assert (packed.programs(), root) == (lists, root2)
@@ -192,8 +192,9 @@ def test_a_compile_never_expands_key_sets() -> None:
 
 def test_key_set_value_semantics() -> None:
     k = KeySet(("a", "bc"))
-    expanded = Alt(k.items)
-    assert k == KeySet(("a", "bc")) and k != KeySet(("a",)) and k == expanded and hash(k) == hash(expanded)
+    expanded = Alt(k.expand())
+    assert k == KeySet(("a", "bc")) and hash(k) == hash(KeySet(("a", "bc"))) and k != KeySet(("a",))
+    assert k != expanded and expanded != k  # a node kind of its own, not the Alt it expands to
     for clone in (copy.copy(k), copy.deepcopy(k), pickle.loads(pickle.dumps(k))):
         assert isinstance(clone, KeySet) and clone == k and clone.names == k.names
     assert repr(k) == "KeySet(names=('a', 'bc'))"

@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 from conformance import MASKBENCH_DIR
+from python_serializer import serialize_grammar_python
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar import clear_grammar_caches
-from agent_infer.grammar.compile import compiler
-from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.compile.serialize import serialize_for_compile, serialize_grammar
 from agent_infer.grammar.frontends.json_schema import compiler as json_schema_compiler
 from agent_infer.grammar.frontends.json_schema.keys import key_trie as key_trie
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import ComplementKeys, node_body
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
-from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref
+from agent_infer.grammar.ir import Alt, Expr, Grammar, KeyNode, Ref
 from agent_infer.grammar.ir import _rename as rename_refs
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.native import load_native
 
 # Letters whose trie edges the native serializer writes itself (plain ASCII) and ones it leaves to
@@ -100,19 +100,20 @@ def test_native_tries_give_the_python_builders_programs(cold: bool, monkeypatch:
         if cold:
             clear_grammar_caches()
         slow = _build(schema, False, monkeypatch)
-        packed, root = compiler._serialize_for_compile(fast)
+        packed, root = serialize_for_compile(fast)
         assert not isinstance(packed, list), "the native packed serializer was not used"
         reference = serialize_grammar_python(slow)
         assert (packed.programs(), root) == reference, schema
         assert serialize_grammar(fast) == reference
         assert serialize_grammar_python(fast) == reference
-        checked += any(isinstance(body, key_trie.KeyNode) for _, body in fast.rules)
+        checked += any(isinstance(body, KeyNode) for _, body in fast.rules)
     assert checked >= 30
 
 
 def test_key_nodes_read_as_the_python_builders_alternations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rule by rule (key-trie names mapped in rule order) the native grammar equals the Python one,
-    prints the same, and accepts exactly the keys outside the declared names."""
+    """Rule by rule (key-trie names mapped in rule order) the native grammar, its key nodes
+    expanded, equals the Python one, prints the same, and accepts exactly the keys outside the
+    declared names."""
     names = ["apiVersion", "kind", "a/b", "é", "ab"]
     schema = {**_object_schema(names), "additionalProperties": {"type": "null"}}
     fast = _build(schema, True, monkeypatch)
@@ -120,12 +121,13 @@ def test_key_nodes_read_as_the_python_builders_alternations(monkeypatch: pytest.
     assert len(fast.rules) == len(slow.rules)
     mapping = {s: f for (f, _), (s, _) in zip(fast.rules, slow.rules, strict=True)}
     renamed = Grammar.unchecked(tuple((mapping[n], _rename(body, mapping)) for n, body in slow.rules))
-    for (name, body), (_, want) in zip(fast.rules, renamed.rules, strict=True):
+    expanded = Grammar.unchecked(
+        tuple((n, Alt(b.expand()) if isinstance(b, KeyNode) else b) for n, b in fast.rules)
+    )
+    for (name, body), (_, want) in zip(expanded.rules, renamed.rules, strict=True):
         assert body == want and want == body, name
-        if isinstance(body, key_trie.KeyNode):
-            assert hash(body) == hash(want)
-            assert isinstance(body, Alt) and body.items == want.items  # type: ignore[attr-defined]
-    assert str(fast) == str(renamed)
+    assert any(isinstance(body, KeyNode) for _, body in fast.rules)
+    assert str(expanded) == str(renamed)
     rec = ReferenceRecognizer(fast)
     assert rec.accepts('{"apiVersion":1,"apiVersio":null,"a/":null,"é!":null,"b":null}')
     assert not rec.accepts('{"a/b":1,"a\\/b":null}')  # the escaped spelling is the same key
@@ -139,13 +141,14 @@ def _rename(expr: Expr, mapping: dict[str, str]) -> Expr:
 
 def test_a_key_node_is_the_alt_its_spec_describes() -> None:
     spec = (False, ord("a"), "char-key-x", ord("é"), "char-key-y")
-    node = key_trie.KeyNode(spec)
+    node = KeyNode(spec)
     want = node_body([(ord("a"), Ref("char-key-x")), (ord("é"), Ref("char-key-y"))], False)
     assert isinstance(want, Alt)
-    assert node == want and want == node and hash(node) == hash(want)
-    assert node.items is node.items  # built once
-    assert repr(node) == repr(want)
-    assert copy.deepcopy(node) == want and pickle.loads(pickle.dumps(node)) == node
+    assert Alt(node.expand()) == want and node != want  # a node kind of its own
+    assert node.expand() is node.expand()  # built once
+    assert repr(node) == f"KeyNode(spec={spec!r})"
+    assert node == KeyNode(spec) and hash(node) == hash(KeyNode(spec))
+    assert copy.deepcopy(node) == node and pickle.loads(pickle.dumps(node)) == node
 
 
 def test_native_tries_share_nodes_and_stop_at_the_rule_limit() -> None:
@@ -189,7 +192,7 @@ def test_key_nodes_and_their_specs_are_not_gc_tracked() -> None:
         {"type": "object", "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}}},
         whitespace="compact",
     )
-    nodes = [body for _, body in g.rules if isinstance(body, key_trie.KeyNode)]
+    nodes = [body for _, body in g.rules if isinstance(body, KeyNode)]
     assert nodes
     assert not any(gc.is_tracked(n) or gc.is_tracked(n._spec) for n in nodes)
-    assert all(isinstance(n.items, tuple) for n in nodes)  # the branches still build on demand
+    assert all(isinstance(n.expand(), tuple) for n in nodes)  # the branches still build on demand

@@ -28,7 +28,7 @@ from agent_infer.grammar.frontends.json_schema.types.automaton_rules import enco
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE
 from agent_infer.grammar.ir import Alt, Expr, Grammar, Ref, Seq
 from agent_infer.grammar.ir import _rename as rename_refs
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 
 def _accepts(grammar: Grammar, value: Any) -> bool:

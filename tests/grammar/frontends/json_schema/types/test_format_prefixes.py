@@ -10,9 +10,9 @@ import pytest
 
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.frontends.json_schema.types.format_prefixes import literal_prefixes, prefixed_format
-from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Alt, CharClass, Literal, Repeat, Seq
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 URIS = [
     "https:",

@@ -11,7 +11,7 @@ import pytest
 from agent_infer.grammar import Grammar
 from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_pattern
 from agent_infer.grammar.ir import CharClass, Literal, Repeat, Seq
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 ALPHABET = 'ab-/.:_9Z"\\é'
 
@@ -104,7 +104,7 @@ def test_bound_length_equals_product(pattern: str, lo: int, hi: int | None) -> N
         dfa_length,
         expr_to_dfa,
     )
-    from agent_infer.grammar.frontends.regex.parser import regex_search_expr
+    from agent_infer.grammar.frontends.regex.search import regex_search_expr
 
     dfa = expr_to_dfa(regex_search_expr(pattern, dialect="ecma"))
     for a in (dfa, dfa_complement(dfa)):

@@ -24,7 +24,7 @@ from agent_infer.grammar.ir import (
     seq,
     star,
 )
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 GBNF_DIR = SHARED_DATA / "gbnf"
 

@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_infer.errors import GrammarSyntaxError, UnsupportedRegexError
-from agent_infer.grammar.frontends.regex.parser import parse_regex, regex_search_expr, regex_to_grammar
+from agent_infer.grammar.frontends.regex.parser import parse_regex, regex_to_grammar
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
-from agent_infer.testing import _native_compiler, assert_accepts, assert_rejects, strings
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
+from agent_infer.testing import assert_accepts, assert_rejects, strings
 
 PATTERNS = [
     r"a|b",
@@ -159,7 +160,6 @@ def test_literals_merge_and_print_as_gbnf() -> None:
     assert Grammar.from_regex("a|b") == regex_to_grammar("a|b")
 
 
-@pytest.mark.skipif(_native_compiler() is None, reason="native matcher (agent_infer._native) not built")
 def test_native_matcher_agrees_with_re() -> None:
     texts = ["".join(t) for n in range(3) for t in itertools.product("abA1 \n", repeat=n)]
     for pattern in PATTERNS:

@@ -13,14 +13,14 @@ import random
 from array import array
 
 import pytest
-from conformance import MASKBENCH_DIR
 from grammar_support import tokenizer_info
+from python_serializer import program_bytes, serialize_grammar_python
+from shared_data import require_shared_data
 
 from agent_infer.errors import AgentInferError, GrammarDefinitionError
-from agent_infer.grammar.compile import compiler
-from agent_infer.grammar.compile.compiler import GrammarCompiler, serialize_grammar_python
-from agent_infer.grammar.frontends.json_schema.keys.key_set import KeySet
-from agent_infer.grammar.ir import Alt, Grammar, Ref, Seq, chars, lit
+from agent_infer.grammar.compile.compiler import GrammarCompiler
+from agent_infer.grammar.compile.serialize import program_key, serialize_for_compile
+from agent_infer.grammar.ir import Alt, Grammar, KeySet, Ref, Seq, chars, lit
 from agent_infer.grammar.runtime.matcher import GrammarMatcher
 from agent_infer.native import load_native
 
@@ -34,15 +34,9 @@ SCHEMAS = [
 
 
 def _packed(grammar: Grammar) -> tuple[list[list[int]], int]:
-    programs, root = compiler._serialize_for_compile(grammar)
+    programs, root = serialize_for_compile(grammar)
     assert not isinstance(programs, list), "the native packed serializer was not used"
     return programs.programs(), root
-
-
-@pytest.fixture(autouse=True)
-def _needs_packed() -> None:
-    if not hasattr(load_native(), "serialize_packed"):
-        pytest.skip("extension built without serialize_packed")
 
 
 @pytest.mark.parametrize("whitespace", ["compact", "flexible"])
@@ -96,20 +90,20 @@ def test_unchecked_falls_back_to_validation_when_the_root_is_not_first() -> None
 
 def test_bytes_layout_and_cache_key_agree_between_both_forms() -> None:
     g = Grammar.from_json_schema(SCHEMAS[1], whitespace="compact")
-    packed, root = compiler._serialize_for_compile(g)
+    packed, root = serialize_for_compile(g)
     lists, root2 = serialize_grammar_python(g)
     assert root == root2 and len(packed) == len(lists)
     flat = array("i", [len(lists), *map(len, lists)])
     for p in lists:
         flat.extend(p)
-    assert packed.tobytes() == flat.tobytes() == compiler._program_bytes(lists)
-    assert compiler._program_key(g, packed, root) == compiler._program_key(g, lists, root)
+    assert packed.tobytes() == flat.tobytes() == program_bytes(lists)
+    assert program_key(g, packed, root) == program_key(g, serialize_for_compile(g)[0], root)
 
 
 def test_compile_serialized_matches_the_list_constructor() -> None:
     info = tokenizer_info("smollm2")
     g = Grammar.from_json_schema(SCHEMAS[0], whitespace="compact")
-    packed, root = compiler._serialize_for_compile(g)
+    packed, root = serialize_for_compile(g)
     lists, _ = serialize_grammar_python(g)
     native = load_native()
     a = native.compile_serialized(info._native, packed, root, 500_000, 30.0, 200_000)
@@ -121,9 +115,8 @@ def test_compile_serialized_matches_the_list_constructor() -> None:
         assert (m.accept_string(text) and m.can_terminate()) == ok, text
 
 
-@pytest.mark.skipif(not MASKBENCH_DIR.is_dir(), reason="maskbench-dev data not present")
 def test_packed_programs_on_a_maskbench_sample() -> None:
-    files = sorted(MASKBENCH_DIR.glob("*.json"))
+    files = sorted(require_shared_data("maskbench-dev").glob("*.json"))
     checked = 0
     for path in random.Random(11).sample(files, 40) * 2:  # twice: the second pass hits the body cache
         try:
@@ -136,7 +129,7 @@ def test_packed_programs_on_a_maskbench_sample() -> None:
 
 
 class _Foreign(Seq):
-    """A node class the native serializer does not know (the Python serializer decides)."""
+    """A subclass of a node kind, which the native serializer declines (rebuilt as a Seq)."""
 
 
 def test_compiling_takes_the_walked_ir_out_of_the_cyclic_gc() -> None:
@@ -150,11 +143,10 @@ def test_compiling_takes_the_walked_ir_out_of_the_cyclic_gc() -> None:
     g = Grammar.from_json_schema(schema, whitespace="compact")
     # Bodies built for this grammar (front ends also share process-wide constant bodies, which
     # earlier compiles untracked already).
-    nodes = [body for _, body in g.rules if isinstance(body, Seq | Alt) and gc.is_tracked(body)]
+    nodes = [body for _, body in g.rules if isinstance(body, Seq | Alt | KeySet) and gc.is_tracked(body)]
     assert len(nodes) >= 3
     compiled = GrammarCompiler(info, cache_enabled=False).compile(g)
     assert not any(gc.is_tracked(n) for n in nodes)
-    # A KeySet's items are its lazily built expansion, which the serializer never reads.
     assert not any(gc.is_tracked(n.items) for n in nodes if not isinstance(n, KeySet))
     assert any(isinstance(n, KeySet) for n in nodes)
     assert not any(gc.is_tracked(pair) for pair in g.rules)
@@ -165,7 +157,8 @@ def test_compiling_takes_the_walked_ir_out_of_the_cyclic_gc() -> None:
     assert probe() is None
 
 
-def test_a_grammar_the_python_serializer_writes_stays_tracked() -> None:
+def test_a_grammar_with_declined_nodes_stays_tracked() -> None:
+    """Its nodes are serialized through a rebuilt copy, so the originals are not untracked."""
     import gc
 
     info = tokenizer_info("smollm2")
@@ -178,7 +171,7 @@ def test_a_grammar_the_python_serializer_writes_stays_tracked() -> None:
 def test_compile_serialized_consumes_the_programs() -> None:
     info = tokenizer_info("smollm2")
     g = Grammar.from_json_schema(SCHEMAS[0], whitespace="compact")
-    packed, root = compiler._serialize_for_compile(g)
+    packed, root = serialize_for_compile(g)
     expected = serialize_grammar_python(g)[0]
     assert packed.programs() == expected
     native = load_native().compile_serialized(info._native, packed, root, 500_000, 30.0, 200_000)

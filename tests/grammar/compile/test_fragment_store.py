@@ -4,7 +4,7 @@
 acyclic DFA states, built from the programs right to left, so a chain of rules (a ``pattern``
 under ``maxLength``: one rule per position) costs each rule its own states, and
 ``grammar_inline.cpp`` inlines such a chain whole into its one caller instead of cutting it
-where its expanded size gets large (every rule at the cut used to copy the whole tail). Finite
+where its expanded size gets large (every rule at such a cut would copy the whole tail). Finite
 rules with long counted repeats (``char{0,255}``) are lowered through the store as well. These
 tests check the languages against Python's ``re`` on many strings, the token masks against
 ``accept_token``, and pin the chain's state count.

@@ -158,7 +158,7 @@ def test_threads_sharing_a_matcher_get_errors_not_heap_corruption() -> None:
         print("busy", sum(busy))
         """
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120
     )

@@ -177,24 +177,21 @@ def test_compiler_cache_and_properties() -> None:
 
 @pytest.mark.parametrize("whitespace", ["compact", "flexible"])
 def test_front_end_schema_grammar(whitespace: str) -> None:
-    """Integration with the JSON Schema front end (skipped while it is unavailable)."""
+    """Integration with the JSON Schema front end."""
     import json
 
-    try:
-        grammar = Grammar.from_json_schema(
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string"},
-                    "age": {"type": "integer"},
-                    "tags": {"type": "array", "items": {"type": "string"}},
-                },
-                "required": ["name", "age"],
+    grammar = Grammar.from_json_schema(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string"}},
             },
-            whitespace=whitespace,
-        )
-    except ImportError as exc:
-        pytest.skip(f"JSON Schema front end unavailable: {exc}")
+            "required": ["name", "age"],
+        },
+        whitespace=whitespace,
+    )
     info = tokenizer_info("deepseek")
     m = GrammarMatcher(GrammarCompiler(info).compile(grammar))
     instance = {"name": "Ada Lövelace", "age": 36, "tags": ["x", "日本"], "extra": {"k": [1, None]}}

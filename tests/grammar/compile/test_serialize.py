@@ -1,8 +1,6 @@
-"""Serialization of IR grammars and grammar validation: the native fast paths against the Python ones.
-
-``serialize_grammar`` writes rule programs in C++ when the extension has ``serialize_rules`` and
-``Grammar`` checks references with ``first_missing_ref``; both must give exactly what the Python
-walks give (same programs, same first error), and hand anything unusual back to them.
+"""Serialization of IR grammars: the native serializer against the Python oracle
+(``tests/support/python_serializer.py``), same programs and same first error, and what it declines
+(subclasses of node kinds, lone surrogates, huge bounds) rebuilt from declared kinds or reported.
 """
 
 from __future__ import annotations
@@ -13,17 +11,19 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-from conformance import MASKBENCH_DIR
+from python_serializer import serialize_grammar_python
+from shared_data import require_shared_data
 
 from agent_infer.errors import AgentInferError, GrammarDefinitionError, GrammarLimitError
-from agent_infer.grammar.compile import compiler
-from agent_infer.grammar.compile.compiler import serialize_grammar, serialize_grammar_python
+from agent_infer.grammar.compile.serialize import serialize_grammar
 from agent_infer.grammar.ir import (
+    NODE_KINDS,
     Alt,
     CharClass,
     Empty,
     Expr,
     Grammar,
+    KeySet,
     Literal,
     Ref,
     Repeat,
@@ -32,7 +32,7 @@ from agent_infer.grammar.ir import (
     lit,
     seq,
 )
-from agent_infer.grammar.ir.references import _undefined_ref, first_undefined_ref
+from agent_infer.grammar.ir.references import first_undefined_ref
 from agent_infer.native import load_native
 
 SCHEMAS = [
@@ -46,31 +46,27 @@ SCHEMAS = [
     {"$defs": {"n": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/n"}]}}, "$ref": "#/$defs/n"},
     {"type": "string", "format": "date-time"},
     {"oneOf": [{"const": "a"}, {"type": "integer", "multipleOf": 3}]},
+    # Key tries: a KeySet rule (plain names) and KeyNode rules (a name with '/' and one with 'é').
+    {"type": "object", "properties": {"apiVersion": {}, "kind": {}}},
+    {"type": "object", "properties": {"a/b": {}, "é": {"type": "null"}, "ab": {}}},
 ]
-
-
-def _native_has(name: str) -> bool:
-    return hasattr(load_native(), name)
 
 
 @pytest.mark.parametrize("whitespace", ["compact", "flexible"])
 @pytest.mark.parametrize("n", range(len(SCHEMAS)))
 def test_native_programs_equal_python_programs(n: int, whitespace: str) -> None:
-    if not _native_has("serialize_rules"):
-        pytest.skip("extension built without serialize_rules")
     g = Grammar.from_json_schema(SCHEMAS[n], whitespace=whitespace)
     native = load_native().serialize_rules(
-        [e for _, e in g.rules], {n: i for i, (n, _) in enumerate(g.rules)}, compiler._KINDS
+        [e for _, e in g.rules], {n: i for i, (n, _) in enumerate(g.rules)}, NODE_KINDS
     )
     assert native is not None
     assert (native, 0) == serialize_grammar_python(g)
     assert serialize_grammar(g) == serialize_grammar_python(g)
 
 
-@pytest.mark.skipif(not MASKBENCH_DIR.is_dir(), reason="maskbench-dev data not present")
 def test_native_programs_on_a_maskbench_sample() -> None:
     """Programs of real schemas (both serializers), and both reference checks agree."""
-    files = sorted(MASKBENCH_DIR.glob("*.json"))
+    files = sorted(require_shared_data("maskbench-dev").glob("*.json"))
     checked = 0
     for path in random.Random(4).sample(files, 40):
         try:
@@ -94,8 +90,9 @@ def test_shared_subtrees_are_copied_not_rewalked_the_same() -> None:
     assert programs[0][:2] == [3, 2]  # Seq of 2
 
 
-def test_errors_come_from_the_python_path() -> None:
-    """Nodes the native path does not take (lone surrogates, huge bounds, subclasses) go to Python."""
+def test_declined_nodes_are_rebuilt_or_reported() -> None:
+    """Nodes the native serializer does not take as they are: lone surrogates and huge bounds are
+    reported as the oracle reports them, subclasses of node kinds are written as their kind."""
     with pytest.raises(GrammarDefinitionError, match="lone surrogate"):
         serialize_grammar(Grammar.from_expr(seq(lit("a"), Literal("\ud800"))))
     with pytest.raises(GrammarLimitError, match="too large"):
@@ -120,25 +117,14 @@ def test_deep_nesting_falls_back_to_the_iterative_walk() -> None:
     assert programs[0][:3] == [5, 0, 1]
 
 
-def test_first_undefined_reference_in_rule_then_walk_order() -> None:
-    """The reported name is the one a pre-order walk with the last child first meets first."""
-    shared = Seq((Ref("ok"), Ref("m1")))
-    rules = (
-        ("root", Seq((Ref("ok"), lit("x")))),
-        ("ok", Alt((shared, Seq((Ref("m2"), shared)), Ref("m3")))),
-    )
-    names = {"root", "ok"}
-    assert _undefined_ref(rules[1][1], names) == "m3"
-    assert first_undefined_ref(rules, names) == ("ok", "m3")
-    with pytest.raises(GrammarDefinitionError, match="rule 'ok' refers to undefined rule 'm3'"):
-        Grammar(rules)
-    with pytest.raises(GrammarDefinitionError, match="rule 'root' refers to undefined rule 'm0'"):
-        Grammar((("root", seq(Ref("m0"), Ref("ok"))), ("ok", Empty())))
-
-
-def test_rule_name_checks_report_the_first_problem() -> None:
-    with pytest.raises(GrammarDefinitionError, match="rule 'a' is defined twice"):
-        Grammar((("root", lit("x")), ("a", lit("y")), ("a", lit("z")), ("b c", lit("w"))))
-    with pytest.raises(GrammarDefinitionError, match="invalid rule name 'b c'"):
-        Grammar((("root", lit("x")), ("b c", lit("w")), ("a", lit("y")), ("a", lit("z"))))
-    assert Grammar((("root", Ref("b-1_Z")), ("b-1_Z", lit("q")))).rules[1][0] == "b-1_Z"
+def test_a_nested_key_set_is_written_as_its_expansion() -> None:
+    """A KeySet is one KEY_TRIE instruction only as a whole rule body; nested, the serializer
+    writes the alternation it expands to (the oracle does the same), with shared subtrees."""
+    g = Grammar.from_json_schema({"type": "object", "properties": {"kind": {}}}, whitespace="compact")
+    (name, key_set) = next((n, b) for n, b in g.rules if isinstance(b, KeySet))
+    shared = Seq((lit("<"), key_set))
+    rules = tuple((n, Alt((shared, Seq((shared, lit("!")))))) if n == name else (n, b) for n, b in g.rules)
+    nested = Grammar.unchecked(rules, g.root)
+    programs, _ = serialize_grammar(nested)
+    assert (programs, 0) == serialize_grammar_python(nested)
+    assert programs[[n for n, _ in g.rules].index(name)][:2] == [4, 2]  # an Alt, not KEY_TRIE

@@ -6,7 +6,6 @@ import pytest
 
 from agent_infer.grammar.ir import Grammar, grammars_dir
 from agent_infer.testing import (
-    _native_compiler,
     assert_accepts,
     assert_prefix,
     assert_rejects,
@@ -104,7 +103,6 @@ def test_builtin_examples_reference(name: str) -> None:
         assert_rejects(grammar, text, backend="reference")
 
 
-@pytest.mark.skipif(_native_compiler() is None, reason="native matcher (agent_infer._native) not built")
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_builtin_examples_native(name: str) -> None:
     grammar = Grammar.builtin(name)
@@ -115,7 +113,6 @@ def test_builtin_examples_native(name: str) -> None:
         assert_rejects(grammar, text, backend="native")
 
 
-@pytest.mark.skipif(_native_compiler() is None, reason="native matcher (agent_infer._native) not built")
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_native_matcher_agrees_on_generated_strings(name: str) -> None:
     grammar = Grammar.builtin(name)

@@ -1,9 +1,26 @@
-"""A slow, obviously-correct recognizer over the IR: the test oracle for the matcher and front ends.
+"""A slow, obviously-correct recognizer over the IR: the meaning of a grammar, run directly.
 
 The grammar is lowered to plain BNF over code-point-set terminals and run through an Earley
 parser (with the Aycock-Horspool fix for nullable rules), so left recursion, nullable rules and
 ambiguity all work. Unproductive rules are pruned first, which makes "the Earley set is
 non-empty" exactly "the text is a prefix of some word of the language".
+
+It is the test oracle for the matcher and the front ends, and it has three run-time users, each
+deciding whether one short text is in a grammar where no tokenizer is at hand:
+
+* the JSON Schema front end, for value checks: whether a concrete JSON value (an ``enum`` or
+  ``const`` member next to other keywords, a value two ``oneOf`` branches might share) satisfies
+  a sub-schema that its type alone does not decide, by lowering that sub-schema and recognizing
+  the value's compact JSON text (``Compiler.value_matcher``);
+* ``agent_infer.tools``, to validate a spec-only tool's arguments when ``jsonschema`` is not
+  installed;
+* ``agent_infer.testing``, as the backend of ``assert_accepts`` and friends on request
+  (``backend="reference"``) or without the native extension.
+
+Cost: building the recognizer is linear in the grammar's size (no automata, no tokenizer tables);
+recognizing is an Earley parse in Python, about a millisecond per value for a typical sub-schema
+(cubic in the text's length in the worst case), so it is only used on short texts, and the front
+end decides values by their type alone where it can.
 """
 
 from __future__ import annotations
@@ -11,7 +28,19 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
-from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Grammar, Literal, Ref, Repeat, Seq
+from agent_infer.grammar.ir.grammar import Grammar
+from agent_infer.grammar.ir.nodes import (
+    Alt,
+    CharClass,
+    Empty,
+    Expr,
+    KeyNode,
+    KeySet,
+    Literal,
+    Ref,
+    Repeat,
+    Seq,
+)
 
 _Item = tuple[int, int, int]  # (production index, dot, origin)
 
@@ -66,16 +95,16 @@ class _Lowering:
             return (self.rule_nt[expr.name],)
         if isinstance(expr, Seq):
             return tuple(s for item in expr.items for s in self.symbols(item))
-        if isinstance(expr, Alt | Repeat):
+        if isinstance(expr, Alt | Repeat | KeySet | KeyNode):
             return (self.nonterminal(expr),)
         raise TypeError(f"not an IR node: {expr!r}")
 
-    def nonterminal(self, expr: Alt | Repeat) -> int:
+    def nonterminal(self, expr: Alt | Repeat | KeySet | KeyNode) -> int:
         if expr in self.memo:
             return self.memo[expr]
         nt = self.memo[expr] = self.new_nt()
-        if isinstance(expr, Alt):
-            for item in expr.items:
+        if not isinstance(expr, Repeat):
+            for item in expr.items if isinstance(expr, Alt) else expr.expand():
                 self.prods.append((nt, self.symbols(item)))
             return nt
         body = self.symbols(expr.item)

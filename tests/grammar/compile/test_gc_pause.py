@@ -142,9 +142,10 @@ def test_front_ends_run_with_collection_paused(monkeypatch: pytest.MonkeyPatch) 
 
         monkeypatch.setattr(module, name, spy)
 
-    wrap(json_schema, "json_schema_to_grammar")
-    wrap(regex, "regex_to_grammar")
-    wrap(gbnf, "parse_gbnf")
+    # Functions each front end calls inside its registered builder.
+    wrap(json_schema, "build_registry")
+    wrap(regex, "parse_regex")
+    wrap(gbnf, "_Parser")
     g.Grammar.from_json_schema({"type": "string"})
     g.Grammar.from_regex("[a-z]+")
     g.Grammar.from_ebnf('root ::= "x"')
@@ -158,13 +159,13 @@ def test_compiler_entry_points_pause_and_restore(monkeypatch: pytest.MonkeyPatch
     info = g.TokenizerInfo([b"a", b"b", b'"', b"{", b"}", b"1", b""], vocab_size=7, eos_token_ids=(6,))
     comp = g.GrammarCompiler(info, cache_enabled=False)
     states: list[bool] = []
-    real = compiler_module._serialize_for_compile
+    real = compiler_module.serialize_for_compile
 
     def spy(grammar: g.Grammar) -> object:
         states.append(gc.isenabled())
         return real(grammar)
 
-    monkeypatch.setattr(compiler_module, "_serialize_for_compile", spy)
+    monkeypatch.setattr(compiler_module, "serialize_for_compile", spy)
     comp.compile_json_schema({"type": "integer"})
     comp.compile_regex("a+b")
     comp.compile_ebnf('root ::= "a" "b"?')

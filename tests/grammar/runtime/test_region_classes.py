@@ -1,8 +1,8 @@
 """Grammar core: loop-region walks from byte classes (``region_from_classes``).
 
-A class region (``[a-z]+``, ``\\w+``, a hex or identifier pattern) fails the content check, so it
-used to walk every token that starts inside it, and at depth 1 (first-byte pieces) every token.
-Most tokens are decided by the byte groups they hold: all staying inside from every row means
+A class region (``[a-z]+``, ``\\w+``, a hex or identifier pattern) fails the content check, so a
+plain walk would visit every token that starts inside it, and at depth 1 (first-byte pieces) every
+token. Most tokens are decided by the byte groups they hold: all staying inside from every row means
 accepted, a byte dead in every row and none that may leave means rejected. Only the rest is
 walked. The result must be exactly the full region walk's (accepted tokens, uncertain positions,
 exit runs, in walk order) at both depths, and masks must agree with ``accept_token``.

@@ -1,6 +1,6 @@
 """Single fills write the same row into every kind of bitmask, and refuse bad ones alike.
 
-C-contiguous int32 CPU torch tensors are written through their address (``_tensor_rows``);
+C-contiguous int32 CPU torch tensors are written through their address (``tensor_rows``);
 numpy arrays and any other tensor go through DLPack or the buffer protocol. Both paths must
 give identical rows and the same typed errors, and a bitmask that could only be filled through
 a copy is refused rather than filled in a copy the caller never sees.
@@ -19,7 +19,8 @@ from grammar_support import GRAMMARS, INSTANCES, hf_tokenizer, tokenizer_info
 from agent_infer.errors import MatcherUsageError, TokenBitmaskError
 from agent_infer.grammar.compile.compiler import GrammarCompiler
 from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
-from agent_infer.grammar.runtime.matcher import GrammarMatcher, _tensor_rows, fill_next_token_bitmask_batch
+from agent_infer.grammar.runtime.bitmask_target import tensor_rows
+from agent_infer.grammar.runtime.matcher import GrammarMatcher, fill_next_token_bitmask_batch
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +50,17 @@ def test_every_target_gets_the_same_row(matcher: GrammarMatcher) -> None:
     ref = np.zeros((3, words), np.int32)
     assert matcher.fill_next_token_bitmask(ref, 2)  # numpy: buffer protocol
     tensor = torch.zeros((3, words), dtype=torch.int32)
-    assert _tensor_rows(tensor) == (tensor.data_ptr(), 3, words, False)
+    assert tensor_rows(tensor) == (tensor.data_ptr(), 3, words, False)
     assert matcher.fill_next_token_bitmask(tensor, 2)  # the address path
     assert np.array_equal(tensor[2].numpy(), ref[2]) and not tensor[:2].any()
     flat = torch.zeros(words, dtype=torch.int32)  # one row
-    assert _tensor_rows(flat) == (flat.data_ptr(), 1, words, False)
+    assert tensor_rows(flat) == (flat.data_ptr(), 1, words, False)
     matcher.fill_next_token_bitmask(flat)
     assert np.array_equal(flat.numpy(), ref[2])
     # A row of a larger buffer: the view's own address (storage offset included).
     big = torch.zeros((5, words), dtype=torch.int32)
     view = big[2:4]
-    assert _tensor_rows(view) == (big[2].data_ptr(), 2, words, False)
+    assert tensor_rows(view) == (big[2].data_ptr(), 2, words, False)
     matcher.fill_next_token_bitmask(view, 1)
     assert np.array_equal(big[3].numpy(), ref[2]) and not big[[0, 1, 2, 4]].any()
 
@@ -70,7 +71,7 @@ def test_bitmasks_a_fill_could_not_reach_are_refused(matcher: GrammarMatcher) ->
     words = _words()
     wide = torch.zeros((2, words + 8), dtype=torch.int32)
     strided = wide[:, :words]
-    assert _tensor_rows(strided) is None
+    assert tensor_rows(strided) is None
     with pytest.raises(TokenBitmaskError, match="C-contiguous"):
         matcher.fill_next_token_bitmask(strided, 0)
     with pytest.raises(TokenBitmaskError, match="C-contiguous"):
@@ -79,7 +80,7 @@ def test_bitmasks_a_fill_could_not_reach_are_refused(matcher: GrammarMatcher) ->
         fill_next_token_bitmask_batch([matcher], strided)
     assert not wide.any()
     for bad in (torch.zeros((2, words), dtype=torch.int64), np.zeros((2, words), np.uint32)):
-        assert _tensor_rows(bad) is None
+        assert tensor_rows(bad) is None
         with pytest.raises(TokenBitmaskError, match="int32"):
             matcher.fill_next_token_bitmask(bad)
     frozen = np.zeros((1, words), np.int32)

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
 from agent_infer.grammar.frontends.ebnf.gbnf import MAX_GROUP_NESTING as GBNF_NESTING
-from agent_infer.grammar.frontends.ebnf.lark_grammar import MAX_GROUP_NESTING as LARK_NESTING
+from agent_infer.grammar.frontends.ebnf.lark_parser import MAX_GROUP_NESTING as LARK_NESTING
 from agent_infer.grammar.frontends.regex.parser import MAX_GROUP_NESTING as REGEX_NESTING
-from agent_infer.grammar.frontends.regex.parser import MAX_SEARCH_SPAN, regex_search_expr
+from agent_infer.grammar.frontends.regex.parser import MAX_SEARCH_SPAN
+from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Alt, Literal, Seq
 from agent_infer.testing import DEFAULT_MAX_LENGTH, random_strings, strings
 

@@ -9,7 +9,7 @@ import pytest
 from agent_infer.errors import GrammarDefinitionError, GrammarSyntaxError
 from agent_infer.grammar.frontends.ebnf.lark_grammar import parse_lark
 from agent_infer.grammar.ir import Grammar
-from agent_infer.grammar.reference import ReferenceRecognizer
+from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 from agent_infer.testing import random_strings
 
 CALC = r"""
