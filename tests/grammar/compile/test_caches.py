@@ -11,7 +11,7 @@ from agent_infer.grammar import (
     clear_grammar_caches,
 )
 from agent_infer.grammar.frontends.json_schema.keys import complement_keys as json_schema_keys
-from agent_infer.grammar.frontends.regex import parser as regex
+from agent_infer.grammar.frontends.regex import search as regex
 from agent_infer.native import load_native
 
 SCHEMA = {
