@@ -37,8 +37,8 @@ PHASES = ("fe", "ser", "low", "fm")
 def _ours_phases(engine: OursEngine, schema: Any) -> dict[str, float] | None:
     """One cold compile of ours, CPU µs per phase (None when the schema does not compile)."""
     from agent_infer.errors import AgentInferError
+    from agent_infer.grammar.common.gc_pause import gc_paused
     from agent_infer.grammar.compile import compiler as gc_mod
-    from agent_infer.grammar.compile.gc_pause import gc_paused
     from agent_infer.grammar.compile.serialize import serialize_for_compile
     from agent_infer.native import load_native
 

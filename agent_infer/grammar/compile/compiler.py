@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import ConfigError
-from agent_infer.grammar.compile.gc_pause import pauses_gc
+from agent_infer.grammar.common.gc_pause import pauses_gc
 from agent_infer.grammar.compile.serialize import program_key, serialize_for_compile
 from agent_infer.grammar.compile.warmup import warm_string_contents
 from agent_infer.grammar.ir import Grammar

@@ -8,7 +8,7 @@ tens of thousands of objects that all stay alive until it ends.
 
 from __future__ import annotations
 
-from agent_infer.grammar.compile.gc_pause import pauses_gc
+from agent_infer.grammar.common.gc_pause import pauses_gc
 from agent_infer.grammar.frontends.ebnf.gbnf import parse_gbnf
 from agent_infer.grammar.frontends.ebnf.lark_grammar import parse_lark
 from agent_infer.grammar.frontends.json_schema.entry import json_schema_to_grammar

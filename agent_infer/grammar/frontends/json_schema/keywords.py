@@ -9,7 +9,7 @@ import difflib
 import functools
 from typing import Any
 
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 
 KNOWN = {
     "type",

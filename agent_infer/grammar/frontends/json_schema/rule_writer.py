@@ -9,7 +9,7 @@ import re
 import time
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import KEY_RULE_PREFIX, SPECIAL_RULE
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_RULE
 from agent_infer.grammar.ir import Alt, Empty, Expr, Ref, Repeat, alt, opt, seq

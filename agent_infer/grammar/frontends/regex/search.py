@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from agent_infer.errors import GrammarLimitError
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.regex.escapes import _Anchor
 from agent_infer.grammar.frontends.regex.parser import (
     ANY_STRING,

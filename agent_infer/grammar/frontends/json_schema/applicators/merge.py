@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent_infer.errors import UnsupportedSchemaError
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, type_set, values
 from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.automata import TRIE_MAX_STATES, names_dfa
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keys.names import code_point_gaps, complement_sink
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import encoded_head
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import MAX_CP, encode_class

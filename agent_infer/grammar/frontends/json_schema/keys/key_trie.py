@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.automata import TRIE_MAX_STATES, names_dfa
-from agent_infer.grammar.compile.caches import register_clearer
+from agent_infer.grammar.common.memo import register_clearer
 from agent_infer.grammar.frontends.json_schema.keys.complement_keys import (
     FREE_EXPR,
     FREE_RULE,

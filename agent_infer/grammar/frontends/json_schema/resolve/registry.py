@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keywords import LIST_KEYWORDS, MAP_KEYWORDS, SCHEMA_KEYWORDS
 from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import (
     EXCLUSIVE_KEYWORDS,

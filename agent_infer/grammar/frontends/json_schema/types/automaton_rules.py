@@ -4,7 +4,7 @@ JSON encodings (:func:`encode_class`) of their code-point ranges."""
 from __future__ import annotations
 
 from agent_infer.grammar.automata import DFA, live_states
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_class
 from agent_infer.grammar.ir import Alt, CharClass, Empty, Expr, Ref, Seq
 

@@ -13,7 +13,7 @@ from agent_infer.errors import (
     UnsupportedRegexError,
     UnsupportedSchemaError,
 )
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
 from agent_infer.grammar.frontends.regex.search import regex_search_expr
 from agent_infer.grammar.ir import Expr

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 
-from agent_infer.grammar.compile.caches import register_cache
+from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,

@@ -10,7 +10,7 @@ import pytest
 
 from agent_infer import grammar as g
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, InvalidSchemaError
-from agent_infer.grammar.compile.gc_pause import gc_paused, pauses_gc
+from agent_infer.grammar.common.gc_pause import gc_paused, pauses_gc
 
 
 @pytest.fixture(autouse=True)
