@@ -31,6 +31,10 @@ _IQ4_VALUES = torch.tensor(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.float32
 )
 
+# byte value -> its 8 bits as 8 bytes of one little-endian int64, low bit first: expands a bit mask
+# into one byte per bit with a single gather (shift-and-mask per bit position is ~6x slower)
+_BIT_BYTES = torch.tensor([sum(((v >> k) & 1) << (8 * k) for k in range(8)) for v in range(256)])
+
 DEQUANTIZERS: dict[int, _Dequantize] = {}
 """ggml type id -> dequantizer, for the types this module adds to :mod:`gguf_reader`."""
 
@@ -67,11 +71,17 @@ def _fields(x: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
     ``dim=-2`` puts field ``k`` of byte ``j`` at ``[k, j]`` (codes spread over runs of consecutive
     values); ``dim=-1`` at ``[j, k]`` (fields of one little-endian word, in bit order).
     """
+    x = x.contiguous()
     mask = (1 << width) - 1
     parts = [x & mask]
     parts += [(x >> s) & mask for s in range(width, 8 - width, width)]
     parts.append(x >> (8 - width))
     return torch.stack(parts, dim=dim)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The bits of the bytes ``x`` (n, k) in little-endian order, one byte each: (n, 8 * k)."""
+    return _BIT_BYTES.index_select(0, x.reshape(-1).int()).view(torch.uint8).view(x.shape[0], -1)
 
 
 def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +171,7 @@ def dequantize_q8_k(b: torch.Tensor, out: torch.Tensor) -> None:
 def dequantize_q5_0(b: torch.Tensor, out: torch.Tensor) -> None:
     """Q5_0: 32 values, 4 low bits in nibbles plus a 32-bit high-bit word, offset by 16; ``y = d*q``."""
     n = b.shape[0]
-    high = _fields(b[:, 2:6], 1, dim=-1).view(n, 32)
+    high = _bits(b[:, 2:6])
     q = _fields(b[:, 6:22], 4).view(n, 32)
     q = q.bitwise_or_(high.bitwise_left_shift_(4)).view(torch.int8).sub_(16)
     _scale(out, q.unsqueeze(1), _f16(b, 0))
@@ -171,7 +181,7 @@ def dequantize_q5_0(b: torch.Tensor, out: torch.Tensor) -> None:
 def dequantize_q5_1(b: torch.Tensor, out: torch.Tensor) -> None:
     """Q5_1: Q5_0's codes without the offset, plus an fp16 minimum; ``y = d*q + m``."""
     n = b.shape[0]
-    high = _fields(b[:, 4:8], 1, dim=-1).view(n, 32)
+    high = _bits(b[:, 4:8])
     q = _fields(b[:, 8:24], 4).view(n, 32)
     q.bitwise_or_(high.bitwise_left_shift_(4))
     out.copy_(q).mul_(_f16(b, 0)).add_(_f16(b, 2))
