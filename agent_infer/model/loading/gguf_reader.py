@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
+from agent_infer.model.gguf_quants import DEQUANTIZERS
 
 _MAGIC = b"GGUF"
 _VT = gguf.GGUFValueType
@@ -265,4 +266,5 @@ _DEQUANT = {
     int(_QT.Q8_0): _q8_0,
     int(_QT.Q4_0): _q4_0,
     int(_QT.Q4_1): _q4_1,
+    **DEQUANTIZERS,
 }
