@@ -21,7 +21,6 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-
 from agent_infer.model.gguf_reader import _DEQUANT
 
 QT = gguf.GGMLQuantizationType

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
-from agent_infer.model.gguf_quants import DEQUANTIZERS
+from agent_infer.model.loading.gguf_quants import DEQUANTIZERS
 
 _MAGIC = b"GGUF"
 _VT = gguf.GGUFValueType
