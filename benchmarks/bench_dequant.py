@@ -4,7 +4,7 @@ Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_dequant.py [--m
 
 For each type, ``--mb`` megabytes of random blocks (finite fp16/f32 scales), in rows of ``--row`` values
 like a weight matrix (gguf's reference works in groups of 16 rows), are dequantized by
-:data:`agent_infer.model.gguf_reader._DEQUANT` (the path ``GGUFFile.dequantize`` takes) and by
+:data:`agent_infer.model.loading.gguf_reader._DEQUANT` (the path ``GGUFFile.dequantize`` takes) and by
 ``gguf.quants.dequantize`` in the same run. Throughput is quantized input bytes per second, median of
 ``--reps`` timed runs after one warm-up; every run's output is checked bit-exact against the reference.
 """
@@ -21,7 +21,8 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-from agent_infer.model.gguf_reader import _DEQUANT
+
+from agent_infer.model.loading.gguf_reader import _DEQUANT
 
 QT = gguf.GGMLQuantizationType
 TYPES = [

@@ -15,11 +15,11 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from agent_infer.model.gguf_reader import GGUFFile
 from shared_data import in_ci
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
 from agent_infer.model.loading.gguf_quants import DEQUANTIZERS
+from agent_infer.model.loading.gguf_reader import GGUFFile
 
 QT = gguf.GGMLQuantizationType
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K, QT.IQ4_NL, QT.IQ4_XS]
