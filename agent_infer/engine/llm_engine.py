@@ -69,7 +69,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.scheduler.on_grammar_ready = self._jump_at_start
-        self.sampler = Sampler(self.eos_token_ids)
+        self.sampler = Sampler(self.eos_token_ids, self.tokenizer.decode)
         self.grammar = GrammarManager(
             self.tokenizer,
             self.vocab_size,
