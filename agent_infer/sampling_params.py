@@ -174,15 +174,25 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """True when the sampler changes this request's logits: a repetition, presence or frequency
-        penalty, ``logit_bias``, ``min_tokens`` or DRY (such requests never draft: see ``speculator.py``)."""
+        penalty, ``logit_bias``, ``min_tokens`` or DRY (such requests draft only when DRY is the only
+        one: see ``speculator.py``)."""
+        return self._adjusts_besides_dry or self.dry
+
+    @property
+    def _adjusts_besides_dry(self) -> bool:
         return (
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or bool(self.logit_bias)
             or self.min_tokens > 0
-            or self.dry
         )
+
+    @property
+    def only_dry(self) -> bool:
+        """True when DRY is the only logit adjustment: a penalty that draft verification applies
+        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft."""
+        return self.dry and not self._adjusts_besides_dry
 
     @property
     def dry(self) -> bool:

@@ -10,7 +10,9 @@ configurations: greedy and temperature 0.7 (seeded per task), with the SDK's loo
 
 Metrics per configuration: ``valid`` (calls that returned a value: validated object, choice, regex
 match or the expected kind of tool call), ``length`` (model requests that ended at ``max_tokens``,
-retries included), ``field_acc`` (gold fields equal, over all gold fields of the extraction,
+retries included), ``length_structured`` (the same without requests of ``tool_choice="auto"`` tasks
+that answered in free text), ``closing_attempts`` (last attempts after ``length`` failures, which
+close the document at ``max_tokens`` when loop control is on), ``field_acc`` (gold fields equal, over all gold fields of the extraction,
 choice and regex tasks: strings compared case-insensitively, numbers to 1e-6, lists of scalars
 as multisets), ``tool_acc`` (tool tasks whose first call has the expected name and arguments),
 completion tokens and wall time.
@@ -32,7 +34,7 @@ from typing import Any, Literal
 
 import agent_tasks_models as models
 
-from agent_infer.client import AsyncClient, Hooks, ResponseEvent
+from agent_infer.client import AsyncClient, Hooks, LoopControl, ResponseEvent
 from agent_infer.errors import AgentInferError
 
 DATA = Path(__file__).parent / "data" / "agent_tasks.jsonl"
@@ -85,6 +87,8 @@ class Result:
     answer: Any = None
     error: str | None = None
     length_tails: list[str] = field(default_factory=list)
+    text_answers: list[str] = field(default_factory=list)
+    closing: list[str] = field(default_factory=list)
 
 
 def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -131,11 +135,18 @@ async def run_task(
     """Run one task through the SDK and score it."""
     reasons: list[str] = []
     tails: list[str] = []  # where outputs cut off at max_tokens ended: the loop, if any
+    text_answers: list[str] = []  # finish reasons of tool-task requests answered in free text
+    closing: list[str] = []  # finish reasons of last attempts that close at max_tokens
+    kind = task["kind"]
     tokens = [0]
 
     def on_response(event: ResponseEvent) -> None:
         reasons.append(event.finish_reason)
         tokens[0] += event.usage.completion_tokens
+        if event.response is not None and kind == "tool" and not event.response.tool_calls:
+            text_answers.append(event.finish_reason)
+        if event.request.loop_last_attempt and loop is not False:
+            closing.append(event.finish_reason)
         if event.finish_reason == "length":
             tails.append(event.text[-160:])
 
@@ -147,7 +158,7 @@ async def run_task(
         "loop_control": loop,
         "hooks": hooks,
     }
-    kind, gold = task["kind"], task["gold"]
+    gold = task["gold"]
     result = Result(task["id"], kind, valid=False)
     start = time.perf_counter()
     try:
@@ -190,6 +201,8 @@ async def run_task(
     result.seconds = time.perf_counter() - start
     result.finish_reasons = reasons
     result.length_tails = tails
+    result.text_answers = text_answers
+    result.closing = closing
     result.completion_tokens = tokens[0]
     return result
 
@@ -199,11 +212,15 @@ def summarize(results: list[Result], wall: float) -> dict[str, Any]:
     requests = [r for res in results for r in res.finish_reasons]
     tools = [r for r in results if r.kind == "tool"]
     total = sum(r.fields_total for r in results)
+    text = [r for res in results for r in res.text_answers]
+    structured_lengths = requests.count("length") - text.count("length")
     return {
         "tasks": len(results),
         "valid": sum(r.valid for r in results) / len(results),
         "requests": len(requests),
         "length": requests.count("length") / max(len(requests), 1),
+        "length_structured": structured_lengths / max(len(requests) - len(text), 1),
+        "closing_attempts": sum(len(r.closing) for r in results),
         "field_acc": sum(r.fields_right for r in results) / max(total, 1),
         "tool_acc": sum(r.tool_right for r in tools) / max(len(tools), 1),
         "completion_tokens": sum(r.completion_tokens for r in results),
@@ -223,6 +240,10 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         gate = asyncio.Semaphore(args.concurrency)
         for name in args.configs.split(","):
             temperature, loop = CONFIGS[name]
+            if loop is None and args.loop:
+                loop = LoopControl(
+                    **{k: _number(v) for k, v in (kv.split("=") for kv in args.loop.split(","))}
+                )
 
             async def one(i: int, task: dict[str, Any], t: float = temperature, lc: Any = loop) -> Result:
                 async with gate:
@@ -237,13 +258,27 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _number(text: str) -> Any:
+    return {"true": True, "false": False}.get(text) if text in ("true", "false") else json.loads(text)
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def table(report: dict[str, Any]) -> str:
     """The configurations x metrics as a Markdown table."""
-    cols = ["valid", "length", "field_acc", "tool_acc", "requests", "completion_tokens", "wall_s"]
+    cols = [
+        "valid",
+        "length",
+        "length_structured",
+        "field_acc",
+        "tool_acc",
+        "requests",
+        "closing_attempts",
+        "completion_tokens",
+        "wall_s",
+    ]
     lines = ["| config | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, s in report["configs"].items():
         cells = [
@@ -260,6 +295,9 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of task ids")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
+    )
     parser.add_argument("--out", default="", help="write the summary and per-task results as JSON")
     args = parser.parse_args()
     report = asyncio.run(evaluate(args))

@@ -16,6 +16,7 @@ from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
+from agent_infer.engine.penalties import apply_dry_to_draft_rows
 from agent_infer.engine.sampler import Sampler, SamplerOutput, make_generator
 from agent_infer.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from agent_infer.engine.sequence import FinishReason, Sequence
@@ -254,6 +255,7 @@ class LLMEngine:
         for i, draft in enumerate(drafts):
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
+                rows = apply_dry_to_draft_rows(rows, seqs[i], draft, self.sampler.texts)
                 tokens, num_drafted = self.speculator.verify(seqs[i], draft, rows)
                 out[seqs[i]] = (tokens, None, num_drafted)
         return out

@@ -84,3 +84,27 @@ def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
     row[ids] = float("-inf")
     if not bool(torch.isfinite(row).any()):
         row[ids] = kept
+
+
+def apply_dry_to_draft_rows(
+    rows: torch.Tensor, seq: Sequence, draft: Seq[int], texts: TokenTexts | None
+) -> torch.Tensor:
+    """``rows`` (``[1 + len(draft), vocab]``, the rows a draft is verified against) with the DRY
+    penalty plain decoding would apply at each: row ``j`` as if ``draft[:j]`` had been accepted.
+
+    Returns ``rows`` itself when the request has no DRY penalty.
+    """
+    if not seq.params.dry:
+        return rows
+    if texts is None:
+        raise ValueError("the DRY penalty needs the tokenizer's token texts")
+    out = rows.clone()
+    vocab = out.shape[1]
+    generated = seq.token_ids[seq.num_prompt_tokens :]
+    for j in range(out.shape[0]):
+        amounts = dry_penalties([*generated, *draft[:j]], seq.params, texts)
+        amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
+        if amounts:
+            ids = torch.tensor(list(amounts), dtype=torch.long)
+            out[j, ids] -= torch.tensor(list(amounts.values()), dtype=out.dtype)
+    return out

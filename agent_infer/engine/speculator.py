@@ -37,7 +37,10 @@ model's own latest split of it (this request's tokens, else :class:`SplitMemory`
 else the canonical one.
 
 Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
-bookkeeping assumes one sampled token per step.
+bookkeeping assumes one sampled token per step. DRY alone is the exception: it depends only on
+the tokens before a row, so the engine applies it to each draft row as if the draft tokens before
+it were accepted (``penalties.apply_dry_to_draft_rows``), and verification chooses what plain
+decoding would.
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def draft_pays_off(seq: Sequence, batch_size: int) -> bool:
 
 def can_draft(params: SamplingParams) -> bool:
     """Whether a request with ``params`` may use drafts (see the module docstring)."""
-    return params.logprobs is None and not params.penalized and not params.close_on_length
+    return (
+        params.logprobs is None and (not params.penalized or params.only_dry) and not params.close_on_length
+    )
 
 
 class Speculator:

@@ -194,3 +194,17 @@ def test_batch_invariant_and_seeded(llm: Any) -> None:
         batch = _tokens(llm, [*others, LOOPY], [*other_params, base])
         assert batch[3] == alone
         assert _tokens(llm, [LOOPY], [base])[0] == alone  # same seed, same output
+
+
+def test_drafts_verify_against_penalized_rows(make_llm: Any, llm: Any) -> None:
+    """With drafts (the default engine) a DRY request decodes exactly as without them."""
+    plain = make_llm(speculative_tokens=0, boundary_drafts=False)
+    prompts = [
+        LOOPY,
+        [{"role": "user", "content": "Repeat after me five times: the cat sat on the mat."}],
+    ]
+    for params in (
+        SamplingParams(temperature=0, max_tokens=60, **DRY),
+        SamplingParams(temperature=0.8, seed=2, max_tokens=60, **DRY),
+    ):
+        assert _tokens(llm, prompts, [params] * 2) == _tokens(plain, prompts, [params] * 2)
