@@ -247,7 +247,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
             async def one(i: int, task: dict[str, Any], t: float = temperature, lc: Any = loop) -> Result:
                 async with gate:
-                    return await run_task(client, task, t, lc, SEED + i)
+                    return await run_task(client, task, t, lc, args.seed + i)
 
             start = time.perf_counter()
             results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
@@ -282,7 +282,10 @@ def table(report: dict[str, Any]) -> str:
     lines = ["| config | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, s in report["configs"].items():
         cells = [
-            f"{s[c]:.1%}" if c in ("valid", "length", "field_acc", "tool_acc") else _fmt(s[c]) for c in cols
+            f"{s[c]:.1%}"
+            if c in ("valid", "length", "length_structured", "field_acc", "tool_acc")
+            else _fmt(s[c])
+            for c in cols
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -295,6 +298,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of task ids")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=SEED, help="task i samples with seed SEED + i")
     parser.add_argument(
         "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
     )
