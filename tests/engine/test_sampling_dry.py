@@ -171,7 +171,10 @@ def test_penalty_changes_the_loop_and_off_is_exact(llm: Any) -> None:
     plain = _tokens(llm, [LOOPY], [SamplingParams(temperature=0, max_tokens=48)])[0]
     off = _tokens(llm, [LOOPY], [SamplingParams(temperature=0, max_tokens=48, dry_multiplier=0.0)])[0]
     on = _tokens(llm, [LOOPY], [SamplingParams(temperature=0, max_tokens=48, **DRY)])[0]
-    assert off == plain
+    no_window = _tokens(
+        llm, [LOOPY], [SamplingParams(temperature=0, max_tokens=48, dry_penalty_last_n=0, **DRY)]
+    )[0]
+    assert off == plain and no_window == plain
     assert on != plain
 
 
