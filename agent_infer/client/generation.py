@@ -95,14 +95,20 @@ def _next_attempt(
     A validation error is shown to the model with its answer. An output cut off at ``max_tokens``
     is almost always a loop inside a value: showing it again would prime the same loop, so the
     conversation stays as it was and the decoding changes instead: the loop control is escalated
-    (a larger DRY penalty, see ``loop_control.py``), a seeded sampled call moves to the next seed,
-    and the last attempt (``last``) ends with the grammar's shortest completion if it runs out of
-    tokens again, where loop control is on (``close_on_length``, so the value is cut short, not lost).
+    (a larger DRY penalty, see ``loop_control.py``), a sampled call halves its temperature
+    (rambling grows with it) and a seeded one moves to the next seed, and the last attempt
+    (``last``) ends with the grammar's shortest completion if it runs out of tokens again
+    (``close_on_length``: the value is cut short, not lost). With ``loop_control=False`` a
+    ``length`` failure is re-asked like a validation error.
     """
-    if finish_reason == "length" and request.constraint is not None:
+    if finish_reason == "length" and request.constraint is not None and request.loop_control is not False:
         seed = request.seed + 1 if request.seed is not None and request.seed + 1 < 2**63 else request.seed
         return dataclasses.replace(
-            request, loop_escalation=request.loop_escalation + 1, seed=seed, loop_last_attempt=last
+            request,
+            loop_escalation=request.loop_escalation + 1,
+            seed=seed,
+            temperature=request.temperature / 2,
+            loop_last_attempt=last,
         )
     messages = [
         *request.messages,

@@ -55,7 +55,17 @@ def test_length_retry_keeps_the_conversation_and_escalates() -> None:
     assert [r.messages for r in sent] == [first.messages] * 3
     assert [r.loop_escalation for r in sent] == [0, 1, 2]
     assert [r.seed for r in sent] == [5, 6, 7]
+    assert [r.temperature for r in sent] == [0.7, 0.35, 0.175]
     assert [r.loop_last_attempt for r in sent] == [False, False, True]
+
+
+def test_length_retry_without_loop_control_shows_the_output() -> None:
+    constraint = Constraint.from_keywords(schema={"type": "object"})
+    first = ModelRequest([{"role": "user", "content": "q"}], constraint, loop_control=False, seed=5)
+    cut = ModelResponse({"role": "assistant", "content": '{"a": 1111'}, "length", Usage(1, 200, 1))
+    second = _flow_requests(first, [cut], retries=1)[1]
+    assert len(second.messages) == 3 and second.messages[1]["content"] == '{"a": 1111'
+    assert (second.seed, second.loop_escalation, second.loop_last_attempt) == (5, 0, False)
 
 
 def test_validation_retry_shows_the_error() -> None:
