@@ -26,6 +26,7 @@ _LAZY = {
     "RunResult": "agent_infer.client",
     "Completion": "agent_infer.client",
     "UsageLimits": "agent_infer.client",
+    "LoopControl": "agent_infer.client",
     "tool": "agent_infer.tools",
     "Tool": "agent_infer.tools",
     "ToolRetry": "agent_infer.tools",

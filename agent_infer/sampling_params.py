@@ -9,6 +9,11 @@ from typing import Any
 
 from agent_infer.errors import InvalidRequestError
 
+#: llama.cpp's default DRY sequence breakers: a repeat never spans a newline, a colon, a quote or an asterisk.
+DRY_DEFAULT_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+# The most breakers one request may name (each is checked against every token in its DRY window).
+_MAX_BREAKERS = 64
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -27,6 +32,14 @@ class SamplingParams:
     stays masked). ``min_tokens`` (vLLM's) keeps EOS and ``stop_token_ids`` from being sampled, and
     stop strings from ending the request, until that many tokens are generated; a grammar that can
     only end still ends the request.
+    DRY ("Don't Repeat Yourself", llama.cpp's names and defaults; see ``engine/dry.py``) lowers the
+    logit of a token that would extend a sequence already in the output by
+    ``dry_multiplier * dry_base ** (n - dry_allowed_length)``, ``n`` the length of the repeat it
+    extends (no penalty below ``dry_allowed_length``). ``dry_multiplier`` 0 turns it off (the
+    default). The repeat never reaches back across a token whose text contains one of
+    ``dry_sequence_breakers``; ``dry_penalty_last_n`` bounds how many output tokens are searched
+    (-1: all, 0: off). ``dry_skip_whitespace`` makes tokens that are only whitespace transparent,
+    so a repeat is found through changing indentation (JSON nesting).
     ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
     a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
     :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
@@ -55,6 +68,12 @@ class SamplingParams:
     close_on_length: bool = False
     min_tokens: int = 0
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_sequence_breakers: str | list[str] | tuple[str, ...] | None = DRY_DEFAULT_BREAKERS
+    dry_penalty_last_n: int = -1
+    dry_skip_whitespace: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -128,6 +147,8 @@ class SamplingParams:
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
                 field="min_tokens",
             )
+        _check_dry(self)
+        object.__setattr__(self, "dry_sequence_breakers", _normalise_breakers(self.dry_sequence_breakers))
         object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
         # Normalise to tuples so a frozen params object cannot be mutated through a shared list.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
@@ -153,7 +174,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """True when the sampler changes this request's logits: a repetition, presence or frequency
-        penalty, ``logit_bias`` or ``min_tokens`` (such requests never draft: see ``speculator.py``)."""
+        penalty, ``logit_bias``, ``min_tokens`` or DRY (such requests draft only when DRY is the only
+        one: see ``speculator.py``)."""
+        return self._adjusts_besides_dry or self.dry
+
+    @property
+    def _adjusts_besides_dry(self) -> bool:
         return (
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
@@ -161,6 +187,17 @@ class SamplingParams:
             or bool(self.logit_bias)
             or self.min_tokens > 0
         )
+
+    @property
+    def only_dry(self) -> bool:
+        """True when DRY is the only logit adjustment: a penalty that draft verification applies
+        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft."""
+        return self.dry and not self._adjusts_besides_dry
+
+    @property
+    def dry(self) -> bool:
+        """True when the DRY penalty is on (``dry_multiplier > 0`` and a non-empty window)."""
+        return self.dry_multiplier > 0.0 and self.dry_penalty_last_n != 0
 
     @property
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -191,6 +228,51 @@ def _check_number(value: object, field: str) -> None:
 def _check_int(value: object, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequestError(f"{field} must be an integer, got {type(value).__name__}", field=field)
+
+
+def _check_dry(p: SamplingParams) -> None:
+    _check_number(p.dry_multiplier, "dry_multiplier")
+    if not 0.0 <= p.dry_multiplier < float("inf"):
+        raise InvalidRequestError(
+            f"dry_multiplier must be >= 0 and finite (0 = off), got {p.dry_multiplier}",
+            field="dry_multiplier",
+        )
+    _check_number(p.dry_base, "dry_base")
+    if not 1.0 <= p.dry_base < float("inf"):
+        raise InvalidRequestError(f"dry_base must be >= 1 and finite, got {p.dry_base}", field="dry_base")
+    _check_int(p.dry_allowed_length, "dry_allowed_length")
+    if p.dry_allowed_length < 1:
+        raise InvalidRequestError(
+            f"dry_allowed_length must be >= 1, got {p.dry_allowed_length}", field="dry_allowed_length"
+        )
+    _check_int(p.dry_penalty_last_n, "dry_penalty_last_n")
+    if p.dry_penalty_last_n < -1:
+        raise InvalidRequestError(
+            f"dry_penalty_last_n must be -1 (whole output), 0 (off) or positive, got {p.dry_penalty_last_n}",
+            field="dry_penalty_last_n",
+        )
+    if not isinstance(p.dry_skip_whitespace, bool):
+        raise InvalidRequestError("dry_skip_whitespace must be a bool", field="dry_skip_whitespace")
+
+
+def _normalise_breakers(breakers: object) -> tuple[str, ...]:
+    if breakers is None:
+        return ()
+    items = [breakers] if isinstance(breakers, str) else breakers
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise InvalidRequestError(
+            "dry_sequence_breakers must be a list of strings", field="dry_sequence_breakers"
+        )
+    if any(s == "" for s in items):
+        raise InvalidRequestError(
+            "dry_sequence_breakers must be non-empty strings", field="dry_sequence_breakers"
+        )
+    if len(items) > _MAX_BREAKERS:
+        raise InvalidRequestError(
+            f"dry_sequence_breakers holds at most {_MAX_BREAKERS} strings, got {len(items)}",
+            field="dry_sequence_breakers",
+        )
+    return tuple(dict.fromkeys(items))
 
 
 def _normalise_bias(bias: object) -> tuple[tuple[int, float], ...] | None:

@@ -3,8 +3,9 @@
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_client.py [--reps 5] [--batch 8]``.
 
 1. ``Client.generate(schema=Pet)`` vs ``LLM.chat(..., SamplingParams(structured=Pet))``: one request,
-   same engine, same greedy output; the ratio is what the client layer (request building, grammar
-   cache, stepping thread, validation) costs on top of the engine.
+   same engine, same greedy output (the engine request carries the SDK's default loop control, so
+   both do the same work); the ratio is what the client layer (request building, grammar cache,
+   stepping thread, validation) costs on top of the engine.
 2. ``AsyncClient``: ``--batch`` concurrent ``generate(choice=...)`` calls with ``asyncio.gather``
    vs the same calls one after another on ``Client``; the ratio is what batching in the engine buys.
 Medians over ``--reps`` repetitions.
@@ -22,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agent_infer import LLM, AsyncClient, Client, SamplingParams
+from agent_infer.client import STRUCTURED_LOOP_CONTROL
 
 
 class Pet(BaseModel):
@@ -53,7 +55,8 @@ def main() -> None:
 
     llm = LLM()
     client = Client.from_llm(llm)
-    params = SamplingParams(temperature=0, max_tokens=512, structured=Pet)
+    loop = STRUCTURED_LOOP_CONTROL.sampling_fields()
+    params = SamplingParams(temperature=0, max_tokens=512, structured=Pet, **loop)
     messages = [{"role": "user", "content": PROMPT}]
     assert llm.chat(messages, params)[0].outputs[0].parsed == client.generate(PROMPT, schema=Pet)
 

@@ -11,14 +11,17 @@ from agent_infer.client.agent import RunResult
 from agent_infer.client.async_client import AsyncClient
 from agent_infer.client.client import Client
 from agent_infer.client.hooks import Hooks, ParseErrorEvent, RequestEvent, ResponseEvent, ToolCallEvent
+from agent_infer.client.loop_control import STRUCTURED_LOOP_CONTROL, LoopControl
 from agent_infer.client.request import Completion, StreamChunk, Usage, UsageLimits
 from agent_infer.tools import RunContext
 
 __all__ = [
+    "STRUCTURED_LOOP_CONTROL",
     "AsyncClient",
     "Client",
     "Completion",
     "Hooks",
+    "LoopControl",
     "ParseErrorEvent",
     "RequestEvent",
     "ResponseEvent",

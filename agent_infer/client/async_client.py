@@ -23,6 +23,7 @@ from agent_infer.client.hooks import (
     request_span,
     response_event,
 )
+from agent_infer.client.loop_control import LoopControlOption
 from agent_infer.client.remote import RemoteBackend
 from agent_infer.client.request import (
     Completion,
@@ -97,6 +98,7 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -104,7 +106,7 @@ class AsyncClient(ClientBase):
         hooks: Hooks | None = None,
     ) -> Any:
         """See :meth:`Client.generate`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.generate_call(
             prompt_or_messages,
             schema,
@@ -131,6 +133,7 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -138,7 +141,7 @@ class AsyncClient(ClientBase):
         hooks: Hooks | None = None,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         partials = call.generate_stream_call(
             prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
         )
@@ -155,13 +158,14 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         hooks: Hooks | None = None,
     ) -> Message:
         """See :meth:`Client.chat`."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         return await self._drive(
             call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
             self._hooks_for(hooks),
@@ -180,6 +184,7 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -188,7 +193,7 @@ class AsyncClient(ClientBase):
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.generate_call(
             prompt_or_messages,
             schema,
@@ -214,6 +219,7 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -221,7 +227,7 @@ class AsyncClient(ClientBase):
     ) -> tuple[Message, Completion]:
         """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
         turn ended on its own, called tools, or ran out of ``max_tokens``)."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
         result: tuple[Message, Completion] = await self._drive(flow, self._hooks_for(hooks))
         return result
@@ -236,10 +242,11 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         hooks: Hooks | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """See :meth:`Client.chat_stream`."""
-        decoding = Decoding(temperature, max_tokens, seed)
+        decoding = Decoding(temperature, max_tokens, seed, loop_control=loop_control)
         chunks = call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding)
         async for chunk in self._stream(chunks, self._hooks_for(hooks)):
             yield chunk
@@ -257,12 +264,13 @@ class AsyncClient(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
         hooks: Hooks | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
-        decoding = Decoding(temperature, max_tokens, seed)
+        decoding = Decoding(temperature, max_tokens, seed, loop_control=loop_control)
         flow = call.run_call(
             messages,
             tools,

@@ -23,6 +23,7 @@ from agent_infer.client.agent import (
 )
 from agent_infer.client.generation import PartialStream, generate_flow
 from agent_infer.client.hooks import HookEvent, Hooks, ParseErrorEvent
+from agent_infer.client.loop_control import LoopControlOption, check_loop_control
 from agent_infer.client.request import (
     Completion,
     Constraint,
@@ -54,6 +55,7 @@ class Decoding:
     top_p: float = 1.0
     stop: str | Sequence[str] | None = None
     close_on_length: bool = False
+    loop_control: LoopControlOption = None
 
 
 def check_retries(max_retries: int) -> None:
@@ -79,6 +81,7 @@ def build_request(
         raise InvalidRequestError("parallel_tool_calls must be a bool", field="parallel_tool_calls")
     if not isinstance(decoding.close_on_length, bool):
         raise InvalidRequestError("close_on_length must be a bool", field="close_on_length")
+    check_loop_control(decoding.loop_control)
     stop = decoding.stop
     stops = (stop,) if isinstance(stop, str) else tuple(stop) if stop else None
     return ModelRequest(
@@ -93,6 +96,7 @@ def build_request(
         decoding.top_p,
         stops,
         decoding.close_on_length,
+        decoding.loop_control,
     )
 
 

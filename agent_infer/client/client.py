@@ -28,6 +28,7 @@ from agent_infer.client.hooks import (
     response_event,
 )
 from agent_infer.client.local import LocalBackend
+from agent_infer.client.loop_control import LoopControlOption
 from agent_infer.client.remote import RemoteBackend
 from agent_infer.client.request import (
     Completion,
@@ -199,6 +200,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -215,8 +217,10 @@ class Client(ClientBase):
         run out of ``max_tokens`` ends with the grammar's shortest completion instead, so it still
         parses (content cut short). ``validation_context`` is passed to the Pydantic validators
         (``model_validate(..., context=...)``, read as ``info.context``); it needs a model or type schema.
+        ``loop_control``: None (on for constrained local calls: :data:`STRUCTURED_LOOP_CONTROL`),
+        False (off) or a :class:`LoopControl` (DRY penalty settings, also sent to a remote server).
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.generate_call(
             prompt_or_messages,
             schema,
@@ -243,6 +247,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -255,7 +260,7 @@ class Client(ClientBase):
         fields that have arrived (closed subtrees validated); with a dict schema, plain partial
         JSON values; otherwise the text so far. Every partial is prefix-consistent with the final.
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         yield from self._stream(
             call.generate_stream_call(
                 prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
@@ -273,6 +278,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -283,7 +289,7 @@ class Client(ClientBase):
         ``tool_choice`` is "auto" (text or calls), "none", "required" (at least one call) or
         ``{"name": tool}`` (exactly that call); locally the model's native format constrains it.
         """
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         return self._drive(
             call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
             self._hooks_for(hooks),
@@ -302,6 +308,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -310,7 +317,7 @@ class Client(ClientBase):
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
         finish reason, usage of every attempt, number of attempts)."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.generate_call(
             prompt_or_messages,
             schema,
@@ -336,6 +343,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
@@ -343,7 +351,7 @@ class Client(ClientBase):
     ) -> tuple[Message, Completion]:
         """:meth:`chat`, also returning the :class:`Completion` (its ``finish_reason`` says whether the
         turn ended on its own, called tools, or ran out of ``max_tokens``)."""
-        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length)
+        decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         flow = call.chat_call(messages, tools, tool_choice, parallel_tool_calls, decoding, True)
         result: tuple[Message, Completion] = self._drive(flow, self._hooks_for(hooks))
         return result
@@ -358,10 +366,11 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         hooks: Hooks | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream one assistant turn: text deltas and OpenAI-shaped tool-call deltas, then the finish reason."""
-        decoding = Decoding(temperature, max_tokens, seed)
+        decoding = Decoding(temperature, max_tokens, seed, loop_control=loop_control)
         yield from self._stream(
             call.chat_stream_call(messages, tools, tool_choice, parallel_tool_calls, decoding),
             self._hooks_for(hooks),
@@ -380,6 +389,7 @@ class Client(ClientBase):
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        loop_control: LoopControlOption = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
         hooks: Hooks | None = None,
@@ -396,7 +406,7 @@ class Client(ClientBase):
         A tool whose first parameter is annotated ``RunContext[Deps]`` is passed a
         :class:`~agent_infer.tools.RunContext` holding ``deps`` (``deps`` must then be a ``Deps``).
         """
-        decoding = Decoding(temperature, max_tokens, seed)
+        decoding = Decoding(temperature, max_tokens, seed, loop_control=loop_control)
         flow = call.run_call(
             messages,
             tools,

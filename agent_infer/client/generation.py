@@ -87,11 +87,43 @@ def _feedback(error: str) -> str:
     return f"That answer failed validation: {error}\nAnswer again with the problems fixed."
 
 
+def _next_attempt(
+    request: ModelRequest, text: str, error: str, finish_reason: str, last: bool
+) -> ModelRequest:
+    """The request of the attempt after a failed one.
+
+    A validation error is shown to the model with its answer. An output cut off at ``max_tokens``
+    is almost always a loop inside a value: showing it again would prime the same loop, so the
+    conversation stays as it was and the decoding changes instead: the loop control is escalated
+    (a larger DRY penalty, see ``loop_control.py``), a sampled call halves its temperature
+    (rambling grows with it) and a seeded one moves to the next seed, and the last attempt
+    (``last``) ends with the grammar's shortest completion if it runs out of tokens again
+    (``close_on_length``: the value is cut short, not lost). With ``loop_control=False`` a
+    ``length`` failure is re-asked like a validation error.
+    """
+    if finish_reason == "length" and request.constraint is not None and request.loop_control is not False:
+        seed = request.seed + 1 if request.seed is not None and request.seed + 1 < 2**63 else request.seed
+        return dataclasses.replace(
+            request,
+            loop_escalation=request.loop_escalation + 1,
+            seed=seed,
+            temperature=request.temperature / 2,
+            loop_last_attempt=last,
+        )
+    messages = [
+        *request.messages,
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": _feedback(error)},
+    ]
+    return dataclasses.replace(request, messages=messages)
+
+
 def generate_flow(
     request: ModelRequest, max_retries: int, context: Any = None
 ) -> Generator[ModelRequest | ParseErrorEvent, Any, tuple[Any, Completion]]:
-    """Ask, validate (``context`` reaching the validators), and re-ask with the validation error
-    appended, at most ``max_retries`` times. Each failure is also yielded as a
+    """Ask, validate (``context`` reaching the validators), and re-ask at most ``max_retries`` times:
+    with the validation error appended, or after a ``length`` failure with the same conversation and
+    stronger loop control (``_next_attempt``). Each failure is also yielded as a
     :class:`ParseErrorEvent` for the hooks (sent back None).
 
     Returns the value and the :class:`Completion` of the attempt that produced it.
@@ -99,9 +131,9 @@ def generate_flow(
     raw_outputs: list[str] = []
     errors: list[str] = []
     usage = Usage()
-    messages = request.messages
+    attempt_request = request
     for attempt in range(1, max_retries + 2):
-        response: ModelResponse = yield dataclasses.replace(request, messages=messages)
+        response: ModelResponse = yield attempt_request
         usage = usage + response.usage
         text = response.content
         try:
@@ -110,11 +142,8 @@ def generate_flow(
             raw_outputs.append(text)
             errors.append(str(exc))
             yield ParseErrorEvent(text, str(exc), attempt)
-            messages = [
-                *messages,
-                {"role": "assistant", "content": text},
-                {"role": "user", "content": _feedback(str(exc))},
-            ]
+            last = attempt == max_retries
+            attempt_request = _next_attempt(attempt_request, text, str(exc), response.finish_reason, last)
             continue
         raw = response.raw_text if response.raw_text is not None else text
         return value, Completion(raw, response.message, response.finish_reason, usage, attempt)

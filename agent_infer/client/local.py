@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from agent_infer.client.loop_control import resolve as resolve_loop_control
 from agent_infer.client.request import (
     Constraint,
     ModelRequest,
@@ -115,6 +116,7 @@ class LocalBackend:
             structured = StructuredOutput.grammar(self._tool_grammar(request))
         elif request.constraint is not None:
             structured = StructuredOutput.grammar(self._constraint_grammar(request.constraint))
+        loop = resolve_loop_control(request.loop_control, structured is not None, request.loop_escalation)
         params = SamplingParams(
             temperature=request.temperature,
             top_p=request.top_p,
@@ -122,7 +124,8 @@ class LocalBackend:
             seed=request.seed,
             stop=list(request.stop) if request.stop else None,
             structured=structured,
-            close_on_length=request.close_on_length,
+            close_on_length=request.close_on_length or (request.loop_last_attempt and loop is not None),
+            **(loop.sampling_fields() if loop is not None else {}),
         )
         return messages, params
 

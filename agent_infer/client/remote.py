@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from agent_infer.client.loop_control import LoopControl
+from agent_infer.client.loop_control import resolve as resolve_loop_control
 from agent_infer.client.remote_errors import typed_remote_error
 from agent_infer.client.request import (
     ModelRequest,
@@ -57,9 +59,16 @@ def request_body(model: str, request: ModelRequest, stream: bool) -> dict[str, A
         body["seed"] = request.seed
     if request.stop:
         body["stop"] = list(request.stop)
-    if request.close_on_length:
+    explicit_loop = isinstance(request.loop_control, LoopControl)
+    if request.close_on_length or (explicit_loop and request.loop_last_attempt):
         # Our server's extension (like vLLM's extra sampling fields); only sent when asked for.
         body["close_on_length"] = True
+    if explicit_loop:
+        # Our server's (and llama.cpp's) fields; the SDK's default is not sent (see loop_control.py).
+        chosen = resolve_loop_control(request.loop_control, True, request.loop_escalation)
+        assert chosen is not None
+        body.update(chosen.sampling_fields())
+        body["dry_sequence_breakers"] = list(chosen.dry_sequence_breakers)
     c = request.constraint
     if c is not None:
         if c.kind == "json_schema":

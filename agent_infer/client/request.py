@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic
 
+from agent_infer.client.loop_control import LoopControlOption
 from agent_infer.errors import InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.tool_formats.base import ToolCallDelta
@@ -142,6 +143,12 @@ class ModelRequest:
     top_p: float = 1.0
     stop: tuple[str, ...] | None = None
     close_on_length: bool = False
+    #: None (the SDK's default: on for constrained local calls), False (off) or a LoopControl.
+    loop_control: LoopControlOption = None
+    #: How many ``length`` failures this call follows: each one escalates the loop control.
+    loop_escalation: int = 0
+    #: The last attempt after a ``length`` failure: with loop control on, it closes at max_tokens.
+    loop_last_attempt: bool = False
 
     @property
     def forces_calls(self) -> bool:

@@ -6,6 +6,7 @@ import torch
 
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.model_runner import ModelRunner
+from agent_infer.engine.penalties import apply_dry_to_draft_rows
 from agent_infer.engine.sampler import Sampler
 from agent_infer.engine.scheduler import ScheduledSequence
 from agent_infer.engine.sequence import Sequence
@@ -94,6 +95,7 @@ class Executor:
         for i, draft in enumerate(drafts):
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
+                rows = apply_dry_to_draft_rows(rows, seqs[i], draft, self.sampler.texts)
                 tokens, num_accepted = self.speculator.verify(seqs[i], draft, rows)
                 out[seqs[i]] = SampledTokens(tokens, None, num_accepted)
         return out

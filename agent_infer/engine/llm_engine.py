@@ -68,7 +68,7 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.sampler = Sampler(self.eos_token_ids)
+        self.sampler = Sampler(self.eos_token_ids, self.tokenizer.decode)
         self.grammar = GrammarManager(
             self.tokenizer,
             self.vocab_size,

@@ -1,5 +1,5 @@
 """Logit adjustments before sampling: repetition, presence and frequency penalties, ``logit_bias``
-and ``min_tokens`` (vLLM / OpenAI semantics).
+and ``min_tokens`` (vLLM / OpenAI semantics), and the DRY penalty (llama.cpp's, see ``dry.py``).
 
 A penalty changes which token is chosen, never what the model reports: the sampler applies it to
 a copy of the rows that need it, and log-probabilities still come from the unpenalized logits.
@@ -18,13 +18,19 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
 
 
 def apply_penalties(
-    logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: Collection[int] = ()
+    logits: torch.Tensor,
+    seqs: Seq[Sequence],
+    eos_token_ids: Collection[int] = (),
+    texts: TokenTexts | None = None,
 ) -> torch.Tensor:
     """``logits`` (``[len(seqs), vocab]``) with each sequence's penalties, bias and min_tokens applied.
+
+    ``texts`` decodes single tokens for DRY's sequence breakers; without it a DRY request raises.
 
     Returns ``logits`` itself when no sequence adjusts its logits, else an adjusted copy.
     """
@@ -57,6 +63,14 @@ def apply_penalties(
             if pairs:
                 ids = torch.tensor([t for t, _ in pairs], dtype=torch.long)
                 row[ids] += torch.tensor([b for _, b in pairs], dtype=row.dtype)
+        if p.dry:
+            if texts is None:
+                raise ValueError("the DRY penalty needs the tokenizer's token texts")
+            amounts = dry_penalties(generated, p, texts)
+            amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
+            if amounts:
+                ids = torch.tensor(list(amounts), dtype=torch.long)
+                row[ids] -= torch.tensor(list(amounts.values()), dtype=row.dtype)
         if len(generated) < p.min_tokens:
             _ban_end(row, {*eos_token_ids, *p.stop_ids}, vocab)
     return out
@@ -70,3 +84,27 @@ def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
     row[ids] = float("-inf")
     if not bool(torch.isfinite(row).any()):
         row[ids] = kept
+
+
+def apply_dry_to_draft_rows(
+    rows: torch.Tensor, seq: Sequence, draft: Seq[int], texts: TokenTexts | None
+) -> torch.Tensor:
+    """``rows`` (``[1 + len(draft), vocab]``, the rows a draft is verified against) with the DRY
+    penalty plain decoding would apply at each: row ``j`` as if ``draft[:j]`` had been accepted.
+
+    Returns ``rows`` itself when the request has no DRY penalty.
+    """
+    if not seq.params.dry:
+        return rows
+    if texts is None:
+        raise ValueError("the DRY penalty needs the tokenizer's token texts")
+    out = rows.clone()
+    vocab = out.shape[1]
+    generated = seq.token_ids[seq.num_prompt_tokens :]
+    for j in range(out.shape[0]):
+        amounts = dry_penalties([*generated, *draft[:j]], seq.params, texts)
+        amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
+        if amounts:
+            ids = torch.tensor(list(amounts), dtype=torch.long)
+            out[j, ids] -= torch.tensor(list(amounts.values()), dtype=out.dtype)
+    return out

@@ -11,11 +11,12 @@ CPU, so top-k/top-p work on a ``topk`` candidate set that grows only when the nu
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
 
+from agent_infer.engine.dry import TokenTexts
 from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.sampling_params import SamplingParams
@@ -44,14 +45,18 @@ _TOP_P_CANDIDATES = 128
 class Sampler:
     """Chooses one token per logits row according to each sequence's :class:`SamplingParams`."""
 
-    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+    def __init__(
+        self, eos_token_ids: Collection[int] = (), decode: Callable[[list[int]], str] | None = None
+    ) -> None:
         # Banned by ``min_tokens`` until a request has generated enough tokens.
         self.eos_token_ids = tuple(eos_token_ids)
+        # ``decode`` (the tokenizer's) gives DRY the token texts its sequence breakers are found in.
+        self.texts = TokenTexts(decode) if decode is not None else None
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Sample from ``logits`` (float32 ``[len(seqs), vocab]``); row ``i`` belongs to ``seqs[i]``."""
         params = [seq.params for seq in seqs]
-        scores = apply_penalties(logits, seqs, self.eos_token_ids)
+        scores = apply_penalties(logits, seqs, self.eos_token_ids, self.texts)
         # Greedy rows need one batched kernel and one device-to-host copy.
         token_ids: list[int] = scores.argmax(dim=-1).tolist()
         for i, p in enumerate(params):

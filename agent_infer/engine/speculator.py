@@ -25,7 +25,10 @@ average that decides whether a draft pays off in a batch) lives in
 :class:`~agent_infer.engine.spec_state.SpecState` on ``Sequence.spec``.
 
 Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
-bookkeeping assumes one sampled token per step.
+bookkeeping assumes one sampled token per step. DRY alone is the exception: it depends only on
+the tokens before a row, so the engine applies it to each draft row as if the draft tokens before
+it were accepted (``penalties.apply_dry_to_draft_rows``), and verification chooses what plain
+decoding would.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from agent_infer.sampling_params import SamplingParams
 
 def can_draft(params: SamplingParams) -> bool:
     """Whether a request with ``params`` may use drafts (see the module docstring)."""
-    return params.logprobs is None and not params.penalized and not params.close_on_length
+    return (
+        params.logprobs is None and (not params.penalized or params.only_dry) and not params.close_on_length
+    )
 
 
 class Speculator:

@@ -159,9 +159,16 @@ def build_sampling(
             close_on_length=bool(req.close_on_length),
             min_tokens=req.min_tokens or 0,
             logit_bias=bias,
+            **_dry_fields(req),
         )
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param=exc.field) from exc
+
+
+def _dry_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The ``dry_*`` fields the request sets (the others keep SamplingParams' defaults)."""
+    names = [f for f in type(req).model_fields if f.startswith("dry_")]
+    return {name: getattr(req, name) for name in names if getattr(req, name) is not None}
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:

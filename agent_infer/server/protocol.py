@@ -193,6 +193,13 @@ class _CommonRequest(_Strict):
     close_on_length: bool | None = None
     min_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     logit_bias: dict[str, float] | None = None
+    # llama.cpp's DRY penalty (engine/dry.py); SamplingParams checks the values, naming the field.
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    dry_penalty_last_n: int | None = None
+    dry_skip_whitespace: bool | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

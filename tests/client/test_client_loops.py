@@ -1,0 +1,93 @@
+"""One regression per loop kind seen on the default model: greedy, the output loops inside a value and
+ends ``length`` without loop control, and ends ``stop`` with the SDK's default loop control."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from agent_infer.client import Client, Hooks, ResponseEvent
+from agent_infer.errors import ValidationRetryError
+
+
+class Stats(BaseModel):
+    country: str
+    population: int
+    gdp_usd: float
+
+
+class Contact(BaseModel):
+    name: str
+    email: str = Field(json_schema_extra={"format": "email"})
+    phone: str | None = None
+
+
+class Taxon(BaseModel):
+    name: str
+    children: list[Taxon]
+
+
+class Inventory(BaseModel):
+    counts: dict[str, int]
+
+
+CASES = {
+    # "gdp_usd": 12.18888888...
+    "digits": (Stats, "Give the population of India and its GDP in US dollars.", 120),
+    # "c.dubois@...": "deboudeboudebou..."
+    "email": (
+        Contact,
+        "Claire Dubois runs the Lyon office; her address is c.dubois@atelier.fr. Extract the contact.",
+        200,
+    ),
+    # {"name": ..., "children": [{"name": ..., "children": [ ... nested forever
+    "recursion": (
+        Taxon,
+        "Plant is the root. Its only child is Tree, and Tree's only child is Oak, a leaf. "
+        "Build the taxonomy tree.",
+        300,
+    ),
+    # "figs": 1, "figs": 1, "figs": 1, ...
+    "dict-keys": (
+        Inventory,
+        "Stock count this morning: 3 apples, 5 pears and 2 melons. Extract the counts per item.",
+        200,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def client(llm: Any) -> Client:
+    return Client.from_llm(llm)
+
+
+def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[str], Any]:
+    schema, prompt, max_tokens = CASES[case]
+    reasons: list[str] = []
+
+    def on_response(event: ResponseEvent) -> None:
+        reasons.append(event.finish_reason)
+
+    try:
+        value = client.generate(
+            prompt,
+            schema=schema,
+            max_tokens=max_tokens,
+            max_retries=0,
+            loop_control=loop_control,
+            hooks=Hooks(on_response=on_response),
+        )
+    except ValidationRetryError:
+        value = None
+    return reasons, value
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loop_ends_with_loop_control(client: Client, case: str) -> None:
+    reasons, value = _finish_reasons(client, case, False)
+    assert reasons == ["length"] and value is None
+    reasons, value = _finish_reasons(client, case, None)
+    assert reasons == ["stop"]
+    assert isinstance(value, CASES[case][0])

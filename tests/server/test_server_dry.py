@@ -1,0 +1,58 @@
+"""The server's ``dry_*`` request fields: they reach the engine, and bad values are 400s naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import LiveServer, server_fixture
+
+from agent_infer.sampling_params import SamplingParams
+
+server = server_fixture()
+
+MESSAGES = [{"role": "user", "content": "Count the word 'go' forty times: go go go"}]
+DRY = {
+    "dry_multiplier": 0.8,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_sequence_breakers": ["\n"],
+    "dry_penalty_last_n": 64,
+    "dry_skip_whitespace": True,
+}
+
+
+def _chat(server: LiveServer, **fields: Any) -> httpx.Response:
+    body = {"model": server.model, "messages": MESSAGES, "max_tokens": 40, "temperature": 0, **fields}
+    return httpx.post(server.v1 + "/chat/completions", json=body, timeout=120)
+
+
+def test_dry_fields_round_trip(server: LiveServer, llm: Any) -> None:
+    resp = _chat(server, **DRY)
+    assert resp.status_code == 200, resp.text
+    served = resp.json()["choices"][0]["message"]["content"]
+    local = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=40, **DRY))[0].outputs[0].text
+    plain = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].text
+    assert served == local
+    assert served != plain  # the fields were not dropped on the way
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"dry_multiplier": -1}, "dry_multiplier"),
+        ({"dry_base": 0.5}, "dry_base"),
+        ({"dry_allowed_length": 0}, "dry_allowed_length"),
+        ({"dry_penalty_last_n": -5}, "dry_penalty_last_n"),
+        ({"dry_sequence_breakers": [""]}, "dry_sequence_breakers"),
+        ({"dry_multiplier": "strong"}, "dry_multiplier"),
+        ({"dry_sequence_breakers": "x"}, "dry_sequence_breakers"),
+    ],
+)
+def test_bad_dry_values_are_400s_naming_the_field(
+    server: LiveServer, fields: dict[str, Any], param: str
+) -> None:
+    resp = _chat(server, **fields)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
