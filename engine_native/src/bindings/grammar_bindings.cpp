@@ -19,7 +19,11 @@
 #include <optional>
 
 #include "bindings/bindings.h"
-#include "grammar/grammar.h"
+#include "grammar/batch/batch.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/errors.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/match/matcher.h"
 
 namespace nb = nanobind;
 
@@ -202,7 +206,7 @@ void register_grammar(nb::module_& m) {
           [](const CompiledGrammar& g, int32_t state, size_t part_tokens) {
             check_state(g, state);
             nb::gil_scoped_release release;
-            return g.split_matches_whole(state, part_tokens);
+            return g.masks().split_matches_whole(state, part_tokens);
           },
           nb::arg("state"), nb::arg("part_tokens"))
       .def(
@@ -211,7 +215,7 @@ void register_grammar(nb::module_& m) {
             check_state(g, state);
             check_first(first);
             nb::gil_scoped_release release;
-            return g.region_content_matches_walk(state, first);
+            return g.masks().region_content_matches_walk(state, first);
           },
           nb::arg("state"), nb::arg("first") = 0)
       .def(
@@ -220,7 +224,7 @@ void register_grammar(nb::module_& m) {
             check_state(g, state);
             check_first(first);
             nb::gil_scoped_release release;
-            return g.region_classes_matches_walk(state, first);
+            return g.masks().region_classes_matches_walk(state, first);
           },
           nb::arg("state"), nb::arg("first"))
       .def_prop_ro("num_states", [](const CompiledGrammar& g) { return g.states.size(); });

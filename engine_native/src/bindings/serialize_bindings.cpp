@@ -14,10 +14,11 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "grammar/grammar.h"
+#include "grammar/compiled_grammar.h"
 #include "grammar/ir/body_cache.h"
 #include "grammar/ir/key_trie.h"
 #include "grammar/ir/serialize.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace nb = nanobind;
 

@@ -18,7 +18,8 @@
 #include <immintrin.h>
 #endif
 
-#include "grammar/grammar.h"
+#include "grammar/batch/batch.h"
+#include "grammar/match/matcher.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -73,7 +74,7 @@ bool spin_until(Ready ready, int64_t budget = -1) {
   }
 }
 
-// The opt-in timeline (grammar/grammar.h BatchEvent).
+// The opt-in timeline (grammar/batch/batch.h BatchEvent).
 std::atomic<bool> g_trace_on{false};
 std::mutex g_trace_mu;
 std::vector<BatchEvent> g_trace;

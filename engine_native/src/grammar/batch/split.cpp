@@ -9,8 +9,12 @@
 #include <algorithm>
 #include <atomic>
 
-#include "grammar/grammar.h"
+#include "grammar/batch/batch.h"
 #include "grammar/batch/pool.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -19,8 +23,8 @@ namespace {
 // Parts shrink as the walk is cut (guided self-scheduling): each takes 1 / (kGuide x threads) of
 // the live tokens not yet cut, down to kMinPartTokens. Large parts first amortize their set-up
 // (walk stack and transition rows; the pushdown walk re-interns its configuration sets in every
-// part); small parts last bound how long the owner waits for the last one. Eight equal parts of
-// a 129k-token region walk left the owner waiting ~190 us (a whole part) for the other thread.
+// part); small parts last bound how long the owner waits for the last one (with eight equal
+// parts of a 129k-token region walk it waits up to a whole part, ~190 us, for the other thread).
 constexpr size_t kGuide = 2;
 constexpr size_t kMinPartTokens = 4096;
 // Relative cost per token of the pushdown walk (split_walk).
@@ -45,9 +49,9 @@ std::vector<Part<Range>> cut_parts(const CompiledGrammar& g, const std::vector<R
     size_t begin, end;
     bool live;
   };
-  // Most walks are too small to split (about 19 in 20 of a MaskBench batch's first visits):
+  // Most walks are too small to split (about 19 in 20 of a JSON Schema batch's first visits):
   // their live count from the states' byte edges decides that before any segment is built.
-  const size_t total = g.live_tokens(ranges);
+  const size_t total = g.masks().live_tokens(ranges);
   if (total < min_split) return {};
   std::vector<Segment> segments;
   segments.reserve(ranges.size() + 256);
@@ -184,7 +188,7 @@ std::shared_ptr<const StateMask> assemble_parts(const TokenizerInfo& tk,
   return mask;
 }
 
-bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
+bool MaskStrategies::split_walk(const std::vector<WalkRange>& ranges, const StateMask* base, bool calls,
                                  std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
   if (threads < 2) return false;
@@ -192,7 +196,7 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
   // walk reads one state: measured at 4-8x the plain walk's time per token, so a walk of a few
   // thousand tokens (a twin's long tokens from a position inside an object) already runs for
   // milliseconds.
-  const std::vector<Part<WalkRange>> parts = cut_parts(*this, ranges, threads, calls ? kCallsWeight : 1);
+  const std::vector<Part<WalkRange>> parts = cut_parts(g_, ranges, threads, calls ? kCallsWeight : 1);
   if (parts.empty()) return false;
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   std::atomic<bool> gave_up{false};
@@ -206,15 +210,15 @@ bool CompiledGrammar::split_walk(const std::vector<WalkRange>& ranges, const Sta
   });
   // A pushdown part that gives up makes the whole walk give up (the caller falls back to the
   // plain walk); the unsplit walk, which interns every part's configuration sets, would too.
-  *out = gave_up.load() ? nullptr : assemble_parts(*tok, done, base);
+  *out = gave_up.load() ? nullptr : assemble_parts(*g_.tok, done, base);
   return true;
 }
 
-bool CompiledGrammar::split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const {
+bool MaskStrategies::split_region(int32_t s, const RegionRows& rr, std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
   if (threads < 2) return false;
-  const std::vector<WalkRange> whole{{0, tok->sorted.size(), 0, s, 0}};
-  const std::vector<Part<WalkRange>> parts = cut_parts(*this, whole, threads);
+  const std::vector<WalkRange> whole{{0, g_.tok->sorted.size(), 0, s, 0}};
+  const std::vector<Part<WalkRange>> parts = cut_parts(g_, whole, threads);
   if (parts.empty()) return false;
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   run_parts(parts.size(), [&](size_t i) {
@@ -222,12 +226,12 @@ bool CompiledGrammar::split_region(int32_t s, const RegionRows& rr, std::shared_
     KeepBits keep;
     done[i] = compute_region_part(rr, s, r.begin, r.end, parts[i].resume);
   });
-  *out = assemble_parts(*tok, done, nullptr);
+  *out = assemble_parts(*g_.tok, done, nullptr);
   return true;
 }
 
 namespace {
-// Runs entered at depth 1 as walk ranges from t, and back (Range: CompiledGrammar::WalkRange).
+// Runs entered at depth 1 as walk ranges from t, and back (Range: MaskStrategies::WalkRange).
 template <class Range>
 std::vector<Range> runs_as_ranges(const std::vector<std::pair<size_t, size_t>>& runs, int32_t t) {
   std::vector<Range> ranges;
@@ -242,36 +246,36 @@ std::vector<std::pair<size_t, size_t>> ranges_as_runs(const std::vector<Range>& 
 }
 }  // namespace
 
-bool CompiledGrammar::split_region_depth1(const RegionRows& rr, int32_t t,
+bool MaskStrategies::split_region_depth1(const RegionRows& rr, int32_t t,
                                           const std::vector<std::pair<size_t, size_t>>& runs,
                                           std::shared_ptr<const StateMask>* out) const {
   const size_t threads = batch_team_threads();
   if (threads < 2) return false;
   // Ranges at depth 1: every token counts as live (its first byte is taken as read).
-  const std::vector<Part<WalkRange>> parts = cut_parts(*this, runs_as_ranges<WalkRange>(runs, t), threads);
+  const std::vector<Part<WalkRange>> parts = cut_parts(g_, runs_as_ranges<WalkRange>(runs, t), threads);
   if (parts.empty()) return false;
   std::vector<std::shared_ptr<const StateMask>> done(parts.size());
   run_parts(parts.size(), [&](size_t i) {
     KeepBits keep;
     done[i] = walk_region_depth1_part(rr, t, ranges_as_runs(parts[i].ranges), parts[i].resume);
   });
-  *out = assemble_parts(*tok, done, nullptr);
+  *out = assemble_parts(*g_.tok, done, nullptr);
   return true;
 }
 
-bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
-  const size_t n = tok->sorted.size();
+bool MaskStrategies::split_matches_whole(int32_t s, size_t part_tokens) const {
+  const size_t n = g_.tok->sorted.size();
   // Parts run one after another here: the seams, not the threads, are under test.
   auto check = [&](const std::vector<WalkRange>& ranges, auto&& walk) {
     const std::shared_ptr<const StateMask> whole = walk(ranges, false);
-    const auto parts = cut_parts(*this, ranges, 1, 0, part_tokens);
+    const auto parts = cut_parts(g_, ranges, 1, 0, part_tokens);
     if (parts.empty()) return true;
     std::vector<std::shared_ptr<const StateMask>> done;
     for (const auto& p : parts) {
       done.push_back(walk(p.ranges, p.resume));
       if (!done.back()) return whole == nullptr;  // a pushdown part gave up: so must the whole
     }
-    return same_mask(whole.get(), assemble_parts(*tok, done, nullptr).get());
+    return same_mask(whole.get(), assemble_parts(*g_.tok, done, nullptr).get());
   };
   auto plain = [&](const std::vector<WalkRange>& r, bool resume) { return compute_mask_part(r, nullptr, resume); };
   auto calls = [&](const std::vector<WalkRange>& r, bool resume) {
@@ -288,10 +292,10 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   // The first-byte runs, each entered at depth 1 (as the piece walks do).
   std::vector<WalkRange> runs;
   for (int b = 0; b < 256; ++b) {
-    const size_t lo = b == 0 ? 0 : tok->first_byte_end[static_cast<size_t>(b) - 1];
-    const int32_t t = step(s, static_cast<uint8_t>(b));
-    if (t >= 0 && lo < tok->first_byte_end[static_cast<size_t>(b)]) {
-      runs.push_back({lo, tok->first_byte_end[static_cast<size_t>(b)], 1, t, 0});
+    const size_t lo = b == 0 ? 0 : g_.tok->first_byte_end[static_cast<size_t>(b) - 1];
+    const int32_t t = g_.step(s, static_cast<uint8_t>(b));
+    if (t >= 0 && lo < g_.tok->first_byte_end[static_cast<size_t>(b)]) {
+      runs.push_back({lo, g_.tok->first_byte_end[static_cast<size_t>(b)], 1, t, 0});
     }
   }
   bool ok = check(whole, plain) && check(runs, plain);
@@ -307,28 +311,28 @@ bool CompiledGrammar::split_matches_whole(int32_t s, size_t part_tokens) const {
   return ok;
 }
 
-int CompiledGrammar::region_content_matches_walk(int32_t s, size_t first) const {
+int MaskStrategies::region_content_matches_walk(int32_t s, size_t first) const {
   std::string key;
   std::vector<int32_t> exits;
   if (!region_of(s, &key, &exits)) return -1;
   const RegionRows rr = region_rows(s, exits);
   const std::shared_ptr<const StateMask> content = compute_region_content(rr, s, first);
   if (!content) return -1;
-  const std::vector<std::pair<size_t, size_t>> whole{{0, tok->sorted.size()}};
-  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, tok->sorted.size(), false)
+  const std::vector<std::pair<size_t, size_t>> whole{{0, g_.tok->sorted.size()}};
+  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, g_.tok->sorted.size(), false)
                                                              : walk_region_depth1_part(rr, s, whole, false);
   return same_mask(content.get(), walked.get()) ? 1 : 0;
 }
 
-int CompiledGrammar::region_classes_matches_walk(int32_t s, size_t first) const {
+int MaskStrategies::region_classes_matches_walk(int32_t s, size_t first) const {
   std::string key;
   std::vector<int32_t> exits;
   if (!region_of(s, &key, &exits)) return -1;
   const RegionRows rr = region_rows(s, exits);
-  const std::vector<std::pair<size_t, size_t>> whole{{0, tok->sorted.size()}};
+  const std::vector<std::pair<size_t, size_t>> whole{{0, g_.tok->sorted.size()}};
   const std::shared_ptr<const StateMask> classes = region_from_classes(rr, s, whole, first);
   if (!classes) return -1;
-  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, tok->sorted.size(), false)
+  const std::shared_ptr<const StateMask> walked = first == 0 ? compute_region_part(rr, s, 0, g_.tok->sorted.size(), false)
                                                              : walk_region_depth1_part(rr, s, whole, false);
   return same_mask(classes.get(), walked.get()) ? 1 : 0;
 }

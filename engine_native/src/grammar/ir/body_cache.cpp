@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "grammar/grammar.h"
+#include "grammar/ir/program.h"
 
 namespace agent_infer {
 

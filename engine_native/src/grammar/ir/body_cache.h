@@ -50,7 +50,7 @@ class BodyCache {
 // The cache (never freed, so no Python object is released after the interpreter is gone).
 BodyCache& body_cache();
 
-// Where the rule indices of ``program`` are (it is prefix-coded: grammar/grammar.h), with the names of
+// Where the rule indices of ``program`` are (it is prefix-coded: grammar/ir/program.h), with the names of
 // the rules they point at; false for a malformed program.
 bool find_refs(const std::vector<int32_t>& program, const std::vector<PyObject*>& rule_names,
                std::vector<std::pair<uint32_t, PyObject*>>& refs);

@@ -71,7 +71,7 @@ int all_refs_defined(PyObject* bodies, PyObject* defined, const Kinds& k) {
   return 1;
 }
 
-// Grammar validation's walk (ir.py, _undefined_ref): rules in order, each pre-order with the last
+// Grammar validation's walk (ir/references.py, first_undefined_ref): rules in order, each pre-order with the last
 // child first, composite nodes met before skipped. Returns -1 when every reference is defined,
 // the rule index of the first undefined one (its name in ``missing``), or -2: leave it to Python.
 Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k, PyObject*& missing) {

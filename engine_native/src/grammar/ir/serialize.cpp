@@ -1,26 +1,22 @@
-// Serialization of IR grammars (agent_infer/grammar/ir.py) to the flat per-rule programs of
-// grammar/grammar.h (enum Op), the work of agent_infer.grammar.compiler.serialize_grammar done without a
+// Serialization of IR grammars (agent_infer/grammar/ir/) to the flat per-rule programs of
+// grammar/ir/program.h (enum Op): agent_infer.grammar.compile.compiler.serialize_grammar without a
 // Python call per node. It writes exactly what the Python serializer writes; anything it does not
 // handle the same way (a foreign node type, a literal with a lone surrogate, an unknown rule name,
 // repeat bounds beyond int32, a non-tuple item list) makes it return None, and the caller runs the
-// Python serializer, which produces the program or the precise error.
+// Python serializer, which produces the program or the precise error. Key-trie nodes
+// (json_schema.key_trie.KeyNode, the 8th node class when the caller passes it) hold only a spec;
+// write_key_node writes the words the Python serializer gives the Alt the node stands for.
 //
-// Key-trie nodes (json_schema_key_trie.KeyNode, the 8th node class when the caller passes it)
-// hold only a spec; their programs are written from it (write_key_node), the same words the
-// Python serializer gives the Alt the node stands for.
+// ``serialize_packed`` keeps the programs native (SerializedRules) for ``compile_serialized``: a
+// Kubernetes schema's ~90k program words never become Python ints (converting them costs about
+// as much as the walk itself, once out of the serializer and once back into the compiler).
 //
-// ``serialize_packed`` keeps the programs native (SerializedRules) and ``compile_serialized`` lowers
-// them from there: a Kubernetes schema's ~90k program words then never become Python ints, which
-// cost about as much as the walk itself, once out of the serializer and once back into the compiler.
-//
-// Given the grammar's (name, body) pairs (``serialize_grammar_packed``, what the compiler calls),
 // serialize_all also takes the IR it walked out of the cyclic garbage collector's sight
-// (PyObject_GC_UnTrack), as CPython itself does for tuples and dicts that can hold no cycle.
-// Nodes of the exact IR classes are immutable trees (a node's children exist before it; the only
-// attributes set afterwards are bool and int-tuple caches), so none can be in a reference cycle,
-// and reference counting alone frees them. A grammar is built with collection paused
-// (gc_pause.py), so without this the first collection after the compile walks every node of it:
-// ~8,000 objects, up to a millisecond, on a Kubernetes schema.
+// (PyObject_GC_UnTrack), as CPython does for tuples and dicts that can hold no cycle: nodes of
+// the exact IR classes are immutable trees (only bool and int-tuple caches are set afterwards),
+// so reference counting alone frees them. Grammars are built with collection paused
+// (gc_pause.py); without this the first collection after a compile walks every node of the
+// grammar: ~8,000 objects, up to a millisecond, on a Kubernetes schema.
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
@@ -30,10 +26,11 @@
 #include <utility>
 #include <vector>
 
-#include "grammar/grammar.h"
 #include "grammar/ir/body_cache.h"
+#include "grammar/ir/program.h"
 #include "grammar/ir/serialize.h"
 #include "grammar/ir/span_map.h"
+#include "grammar/item_map.h"
 
 namespace agent_infer::ir_serialize {
 namespace {
@@ -149,7 +146,7 @@ class Serializer {
         if (done < 0) return fail();
         if (done == 0) {
           // A child that is not plain printable ASCII: its edge needs escapes, so the node's own
-          // branches (json_schema_keys._node_body, cached on the node) are written as an Alt.
+          // branches (json_schema.keys._node_body, cached on the node) are written as an Alt.
           Owned items(PyObject_GetAttr(node, nm.items));
           if (items.p == nullptr || !PyTuple_CheckExact(items.p)) return fail();
           Py_ssize_t n = PyTuple_GET_SIZE(items.p);
@@ -213,7 +210,7 @@ class Serializer {
 
   static bool plain_cp(long cp) { return cp >= 0x20 && cp <= 0x7E && cp != 0x22 && cp != 0x2F && cp != 0x5C; }
 
-  // The program json_schema_keys._node_body gives a trie node whose children are all plain
+  // The program json_schema.keys._node_body gives a trie node whose children are all plain
   // printable ASCII (so the gap branch comes first and holds every special code point):
   //   gap:   Seq((Alt((CharClass(<plain part of the gaps>), Ref(char-special))), Ref(char-key-rest)))
   //   edges: Seq((CharClass(((cp, cp),)), Ref(child))) per child, in code point order
@@ -242,7 +239,7 @@ class Serializer {
       sink_ = rule_index(nm.sink_rule);
       if (special_ < 0 || sink_ < 0) return -1;
     }
-    // The gaps between the children (and around them), cut to plain ASCII: json_schema_keys.plain_part.
+    // The gaps between the children (and around them), cut to plain ASCII: json_schema.keys.plain_part.
     merged_.clear();
     auto add_plain = [&](int64_t lo, int64_t hi) {
       if (hi < 0x20 || lo > 0x7E) return;
@@ -290,7 +287,7 @@ class Serializer {
     return 1;
   }
 
-  // KEY_TRIE from a KeySet's names (a tuple of str, each plain printable ASCII; grammar/grammar.h), with
+  // KEY_TRIE from a KeySet's names (a tuple of str, each plain printable ASCII; grammar/ir/program.h), with
   // the char-key-free and char-key-rest rules it calls. false: malformed, or a rule is missing.
   bool write_key_set(PyObject* node, Program& out) {
     const Names& nm = names();

@@ -1,6 +1,7 @@
 // Declarations shared by the IR serializer's translation units: the packed writer
 // (grammar/ir/serialize.cpp), the reference checks (grammar/ir/ref_check.cpp) and their Python bindings
-// (bindings/serialize_bindings.cpp). Internal to the extension; the engine's API is grammar/grammar.h.
+// (bindings/serialize_bindings.cpp). Internal to the extension; the engine's API is grammar/compiled_grammar.h and
+// grammar/match/matcher.h.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -26,8 +27,8 @@ struct Kinds {
   PyObject* alt;
   PyObject* repeat;
   PyObject* ref;
-  PyObject* key_node = nullptr;  // json_schema_key_trie.KeyNode, when the caller passes it
-  PyObject* key_set = nullptr;   // json_schema_key_trie.KeySet (a whole key trie), likewise
+  PyObject* key_node = nullptr;  // json_schema.key_trie.KeyNode, when the caller passes it
+  PyObject* key_set = nullptr;   // json_schema.key_trie.KeySet (a whole key trie), likewise
 };
 
 // The IR node classes in the order compiler._KINDS lists them (7, 8 with KeyNode, 9 with KeySet).
@@ -53,10 +54,10 @@ struct Names {
   PyObject* name = PyUnicode_InternFromString("name");
   PyObject* spec = PyUnicode_InternFromString("_spec");
   PyObject* key_names = PyUnicode_InternFromString("_names");
-  // json_schema_keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
+  // json_schema.keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
   PyObject* special_rule = PyUnicode_InternFromString("char-special");
   PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
-  // json_schema_keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
+  // json_schema.keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
   PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
 };
 
@@ -85,7 +86,7 @@ std::optional<std::vector<Program>> serialize_rules(nb::list bodies, nb::dict in
 // case, so leaves are checked inline and never stacked): 1 yes, 0 no, -1 leave it to Python.
 int all_refs_defined(PyObject* bodies, PyObject* defined, const Kinds& k);
 
-// Grammar validation's walk (ir.py, _undefined_ref): rules in order, each pre-order with the last
+// Grammar validation's walk (ir/references.py, first_undefined_ref): rules in order, each pre-order with the last
 // child first, composite nodes met before skipped. Returns -1 when every reference is defined,
 // the rule index of the first undefined one (its name in ``missing``), or -2: leave it to Python.
 Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k, PyObject*& missing);

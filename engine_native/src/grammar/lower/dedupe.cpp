@@ -12,8 +12,8 @@
 #include <numeric>
 #include <utility>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/rule_passes.h"
 
 namespace agent_infer {
 namespace grammar {

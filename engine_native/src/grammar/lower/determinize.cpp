@@ -1,4 +1,4 @@
-// Lowering, step 2: subset construction of a rule's NFA into its DFA (see grammar/lower/lower.h).
+// Lowering, step 2: subset construction of a rule's NFA into its DFA (see grammar/lower/determinizer.h).
 //
 // The alphabet is byte ranges plus rule references. A DFA state is the sorted set of the NFA
 // states of an epsilon closure that carry information (byte or reference edges, or acceptance).
@@ -8,8 +8,11 @@
 #include <array>
 #include <string>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/errors.h"
+#include "grammar/lower/automata.h"
+#include "grammar/lower/determinizer.h"
+#include "grammar/lower/set_table.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -11,14 +11,15 @@
 #include <algorithm>
 #include <chrono>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/errors.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
 namespace {
 
-using ByteSet = CompiledGrammar::ByteSet;
 
 void add_range(ByteSet& set, int lo, int hi) {
   const int first = lo >> 5, last = hi >> 5;

@@ -1,9 +1,9 @@
 // Inlined rules as minimized automata.
 //
-// An inlined rule used to be re-expanded from its program at every use: a JSON string character
+// Re-expanding an inlined rule from its program at every use would copy a JSON string character
 // (escapes, \uXXXX with surrogate pairs, each UTF-8 length: ~100 NFA states) once per position
-// of a counted string and once per node of a "key except these names" trie. Determinizing the
-// caller then had to rediscover, per use, states the rule's own minimal automaton shares. Here
+// of a counted string and once per node of a "key except these names" trie, and determinizing
+// the caller would rediscover, per use, states the rule's own minimal automaton shares. Instead
 // each inlined rule is lowered once per grammar and its automaton is spliced into callers: fewer
 // NFA states and closures, the same language. The automata are computed in the fragment store
 // (grammar/lower/fragment_store.cpp) straight from the programs (store_eval), which also lowers whole
@@ -11,8 +11,13 @@
 // construction, trimming, merging of equivalent states).
 #include <algorithm>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/automata.h"
+#include "grammar/lower/determinizer.h"
+#include "grammar/lower/fragment_store.h"
+#include "grammar/lower/nfa_builder.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -11,8 +11,9 @@
 // whole rest of the chain per rule. Union and concatenation are memoized on their operands.
 #include <algorithm>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/lower/automata.h"
+#include "grammar/lower/fragment_store.h"
 
 namespace agent_infer {
 namespace grammar {

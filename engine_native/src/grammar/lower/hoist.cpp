@@ -14,8 +14,9 @@
 #include <map>
 #include <utility>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/rule_passes.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -1,10 +1,10 @@
 // Key-trie rules lowered straight to their automaton: "a JSON object key other than these names".
 //
 // An object that allows additional properties accepts any key but its declared names. Written as
-// one rule per trie node (json_schema_keys.py), a Kubernetes schema held ~1,700 such rules whose
-// lowering (fragment store, equal-rule merging, outlining, FOLLOW sets) was about half of its
-// compile. The language is known in closed form, so the front end now sends the names
-// (KEY_TRIE, grammar/grammar.h) and this file writes the minimal automaton directly: one state per
+// one rule per trie node, a Kubernetes schema holds ~1,700 such rules whose lowering (fragment
+// store, equal-rule merging, outlining, FOLLOW sets) is about half of its compile. The language
+// is known in closed form, so the front end sends the names
+// (KEY_TRIE, grammar/ir/program.h) and this file writes the minimal automaton directly: one state per
 // distinct trie node (equal subtries interned, so the DFA is minimal), whose edges are
 //   a child's character:  that child's state;
 //   another plain character (printable ASCII but '"', '/', '\\'):  the gap state, which calls
@@ -15,7 +15,7 @@
 // node-by-node tries did once outlined (grammar/lower/outline.cpp): a token such as `中文` then ends
 // inside that rule's call and is classified once, where a call of char-special alone (which
 // may end after one character) left every such token uncertain, checked again at every key.
-// The language is the one json_schema_keys._node_body spells node by node (its Python
+// The language is the one json_schema.keys._node_body spells node by node (its Python
 // expansion, KeySet.items, is what the tests compare against).
 #include <algorithm>
 #include <array>
@@ -23,8 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/automata.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -37,7 +39,7 @@ bool plain(int32_t cp) { return cp >= 0x20 && cp <= 0x7E && cp != 0x22 && cp != 
 constexpr std::array<std::pair<int32_t, int32_t>, 4> kPlain{{{0x20, 0x21}, {0x23, 0x2E}, {0x30, 0x5B}, {0x5D, 0x7E}}};
 
 // Buffers kept per thread from trie to trie: a Kubernetes schema lowers ~90 tries of ~50 nodes,
-// where a vector per node (and per interned key) made allocation most of the cost.
+// where a vector per node (and per interned key) would make allocation most of the cost.
 struct KeyTrieScratch {
   std::vector<int32_t> keys;        // interned nodes back to back: ends, then (code point, class)...
   std::vector<uint32_t> key_at;     // class -> offset of its key in `keys` (size classes + 1)

@@ -10,8 +10,9 @@
 // cycles (string loops) keep their identity; states before them still merge.
 #include <algorithm>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/lower/automata.h"
+#include "grammar/lower/determinizer.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -9,8 +9,12 @@
 #include <array>
 #include <string>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/automaton.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/automata.h"
+#include "grammar/lower/nfa_builder.h"
+#include "grammar/lower/rule_passes.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -10,8 +10,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/nfa_builder.h"
 
 namespace agent_infer {
 namespace grammar {

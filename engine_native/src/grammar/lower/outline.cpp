@@ -3,8 +3,8 @@
 // "Any key but these names" tries are one rule per node, and every node spells its free branch
 // as Seq(Alt(class, Ref char-special), Ref char-key-rest): a plain character or one of the
 // escapes (\uXXXX, UTF-8 sequences...), then the rest of a free key. char-special is small and
-// finite, so it is inlined, and each of a Kubernetes schema's ~1 700 nodes carried its own copy
-// of its automaton (~20 of the node's ~26 states: two thirds of all the grammar's states).
+// finite, so it is inlined, and each of a Kubernetes schema's ~1 700 nodes would carry its own
+// copy of its automaton (~20 of the node's ~26 states: two thirds of all the grammar's states).
 // By distributivity, Seq(Alt(a..., Ref x), Ref y) derives what Alt(Seq(Alt(a...), Ref y), Ref z)
 // does with z ::= Seq(Ref x, Ref y), and z is one rule shared by every occurrence of (x, y): one
 // copy of x's automaton per grammar instead of one per node. Only pairs that occur at least
@@ -14,8 +14,9 @@
 #include <unordered_map>
 #include <utility>
 
-#include "grammar/grammar.h"
-#include "grammar/lower/lower.h"
+#include "grammar/errors.h"
+#include "grammar/ir/program.h"
+#include "grammar/lower/rule_passes.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -1,5 +1,6 @@
-// The per-thread work buffers of the lowering (LoweringScratch, see grammar/lower/lower.h).
-#include "grammar/lower/lower.h"
+// The per-thread work buffers of the lowering (LoweringScratch, see grammar/lower/scratch.h).
+#include "grammar/lower/scratch.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {

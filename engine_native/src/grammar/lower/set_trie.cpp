@@ -1,7 +1,7 @@
-// SetTrie (see grammar/lower/lower.h): hash-consed fixed-depth trees over 64-member blocks.
+// SetTrie (see grammar/lower/set_table.h): hash-consed fixed-depth trees over 64-member blocks.
 #include <algorithm>
 
-#include "grammar/lower/lower.h"
+#include "grammar/lower/set_table.h"
 
 namespace agent_infer {
 namespace grammar {

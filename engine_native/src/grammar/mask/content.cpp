@@ -7,7 +7,7 @@
 // depends on the state's surroundings and is walked. This is llguidance's "slices" idea applied
 // to every state that passes the check, not to one lexeme: a free string's state, and every
 // position of a `maxLength` string farther than kContentChars characters from its end (a counted
-// chain of distinct states, which otherwise walked the whole vocabulary on the first visit of
+// chain of distinct states, which otherwise walk the whole vocabulary on the first visit of
 // each string property: ~2.5 ms for 129k tokens).
 //
 // The check follows the automaton's byte edges level by level, one level per character: every
@@ -17,7 +17,11 @@
 #include <array>
 #include <climits>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -141,7 +145,7 @@ bool utf8_well_formed(const uint8_t* p, size_t n) {
   return true;
 }
 
-bool CompiledGrammar::region_keeps_utf8(const RegionRows& rr, const std::vector<uint8_t>& kept) {
+bool MaskStrategies::region_keeps_utf8(const RegionRows& rr, const std::vector<uint8_t>& kept) {
   RowSteps rs{rr.rows, {}, {}};
   std::vector<int32_t> from, to;
   for (size_t r = 0; r < kept.size(); ++r) {
@@ -158,11 +162,11 @@ bool CompiledGrammar::region_keeps_utf8(const RegionRows& rr, const std::vector<
   return true;
 }
 
-bool CompiledGrammar::range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vector<int32_t>& out) const {
-  const State& st = states[static_cast<size_t>(q)];
+bool MaskStrategies::range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vector<int32_t>& out) const {
+  const State& st = g_.states[static_cast<size_t>(q)];
   unsigned need = lo;  // the first byte of [lo, hi] not yet covered
   for (uint32_t e = st.byte_begin; e < st.byte_end && need <= hi; ++e) {
-    const ByteEdge& be = byte_edges[e];
+    const ByteEdge& be = g_.byte_edges[e];
     if (be.hi < need) continue;
     if (be.lo > need) return false;  // edges are sorted and disjoint: a gap
     add_once(out, be.target);
@@ -171,7 +175,7 @@ bool CompiledGrammar::range_targets(int32_t q, uint8_t lo, uint8_t hi, std::vect
   return need > hi;
 }
 
-bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) const {
+bool MaskStrategies::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) const {
   std::vector<int32_t> level{s}, next, cur, step;
   // Whether a control byte, and a byte no character starts with (80-C1, F5-FF), is dead at every
   // character boundary within reach, and no byte read there can leave the rule but a quote or a
@@ -179,9 +183,9 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) co
   // kContentChars content characters is rejected without a walk.
   bool dead = true;
   auto quiet = [&](int32_t q) {
-    const State& st = states[static_cast<size_t>(q)];
+    const State& st = g_.states[static_cast<size_t>(q)];
     if (st.ref_begin < st.ref_end) return false;  // a callee might take the byte
-    const ByteSet& e = escape[static_cast<size_t>(q)];
+    const ByteSet& e = g_.escape[static_cast<size_t>(q)];
     for (size_t w = 0; w < e.size(); ++w) {
       const uint32_t allowed = w == 1 ? (1u << (0x22 - 32)) : w == 2 ? (1u << (0x5C - 64)) : 0u;
       if (e[w] & ~allowed) return false;
@@ -194,9 +198,9 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) co
     // but '"' and '\\', C2-F4), and none can leave the rule on one.
     bool closed = depth > 0;
     for (int32_t q : level) {
-      const State& st = states[static_cast<size_t>(q)];
+      const State& st = g_.states[static_cast<size_t>(q)];
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-        const ByteEdge& be = byte_edges[e];
+        const ByteEdge& be = g_.byte_edges[e];
         if (be.lo < 0x20 || (be.lo <= 0xC1 && be.hi >= 0x80) || be.hi >= 0xF5) dead = false;
         for (const Range& r : kAsciiContent) {
           if (be.lo <= r.hi && be.hi >= r.lo) closed = false;
@@ -241,7 +245,7 @@ bool CompiledGrammar::content_deep(int32_t s, bool* ctrl_dead, size_t* limit) co
   return true;
 }
 
-bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars) {
+bool MaskStrategies::region_content_deep(const RegionRows& rr, ByteSet* walked, size_t* whole_chars) {
   // Start bytes excluded at most (each one's tokens are walked), and checks begun afresh at most.
   // A level wider than RowSteps::kMaxRows is not a string syntax's (a pattern's product has a few)
   // and fails the check.
@@ -300,8 +304,8 @@ bool CompiledGrammar::region_content_deep(const RegionRows& rr, ByteSet* walked,
   return false;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_from_content(int32_t s) const {
-  const TokenizerInfo& tk = *tok;
+std::shared_ptr<const StateMask> MaskStrategies::compute_from_content(int32_t s) const {
+  const TokenizerInfo& tk = *g_.tok;
   // A vocabulary that is not mostly content tokens walks most of itself anyway.
   bool ctrl_dead = false;
   size_t limit = 0;

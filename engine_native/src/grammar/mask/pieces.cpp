@@ -13,9 +13,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
 #include "grammar/batch/pool.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -63,9 +67,9 @@ class TargetMap {
 };
 }  // namespace
 
-bool CompiledGrammar::piece_calls(int32_t t) const {
+bool MaskStrategies::piece_calls(int32_t t) const {
   // The walk entering t at depth 1 expands t's own references, so they count here too.
-  return states[t].ref_end > states[t].ref_begin || reach_call[t] != 0;
+  return g_.states[t].ref_end > g_.states[t].ref_begin || g_.reach_call[t] != 0;
 }
 
 // Canonical serialization of what a walk entering t reads: the states reachable from t (through
@@ -97,21 +101,21 @@ void append_state(const CompiledGrammar& g, int32_t q, bool calls, bool with_esc
 }
 }  // namespace
 
-void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape,
+void MaskStrategies::append_state_key(int32_t q, bool calls, bool with_escape,
                                        const std::unordered_map<int32_t, int32_t>& num, std::string& ser) const {
   append_state(
-      *this, q, calls, with_escape, [&](int32_t x) { return num.at(x); },
+      g_, q, calls, with_escape, [&](int32_t x) { return num.at(x); },
       [&](int32_t r) { return callee_name(r); }, ser);
 }
 
-void CompiledGrammar::append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
+void MaskStrategies::append_state_key(int32_t q, bool calls, bool with_escape, const std::vector<int32_t>& num_of,
                                        std::string& ser) const {
   append_state(
-      *this, q, calls, with_escape, [&](int32_t x) { return num_of[static_cast<size_t>(x)]; },
+      g_, q, calls, with_escape, [&](int32_t x) { return num_of[static_cast<size_t>(x)]; },
       [&](int32_t r) { return callee_name(r); }, ser);
 }
 
-std::string CompiledGrammar::local_key(int32_t t) const {
+std::string MaskStrategies::local_key(int32_t t) const {
   profile::Scope scope(profile::kLocalKey);
   {
     std::lock_guard<std::mutex> lock(local_mu_);
@@ -119,7 +123,7 @@ std::string CompiledGrammar::local_key(int32_t t) const {
     if (it != local_keys_.end()) return it->second.first;
   }
   const bool calls = piece_calls(t);
-  const int32_t r = states[t].rule;
+  const int32_t r = g_.states[t].rule;
   std::unordered_map<int32_t, int32_t> num{{t, 0}};
   std::vector<int32_t> order{t};
   bool overflow = false;
@@ -133,10 +137,10 @@ std::string CompiledGrammar::local_key(int32_t t) const {
     order.push_back(q);
   };
   for (size_t i = 0; i < order.size() && !overflow; ++i) {
-    const State& st = states[order[i]];
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(byte_edges[e].target);
+    const State& st = g_.states[order[i]];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(g_.byte_edges[e].target);
     if (calls) {
-      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(ref_edges[e].target);
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(g_.ref_edges[e].target);
     }
   }
   std::string ser(1, calls ? 'c' : 'p');
@@ -147,49 +151,49 @@ std::string CompiledGrammar::local_key(int32_t t) const {
     // Named by the whole rule (as the per-state cache does) plus t's index inside it.
     ser.assign(1, calls ? 'C' : 'P');
     ser += calls ? callee_name(r) : rule_key(r, false);
-    put(t - rule_start[r]);
+    put(t - g_.rule_start[r]);
   }
-  if (calls) ser.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
+  if (calls) ser.append(reinterpret_cast<const char*>(g_.follow[r].data()), sizeof(ByteSet));
   std::string key = digest(ser, 'L');
   std::lock_guard<std::mutex> lock(local_mu_);
   const size_t size = overflow ? kMaxLocalStates + 1 : order.size();
   return local_keys_.emplace(t, std::make_pair(std::move(key), size)).first->second.first;
 }
 
-bool CompiledGrammar::local_key_known(int32_t t) const {
+bool MaskStrategies::local_key_known(int32_t t) const {
   std::lock_guard<std::mutex> lock(local_mu_);
   return local_keys_.count(t) != 0;
 }
 
-bool CompiledGrammar::local_small(int32_t t) const {
+bool MaskStrategies::local_small(int32_t t) const {
   const bool calls = piece_calls(t);
   std::vector<int32_t> order{t};
   auto reach = [&](int32_t q) {
     if (std::find(order.begin(), order.end(), q) == order.end()) order.push_back(q);
   };
   for (size_t i = 0; i < order.size() && order.size() <= kMaxSharedStates; ++i) {
-    const State& st = states[static_cast<size_t>(order[i])];
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(byte_edges[e].target);
+    const State& st = g_.states[static_cast<size_t>(order[i])];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(g_.byte_edges[e].target);
     if (calls) {
-      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(ref_edges[e].target);
+      for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(g_.ref_edges[e].target);
     }
   }
   return order.size() <= kMaxSharedStates;
 }
 
-size_t CompiledGrammar::local_size(int32_t t) const {
+size_t MaskStrategies::local_size(int32_t t) const {
   local_key(t);
   std::lock_guard<std::mutex> lock(local_mu_);
   return local_keys_.at(t).second;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t s, bool cached_only) const {
-  const TokenizerInfo& tk = *tok;
+std::shared_ptr<const StateMask> MaskStrategies::compute_by_first_byte(int32_t s, bool cached_only) const {
+  const TokenizerInfo& tk = *g_.tok;
   auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
   std::array<int32_t, 256> target{};
   size_t live = 0;
   for (int b = 0; b < 256; ++b) {
-    target[static_cast<size_t>(b)] = step(s, static_cast<uint8_t>(b));
+    target[static_cast<size_t>(b)] = g_.step(s, static_cast<uint8_t>(b));
     if (target[static_cast<size_t>(b)] >= 0) live += tk.first_byte_end[static_cast<size_t>(b)] - run_begin(b);
   }
   if (live < kMinPieceTokens) return nullptr;
@@ -214,7 +218,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     if (!local_key_known(t) && !local_small(t)) return nullptr;
     std::string key = local_key(t);
     key.push_back(static_cast<char>(best));
-    const bool cached = tok->cache_get(key) != nullptr;
+    const bool cached = g_.tok->cache_get(key) != nullptr;
     if (!cached && (cached_only || local_size(t) > kMaxSharedStates)) return nullptr;
   }
 
@@ -224,7 +228,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
   // which differ in the bytes that continue a property name) copies it, clears the runs of
   // bytes it lacks and ORs the pieces of bytes it adds, instead of ORing ~10^5 ids.
   struct Group {
-    CompiledGrammar::ByteSet bytes{};
+    ByteSet bytes{};
     size_t tokens = 0;
     std::string key;
     std::shared_ptr<const StateMask> ref;
@@ -244,7 +248,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     Group& grp = kv.second;
     if (grp.tokens < kMinUnionTokens) continue;
     grp.key = tkey[kv.first] + "UU";  // 19 bytes: never a piece key (18)
-    grp.ref = tok->cache_get(grp.key);
+    grp.ref = g_.tok->cache_get(grp.key);
   }
 
   std::array<std::shared_ptr<const StateMask>, 256> piece;
@@ -258,7 +262,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
     std::string& key = piece_key[static_cast<size_t>(b)];
     key = tkey[t];
     key.push_back(static_cast<char>(b));
-    piece[static_cast<size_t>(b)] = tok->cache_get(key);
+    piece[static_cast<size_t>(b)] = g_.tok->cache_get(key);
     if (!piece[static_cast<size_t>(b)]) missing[t].push_back(b);
   }
   // Missing runs are walked, then split into per-byte pieces. Targets in loop regions walk
@@ -274,7 +278,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       for (size_t k = k0; k < k1; ++k) {
         const int b = bytes[k];
         auto p = run_piece(tk, seen, walked, run_begin(b), tk.first_byte_end[static_cast<size_t>(b)], false);
-        piece[static_cast<size_t>(b)] = tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
+        piece[static_cast<size_t>(b)] = g_.tok->cache_put(piece_key[static_cast<size_t>(b)], std::move(p));
       }
     });
   };
@@ -372,7 +376,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
                            grown->uncertain.end());
         grown->accepted_bits = scratch;
         grp.ref = std::move(grown);
-        tok->cache_replace(grp.key, grp.ref);
+        g_.tok->cache_replace(grp.key, grp.ref);
       }
       // The union minus the runs of bytes this state sends elsewhere (or nowhere)...
       for (int b = 0; b < 256; ++b) {
@@ -399,7 +403,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_by_first_byte(int32_t 
       uni->accepted_bits = scratch;
       uni->first_bytes = grp.bytes;
       out->uncertain.insert(out->uncertain.end(), uni->uncertain.begin(), uni->uncertain.end());
-      tok->cache_put(grp.key, std::move(uni));
+      g_.tok->cache_put(grp.key, std::move(uni));
     }
     for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
   }

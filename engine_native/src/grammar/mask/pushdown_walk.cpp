@@ -9,7 +9,13 @@
 #include <algorithm>
 #include <atomic>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/item_map.h"
+#include "grammar/mask/mask_strategies.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -22,7 +28,7 @@ constexpr size_t kMaxConfigs = 1 << 16;
 constexpr size_t kMaxSets = 8192;
 }  // namespace
 
-bool CompiledGrammar::calls_within_reach(int32_t s) const { return reach_call[s] != 0; }
+bool MaskStrategies::calls_within_reach(int32_t s) const { return g_.reach_call[s] != 0; }
 
 uint64_t CompiledGrammar::new_uid() {
   static std::atomic<uint64_t> next{1};
@@ -70,23 +76,23 @@ SetDfa& set_dfa(uint64_t grammar) {
 }
 }  // namespace
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls(const std::vector<WalkRange>& ranges,
+std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls(const std::vector<WalkRange>& ranges,
                                                                           const StateMask* base) const {
   std::shared_ptr<const StateMask> split;
   if (split_walk(ranges, base, true, &split)) return split;
   return compute_mask_with_calls_part(ranges, base, false);
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(const std::vector<WalkRange>& ranges,
+std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(const std::vector<WalkRange>& ranges,
                                                                                const StateMask* base,
                                                                                bool resume) const {
-  const TokenizerInfo& t = *tok;
+  const TokenizerInfo& t = *g_.tok;
   auto out = std::make_shared<StateMask>();
   AcceptedSet accepted(static_cast<size_t>(t.words), base, live_tokens(ranges));
 
   // The lazily built DFA over configuration sets depends on the grammar alone (each walk only
   // picks its start set), so consecutive walks on this thread over the same grammar share it.
-  SetDfa& dfa = set_dfa(uid);
+  SetDfa& dfa = set_dfa(g_.uid);
   std::vector<SetDfa::Node>& nodes = dfa.nodes;
   std::unordered_map<uint64_t, int32_t>& node_ids = dfa.node_ids;
   const size_t sets_before = dfa.sets.size();
@@ -120,20 +126,20 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
         break;
       }
       const Item c = cfg[k];
-      const State& st = states[c.state];
+      const State& st = g_.states[c.state];
       for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
         if (c.origin >= 0 && nodes[c.origin].depth >= kMaxStack) {
           leave = 2;
           continue;
         }
-        const RefEdge& re = ref_edges[e];
+        const RefEdge& re = g_.ref_edges[e];
         // A call whose return state only finishes (final, no edges) returns straight to the
         // caller's own return: the frame is dropped, so calls in tail position (every free
         // branch of a key-trie node, say) lead to the same configurations from whichever
         // state made them, and their sets and transitions are shared across those states.
-        const State& rt = states[re.target];
+        const State& rt = g_.states[re.target];
         const bool tail = rt.final && rt.byte_end == rt.byte_begin && rt.ref_end == rt.ref_begin;
-        add(rule_start[re.rule], tail ? c.origin : intern(re.target, c.origin));
+        add(g_.rule_start[re.rule], tail ? c.origin : intern(re.target, c.origin));
       }
       if (st.final) {
         if (c.origin < 0) {
@@ -156,7 +162,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     // expanded, its finishing is in `leave`): sets differing only in such configurations (the
     // calling state of each key-trie node, say) behave alike and are stored as one.
     cfg.erase(std::remove_if(cfg.begin(), cfg.end(),
-                             [&](const Item& c) { return states[c.state].byte_end == states[c.state].byte_begin; }),
+                             [&](const Item& c) { return g_.states[c.state].byte_end == g_.states[c.state].byte_begin; }),
               cfg.end());
     // `leave` joins the key: a walk's unexpanded start set ({(s, -1)}, leave 0) must not stand
     // for the same configurations reached by a byte, where s may be final (leave 1).
@@ -174,7 +180,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back({pool.size(), pool.size() + cfg.size(), leave});
     ByteSet reads{};
-    for (const Item& c : cfg) add_live_bytes(c.state, reads);
+    for (const Item& c : cfg) g_.add_live_bytes(c.state, reads);
     dfa.live.push_back(reads);
     pool.insert(pool.end(), cfg.begin(), cfg.end());
     trans.resize(trans.size() + 256, -2);
@@ -186,7 +192,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     cfg.clear();
     seen.clear();
     for (size_t k = sets[a].begin; k < sets[a].end; ++k) {
-      int32_t nx = step(pool[k].state, b);
+      int32_t nx = g_.step(pool[k].state, b);
       if (nx >= 0) add(nx, pool[k].origin);
     }
     if (cfg.empty()) return -1;
@@ -212,7 +218,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
   // loop region, whose walk computed the flag up to there.
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
   // live0: the first bytes live0_state reads (ranges from one state share it).
-  CompiledGrammar::ByteSet live0{};
+  ByteSet live0{};
   int32_t live0_state = -1;
   RangeCarry carry(ranges);
   for (size_t r = 0; r < ranges.size(); ++r) {
@@ -230,7 +236,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     set_at[depth0] = intern_set(leave0);
     flag[depth0] = range.flag;
     // Every range's state belongs to the item's rule (they are byte-edge targets within it).
-    const ByteSet& fol = follow[states[range.state].rule];
+    const ByteSet& fol = g_.follow[g_.states[range.state].rule];
     auto escapes = [&](size_t d, uint8_t b) {
       const uint8_t leave = sets[set_at[d]].leave;
       return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
@@ -241,7 +247,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_with_calls_part(c
     if (depth0 == 0 && range.state != live0_state) {
       live0_state = range.state;
       live0.fill(0);
-      add_live_bytes(range.state, live0);
+      g_.add_live_bytes(range.state, live0);
     }
     size_t valid = depth0;
     for (size_t i = begin; i < range.end; ++i) {

@@ -5,8 +5,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -15,7 +20,7 @@ namespace {
 bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits);
 }  // namespace
 
-bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const {
+bool MaskStrategies::region_of(int32_t s, std::string* key, std::vector<int32_t>* exits) const {
   // Memoized: the pieces of a region state ask for the regions of all its neighbours.
   {
     std::lock_guard<std::mutex> lock(region_mu_);
@@ -27,7 +32,7 @@ bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t
     }
   }
   RegionMemo memo;
-  memo.found = find_region(*this, s, &memo.key, &memo.exits);
+  memo.found = find_region(g_, s, &memo.key, &memo.exits);
   // Kept as digests (the serialization of a region reaches tens of KB).
   if (memo.found) {
     memo.digest_q = digest(memo.key, 'Q');
@@ -43,7 +48,7 @@ bool CompiledGrammar::region_of(int32_t s, std::string* key, std::vector<int32_t
   return found;
 }
 
-bool CompiledGrammar::region_digest_q(int32_t s, std::string* qkey, std::vector<int32_t>* exits) const {
+bool MaskStrategies::region_digest_q(int32_t s, std::string* qkey, std::vector<int32_t>* exits) const {
   std::string raw;
   if (!region_of(s, &raw, exits)) return false;
   std::lock_guard<std::mutex> lock(region_mu_);
@@ -55,7 +60,6 @@ namespace {
 bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vector<int32_t>* exits) {
   const auto& states = g.states;
   const auto& byte_edges = g.byte_edges;
-  using ByteSet = CompiledGrammar::ByteSet;
   // Bounded so that the search stays cheap next to the walk it replaces.
   constexpr size_t kMaxRegion = 512;
   auto inside = [&](int32_t q) { return states[q].ref_end == states[q].ref_begin; };
@@ -176,25 +180,25 @@ bool find_region(const CompiledGrammar& g, int32_t s, std::string* key, std::vec
 // each run of tokens sharing the prefix that leaves the region is recorded as an exit. The
 // result depends on the region's shape (and follow set) only, so every string-content state of
 // every rule with the same string syntax shares it; each such state then walks just its exits.
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region(int32_t s, const std::vector<int32_t>& exits) const {
+std::shared_ptr<const StateMask> MaskStrategies::compute_region(int32_t s, const std::vector<int32_t>& exits) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(s, exits);
   if (auto content = compute_region_content(rr, s, 0)) return content;
-  if (auto classes = region_from_classes(rr, s, {{0, tok->sorted.size()}}, 0)) return classes;
+  if (auto classes = region_from_classes(rr, s, {{0, g_.tok->sorted.size()}}, 0)) return classes;
   std::shared_ptr<const StateMask> split;
   if (split_region(s, rr, &split)) return split;
-  return compute_region_part(rr, s, 0, tok->sorted.size(), false);
+  return compute_region_part(rr, s, 0, g_.tok->sorted.size(), false);
 }
 
-CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const std::vector<int32_t>& exits) const {
+MaskStrategies::RegionRows MaskStrategies::region_rows(int32_t start, const std::vector<int32_t>& exits) const {
   std::unordered_map<int32_t, int32_t> exit_of;
   for (size_t k = 0; k < exits.size(); ++k) exit_of[exits[k]] = static_cast<int32_t>(k);
   std::unordered_map<int32_t, int32_t> row_of{{start, 0}};
   std::vector<int32_t> order{start};
   for (size_t i = 0; i < order.size(); ++i) {
-    const State& st = states[order[i]];
+    const State& st = g_.states[order[i]];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const int32_t q = byte_edges[e].target;
+      const int32_t q = g_.byte_edges[e].target;
       if (!exit_of.count(q) && row_of.emplace(q, static_cast<int32_t>(order.size())).second) order.push_back(q);
     }
   }
@@ -202,10 +206,10 @@ CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const st
   rr.rows.assign(order.size() * 256, -1);
   rr.final.resize(order.size());
   for (size_t r = 0; r < order.size(); ++r) {
-    const State& st = states[order[r]];
+    const State& st = g_.states[order[r]];
     rr.final[r] = st.final ? 1 : 0;
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
+      const ByteEdge& be = g_.byte_edges[e];
       auto ex = exit_of.find(be.target);
       const int32_t v = ex == exit_of.end() ? row_of.at(be.target) : -2 - ex->second;
       for (int b = be.lo; b <= be.hi; ++b) rr.rows[r * 256 + static_cast<size_t>(b)] = v;
@@ -215,12 +219,12 @@ CompiledGrammar::RegionRows CompiledGrammar::region_rows(int32_t start, const st
 }
 
 size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
-                         const CompiledGrammar::ByteSet& fol, size_t begin, size_t stop, bool resume, size_t first,
+                         const ByteSet& fol, size_t begin, size_t stop, bool resume, size_t first,
                          std::vector<int32_t>& stack, std::vector<uint8_t>& flag, std::vector<uint32_t>& bits,
                          StateMask& out) {
   size_t n_accepted = 0;
   // escapes(d, b): after d >= 1 bytes the rule may finish and byte b may follow it.
-  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && CompiledGrammar::has(fol, b); };
+  auto escapes = [&](size_t d, int32_t r, uint8_t b) { return d > 0 && row_final[r] && has(fol, b); };
   stack[first] = 0;  // the start state's row
   flag[first] = 0;
   size_t valid = first;
@@ -259,23 +263,23 @@ size_t walk_region_range(const TokenizerInfo& t, const std::vector<int32_t>& row
   return n_accepted;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
+std::shared_ptr<const StateMask> MaskStrategies::compute_region_part(const RegionRows& rr, int32_t s, size_t begin,
                                                                       size_t stop, bool resume) const {
-  const TokenizerInfo& t = *tok;
+  const TokenizerInfo& t = *g_.tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
   const size_t n_accepted =
-      walk_region_range(t, rr.rows, rr.final, follow[states[s].rule], begin, stop, resume, 0, stack, flag, bits, *out);
+      walk_region_range(t, rr.rows, rr.final, g_.follow[g_.states[s].rule], begin, stop, resume, 0, stack, flag, bits, *out);
   finish_mask(*out, std::move(bits), n_accepted);
   out->exits.shrink_to_fit();
   return out;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const RegionRows& rr, int32_t s,
+std::shared_ptr<const StateMask> MaskStrategies::compute_region_content(const RegionRows& rr, int32_t s,
                                                                          size_t first) const {
-  const TokenizerInfo& t = *tok;
+  const TokenizerInfo& t = *g_.tok;
   // A vocabulary that is not mostly content tokens walks most of itself anyway.
   ByteSet walked{};
   size_t whole_chars = 0;
@@ -322,7 +326,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_region_content(const R
   auto out = std::make_shared<StateMask>();
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1, 0);
-  const ByteSet& fol = follow[states[s].rule];
+  const ByteSet& fol = g_.follow[g_.states[s].rule];
   for (size_t i = 0; i < listed.size();) {
     size_t j = i + 1;
     while (j < listed.size() && listed[j] == listed[j - 1] + 1) ++j;

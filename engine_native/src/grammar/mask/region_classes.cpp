@@ -1,7 +1,7 @@
 // Loop-region walks from byte classes: regions such as `[a-z]+`, `\w+` or `[0-9a-f]*`.
 //
 // A class region fails the content check (most content characters die in it), so its walk
-// visited every token that starts inside it: ~0.3 ms at depth 0 for 129k tokens, and ~1 ms at
+// visits every token that starts inside it: ~0.3 ms at depth 0 for 129k tokens, and ~1 ms at
 // depth 1 (first-byte pieces, grammar/mask/region_pieces.cpp), where the first byte is taken as read
 // and every " word" token walks to its end. Yet most tokens are decided by which bytes they hold,
 // not by their order: with stay = the bytes that keep a walk among a set of rows closed under
@@ -20,8 +20,13 @@
 #include <algorithm>
 #include <atomic>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/batch/batch.h"
 #include "grammar/batch/pool.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -106,7 +111,7 @@ std::array<uint8_t, 256> settle_stays(const std::vector<int32_t>& rows, size_t n
 // Group-level classes of a region: a group stays (is dead) only if all its bytes do; it leaves if
 // any of its bytes may.
 void group_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>& row_final,
-                   const CompiledGrammar::ByteSet& fol, const std::array<uint8_t, 256>& stays, ByteClasses* c) {
+                   const ByteSet& fol, const std::array<uint8_t, 256>& stays, ByteClasses* c) {
   bool any_final = false;
   for (uint8_t f : row_final) any_final = any_final || f != 0;
   const size_t n_rows = row_final.size();
@@ -114,7 +119,7 @@ void group_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>&
   c->dead = c->stay;
   for (unsigned b = 0; b < 256; ++b) {
     bool all_dead = true;
-    bool leave = any_final && CompiledGrammar::has(fol, static_cast<uint8_t>(b));
+    bool leave = any_final && has(fol, static_cast<uint8_t>(b));
     for (size_t r = 0; r < n_rows; ++r) {
       const int32_t v = rows[r * 256 + b];
       all_dead = all_dead && v == -1;
@@ -130,10 +135,10 @@ void group_classes(const std::vector<int32_t>& rows, const std::vector<uint8_t>&
 
 }  // namespace
 
-std::shared_ptr<const StateMask> CompiledGrammar::region_from_classes(
+std::shared_ptr<const StateMask> MaskStrategies::region_from_classes(
     const RegionRows& rr, int32_t s, const std::vector<std::pair<size_t, size_t>>& runs, size_t first) const {
-  const TokenizerInfo& t = *tok;
-  const ByteSet& fol = follow[states[s].rule];
+  const TokenizerInfo& t = *g_.tok;
+  const ByteSet& fol = g_.follow[g_.states[s].rule];
   // A class of characters (`[^/]+`, `\S+`) keeps the bytes of its non-ASCII characters among its
   // rows only as whole sequences: its ASCII stay bytes are settled first, then its sequences
   // checked; otherwise bytes from 80 on are treated like the others.

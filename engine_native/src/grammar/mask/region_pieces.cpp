@@ -11,21 +11,25 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
 #include "grammar/batch/pool.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
 
-std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, std::vector<int32_t>* exits,
+std::shared_ptr<const StateMask> MaskStrategies::region_at_depth1(int32_t t, std::vector<int32_t>* exits,
                                                                    const std::vector<int>& bytes) const {
   std::string key;
   if (!region_of(t, &key, exits)) return nullptr;
   key = digest(key, 'Q');
   // The whole vocabulary's walk serves every set of first bytes.
-  if (auto hit = tok->cache_get(key)) return hit;
-  const TokenizerInfo& tk = *tok;
+  if (auto hit = g_.tok->cache_get(key)) return hit;
+  const TokenizerInfo& tk = *g_.tok;
   std::vector<std::pair<size_t, size_t>> runs;
   size_t n_runs = 0;
   for (int b : bytes) {
@@ -44,20 +48,20 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_at_depth1(int32_t t, st
   // vocabulary): those runs alone are walked, cached for this byte set. Most of the vocabulary
   // is worth walking whole, for every later byte set.
   if (n_runs * 2 > tk.sorted.size()) {
-    return tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tk.sorted.size()}}));
+    return g_.tok->cache_put(key, walk_region_depth1(t, *exits, {{0, tk.sorted.size()}}));
   }
   std::string bkey = key;
   for (int b : bytes) bkey.push_back(static_cast<char>(b));
   bkey = digest(bkey, 'B');
-  if (auto hit = tok->cache_get(bkey)) return hit;
-  return tok->cache_put(bkey, walk_region_depth1(t, *exits, runs));
+  if (auto hit = g_.tok->cache_get(bkey)) return hit;
+  return g_.tok->cache_put(bkey, walk_region_depth1(t, *exits, runs));
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
+std::shared_ptr<const StateMask> MaskStrategies::walk_region_depth1(
     int32_t t, const std::vector<int32_t>& exits, const std::vector<std::pair<size_t, size_t>>& runs) const {
   // Built once per walk: a split walk's parts share it.
   const RegionRows rr = region_rows(t, exits);
-  const bool whole = runs.size() == 1 && runs[0].first == 0 && runs[0].second == tok->sorted.size();
+  const bool whole = runs.size() == 1 && runs[0].first == 0 && runs[0].second == g_.tok->sorted.size();
   if (whole) {
     if (auto content = compute_region_content(rr, t, 1)) return content;
   }
@@ -67,15 +71,15 @@ std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1(
   return walk_region_depth1_part(rr, t, runs, false);
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::walk_region_depth1_part(
+std::shared_ptr<const StateMask> MaskStrategies::walk_region_depth1_part(
     const RegionRows& rr, int32_t t, const std::vector<std::pair<size_t, size_t>>& runs, bool resume) const {
-  const TokenizerInfo& tk = *tok;
+  const TokenizerInfo& tk = *g_.tok;
   auto out = std::make_shared<StateMask>();
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
   std::vector<int32_t> stack(tk.max_token_len + 1);
   std::vector<uint8_t> flag(tk.max_token_len + 1, 0);
   size_t n_accepted = 0;
-  const ByteSet& fol = follow[states[t].rule];
+  const ByteSet& fol = g_.follow[g_.states[t].rule];
   // Byte 0 is taken as read (into t); only the first run can continue one of a previous part.
   for (size_t k = 0; k < runs.size(); ++k) {
     n_accepted += walk_region_range(tk, rr.rows, rr.final, fol, runs[k].first, runs[k].second, resume && k == 0, 1,
@@ -102,15 +106,15 @@ constexpr size_t kDigestGrain = 4;
 // of that run entering t = step(s, b) at depth 1 inside t's region, which depends only on that
 // region's shape and b: cached per (shape, b), and per shape as a dense union over the bytes
 // first seen leading there, so the next state copies the union and walks only its other runs.
-std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s,
+std::shared_ptr<const StateMask> MaskStrategies::region_by_first_byte(int32_t s,
                                                                        const std::vector<int32_t>& exits) const {
-  const TokenizerInfo& tk = *tok;
+  const TokenizerInfo& tk = *g_.tok;
   auto run_begin = [&](int b) -> size_t { return b == 0 ? 0 : tk.first_byte_end[static_cast<size_t>(b) - 1]; };
   auto run_end = [&](int b) -> size_t { return tk.first_byte_end[static_cast<size_t>(b)]; };
   std::array<int32_t, 256> target{};
   size_t live = 0;
   for (int b = 0; b < 256; ++b) {
-    target[static_cast<size_t>(b)] = step(s, static_cast<uint8_t>(b));
+    target[static_cast<size_t>(b)] = g_.step(s, static_cast<uint8_t>(b));
     if (target[static_cast<size_t>(b)] >= 0) live += run_end(b) - run_begin(b);
   }
   if (live < kMinRegionPieceTokens) return nullptr;
@@ -175,10 +179,10 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
   for (int32_t t : order) {
     Target& x = targets[t];
     if (x.exit) continue;
-    if (x.tokens >= kMinRegionUnionTokens) x.uni = tok->cache_get(x.key + "UU");
+    if (x.tokens >= kMinRegionUnionTokens) x.uni = g_.tok->cache_get(x.key + "UU");
     for (int b = 0; b < 256; ++b) {
       if (!has(x.bytes, static_cast<uint8_t>(b)) || (x.uni && has(x.uni->first_bytes, static_cast<uint8_t>(b)))) continue;
-      piece[static_cast<size_t>(b)] = tok->cache_get(x.key + static_cast<char>(b));
+      piece[static_cast<size_t>(b)] = g_.tok->cache_get(x.key + static_cast<char>(b));
       if (!piece[static_cast<size_t>(b)]) {
         missing[t].push_back(b);
         missing_tokens += run_end(b) - run_begin(b);
@@ -218,7 +222,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
         ByteSet bytes{};
         for (int b : it->second) bytes[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
         // The uncertain positions and exits of the runs of `byte_list` (ascending), found by search:
-        // both lists are in walk order, and a scan of them per byte was quadratic.
+        // both lists are in walk order, and a scan of them per byte would be quadratic.
         auto take = [&](const std::vector<int>& byte_list, StateMask& p) {
           const auto& unc = whole->uncertain;
           const auto& ex = whole->exits;
@@ -238,8 +242,8 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
           for (int b : it->second) union_tokens += run_end(b) - run_begin(b);
           if (2 * union_tokens > tk.sorted.size()) {
             // Most of the vocabulary (the target a search pattern's mismatches go back to): the
-            // walk's accepted tokens less those of the other first bytes. A pass over the union's
-            // own tokens took ~0.3 ms on one thread while the others waited.
+            // walk's accepted tokens less those of the other first bytes (a pass over the union's
+            // own tokens costs ~0.3 ms on one thread while the others wait).
             ub = scratch;
             for (int b = 0; b < 256; ++b) {
               if (has(bytes, static_cast<uint8_t>(b))) continue;
@@ -260,7 +264,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
           uni->accepted_bits = std::move(ub);
           uni->first_bytes = bytes;
           take(it->second, *uni);
-          tok->cache_put(x.key + "UU", std::move(uni));
+          g_.tok->cache_put(x.key + "UU", std::move(uni));
           continue;
         }
         for (int b : it->second) {
@@ -277,7 +281,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
           ids.resize(n);
           take({b}, *p);
           p->accepted_ids.shrink_to_fit();
-          tok->cache_put(x.key + static_cast<char>(b), std::move(p));
+          g_.tok->cache_put(x.key + static_cast<char>(b), std::move(p));
         }
       }
     });
@@ -309,7 +313,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
         for (size_t k = k0; k < k1; ++k) {
           const int b = bytes[k];
           auto p = run_piece(tk, seen, *walked, run_begin(b), run_end(b), true);
-          piece[static_cast<size_t>(b)] = tok->cache_put(x.key + static_cast<char>(b), std::move(p));
+          piece[static_cast<size_t>(b)] = g_.tok->cache_put(x.key + static_cast<char>(b), std::move(p));
         }
       });
     }
@@ -369,7 +373,7 @@ std::shared_ptr<const StateMask> CompiledGrammar::region_by_first_byte(int32_t s
       uni->first_bytes = x.bytes;
       out->uncertain.insert(out->uncertain.end(), uni->uncertain.begin(), uni->uncertain.end());
       for (const RegionExit& e : uni->exits) add_exit(x, e);
-      tok->cache_put(x.key + "UU", std::move(uni));
+      g_.tok->cache_put(x.key + "UU", std::move(uni));
     }
     for (size_t w = 0; w < bits.size(); ++w) bits[w] |= scratch[w];
   }

@@ -12,8 +12,13 @@
 #include <algorithm>
 #include <array>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -40,7 +45,7 @@ Scratch& scratch(size_t n_states) {
 }
 }  // namespace
 
-const std::string& CompiledGrammar::short_key(int32_t s) const {
+const std::string& MaskStrategies::short_key(int32_t s) const {
   profile::Scope scope(profile::kShortKey);
   {
     std::lock_guard<std::mutex> lock(local_mu_);
@@ -48,10 +53,10 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
     if (it != short_keys_.end()) return it->second;
   }
   const bool calls = calls_within_reach(s);
-  const int32_t r = states[s].rule;
+  const int32_t r = g_.states[s].rule;
   // Per-thread flat arrays indexed by state (reset entry by entry): hash maps cost most of the
   // key on the positions of a counted repeat (hundreds of states per neighbourhood).
-  Scratch& sc = scratch(states.size());
+  Scratch& sc = scratch(g_.states.size());
   std::vector<int32_t>& dist = sc.dist;
   std::vector<int32_t> order;
   // Leaves the scratch clean however this returns (rule_key may throw on a grammar limit).
@@ -89,10 +94,10 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
     for (size_t i = 0; i < bucket.size() && !overflow; ++i) {
       const int32_t q = bucket[i];
       if (dist[static_cast<size_t>(q)] != d) continue;
-      const State& st = states[q];
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) relax(byte_edges[e].target, d + 1);
+      const State& st = g_.states[q];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) relax(g_.byte_edges[e].target, d + 1);
       if (calls) {
-        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) relax(ref_edges[e].target, d);
+        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) relax(g_.ref_edges[e].target, d);
       }
     }
   }
@@ -112,10 +117,10 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
     };
     for (size_t i = 0; i < order.size(); ++i) {
       if (!inside(order[i])) continue;
-      const State& st = states[order[i]];
-      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(byte_edges[e].target);
+      const State& st = g_.states[order[i]];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(g_.byte_edges[e].target);
       if (calls) {
-        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(ref_edges[e].target);
+        for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) reach(g_.ref_edges[e].target);
       }
     }
     std::string ser(1, calls ? 'c' : 'p');
@@ -129,14 +134,14 @@ const std::string& CompiledGrammar::short_key(int32_t s) const {
       }
       append_state_key(q, calls, true, num, ser);
     }
-    ser.append(reinterpret_cast<const char*>(follow[r].data()), sizeof(ByteSet));
+    ser.append(reinterpret_cast<const char*>(g_.follow[r].data()), sizeof(ByteSet));
     key = digest(ser, 'S');
   }
   std::lock_guard<std::mutex> lock(local_mu_);
   return short_keys_.emplace(s, std::move(key)).first->second;
 }
 
-// The plain walk (CompiledGrammar::compute_mask) of some tokens from s, stepping through the
+// The plain walk (MaskStrategies::compute_mask) of some tokens from s, stepping through the
 // edge lists instead of building a 256-entry row per state met: the long tokens of a counted
 // repeat's position run deep into the chain, meeting hundreds of states a few times each.
 // `longs` is sorted; a run found dead covers every listed position it reaches (and, with its
@@ -150,14 +155,14 @@ std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_
   std::vector<int32_t> stack(t.max_token_len + 1);
   std::vector<uint8_t> flag(t.max_token_len + 1);
   // escapes(q, d, b): control could leave the rule at byte d (>= 1) of the token, reading b.
-  auto escapes = [&](int32_t q, size_t d, uint8_t b) { return d > 0 && CompiledGrammar::has(g.escape[q], b); };
+  auto escapes = [&](int32_t q, size_t d, uint8_t b) { return d > 0 && has(g.escape[q], b); };
   // The bytes after which a token dying in q at depth d is not simply rejected: q's live bytes,
   // plus from depth 1 on its escape set.
-  std::unordered_map<int64_t, CompiledGrammar::ByteSet> stops;
-  auto stop_of = [&](int32_t q, bool deep) -> const CompiledGrammar::ByteSet& {
+  std::unordered_map<int64_t, ByteSet> stops;
+  auto stop_of = [&](int32_t q, bool deep) -> const ByteSet& {
     auto [it, fresh] = stops.try_emplace((static_cast<int64_t>(q) << 1) | (deep ? 1 : 0));
     if (fresh) {
-      CompiledGrammar::ByteSet& set = it->second;
+      ByteSet& set = it->second;
       set.fill(0);
       g.add_live_bytes(q, set);
       if (deep) {
@@ -218,16 +223,16 @@ std::shared_ptr<const StateMask> walk_positions(const CompiledGrammar& g, int32_
   return out;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_from_short(int32_t s, bool calls) const {
+std::shared_ptr<const StateMask> MaskStrategies::compute_from_short(int32_t s, bool calls) const {
   if (!dense_start(s) || short_key(s).empty()) return nullptr;
-  std::shared_ptr<const StateMask> part = tok->cache_get(short_key(s));
+  std::shared_ptr<const StateMask> part = g_.tok->cache_get(short_key(s));
   if (!part) return nullptr;
-  return walk_listed(s, tok->long_sorted, part.get(), calls);
+  return walk_listed(s, g_.tok->long_sorted, part.get(), calls);
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::walk_listed(int32_t s, const std::vector<int32_t>& listed,
+std::shared_ptr<const StateMask> MaskStrategies::walk_listed(int32_t s, const std::vector<int32_t>& listed,
                                                               const StateMask* base, bool calls) const {
-  if (!calls) return walk_positions(*this, s, listed, base);
+  if (!calls) return walk_positions(g_, s, listed, base);
   // The pushdown walk takes them in blocks of consecutive sorted positions (the walks reuse
   // common prefixes inside a range).
   std::vector<WalkRange> ranges;
@@ -242,9 +247,9 @@ std::shared_ptr<const StateMask> CompiledGrammar::walk_listed(int32_t s, const s
   return out ? out : compute_mask(ranges, base);
 }
 
-void CompiledGrammar::put_short(int32_t s, const StateMask& full) const {
-  if (!dense_start(s) || short_key(s).empty() || tok->cache_get(short_key(s))) return;
-  const TokenizerInfo& tk = *tok;
+void MaskStrategies::put_short(int32_t s, const StateMask& full) const {
+  if (!dense_start(s) || short_key(s).empty() || g_.tok->cache_get(short_key(s))) return;
+  const TokenizerInfo& tk = *g_.tok;
   auto is_short = [&](int32_t id) { return tk.tokens[static_cast<size_t>(id)].size() <= TokenizerInfo::kShortTokenLen; };
   std::vector<uint32_t> bits(static_cast<size_t>(tk.words), 0);
   size_t n = seed_bits_except(&full, bits, tk.long_sorted, tk.sorted);
@@ -254,7 +259,7 @@ void CompiledGrammar::put_short(int32_t s, const StateMask& full) const {
   }
   finish_mask(*part, std::move(bits), n);
   part->uncertain.shrink_to_fit();
-  tok->cache_put(short_key(s), std::move(part));
+  g_.tok->cache_put(short_key(s), std::move(part));
 }
 
 }  // namespace grammar

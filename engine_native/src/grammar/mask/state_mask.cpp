@@ -6,8 +6,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -34,7 +39,7 @@ struct RowIndex {
 };
 }  // namespace
 
-CompiledGrammar::RangeCarry::RangeCarry(const std::vector<WalkRange>& ranges)
+MaskStrategies::RangeCarry::RangeCarry(const std::vector<WalkRange>& ranges)
     : ranges_(ranges), group_(ranges.size()), limit_(ranges.size()) {
   for (size_t r = 0; r < ranges.size(); ++r) {
     const WalkRange& a = ranges[r];
@@ -47,20 +52,20 @@ CompiledGrammar::RangeCarry::RangeCarry(const std::vector<WalkRange>& ranges)
   }
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask(const std::vector<WalkRange>& ranges,
+std::shared_ptr<const StateMask> MaskStrategies::compute_mask(const std::vector<WalkRange>& ranges,
                                                                const StateMask* base) const {
   std::shared_ptr<const StateMask> split;
   if (split_walk(ranges, base, false, &split)) return split;
   return compute_mask_part(ranges, base, false);
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::vector<WalkRange>& ranges,
+std::shared_ptr<const StateMask> MaskStrategies::compute_mask_part(const std::vector<WalkRange>& ranges,
                                                                     const StateMask* base, bool resume) const {
-  const TokenizerInfo& t = *tok;
+  const TokenizerInfo& t = *g_.tok;
   auto out = std::make_shared<StateMask>();
   AcceptedSet accepted(static_cast<size_t>(t.words), base, live_tokens(ranges));
   // Dense 256-entry transition rows for the states this walk meets (the walk is the hot loop).
-  RowIndex index(states.size());
+  RowIndex index(g_.states.size());
   std::vector<int32_t>& row_of = index.row_of;
   std::vector<int32_t> rows;
   std::vector<const ByteSet*> row_escape;
@@ -75,17 +80,17 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
     rows.resize(rows.size() + 256, -1);
     row_live.push_back(ByteSet{});
     ByteSet& live = row_live.back();
-    const State& st = states[q];
+    const State& st = g_.states[q];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
+      const ByteEdge& be = g_.byte_edges[e];
       for (int b = be.lo; b <= be.hi; ++b) {
         rows[static_cast<size_t>(r) * 256 + b] = be.target;
         live[static_cast<size_t>(b) >> 5] |= 1u << (b & 31);
       }
     }
     row_stop.push_back(live);
-    for (size_t w = 0; w < 8; ++w) row_stop.back()[w] |= escape[q][w];
-    row_escape.push_back(&escape[q]);
+    for (size_t w = 0; w < 8; ++w) row_stop.back()[w] |= g_.escape[q][w];
+    row_escape.push_back(&g_.escape[q]);
     return r;
   };
   // stack[d]: row of the automaton state after d bytes of the current token. flag[d]: at some
@@ -154,13 +159,13 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_mask_part(const std::v
 }
 
 
-bool CompiledGrammar::dense_start(int32_t s) const {
+bool MaskStrategies::dense_start(int32_t s) const {
   constexpr size_t kMinDense = 4096;
   size_t live = 0;
-  const State& st = states[s];
+  const State& st = g_.states[s];
   for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-    const ByteEdge& be = byte_edges[e];
-    live += tok->first_byte_end[be.hi] - (be.lo == 0 ? 0 : tok->first_byte_end[be.lo - 1u]);
+    const ByteEdge& be = g_.byte_edges[e];
+    live += g_.tok->first_byte_end[be.hi] - (be.lo == 0 ? 0 : g_.tok->first_byte_end[be.lo - 1u]);
   }
   return live >= kMinDense;
 }
@@ -172,8 +177,8 @@ bool CompiledGrammar::dense_start(int32_t s) const {
 // runs that share the prefix where the rule could be left; the plain walk's rows cost less per
 // byte than the pushdown walk's configuration sets, so the dense part of the vocabulary is
 // cheaper there.
-std::shared_ptr<const StateMask> CompiledGrammar::refine_with_calls(int32_t s) const {
-  std::shared_ptr<const StateMask> plain = compute_mask({{0, tok->sorted.size(), 0, s, 0}}, nullptr);
+std::shared_ptr<const StateMask> MaskStrategies::refine_with_calls(int32_t s) const {
+  std::shared_ptr<const StateMask> plain = compute_mask({{0, g_.tok->sorted.size(), 0, s, 0}}, nullptr);
   if (plain->uncertain.empty()) return plain;
   std::vector<WalkRange> ranges;
   for (size_t i = 0; i < plain->uncertain.size();) {
@@ -189,8 +194,13 @@ std::shared_ptr<const StateMask> CompiledGrammar::refine_with_calls(int32_t s) c
   return refined ? refined : plain;  // a pushdown walk that gives up leaves the coarser answer
 }
 
-const StateMask& CompiledGrammar::mask_for(int32_t s) const {
-  const StateMask* p = masks_[s].load(std::memory_order_acquire);
+void MaskStrategies::reset(size_t num_states) {
+  state_masks_.reset(new std::atomic<const StateMask*>[num_states]);
+  for (size_t i = 0; i < num_states; ++i) state_masks_[i].store(nullptr, std::memory_order_relaxed);
+}
+
+const StateMask& MaskStrategies::mask_for(int32_t s) const {
+  const StateMask* p = state_masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   const bool calls = calls_within_reach(s);
   // The shared cache pays off across grammars; within one grammar a state's key is its own.
@@ -199,13 +209,13 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
   // the whole grammar). A plain key serializes the state's rule: half a millisecond for a long
   // counted chain (a `maxLength` of 1 024). States whose key would cost that much are
   // classified for this grammar alone, until their key exists anyway.
-  const bool keyed = calls ? pushdown_keys_ready(states[s].rule) : plain_key_cheap(states[s].rule);
+  const bool keyed = calls ? pushdown_keys_ready(g_.states[s].rule) : plain_key_cheap(g_.states[s].rule);
   std::string key;
   std::shared_ptr<const StateMask> m;
   if (keyed) {
     profile::Scope scope(profile::kStateKey);
     key = structure_key(s);
-    m = tok->cache_get(key);
+    m = g_.tok->cache_get(key);
   }
   if (!m) {
     // A state inside a loop region reuses the region's shared walk and classifies only the
@@ -215,7 +225,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     std::shared_ptr<const StateMask> region;
     if (region_of(s, &region_key, &exit_states)) {
       region_key = digest(region_key, 'R');
-      region = tok->cache_get(region_key);
+      region = g_.tok->cache_get(region_key);
       if (!region) {
         // A dense region's walk from its first bytes' targets (shared by its neighbours'),
         // else the region walk itself.
@@ -224,7 +234,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
           region = region_by_first_byte(s, exit_states);
         }
         profile::Scope scope(profile::kRegionWalk);
-        region = tok->cache_put(region_key, region ? region : compute_region(s, exit_states));
+        region = g_.tok->cache_put(region_key, region ? region : compute_region(s, exit_states));
       }
     }
     std::vector<WalkRange> ranges;
@@ -234,7 +244,7 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
                           exit_states[static_cast<size_t>(e.exit)], static_cast<uint8_t>(e.flag)});
       }
     } else {
-      ranges.push_back({0, tok->sorted.size(), 0, s, 0});
+      ranges.push_back({0, g_.tok->sorted.size(), 0, s, 0});
     }
     // A dense state outside a loop region reuses the short-token mask of a state alike within
     // a short token's reach (counted repeats), or assembles its mask from cached first-byte pieces.
@@ -243,16 +253,15 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
     // may repeat the neighbourhood of an earlier one (grammar/mask/twin.cpp), which needs no key.
     // A twin as deep as the longest token is a copy; otherwise first-byte pieces whose main
     // target's piece is cached (a key automaton's prefix states after the first: a twin's walk
-    // of the longer tokens cost ~2 ms there) come before a twin's partial walk.
+    // of the longer tokens costs ~2 ms there) come before a twin's partial walk.
     const bool twin_kind = !region && dense_start(s);
     bool from_twin = false, from_pieces = false, from_content = false;
     bool whole = false;
     if (twin_kind) {
       // Inside a string (grammar/mask/content.cpp): all content tokens at once, a walk of the rest.
-      // Before the twins: comparing neighbourhoods as deep as the longest token cost more
+      // Before the twins: comparing neighbourhoods as deep as the longest token costs more
       // (0.2-0.6 ms at a `maxLength` position, plain or inside an object) than the content
-      // mask's walk (0.1-0.2 ms); a 20-word decode into a `maxLength` 255 string inside an object
-      // took 10 ms of masks with twins first, 3.3 ms with content first.
+      // mask's walk (0.1-0.2 ms).
       {
         profile::Scope scope(profile::kContent);
         fresh = compute_from_content(s);
@@ -301,15 +310,31 @@ const StateMask& CompiledGrammar::mask_for(int32_t s) const {
       profile::Scope scope(profile::kPutShort);
       put_short(s, *fresh);
     }
-    m = keyed ? tok->cache_put(key, fresh) : fresh;
+    m = keyed ? g_.tok->cache_put(key, fresh) : fresh;
     if (twin_kind && !from_twin) remember_twin(s, m);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  p = masks_[s].load(std::memory_order_acquire);
+  p = state_masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   owned_.push_back(m);
-  masks_[s].store(m.get(), std::memory_order_release);
+  state_masks_[s].store(m.get(), std::memory_order_release);
   return *m;
+}
+
+std::shared_ptr<const StateMask> MaskStrategies::checked_get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  auto it = checked_.find(key);
+  return it == checked_.end() ? nullptr : it->second;
+}
+
+void MaskStrategies::checked_put(const std::string& key, std::shared_ptr<const StateMask> allowed) const {
+  // Bounded per grammar (and left out of memory_bytes(), which the compiler's LRU cache reads
+  // once at insertion): past the budget new outcomes are simply recomputed each time.
+  constexpr size_t kMaxCheckedBytes = size_t{8} << 20;
+  const size_t bytes = key.size() + allowed->bytes() + 64;
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  if (checked_bytes_ + bytes > kMaxCheckedBytes) return;
+  if (checked_.emplace(key, std::move(allowed)).second) checked_bytes_ += bytes;
 }
 
 }  // namespace grammar

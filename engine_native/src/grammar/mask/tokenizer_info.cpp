@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <cstring>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -182,18 +186,18 @@ void AcceptedSet::finish(StateMask& out) {
   out.accepted_ids.shrink_to_fit();
 }
 
-size_t CompiledGrammar::live_tokens(const std::vector<WalkRange>& ranges) const {
+size_t MaskStrategies::live_tokens(const std::vector<WalkRange>& ranges) const {
   size_t n = 0;
   for (const WalkRange& r : ranges) {
     if (r.depth > 0) {
       n += r.end - r.begin;
       continue;
     }
-    const State& st = states[static_cast<size_t>(r.state)];
+    const State& st = g_.states[static_cast<size_t>(r.state)];
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-      const ByteEdge& be = byte_edges[e];
-      const size_t lo = std::max<size_t>(r.begin, be.lo == 0 ? 0 : tok->first_byte_end[be.lo - 1u]);
-      const size_t hi = std::min<size_t>(r.end, tok->first_byte_end[be.hi]);
+      const ByteEdge& be = g_.byte_edges[e];
+      const size_t lo = std::max<size_t>(r.begin, be.lo == 0 ? 0 : g_.tok->first_byte_end[be.lo - 1u]);
+      const size_t hi = std::min<size_t>(r.end, g_.tok->first_byte_end[be.hi]);
       if (hi > lo) n += hi - lo;
     }
   }

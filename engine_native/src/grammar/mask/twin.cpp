@@ -16,7 +16,12 @@
 #include <algorithm>
 #include <cstring>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/mask/mask_strategies.h"
+#include "grammar/mask/state_mask.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {
@@ -163,7 +168,7 @@ uint64_t shape_of(const CompiledGrammar& g, int32_t s, bool calls) {
 }
 }  // namespace
 
-std::vector<CompiledGrammar::WalkRange> CompiledGrammar::longer_ranges(int32_t s, const std::vector<int32_t>& longer,
+std::vector<MaskStrategies::WalkRange> MaskStrategies::longer_ranges(int32_t s, const std::vector<int32_t>& longer,
                                                                       size_t cut) const {
   // Only the runs of s's live first bytes can hold a token s does not reject at byte 0. In a run
   // where long tokens are common, one range over the run passes the short ones by (a block per
@@ -171,8 +176,8 @@ std::vector<CompiledGrammar::WalkRange> CompiledGrammar::longer_ranges(int32_t s
   // where a third of the vocabulary is long and the walk dies within two bytes); where they are
   // rare (the long words of a string position's run), their blocks are walked alone.
   std::vector<WalkRange> ranges;
-  const TokenizerInfo& tk = *tok;
-  const State& st = states[static_cast<size_t>(s)];
+  const TokenizerInfo& tk = *g_.tok;
+  const State& st = g_.states[static_cast<size_t>(s)];
   size_t run_lo = 0, run_hi = 0;
   auto emit = [&]() {
     if (run_hi <= run_lo) return;
@@ -189,7 +194,7 @@ std::vector<CompiledGrammar::WalkRange> CompiledGrammar::longer_ranges(int32_t s
       k = j;
     }
   };
-  std::vector<ByteEdge> edges(byte_edges.begin() + st.byte_begin, byte_edges.begin() + st.byte_end);
+  std::vector<ByteEdge> edges(g_.byte_edges.begin() + st.byte_begin, g_.byte_edges.begin() + st.byte_end);
   std::sort(edges.begin(), edges.end(), [](const ByteEdge& x, const ByteEdge& y) { return x.lo < y.lo; });
   for (const ByteEdge& be : edges) {
     const size_t lo = be.lo == 0 ? 0 : tk.first_byte_end[be.lo - 1u], hi = tk.first_byte_end[be.hi];
@@ -205,22 +210,22 @@ std::vector<CompiledGrammar::WalkRange> CompiledGrammar::longer_ranges(int32_t s
   return ranges;
 }
 
-std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, bool* twin_whole, bool whole_only) const {
+std::shared_ptr<const StateMask> MaskStrategies::compute_from_twin(int32_t s, bool* twin_whole, bool whole_only) const {
   *twin_whole = false;
   const bool calls = calls_within_reach(s);
   std::vector<Twin> candidates;
   {
     std::lock_guard<std::mutex> lock(twin_mu_);
-    auto it = twins_.find(shape_of(*this, s, calls));
+    auto it = twins_.find(shape_of(g_, s, calls));
     if (it == twins_.end()) return nullptr;
     candidates = it->second;
   }
-  const TokenizerInfo& tk = *tok;
+  const TokenizerInfo& tk = *g_.tok;
   const int32_t full = static_cast<int32_t>(tk.max_token_len);
   int32_t best = -1;
   const Twin* twin = nullptr;
   for (const Twin& c : candidates) {
-    const int32_t d = agreement(*this, s, c.state, full, calls);
+    const int32_t d = agreement(g_, s, c.state, full, calls);
     if (d > best) {
       best = d;
       twin = &c;
@@ -253,16 +258,16 @@ std::shared_ptr<const StateMask> CompiledGrammar::compute_from_twin(int32_t s, b
   finish_mask(*base, std::move(bits), n);
   // ...plus a walk of the longer ones: the plain walk steps through their list (deep chains meet
   // many states a few times each); the pushdown walk takes them in ranges (below).
-  if (!calls) return walk_positions(*this, s, longer, base.get());
+  if (!calls) return walk_positions(g_, s, longer, base.get());
   const std::vector<WalkRange> ranges = longer_ranges(s, longer, cut);
   // A pushdown walk that gives up leaves the plain walk's coarser (equally exact) answer.
   std::shared_ptr<const StateMask> out = compute_mask_with_calls(ranges, base.get());
   return out ? out : compute_mask(ranges, base.get());
 }
 
-void CompiledGrammar::remember_twin(int32_t s, const std::shared_ptr<const StateMask>& mask) const {
+void MaskStrategies::remember_twin(int32_t s, const std::shared_ptr<const StateMask>& mask) const {
   std::lock_guard<std::mutex> lock(twin_mu_);
-  std::vector<Twin>& list = twins_[shape_of(*this, s, calls_within_reach(s))];
+  std::vector<Twin>& list = twins_[shape_of(g_, s, calls_within_reach(s))];
   for (const Twin& t : list) {
     if (t.state == s) return;
   }

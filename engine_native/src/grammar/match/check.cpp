@@ -14,8 +14,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/item_map.h"
 #include "grammar/mask/profile.h"
+#include "grammar/mask/tokenizer_info.h"
+#include "grammar/match/matcher.h"
+#include "grammar/thread_slot.h"
 
 namespace agent_infer {
 namespace grammar {

@@ -13,7 +13,11 @@
 #include <queue>
 #include <unordered_map>
 
-#include "grammar/grammar.h"
+#include "grammar/automaton.h"
+#include "grammar/compiled_grammar.h"
+#include "grammar/errors.h"
+#include "grammar/item_map.h"
+#include "grammar/match/matcher.h"
 
 namespace agent_infer {
 namespace grammar {
