@@ -132,20 +132,6 @@ bool Matcher::advance(uint8_t b) {
   return true;
 }
 
-void Matcher::pop_set() {
-  items_.resize(set_begin_.back());
-  set_begin_.pop_back();
-}
-
-bool Matcher::last_set_can_end() const {
-  const CompiledGrammar& g = *g_;
-  for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
-    const Item& it = items_[k];
-    if (it.origin == 0 && g.states[it.state].final && g.states[it.state].rule == g.root) return true;
-  }
-  return false;
-}
-
 bool Matcher::any_byte_possible() const {
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
     if (g_->scans(items_[k].state)) return true;

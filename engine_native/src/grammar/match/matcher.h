@@ -79,7 +79,11 @@ class Matcher {
 
  private:
   bool advance(uint8_t b);
-  void pop_set();
+  // Inline: the mask fill's check (mask_fill.cpp) pops a set per uncertain token it steps into.
+  void pop_set() {
+    items_.resize(set_begin_.back());
+    set_begin_.pop_back();
+  }
   void add(int32_t state, int32_t origin, int32_t pos);
   void closure(uint32_t begin, int32_t pos);
   // forced_bytes' steps: appends the forced bytes to `out`, advancing the matcher past them.
@@ -100,7 +104,14 @@ class Matcher {
   void pop_to(uint32_t sets) {
     while (set_begin_.size() > sets) pop_set();
   }
-  bool last_set_can_end() const;
+  bool last_set_can_end() const {
+    const CompiledGrammar& g = *g_;
+    for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+      const Item& it = items_[k];
+      if (it.origin == 0 && g.states[it.state].final && g.states[it.state].rule == g.root) return true;
+    }
+    return false;
+  }
   bool any_byte_possible() const;
   void check_uncertain(uint32_t* mask);
   // The same check as a memoized pushdown walk (grammar/match/check.cpp); false if it gave up.
