@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-NATIVE_SRC := $(wildcard engine_native/src/*.cpp engine_native/src/*.h engine_native/CMakeLists.txt)
+NATIVE_SRC := $(shell find engine_native/src -name '*.cpp' -o -name '*.h') engine_native/CMakeLists.txt
 # torch's OpenMP threads busy-wait; with 2 cores any other busy thread then starves (see README).
 export OMP_WAIT_POLICY ?= PASSIVE
 

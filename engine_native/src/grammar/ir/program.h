@@ -1,0 +1,61 @@
+// The flat per-rule programs the lowering reads: the IR as agent_infer/grammar/compile serializes
+// it (and grammar/ir/serialize.cpp writes it natively), one prefix-coded program per rule.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "grammar/errors.h"
+
+namespace agent_infer {
+namespace grammar {
+
+// Opcodes of the flat IR produced by agent_infer/grammar/compile/compiler.py (_serialize_expr).
+//   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
+//   SEQ n child.. | ALT n child.. | REPEAT min max(-1 = unbounded) child | REF rule_index
+//   | KEY_TRIE n free_rule rest_rule count (len cp0..cp(len-1))..: n payload words; a JSON
+//     object key (quotes excluded) that is none of `count` names (sorted, distinct, plain printable
+//     ASCII), where
+//     a plain character that continues no name is followed by rest_rule and free_rule reads a
+//     special character and the rest. Only as a rule's whole body; lowered straight to its
+//     automaton (grammar/lower/key_set.cpp).
+enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6, kKeyTrie = 7 };
+
+
+// Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so
+// the inline stepper below stays small).
+[[noreturn]] void throw_unknown_opcode();
+
+// Length in words of the instruction at `pc` (opcodes and layout above). A rule's program is
+// prefix-coded, so stepping by this visits every instruction in pre-order. Inline: every pass
+// over the programs (merging, outlining, inlining, NFA building) steps through each word with it.
+inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
+  switch (code[pc]) {
+    case kEmpty:
+      return 1;
+    case kLiteral:
+      return 2 + static_cast<size_t>(code.at(pc + 1));
+    case kClass:
+      return 2 + 2 * static_cast<size_t>(code.at(pc + 1));
+    case kSeq:
+    case kAlt:
+    case kRef:
+      return 2;
+    case kRepeat:
+      return 3;
+    case kKeyTrie:
+      return 2 + static_cast<size_t>(code.at(pc + 1));
+    default:
+      throw_unknown_opcode();
+  }
+}
+
+// A key-trie rule (its body is one KEY_TRIE instruction, see enum Op).
+inline bool is_key_trie(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kKeyTrie; }
+
+
+// The position after the expression at `pc`.
+size_t skip_expression(const std::vector<int32_t>& code, size_t pc);
+
+}  // namespace grammar
+}  // namespace agent_infer

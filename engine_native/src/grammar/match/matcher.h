@@ -1,0 +1,154 @@
+// The Earley matcher over bytes: accepts tokens, fills next-token masks from the compiled
+// grammar's state masks, rolls back, and completes (grammar/match/).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/compiled_grammar.h"
+#include "grammar/errors.h"
+#include "grammar/item_map.h"
+
+namespace agent_infer {
+namespace grammar {
+
+// Every mutating call is all-or-nothing: one that throws (a limit, memory) leaves the Earley
+// sets, the rollback marks and the termination flag as they were before it.
+class Matcher {
+ public:
+  Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback);
+  Matcher(const Matcher& other);
+
+  // Held for the length of every call from Python (bindings/grammar_bindings.cpp): calls that release the
+  // GIL (mask fills, accepts) would otherwise let a second thread resize the Earley sets under
+  // them. A second entry throws BusyError instead of waiting: sharing a matcher between threads
+  // is a caller bug, and waiting would hide it (and could deadlock on the GIL).
+  class Use {
+   public:
+    Use(const Matcher& m, const char* operation) : m_(&m) {
+      const char* running = nullptr;
+      if (!m.busy_.compare_exchange_strong(running, operation, std::memory_order_acquire)) {
+        throw BusyError(operation, running);
+      }
+    }
+    ~Use() { m_->busy_.store(nullptr, std::memory_order_release); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const Matcher* m_;
+  };
+
+  bool accept_token(int32_t id);
+  bool accept_bytes(const std::string& bytes);
+  // Writes `words` int32 words of the next-token mask; returns true unless every token is allowed.
+  // `pending` is pending_visits() when the caller has it at hand (a batch fill), else kUnknown.
+  static constexpr uint32_t kUnknown = 0xFFFFFFFFu;
+  bool fill_mask(int32_t* row, int64_t words, uint32_t pending = kUnknown);
+  // A rough cost class of the next fill_mask: the scanning states of the current set whose masks
+  // are not computed yet (each a first visit: up to milliseconds), dense ones weighing more.
+  uint32_t pending_visits() const;
+  void rollback(int32_t n);
+  void reset();
+  bool is_terminated() const;
+  bool can_terminate() const;
+  // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
+  std::string forced_bytes(bool* must_end);
+  // The shortest bytes that complete the text so far to a string of the grammar ("" when it can
+  // end now); false (out untouched) if the matcher is terminated. grammar/match/complete.cpp.
+  bool shortest_completion(std::string* out) const;
+  // The bytes that may come right after `data` (which must be accepted from the current state);
+  // false if `data` is rejected. The matcher is left as it was. grammar/match/complete.cpp.
+  bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
+  int32_t num_tokens() const { return static_cast<int32_t>(token_marks_.size()); }
+  // Whether accepting `bytes` bytes may take long enough to release the GIL for: the work per
+  // byte grows with the current set (completions scan the sets its items began at); releasing
+  // costs about as much as a typical accept.
+  bool long_step(size_t bytes) const {
+    return (items_.size() - set_begin_.back()) * bytes >= kLongStep;
+  }
+  static constexpr size_t kLongStep = 512;
+  // (state, rule, origin, accepted, uncertain) for each scanning item of the current set.
+  std::vector<std::array<int64_t, 5>> debug_items() const;
+  const std::shared_ptr<const CompiledGrammar>& compiled() const { return g_; }
+
+ private:
+  bool advance(uint8_t b);
+  // Inline: the mask fill's check (mask_fill.cpp) pops a set per uncertain token it steps into.
+  void pop_set() {
+    items_.resize(set_begin_.back());
+    set_begin_.pop_back();
+  }
+  void add(int32_t state, int32_t origin, int32_t pos);
+  void closure(uint32_t begin, int32_t pos);
+  // forced_bytes' steps: appends the forced bytes to `out`, advancing the matcher past them.
+  void forced_loop(std::string& out, bool* must_end);
+  // Starts a work budget (Limits::max_work_per_byte or _per_mask) for the Earley steps that follow.
+  void budget(bool per_mask) {
+    per_mask_ = per_mask;
+    work_at_ = static_cast<uint32_t>(set_begin_.size() - 1);
+    work_left_ = per_mask ? g_->max_work_per_mask : g_->max_work_per_byte;
+  }
+  // Spends `n` units of the budget; throws LimitError once it is spent.
+  void spend(int64_t n) {
+    work_left_ -= n;
+    if (work_left_ < 0) work_exceeded();
+  }
+  [[noreturn]] void work_exceeded() const;
+  // Pops sets until `sets` remain (the state before a failed multi-byte step).
+  void pop_to(uint32_t sets) {
+    while (set_begin_.size() > sets) pop_set();
+  }
+  bool last_set_can_end() const {
+    const CompiledGrammar& g = *g_;
+    for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+      const Item& it = items_[k];
+      if (it.origin == 0 && g.states[it.state].final && g.states[it.state].rule == g.root) return true;
+    }
+    return false;
+  }
+  bool any_byte_possible() const;
+  void check_uncertain(uint32_t* mask);
+  // The same check as a memoized pushdown walk (grammar/match/check.cpp); false if it gave up.
+  bool check_uncertain_walk(uint32_t* mask);
+  // Digest of everything the Earley steps from the current set can read: its items and, through
+  // origins, every earlier set that completions may scan (origins renumbered by discovery).
+  std::string context_key();
+
+  // Inside a batch fill: the masks of the current set's states met for the first time, computed
+  // on the batch's threads (grammar/batch/pool.h parallel_for), when there are several.
+  void first_visits_in_parallel(uint32_t pending);
+
+  std::shared_ptr<const CompiledGrammar> g_;
+  bool terminate_without_eos_;
+  int32_t max_rollback_;
+  bool terminated_ = false;
+  std::vector<Item> items_;
+  std::vector<uint32_t> set_begin_;
+  struct Mark {
+    uint32_t sets;
+    bool terminated;
+  };
+  std::vector<Mark> token_marks_;  // number of sets before each accepted step
+  ItemMap seen_;
+  std::vector<uint32_t> state_stamp_;
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> scratch_;
+  std::vector<int32_t> merged_;
+  std::vector<uint32_t> allowed_before_;
+  std::vector<int32_t> ctx_sets_;
+  std::unordered_map<int32_t, int32_t> ctx_ids_;
+  int64_t work_left_ = 0;
+  bool per_mask_ = false;
+  uint32_t work_at_ = 0;  // the input position the budget was started at (for the error)
+  // The name of the call holding the matcher (Use), or null.
+  mutable std::atomic<const char*> busy_{nullptr};
+};
+
+}  // namespace grammar
+}  // namespace agent_infer
