@@ -36,8 +36,8 @@ from agent_infer.tools import (
     ToolArgumentsError,
     ToolDefinitionError,
     ToolRetry,
-    context_deps_type,
 )
+from agent_infer.tools.context import context_deps_type
 
 __all__ = [
     "FINAL_TOOL",

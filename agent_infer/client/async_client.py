@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 from agent_infer.client import call
 from agent_infer.client.agent import Outcome, RunResult, ToolBatch, aexecute
+from agent_infer.client.base import ClientBase
 from agent_infer.client.call import Decoding, Flow, FlowStep, StreamCall, ToolLike
-from agent_infer.client.client import ClientBase
 from agent_infer.client.hooks import (
     Hooks,
     RequestEvent,

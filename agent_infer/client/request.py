@@ -20,7 +20,8 @@ from agent_infer.client.loop_control import LoopControlOption
 from agent_infer.errors import InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 from agent_infer.tool_formats.base import ToolCallDelta
-from agent_infer.tools import Tool, no_json_form_path, warn_any_json
+from agent_infer.tools import Tool
+from agent_infer.tools.schema import no_json_form_path, warn_any_json
 
 Message = dict[str, Any]
 ToolChoice = str | Mapping[str, Any]
