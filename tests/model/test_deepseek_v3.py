@@ -138,15 +138,38 @@ def test_moe_routing_and_output_match_transformers(norm_topk_prob: bool) -> None
     assert torch.allclose(ours(x), want, atol=1e-5)
 
 
+def test_batch_invariance_with_moe(tmp_path: Path) -> None:
+    """A sequence's logits are bit-identical alone and in a batch of mixed prefill and decode rows."""
+    save_tiny(tmp_path)
+    model = load_ours(tmp_path)
+    prompts = [_prompt(seed)[: 5 + 4 * seed] for seed in range(8)]
+    alone = []
+    for i, p in enumerate(prompts):
+        runner = SequenceRunner(model, num_blocks=64, block_size=8)
+        first = runner.step([(i, p)])[0]
+        alone.append((first, runner.step([(i, [int(first.argmax())])])[0]))
+    batched = SequenceRunner(model, num_blocks=64, block_size=8)
+    firsts = batched.step([(i, p) for i, p in enumerate(prompts[:4])])  # 4 prefills together
+    # then 4 decodes batched with the other 4 prefills
+    mixed = batched.step(
+        [(i, [int(firsts[i].argmax())]) for i in range(4)] + [(i, p) for i, p in enumerate(prompts) if i >= 4]
+    )
+    for i in range(4):
+        assert torch.equal(firsts[i], alone[i][0]) and torch.equal(mixed[i], alone[i][1])
+    for i in range(4, 8):
+        assert torch.equal(mixed[i], alone[i][0])
+
+
 def test_engine_generates_schema_valid_json(tmp_path: Path) -> None:
     from agent_infer import LLM, SamplingParams
 
     save_tiny(tmp_path, vocab_size=49152)  # covers the SmolLM2 tokenizer's ids
     assert write_tokenizer(tmp_path) <= 49152
-    llm = LLM(model=str(tmp_path), num_kv_blocks=32, block_size=16)
+    per_token = 3 * (32 + 8) * 4  # layers * (kv_lora_rank + qk_rope_head_dim) * float32
+    llm = LLM(model=str(tmp_path), kv_cache_memory_bytes=per_token * 16 * 40 + 100, block_size=16)
     runner = llm.engine.runner
-    assert runner.kv_cache.layout == "latent"
-    assert runner.kv_bytes_per_token == 3 * (32 + 8) * 4
+    assert runner.kv_cache.layout == "latent" and runner.kv_bytes_per_token == per_token
+    assert runner.num_blocks == 40  # the pool is sized by the latent entry, not expanded K/V
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
@@ -154,6 +177,13 @@ def test_engine_generates_schema_valid_json(tmp_path: Path) -> None:
         "additionalProperties": False,
     }
     params = SamplingParams(temperature=0.0, max_tokens=40, structured=schema, close_on_length=True)
-    outs = llm.generate(["Give me a record:", "Another one, please"], params)
+    prompts = [
+        "Read the following sentence carefully and give me a record of the person it names, with their "
+        "name and the number of books they wrote: Ada wrote three books about engines and one about tea.",
+        "Another one, please",
+    ]
+    outs = llm.generate(prompts, params)
     for out in outs:
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
+    again = llm.generate(prompts[:1], params)[0]  # the prompt's full blocks now come from the prefix cache
+    assert again.num_cached_tokens >= 16 and again.outputs[0].text == outs[0].outputs[0].text

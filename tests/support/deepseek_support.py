@@ -31,7 +31,7 @@ def tiny_config(*, q_lora_rank: int | None = 48, yarn: bool = True, **overrides:
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
         routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank, qk_rope_head_dim=8,
         v_head_dim=16, qk_nope_head_dim=16, n_group=4, topk_group=2, num_experts_per_tok=3,
-        first_k_dense_replace=1, max_position_embeddings=256, num_nextn_predict_layers=0,
+        first_k_dense_replace=1, max_position_embeddings=128, num_nextn_predict_layers=0,
         tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
         rope_parameters=dict(YARN) if yarn else {"rope_type": "default", "rope_theta": 10000.0},
     )  # fmt: skip

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.model.layers.linear import row_invariant
+from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
 Scoring = Literal["softmax", "sigmoid"]
 
@@ -101,8 +101,27 @@ class MoE(nn.Module):
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``."""
-        logits = row_invariant(lambda h: F.linear(h, self.router), x).float()
+        """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``.
+
+        On the CPU every routing op runs on chunks of exactly ROW_MULTIPLE rows (zero-padded), like
+        the matmuls: vectorized sigmoid/softmax and the weight sums then see one shape whatever the
+        batch, so a token's weights do not depend on it (with 1 row, 8 experts fall in the scalar tail
+        of a 16-wide vector loop and round differently). That holds when ``4 * num_experts`` is a
+        multiple of the vector width (any expert count divisible by 4).
+        """
+        m = int(x.shape[0])
+        if x.device.type != "cpu":
+            return self._route_rows(x)
+        rows = pad_rows(m)
+        if rows > m:
+            x = torch.cat((x, x.new_zeros(rows - m, *x.shape[1:])))
+        parts = [self._route_rows(x[i : i + ROW_MULTIPLE]) for i in range(0, rows, ROW_MULTIPLE)]
+        if len(parts) == 1:
+            return parts[0][0][:m], parts[0][1][:m]
+        return torch.cat([p[0] for p in parts])[:m], torch.cat([p[1] for p in parts])[:m]
+
+    def _route_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.router).float()
         scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.score_bias is None else scores + self.score_bias
         if self.num_groups > 1:
