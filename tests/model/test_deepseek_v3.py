@@ -56,6 +56,22 @@ def test_logits_match_transformers_prefill_and_decode(
     assert want[:-1].argmax(-1).tolist() == tokens[PROMPT_LEN:]
 
 
+def test_chunked_prefill_matches_transformers(tmp_path: Path) -> None:
+    """Chunks after the first attend to cached latents with a bottom-right causal mask, in both forms."""
+    hf = save_tiny(tmp_path)
+    model = load_ours(tmp_path)
+    prompt = _prompt(4)
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0]
+    runner = SequenceRunner(model, num_blocks=16, block_size=8)
+    ends = [12, 32, 37, 40]  # chunks of 12, 20 (expanded, masked), 5 (absorbed, masked) and 3 tokens
+    start = 0
+    for end in ends:
+        got = runner.step([(0, prompt[start:end])])[0]
+        assert (got - want[end - 1]).abs().max().item() <= TOL
+        start = end
+
+
 def test_cache_holds_the_latent_and_the_rotated_key(tmp_path: Path) -> None:
     hf = save_tiny(tmp_path)
     ours = load_ours(tmp_path)
