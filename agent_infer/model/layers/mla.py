@@ -181,7 +181,8 @@ class MultiHeadLatentAttention(nn.Module):
         m, heads = self.spec, self.heads
         w = self.kv_b.view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
-        q_latent = torch.einsum("qhn,hnc->hqc", q_nope, w_uk)
+        # bmm over the strided views of kv_b reads the weights in place (einsum copies them first)
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk)
         q = torch.cat((q_latent, q_rope.transpose(0, 1)), dim=-1)
         ctx = cache.index_select(0, s.gather)
         length = int(ctx.shape[0])
@@ -190,4 +191,5 @@ class MultiHeadLatentAttention(nn.Module):
         o_latent = F.scaled_dot_product_attention(
             q, k, v, attn_mask=s.mask, is_causal=s.causal, scale=self.scale
         )
-        return torch.einsum("hqc,hvc->qhv", o_latent, w_uv).reshape(s.end - s.start, heads * m.v_head_dim)
+        out = torch.bmm(o_latent, w_uv.transpose(1, 2))
+        return out.transpose(0, 1).reshape(s.end - s.start, heads * m.v_head_dim)
