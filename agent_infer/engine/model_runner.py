@@ -25,6 +25,8 @@ class ModelRunner:
         self.block_size = config.block_size
         # Only a head that skips masked-out tokens gains from waiting for the mask before the projection.
         self.masked_head = config.masked_head and self.model.masked_head
+        #: KV cache bytes one token takes across all layers (the latent layout's size for MLA models).
+        self.kv_bytes_per_token = KVCache.bytes_per_block(self.model_config, 1, config.torch_dtype)
         self.num_blocks = self._num_blocks(config)
         self.kv_cache = KVCache.allocate(
             self.model_config, self.num_blocks, self.block_size, self.device, config.torch_dtype

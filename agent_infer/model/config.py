@@ -10,7 +10,59 @@ import torch
 
 from agent_infer.errors import UnsupportedModelError
 
-_SUPPORTED_ROPE_SCALING = ("llama3", "linear")
+_SUPPORTED_ROPE_SCALING = ("llama3", "linear", "yarn")
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek V2/V3): low-rank q and kv projections, a decoupled RoPE key.
+
+    ``q_lora_rank`` None means a full-rank q projection. A token's cache entry is the normalized kv
+    latent (``kv_lora_rank``) followed by the rotated shared key (``qk_rope_head_dim``).
+    """
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    #: The checkpoint's rope dims come in interleaved pairs ``(x0, x1), (x2, x3)...`` (DeepSeek's layout).
+    rope_interleave: bool = True
+
+    @property
+    def latent_dim(self) -> int:
+        """Values cached per token per layer."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query and (expanded) key."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts of a DeepSeekMoE-style decoder: which layers have them and how tokens are routed."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    num_shared_experts: int = 0
+    scoring: str = "softmax"
+    renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    #: A per-expert bias that shifts the choice of experts (DeepSeek V3's ``e_score_correction_bias``).
+    score_bias: bool = False
+    #: Group-limited routing: experts split in ``num_groups`` groups, tokens choose among ``topk_groups`` of them.
+    num_groups: int = 1
+    topk_groups: int = 1
+    #: Layers below this index are dense; above it every ``layer_freq``-th layer is MoE.
+    first_dense_layers: int = 0
+    layer_freq: int = 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` has routed experts (DeepSeek's rule)."""
+        return index >= self.first_dense_layers and index % self.layer_freq == 0
 
 
 @dataclass(frozen=True)
@@ -34,6 +86,11 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=True)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    #: Set for latent-attention models; the KV cache then stores the latent layout.
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    #: MTP/NextN layers the checkpoint carries after the decoder (``model.layers.{num_layers + i}``).
+    num_nextn_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -46,6 +103,14 @@ class ModelConfig:
                 raise UnsupportedModelError(
                     f"unsupported rope_scaling type {kind!r}; supported: {', '.join(_SUPPORTED_ROPE_SCALING)}"
                 )
+            if kind == "yarn":
+                missing = [
+                    k
+                    for k in ("factor", "original_max_position_embeddings")
+                    if self.rope_scaling.get(k) is None
+                ]
+                if missing:
+                    raise UnsupportedModelError(f"rope_scaling of type 'yarn' needs {' and '.join(missing)}")
 
     @property
     def q_size(self) -> int:
@@ -74,6 +139,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     factor = float(scaling.get("factor", 1.0))
     if kind == "linear":
         return inv / factor
+    if kind == "yarn":
+        return _yarn_inv_freq(inv, dim, config.rope_theta, scaling)
     # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
     low = float(scaling.get("low_freq_factor", 1.0))
     high = float(scaling.get("high_freq_factor", 4.0))
@@ -84,3 +151,44 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 * mscale * ln(scale) + 1`` (1 when not scaling up)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_attention_factor(config: ModelConfig) -> float:
+    """The factor YaRN applies to cos/sin (1 for every other scaling), as transformers computes it."""
+    scaling = config.rope_scaling
+    if scaling is None or rope_scaling_type(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all_dim))
+    return yarn_mscale(factor)
+
+
+def _yarn_inv_freq(inv: torch.Tensor, dim: int, base: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN: extrapolated frequencies above the correction band, interpolated ones below, a ramp between."""
+    factor = float(scaling["factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + inv * extrapolation

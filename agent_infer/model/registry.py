@@ -9,14 +9,15 @@ a module under ``families/`` and its rows in :data:`ARCHITECTURES`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import llama
+from agent_infer.model.families import deepseek_v3, llama
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -37,6 +38,9 @@ class Architecture:
     gguf_permutes_qk: bool
     #: HF checkpoints always carry q/k/v biases.
     qkv_bias: bool
+    #: Reads the architecture's own ``config.json`` fields into :class:`ModelConfig` keyword arguments
+    #: (``where`` prefixes its errors); None for architectures the common fields describe.
+    hf_fields: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -58,9 +62,21 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=True,
     ),
+    Architecture(
+        name="deepseek_v3",
+        hf_names=("DeepseekV3ForCausalLM", "deepseek_v3"),
+        family=deepseek_v3.DeepseekV3ForCausalLM,
+        gguf_global_names={},
+        gguf_layer_names={},
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        hf_fields=deepseek_v3.hf_config_fields,
+    ),
 )
 
-_BY_GGUF_NAME = {a.name: a for a in ARCHITECTURES}
+_BY_NAME = {a.name: a for a in ARCHITECTURES}
+# Only architectures whose GGUF tensor names we map load from GGUF files.
+_BY_GGUF_NAME = {a.name: a for a in ARCHITECTURES if a.gguf_layer_names}
 _BY_HF_NAME = {n: a for a in ARCHITECTURES for n in a.hf_names}
 
 
@@ -86,7 +102,10 @@ def hf_architecture(name: str, where: str = "") -> Architecture:
 
 def architecture(name: str) -> Architecture:
     """The architecture whose :attr:`Architecture.name` is ``name`` (a :class:`ModelConfig`'s)."""
-    return gguf_architecture(name)
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise _unsupported(name, _BY_NAME, "")
+    return found
 
 
 def build_model(

@@ -45,7 +45,9 @@ def test_config_validation() -> None:
         build_model(_config(architecture="gpt_neox"))
     with pytest.raises(UnsupportedModelError, match="num_kv_heads"):
         _config(num_kv_heads=3)
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+    with pytest.raises(UnsupportedModelError, match="longrope"):
+        _config(rope_scaling={"type": "longrope", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="'yarn' needs original_max_position_embeddings"):
         _config(rope_scaling={"type": "yarn", "factor": 4.0})
 
 

@@ -90,9 +90,9 @@ def test_bad_directories(tmp_path: Path, tokenizer_files: Path) -> None:
         load_model(tmp_path)
 
     (tmp_path / "config.json").write_text(
-        json.dumps({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+        json.dumps({**cfg, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
     )
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+    with pytest.raises(UnsupportedModelError, match="longrope"):
         load_model(tmp_path)
 
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 65}))

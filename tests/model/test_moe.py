@@ -92,12 +92,27 @@ def test_experts_run_only_on_the_tokens_that_chose_them(monkeypatch: pytest.Monk
     assert sum(rows_run[:-1]) == 21 * 2 and rows_run[-1] == 21
 
 
-def test_a_token_output_does_not_depend_on_its_batch() -> None:
-    layer = _layer(top_k=2, scoring="softmax", renormalize=True, shared_intermediate_size=SHARED_INTER)
-    x = torch.randn(19, HIDDEN, generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(top_k=2, scoring="softmax", renormalize=True, shared_intermediate_size=SHARED_INTER),
+        dict(
+            top_k=3,
+            scoring="sigmoid",
+            score_bias=True,
+            routed_scaling_factor=2.5,
+            num_groups=4,
+            topk_groups=2,
+        ),
+    ],
+    ids=["softmax", "sigmoid-grouped"],
+)
+def test_a_token_output_does_not_depend_on_its_batch(kw: dict) -> None:
+    layer = _layer(**kw)
+    x = torch.randn(80, HIDDEN, generator=torch.Generator().manual_seed(4))
     batch = layer(x)
-    for r in (0, 7, 18):
-        assert torch.equal(layer(x[r : r + 1])[0], batch[r])
+    for r in range(80):
+        assert torch.equal(layer(x[r : r + 1])[0], batch[r]), r
     assert torch.equal(layer(x[3:11]), batch[3:11])
 
 

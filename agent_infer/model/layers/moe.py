@@ -4,6 +4,9 @@ The layout DeepSeekMoE and Qwen-MoE checkpoints share: a router ``[E, H]`` score
 per token (softmax, or sigmoid as DeepSeek V3 does), each token takes its ``top_k`` experts, the
 chosen weights are optionally renormalized to sum to one and scaled by ``routed_scaling_factor``,
 and shared experts (one fused SwiGLU of ``num_shared * I_shared`` width) add to every token.
+With ``num_groups > 1`` the choice is group-limited as in DeepSeek V3: experts form equal groups,
+each group is scored by the sum of its two best (biased) scores, and a token picks its ``top_k``
+experts inside its ``topk_groups`` best groups only.
 
 Tokens are grouped per expert (a stable sort of the token/expert pairs), so each expert runs one
 matmul over exactly the tokens that chose it; no expert runs for a token that did not choose it.
@@ -20,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.model.layers.linear import row_invariant
+from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
 Scoring = Literal["softmax", "sigmoid"]
 
@@ -56,6 +59,8 @@ class MoE(nn.Module):
         routed_scaling_factor: float = 1.0,
         score_bias: bool = False,
         shared_intermediate_size: int = 0,
+        num_groups: int = 1,
+        topk_groups: int = 1,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -64,7 +69,18 @@ class MoE(nn.Module):
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unknown MoE scoring {scoring!r}; expected 'softmax' or 'sigmoid'")
+        if num_groups > 1 and (
+            num_experts % num_groups or not 1 <= topk_groups <= num_groups or num_experts // num_groups < 2
+        ):
+            raise ValueError(
+                f"group-limited routing needs num_experts={num_experts} split into num_groups={num_groups} groups "
+                f"of >= 2 experts and 1 <= topk_groups={topk_groups} <= num_groups"
+            )
+        if num_groups > 1 and top_k > topk_groups * (num_experts // num_groups):
+            raise ValueError(f"top_k={top_k} exceeds the experts of topk_groups={topk_groups} groups")
         self.num_experts = num_experts
+        self.num_groups = num_groups
+        self.topk_groups = topk_groups
         self.top_k = top_k
         self.scoring: Scoring = scoring
         self.renormalize = renormalize
@@ -85,15 +101,45 @@ class MoE(nn.Module):
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``."""
-        logits = row_invariant(lambda h: F.linear(h, self.router), x).float()
+        """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``.
+
+        On the CPU every routing op runs on chunks of exactly ROW_MULTIPLE rows (zero-padded), like
+        the matmuls: vectorized sigmoid/softmax and the weight sums then see one shape whatever the
+        batch, so a token's weights do not depend on it (with 1 row, 8 experts fall in the scalar tail
+        of a 16-wide vector loop and round differently). That holds when ``4 * num_experts`` is a
+        multiple of the vector width (any expert count divisible by 4).
+        """
+        m = int(x.shape[0])
+        if x.device.type != "cpu":
+            return self._route_rows(x)
+        rows = pad_rows(m)
+        if rows > m:
+            x = torch.cat((x, x.new_zeros(rows - m, *x.shape[1:])))
+        parts = [self._route_rows(x[i : i + ROW_MULTIPLE]) for i in range(0, rows, ROW_MULTIPLE)]
+        if len(parts) == 1:
+            return parts[0][0][:m], parts[0][1][:m]
+        return torch.cat([p[0] for p in parts])[:m], torch.cat([p[1] for p in parts])[:m]
+
+    def _route_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.router).float()
         scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.score_bias is None else scores + self.score_bias
+        if self.num_groups > 1:
+            choice = self._limit_to_groups(choice)
         experts = choice.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, experts)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return experts, weights * self.routed_scaling_factor
+
+    def _limit_to_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` with the experts outside each token's ``topk_groups`` best groups set to -inf."""
+        tokens = int(choice.shape[0])
+        grouped = choice.view(tokens, self.num_groups, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        best = group_scores.topk(self.topk_groups, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(tokens, -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for ``x`` ``[T, H]`` (already normalized)."""

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from agent_infer.errors import EngineError
-from agent_infer.model.config import ModelConfig, rope_inv_freq
+from agent_infer.model.config import ModelConfig, rope_attention_factor, rope_inv_freq
 from agent_infer.model.layers import native_ops
 
 
@@ -54,8 +54,12 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(config)
         pos = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", freqs.cos().to(device=device, dtype=dtype), persistent=False)
-        self.register_buffer("sin", freqs.sin().to(device=device, dtype=dtype), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        factor = rope_attention_factor(config)
+        if factor != 1.0:  # YaRN scales cos/sin (transformers does it in float32, before the cast)
+            cos, sin = cos * factor, sin * factor
+        self.register_buffer("cos", cos.to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("sin", sin.to(device=device, dtype=dtype), persistent=False)
 
     def at(self, pos: torch.Tensor) -> Rotation:
         """The rotation for positions ``pos`` (one per row)."""

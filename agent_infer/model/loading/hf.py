@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
+from agent_infer.model.loading.fp8 import fp8_block_size, fp8_weights
 from agent_infer.model.registry import hf_architecture
 
 
@@ -37,7 +38,8 @@ def hf_config(directory: str | Path) -> ModelConfig:
     """Build a :class:`ModelConfig` from ``config.json`` (and ``generation_config.json`` for EOS ids).
 
     The architecture is the first ``architectures`` entry (``model_type`` without one), resolved by
-    the registry.
+    the registry; an architecture with fields of its own (latent attention, experts) reads them
+    through its registry entry. A ``quantization_config`` other than DeepSeek's block FP8 is an error.
     """
     d = Path(directory)
     cfg = _read_json(d / "config.json")
@@ -60,7 +62,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
         gen_path = d / "generation_config.json"
         if gen_path.is_file():
             eos += [i for i in _ids(_read_json(gen_path).get("eos_token_id")) if i not in eos]
-        return ModelConfig(
+        fields: dict[str, Any] = dict(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -78,6 +80,10 @@ def hf_config(directory: str | Path) -> ModelConfig:
             bos_token_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
             eos_token_ids=tuple(eos),
         )
+        fp8_block_size(cfg, f"{d / 'config.json'}: ")
+        if found.hf_fields is not None:
+            fields.update(found.hf_fields(cfg, f"{d / 'config.json'}: "))
+        return ModelConfig(**fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{d / 'config.json'}: missing or invalid field: {exc}") from exc
 
@@ -102,7 +108,16 @@ def safetensors_files(directory: str | Path) -> list[Path]:
 
 
 def hf_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` from every safetensors shard (memory-mapped)."""
+    """Yield ``(name, tensor)`` from every safetensors shard (memory-mapped); a block-FP8 checkpoint's
+    weights come dequantized to float32 (see loading/fp8.py)."""
+    block = (
+        fp8_block_size(_read_json(Path(directory) / "config.json"))
+        if (Path(directory) / "config.json").is_file()
+        else None
+    )
+    if block is not None:
+        yield from fp8_weights(safetensors_files(directory), block)
+        return
     for path in safetensors_files(directory):
         try:
             with safe_open(str(path), framework="pt") as f:

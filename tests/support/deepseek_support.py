@@ -1,0 +1,86 @@
+"""Tiny random DeepSeek V3 checkpoints saved with transformers, and a direct loader for them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent_infer.model.families.base import CausalLM
+from agent_infer.model.loader import default_model_path
+from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.loading.hf import hf_config, hf_weights
+from agent_infer.model.registry import build_model
+from agent_infer.model.tokenizer import Tokenizer
+
+YARN = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+    "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+}  # fmt: skip
+
+
+def tiny_config(*, q_lora_rank: int | None = 48, yarn: bool = True, **overrides: Any) -> Any:
+    """A 3-layer DeepseekV3Config: one dense layer then two MoE layers of 8 experts in 4 groups."""
+    import transformers
+
+    kw: dict[str, Any] = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank, qk_rope_head_dim=8,
+        v_head_dim=16, qk_nope_head_dim=16, n_group=4, topk_group=2, num_experts_per_tok=3,
+        first_k_dense_replace=1, max_position_embeddings=128, num_nextn_predict_layers=0,
+        tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
+        rope_parameters=dict(YARN) if yarn else {"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    kw.update(overrides)
+    return transformers.DeepseekV3Config(**kw)
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights of unit-scale activations (transformers' 0.02 init makes every logit nearly equal),
+    norms near one, and a correction bias that changes which experts are chosen."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("inv_freq"):
+                continue
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("e_score_correction_bias"):
+                p.copy_(0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith("embed_tokens.weight"):
+                p.copy_(noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[-1]))
+
+
+def save_tiny(directory: Path, seed: int = 0, **config: Any) -> Any:
+    """Save a randomized tiny model to ``directory``; returns the transformers model (eval, float32)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV3ForCausalLM(tiny_config(**config)).eval()
+    randomize(model, seed)
+    model.save_pretrained(directory)
+    return model
+
+
+def load_ours(directory: Path) -> CausalLM:
+    """Our model from an HF folder, without a tokenizer (``load_model`` needs one)."""
+    model = build_model(hf_config(directory))
+    model.load_weights(hf_weights(directory))
+    return model.eval()
+
+
+def write_tokenizer(directory: Path) -> int:
+    """Write the default model's (SmolLM2) tokenizer into an HF folder; returns its vocabulary size."""
+    tok = Tokenizer.from_gguf_metadata(GGUFFile(default_model_path()).metadata)
+    tok.hf_tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "chat_template": tok.chat_template})
+    )
+    return tok.vocab_size
