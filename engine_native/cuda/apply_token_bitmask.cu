@@ -4,7 +4,7 @@
 // CUDA machine with torch.utils.cpp_extension.load (cached under AGENT_INFER_CACHE_DIR) and calls
 // it as torch.ops.agent_infer_kernels.apply_token_bitmask.
 //
-// Contract (shared with every backend, see engine_native/src/bitmask.cpp): bit j of word w in
+// Contract (shared with every backend, see engine_native/src/kernels/bitmask.cpp): bit j of word w in
 // row r allows token 32*w + j; a cleared bit sets that logit to -inf; tokens past the bitmask's
 // width are masked too; bits past the logits' width are ignored. With indices, slot i masks row
 // indices[i] of both the logits and the bitmask.

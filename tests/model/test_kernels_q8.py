@@ -1,4 +1,4 @@
-"""The packed linear kernel's int8-activation mode (``q8_activations``, see engine_native/src/linear_q8.h).
+"""The packed linear kernel's int8-activation mode (``q8_activations``, see engine_native/src/kernels/linear_q8.h).
 
 A numpy model of the mode's arithmetic (per-block int8 quantization of x, exact integer block dot
 products, the fixed float epilogue) gives the expected bits; every ISA and batch must produce them.

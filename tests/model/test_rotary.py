@@ -1,4 +1,4 @@
-"""Rotary embeddings: native RoPE (engine_native/src/rope.cpp) in place on the fused qkv rows,
+"""Rotary embeddings: native RoPE (engine_native/src/kernels/rope.cpp) in place on the fused qkv rows,
 bit-identical to the torch formula."""
 
 from __future__ import annotations

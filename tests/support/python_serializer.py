@@ -26,7 +26,7 @@ from agent_infer.grammar.ir import (
     Seq,
 )
 
-# Opcodes shared with engine_native/src/grammar.h (enum Op).
+# Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
 _EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE = range(8)
 _INT32_MAX = 2**31 - 1
 
@@ -49,7 +49,7 @@ def program_bytes(programs: list[list[int]]) -> bytes:
 
 
 def _serialize_expr(expr: Expr, index: dict[str, int], out: list[int]) -> None:
-    """Append the prefix encoding of ``expr`` (see grammar.h) to ``out`` (iteratively, any depth)."""
+    """Append the prefix encoding of ``expr`` (see grammar/ir/program.h) to ``out`` (iteratively, any depth)."""
     stack: list[Expr] = [expr]
     while stack:
         node = stack.pop()

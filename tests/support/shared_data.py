@@ -1,8 +1,8 @@
 """Where the shared evaluation data lives (``../shared/data`` beside the repository), found in one place.
 
-A test that needs a data set asks for it through :func:`require_shared_data` (or the ``shared_data``
-fixture). Outside CI a missing data set skips the test; in CI (``CI=true``) it fails the run, so a
-checkout without the data cannot pass silently.
+A test that needs a data set asks for it through :func:`require_shared_data`. Outside CI a missing
+data set skips the test; in CI (``CI=true``) it fails the run, so a checkout without the data
+cannot pass silently.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""IR grammars to the flat per-rule integer programs the native compiler lowers (grammar.h, enum Op).
+"""IR grammars to the flat per-rule integer programs the native compiler lowers (grammar/ir/program.h, enum Op).
 
-One serializer, the native one (engine_native/src/grammar_serialize.cpp): it walks the IR in C++
+One serializer, the native one (engine_native/src/grammar/ir/serialize.cpp): it walks the IR in C++
 and dispatches on the exact node kinds of :data:`~agent_infer.grammar.ir.NODE_KINDS`, writing
 a :class:`~agent_infer.grammar.ir.KeySet` rule as one ``KEY_TRIE`` instruction and a
 :class:`~agent_infer.grammar.ir.KeyNode` from its spec. It declines (returns None) anything it

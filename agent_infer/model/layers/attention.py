@@ -4,7 +4,7 @@ Each sequence's attention is computed on its own, with exactly the same tensor s
 runs alone or in a batch: that is what makes logits batch invariant (see
 tests/model/test_batch_invariance.py). The loader picks the backend once: :class:`PagedAttention`
 runs every sequence through SDPA; :class:`NativePagedAttention` sends the rows of short chunks to the
-native decode kernel (engine_native/src/attention.cpp) and the rest through SDPA.
+native decode kernel (engine_native/src/kernels/attention.cpp) and the rest through SDPA.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Linear layers over GGUF weights kept packed (Q4_1/Q8_0/...) for the native CPU kernel.
 
-The kernel (``engine_native/src/linear.cpp``) computes every output element with one fixed FMA
+The kernel (``engine_native/src/kernels/linear.cpp``) computes every output element with one fixed FMA
 chain over ``k``, whatever the batch size or thread, so these layers are batch invariant without
 padding rows. Dequantized values equal the torch loader's fp32 values exactly.
 """

@@ -2,7 +2,7 @@
 
 :class:`RotaryEmbedding` holds the cos/sin tables and rotates with torch ops;
 :class:`NativeRotaryEmbedding` rotates q/k in place on the fused qkv rows with the native kernel
-(engine_native/src/rope.cpp): the same roundings, so the same bits, without ~14 us of torch calls per
+(engine_native/src/kernels/rope.cpp): the same roundings, so the same bits, without ~14 us of torch calls per
 layer. The loader picks one per model; a forward asks it once for the :class:`Rotation` of its positions.
 """
 

@@ -1,9 +1,9 @@
 """Native lowering through the fragment store: right-linear chains and long counted repeats.
 
-``grammar_fragment_store.cpp`` keeps the automata of inlined rules as one hash-consed store of
+``grammar/lower/fragment_store.cpp`` keeps the automata of inlined rules as one hash-consed store of
 acyclic DFA states, built from the programs right to left, so a chain of rules (a ``pattern``
 under ``maxLength``: one rule per position) costs each rule its own states, and
-``grammar_inline.cpp`` inlines such a chain whole into its one caller instead of cutting it
+``grammar/lower/inline.cpp`` inlines such a chain whole into its one caller instead of cutting it
 where its expanded size gets large (every rule at such a cut would copy the whole tail). Finite
 rules with long counted repeats (``char{0,255}``) are lowered through the store as well. These
 tests check the languages against Python's ``re`` on many strings, the token masks against
@@ -176,7 +176,7 @@ def test_long_chain_of_rules_does_not_exhaust_the_stack() -> None:
 
 def test_pattern_alternatives_sharing_loops_are_exact() -> None:
     """An unanchored alternation pattern (one JSON-character loop per branch before and after
-    each word, built with one shared copy of each: grammar_nfa_alt.cpp) accepts exactly the
+    each word, built with one shared copy of each: grammar/lower/nfa_alt.cpp) accepts exactly the
     strings ``re.search`` finds it in, escapes and non-ASCII included."""
     pattern = "^dev|alpha|be+ta|RC[0-9]"
     compiled = _compile(Grammar.from_json_schema({"type": "string", "pattern": pattern}))

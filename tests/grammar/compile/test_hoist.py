@@ -1,8 +1,8 @@
 """Native lowering: big repeated items become rules of their own, and copied rules stay separate.
 
-``grammar_hoist.cpp`` moves a large call-free item of a repeat (a pattern's character class with
+``grammar/lower/hoist.cpp`` moves a large call-free item of a repeat (a pattern's character class with
 its JSON escapes) into a rule, which is then inlined as one minimal automaton per copy instead of
-being expanded as NFA states in each copy. ``demote_copied_rules`` (``grammar_inline.cpp``)
+being expanded as NFA states in each copy. ``demote_copied_rules`` (``grammar/lower/inline.cpp``)
 keeps a rule separate when counted repeats multiply its inlined size and it is referenced more
 than once (an array of enum strings with ``maxItems`` under several ``anyOf`` branches). Both
 are pinned by state counts against a grammar the pass cannot apply to, with the same language;

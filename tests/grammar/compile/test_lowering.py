@@ -2,7 +2,7 @@
 
 JSON Schema front ends emit one rule per subschema occurrence, so large schemas (Kubernetes)
 carry thousands of copies of the same rules; the lowering merges rules whose programs are equal
-up to the classes of the rules they reference (engine_native/src/grammar_dedupe.cpp). These
+up to the classes of the rules they reference (engine_native/src/grammar/lower/dedupe.cpp). These
 tests pin that merging happens (state counts) and that it is exact (strings and token masks).
 """
 

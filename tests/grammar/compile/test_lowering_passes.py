@@ -1,9 +1,9 @@
 """Native lowering passes around the automata: equal-rule merging, productivity, FOLLOW sets.
 
-``grammar_dedupe.cpp`` merges rules that are equal once references are replaced by their
+``grammar/lower/dedupe.cpp`` merges rules that are equal once references are replaced by their
 targets' classes; after its first round it compares a class's members by their callees' classes
-alone. ``grammar_compile.cpp`` takes a rule lowered through the fragment store as productive
-when every rule it calls is. ``grammar_follow.cpp`` computes FIRST sets only for rule starts,
+alone. ``grammar/lower/compile.cpp`` takes a rule lowered through the fragment store as productive
+when every rule it calls is. ``grammar/lower/follow.cpp`` computes FIRST sets only for rule starts,
 reference targets and what they depend on. The fragment store splits each distinct class once
 per grammar and reuses a class's automaton before the same continuation. These tests pin the
 observable results: merged chains cost the states of one chain, unproductive branches are
@@ -118,7 +118,7 @@ def test_masks_exact_at_rule_boundaries() -> None:
 
 def test_equal_classes_in_different_rules_keep_their_languages() -> None:
     # The store splits a class once per distinct range list and reuses its automaton before the
-    # same continuation (grammar_nfa.cpp class_seqs, grammar_fragment.cpp store_eval). Classes
+    # same continuation (grammar/lower/nfa.cpp class_seqs, grammar/lower/fragment.cpp store_eval). Classes
     # that are equal, prefix-equal or empty must each keep their own language, in stored rules
     # (finite) and in looping ones (subset construction), before shared and distinct continuations.
     empty = CharClass(((0xD800, 0xDFFF),))  # surrogates only: no UTF-8 byte sequence

@@ -1,9 +1,9 @@
 """Native lowering: shared continuations are outlined, and long chains of equal rules merge.
 
-``grammar_outline.cpp`` rewrites ``Seq(Alt(a, Ref x), Ref y)`` (x a big inlined rule such as
+``grammar/lower/outline.cpp`` rewrites ``Seq(Alt(a, Ref x), Ref y)`` (x a big inlined rule such as
 JSON's escapes, y a separate rule) into ``Alt(Seq(a, Ref y), Ref z)`` with one shared
 ``z ::= x y``, so the nodes of a "key except these names" trie stop carrying a copy of x's
-automaton each. ``grammar_dedupe.cpp`` re-checks only the rules whose callees changed class, so
+automaton each. ``grammar/lower/dedupe.cpp`` re-checks only the rules whose callees changed class, so
 two copies of a 1 500-rule chain (a ``pattern`` with a ``maxLength``, written as rules) merge
 instead of exhausting its work budget. These tests pin both by state counts and check that the
 language and the token masks stay exact.

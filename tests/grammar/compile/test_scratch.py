@@ -1,4 +1,4 @@
-"""Native lowering keeps its work buffers per thread (``grammar_scratch.cpp``); results must not
+"""Native lowering keeps its work buffers per thread (``grammar/lower/scratch.cpp``); results must not
 depend on what the thread lowered before.
 
 Each grammar is lowered once on a fresh thread (fresh buffers: the reference) and again on this
@@ -57,7 +57,7 @@ def _overlapping_ranges() -> Grammar:
     """Many overlapping byte ranges after one state: its DFA successors come from a sweep.
 
     The separator is a reference so the repeated item is not hoisted into a rule of its own
-    (``grammar_hoist.cpp``), whose minimal automaton would be built without a sweep."""
+    (``grammar/lower/hoist.cpp``), whose minimal automaton would be built without a sweep."""
     classes = [chars(f"{chr(ord('a') + i)}-{chr(ord('j') + i)}") for i in range(12)]
     return Grammar.from_rules(
         {"root": plus(seq(alt(*classes), alt(*classes), Ref("semi"))), "semi": lit(";")}

@@ -163,7 +163,7 @@ def test_single_row_batch_splits_with_idle_pool() -> None:
     """A batch of one row still splits its walks: idle pool threads help."""
     base = tokenizer_info("deepseek")
     # A string over a narrow alphabet: its positions walk the vocabulary (a free-text string's
-    # take the content tokens whole instead, grammar_content.cpp).
+    # take the content tokens whole instead, grammar/mask/content.cpp).
     schema = {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z ]{0,30}$"}}
     grammar = Grammar.from_json_schema(schema, whitespace="compact")
     ref = GrammarMatcher(GrammarCompiler(_fresh(base), cache_enabled=False).compile(grammar))

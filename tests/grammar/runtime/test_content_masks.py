@@ -1,4 +1,4 @@
-"""Grammar core: content masks (``grammar_content.cpp``).
+"""Grammar core: content masks (``grammar/mask/content.cpp``).
 
 A state from which every string of up to 16 JSON string-content characters has a path accepts
 every content token at once and walks only the other tokens (quotes, escapes, control bytes,

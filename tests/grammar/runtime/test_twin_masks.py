@@ -1,4 +1,4 @@
-"""Grammar core: twin masks (``grammar_twin.cpp``).
+"""Grammar core: twin masks (``grammar/mask/twin.cpp``).
 
 A dense state that calls nothing within a token's reach takes the mask of an earlier state whose
 neighbourhood agrees with its own as far as the longest token reaches (positions of a counted
@@ -89,7 +89,7 @@ def test_far_positions_take_twin_masks() -> None:
         for tid in ids:
             mask_bits(m, info.vocab_size)
             prof = _native.grammar_profile()
-            # A twin or a content mask (grammar_content.cpp, tried first) serves the position.
+            # A twin or a content mask (grammar/mask/content.cpp, tried first) serves the position.
             served = prof.get("twin", (0, 0))[1] + prof.get("content", (0, 0))[1]
             counts.append((sum(prof[k][1] for k in walks & set(prof)), served))
             assert m.accept_token(tid)

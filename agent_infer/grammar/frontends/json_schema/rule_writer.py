@@ -94,7 +94,7 @@ class RuleWriter:
 
     def _chunked(self, item: Expr, lo: int, hi: int, size: int) -> Expr:
         """``item{lo,hi}`` as ``lo`` items, then whole chunks of ``size`` items (one shared rule)
-        and a counted tail: every position is a uniform chain position (see grammar_short.cpp),
+        and a counted tail: every position is a uniform chain position (see grammar/mask/short_tokens.cpp),
         and the length after the head, ``a * size + b`` with ``b < size``, has exactly one parse.
         """
         block = self.shared_rule("chunk", Repeat(item, size, size))

@@ -1,4 +1,4 @@
-"""The CPU backend: the C++ kernel ``apply_token_bitmask_inplace_cpu`` in ``engine_native/src/bitmask.cpp``.
+"""The CPU backend: the C++ kernel ``apply_token_bitmask_inplace_cpu`` in ``engine_native/src/kernels/bitmask.cpp``.
 
 float32, C-contiguous logits only (what the engine's CPU path produces); it skips all-ones words
 and releases the GIL while it runs.

@@ -1,11 +1,12 @@
 // Key tries ("any key but these names") built natively: the work of
-// agent_infer.grammar.frontends.json_schema.keys.ComplementKeys.start without a Python call per trie node.
+// agent_infer.grammar.frontends.json_schema.keys.complement_keys.ComplementKeys.start without a Python
+// call per trie node.
 //
 // A Kubernetes schema asks for ~90 tries of ~35 nodes each; interning them in Python would be
 // about a third of its front end. Here the trie is built the same way (a minimal acyclic automaton from
 // sorted words, Daciuk et al.: nodes interned children first, each child in code point order), so
 // the rules arrive in the Python builder's order with the same shapes. A node's rule body is a
-// ``KeyNode`` (frontends/json_schema/key_trie.py): an Alt that holds only (ends a name, child code points,
+// ``KeyNode`` (agent_infer/grammar/ir/nodes.py): an IR node that holds only (ends a name, child code points,
 // child rule names) and builds its branches when Python asks for them; grammar/ir/serialize.cpp
 // writes its program straight from that spec.
 #include "grammar/ir/key_trie.h"
@@ -304,7 +305,7 @@ class KeyTrieBuilder {
 
 void register_grammar_key_trie(nb::module_& m) {
   nb::class_<KeyTrieBuilder>(m, "KeyTrieBuilder",
-                             "The key-trie rules of one grammar (json_schema.key_trie.NativeComplementKeys).")
+                             "The key-trie rules of one grammar (json_schema.keys.key_trie.NativeComplementKeys).")
       .def(nb::init<nb::dict, nb::object, nb::object, int64_t>(), nb::arg("rules"), nb::arg("node_cls"),
            nb::arg("leaf_body"), nb::arg("max_rules"))
       .def("start", &KeyTrieBuilder::start, nb::arg("names"),

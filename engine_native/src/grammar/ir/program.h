@@ -10,7 +10,7 @@
 namespace agent_infer {
 namespace grammar {
 
-// Opcodes of the flat IR produced by agent_infer/grammar/compile/compiler.py (_serialize_expr).
+// Opcodes of the flat IR written by grammar/ir/serialize.cpp (tests/support/python_serializer.py: its oracle).
 //   EMPTY | LITERAL n b0..b(n-1) (UTF-8 bytes) | CLASS n lo0 hi0 .. (normalized code point ranges)
 //   SEQ n child.. | ALT n child.. | REPEAT min max(-1 = unbounded) child | REF rule_index
 //   | KEY_TRIE n free_rule rest_rule count (len cp0..cp(len-1))..: n payload words; a JSON

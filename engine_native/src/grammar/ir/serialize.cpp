@@ -1,11 +1,11 @@
 // Serialization of IR grammars (agent_infer/grammar/ir/) to the flat per-rule programs of
-// grammar/ir/program.h (enum Op): agent_infer.grammar.compile.compiler.serialize_grammar without a
-// Python call per node. It writes exactly what the Python serializer writes; anything it does not
-// handle the same way (a foreign node type, a literal with a lone surrogate, an unknown rule name,
-// repeat bounds beyond int32, a non-tuple item list) makes it return None, and the caller runs the
-// Python serializer, which produces the program or the precise error. Key-trie nodes
-// (json_schema.key_trie.KeyNode, the 8th node class when the caller passes it) hold only a spec;
-// write_key_node writes the words the Python serializer gives the Alt the node stands for.
+// grammar/ir/program.h (enum Op): the one serializer on the compile path (compile/serialize.py),
+// without a Python call per node. Anything it does not take as is (a node type outside NODE_KINDS,
+// a literal with a lone surrogate, an unknown rule name, repeat bounds beyond int32, a non-tuple
+// item list) makes it return None; the caller then rebuilds the grammar from the declared node
+// kinds, or raises the precise error, and calls it again. Key-trie nodes (KeyNode, KeySet in
+// ir/nodes.py) hold only a spec; write_key_node writes the words of the alternation a KeyNode
+// stands for. tests/support/python_serializer.py writes the same programs, as the tests' oracle.
 //
 // ``serialize_packed`` keeps the programs native (SerializedRules) for ``compile_serialized``: a
 // Kubernetes schema's ~90k program words never become Python ints (converting them costs about
@@ -146,7 +146,7 @@ class Serializer {
         if (done < 0) return fail();
         if (done == 0) {
           // A child that is not plain printable ASCII: its edge needs escapes, so the node's own
-          // branches (json_schema.keys._node_body, cached on the node) are written as an Alt.
+          // branches (complement_keys._node_body, cached on the node) are written as an Alt.
           Owned items(PyObject_GetAttr(node, nm.items));
           if (items.p == nullptr || !PyTuple_CheckExact(items.p)) return fail();
           Py_ssize_t n = PyTuple_GET_SIZE(items.p);
@@ -210,7 +210,7 @@ class Serializer {
 
   static bool plain_cp(long cp) { return cp >= 0x20 && cp <= 0x7E && cp != 0x22 && cp != 0x2F && cp != 0x5C; }
 
-  // The program json_schema.keys._node_body gives a trie node whose children are all plain
+  // The program json_schema.keys.complement_keys._node_body gives a trie node whose children are all plain
   // printable ASCII (so the gap branch comes first and holds every special code point):
   //   gap:   Seq((Alt((CharClass(<plain part of the gaps>), Ref(char-special))), Ref(char-key-rest)))
   //   edges: Seq((CharClass(((cp, cp),)), Ref(child))) per child, in code point order
@@ -239,7 +239,7 @@ class Serializer {
       sink_ = rule_index(nm.sink_rule);
       if (special_ < 0 || sink_ < 0) return -1;
     }
-    // The gaps between the children (and around them), cut to plain ASCII: json_schema.keys.plain_part.
+    // The gaps between the children (and around them), cut to plain ASCII: json_schema.keys.complement_keys.plain_part.
     merged_.clear();
     auto add_plain = [&](int64_t lo, int64_t hi) {
       if (hi < 0x20 || lo > 0x7E) return;

@@ -27,8 +27,8 @@ struct Kinds {
   PyObject* alt;
   PyObject* repeat;
   PyObject* ref;
-  PyObject* key_node = nullptr;  // json_schema.key_trie.KeyNode, when the caller passes it
-  PyObject* key_set = nullptr;   // json_schema.key_trie.KeySet (a whole key trie), likewise
+  PyObject* key_node = nullptr;  // ir.nodes.KeyNode, when the caller passes it
+  PyObject* key_set = nullptr;   // ir.nodes.KeySet (a whole key trie), likewise
 };
 
 // The IR node classes in the order compiler._KINDS lists them (7, 8 with KeyNode, 9 with KeySet).
@@ -54,10 +54,10 @@ struct Names {
   PyObject* name = PyUnicode_InternFromString("name");
   PyObject* spec = PyUnicode_InternFromString("_spec");
   PyObject* key_names = PyUnicode_InternFromString("_names");
-  // json_schema.keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
+  // json_schema.keys.complement_keys.SPECIAL_RULE and SINK_RULE, which every key-trie node's gap branch calls.
   PyObject* special_rule = PyUnicode_InternFromString("char-special");
   PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
-  // json_schema.keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
+  // json_schema.keys.complement_keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
   PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
 };
 

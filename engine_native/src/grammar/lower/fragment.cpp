@@ -254,7 +254,7 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
   Fragment f;
   const int32_t in_store = fragment_state(r);
   if (in_store != -2) {
-    // An empty language (kDead) keeps the old expansion (and its dead end), as below.
+    // An empty language (kDead) keeps the expansion from the program (and its dead end), as below.
     if (in_store >= 0) {
       sh.store.flatten(in_store, &f.final, &f.begin, &f.bytes);
       f.usable = true;
@@ -327,7 +327,7 @@ const NfaBuilder::Fragment& NfaBuilder::fragment(int32_t r) {
         }
       }
     }
-    ok = n > 0 && live[0];  // an empty language keeps the old expansion (and its dead end)
+    ok = n > 0 && live[0];  // an empty language keeps the expansion from the program (and its dead end)
   }
   if (ok) {
     std::vector<int32_t>&rep = sh.rep, &remap = sh.remap;

@@ -12,10 +12,10 @@
 //   a call of the free rule (char-key-free ::= char-special char-key-rest):  the end state.
 // A node accepts unless it ends a name; the end state accepts. Special characters (escapes,
 // non-ASCII) go through a rule of their own that also reads the rest of the key, exactly as the
-// node-by-node tries did once outlined (grammar/lower/outline.cpp): a token such as `中文` then ends
+// node-by-node tries do once outlined (grammar/lower/outline.cpp): a token such as `中文` then ends
 // inside that rule's call and is classified once, where a call of char-special alone (which
-// may end after one character) left every such token uncertain, checked again at every key.
-// The language is the one json_schema.keys._node_body spells node by node (its Python
+// may end after one character) would leave every such token uncertain, checked again at every key.
+// The language is the one json_schema.keys.complement_keys._node_body spells node by node (its Python
 // expansion, KeySet.items, is what the tests compare against).
 #include <algorithm>
 #include <array>

@@ -5,8 +5,8 @@ lowering them (fragment store, equal-rule merging, outlining, FOLLOW sets) is ab
 compile. When every name is plain printable ASCII (no quote, slash, backslash, control or
 non-ASCII character: nearly all property names), the front end instead writes one rule whose body
 is a :class:`~agent_infer.grammar.ir.KeySet` (an IR node kind) holding only the sorted names. The
-native serializer writes it as one ``KEY_TRIE`` instruction (engine_native/src/grammar.h) and the
-native compiler builds its minimal automaton directly (grammar_key_set.cpp).
+native serializer writes it as one ``KEY_TRIE`` instruction (engine_native/src/grammar/ir/program.h) and the
+native compiler builds its minimal automaton directly (grammar/lower/key_set.cpp).
 
 This module registers the KeySet's expansion (``KeySet.expand``), which readers that interpret
 the IR node by node use (the reference recognizer, renaming): an ``Alt`` spelling the same
@@ -34,14 +34,14 @@ def all_plain(names: tuple[str, ...]) -> bool:
 
 
 def _expand(node: KeySet) -> tuple[Expr, ...]:
-    """The branches of the root node, every trie node nested (what grammar_key_set.cpp builds)."""
+    """The branches of the root node, every trie node nested (what grammar/lower/key_set.cpp builds)."""
     body = _subtrie(node.names, 0)
     return body.items if isinstance(body, Alt) else (body,)
 
 
 def _subtrie(words: tuple[str, ...], depth: int) -> Expr:
     """The node reached by ``depth`` shared characters of ``words`` (sorted, distinct), with the
-    branches grammar_key_set.cpp gives its state: a plain character that continues no name, then
+    branches grammar/lower/key_set.cpp gives its state: a plain character that continues no name, then
     the rest of the key; the free rule (a special character and the rest); each child; and the end
     of the key unless the node ends a name."""
     ends = False

@@ -1,6 +1,6 @@
 """Key tries ("any key but these names") built by the native extension, with lazy node bodies.
 
-:class:`~agent_infer.grammar.frontends.json_schema.keys.ComplementKeys` builds each trie node by
+:class:`~agent_infer.grammar.frontends.json_schema.keys.complement_keys.ComplementKeys` builds each trie node by
 node in Python; on a Kubernetes schema (~90 tries, ~3,000 node lookups, ~1,700 distinct nodes)
 that is a third of the front end. ``_native.KeyTrieBuilder`` runs the same construction (same node
 shapes, same rule order, rules named ``char-key-nN``) and gives each node a

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # automaton states per position.
 MAX_INLINE_CHAR_REPEAT = 256
 # The native compiler keeps rules with longer counted repeats out of their callers (kMaxInlineRepeat
-# in grammar_compile.cpp).
+# in grammar/lower/compile.cpp).
 _MAX_INLINED_REPEAT = 32
 
 

@@ -1,4 +1,4 @@
-"""Whole key tries as one ``KeySet`` rule (keys/key_set.py, grammar_key_set.cpp): the same
+"""Whole key tries as one ``KeySet`` rule (keys/key_set.py, grammar/lower/key_set.cpp): the same
 language and the same token masks as the node-by-node tries they replace, the same programs from
 both serializers, never expanded by a compile, and typed errors for malformed KEY_TRIE programs."""
 
