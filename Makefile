@@ -76,6 +76,8 @@ lint: venv
 	$(VENV)/bin/ruff check agent_infer tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check agent_infer tests benchmarks examples scripts
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/import_cycles.py
 
 bench: venv
 	$(PIP) install -q -e ".[bench]" --no-build-isolation
