@@ -16,7 +16,7 @@ import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import llama
+from agent_infer.model.families import llama, qwen3
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -42,7 +42,8 @@ class Architecture:
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         name="llama",
-        hf_names=("LlamaForCausalLM", "llama"),
+        # Mistral is Llama with a sliding window (llama.cpp converts it to its llama architecture)
+        hf_names=("LlamaForCausalLM", "llama", "MistralForCausalLM", "mistral"),
         family=llama.LlamaForCausalLM,
         gguf_global_names=llama.GGUF_GLOBAL_NAMES,
         gguf_layer_names=llama.GGUF_LAYER_NAMES,
@@ -57,6 +58,15 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_layer_names=llama.GGUF_LAYER_NAMES,
         gguf_permutes_qk=False,
         qkv_bias=True,
+    ),
+    Architecture(
+        name="qwen3",
+        hf_names=("Qwen3ForCausalLM", "qwen3"),
+        family=qwen3.Qwen3ForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=qwen3.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
     ),
 )
 

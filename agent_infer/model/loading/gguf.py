@@ -23,6 +23,8 @@ from agent_infer.model.layers.qlinear import F32, NATIVE_TYPES, QuantLinear
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.registry import Architecture, architecture, gguf_architecture
 
+#: Tensors that are part of the config (read by :func:`gguf_config`), not weights.
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -43,16 +45,21 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     head_dim = int(
         meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // heads))
     )
+    freq_factors = None
     if "rope_freqs.weight" in f.tensors:
-        raise UnsupportedModelError(
-            f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight) are not supported"
-        )
-    scaling_type = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+        # llama.cpp's form of Llama 3.1+ RoPE scaling: the per-pair divisors, precomputed
+        freq_factors = tuple(float(v) for v in f.dequantize("rope_freqs.weight").reshape(-1).tolist())
+    scaling_key = f"{arch}.rope.scaling.type"
+    scaling_type = str(meta.get(scaling_key, "none"))
     rope_scaling: dict[str, Any] | None = None
     if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+        rope_scaling = {
+            "rope_type": "linear",
+            "factor": float(_req(meta, f"{arch}.rope.scaling.factor", path)),
+        }
     elif scaling_type != "none":
-        raise UnsupportedModelError(f"{path}: unsupported RoPE scaling type {scaling_type!r}")
+        raise UnsupportedModelError(f"{path}: unsupported {scaling_key} {scaling_type!r} (supported: linear)")
+    window = meta.get(f"{arch}.attention.sliding_window")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = int(meta.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
     if vocab <= 0:
@@ -76,6 +83,8 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in f.tensors,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
+        sliding_window=None if window is None else int(window),
+        rope_freq_factors=freq_factors,
     )
 
 
@@ -117,6 +126,8 @@ def gguf_weights(
     """
     arch = architecture(config.architecture)
     for name in f.tensors:
+        if name in _CONFIG_TENSORS:
+            continue
         target = hf_name(arch, name)
         if target is None:
             raise ModelLoadError(

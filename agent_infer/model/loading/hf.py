@@ -56,6 +56,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
         rope = cfg.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        window = _sliding_window(cfg, d)
         eos = _ids(cfg.get("eos_token_id"))
         gen_path = d / "generation_config.json"
         if gen_path.is_file():
@@ -77,9 +78,27 @@ def hf_config(directory: str | Path) -> ModelConfig:
             attention_bias=found.qkv_bias,
             bos_token_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
             eos_token_ids=tuple(eos),
+            sliding_window=window,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{d / 'config.json'}: missing or invalid field: {exc}") from exc
+
+
+def _sliding_window(cfg: dict[str, Any], d: Path) -> int | None:
+    """The one window every layer uses, or None; per-layer windows raise naming the key."""
+    if cfg.get("use_sliding_window") is False:  # Qwen: a window is configured but switched off
+        return None
+    if cfg.get("use_sliding_window") is True:
+        raise UnsupportedModelError(
+            f"{d}: use_sliding_window=true (windows on the layers past max_window_layers) is not supported"
+        )
+    window = cfg.get("sliding_window")
+    kinds = set(cfg.get("layer_types") or ())
+    if window is None or kinds == {"full_attention"}:
+        return None
+    if kinds - {"sliding_attention"}:
+        raise UnsupportedModelError(f"{d}: layer_types mixing {sorted(kinds)} are not supported")
+    return int(window)
 
 
 def safetensors_files(directory: str | Path) -> list[Path]:

@@ -1,0 +1,262 @@
+"""Qwen 3, Llama 3.x and Mistral against transformers on tiny random float32 checkpoints.
+
+Each family's checkpoint (2 layers) is loaded three ways: from its Hugging Face folder (torch path),
+and from a GGUF file written from the same weights, through the packed native kernels (float32
+activations) and through torch. Prefill plus 16 greedy decode steps through the paged cache must
+give transformers' greedy tokens exactly and logits within TOLERANCE of its logit scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from family_support import VOCAB, compare_with_transformers, randomize, save_hf, write_gguf
+
+from agent_infer.errors import ModelLoadError
+from agent_infer.model.config import rope_inv_freq
+from agent_infer.model.loader import LoadedModel, load_model
+from agent_infer.model.runner import SequenceRunner
+
+transformers = pytest.importorskip("transformers")
+
+# Max |ours - transformers| over the compared logits, as a fraction of max(1, largest |logit|).
+# Float32 on both sides; the rest is summation order (MKL vs the native kernels' FMA chains, SDPA vs
+# the native decode kernel). Measured up to 1.3e-6 on these models; bound with ~8x headroom.
+TOLERANCE = 1e-5
+WINDOW = 8
+COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+LLAMA3_SCALING = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # fmt: skip
+
+
+def llama_cpp_rope_freqs(config: Any) -> np.ndarray:
+    """The ``rope_freqs`` tensor llama.cpp's converter writes for a Llama 3.1+ checkpoint."""
+    rope = config.rope_parameters
+    dim = config.head_dim
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _qwen3(tie: bool) -> Any:
+    return transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=tie, rope_theta=1e6)
+    )
+
+
+def _llama3() -> Any:
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **COMMON, rope_theta=5e5, rope_scaling=LLAMA3_SCALING, tie_word_embeddings=False
+        )
+    )
+
+
+def _mistral() -> Any:
+    return transformers.MistralForCausalLM(
+        transformers.MistralConfig(**COMMON, sliding_window=WINDOW, rope_theta=1e4, tie_word_embeddings=False)
+    )
+
+
+def _llama3_gguf_extras(model: Any) -> dict[str, np.ndarray]:
+    return {"rope_freqs.weight": llama_cpp_rope_freqs(model.config)}
+
+
+#: family -> (transformers model, GGUF arch, GGUF metadata, extra GGUF tensors)
+FAMILIES: dict[
+    str, tuple[Callable[[], Any], str, Callable[[gguf.GGUFWriter], None], Callable[[Any], dict]]
+] = {
+    "qwen3-tied": (lambda: _qwen3(True), "qwen3", lambda w: None, lambda m: {}),
+    "qwen3-untied": (lambda: _qwen3(False), "qwen3", lambda w: None, lambda m: {}),
+    "llama3": (_llama3, "llama", lambda w: None, _llama3_gguf_extras),
+    "mistral": (_mistral, "llama", lambda w: w.add_sliding_window(WINDOW), lambda m: {}),
+}
+PATHS = ["hf", "gguf-native", "gguf-torch"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Path, Path]]:
+    """Per family: the transformers model, its HF folder and its GGUF file."""
+    out = {}
+    for i, (family, (make, arch, metadata, extras)) in enumerate(FAMILIES.items()):
+        torch.manual_seed(i)
+        model = randomize(make(), seed=i)
+        d = save_hf(model, tmp_path_factory.mktemp(family))
+        path = write_gguf(
+            d.parent / f"{family}.gguf", model, arch, metadata=metadata, extra_tensors=extras(model)
+        )
+        out[family] = (model, d, path)
+    return out
+
+
+def _load(path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> LoadedModel:
+    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "1" if kind == "gguf-native" else "0")
+    monkeypatch.setenv("AGENT_INFER_LINEAR_ACTIVATIONS", "f32")
+    lm = load_model(path, device=torch.device("cpu"))
+    assert lm.model.native == (kind == "gguf-native")
+    return lm
+
+
+def _prompt(n: int = 40, seed: int = 7) -> list[int]:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("kind", PATHS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prefill_and_decode_match_transformers(
+    family: str, kind: str, checkpoints: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hf, folder, path = checkpoints[family]
+    lm = _load(folder if kind == "hf" else path, kind, monkeypatch)
+    c = lm.config
+    assert (c.num_layers, c.head_dim, c.tie_word_embeddings) == (
+        2,
+        hf.config.head_dim,
+        hf.config.tie_word_embeddings,
+    )
+    assert c.sliding_window == (WINDOW if family == "mistral" else None)
+    err = compare_with_transformers(lm, hf, _prompt())
+    print(f"{family} {kind}: max relative logit error {err:.3g}")
+    assert err <= TOLERANCE
+
+
+def test_qwen3_head_dim_and_qk_norm(checkpoints: dict) -> None:
+    hf, folder, _ = checkpoints["qwen3-untied"]
+    lm = load_model(folder, device=torch.device("cpu"))
+    assert lm.config.architecture == "qwen3" and lm.config.head_dim * 4 != lm.config.hidden_size
+    # the QK norm is load-bearing: with unit norm weights the logits move far from transformers'
+    block = lm.model.layers[0]
+    block.q_norm.weight.data.fill_(1.0)
+    with pytest.raises(AssertionError):
+        assert compare_with_transformers(lm, hf, _prompt(), steps=1) <= TOLERANCE
+
+
+def test_llama3_rope_matches_transformers_rope_init(checkpoints: dict) -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf, folder, path = checkpoints["llama3"]
+    want, scale = ROPE_INIT_FUNCTIONS["llama3"](hf.config, torch.device("cpu"))
+    assert scale == 1.0
+    from_hf = load_model(folder, device=torch.device("cpu")).config
+    from_gguf = load_model(path, device=torch.device("cpu")).config
+    assert from_hf.rope_scaling == {**LLAMA3_SCALING, "rope_theta": 5e5} and from_hf.rope_freq_factors is None
+    assert from_gguf.rope_scaling is None and from_gguf.rope_freq_factors is not None
+    # the same formula as transformers' in the same float32 ops: equal bits
+    assert torch.equal(rope_inv_freq(from_hf), want)
+    # llama.cpp's divisors (1 / the smoothed factor) round differently: within 2 float32 ulps
+    torch.testing.assert_close(rope_inv_freq(from_gguf), want, rtol=2.5e-7, atol=0)
+    # the scaling bites: some pairs slowed by the full factor, some kept, some smoothed
+    plain = rope_inv_freq(dataclasses.replace(from_hf, rope_scaling=None))
+    ratio = (plain / want).tolist()
+    assert min(ratio) == pytest.approx(1.0) and max(ratio) == pytest.approx(8.0)
+    assert any(1.01 < r < 7.99 for r in ratio)
+
+
+def test_mistral_window_is_what_transformers_does(checkpoints: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    hf, folder, path = checkpoints["mistral"]
+    prompt = _prompt(30, seed=11)
+    for kind, source, native_query in (
+        ("hf", folder, 0),
+        ("gguf-native", path, 512),
+        ("gguf-native", path, 4),
+    ):
+        lm = _load(source, kind, monkeypatch)
+        # 4: the 17-token chunk goes through SDPA, its decode rows through the native kernel
+        lm.model.attention.max_native_query = native_query
+        # chunked prefill: a chunk whose queries see windows starting at different keys
+        runner = SequenceRunner(lm.model, num_blocks=12, block_size=4)
+        runner.step([(0, prompt[:13])])
+        last = runner.step([(0, prompt[13:])])[0]
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0, -1]
+        assert (last - ref).abs().max().item() <= TOLERANCE * max(1.0, ref.abs().max().item())
+    # the window matters here: transformers without it disagrees
+    monkeypatch.setattr(hf.config, "sliding_window", None)
+    with torch.no_grad():
+        full = hf(torch.tensor([prompt])).logits[0, -1]
+    assert (full - ref).abs().max().item() > 100 * TOLERANCE * max(1.0, ref.abs().max().item())
+
+
+def _edit_config(folder: Path, tmp_path: Path, **changes: Any) -> Path:
+    d = Path(tempfile.mkdtemp(dir=tmp_path))
+    shutil.copytree(folder, d, dirs_exist_ok=True)
+    cfg = json.loads((d / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_unsupported_config_values_name_their_key(checkpoints: dict, tmp_path: Path) -> None:
+    _, llama3, llama3_gguf = checkpoints["llama3"]
+    rope = json.loads((llama3 / "config.json").read_text())["rope_parameters"]
+    cases: list[tuple[Path, str]] = [
+        (
+            _edit_config(llama3, tmp_path, rope_parameters={**rope, "rope_type": "yarn"}),
+            "rope_scaling type 'yarn'",
+        ),
+        (
+            _edit_config(
+                llama3, tmp_path, rope_parameters={k: v for k, v in rope.items() if k != "low_freq_factor"}
+            ),
+            "rope_scaling of type 'llama3' lacks low_freq_factor",
+        ),
+        (_edit_config(checkpoints["qwen3-tied"][1], tmp_path, use_sliding_window=True), "use_sliding_window"),
+        (
+            _edit_config(
+                checkpoints["mistral"][1], tmp_path, layer_types=["sliding_attention", "full_attention"]
+            ),
+            "layer_types",
+        ),
+    ]
+    for folder, message in cases:
+        with pytest.raises(ModelLoadError, match=message):
+            load_model(folder, device=torch.device("cpu"))
+    hf = checkpoints["llama3"][0]
+    bad = write_gguf(
+        tmp_path / "yarn.gguf",
+        hf,
+        "llama",
+        metadata=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.YARN),
+    )
+    with pytest.raises(ModelLoadError, match=r"llama\.rope\.scaling\.type 'yarn'"):
+        load_model(bad, device=torch.device("cpu"))
+    short = write_gguf(
+        tmp_path / "freqs.gguf",
+        hf,
+        "llama",
+        extra_tensors={"rope_freqs.weight": np.ones(3, dtype=np.float32)},
+    )
+    with pytest.raises(ModelLoadError, match="rope_freq_factors has 3 entries for head_dim 16"):
+        load_model(short, device=torch.device("cpu"))
+    assert llama3_gguf.is_file()
