@@ -19,6 +19,23 @@ _ROPE_SCALING_KEYS = {
 
 
 @dataclass(frozen=True)
+class MoESettings:
+    """A mixture-of-experts feed-forward in every block: ``num_experts`` SwiGLU experts of width
+    ``intermediate_size``, ``top_k`` per token by softmax score, renormalized when ``norm_topk_prob``."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise UnsupportedModelError(
+                f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]"
+            )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Everything the forward pass needs to know about a decoder; ``architecture`` is a name of the
     registry (:mod:`agent_infer.model.registry`), which picks the family."""
@@ -43,6 +60,8 @@ class ModelConfig:
     sliding_window: int | None = None
     #: Per-pair RoPE frequency divisors (llama.cpp's ``rope_freqs`` tensor: Llama 3.1+ GGUFs).
     rope_freq_factors: tuple[float, ...] | None = None
+    #: The experts of a mixture-of-experts family (Qwen 3 MoE); None: dense.
+    moe: MoESettings | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

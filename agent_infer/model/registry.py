@@ -10,13 +10,13 @@ a module under ``families/`` and its rows in :data:`ARCHITECTURES`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import llama, qwen3
+from agent_infer.model.families import llama, qwen3, qwen3_moe
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -37,6 +37,8 @@ class Architecture:
     gguf_permutes_qk: bool
     #: HF checkpoints always carry q/k/v biases.
     qkv_bias: bool
+    #: Per block, GGUF tensors stacking every expert ``[E, ...]`` -> the HF name of expert ``{e}``.
+    gguf_expert_names: Mapping[str, str] = field(default_factory=dict)
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -67,6 +69,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_layer_names=qwen3.GGUF_LAYER_NAMES,
         gguf_permutes_qk=False,
         qkv_bias=False,
+    ),
+    Architecture(
+        name="qwen3moe",
+        hf_names=("Qwen3MoeForCausalLM", "qwen3_moe"),
+        family=qwen3_moe.Qwen3MoeForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=qwen3_moe.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        gguf_expert_names=qwen3_moe.GGUF_EXPERT_NAMES,
     ),
 )
 

@@ -71,6 +71,20 @@ def _qwen3(tie: bool) -> Any:
     )
 
 
+def _qwen3_moe() -> Any:
+    config = transformers.Qwen3MoeConfig(
+        **COMMON, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+        norm_topk_prob=True, tie_word_embeddings=False, rope_theta=1e6,
+    )  # fmt: skip
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def _moe_metadata(w: gguf.GGUFWriter) -> None:
+    w.add_expert_count(4)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(48)
+
+
 def _llama3() -> Any:
     return transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
@@ -95,6 +109,7 @@ FAMILIES: dict[
 ] = {
     "qwen3-tied": (lambda: _qwen3(True), "qwen3", lambda w: None, lambda m: {}),
     "qwen3-untied": (lambda: _qwen3(False), "qwen3", lambda w: None, lambda m: {}),
+    "qwen3-moe": (_qwen3_moe, "qwen3moe", _moe_metadata, lambda m: {}),
     "llama3": (_llama3, "llama", lambda w: None, _llama3_gguf_extras),
     "mistral": (_mistral, "llama", lambda w: w.add_sliding_window(WINDOW), lambda m: {}),
 }
@@ -260,3 +275,35 @@ def test_unsupported_config_values_name_their_key(checkpoints: dict, tmp_path: P
     with pytest.raises(ModelLoadError, match="rope_freq_factors has 3 entries for head_dim 16"):
         load_model(short, device=torch.device("cpu"))
     assert llama3_gguf.is_file()
+
+
+def test_qwen3_moe_config_keys(checkpoints: dict, tmp_path: Path) -> None:
+    folder = checkpoints["qwen3-moe"][1]
+    # the hub's Qwen3-MoE configs name the expert count `num_experts`
+    hub = _edit_config(folder, tmp_path, num_local_experts=None, num_experts=4)
+    c = load_model(hub, device=torch.device("cpu")).config
+    assert c.moe is not None and (c.moe.num_experts, c.moe.top_k, c.moe.intermediate_size) == (4, 2, 48)
+    assert c.moe.norm_topk_prob
+    with pytest.raises(ModelLoadError, match="decoder_sparse_step/mlp_only_layers"):
+        load_model(_edit_config(folder, tmp_path, decoder_sparse_step=2), device=torch.device("cpu"))
+    with pytest.raises(ModelLoadError, match=r"num_experts_per_tok=5 must be in \[1, num_experts=4\]"):
+        load_model(_edit_config(folder, tmp_path, num_experts_per_tok=5), device=torch.device("cpu"))
+
+
+def test_mistral_rows_are_batch_invariant_across_window_forms(
+    checkpoints: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short sequence decodes from block tables alone, from single-slot tables when batched with
+    one past the window: the native kernel must give the same bits either way."""
+    lm = _load(checkpoints["mistral"][2], "gguf-native", monkeypatch)
+    short, long = _prompt(5, seed=1), _prompt(30, seed=2)
+    alone = SequenceRunner(lm.model, num_blocks=24, block_size=4)
+    batched = SequenceRunner(lm.model, num_blocks=24, block_size=4)
+    a = alone.step([(0, short)])
+    b = batched.step([(1, long), (0, short)])
+    assert torch.equal(a[0], b[1])
+    for _ in range(6):  # the short one crosses the window too
+        tok = int(a[0].argmax())
+        a = alone.step([(0, [tok])])
+        b = batched.step([(1, [int(b[0].argmax())]), (0, [tok])])
+        assert torch.equal(a[0], b[1])

@@ -92,6 +92,15 @@ def write_gguf(
         if hf == "lm_head.weight" and c.tie_word_embeddings:
             continue
         arr = tensor.detach().float().numpy().copy()
+        if hf.endswith("mlp.experts.gate_up_proj"):  # transformers' fused experts [E, 2I, H]
+            blk = "blk." + hf.split(".")[2]
+            gate, up = np.split(arr, 2, axis=1)
+            w.add_tensor(f"{blk}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+            w.add_tensor(f"{blk}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            continue
+        if hf.endswith("mlp.experts.down_proj"):
+            w.add_tensor("blk." + hf.split(".")[2] + ".ffn_down_exps.weight", arr)
+            continue
         if entry.gguf_permutes_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
             arr = _permute(arr, c.num_attention_heads if "q_proj" in hf else c.num_key_value_heads)
         w.add_tensor(gguf_name(entry, hf), arr)

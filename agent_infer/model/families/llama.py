@@ -28,7 +28,7 @@ from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
 from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
-from agent_infer.model.layers.mlp import GatedMLP
+from agent_infer.model.layers.mlp import FeedForward, GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
 
@@ -82,11 +82,22 @@ class LlamaDecoderLayer(nn.Module):
         self.o: Linear = kernels.linears.linear(
             [WeightPart(p + "self_attn.o_proj.weight", c.hidden_size)], c.q_size
         )
-        self.mlp = GatedMLP(kernels.linears, p + "mlp.", c.hidden_size, c.intermediate_size)
+        self.mlp = self.make_mlp(c, p + "mlp.", kernels, device, dtype)
         self.attention: PagedAttention = kernels.attention
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         #: The attention plan this block takes (one per distinct window in a forward).
         self.sliding_window = c.sliding_window
+
+    def make_mlp(
+        self,
+        config: ModelConfig,
+        prefix: str,
+        kernels: Kernels,
+        device: torch.device | None,
+        dtype: torch.dtype,
+    ) -> FeedForward:
+        """The block's feed-forward (HF names under ``prefix``): a dense SwiGLU MLP here."""
+        return GatedMLP(kernels.linears, prefix, config.hidden_size, config.intermediate_size)
 
     def rotate_qk(self, qkv: torch.Tensor, rotation: Rotation) -> torch.Tensor:
         """q and k heads of the fused ``qkv`` rows, rotated, as ``[rows, heads + kv_heads, dim]``."""
@@ -252,8 +263,9 @@ class LlamaForCausalLM(CausalLM):
             p = f"model.layers.{i}."
             for name, norm in layer.norms().items():
                 t[f"{p}{name}.weight"] = (norm.weight, 0, tuple(norm.weight.shape))
-            for linear in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down):
+            for linear in (layer.qkv, layer.o):
                 t.update(linear.load_targets())
+            t.update(layer.mlp.load_targets())
         return t
 
     def ignored_weight_names(self) -> frozenset[str]:

@@ -17,7 +17,7 @@ from torch import nn
 
 from agent_infer import envs
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
-from agent_infer.model.config import ModelConfig
+from agent_infer.model.config import ModelConfig, MoESettings
 from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.qlinear import F32, NATIVE_TYPES, QuantLinear
 from agent_infer.model.loading.gguf_reader import GGUFFile
@@ -60,6 +60,15 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     elif scaling_type != "none":
         raise UnsupportedModelError(f"{path}: unsupported {scaling_key} {scaling_type!r} (supported: linear)")
     window = meta.get(f"{arch}.attention.sliding_window")
+    moe = None
+    if f"{arch}.expert_count" in meta:
+        # llama.cpp renormalizes the chosen experts' weights of Qwen 3 MoE unconditionally
+        moe = MoESettings(
+            num_experts=int(meta[f"{arch}.expert_count"]),
+            top_k=int(_req(meta, f"{arch}.expert_used_count", path)),
+            intermediate_size=int(_req(meta, f"{arch}.expert_feed_forward_length", path)),
+            norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        )
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = int(meta.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
     if vocab <= 0:
@@ -85,6 +94,7 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         eos_token_ids=() if eos is None else (int(eos),),
         sliding_window=None if window is None else int(window),
         rope_freq_factors=freq_factors,
+        moe=moe,
     )
 
 
@@ -128,6 +138,12 @@ def gguf_weights(
     for name in f.tensors:
         if name in _CONFIG_TENSORS:
             continue
+        m = _LAYER_RE.fullmatch(name)
+        if m and m.group(2) in arch.gguf_expert_names:
+            yield from _expert_slices(
+                f, name, f"model.layers.{m.group(1)}.{arch.gguf_expert_names[m.group(2)]}", skip
+            )
+            continue
         target = hf_name(arch, name)
         if target is None:
             raise ModelLoadError(
@@ -142,6 +158,18 @@ def gguf_weights(
             elif target.endswith("k_proj.weight"):
                 w = _unpermute(w, config.num_kv_heads)
         yield target, w
+
+
+def _expert_slices(
+    f: GGUFFile, name: str, pattern: str, skip: Container[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Expert ``e``'s slice of the stacked 3-D tensor ``name`` under HF name ``pattern.format(e=e)``."""
+    names = [pattern.format(e=e) for e in range(f.tensors[name].shape[0])]
+    if all(n in skip for n in names):
+        return
+    for hf, w in zip(names, f.dequantize(name), strict=True):
+        if hf not in skip:
+            yield hf, w
 
 
 def gguf_rows(
