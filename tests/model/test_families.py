@@ -307,3 +307,19 @@ def test_mistral_rows_are_batch_invariant_across_window_forms(
         a = alone.step([(0, [tok])])
         b = batched.step([(1, [int(b[0].argmax())]), (0, [tok])])
         assert torch.equal(a[0], b[1])
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen3-moe"])
+def test_engine_greedy_equals_transformers(family: str, checkpoints: dict) -> None:
+    """Through the engine (scheduler, block manager, sampler): a batch of two prompts, greedy."""
+    from agent_infer.llm import LLM
+    from agent_infer.sampling_params import SamplingParams
+
+    hf, _, path = checkpoints[family]
+    llm = LLM(str(path))
+    prompts = [_prompt(21, seed=3), _prompt(9, seed=4)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1].argmax(-1)
+        assert out.token_ids == ref.tolist()
