@@ -3,11 +3,14 @@
 Each family's checkpoint (2 layers) is loaded three ways: from its Hugging Face folder (torch path),
 and from a GGUF file written from the same weights, through the packed native kernels (float32
 activations) and through torch. Prefill plus 16 greedy decode steps through the paged cache must
-give transformers' greedy tokens exactly and logits within TOLERANCE of its logit scale.
+give transformers' greedy tokens exactly and logits within TOLERANCE of its logit scale. A second
+GGUF per family holds the 2-D weights as Q8_0 blocks (transformers gets the same rounded weights)
+and runs on the packed kernels with float32 and with int8 activations (the loader's default).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -21,7 +24,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from family_support import VOCAB, compare_with_transformers, randomize, save_hf, write_gguf
+from family_support import VOCAB, compare_with_transformers, randomize, round_through, save_hf, write_gguf
 
 from agent_infer.errors import ModelLoadError
 from agent_infer.model.config import rope_inv_freq
@@ -29,11 +32,16 @@ from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.model.runner import SequenceRunner
 
 transformers = pytest.importorskip("transformers")
+QT = gguf.GGMLQuantizationType
 
 # Max |ours - transformers| over the compared logits, as a fraction of max(1, largest |logit|).
 # Float32 on both sides; the rest is summation order (MKL vs the native kernels' FMA chains, SDPA vs
 # the native decode kernel). Measured up to 1.3e-6 on these models; bound with ~8x headroom.
 TOLERANCE = 1e-5
+# int8 activations (llama.cpp's Q8 scheme) round every activation per block of 32: measured up to
+# 4.4% of the logit scale and a mean KL(transformers || ours) of 5.3e-4 nats; bounds with ~2x/4x headroom.
+Q8_TOLERANCE = 0.08
+Q8_MEAN_KL = 2e-3
 WINDOW = 8
 COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -160,6 +168,55 @@ def test_prefill_and_decode_match_transformers(
     err = compare_with_transformers(lm, hf, _prompt())
     print(f"{family} {kind}: max relative logit error {err:.3g}")
     assert err <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def q8_0_checkpoints(
+    checkpoints: dict, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Any, Path]]:
+    """Per family: a copy of the transformers model with its 2-D weights rounded through Q8_0, and
+    the GGUF file holding those weights as Q8_0 blocks (the kernel's int8-activation type)."""
+    d = tmp_path_factory.mktemp("q8_0")
+    out = {}
+    for family, (_, arch, metadata, extras) in FAMILIES.items():
+        hf = round_through(copy.deepcopy(checkpoints[family][0]), QT.Q8_0)
+        path = write_gguf(
+            d / f"{family}.gguf", hf, arch, metadata=metadata, extra_tensors=extras(hf), quant=QT.Q8_0
+        )
+        out[family] = (hf, path)
+    return out
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_q8_0_gguf_on_the_native_path(
+    family: str, activations: str, q8_0_checkpoints: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q8_0 weights on the packed kernels: with float32 activations as exact as float32 weights;
+    with int8 activations (the loader's default) within Q8_TOLERANCE and Q8_MEAN_KL of
+    transformers, teacher-forced on transformers' greedy tokens (near ties may flip, so greedy
+    decoding is not compared)."""
+    hf, path = q8_0_checkpoints[family]
+    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "1")
+    monkeypatch.setenv("AGENT_INFER_LINEAR_ACTIVATIONS", activations)
+    lm = load_model(path, device=torch.device("cpu"))
+    assert lm.model.native and lm.model.lm_head.packed.ggml_type == int(QT.Q8_0)
+    assert lm.model.lm_head.packed.q8_activations == (activations == "q8")
+    if activations == "f32":
+        assert compare_with_transformers(lm, hf, _prompt()) <= TOLERANCE
+        return
+    prompt = _prompt()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None)
+        gen = out[0, len(prompt) :].tolist()
+        ref = hf(torch.tensor([prompt + gen])).logits[0, len(prompt) - 1 :].float()
+    runner = SequenceRunner(lm.model, num_blocks=20, block_size=4)
+    ours = torch.stack([runner.step([(0, prompt)])[0]] + [runner.step([(0, [t])])[0] for t in gen])
+    err = (ours - ref).abs().max().item() / ref.abs().max().item()
+    lp, lr = ours.log_softmax(-1), ref.log_softmax(-1)
+    kl = (lr.exp() * (lr - lp)).sum(-1).mean().item()
+    print(f"{family} q8: max relative logit error {err:.3g}, mean KL {kl:.3g}")
+    assert err <= Q8_TOLERANCE and kl <= Q8_MEAN_KL
 
 
 def test_qwen3_head_dim_and_qk_norm(checkpoints: dict) -> None:

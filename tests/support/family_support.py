@@ -49,6 +49,24 @@ def save_hf(model: Any, directory: Path) -> Path:
     return directory
 
 
+def _quantizable(name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType | None) -> bool:
+    block = gguf.GGML_QUANT_SIZES[qtype][0] if qtype is not None else 0
+    return qtype is not None and arr.ndim == 2 and "norm" not in name and arr.shape[1] % block == 0
+
+
+def round_through(model: Any, qtype: gguf.GGMLQuantizationType) -> Any:
+    """Replace every 2-D weight of ``model`` that :func:`write_gguf` quantizes by its value after a
+    round trip through ``qtype`` (the ``gguf`` package's reference code): transformers then runs
+    exactly the weights the GGUF file holds."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            arr = p.detach().float().numpy()
+            if _quantizable(name, arr, qtype):
+                back = gguf.quants.dequantize(gguf.quants.quantize(arr, qtype), qtype)
+                p.copy_(torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32)).reshape(p.shape))
+    return model
+
+
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     # llama.cpp's converter reorders Llama q/k rows for its interleaved RoPE
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -61,9 +79,11 @@ def write_gguf(
     *,
     metadata: Callable[[gguf.GGUFWriter], None] = lambda w: None,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    quant: gguf.GGMLQuantizationType | None = None,
 ) -> Path:
-    """``model``'s weights (float32) as a GGUF of llama.cpp architecture ``arch``, with its
-    hyper-parameters, the default tokenizer and whatever ``metadata`` adds."""
+    """``model``'s weights as a GGUF of llama.cpp architecture ``arch``, with its hyper-parameters,
+    the default tokenizer and whatever ``metadata`` adds; 2-D weights whose rows fit ``quant``'s
+    blocks are stored in that type, everything else in float32."""
     c = model.config
     entry = gguf_architecture(arch)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -103,7 +123,11 @@ def write_gguf(
             continue
         if entry.gguf_permutes_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
             arr = _permute(arr, c.num_attention_heads if "q_proj" in hf else c.num_key_value_heads)
-        w.add_tensor(gguf_name(entry, hf), arr)
+        if _quantizable(hf, arr, quant):
+            assert quant is not None
+            w.add_tensor(gguf_name(entry, hf), gguf.quants.quantize(arr, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(gguf_name(entry, hf), arr)
     for name, arr in (extra_tensors or {}).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
