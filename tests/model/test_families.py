@@ -331,6 +331,10 @@ def test_unsupported_config_values_name_their_key(checkpoints: dict, tmp_path: P
     )
     with pytest.raises(ModelLoadError, match="rope_freq_factors has 3 entries for head_dim 16"):
         load_model(short, device=torch.device("cpu"))
+    # Mixtral's GGUFs are `llama` files with experts: not a layout the Llama family reads
+    mixtral = write_gguf(tmp_path / "experts.gguf", hf, "llama", metadata=_moe_metadata)
+    with pytest.raises(ModelLoadError, match=r"llama models with experts \(expert_count / num_experts\)"):
+        load_model(mixtral, device=torch.device("cpu"))
     assert llama3_gguf.is_file()
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.errors import EngineError
+from agent_infer.errors import EngineError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM, Targets
 from agent_infer.model.kv_cache import KVCache
@@ -97,6 +97,10 @@ class LlamaDecoderLayer(nn.Module):
         dtype: torch.dtype,
     ) -> FeedForward:
         """The block's feed-forward (HF names under ``prefix``): a dense SwiGLU MLP here."""
+        if config.moe is not None:
+            raise UnsupportedModelError(
+                f"{config.architecture} models with experts (expert_count / num_experts) are not supported"
+            )
         return GatedMLP(kernels.linears, prefix, config.hidden_size, config.intermediate_size)
 
     def rotate_qk(self, qkv: torch.Tensor, rotation: Rotation) -> torch.Tensor:
