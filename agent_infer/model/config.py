@@ -11,6 +11,12 @@ import torch
 from agent_infer.errors import UnsupportedModelError
 
 _SUPPORTED_ROPE_SCALING = ("llama3", "linear", "yarn")
+#: The keys each ``rope_scaling`` type needs (HF's own defaults are not ours to guess).
+_ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,12 @@ class MoESpec:
         """Whether decoder layer ``index`` has routed experts (DeepSeek's rule)."""
         return index >= self.first_dense_layers and index % self.layer_freq == 0
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise UnsupportedModelError(
+                f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]"
+            )
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -88,9 +100,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     #: Set for latent-attention models; the KV cache then stores the latent layout.
     mla: MLASpec | None = None
+    #: Routed experts (DeepSeekMoE, Qwen 3 MoE); None: dense.
     moe: MoESpec | None = None
     #: MTP/NextN layers the checkpoint carries after the decoder (``model.layers.{num_layers + i}``).
     num_nextn_layers: int = 0
+    #: Each query attends to at most this many keys, its own included (Mistral); None: all before it.
+    sliding_window: int | None = None
+    #: Per-pair RoPE frequency divisors (llama.cpp's ``rope_freqs`` tensor: Llama 3.1+ GGUFs).
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -103,14 +120,15 @@ class ModelConfig:
                 raise UnsupportedModelError(
                     f"unsupported rope_scaling type {kind!r}; supported: {', '.join(_SUPPORTED_ROPE_SCALING)}"
                 )
-            if kind == "yarn":
-                missing = [
-                    k
-                    for k in ("factor", "original_max_position_embeddings")
-                    if self.rope_scaling.get(k) is None
-                ]
-                if missing:
-                    raise UnsupportedModelError(f"rope_scaling of type 'yarn' needs {' and '.join(missing)}")
+            missing = [k for k in _ROPE_SCALING_KEYS.get(kind, ()) if self.rope_scaling.get(k) is None]
+            if missing:
+                raise UnsupportedModelError(f"rope_scaling of type {kind!r} lacks {', '.join(missing)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise UnsupportedModelError(f"sliding_window={self.sliding_window} must be >= 1")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise UnsupportedModelError(
+                f"rope_freq_factors has {len(self.rope_freq_factors)} entries for head_dim {self.head_dim}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -129,9 +147,13 @@ def rope_scaling_type(scaling: dict[str, Any]) -> str:
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Per-pair inverse frequencies (float32, computed the way HF does), with ``rope_scaling`` applied."""
+    """Per-pair inverse frequencies (float32, computed the way HF does), with ``rope_scaling`` and
+    ``rope_freq_factors`` applied."""
     dim = config.head_dim
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if config.rope_freq_factors is not None:
+        # llama.cpp: theta_i = pos * base^(-2i/d) / freq_factors[i]
+        inv = inv / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
     scaling = config.rope_scaling
     kind = "default" if scaling is None else rope_scaling_type(scaling)
     if scaling is None or kind == "default":
@@ -142,9 +164,9 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     if kind == "yarn":
         return _yarn_inv_freq(inv, dim, config.rope_theta, scaling)
     # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
-    low = float(scaling.get("low_freq_factor", 1.0))
-    high = float(scaling.get("high_freq_factor", 4.0))
-    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
     smooth = (old_ctx / wavelen - low) / (high - low)

@@ -10,14 +10,14 @@ a module under ``families/`` and its rows in :data:`ARCHITECTURES`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import deepseek_v3, llama
+from agent_infer.model.families import deepseek_v3, llama, qwen3, qwen3_moe
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -41,12 +41,15 @@ class Architecture:
     #: Reads the architecture's own ``config.json`` fields into :class:`ModelConfig` keyword arguments
     #: (``where`` prefixes its errors); None for architectures the common fields describe.
     hf_fields: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
+    #: Per block, GGUF tensors stacking every expert ``[E, ...]`` -> the HF name of expert ``{e}``.
+    gguf_expert_names: Mapping[str, str] = field(default_factory=dict)
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         name="llama",
-        hf_names=("LlamaForCausalLM", "llama"),
+        # Mistral is Llama with a sliding window (llama.cpp converts it to its llama architecture)
+        hf_names=("LlamaForCausalLM", "llama", "MistralForCausalLM", "mistral"),
         family=llama.LlamaForCausalLM,
         gguf_global_names=llama.GGUF_GLOBAL_NAMES,
         gguf_layer_names=llama.GGUF_LAYER_NAMES,
@@ -71,6 +74,25 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         hf_fields=deepseek_v3.hf_config_fields,
+    ),
+    Architecture(
+        name="qwen3",
+        hf_names=("Qwen3ForCausalLM", "qwen3"),
+        family=qwen3.Qwen3ForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=qwen3.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+    ),
+    Architecture(
+        name="qwen3moe",
+        hf_names=("Qwen3MoeForCausalLM", "qwen3_moe"),
+        family=qwen3_moe.Qwen3MoeForCausalLM,
+        gguf_global_names=llama.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=qwen3_moe.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        gguf_expert_names=qwen3_moe.GGUF_EXPERT_NAMES,
     ),
 )
 

@@ -47,7 +47,7 @@ def test_config_validation() -> None:
         _config(num_kv_heads=3)
     with pytest.raises(UnsupportedModelError, match="longrope"):
         _config(rope_scaling={"type": "longrope", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match="'yarn' needs original_max_position_embeddings"):
+    with pytest.raises(UnsupportedModelError, match="'yarn' lacks original_max_position_embeddings"):
         _config(rope_scaling={"type": "yarn", "factor": 4.0})
 
 

@@ -1,8 +1,11 @@
-"""The Llama family: Llama 2/3.x and Qwen2 (Llama with q/k/v biases), on shared layers.
+"""The Llama family: Llama 2/3.x, Mistral (Llama with a sliding window) and Qwen2 (Llama with q/k/v
+biases), on shared layers.
 
 A decoder block is RMSNorm -> fused q/k/v projection (optional bias) -> RoPE -> paged GQA
-attention -> o projection, then RMSNorm -> SwiGLU MLP, each with a residual; embeddings may be
-tied to the LM head. q/k/v and gate/up are fused into single projections to halve the calls.
+attention (optionally over a sliding window) -> o projection, then RMSNorm -> SwiGLU MLP, each with
+a residual; embeddings may be tied to the LM head. q/k/v and gate/up are fused into single
+projections to halve the calls. Families that change only how q/k are prepared (Qwen 3's QK norm)
+subclass the block and override :meth:`LlamaDecoderLayer.rotate_qk`.
 
 Rows of a forward are padded as the loader's :class:`Kernels` asks; attention runs per sequence
 and every other op is row-wise, so a sequence's logits do not depend on its batch (see
@@ -12,20 +15,20 @@ layers/linear.py for the torch path, layers/qlinear.py for the native one).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.errors import EngineError
+from agent_infer.errors import EngineError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM, Targets
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
 from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
-from agent_infer.model.layers.mlp import GatedMLP
+from agent_infer.model.layers.mlp import FeedForward, GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
 
@@ -79,9 +82,34 @@ class LlamaDecoderLayer(nn.Module):
         self.o: Linear = kernels.linears.linear(
             [WeightPart(p + "self_attn.o_proj.weight", c.hidden_size)], c.q_size
         )
-        self.mlp = GatedMLP(kernels.linears, p + "mlp.", c.hidden_size, c.intermediate_size)
+        self.mlp = self.make_mlp(c, p + "mlp.", kernels, device, dtype)
         self.attention: PagedAttention = kernels.attention
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
+        #: The attention plan this block takes (one per distinct window in a forward).
+        self.sliding_window = c.sliding_window
+
+    def make_mlp(
+        self,
+        config: ModelConfig,
+        prefix: str,
+        kernels: Kernels,
+        device: torch.device | None,
+        dtype: torch.dtype,
+    ) -> FeedForward:
+        """The block's feed-forward (HF names under ``prefix``): a dense SwiGLU MLP here."""
+        if config.moe is not None:
+            raise UnsupportedModelError(
+                f"{config.architecture} models with experts (expert_count / num_experts) are not supported"
+            )
+        return GatedMLP(kernels.linears, prefix, config.hidden_size, config.intermediate_size)
+
+    def rotate_qk(self, qkv: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+        """q and k heads of the fused ``qkv`` rows, rotated, as ``[rows, heads + kv_heads, dim]``."""
+        return rotation.apply(qkv, self.heads + self.kv_heads, self.dim)
+
+    def norms(self) -> dict[str, RMSNorm]:
+        """The block's norms by HF name suffix (under ``model.layers.{index}.``)."""
+        return {"input_layernorm": self.input_norm, "post_attention_layernorm": self.post_norm}
 
     def forward(
         self,
@@ -96,7 +124,7 @@ class LlamaDecoderLayer(nn.Module):
         go on past attention (the others only needed their K/V cached)."""
         rows, heads, qk_heads, dim = int(x.shape[0]), self.heads, self.heads + self.kv_heads, self.dim
         qkv = self.qkv.project_normed(x, self.input_norm)
-        qk = rotation.apply(qkv, qk_heads, dim)
+        qk = self.rotate_qk(qkv, rotation)
         v = qkv[:, qk_heads * dim :].view(rows, self.kv_heads, dim)
         attn = self.attention(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, plan)
         if keep is not None:
@@ -108,6 +136,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(CausalLM):
     """Llama-architecture causal LM (Qwen2 = Llama + q/k/v bias) over a paged :class:`KVCache`."""
+
+    #: The decoder block; a family that differs only inside the block subclasses both.
+    layer_class: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
 
     def __init__(
         self,
@@ -132,8 +163,9 @@ class LlamaForCausalLM(CausalLM):
             torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(c, i, kernels, device, dtype) for i in range(c.num_layers)
+            self.layer_class(c, i, kernels, device, dtype) for i in range(c.num_layers)
         )
+        self._windows = tuple(dict.fromkeys(layer.sliding_window for layer in self._blocks()))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.lm_head: Linear = kernels.linears.head(
             "lm_head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
@@ -184,7 +216,7 @@ class LlamaForCausalLM(CausalLM):
     ) -> torch.Tensor:
         c = self.config
         n = int(input_ids.shape[0])
-        plan = self.attention.plan(meta, n, kv_cache.num_slots, self.device)
+        plans = {w: self.attention.plan(meta, n, kv_cache.num_slots, self.device, w) for w in self._windows}
         if n and int(positions.max()) >= c.max_position_embeddings:
             raise EngineError(
                 f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
@@ -204,6 +236,7 @@ class LlamaForCausalLM(CausalLM):
         last = len(blocks) - 1
         for i, layer in enumerate(blocks):
             k_cache, v_cache = kv_cache.flat(i)
+            plan = plans[layer.sliding_window]
             x = layer.forward(x, rotation, k_cache, v_cache, plan, keep if i == last else None)
         x = self.norm.forward(x)
         if keep is not None:
@@ -232,13 +265,11 @@ class LlamaForCausalLM(CausalLM):
         t.update(self.lm_head.load_targets())
         for i, layer in enumerate(self._blocks()):
             p = f"model.layers.{i}."
-            for name, norm in (
-                ("input_layernorm", layer.input_norm),
-                ("post_attention_layernorm", layer.post_norm),
-            ):
+            for name, norm in layer.norms().items():
                 t[f"{p}{name}.weight"] = (norm.weight, 0, tuple(norm.weight.shape))
-            for linear in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down):
+            for linear in (layer.qkv, layer.o):
                 t.update(linear.load_targets())
+            t.update(layer.mlp.load_targets())
         return t
 
     def ignored_weight_names(self) -> frozenset[str]:

@@ -5,6 +5,12 @@ runs alone or in a batch: that is what makes logits batch invariant (see
 tests/model/test_batch_invariance.py). The loader picks the backend once: :class:`PagedAttention`
 runs every sequence through SDPA; :class:`NativePagedAttention` sends the rows of short chunks to the
 native decode kernel (engine_native/src/kernels/attention.cpp) and the rest through SDPA.
+
+A plan made with a ``sliding_window`` W lets the query at position p see only keys in
+``(p - W, p]`` (HF's and llama.cpp's convention); a family with layers of different windows makes
+one plan per window. The native kernel attends to a row's context in table order whatever the
+block size, so a row whose window cuts its context gets a table of single slots (block size 1)
+listing the window's keys: the same kernel, the same arithmetic over fewer keys.
 """
 
 from __future__ import annotations
@@ -89,9 +95,15 @@ class PagedAttention:
     max_native_query = 0
 
     def plan(
-        self, meta: AttentionMetadata, num_tokens: int, num_slots: int, device: torch.device
+        self,
+        meta: AttentionMetadata,
+        num_tokens: int,
+        num_slots: int,
+        device: torch.device,
+        sliding_window: int | None = None,
     ) -> AttentionPlan:
-        """Validate ``meta`` against the batch and build the gather indices and masks every layer reuses.
+        """Validate ``meta`` against the batch and build the gather indices and masks every layer
+        reuses (layers with a ``sliding_window`` get a plan of their own).
 
         Whether a sequence takes the native kernel depends only on that sequence, so batch
         invariance holds.
@@ -100,6 +112,7 @@ class PagedAttention:
         dec_rows: list[int] = []
         dec_tables: list[list[int]] = []
         dec_ctx: list[int] = []
+        dec_slots: list[torch.Tensor] = []
         qsl = meta.query_start_loc
         batch = len(meta.context_lens)
         if len(qsl) != batch + 1 or len(meta.block_tables) != batch:
@@ -138,16 +151,15 @@ class PagedAttention:
                     dec_rows.append(start + j)
                     dec_tables.append(blocks_used)
                     dec_ctx.append(ctx - q_len + j + 1)
+                    dec_slots.append(gather)
                 continue
-            mask = None
-            causal = q_len == ctx and q_len > 1
-            if 1 < q_len < ctx:
-                # bottom-right aligned causal mask: query j sits at position ctx - q_len + j
-                qpos = torch.arange(ctx - q_len, ctx)[:, None]
-                mask = (torch.arange(ctx)[None, :] <= qpos).to(device)
-            seqs.append(_SeqPlan(start, end, gather.to(device), mask, causal))
+            seqs.append(_sdpa_plan(start, end, ctx, gather, sliding_window, device))
         slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
         decode = None
+        if dec_rows and sliding_window is not None and max(dec_ctx) > sliding_window:
+            dec_tables = [g[max(0, c - sliding_window) : c].tolist() for g, c in zip(dec_slots, dec_ctx)]
+            dec_ctx = [min(c, sliding_window) for c in dec_ctx]
+            bs = 1
         if dec_rows:
             width = max(map(len, dec_tables))
             tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int64)
@@ -192,6 +204,26 @@ class NativePagedAttention(PagedAttention):
 
     def __init__(self, max_native_query: int = NATIVE_MAX_QUERY) -> None:
         self.max_native_query = max_native_query
+
+
+def _sdpa_plan(
+    start: int, end: int, ctx: int, gather: torch.Tensor, window: int | None, device: torch.device
+) -> _SeqPlan:
+    """The SDPA plan of rows ``[start, end)`` whose queries are the last ``end - start`` of ``ctx`` keys."""
+    q_len = end - start
+    if window is not None and ctx > window:
+        # keys before the first query's window are seen by no query: leave them out of the gather
+        first = max(0, ctx - q_len - window + 1)
+        kpos = torch.arange(first, ctx)[None, :]
+        qpos = torch.arange(ctx - q_len, ctx)[:, None]
+        window_mask = (kpos <= qpos) & (kpos > qpos - window)
+        return _SeqPlan(start, end, gather[first:].to(device), window_mask.to(device), False)
+    mask = None
+    if 1 < q_len < ctx:
+        # bottom-right aligned causal mask: query j sits at position ctx - q_len + j
+        qpos = torch.arange(ctx - q_len, ctx)[:, None]
+        mask = (torch.arange(ctx)[None, :] <= qpos).to(device)
+    return _SeqPlan(start, end, gather.to(device), mask, q_len == ctx and q_len > 1)
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _SeqPlan) -> torch.Tensor:

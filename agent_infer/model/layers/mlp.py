@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart
 from agent_infer.model.layers.norm import RMSNorm
+
+
+class FeedForward(Protocol):
+    """A decoder block's feed-forward, dense or mixture of experts."""
+
+    def forward(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """The feed-forward of ``norm(x)``."""
+        ...
+
+    def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """HF name -> (destination, first row in it, expected shape) of the tensors loaded by name."""
+        ...
 
 
 class GatedMLP(nn.Module):
@@ -33,3 +47,7 @@ class GatedMLP(nn.Module):
         """The MLP of ``norm(x)`` (the norm fused into the gate/up call where the kernel can)."""
         gate, up = self.gate_up.project_normed(x, norm).chunk(2, dim=-1)
         return self.down.project(F.silu(gate) * up)
+
+    def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """The gate/up and down tensors still loaded by name (none when packed)."""
+        return {**self.gate_up.load_targets(), **self.down.load_targets()}

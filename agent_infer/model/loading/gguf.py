@@ -17,12 +17,14 @@ from torch import nn
 
 from agent_infer import envs
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
-from agent_infer.model.config import ModelConfig
+from agent_infer.model.config import ModelConfig, MoESpec
 from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.qlinear import F32, NATIVE_TYPES, QuantLinear
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.registry import Architecture, architecture, gguf_architecture
 
+#: Tensors that are part of the config (read by :func:`gguf_config`), not weights.
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -43,16 +45,30 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     head_dim = int(
         meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // heads))
     )
+    freq_factors = None
     if "rope_freqs.weight" in f.tensors:
-        raise UnsupportedModelError(
-            f"{path}: per-dimension RoPE frequency factors (rope_freqs.weight) are not supported"
-        )
-    scaling_type = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+        # llama.cpp's form of Llama 3.1+ RoPE scaling: the per-pair divisors, precomputed
+        freq_factors = tuple(float(v) for v in f.dequantize("rope_freqs.weight").reshape(-1).tolist())
+    scaling_key = f"{arch}.rope.scaling.type"
+    scaling_type = str(meta.get(scaling_key, "none"))
     rope_scaling: dict[str, Any] | None = None
     if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+        rope_scaling = {
+            "rope_type": "linear",
+            "factor": float(_req(meta, f"{arch}.rope.scaling.factor", path)),
+        }
     elif scaling_type != "none":
-        raise UnsupportedModelError(f"{path}: unsupported RoPE scaling type {scaling_type!r}")
+        raise UnsupportedModelError(f"{path}: unsupported {scaling_key} {scaling_type!r} (supported: linear)")
+    window = meta.get(f"{arch}.attention.sliding_window")
+    moe = None
+    if f"{arch}.expert_count" in meta:
+        # llama.cpp renormalizes the chosen experts' weights of Qwen 3 MoE unconditionally
+        moe = MoESpec(
+            num_experts=int(meta[f"{arch}.expert_count"]),
+            top_k=int(_req(meta, f"{arch}.expert_used_count", path)),
+            intermediate_size=int(_req(meta, f"{arch}.expert_feed_forward_length", path)),
+            renormalize=bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        )
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = int(meta.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
     if vocab <= 0:
@@ -76,6 +92,9 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in f.tensors,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
+        sliding_window=None if window is None else int(window),
+        rope_freq_factors=freq_factors,
+        moe=moe,
     )
 
 
@@ -117,6 +136,14 @@ def gguf_weights(
     """
     arch = architecture(config.architecture)
     for name in f.tensors:
+        if name in _CONFIG_TENSORS:
+            continue
+        m = _LAYER_RE.fullmatch(name)
+        if m and m.group(2) in arch.gguf_expert_names:
+            yield from _expert_slices(
+                f, name, f"model.layers.{m.group(1)}.{arch.gguf_expert_names[m.group(2)]}", skip
+            )
+            continue
         target = hf_name(arch, name)
         if target is None:
             raise ModelLoadError(
@@ -131,6 +158,18 @@ def gguf_weights(
             elif target.endswith("k_proj.weight"):
                 w = _unpermute(w, config.num_kv_heads)
         yield target, w
+
+
+def _expert_slices(
+    f: GGUFFile, name: str, pattern: str, skip: Container[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Expert ``e``'s slice of the stacked 3-D tensor ``name`` under HF name ``pattern.format(e=e)``."""
+    names = [pattern.format(e=e) for e in range(f.tensors[name].shape[0])]
+    if all(n in skip for n in names):
+        return
+    for hf, w in zip(names, f.dequantize(name), strict=True):
+        if hf not in skip:
+            yield hf, w
 
 
 def gguf_rows(

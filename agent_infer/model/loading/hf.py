@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
-from agent_infer.model.config import ModelConfig
+from agent_infer.model.config import ModelConfig, MoESpec
 from agent_infer.model.loading.fp8 import fp8_block_size, fp8_weights
 from agent_infer.model.registry import hf_architecture
 
@@ -58,6 +58,8 @@ def hf_config(directory: str | Path) -> ModelConfig:
         rope = cfg.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        window = _sliding_window(cfg, d)
+        moe = _moe(cfg, d)
         eos = _ids(cfg.get("eos_token_id"))
         gen_path = d / "generation_config.json"
         if gen_path.is_file():
@@ -79,6 +81,8 @@ def hf_config(directory: str | Path) -> ModelConfig:
             attention_bias=found.qkv_bias,
             bos_token_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
             eos_token_ids=tuple(eos),
+            sliding_window=window,
+            moe=moe,
         )
         fp8_block_size(cfg, f"{d / 'config.json'}: ")
         if found.hf_fields is not None:
@@ -86,6 +90,45 @@ def hf_config(directory: str | Path) -> ModelConfig:
         return ModelConfig(**fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{d / 'config.json'}: missing or invalid field: {exc}") from exc
+
+
+def _moe(cfg: dict[str, Any], d: Path) -> MoESpec | None:
+    """The experts of a Qwen-MoE style config (``num_experts`` > 0), or None for a dense model."""
+    # transformers 5 writes the hub's `num_experts` as `num_local_experts`
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not experts:
+        return None
+    if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
+        raise UnsupportedModelError(
+            f"{d}: dense layers among MoE layers (decoder_sparse_step/mlp_only_layers) are not supported"
+        )
+    if cfg.get("shared_expert_intermediate_size"):
+        raise UnsupportedModelError(
+            f"{d}: shared experts (shared_expert_intermediate_size) are not supported"
+        )
+    return MoESpec(
+        num_experts=int(experts),
+        top_k=int(cfg["num_experts_per_tok"]),
+        intermediate_size=int(cfg["moe_intermediate_size"]),
+        renormalize=bool(cfg.get("norm_topk_prob", False)),
+    )
+
+
+def _sliding_window(cfg: dict[str, Any], d: Path) -> int | None:
+    """The one window every layer uses, or None; per-layer windows raise naming the key."""
+    if cfg.get("use_sliding_window") is False:  # Qwen: a window is configured but switched off
+        return None
+    if cfg.get("use_sliding_window") is True:
+        raise UnsupportedModelError(
+            f"{d}: use_sliding_window=true (windows on the layers past max_window_layers) is not supported"
+        )
+    window = cfg.get("sliding_window")
+    kinds = set(cfg.get("layer_types") or ())
+    if window is None or kinds == {"full_attention"}:
+        return None
+    if kinds - {"sliding_attention"}:
+        raise UnsupportedModelError(f"{d}: layer_types mixing {sorted(kinds)} are not supported")
+    return int(window)
 
 
 def safetensors_files(directory: str | Path) -> list[Path]:
