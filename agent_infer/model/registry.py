@@ -66,16 +66,6 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         qkv_bias=True,
     ),
     Architecture(
-        name="deepseek_v3",
-        hf_names=("DeepseekV3ForCausalLM", "deepseek_v3"),
-        family=deepseek_v3.DeepseekV3ForCausalLM,
-        gguf_global_names={},
-        gguf_layer_names={},
-        gguf_permutes_qk=False,
-        qkv_bias=False,
-        hf_fields=deepseek_v3.hf_config_fields,
-    ),
-    Architecture(
         name="qwen3",
         hf_names=("Qwen3ForCausalLM", "qwen3"),
         family=qwen3.Qwen3ForCausalLM,
@@ -93,6 +83,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         gguf_expert_names=qwen3_moe.GGUF_EXPERT_NAMES,
+    ),
+    Architecture(
+        name="deepseek_v3",
+        hf_names=("DeepseekV3ForCausalLM", "deepseek_v3"),
+        family=deepseek_v3.DeepseekV3ForCausalLM,
+        gguf_global_names={},
+        gguf_layer_names={},
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        hf_fields=deepseek_v3.hf_config_fields,
     ),
 )
 

@@ -294,8 +294,8 @@ def test_unsupported_config_values_name_their_key(checkpoints: dict, tmp_path: P
     rope = json.loads((llama3 / "config.json").read_text())["rope_parameters"]
     cases: list[tuple[Path, str]] = [
         (
-            _edit_config(llama3, tmp_path, rope_parameters={**rope, "rope_type": "yarn"}),
-            "rope_scaling type 'yarn'",
+            _edit_config(llama3, tmp_path, rope_parameters={**rope, "rope_type": "longrope"}),
+            "rope_scaling type 'longrope'",
         ),
         (
             _edit_config(
