@@ -34,6 +34,18 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=True)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    #: Keys a sliding-window layer attends to: positions ``p - sliding_window < k <= p``.
+    sliding_window: int | None = None
+    #: Per layer, ``"sliding_attention"`` or ``"full_attention"`` (HF's ``layer_types``); empty: all full.
+    layer_types: tuple[str, ...] = ()
+    #: RoPE base of the sliding-window layers (Gemma 3's ``rope_local_base_freq``); None: ``rope_theta``.
+    rope_local_theta: float | None = None
+    #: Attention scores are scaled by ``query_pre_attn_scalar ** -0.5``; None: ``head_dim ** -0.5``.
+    query_pre_attn_scalar: float | None = None
+    #: Final logits become ``cap * tanh(logits / cap)``; None: no capping.
+    final_logit_softcapping: float | None = None
+    #: The gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
+    hidden_activation: str = "silu"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -9,14 +9,15 @@ a module under ``families/`` and its rows in :data:`ARCHITECTURES`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import llama
+from agent_infer.model.families import gemma3, llama
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -37,6 +38,12 @@ class Architecture:
     gguf_permutes_qk: bool
     #: HF checkpoints always carry q/k/v biases.
     qkv_bias: bool
+    #: Family-specific :class:`ModelConfig` fields from an HF ``config.json`` (the parsed dict).
+    hf_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    #: Family-specific :class:`ModelConfig` fields from GGUF metadata and the common config.
+    gguf_options: Callable[[dict[str, Any], ModelConfig], dict[str, Any]] | None = None
+    #: The chat template of GGUF files of this architecture that carry none (base models).
+    default_chat_template: str | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -57,6 +64,18 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_layer_names=llama.GGUF_LAYER_NAMES,
         gguf_permutes_qk=False,
         qkv_bias=True,
+    ),
+    Architecture(
+        name="gemma3",
+        hf_names=("Gemma3ForCausalLM", "gemma3_text"),
+        family=gemma3.Gemma3ForCausalLM,
+        gguf_global_names=gemma3.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=gemma3.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        hf_options=gemma3.hf_options,
+        gguf_options=gemma3.gguf_options,
+        default_chat_template=gemma3.CHAT_TEMPLATE,
     ),
 )
 

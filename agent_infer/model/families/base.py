@@ -67,6 +67,11 @@ class CausalLM(nn.Module, ABC):
     def weight_targets(self) -> Targets:
         """Every tensor still to be loaded by name (the packed ones are not)."""
 
+    @staticmethod
+    def hf_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A Hugging Face checkpoint tensor in the form this family holds it (as stored by default)."""
+        return tensor
+
     def ignored_weight_names(self) -> frozenset[str]:
         """Checkpoint tensors that may appear and are dropped (a tied head stored anyway)."""
         return frozenset()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +61,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
         gen_path = d / "generation_config.json"
         if gen_path.is_file():
             eos += [i for i in _ids(_read_json(gen_path).get("eos_token_id")) if i not in eos]
-        return ModelConfig(
+        config = ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -78,6 +79,9 @@ def hf_config(directory: str | Path) -> ModelConfig:
             bos_token_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
             eos_token_ids=tuple(eos),
         )
+        if found.hf_options is not None:
+            config = dataclasses.replace(config, **found.hf_options(cfg))
+        return config
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{d / 'config.json'}: missing or invalid field: {exc}") from exc
 
