@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from agent_infer.model.runner import SequenceRunner
 from agent_infer.model.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
+QT = gguf.GGMLQuantizationType
 
 VOCAB = 49152  # the SmolLM2 tokenizer is copied in, so the model must cover its ids
 WINDOW = 8
@@ -25,18 +27,19 @@ RTOL = 1e-4
 
 def _save(directory: Path, **overrides: object) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
+    settings: dict[str, object] = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=LAYER_TYPES,
         query_pre_attn_scalar=24, max_position_embeddings=512, eos_token_id=0, bos_token_id=1,
-        **overrides,
     )  # fmt: skip
+    cfg = transformers.Gemma3TextConfig(**{**settings, **overrides})
     model = transformers.Gemma3ForCausalLM(cfg)
     with torch.no_grad():
         # random norms too (they start at zero): the (1 + weight) convention must show
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.normal_(0.0, 0.5)
+    directory.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(directory)
     tok = Tokenizer.from_gguf_metadata(GGUFFile(default_model_path()).metadata)
     tok.hf_tokenizer.save(str(directory / "tokenizer.json"))
@@ -88,3 +91,80 @@ def test_window_is_batch_invariant(tmp_path: Path) -> None:
     a = [alone.step([(0, long)])[0], alone.step([(1, short)])[0]]
     together = SequenceRunner(lm.model, num_blocks=32, block_size=4).step([(0, long), (1, short)])
     assert torch.equal(together[0], a[0]) and torch.equal(together[1], a[1])
+
+
+def _to_gguf(hf: torch.nn.Module, path: Path, layers: int) -> Path:
+    """Write ``hf`` as llama.cpp's converter does: GGUF names, norms stored as ``1 + weight``, no
+    merges needed for the SmolLM2 byte-level vocabulary copied in."""
+    from agent_infer.model.families.gemma3 import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
+
+    c = hf.config
+    meta = GGUFFile(default_model_path()).metadata
+    w = gguf.GGUFWriter(str(path), arch="gemma3")
+    w.add_block_count(layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_sliding_window(c.sliding_window)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(list(meta["tokenizer.ggml.tokens"]))
+    w.add_token_types([int(t) for t in meta["tokenizer.ggml.token_type"]])
+    w.add_token_merges(list(meta["tokenizer.ggml.merges"]))
+    w.add_eos_token_id(0)
+    hf_to_gguf = {v: k for k, v in GGUF_GLOBAL_NAMES.items()}
+    layer_names = {v: k for k, v in GGUF_LAYER_NAMES.items()}
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        arr = t.float().numpy()
+        if name.endswith("norm.weight"):
+            arr = arr + 1.0
+        if name in hf_to_gguf:
+            w.add_tensor(hf_to_gguf[name], arr)
+            continue
+        _, _, i, rest = name.split(".", 3)
+        target = f"blk.{i}.{layer_names[rest]}"
+        if rest.startswith("mlp."):  # packed Q8_0: the native kernel's own block type
+            w.add_tensor(target, gguf.quants.quantize(arr, QT.Q8_0), raw_dtype=QT.Q8_0)
+            continue
+        w.add_tensor(target, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_on_the_native_kernels_matches_transformers(tmp_path: Path) -> None:
+    # six layers: the GGUF layout's pattern makes layer 5 global and 0-4 sliding
+    types = ["sliding_attention"] * 5 + ["full_attention"]
+    hf = _save(tmp_path / "hf", num_hidden_layers=6, layer_types=types, query_pre_attn_scalar=16)
+    path = _to_gguf(hf, tmp_path / "g.gguf", 6)
+    with torch.no_grad():  # the reference sees the Q8_0 values the file holds
+        for name, p in hf.named_parameters():
+            if ".mlp." in name:
+                raw = gguf.quants.quantize(p.numpy(), QT.Q8_0)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(raw, QT.Q8_0)).reshape(p.shape))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENT_INFER_LINEAR_ACTIVATIONS", "f32")
+        lm = load_model(path, device=torch.device("cpu"))
+    assert lm.model.native and lm.config.layer_types == tuple(types)
+    runner = SequenceRunner(lm.model, num_blocks=32, block_size=4)
+    ids = torch.randint(2, VOCAB, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    logits = runner.step([(0, ids[:5])])[0]  # a short chunk on the native decode rows
+    logits = runner.step([(0, ids[5:])])[0]
+    _close(logits, _ref_logits(hf, ids))
+    for _ in range(16):
+        nxt = int(logits.argmax())
+        ids.append(nxt)
+        ref = _ref_logits(hf, ids)
+        logits = runner.step([(0, [nxt])])[0]
+        _close(logits, ref)
+        assert int(logits.argmax()) == int(ref.argmax())
