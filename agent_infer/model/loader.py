@@ -118,6 +118,7 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
     model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
-    model.load_weights((name, model.hf_tensor(name, t)) for name, t in hf_weights(path))
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
+    model.load_weights(item for item in adapted if item is not None)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

@@ -17,7 +17,7 @@ import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import gemma3, llama
+from agent_infer.model.families import gemma3, gemma3_checkpoint, llama
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -38,6 +38,9 @@ class Architecture:
     gguf_permutes_qk: bool
     #: HF checkpoints always carry q/k/v biases.
     qkv_bias: bool
+    #: The decoder's settings of an HF ``config.json`` whose text model is nested (a multimodal
+    #: wrapper's ``text_config``), as a flat dict; None: the file is read as it is.
+    hf_text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     #: Family-specific :class:`ModelConfig` fields from an HF ``config.json`` (the parsed dict).
     hf_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     #: Family-specific :class:`ModelConfig` fields from GGUF metadata and the common config.
@@ -67,15 +70,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     ),
     Architecture(
         name="gemma3",
-        hf_names=("Gemma3ForCausalLM", "gemma3_text"),
+        hf_names=("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3"),
         family=gemma3.Gemma3ForCausalLM,
-        gguf_global_names=gemma3.GGUF_GLOBAL_NAMES,
-        gguf_layer_names=gemma3.GGUF_LAYER_NAMES,
+        gguf_global_names=gemma3_checkpoint.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=gemma3_checkpoint.GGUF_LAYER_NAMES,
         gguf_permutes_qk=False,
         qkv_bias=False,
-        hf_options=gemma3.hf_options,
-        gguf_options=gemma3.gguf_options,
-        default_chat_template=gemma3.CHAT_TEMPLATE,
+        hf_text_config=gemma3_checkpoint.hf_text_config,
+        hf_options=gemma3_checkpoint.hf_options,
+        gguf_options=gemma3_checkpoint.gguf_options,
+        default_chat_template=gemma3_checkpoint.CHAT_TEMPLATE,
     ),
 )
 

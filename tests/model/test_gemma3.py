@@ -41,11 +41,15 @@ def _save(directory: Path, **overrides: object) -> torch.nn.Module:
                 p.normal_(0.0, 0.5)
     directory.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(directory)
+    _copy_tokenizer(directory)
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def _copy_tokenizer(directory: Path) -> None:
     tok = Tokenizer.from_gguf_metadata(GGUFFile(default_model_path()).metadata)
     tok.hf_tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    model.config._attn_implementation = "eager"
-    return model
 
 
 def _ref_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -96,7 +100,7 @@ def test_window_is_batch_invariant(tmp_path: Path) -> None:
 def _to_gguf(hf: torch.nn.Module, path: Path, layers: int) -> Path:
     """Write ``hf`` as llama.cpp's converter does: GGUF names, norms stored as ``1 + weight``, no
     merges needed for the SmolLM2 byte-level vocabulary copied in."""
-    from agent_infer.model.families.gemma3 import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
+    from agent_infer.model.families.gemma3_checkpoint import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES
 
     c = hf.config
     meta = GGUFFile(default_model_path()).metadata
@@ -168,3 +172,50 @@ def test_gguf_on_the_native_kernels_matches_transformers(tmp_path: Path) -> None
         logits = runner.step([(0, [nxt])])[0]
         _close(logits, ref)
         assert int(logits.argmax()) == int(ref.argmax())
+
+
+def test_multimodal_checkpoint_loads_its_text_decoder(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    text = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=LAYER_TYPES[:2],
+        max_position_embeddings=512,
+    )  # fmt: skip
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    hf = transformers.Gemma3ForConditionalGeneration(
+        transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    )
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.5)
+    hf.eval().save_pretrained(tmp_path)
+    _copy_tokenizer(tmp_path)
+    ours = load_model(tmp_path, device=torch.device("cpu"))
+    assert ours.config.architecture == "gemma3" and ours.config.num_layers == 2
+    ids = torch.randint(2, VOCAB, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    got = SequenceRunner(ours.model, num_blocks=16, block_size=4).step([(0, ids)])[0]
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0, -1]
+    _close(got, ref)
+
+
+def test_text_defaults_are_transformers_defaults() -> None:
+    from agent_infer.model.families.gemma3_checkpoint import TEXT_CONFIG_DEFAULTS
+
+    ref = transformers.Gemma3TextConfig()
+    rope = ref.rope_parameters
+    for key, value in TEXT_CONFIG_DEFAULTS.items():
+        if key == "rope_theta":
+            assert value == rope["full_attention"]["rope_theta"]
+        elif key == "rope_local_base_freq":
+            assert value == rope["sliding_attention"]["rope_theta"]
+        else:
+            assert getattr(ref, key) == value, key

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from torch import nn
 from agent_infer.errors import EngineError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM, Targets
+from agent_infer.model.families.gemma3_checkpoint import FULL, SLIDING
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
@@ -35,83 +36,18 @@ from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-#: Every sixth layer is global unless the checkpoint says otherwise (HF's and llama.cpp's default).
-DEFAULT_PATTERN = 6
-#: llama.cpp's RoPE base for Gemma 3's sliding layers (GGUF files do not store it).
-DEFAULT_LOCAL_THETA = 10000.0
-
-GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-GGUF_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
-
-def _pattern_types(num_layers: int, pattern: int) -> tuple[str, ...]:
-    return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
-
-
-def hf_options(cfg: dict[str, Any]) -> dict[str, Any]:
-    """:class:`ModelConfig` fields of a Gemma 3 ``config.json`` beyond the common ones."""
-    if cfg.get("attn_logit_softcapping") is not None:
-        raise UnsupportedModelError("Gemma attention-logit soft-capping is not supported")
-    layers = int(cfg["num_hidden_layers"])
-    types = cfg.get("layer_types")
-    if not types:
-        types = _pattern_types(layers, int(cfg.get("sliding_window_pattern") or DEFAULT_PATTERN))
-    rope = cfg.get("rope_parameters") or {}
-    full = rope.get(FULL) or {}
-    local = rope.get(SLIDING) or {}
-    theta = float(full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
-    local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", DEFAULT_LOCAL_THETA)))
-    scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
-    cap = cfg.get("final_logit_softcapping")
-    return {
-        "sliding_window": int(cfg["sliding_window"]),
-        "layer_types": tuple(str(t) for t in types),
-        "rope_theta": theta,
-        "rope_local_theta": local_theta,
-        "rope_scaling": dict(scaling) if scaling else None,
-        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256),
-        "final_logit_softcapping": None if cap is None else float(cap),
-        "hidden_activation": str(
-            cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-        ),
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
-    }
-
-
-def gguf_options(meta: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """:class:`ModelConfig` fields of a ``gemma3`` GGUF file beyond the common ones, as llama.cpp reads them."""
-    arch = config.architecture
-    pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern", DEFAULT_PATTERN))
-    # llama.cpp scales the 27B model (62 layers) by hidden/heads, every other size by head_dim
-    scalar = config.hidden_size / config.num_heads if config.num_layers == 62 else config.head_dim
-    cap = meta.get(f"{arch}.final_logit_softcapping")
-    return {
-        "sliding_window": int(meta[f"{arch}.attention.sliding_window"]),
-        "layer_types": _pattern_types(config.num_layers, pattern),
-        "rope_local_theta": DEFAULT_LOCAL_THETA,
-        "query_pre_attn_scalar": float(scalar),
-        "final_logit_softcapping": None if cap is None else float(cap),
-        "hidden_activation": "gelu_pytorch_tanh",
-    }
+# multimodal checkpoints (Gemma3ForConditionalGeneration) store the text decoder under a prefix
+_WRAPPED_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -250,9 +186,17 @@ class Gemma3ForCausalLM(CausalLM):
         return self.lm_head.takes_token_mask
 
     @staticmethod
-    def hf_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Gemma's ``(1 + weight)`` norms as the multiplier the norms here hold."""
-        return tensor.float() + 1.0 if name.endswith("norm.weight") else tensor
+    def hf_tensor(name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """Gemma's ``(1 + weight)`` norms as the multiplier the norms here hold; a multimodal
+        checkpoint's text decoder under its causal-LM names, its vision tower dropped."""
+        for prefix, renamed in _WRAPPED_PREFIXES:
+            if name.startswith(prefix):
+                name = renamed + name[len(prefix) :]
+                break
+        else:
+            if name.startswith(_VISION_PREFIXES):
+                return None
+        return name, (tensor.float() + 1.0 if name.endswith("norm.weight") else tensor)
 
     @torch.inference_mode()
     def forward(
@@ -342,45 +286,3 @@ class Gemma3ForCausalLM(CausalLM):
         if self.config.tie_word_embeddings and "lm_head.weight" not in self.packed_weight_names():
             return frozenset({"lm_head.weight"})
         return frozenset()
-
-
-#: Gemma 3's chat template (Google's, text parts only), for GGUF files that carry none.
-CHAT_TEMPLATE = """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- if messages[0]['content'] is string -%}
-        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
-    {%- else -%}
-        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
-    {%- endif -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- if (message['role'] == 'assistant') -%}
-        {%- set role = "model" -%}
-    {%- else -%}
-        {%- set role = message['role'] -%}
-    {%- endif -%}
-    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- elif message['content'] is iterable -%}
-        {%- for item in message['content'] -%}
-            {%- if item['type'] == 'text' -%}
-                {{ item['text'] | trim }}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\\n'}}
-{%- endif -%}
-"""
