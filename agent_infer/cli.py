@@ -13,6 +13,12 @@ import sys
 from pathlib import Path
 
 from agent_infer.errors import AgentInferError
+from agent_infer.model.packaged import DEFAULT_MODEL, PACKAGED_MODELS
+
+_MODEL_HELP = (
+    f"packaged model name ({', '.join(PACKAGED_MODELS)}), GGUF file or Hugging Face folder "
+    f"(default: {DEFAULT_MODEL})"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate one completion, optionally constrained")
     gen.add_argument("prompt", help="the user message (sent through the chat template unless --raw)")
-    gen.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)")
+    gen.add_argument("--model", default=None, help=_MODEL_HELP)
     gen.add_argument("--raw", action="store_true", help="send the prompt as plain text, no chat template")
     group = gen.add_mutually_exclusive_group()
     group.add_argument("--schema", type=Path, help="a JSON Schema file")
@@ -40,9 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    serve.add_argument(
-        "--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M)"
-    )
+    serve.add_argument("--model", default=None, help=_MODEL_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(

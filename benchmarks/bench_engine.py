@@ -1,6 +1,7 @@
 """Engine throughput and latency: agent-infer vs Hugging Face transformers vs llama-cpp-python.
 
-All engines run the same GGUF (the default SmolLM2-135M-Instruct unless ``--model``), the same
+All engines run the same GGUF (the default SmolLM2-135M-Instruct unless ``--model``, which takes a
+path or a packaged model name such as ``gemma3-270m``), the same
 prompt token ids, greedy decoding with EOS ignored, on the CPU with 2 torch/ggml threads and
 ``OMP_WAIT_POLICY=PASSIVE``. Engines are interleaved within every repeat (so a change in machine
 load hits all of them alike) and the table shows medians over ``--repeats`` runs after one warm-up.
@@ -235,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model", default=None, help="GGUF file or packaged model name (default: smollm2-135m)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)

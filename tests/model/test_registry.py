@@ -7,6 +7,7 @@ import re
 import pytest
 
 from agent_infer.errors import ModelLoadError
+from agent_infer.model.families.gemma3 import Gemma3ForCausalLM
 from agent_infer.model.families.llama import LlamaForCausalLM
 from agent_infer.model.families.qwen3 import Qwen3ForCausalLM
 from agent_infer.model.registry import ARCHITECTURES, architecture, gguf_architecture, hf_architecture
@@ -19,6 +20,7 @@ from agent_infer.model.registry import ARCHITECTURES, architecture, gguf_archite
         ("MistralForCausalLM", "llama", LlamaForCausalLM, True, False),
         ("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, False, True),
         ("Qwen3ForCausalLM", "qwen3", Qwen3ForCausalLM, False, False),
+        ("Gemma3ForCausalLM", "gemma3", Gemma3ForCausalLM, False, False),
     ],
 )
 def test_hf_and_gguf_names_resolve_to_one_architecture(

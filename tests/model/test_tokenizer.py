@@ -109,7 +109,10 @@ def test_end_of_turn_token_joins_eos(meta: dict) -> None:
 
 
 def test_unsupported_tokenizer_kinds(meta: dict) -> None:
-    with pytest.raises(UnsupportedTokenizerError, match="llama"):
+    with pytest.raises(UnsupportedTokenizerError, match="'bert'"):
+        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "bert"})
+    # SentencePiece files with stored merges (a byte-level vocabulary relabelled) are not read as SentencePiece
+    with pytest.raises(UnsupportedTokenizerError, match="SentencePiece vocabularies with stored merges"):
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "llama"})
     with pytest.raises(UnsupportedTokenizerError, match="made-up"):
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.pre": "made-up"})

@@ -67,6 +67,12 @@ class CausalLM(nn.Module, ABC):
     def weight_targets(self) -> Targets:
         """Every tensor still to be loaded by name (the packed ones are not)."""
 
+    @staticmethod
+    def hf_tensor(name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """A Hugging Face checkpoint tensor as ``(name, tensor)`` in the form this family holds it
+        (as stored by default), or None for a tensor the family does not use."""
+        return name, tensor
+
     def ignored_weight_names(self) -> frozenset[str]:
         """Checkpoint tensors that may appear and are dropped (a tied head stored anyway)."""
         return frozenset()

@@ -106,7 +106,10 @@ class PagedAttention:
         reuses (layers with a ``sliding_window`` get a plan of their own).
 
         Whether a sequence takes the native kernel depends only on that sequence, so batch
-        invariance holds.
+        invariance holds. With ``sliding_window``, query position ``p`` attends to keys
+        ``p - sliding_window < k <= p`` (the cache keeps the older ones): a chunk through SDPA
+        gets a band mask over the keys its queries can still see, a row of the native decode kernel
+        a table of the window's slots.
         """
         limit = self.max_native_query
         dec_rows: list[int] = []
@@ -177,22 +180,23 @@ class PagedAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         plan: AttentionPlan,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """Write the new ``k``/``v`` rows into the cache, then attend per sequence.
 
         ``q`` is ``[R, H, D]`` and ``k``/``v`` are ``[R, Hkv, D]`` where ``R >= plan.num_tokens`` (rows past
         ``num_tokens`` are batch padding: not cached, output zero). ``k_cache``/``v_cache`` are the flat
-        ``[num_slots, Hkv, D]`` views. Returns ``[R, H*D]``.
+        ``[num_slots, Hkv, D]`` views. Scores are scaled by ``scale`` (default ``D ** -0.5``). Returns ``[R, H*D]``.
         """
         n = plan.num_tokens
         rows, heads, dim = q.shape
         k_cache.index_copy_(0, plan.slot_mapping, k[:n])
         v_cache.index_copy_(0, plan.slot_mapping, v[:n])
         if plan.decode is not None:
-            return _with_native_decode(q, k_cache, v_cache, plan, plan.decode)
+            return _with_native_decode(q, k_cache, v_cache, plan, plan.decode, scale)
         outs = []
         for s in plan.seqs:
-            outs.append(_sdpa(q, k_cache, v_cache, s))
+            outs.append(_sdpa(q, k_cache, v_cache, s, scale))
         if rows > n:
             outs.append(q.new_zeros(rows - n, heads * dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -226,19 +230,29 @@ def _sdpa_plan(
     return _SeqPlan(start, end, gather.to(device), mask, q_len == ctx and q_len > 1)
 
 
-def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _SeqPlan) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _SeqPlan, scale: float | None = None
+) -> torch.Tensor:
     heads, dim = q.shape[1], q.shape[2]
     qs = q[s.start : s.end].transpose(0, 1).unsqueeze(0)
     ks = k_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
     vs = v_cache.index_select(0, s.gather).transpose(0, 1).unsqueeze(0)
-    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.causal, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=s.mask, is_causal=s.causal, enable_gqa=True, scale=scale
+    )
     return o[0].transpose(0, 1).reshape(s.end - s.start, heads * dim)
 
 
 def _with_native_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, dec: _DecodePlan
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+    dec: _DecodePlan,
+    scale: float | None = None,
 ) -> torch.Tensor:
     rows, heads, dim = q.shape
+    softmax_scale = dim**-0.5 if scale is None else scale
     out = q.new_zeros(rows, heads * dim) if rows > plan.num_tokens else q.new_empty(rows, heads * dim)
     q = q.contiguous()
     threads = native_ops.get_num_threads()
@@ -256,7 +270,7 @@ def _with_native_decode(
         # blocks inside num_slots); the shapes and dtypes it relies on are checked just above.
         dec.native.run(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-            heads, k_cache.shape[1], dim, dim**-0.5, threads,
+            heads, k_cache.shape[1], dim, softmax_scale, threads,
         )  # fmt: skip
     else:  # the checking entry point: anything unexpected gets its typed error
         native_ops.decode_attention(
@@ -268,9 +282,9 @@ def _with_native_decode(
             dec.tables,
             dec.context_lens,
             dec.block_size,
-            dim**-0.5,
+            softmax_scale,
             threads,
         )
     for s in plan.seqs:
-        out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s)
+        out[s.start : s.end] = _sdpa(q, k_cache, v_cache, s, scale)
     return out

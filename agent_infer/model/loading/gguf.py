@@ -7,6 +7,7 @@ routes undo that, so the model's single HF "rotate_half" RoPE serves GGUF and sa
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
@@ -75,7 +76,7 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{path}: cannot determine the vocabulary size")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    return ModelConfig(
+    config = ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
@@ -96,6 +97,10 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
         rope_freq_factors=freq_factors,
         moe=moe,
     )
+    found = gguf_architecture(arch)
+    if found.gguf_options is not None:
+        config = dataclasses.replace(config, **found.gguf_options(meta, config))
+    return config
 
 
 def hf_name(arch: Architecture, gguf_name: str) -> str | None:

@@ -46,6 +46,8 @@ def hf_config(directory: str | Path) -> ModelConfig:
     names = cfg.get("architectures")
     name = str(names[0]) if isinstance(names, list) and names else str(cfg.get("model_type", ""))
     found = hf_architecture(name, f"{d}: ")
+    if found.hf_text_config is not None:
+        cfg = found.hf_text_config(cfg)
     arch = found.name
     if not found.qkv_bias and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
         raise UnsupportedModelError(
