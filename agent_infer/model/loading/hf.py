@@ -60,7 +60,8 @@ def hf_config(directory: str | Path) -> ModelConfig:
         rope = cfg.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        window = _sliding_window(cfg, d)
+        # a family with its own config fields (Gemma's per-layer windows) reads its windows itself
+        window = _sliding_window(cfg, d) if found.hf_fields is None else None
         moe = _moe(cfg, d)
         eos = _ids(cfg.get("eos_token_id"))
         gen_path = d / "generation_config.json"
