@@ -117,5 +117,8 @@ def dry_penalties(output: Sequence[int], params: SamplingParams, texts: TokenTex
         exponent = length - params.dry_allowed_length
         if max_exponent > 0:
             exponent = min(exponent, max_exponent)
-        out[token] = params.dry_multiplier * params.dry_base**exponent
+        try:
+            out[token] = params.dry_multiplier * params.dry_base**exponent
+        except OverflowError:  # a huge base: llama.cpp's float pow gives inf, so the token is banned
+            out[token] = math.inf
     return out

@@ -196,9 +196,9 @@ class _CommonRequest(_Strict):
     # llama.cpp's DRY penalty (engine/dry.py); SamplingParams checks the values, naming the field.
     dry_multiplier: float | None = None
     dry_base: float | None = None
-    dry_allowed_length: int | None = None
+    dry_allowed_length: int | None = Field(default=None, ge=1, le=INT64_MAX)
     dry_sequence_breakers: list[str] | None = None
-    dry_penalty_last_n: int | None = None
+    dry_penalty_last_n: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     dry_skip_whitespace: bool | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None

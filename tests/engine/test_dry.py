@@ -75,6 +75,9 @@ def test_hand_computed_penalty(tokenizer: Any) -> None:
     assert dry_penalties([a, b, c, a, b, c, a, b], p, texts) == {c: 8.0}
     # Below allowed_length nothing is penalized.
     assert dry_penalties([a, b, c, a], p, texts) == {}
+    # A base too large for a float power bans the token (llama.cpp's float pow gives inf) instead of raising.
+    huge = SamplingParams(dry_multiplier=1.0, dry_base=1e300, dry_allowed_length=2, dry_sequence_breakers=[])
+    assert dry_penalties([a, b, c, a, b, c, a, b], huge, texts) == {c: math.inf}
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,9 @@ OUT_OF_RANGE = [
     ("chat", {"logprobs": True, "top_logprobs": HUGE}, "top_logprobs"),
     ("chat", {"stop_token_ids": [HUGE]}, "stop_token_ids.0"),
     ("chat", {"stop_token_ids": [-1]}, "stop_token_ids.0"),
+    ("chat", {"dry_allowed_length": HUGE}, "dry_allowed_length"),
+    ("chat", {"dry_penalty_last_n": HUGE}, "dry_penalty_last_n"),
+    ("chat", {"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
     ("text", {"seed": HUGE}, "seed"),
     ("text", {"max_tokens": HUGE}, "max_tokens"),
     ("text", {"n": HUGE}, "n"),
@@ -67,6 +70,8 @@ OUT_OF_RANGE = [
     ("text", {"stop_token_ids": [HUGE]}, "stop_token_ids.0"),
     ("text", {"logprobs": HUGE}, "logprobs"),
     ("text", {"best_of": HUGE}, "best_of"),
+    ("text", {"dry_allowed_length": HUGE}, "dry_allowed_length"),
+    ("text", {"dry_penalty_last_n": HUGE}, "dry_penalty_last_n"),
     ("text", {"prompt": [1, HUGE]}, "prompt.1"),
 ]
 
