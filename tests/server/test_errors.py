@@ -155,7 +155,7 @@ def test_bad_tool_schema_names_the_tool(server: LiveServer) -> None:
         "function": {
             "name": "bad",
             "strict": True,
-            "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "nonsense"}}},
+            "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "iri"}}},
         },
     }
     error = _error(_post(server, _chat_body(server, tools=[ok, bad], tool_choice="required")), 400)

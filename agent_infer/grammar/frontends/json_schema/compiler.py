@@ -69,10 +69,20 @@ class Compiler(RuleWriter, Layout):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
     def __init__(
-        self, registry: Registry, *, strict: bool, whitespace: str, max_whitespace: int, indent: int | None
+        self,
+        registry: Registry,
+        *,
+        strict: bool,
+        whitespace: str,
+        max_whitespace: int,
+        indent: int | None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
     ) -> None:
         self.registry = registry
         self.strict = strict
+        self.unknown_formats = unknown_formats
+        self.unknown_keywords = unknown_keywords
         self.indent = indent
         self.max_seconds = envs.json_schema_max_seconds()
         self.deadline = time.perf_counter() + self.max_seconds
@@ -127,13 +137,26 @@ class Compiler(RuleWriter, Layout):
         self.warnings.append(f"ignored keyword {keyword} at {pointer or '/'}: {why}")
 
     def unknown_keyword(self, keyword: str, pointer: str) -> None:
-        """A keyword from no JSON Schema vocabulary: a likely typo of a real keyword fails closed
-        (strict), anything else is an annotation, as validators treat it, noted in the warnings."""
+        """A keyword from no JSON Schema vocabulary: an annotation, as validators treat it (2020-12
+        core, section 6.5), noted in the warnings with a hint when it looks like a typo of a known
+        keyword; an UnsupportedSchemaError under ``unknown_keywords="error"``."""
         near = _near_keyword(keyword)
-        if near:
-            self.unsupported(keyword, pointer, f"unknown keyword {keyword!r} (did you mean {near[0]!r}?)")
-        else:
-            self.warnings.append(f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation")
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        if self.unknown_keywords == "error":
+            raise UnsupportedSchemaError(
+                f"unknown keyword {keyword!r}{hint}", keyword=keyword, pointer=pointer
+            )
+        self.warnings.append(
+            f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation{hint}"
+        )
+
+    def unknown_format(self, fmt: str, pointer: str) -> None:
+        """A ``format`` value the front end does not know: an annotation (2020-12 validation,
+        section 7.2: an implementation ignores formats it does not know), noted in the warnings;
+        an UnsupportedSchemaError under ``unknown_formats="error"``."""
+        if self.unknown_formats == "error":
+            raise UnsupportedSchemaError(f"unknown format {fmt!r}", keyword="format", pointer=pointer)
+        self.warnings.append(f"ignored unknown format {fmt!r} at {pointer}: treated as an annotation")
 
     def lower(self, schema: Any, pointer: str, depth: int) -> Expr:
         """The expression of JSON texts valid under ``schema`` (usually a Ref to a shared rule)."""
@@ -387,7 +410,15 @@ class Compiler(RuleWriter, Layout):
         self, schema: Any, pointer: str, *, strict: bool, record: bool
     ) -> Callable[[Any], bool]:
         """The recognizer behind :meth:`value_matcher` (not memoized)."""
-        sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
+        sub = Compiler(
+            self.registry,
+            strict=strict,
+            whitespace="compact",
+            max_whitespace=0,
+            indent=None,
+            unknown_formats=self.unknown_formats,
+            unknown_keywords=self.unknown_keywords,
+        )
         sub._dfa_cache = self._dfa_cache
         sub._matchers = self._matchers
         sub._building = self._building

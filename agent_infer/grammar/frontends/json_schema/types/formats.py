@@ -205,6 +205,34 @@ EXTRA_FORMATS = {
 }
 
 
+# The formats draft 2020-12 defines (validation, section 7.3; draft-07 defines the same names).
+# One of these without an expression here is a constraint the front end cannot enforce (refused
+# in strict mode); any other name is an unknown format, an annotation (section 7.2).
+SPEC_FORMATS = frozenset(
+    (
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "idn-email",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "iri",
+        "iri-reference",
+        "uuid",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    )
+)
+
+
 # Format expressions, their JSON encodings and automata depend on the format's name alone, from a
 # fixed table (a date-time expression is ~2 000 IR nodes, its encoding more): library constants,
 # built at first use and kept for the process like the JSON character rules, not memos of earlier
