@@ -1,7 +1,8 @@
 """The JSON Schema lowering's :class:`Compiler`: memoized lowering of (sub)schemas to rules,
 ``$ref``/``allOf`` flattening, the per-type dispatch to the object, array, string and number
 lowerings, and the value matchers that decide ``enum``/``const`` values by a schema's own grammar.
-Rule naming (:mod:`.rule_writer`) and layout (:mod:`.layout`) are its two mixins."""
+Rule naming (:mod:`.rule_writer`), layout (:mod:`.layout`) and the reporting of what it cannot
+enforce or ignores (:mod:`.reporting`) are its mixins."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ from agent_infer.grammar.frontends.json_schema.keywords import (
     KNOWN,
     TYPES,
     _lift_conditionals,
-    _near_keyword,
     any_unevaluated,
     is_annotation,
     type_set,
     values,
 )
 from agent_infer.grammar.frontends.json_schema.layout import Layout
+from agent_infer.grammar.frontends.json_schema.reporting import Reporter
 from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import schema_text
 from agent_infer.grammar.frontends.json_schema.resolve.registry import Registry
 from agent_infer.grammar.frontends.json_schema.resolve.schema_keys import SchemaKeys
@@ -65,7 +66,7 @@ def _any_value(v: Any) -> bool:
     return True
 
 
-class Compiler(RuleWriter, Layout):
+class Compiler(RuleWriter, Layout, Reporter):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
     def __init__(
@@ -115,7 +116,7 @@ class Compiler(RuleWriter, Layout):
         # property name -> its quoted key and colon (keys.property_names.quoted_key)
         self.quoted_keys: dict[str, Expr] = {}
 
-    # -- reporting -----------------------------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------------------------
 
     def release(self) -> None:
         """Drop everything this (single-use) compiler holds, once its grammar is built or its build
@@ -129,34 +130,6 @@ class Compiler(RuleWriter, Layout):
         if matchers is not None:
             matchers.clear()
         vars(self).clear()
-
-    def unsupported(self, keyword: str, pointer: str, why: str) -> None:
-        """Strict: raise; non-strict: record a warning and let the caller skip the keyword."""
-        if self.strict:
-            raise UnsupportedSchemaError(why, keyword=keyword, pointer=pointer)
-        self.warnings.append(f"ignored keyword {keyword} at {pointer or '/'}: {why}")
-
-    def unknown_keyword(self, keyword: str, pointer: str) -> None:
-        """A keyword from no JSON Schema vocabulary: an annotation, as validators treat it (2020-12
-        core, section 6.5), noted in the warnings with a hint when it looks like a typo of a known
-        keyword; an UnsupportedSchemaError under ``unknown_keywords="error"``."""
-        near = _near_keyword(keyword)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        if self.unknown_keywords == "error":
-            raise UnsupportedSchemaError(
-                f"unknown keyword {keyword!r}{hint}", keyword=keyword, pointer=pointer
-            )
-        self.warnings.append(
-            f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation{hint}"
-        )
-
-    def unknown_format(self, fmt: str, pointer: str) -> None:
-        """A ``format`` value the front end does not know: an annotation (2020-12 validation,
-        section 7.2: an implementation ignores formats it does not know), noted in the warnings;
-        an UnsupportedSchemaError under ``unknown_formats="error"``."""
-        if self.unknown_formats == "error":
-            raise UnsupportedSchemaError(f"unknown format {fmt!r}", keyword="format", pointer=pointer)
-        self.warnings.append(f"ignored unknown format {fmt!r} at {pointer}: treated as an annotation")
 
     def lower(self, schema: Any, pointer: str, depth: int) -> Expr:
         """The expression of JSON texts valid under ``schema`` (usually a Ref to a shared rule)."""
