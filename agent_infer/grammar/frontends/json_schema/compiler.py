@@ -313,7 +313,7 @@ class Compiler(RuleWriter, Layout, Reporter):
     def merge(self, a: Any, b: Any, pointer: str) -> Any:
         """``allOf: [a, b]`` merged; non-strict mode keeps ``a`` (a superset) when no exact merge exists."""
         try:
-            return Merger(self.matches, pointer).merge(a, b)
+            return Merger(self.matches, pointer, self.unknown_format).merge(a, b)
         except UnsupportedSchemaError as exc:
             if self.strict:
                 raise

@@ -184,7 +184,9 @@ def json_schema_to_grammar(
         body = comp.lower(root, "", 0)
         # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule
         # added with it, so the per-node validation walk is skipped (see Grammar.unchecked).
-        grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))
+        grammar = Grammar.unchecked(
+            (("root", body), *comp.rules.items()), "root", tuple(dict.fromkeys(comp.warnings))
+        )
     except RecursionError:
         # The front end recurses once per nesting level; a schema nested deeper than Python's
         # stack allows is a size limit, not a crash.

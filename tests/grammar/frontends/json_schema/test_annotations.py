@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_infer.errors import ConfigError, UnsupportedSchemaError
+from agent_infer.errors import ConfigError, GrammarDefinitionError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
 from agent_infer.grammar.compile.compiler import CompiledGrammar
 from agent_infer.sampling_params import SamplingParams
@@ -115,3 +115,32 @@ def test_switches_reach_every_entry_point(byte_compiler: GrammarCompiler) -> Non
         StructuredOutput.json_schema(UNKNOWN_FORMAT, unknown_keywords=False)
     with pytest.raises(ConfigError, match=r"unknown option.*unknown_format\b"):
         StructuredOutput.json_schema(UNKNOWN_FORMAT, unknown_format="error")
+
+
+def test_annotations_under_not_and_allof_constrain_nothing(byte_compiler: GrammarCompiler) -> None:
+    # `not` of a schema that is only annotations rejects everything; the annotation is reported.
+    nothing = Grammar.from_json_schema({"not": {"format": "cidr", "maxLenght": 2}})
+    with pytest.raises(GrammarDefinitionError, match="language is empty"):
+        byte_compiler.compile(nothing)
+    assert sorted(nothing.warnings) == [
+        "ignored unknown format 'cidr' at /not/format: treated as an annotation",
+        "ignored unknown keyword maxLenght at /not/maxLenght: treated as an annotation "
+        "(did you mean 'maxLength'?)",
+    ]
+    not_string = byte_compiler.compile(
+        Grammar.from_json_schema({"not": {"type": "string", "format": "cidr"}})
+    )
+    assert _accepts(not_string, "1") and not _accepts(not_string, '"10.0.0.0/8"')
+    # allOf of a known and an unknown format is the known one.
+    merged = Grammar.from_json_schema({"allOf": [{"type": "string", "format": "email"}, {"format": "cidr"}]})
+    compiled = byte_compiler.compile(merged)
+    assert _accepts(compiled, '"a@example.com"') and not _accepts(compiled, '"10.0.0.0/8"')
+    assert merged.warnings == ("ignored unknown format 'cidr' at /format: treated as an annotation",)
+    with pytest.raises(UnsupportedSchemaError, match="unknown format 'cidr'"):
+        Grammar.from_json_schema(
+            {"allOf": [{"format": "email"}, {"format": "cidr"}]}, unknown_formats="error"
+        )
+    # Two values of one unknown keyword merge (neither constrains anything).
+    assert Grammar.from_json_schema({"allOf": [{"info": 1}, {"info": 2}]}).warnings == (
+        "ignored unknown keyword info at /info: treated as an annotation",
+    )

@@ -11,6 +11,7 @@ once per process (:func:`format_expr`, :func:`encoded_format`, :func:`format_dfa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from agent_infer.grammar.automata import DFA, expr_to_dfa
 from agent_infer.grammar.frontends.json_schema.types import numerals as num
@@ -272,3 +273,9 @@ def format_dfa(name: str) -> DFA:
         assert expr is not None
         found = _FORMAT_DFAS.setdefault(name, expr_to_dfa(expr))
     return found
+
+
+def is_unknown_format(name: Any) -> bool:
+    """Whether ``name`` is a format the specification does not define and the front end does not
+    implement: an annotation, which constrains nothing."""
+    return isinstance(name, str) and name not in SPEC_FORMATS and format_expr(name) is None
