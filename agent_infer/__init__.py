@@ -37,6 +37,7 @@ _LAZY = {
     "ToolCallError": "agent_infer.errors",
     "RemoteError": "agent_infer.errors",
     "UnsupportedSchemaError": "agent_infer.errors",
+    "ConstraintWarning": "agent_infer.errors",
 }
 
 __all__ = ["AgentInferError", "__version__", *_LAZY]

@@ -13,6 +13,8 @@ Error contract (stated once, relied on everywhere):
 
 from __future__ import annotations
 
+import warnings as _warnings
+
 
 class AgentInferError(Exception):
     """Root of every error agent-infer raises on purpose."""
@@ -262,3 +264,18 @@ class RemoteError(AgentInferError):
         super().__init__(f"{message} (HTTP {status}): {body[:500]}")
         self.status = status
         self.body = body
+
+
+# --- warnings ------------------------------------------------------------------------------------
+
+
+class ConstraintWarning(UserWarning):
+    """A constraint compiled but its lowering ignored part of it: an unknown ``format`` value or
+    keyword (a JSON Schema annotation), or, with ``strict=False``, a keyword it cannot enforce.
+    The message lists each with its JSON pointer (``Grammar.warnings``)."""
+
+
+def warn_constraint(warnings: tuple[str, ...] | list[str], what: str, stacklevel: int = 3) -> None:
+    """Issue one :class:`ConstraintWarning` listing ``warnings`` (nothing when there are none)."""
+    if warnings:
+        _warnings.warn(f"{what}: {'; '.join(warnings)}", ConstraintWarning, stacklevel=stacklevel)

@@ -19,10 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_infer.errors import InvalidRequestError
+from agent_infer.errors import ConfigError, InvalidRequestError
 from agent_infer.grammar.ir import Grammar
 
 _KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "builtin", "grammar")
+# Grammar.from_json_schema's options and their defaults (what check_options needs for those not given).
+_SCHEMA_DEFAULTS: dict[str, Any] = {
+    "strict": True,
+    "whitespace": "flexible",
+    "max_whitespace": 2,
+    "indent": None,
+    "remotes": None,
+    "unknown_formats": "ignore",
+    "unknown_keywords": "ignore",
+}
 
 
 @dataclass(frozen=True)
@@ -43,13 +53,16 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: Any, **options: Any) -> StructuredOutput:
-        """A JSON Schema (dict or JSON text) or a Pydantic model class."""
+        """A JSON Schema (dict or JSON text) or a Pydantic model class; ``options`` are
+        ``Grammar.from_json_schema``'s (``strict``, ``whitespace``, ``unknown_formats``, ...),
+        checked here: an unknown one, or a value out of range, raises ConfigError naming it."""
+        from agent_infer.grammar.frontends.json_schema import check_options, load_schema
+
         model = schema if isinstance(schema, type) else None
+        _check_schema_options(options, check_options)
         if isinstance(schema, str):
             # The front end's parser: its errors name the problem (and keep over-long integers
             # as text so the compiler can point at the keyword holding one).
-            from agent_infer.grammar.frontends.json_schema import load_schema
-
             schema = load_schema(schema)
         return cls("json_schema", schema, tuple(sorted(options.items())), model)
 
@@ -106,6 +119,17 @@ class StructuredOutput:
         return self.kind in ("json_schema", "json_object") or (
             self.kind == "builtin" and self.value == "json"
         )
+
+
+def _check_schema_options(options: dict[str, Any], check: Any) -> None:
+    """ConfigError for an option ``Grammar.from_json_schema`` does not take or a value it rejects."""
+    unknown = sorted(set(options) - set(_SCHEMA_DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"StructuredOutput.json_schema got unknown option(s) {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(_SCHEMA_DEFAULTS))}"
+        )
+    check(**{**_SCHEMA_DEFAULTS, **options})
 
 
 def as_structured(value: Any) -> StructuredOutput:

@@ -30,7 +30,7 @@ from agent_infer.client.request import (
 )
 from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import EngineError
+from agent_infer.errors import EngineError, warn_constraint
 from agent_infer.grammar.ir import Grammar
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.structured import StructuredOutput
@@ -157,7 +157,7 @@ class LocalBackend:
         else:
             structured = StructuredOutput.ebnf(constraint.value)
         key = json.dumps([constraint.kind, constraint.value], sort_keys=True, default=str)
-        return self._cached(key, structured.to_grammar)
+        return self._cached(key, lambda: _warned(structured.to_grammar()))
 
     def _tool_grammar(self, request: ModelRequest) -> Grammar:
         tools = list(request.tools)
@@ -168,8 +168,10 @@ class LocalBackend:
         )
         return self._cached(
             "tools:" + key,
-            lambda: self.format.grammar(
-                tools, tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls
+            lambda: _warned(
+                self.format.grammar(
+                    tools, tool_choice=request.tool_choice, parallel_tool_calls=request.parallel_tool_calls
+                )
             ),
         )
 
@@ -311,3 +313,10 @@ class _DeltaSplitter:
 
 def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
+def _warned(grammar: Grammar) -> Grammar:
+    """``grammar``, once what its lowering ignored is issued as a :class:`ConstraintWarning` (once
+    per lowering: the client keeps lowered grammars)."""
+    warn_constraint(grammar.warnings, "constraint compiled with parts ignored", stacklevel=5)
+    return grammar

@@ -30,7 +30,7 @@ from agent_infer.client.request import (
     assistant_message,
 )
 from agent_infer.client.retry import RETRY_STATUSES, RetryPolicy
-from agent_infer.errors import ConfigError, RemoteError
+from agent_infer.errors import ConfigError, RemoteError, warn_constraint
 from agent_infer.tool_formats import ToolCallDelta
 
 _PATH = "/chat/completions"
@@ -306,6 +306,7 @@ class RemoteBackend:
                 r.close()
                 time.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
                 continue
+            _warn_ignored(r)
             return r
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -328,6 +329,7 @@ class RemoteBackend:
                 await r.aclose()
                 await asyncio.sleep(self._retry.wait(attempt, r.headers.get("retry-after")))
                 continue
+            _warn_ignored(r)
             return r
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -384,3 +386,13 @@ class RemoteBackend:
         if self._async is not None:
             await self._async.aclose()
             self._async = None
+
+
+def _warn_ignored(r: Any) -> None:
+    """The server's ``X-Agent-Infer-Warnings`` (what its lowering of the constraint ignored) as a
+    :class:`~agent_infer.errors.ConstraintWarning`."""
+    header = r.headers.get("x-agent-infer-warnings")
+    if header and r.status_code < 400:
+        warn_constraint(
+            json.loads(header), "the server compiled the constraint with parts ignored", stacklevel=4
+        )

@@ -131,7 +131,9 @@ class LLMEngine:
         if params.structured is not None:
             # Lowered here so a bad constraint fails this request alone, at once; the token-level
             # compile runs in the worker pool while the request waits in WAITING_FOR_GRAMMAR.
-            seq.grammar_future = self.grammar.submit(self.grammar.lower(params.structured))
+            grammar = self.grammar.lower(params.structured)
+            seq.constraint_warnings = grammar.warnings
+            seq.grammar_future = self.grammar.submit(grammar)
         seq.prefix_offset = max(len(token_ids) - _DETOKENIZE_CONTEXT, 0)
         seq.read_offset = len(token_ids)
         self.requests[request_id] = seq

@@ -81,6 +81,9 @@ class Sequence:
         self.matcher: GrammarMatcher | None = None
         # The matcher being built by the grammar worker pool while the status is WAITING_FOR_GRAMMAR.
         self.grammar_future: Future[GrammarMatcher] | None = None
+        # What the constraint's lowering ignored (annotations, and in non-strict mode the keywords
+        # it could not enforce), each with its JSON pointer: ``Grammar.warnings``.
+        self.constraint_warnings: tuple[str, ...] = ()
         self.num_forced_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.num_closing_tokens = 0  # output tokens appended to close within max_tokens
         self.spec = SpecState()  # speculative decoding: draft, n-gram index, confidence

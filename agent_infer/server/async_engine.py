@@ -45,6 +45,8 @@ class RequestStream:
         self.request_id = request_id
         #: The request field that carried the output constraint (named in errors), if any.
         self.constraint_field: str | None = None
+        #: What the constraint's lowering ignored (``Grammar.warnings``), set when the engine takes it.
+        self.warnings: tuple[str, ...] = ()
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._event = asyncio.Event()
@@ -201,6 +203,7 @@ class AsyncEngine:
             except BaseException as exc:
                 command.future.set_exception(exc)
                 continue
+            command.stream.warnings = self.engine.requests[command.request_id].constraint_warnings
             if command.params.structured is not None:
                 self.metrics.observe_compile(time.perf_counter() - start)
             self._streams[command.request_id] = command.stream

@@ -19,7 +19,6 @@ from agent_infer.server.params import (
     build_sampling,
     chat_logprobs,
     resolve_max_tokens,
-    warning_headers,
 )
 from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
 from agent_infer.server.reasoning import ReasoningStream, split_reasoning, think_then
@@ -200,8 +199,7 @@ async def create_chat_completion(
         vocab_size=state.engine.engine.vocab_size,
     )
     responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
-    headers = warning_headers(plan.warnings)
-    return await responder.respond(req, request, plan.messages, params, plan.constraint_field, headers)
+    return await responder.respond(req, request, plan.messages, params, plan.constraint_field, plan.warnings)
 
 
 class _ChatResponder(Responder):

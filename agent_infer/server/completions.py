@@ -13,7 +13,6 @@ from agent_infer.server.params import (
     build_sampling,
     completion_logprobs,
     resolve_max_tokens,
-    warning_headers,
 )
 from agent_infer.server.protocol import CompletionRequest
 from agent_infer.server.responder import Responder
@@ -40,8 +39,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         vocab_size=state.engine.engine.vocab_size,
     )
     responder = _TextResponder(state, state.new_id("cmpl"), req.logprobs)
-    headers = warning_headers(constraint.warnings)
-    return await responder.respond(req, request, prompt, params, constraint.field, headers)
+    return await responder.respond(req, request, prompt, params, constraint.field, constraint.warnings)
 
 
 def _prompt(prompt: str | list[str] | list[int]) -> str | list[int]:

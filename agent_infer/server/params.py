@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ from agent_infer.grammar.frontends.regex.parser import regex_to_grammar
 from agent_infer.grammar.ir import Grammar
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
+from agent_infer.server.async_engine import RequestStream
 from agent_infer.server.body import parse_json
 from agent_infer.server.errors import ApiError, constraint_error
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -27,11 +29,10 @@ class Constraint:
     warnings: tuple[str, ...] = ()
 
 
-def _lenient_schema(schema: Any, where: str) -> Constraint:
-    # strict=false: keywords the compiler cannot enforce are skipped, and the response says which
-    # (lowered here, not in the engine, because only the lowering reports what it skipped).
+def _lenient_schema(schema: Any, where: str, options: dict[str, Any]) -> Constraint:
+    # strict=false: keywords the compiler cannot enforce are skipped, and the response says which.
     try:
-        grammar = Grammar.from_json_schema(schema, strict=False)
+        grammar = Grammar.from_json_schema(schema, strict=False, **options)
     except GrammarError as exc:
         raise constraint_error(exc, where) from exc
     return Constraint(StructuredOutput.grammar(grammar), where, tuple(grammar.warnings))
@@ -70,8 +71,8 @@ def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constrai
                 )
             where = "response_format.json_schema.schema"
             if spec.strict is False:
-                return _lenient_schema(spec.schema_, where)
-            return Constraint(StructuredOutput.json_schema(spec.schema_), where)
+                return _lenient_schema(spec.schema_, where, spec.frontend_options())
+            return Constraint(StructuredOutput.json_schema(spec.schema_, **spec.frontend_options()), where)
         if fmt.json_schema is not None:
             raise ApiError(
                 400, "response_format.json_schema needs type 'json_schema'", param="response_format.type"
@@ -117,9 +118,12 @@ def build_constraint(req: ChatCompletionRequest | CompletionRequest) -> Constrai
         raise ApiError(400, f"{where}: {exc}", param=where) from exc
 
 
-def warning_headers(warnings: tuple[str, ...]) -> dict[str, str]:
-    """``X-Agent-Infer-Warnings``: what a lenient constraint skipped (JSON list, ASCII-escaped)."""
-    return {"X-Agent-Infer-Warnings": json.dumps(list(warnings))} if warnings else {}
+def warning_headers(warnings: tuple[str, ...], streams: Sequence[RequestStream] = ()) -> dict[str, str]:
+    """``X-Agent-Infer-Warnings``: what the constraint's lowering ignored, each once (JSON list,
+    ASCII-escaped): ``warnings`` found while building the request, and those the engine reported
+    for each of ``streams`` (an unknown ``format`` or keyword, a keyword a lenient schema skipped)."""
+    found = list(dict.fromkeys([*warnings, *(w for stream in streams for w in stream.warnings)]))
+    return {"X-Agent-Infer-Warnings": json.dumps(found)} if found else {}
 
 
 def resolve_max_tokens(value: int | None, field: str, limit: int) -> int:

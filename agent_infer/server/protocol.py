@@ -131,12 +131,27 @@ class NamedToolChoice(_Strict):
 
 
 class JsonSchemaSpec(_Strict):
-    """``response_format.json_schema``: ``strict: false`` lets unenforceable keywords be skipped."""
+    """``response_format.json_schema``: ``strict: false`` lets unenforceable keywords be skipped;
+    ``unknown_formats`` / ``unknown_keywords`` (extensions, default ``"ignore"``): ``"error"``
+    refuses a schema with an unknown ``format`` value / keyword instead of ignoring it."""
 
     name: str
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+    unknown_formats: Literal["ignore", "error"] | None = None
+    unknown_keywords: Literal["ignore", "error"] | None = None
+
+    def frontend_options(self) -> dict[str, str]:
+        """The JSON Schema front-end options the request sets (``Grammar.from_json_schema``'s)."""
+        return {
+            name: value
+            for name, value in (
+                ("unknown_formats", self.unknown_formats),
+                ("unknown_keywords", self.unknown_keywords),
+            )
+            if value is not None
+        }
 
 
 class ResponseFormat(_Strict):

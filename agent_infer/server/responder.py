@@ -23,6 +23,7 @@ from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import AgentInferError
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.async_engine import RequestStream
+from agent_infer.server.params import warning_headers
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import (
@@ -108,9 +109,10 @@ class Responder(ABC):
         prompt: Any,
         params: SamplingParams,
         constraint_field: str | None,
-        headers: dict[str, str],
+        warnings: tuple[str, ...],
     ) -> Response:
-        """Submit the request's ``n`` choices and answer with the JSON body, or SSE when ``req.stream``."""
+        """Submit the request's ``n`` choices and answer with the JSON body, or SSE when ``req.stream``;
+        ``warnings`` and the engine's for the constraint go in the warnings header."""
         state = self.state
         n = req.n or 1
         responders = [self] + [self.fork() for _ in range(n - 1)]
@@ -127,6 +129,7 @@ class Responder(ABC):
             for stream in streams:
                 state.release(stream.request_id, False)
             raise
+        headers = warning_headers(warnings, streams)
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
             body = self._events(responders, firsts, streams, params.stop_strings, include_usage)

@@ -36,6 +36,8 @@ class TextFormat(_Strict):
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+    unknown_formats: Literal["ignore", "error"] | None = None
+    unknown_keywords: Literal["ignore", "error"] | None = None
 
 
 class TextOptions(_Strict):
@@ -192,8 +194,9 @@ def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> Chat
                     400, "text.format.schema is required for json_schema", param="text.format.schema"
                 )
             spec["json_schema"] = {"name": fmt.name or "response", "schema": fmt.schema_}
-            if fmt.strict is not None:
-                spec["json_schema"]["strict"] = fmt.strict
+            for name in ("strict", "unknown_formats", "unknown_keywords"):
+                if getattr(fmt, name) is not None:
+                    spec["json_schema"][name] = getattr(fmt, name)
         body["response_format"] = spec
     try:
         return ChatCompletionRequest.model_validate(body)
@@ -314,11 +317,11 @@ def _items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request) -> Response:
     """Answer one Responses request (JSON, or the Responses SSE event sequence)."""
     run = _Run(state, req)
-    headers = warning_headers(run.plan.warnings)
     try:
         stream = await state.submit(run.id, run.plan.messages, run.params, run.plan.constraint_field)
     except ApiError as exc:
         raise _renamed(exc) from None
+    headers = warning_headers(run.plan.warnings, [stream])
     if not req.stream:
         output = await state.final_output(stream, request)
         message = run.responder.choice(output)["message"]

@@ -43,6 +43,8 @@ class GrammarBuilder:
 
     def __init__(self, strict: bool, whitespace: str) -> None:
         self.rules: list[tuple[str, Expr]] = []
+        # What the lowering of the tools' parameter schemas ignored, each prefixed with the tool's name.
+        self.warnings: list[str] = []
         self.strict = strict
         self.whitespace = whitespace
 
@@ -58,6 +60,7 @@ class GrammarBuilder:
         )
         renamed, root = g.prefixed(f"t{index}-")
         self.rules.extend(renamed)
+        self.warnings.extend(f"tool {tool.name!r}: {w}" for w in g.warnings)
         return Ref(root)
 
     def call_members(self, tools: Sequence[Tool], arguments_key: str) -> Expr:
@@ -118,7 +121,7 @@ class GrammarBuilder:
 
     def build(self, root: Expr) -> Grammar:
         """The grammar of ``root`` over the rules collected so far."""
-        return Grammar((("root", root), *self.rules), "root")
+        return Grammar((("root", root), *self.rules), "root", tuple(dict.fromkeys(self.warnings)))
 
 
 def _kmp_next(marker: str, k: int, c: str) -> int:

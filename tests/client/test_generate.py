@@ -13,7 +13,13 @@ from pydantic import BaseModel, Field, field_validator
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
-from agent_infer.errors import ConfigError, InvalidRequestError, UnsupportedSchemaError, ValidationRetryError
+from agent_infer.errors import (
+    ConfigError,
+    ConstraintWarning,
+    InvalidRequestError,
+    UnsupportedSchemaError,
+    ValidationRetryError,
+)
 from agent_infer.grammar import Grammar
 
 
@@ -74,6 +80,18 @@ def test_dict_schema_returns_parsed_json(client: Client) -> None:
     value = client.generate("Give some tags.", schema=schema)
     assert isinstance(value, dict) and set(value) == {"tags"}
     assert all(t in ("a", "b") for t in value["tags"])
+
+
+def test_unknown_format_is_a_constraint_warning(client: Client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "format": "hex-colour", "maxLength": 8}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    with pytest.warns(ConstraintWarning, match=r"unknown format 'hex-colour' at /properties/colour/format"):
+        value = client.generate("Name a colour.", schema=schema, max_tokens=20)
+    assert isinstance(value, dict) and set(value) == {"colour"} and len(value["colour"]) <= 8
 
 
 def test_choice_regex_grammar_and_free_text(client: Client) -> None:

@@ -15,7 +15,7 @@ from server_harness import LiveServer, server_fixture
 
 from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
-from agent_infer.errors import GrammarSyntaxError, MaxTurnsExceeded, RemoteError
+from agent_infer.errors import ConstraintWarning, GrammarSyntaxError, MaxTurnsExceeded, RemoteError
 
 server = server_fixture()
 
@@ -54,6 +54,18 @@ def test_generate_schema_choice_regex_grammar(client: Client) -> None:
     assert len(code) == 6 and code[2] == "-"
     assert client.generate("y or n", grammar='root ::= "y" | "n"') in ("y", "n")
     assert client.usage.requests == 4 and client.usage.prompt_tokens > 0
+
+
+def test_server_warnings_are_constraint_warnings(client: Client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "maximum": 99, "mininum": 3}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    with pytest.warns(ConstraintWarning, match=r"mininum at /properties/n/mininum.*did you mean 'minimum'"):
+        value = client.generate("A number as JSON.", schema=schema, max_tokens=20, close_on_length=True)
+    assert isinstance(value, dict) and isinstance(value["n"], int) and value["n"] <= 99
 
 
 def test_validators_re_ask_over_the_wire(client: Client) -> None:

@@ -155,12 +155,22 @@ def test_bad_tool_schema_names_the_tool(server: LiveServer) -> None:
         "function": {
             "name": "bad",
             "strict": True,
-            "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "nonsense"}}},
+            "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "iri"}}},
         },
     }
     error = _error(_post(server, _chat_body(server, tools=[ok, bad], tool_choice="required")), 400)
     assert error["param"] == "tools.1.function.parameters"
     assert "format" in error["message"] and "/properties/x/format" in error["message"]
+
+
+def test_tool_schema_annotations_are_reported(server: LiveServer) -> None:
+    params = {"type": "object", "properties": {"x": {"type": "string", "format": "cidr", "maxLength": 4}}}
+    tool = {"type": "function", "function": {"name": "net", "strict": True, "parameters": params}}
+    resp = _post(server, _chat_body(server, tools=[tool], tool_choice="required", max_tokens=30))
+    assert resp.status_code == 200
+    assert json.loads(resp.headers["x-agent-infer-warnings"]) == [
+        "tool 'net': ignored unknown format 'cidr' at /properties/x/format: treated as an annotation"
+    ]
 
 
 def test_unknown_model_is_404(server: LiveServer) -> None:
@@ -226,6 +236,43 @@ def test_lenient_schema_reports_what_it_skipped(server: LiveServer) -> None:
     assert resp.status_code == 200
     warnings = json.loads(resp.headers["x-agent-infer-warnings"])
     assert any("uniqueItems" in w and "/properties/t/uniqueItems" in w for w in warnings)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("field", ["response_format", "structured_outputs"])
+def test_strict_schema_reports_ignored_annotations(server: LiveServer, stream: bool, field: str) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"c": {"type": "string", "format": "hex-colour", "maxLenght": 2}},
+    }
+    constraint = (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        if field == "response_format"
+        else {"structured_outputs": {"json": schema}}
+    )
+    resp = _post(server, _chat_body(server, max_tokens=5, temperature=0, stream=stream, **constraint))
+    assert resp.status_code == 200
+    assert sorted(json.loads(resp.headers["x-agent-infer-warnings"])) == [
+        "ignored unknown format 'hex-colour' at /properties/c/format: treated as an annotation",
+        "ignored unknown keyword maxLenght at /properties/c/maxLenght: treated as an annotation "
+        "(did you mean 'maxLength'?)",
+    ]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_unknown_formats_error_is_a_400_naming_the_pointer(server: LiveServer, strict: bool) -> None:
+    schema = {"type": "object", "properties": {"c": {"type": "string", "format": "hex-colour"}}}
+    spec = {"name": "x", "schema": schema, "strict": strict, "unknown_formats": "error"}
+    error = _error(
+        _post(server, _chat_body(server, response_format={"type": "json_schema", "json_schema": spec})), 400
+    )
+    assert error["param"] == "response_format.json_schema.schema"
+    assert error["pointer"] == "/properties/c/format" and "unknown format 'hex-colour'" in error["message"]
+    spec["unknown_formats"] = "fail"
+    error = _error(
+        _post(server, _chat_body(server, response_format={"type": "json_schema", "json_schema": spec})), 400
+    )
+    assert "unknown_formats" in error["param"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

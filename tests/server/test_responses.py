@@ -157,6 +157,19 @@ def test_streamed_function_call(client: Any, server: LiveServer) -> None:
             },
             "text.format.schema",
         ),
+        (
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {"type": "string", "format": "cidr"},
+                        "unknown_formats": "error",
+                    }
+                }
+            },
+            "text.format.schema",
+        ),
     ],
 )
 def test_errors_name_the_field(client: Any, server: LiveServer, fields: dict[str, Any], param: str) -> None:
@@ -164,3 +177,13 @@ def test_errors_name_the_field(client: Any, server: LiveServer, fields: dict[str
         client.responses.create(model=server.model, input="x", max_output_tokens=4, extra_body=fields)
     assert caught.value.status_code in (400, 404)
     assert caught.value.body["param"] == param, caught.value.body
+
+
+def test_ignored_format_is_reported_in_the_warnings_header(client: Any, server: LiveServer) -> None:
+    fmt = {"type": "json_schema", "name": "x", "schema": {"type": "string", "format": "cidr", "maxLength": 4}}
+    raw = client.responses.with_raw_response.create(
+        model=server.model, input="x", max_output_tokens=8, extra_body={"text": {"format": fmt}}
+    )
+    assert json.loads(raw.headers["x-agent-infer-warnings"]) == [
+        "ignored unknown format 'cidr' at /format: treated as an annotation"
+    ]

@@ -22,7 +22,9 @@ DEFAULT_MAX_STATES = 500_000
 DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
 # Grammar.from_json_schema's keyword options (compile_json_schema passes them on).
-_JSON_SCHEMA_OPTIONS = frozenset(("strict", "whitespace", "max_whitespace", "indent", "remotes"))
+_JSON_SCHEMA_OPTIONS = frozenset(
+    ("strict", "whitespace", "max_whitespace", "indent", "remotes", "unknown_formats", "unknown_keywords")
+)
 # Matching work (Earley items added plus origin-set items scanned by completions) for one
 # accepted byte, and for all the Earley steps of one mask fill (or one shortest completion).
 DEFAULT_MAX_WORK_PER_BYTE = 1_000_000

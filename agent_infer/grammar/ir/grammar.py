@@ -167,6 +167,8 @@ class Grammar:
         max_whitespace: int = 2,
         indent: int | None = None,
         remotes: Mapping[str, Any] | None = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
     ) -> Grammar:
         """JSON Schema (dict, JSON text, or a Pydantic model class) to a grammar of conforming JSON.
 
@@ -174,6 +176,8 @@ class Grammar:
         ``max_whitespace`` whitespace characters at each optional spot). ``indent`` pins a layout.
         In strict mode an unenforceable keyword raises UnsupportedSchemaError. ``remotes`` maps
         absolute URIs to documents that ``$ref`` may point into (nothing is fetched).
+        An unknown ``format`` value or keyword is an annotation (a ``warnings`` entry with its
+        pointer) unless ``unknown_formats`` / ``unknown_keywords`` is ``"error"``.
         """
         return _frontend("json_schema")(
             schema,
@@ -182,6 +186,8 @@ class Grammar:
             max_whitespace=max_whitespace,
             indent=indent,
             remotes=remotes,
+            unknown_formats=unknown_formats,
+            unknown_keywords=unknown_keywords,
         )
 
     @classmethod

@@ -1,7 +1,8 @@
 """The JSON Schema lowering's :class:`Compiler`: memoized lowering of (sub)schemas to rules,
 ``$ref``/``allOf`` flattening, the per-type dispatch to the object, array, string and number
 lowerings, and the value matchers that decide ``enum``/``const`` values by a schema's own grammar.
-Rule naming (:mod:`.rule_writer`) and layout (:mod:`.layout`) are its two mixins."""
+Rule naming (:mod:`.rule_writer`), layout (:mod:`.layout`) and the reporting of what it cannot
+enforce or ignores (:mod:`.reporting`) are its mixins."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ from agent_infer.grammar.frontends.json_schema.keywords import (
     KNOWN,
     TYPES,
     _lift_conditionals,
-    _near_keyword,
     any_unevaluated,
     is_annotation,
     type_set,
     values,
 )
 from agent_infer.grammar.frontends.json_schema.layout import Layout
+from agent_infer.grammar.frontends.json_schema.reporting import Reporter
 from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import schema_text
 from agent_infer.grammar.frontends.json_schema.resolve.registry import Registry
 from agent_infer.grammar.frontends.json_schema.resolve.schema_keys import SchemaKeys
@@ -65,14 +66,24 @@ def _any_value(v: Any) -> bool:
     return True
 
 
-class Compiler(RuleWriter, Layout):
+class Compiler(RuleWriter, Layout, Reporter):
     """Lowers normalized schemas to IR rules; identical subschemas share one rule."""
 
     def __init__(
-        self, registry: Registry, *, strict: bool, whitespace: str, max_whitespace: int, indent: int | None
+        self,
+        registry: Registry,
+        *,
+        strict: bool,
+        whitespace: str,
+        max_whitespace: int,
+        indent: int | None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
     ) -> None:
         self.registry = registry
         self.strict = strict
+        self.unknown_formats = unknown_formats
+        self.unknown_keywords = unknown_keywords
         self.indent = indent
         self.max_seconds = envs.json_schema_max_seconds()
         self.deadline = time.perf_counter() + self.max_seconds
@@ -105,7 +116,7 @@ class Compiler(RuleWriter, Layout):
         # property name -> its quoted key and colon (keys.property_names.quoted_key)
         self.quoted_keys: dict[str, Expr] = {}
 
-    # -- reporting -----------------------------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------------------------
 
     def release(self) -> None:
         """Drop everything this (single-use) compiler holds, once its grammar is built or its build
@@ -119,21 +130,6 @@ class Compiler(RuleWriter, Layout):
         if matchers is not None:
             matchers.clear()
         vars(self).clear()
-
-    def unsupported(self, keyword: str, pointer: str, why: str) -> None:
-        """Strict: raise; non-strict: record a warning and let the caller skip the keyword."""
-        if self.strict:
-            raise UnsupportedSchemaError(why, keyword=keyword, pointer=pointer)
-        self.warnings.append(f"ignored keyword {keyword} at {pointer or '/'}: {why}")
-
-    def unknown_keyword(self, keyword: str, pointer: str) -> None:
-        """A keyword from no JSON Schema vocabulary: a likely typo of a real keyword fails closed
-        (strict), anything else is an annotation, as validators treat it, noted in the warnings."""
-        near = _near_keyword(keyword)
-        if near:
-            self.unsupported(keyword, pointer, f"unknown keyword {keyword!r} (did you mean {near[0]!r}?)")
-        else:
-            self.warnings.append(f"ignored unknown keyword {keyword} at {pointer}: treated as an annotation")
 
     def lower(self, schema: Any, pointer: str, depth: int) -> Expr:
         """The expression of JSON texts valid under ``schema`` (usually a Ref to a shared rule)."""
@@ -317,7 +313,7 @@ class Compiler(RuleWriter, Layout):
     def merge(self, a: Any, b: Any, pointer: str) -> Any:
         """``allOf: [a, b]`` merged; non-strict mode keeps ``a`` (a superset) when no exact merge exists."""
         try:
-            return Merger(self.matches, pointer).merge(a, b)
+            return Merger(self.matches, pointer, self.unknown_format).merge(a, b)
         except UnsupportedSchemaError as exc:
             if self.strict:
                 raise
@@ -387,7 +383,15 @@ class Compiler(RuleWriter, Layout):
         self, schema: Any, pointer: str, *, strict: bool, record: bool
     ) -> Callable[[Any], bool]:
         """The recognizer behind :meth:`value_matcher` (not memoized)."""
-        sub = Compiler(self.registry, strict=strict, whitespace="compact", max_whitespace=0, indent=None)
+        sub = Compiler(
+            self.registry,
+            strict=strict,
+            whitespace="compact",
+            max_whitespace=0,
+            indent=None,
+            unknown_formats=self.unknown_formats,
+            unknown_keywords=self.unknown_keywords,
+        )
         sub._dfa_cache = self._dfa_cache
         sub._matchers = self._matchers
         sub._building = self._building

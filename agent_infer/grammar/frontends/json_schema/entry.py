@@ -38,8 +38,20 @@ from agent_infer.grammar.ir import (
 # least MAX_LINE_INDENT): 64 is far above any real formatter's run of blanks.
 MAX_INDENT = 16
 MAX_WHITESPACE = 64
+# What an unknown ``format`` value and an unknown keyword become: annotations by default (as the
+# specification says), or errors for users who want such schemas refused.
+UNKNOWN_FORMATS = ("ignore", "error")
+UNKNOWN_KEYWORDS = ("ignore", "error")
 
-__all__ = ["MAX_INDENT", "MAX_WHITESPACE", "check_options", "json_schema_to_grammar", "load_schema"]
+__all__ = [
+    "MAX_INDENT",
+    "MAX_WHITESPACE",
+    "UNKNOWN_FORMATS",
+    "UNKNOWN_KEYWORDS",
+    "check_options",
+    "json_schema_to_grammar",
+    "load_schema",
+]
 
 
 def load_schema(schema: Any) -> Any:
@@ -90,11 +102,27 @@ def _check_int(name: str, value: Any, hi: int) -> None:
         raise ConfigError(f"{name} must be an integer from 0 to {hi}, got {value!r}")
 
 
-def check_options(*, strict: Any, whitespace: Any, max_whitespace: Any, indent: Any, remotes: Any) -> None:
+def check_options(
+    *,
+    strict: Any,
+    whitespace: Any,
+    max_whitespace: Any,
+    indent: Any,
+    remotes: Any,
+    unknown_formats: Any = "ignore",
+    unknown_keywords: Any = "ignore",
+) -> None:
     """Raise ConfigError, naming the argument and what it allows, for an option of
     :func:`json_schema_to_grammar` out of range: ``whitespace`` is ``"flexible"`` or ``"compact"``,
     ``max_whitespace`` an integer in [0, MAX_WHITESPACE], ``indent`` None or an integer in
-    [0, MAX_INDENT], ``strict`` a bool, ``remotes`` None or a mapping from URI strings."""
+    [0, MAX_INDENT], ``strict`` a bool, ``remotes`` None or a mapping from URI strings,
+    ``unknown_formats`` and ``unknown_keywords`` ``"ignore"`` or ``"error"``."""
+    for name, value, allowed in (
+        ("unknown_formats", unknown_formats, UNKNOWN_FORMATS),
+        ("unknown_keywords", unknown_keywords, UNKNOWN_KEYWORDS),
+    ):
+        if type(value) is not str or value not in allowed:
+            raise ConfigError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
     if whitespace not in ("flexible", "compact") or type(whitespace) is not str:
         raise ConfigError(f"whitespace must be 'flexible' or 'compact', got {whitespace!r}")
     _check_int("max_whitespace", max_whitespace, MAX_WHITESPACE)
@@ -116,6 +144,8 @@ def json_schema_to_grammar(
     max_whitespace: int = 2,
     indent: int | None = None,
     remotes: Mapping[str, Any] | None = None,
+    unknown_formats: str = "ignore",
+    unknown_keywords: str = "ignore",
 ) -> Grammar:
     """Compile a JSON Schema (dict, JSON text, bool, or Pydantic model class) to a Grammar.
 
@@ -124,22 +154,39 @@ def json_schema_to_grammar(
     json.dumps(indent=...) writes. Options out of range raise ConfigError.
     Strict mode raises UnsupportedSchemaError for a keyword that cannot be enforced exactly;
     non-strict mode ignores it and records ``"ignored keyword K at /ptr"`` in ``Grammar.warnings``.
+    An unknown ``format`` value or keyword is an annotation in either mode (recorded in
+    ``Grammar.warnings`` with its pointer) unless ``unknown_formats`` / ``unknown_keywords`` is
+    ``"error"``, which makes it an UnsupportedSchemaError.
     ``remotes`` maps absolute URIs to schema documents that ``$ref`` may point into.
     """
     check_options(
-        strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent, remotes=remotes
+        strict=strict,
+        whitespace=whitespace,
+        max_whitespace=max_whitespace,
+        indent=indent,
+        remotes=remotes,
+        unknown_formats=unknown_formats,
+        unknown_keywords=unknown_keywords,
     )
     comp: Compiler | None = None
     over_limit = False
     try:
         registry, root = build_registry(load_schema(schema), remotes)
         comp = Compiler(
-            registry, strict=strict, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent
+            registry,
+            strict=strict,
+            whitespace=whitespace,
+            max_whitespace=max_whitespace,
+            indent=indent,
+            unknown_formats=unknown_formats,
+            unknown_keywords=unknown_keywords,
         )
         body = comp.lower(root, "", 0)
         # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule
         # added with it, so the per-node validation walk is skipped (see Grammar.unchecked).
-        grammar = Grammar.unchecked((("root", body), *comp.rules.items()), "root", tuple(comp.warnings))
+        grammar = Grammar.unchecked(
+            (("root", body), *comp.rules.items()), "root", tuple(dict.fromkeys(comp.warnings))
+        )
     except RecursionError:
         # The front end recurses once per nesting level; a schema nested deeper than Python's
         # stack allows is a size limit, not a crash.

@@ -263,6 +263,9 @@ BAD_OPTIONS = [
     ("whitespace", "tabs", "'flexible' or 'compact'"),
     ("strict", "no", "True or False"),
     ("remotes", [1], "mapping"),
+    ("unknown_formats", "warn", "'ignore' or 'error'"),
+    ("unknown_formats", None, "'ignore' or 'error'"),
+    ("unknown_keywords", True, "'ignore' or 'error'"),
 ]
 
 

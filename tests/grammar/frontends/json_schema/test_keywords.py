@@ -335,7 +335,8 @@ def test_long_enum_next_to_an_unknown_keyword() -> None:
 
 def test_enum_next_to_unknown_keywords_without_a_type() -> None:
     """A tool's own keyword and no ``type``: every enum value is kept (the keyword is an
-    annotation), the warning is recorded once, and a typo of a real keyword still fails closed."""
+    annotation), the warning is recorded once, and a typo of a real keyword fails only where
+    unknown keywords are asked to."""
     from agent_infer.errors import UnsupportedSchemaError
     from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 
@@ -344,7 +345,7 @@ def test_enum_next_to_unknown_keywords_without_a_type() -> None:
     warnings = json_schema_to_grammar(schema).warnings
     assert sum("options" in w for w in warnings) == 1, warnings
     with pytest.raises(UnsupportedSchemaError, match="maxLenght"):
-        json_schema_to_grammar({"enum": ["a"], "maxLenght": 3})
+        json_schema_to_grammar({"enum": ["a"], "maxLenght": 3}, unknown_keywords="error")
 
 
 def test_number_enum_listed_in_one_pass_keeps_every_numeral() -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from agent_infer.errors import UnsupportedSchemaError
 from agent_infer.grammar.common.memo import register_cache
-from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, type_set, values
+from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation, type_set, values
+from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
 from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
 
 _MIN = {"minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains"}
@@ -57,9 +58,13 @@ def _lcm(a: Fraction, b: Fraction) -> Fraction:
 class Merger:
     """Merges flattened schemas; ``matches(pattern, name)`` tells if a key matches a pattern."""
 
-    def __init__(self, matches: Callable[[str, str], bool], pointer: str) -> None:
+    def __init__(
+        self, matches: Callable[[str, str], bool], pointer: str, unknown_format: Callable[[str, str], None]
+    ) -> None:
         self.matches = matches
         self.pointer = pointer
+        # Reports a format the merge drops as an annotation (the Compiler's warning or error).
+        self.unknown_format = unknown_format
 
     def fail(self, keyword: str, why: str) -> UnsupportedSchemaError:
         return UnsupportedSchemaError(
@@ -206,6 +211,15 @@ class Merger:
             return {k: list(dict.fromkeys([*va.get(k, []), *vb.get(k, [])])) for k in {**va, **vb}}
         if key == "dependentSchemas":
             return {k: _both(va.get(k, True), vb.get(k, True)) for k in {**va, **vb}}
+        if key == "format" and (is_unknown_format(va) or is_unknown_format(vb)):
+            # An unknown format constrains nothing: the other one is the merge.
+            dropped, kept = (vb, va) if is_unknown_format(vb) else (va, vb)
+            self.unknown_format(dropped, f"{self.pointer}/format")
+            return kept
+        if key not in KNOWN and not key.startswith("__"):
+            # Two values of an unknown keyword: an annotation either way, reported where the merged
+            # schema is lowered.
+            return va
         raise self.fail(key, f"two different {key!r} values")
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.grammar.frontends.json_schema.keywords import is_annotation
+from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation
+from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
@@ -56,6 +57,13 @@ def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None
         if key.startswith("__"):
             return None  # other internal forms (conditionals, exclusions) are not negated
         if is_annotation(key):
+            continue
+        if key not in KNOWN:
+            # An annotation: it rejects nothing, so its complement adds no instance.
+            c.unknown_keyword(key, f"{pointer}/{key}")
+            continue
+        if key == "format" and is_unknown_format(v):
+            c.unknown_format(v, f"{pointer}/format")
             continue
         part = _negate_keyword(c, key, v, flat, pointer, depth)
         if part is None:

@@ -11,6 +11,7 @@ once per process (:func:`format_expr`, :func:`encoded_format`, :func:`format_dfa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from agent_infer.grammar.automata import DFA, expr_to_dfa
 from agent_infer.grammar.frontends.json_schema.types import numerals as num
@@ -205,6 +206,34 @@ EXTRA_FORMATS = {
 }
 
 
+# The formats draft 2020-12 defines (validation, section 7.3; draft-07 defines the same names).
+# One of these without an expression here is a constraint the front end cannot enforce (refused
+# in strict mode); any other name is an unknown format, an annotation (section 7.2).
+SPEC_FORMATS = frozenset(
+    (
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "idn-email",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "iri",
+        "iri-reference",
+        "uuid",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    )
+)
+
+
 # Format expressions, their JSON encodings and automata depend on the format's name alone, from a
 # fixed table (a date-time expression is ~2 000 IR nodes, its encoding more): library constants,
 # built at first use and kept for the process like the JSON character rules, not memos of earlier
@@ -244,3 +273,9 @@ def format_dfa(name: str) -> DFA:
         assert expr is not None
         found = _FORMAT_DFAS.setdefault(name, expr_to_dfa(expr))
     return found
+
+
+def is_unknown_format(name: Any) -> bool:
+    """Whether ``name`` is a format the specification does not define and the front end does not
+    implement: an annotation, which constrains nothing."""
+    return isinstance(name, str) and name not in SPEC_FORMATS and format_expr(name) is None

@@ -23,7 +23,12 @@ from agent_infer.grammar.automata import (
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.bounds import count
 from agent_infer.grammar.frontends.json_schema.types.format_prefixes import literal_prefixes, prefixed_format
-from agent_infer.grammar.frontends.json_schema.types.formats import encoded_format, format_dfa, format_expr
+from agent_infer.grammar.frontends.json_schema.types.formats import (
+    SPEC_FORMATS,
+    encoded_format,
+    format_dfa,
+    format_expr,
+)
 from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_pattern, bounded_rules
 from agent_infer.grammar.frontends.json_schema.types.patterns import pattern_search, string_patterns
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
@@ -67,8 +72,10 @@ def string_body(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
             raise InvalidSchemaError("format must be a string", pointer=f"{pointer}/format")
         fmt_name = fmt
         fmt_expr = format_expr(fmt)
-        if fmt_expr is None:
-            c.unsupported("format", f"{pointer}/format", f"unknown format {fmt!r}")
+        if fmt_expr is None and fmt in SPEC_FORMATS:
+            c.unsupported("format", f"{pointer}/format", f"format {fmt!r} is not supported")
+        elif fmt_expr is None:
+            c.unknown_format(fmt, f"{pointer}/format")
     # Complements from `not` (see applicators/negate.py): excluded values and patterns.
     excluded = [x for x in flat.get("__not_values", []) if isinstance(x, str)]
     not_pats = list(flat.get("__not_patterns", []))
