@@ -8,17 +8,29 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from agent_infer.errors import ModelLoadError
+from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
-from agent_infer.model.layers.kernels import Kernels
+from agent_infer.model.layers.kernels import Kernels, torch_kernels
 
 #: HF name -> (destination tensor, first row inside it, expected shape of the checkpoint tensor).
 Targets = dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]
 
 # HF buffers that some checkpoints carry but which the families recompute.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def model_kernels(kernels: Kernels | None, device: torch.device | None, dtype: torch.dtype) -> Kernels:
+    """The kernels a family builds its layers with: the torch path on ``device``/``dtype`` unless the
+    loader chose others; the packed native path needs a float32 model on the CPU."""
+    if kernels is None:
+        return torch_kernels(device, dtype)
+    if kernels.name == "native" and (
+        dtype != torch.float32 or (device is not None and torch.device(device).type != "cpu")
+    ):
+        raise EngineError("the native kernels need a float32 model on the CPU")
+    return kernels
 
 
 class CausalLM(nn.Module, ABC):

@@ -23,10 +23,10 @@ from torch import nn
 
 from agent_infer.errors import EngineError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families.base import CausalLM, Targets
+from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
-from agent_infer.model.layers.kernels import Kernels, torch_kernels
+from agent_infer.model.layers.kernels import Kernels
 from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
 from agent_infer.model.layers.mlp import FeedForward, GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
@@ -149,12 +149,7 @@ class LlamaForCausalLM(CausalLM):
     ) -> None:
         """``kernels`` defaults to the torch path on ``device``/``dtype``; the native path needs float32 on the CPU."""
         super().__init__()
-        if kernels is None:
-            kernels = torch_kernels(device, dtype)
-        if kernels.name == "native" and (
-            dtype != torch.float32 or (device is not None and torch.device(device).type != "cpu")
-        ):
-            raise EngineError("the native kernels need a float32 model on the CPU")
+        kernels = model_kernels(kernels, device, dtype)
         c = config
         self.config = c
         self.dtype = dtype
