@@ -54,8 +54,9 @@ MIN_STOP_SHARE = 0.76
 Case = tuple[str, Any, str, int]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _maskbench_data() -> None:
+    # module scope: it must run before the module-scoped sample below, which reads the data
     require_shared_data("maskbench-dev")
 
 
