@@ -25,8 +25,12 @@ class ModelRunner:
         self.block_size = config.block_size
         # Only a head that skips masked-out tokens gains from waiting for the mask before the projection.
         self.masked_head = config.masked_head and self.model.masked_head
-        #: KV cache bytes one token takes across all layers (the latent layout's size for MLA models).
-        self.kv_bytes_per_token = KVCache.bytes_per_block(self.model_config, 1, config.torch_dtype)
+        #: KV cache bytes one token takes across all layers (the latent layout's size for MLA models;
+        #: a fraction for the compressed layout, whose entries are shared by several tokens).
+        per_block = KVCache.bytes_per_block(self.model_config, config.block_size, config.torch_dtype)
+        self.kv_bytes_per_token: int | float = (
+            per_block // config.block_size if per_block % config.block_size == 0 else per_block / config.block_size
+        )
         self.num_blocks = self._num_blocks(config)
         self.kv_cache = KVCache.allocate(
             self.model_config, self.num_blocks, self.block_size, self.device, config.torch_dtype

@@ -78,6 +78,41 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class DeepseekV4Spec:
+    """DeepSeek V4's attention, hyper-connections and routing (see model/families/deepseek_v4.py).
+
+    Per layer, ``compress_rates[i]`` is 0 for a sliding-window-only layer, else the tokens per
+    compressed entry; ``sparse[i]`` marks compressed sparse attention (overlapping windows plus the
+    lightning indexer's top-k) as opposed to heavily compressed attention. ``hash_layers[i]`` marks
+    MoE layers that route by a fixed token-id table.
+    """
+
+    q_lora_rank: int
+    qk_rope_head_dim: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    compress_rates: tuple[int, ...]
+    sparse: tuple[bool, ...]
+    hash_layers: tuple[bool, ...]
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    #: RoPE of the compressed layers and their compressors (the sliding-only layers use ``rope_theta``).
+    compress_rope_theta: float
+    compress_rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    swiglu_limit: float | None = None
+
+    def entry_stride(self, layer: int, block_size: int) -> int:
+        """Token slots per compressed-entry slot of ``layer``: ``min(rate, block_size)`` (0: no entries)."""
+        rate = self.compress_rates[layer]
+        return min(rate, block_size) if rate else 0
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Everything the forward pass needs to know about a decoder; ``architecture`` is a name of the
     registry (:mod:`agent_infer.model.registry`), which picks the family."""
@@ -118,6 +153,8 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     #: The gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
     hidden_activation: str = "silu"
+    #: Set for DeepSeek V4 (compressed attention, hyper-connections); the KV cache then stores its layout.
+    deepseek_v4: DeepseekV4Spec | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

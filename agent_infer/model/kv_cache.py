@@ -5,6 +5,16 @@ Two layouts share the block addressing (a token's slot is ``block_id * block_siz
 ``"latent"`` (latent-attention models, :class:`~agent_infer.model.config.MLASpec`) holds one pool
 ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]`` per layer: each token's normalized kv
 latent and its rotated shared RoPE key, from which the attention layer expands or absorbs K and V.
+``"compressed"`` (DeepSeek V4, :class:`~agent_infer.model.config.DeepseekV4Spec`) holds per layer
+a window pool ``[num_blocks, block_size, head_dim]`` (each token's rotated shared K=V entry) and, on
+compressed layers, a state pool ``[num_blocks, block_size, state]`` (each token's compressor
+projections: ``2 * head_dim`` for heavily compressed attention, ``4 * (head_dim + index_head_dim)``
+for compressed sparse attention, both series and the indexer's) plus an entry pool
+``[num_blocks, block_size / s, entry]`` with ``s = min(rate, block_size)`` (``head_dim``, plus
+``index_head_dim`` of indexer key on sparse layers). The entry of the window of tokens
+``[w * rate, (w + 1) * rate)`` sits at the slot of its last token divided by ``s``: inside the block
+that completes it, so a block's entries depend only on the tokens of its prefix chain and prefix
+caching shares them with the block. Block sizes must divide or be divided by every rate.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from typing import Literal
 import torch
 
 from agent_infer.errors import ConfigError
-from agent_infer.model.config import ModelConfig
+from agent_infer.model.config import DeepseekV4Spec, ModelConfig
 
 
 @dataclass
@@ -30,9 +40,13 @@ class KVCache:
     v: list[torch.Tensor]
     num_blocks: int
     block_size: int
-    layout: Literal["kv", "latent"] = "kv"
+    layout: Literal["kv", "latent", "compressed"] = "kv"
     #: The ``"latent"`` layout's pools ``[num_blocks, block_size, latent_dim]``, one per layer.
     latents: list[torch.Tensor] = field(default_factory=list)
+    #: The ``"compressed"`` layout's pools per layer (module docstring); None where a layer has none.
+    windows: list[torch.Tensor] = field(default_factory=list)
+    states: list[torch.Tensor | None] = field(default_factory=list)
+    entries: list[torch.Tensor | None] = field(default_factory=list)
 
     @classmethod
     def allocate(
@@ -48,6 +62,8 @@ class KVCache:
             raise ConfigError(
                 f"KV cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
+        if config.deepseek_v4 is not None:
+            return cls._allocate_compressed(config, config.deepseek_v4, num_blocks, block_size, device, dtype)
         if config.mla is not None:
             latent_shape = (num_blocks, block_size, config.mla.latent_dim)
             latents = [
@@ -61,10 +77,48 @@ class KVCache:
         v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
         return cls(k=k, v=v, num_blocks=num_blocks, block_size=block_size)
 
+    @classmethod
+    def _allocate_compressed(
+        cls,
+        config: ModelConfig,
+        spec: DeepseekV4Spec,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> KVCache:
+        check_compressed_block_size(spec, block_size)
+        windows: list[torch.Tensor] = []
+        states: list[torch.Tensor | None] = []
+        entries: list[torch.Tensor | None] = []
+        for layer in range(config.num_layers):
+            window, state, entry = compressed_widths(config, spec, layer)
+            windows.append(torch.zeros(num_blocks, block_size, window, device=device, dtype=dtype))
+            stride = spec.entry_stride(layer, block_size)
+            if not stride:
+                states.append(None)
+                entries.append(None)
+                continue
+            states.append(torch.zeros(num_blocks, block_size, state, device=device, dtype=dtype))
+            entries.append(torch.zeros(num_blocks, block_size // stride, entry, device=device, dtype=dtype))
+        return cls(
+            k=[],
+            v=[],
+            num_blocks=num_blocks,
+            block_size=block_size,
+            layout="compressed",
+            windows=windows,
+            states=states,
+            entries=entries,
+        )
+
     @staticmethod
     def values_per_token(config: ModelConfig) -> int:
         """Values one token occupies across all layers: ``(kv_lora_rank + qk_rope_head_dim) * layers``
-        for the latent layout, ``2 * num_kv_heads * head_dim * layers`` for K/V."""
+        for the latent layout, ``2 * num_kv_heads * head_dim * layers`` for K/V (the compressed
+        layout depends on the block size: :meth:`bytes_per_block`)."""
+        if config.deepseek_v4 is not None:
+            raise ConfigError("the compressed layout's size depends on the block size; use bytes_per_block")
         if config.mla is not None:
             return config.num_layers * config.mla.latent_dim
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim
@@ -73,7 +127,24 @@ class KVCache:
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         """Bytes one block takes across all layers (to size the pool)."""
         elem = torch.empty((), dtype=dtype).element_size()
+        spec = config.deepseek_v4
+        if spec is not None:
+            check_compressed_block_size(spec, block_size)
+            values = 0
+            for layer in range(config.num_layers):
+                window, state, entry = compressed_widths(config, spec, layer)
+                stride = spec.entry_stride(layer, block_size)
+                values += window * block_size
+                if stride:
+                    values += state * block_size + entry * (block_size // stride)
+            return values * elem
         return KVCache.values_per_token(config) * block_size * elem
+
+    @staticmethod
+    def bytes_per_token(config: ModelConfig, block_size: int, dtype: torch.dtype) -> float:
+        """Bytes per token of a pool of ``block_size``-token blocks (a fraction where compressed
+        entries are shared by several tokens)."""
+        return KVCache.bytes_per_block(config, block_size, dtype) / block_size
 
     @property
     def num_slots(self) -> int:
@@ -89,3 +160,37 @@ class KVCache:
         """Layer ``layer``'s latent pool viewed as ``[num_slots, latent_dim]`` (``"latent"`` layout)."""
         pool = self.latents[layer]
         return pool.view(-1, pool.shape[-1])
+
+    def window(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s window pool as ``[num_slots, head_dim]`` (``"compressed"`` layout)."""
+        pool = self.windows[layer]
+        return pool.view(-1, pool.shape[-1])
+
+    def compressor(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer ``layer``'s state pool ``[num_slots, state]`` and entry pool ``[num_entry_slots, entry]``
+        (``"compressed"`` layout), or None for a sliding-window-only layer."""
+        state, entry = self.states[layer], self.entries[layer]
+        if state is None or entry is None:
+            return None
+        return state.view(-1, state.shape[-1]), entry.view(-1, entry.shape[-1])
+
+
+def compressed_widths(config: ModelConfig, spec: DeepseekV4Spec, layer: int) -> tuple[int, int, int]:
+    """Values per token of ``layer``'s window and state pools and per entry of its entry pool
+    (state and entry are 0 on sliding-window-only layers)."""
+    d, di = config.head_dim, spec.index_head_dim
+    if not spec.compress_rates[layer]:
+        return d, 0, 0
+    if spec.sparse[layer]:
+        return d, 4 * (d + di), d + di
+    return d, 2 * d, d
+
+
+def check_compressed_block_size(spec: DeepseekV4Spec, block_size: int) -> None:
+    """Raise :class:`ConfigError` unless ``block_size`` divides, or is divided by, every compression rate."""
+    for layer, rate in enumerate(spec.compress_rates):
+        if rate and block_size % rate and rate % block_size:
+            raise ConfigError(
+                f"block_size={block_size} does not align with layer {layer}'s compression rate {rate}: "
+                "one must divide the other"
+            )

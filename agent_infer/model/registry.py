@@ -17,7 +17,16 @@ import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import deepseek_v3, gemma3, gemma3_checkpoint, llama, qwen3, qwen3_moe
+from agent_infer.model.families import (
+    deepseek_v3,
+    deepseek_v4,
+    deepseek_v4_checkpoint,
+    gemma3,
+    gemma3_checkpoint,
+    llama,
+    qwen3,
+    qwen3_moe,
+)
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -113,6 +122,17 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         hf_fields=deepseek_v3.hf_config_fields,
+    ),
+    Architecture(
+        name="deepseek_v4",
+        hf_names=("DeepseekV4ForCausalLM", "deepseek_v4"),
+        family=deepseek_v4.DeepseekV4ForCausalLM,
+        gguf_global_names={},
+        gguf_layer_names={},
+        gguf_permutes_qk=False,
+        qkv_bias=False,
+        hf_fields=deepseek_v4_checkpoint.hf_config_fields,
+        hf_text_config=deepseek_v4_checkpoint.hf_text_config,
     ),
 )
 

@@ -6,7 +6,10 @@ chosen weights are optionally renormalized to sum to one and scaled by ``routed_
 and shared experts (one fused SwiGLU of ``num_shared * I_shared`` width) add to every token.
 With ``num_groups > 1`` the choice is group-limited as in DeepSeek V3: experts form equal groups,
 each group is scored by the sum of its two best (biased) scores, and a token picks its ``top_k``
-experts inside its ``topk_groups`` best groups only.
+experts inside its ``topk_groups`` best groups only. DeepSeek V4 adds ``sqrtsoftplus`` scores
+(``sqrt(softplus(logit))``), a ``swiglu_limit`` clamping every expert's gate (above) and up
+projection (both sides) before the SwiGLU, and hash-routed layers whose experts come from a fixed
+``tid2eid[token_id]`` table (:meth:`MoE.forward`'s ``hash_experts``) while the scores still weight them.
 
 Tokens are grouped per expert (a stable sort of the token/expert pairs), so each expert runs one
 matmul over exactly the tokens that chose it; no expert runs for a token that did not choose it.
@@ -25,16 +28,20 @@ from torch import nn
 
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
-Scoring = Literal["softmax", "sigmoid"]
+Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
 
 def _param(*shape: int, device: torch.device | None, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
 
 
-def _swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def _swiglu(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, limit: float | None = None
+) -> torch.Tensor:
     def mlp(h: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        if limit is not None:
+            gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
         return F.linear(F.silu(gate) * up, down)
 
     return row_invariant(mlp, x)
@@ -61,14 +68,15 @@ class MoE(nn.Module):
         shared_intermediate_size: int = 0,
         num_groups: int = 1,
         topk_groups: int = 1,
+        swiglu_limit: float | None = None,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
-        if scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"unknown MoE scoring {scoring!r}; expected 'softmax' or 'sigmoid'")
+        if scoring not in ("softmax", "sigmoid", "sqrtsoftplus"):
+            raise ValueError(f"unknown MoE scoring {scoring!r}; expected 'softmax', 'sigmoid' or 'sqrtsoftplus'")
         if num_groups > 1 and (
             num_experts % num_groups or not 1 <= topk_groups <= num_groups or num_experts // num_groups < 2
         ):
@@ -85,6 +93,7 @@ class MoE(nn.Module):
         self.scoring: Scoring = scoring
         self.renormalize = renormalize
         self.routed_scaling_factor = routed_scaling_factor
+        self.swiglu_limit = swiglu_limit
         self.router = _param(num_experts, hidden_size, device=device, dtype=dtype)
         self.score_bias = _param(num_experts, device=device, dtype=torch.float32) if score_bias else None
         self.gate_up = _param(num_experts, 2 * intermediate_size, hidden_size, device=device, dtype=dtype)
@@ -100,33 +109,53 @@ class MoE(nn.Module):
             else None
         )
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per token, the chosen experts ``[T, top_k]`` (int64) and their float32 weights ``[T, top_k]``.
 
         On the CPU every routing op runs on chunks of exactly ROW_MULTIPLE rows (zero-padded), like
         the matmuls: vectorized sigmoid/softmax and the weight sums then see one shape whatever the
         batch, so a token's weights do not depend on it (with 1 row, 8 experts fall in the scalar tail
         of a 16-wide vector loop and round differently). That holds when ``4 * num_experts`` is a
-        multiple of the vector width (any expert count divisible by 4).
+        multiple of the vector width (any expert count divisible by 4). ``hash_experts`` ``[T, top_k]``
+        fixes the experts (hash routing); the scores still weight them.
         """
         m = int(x.shape[0])
         if x.device.type != "cpu":
-            return self._route_rows(x)
+            return self._route_rows(x, hash_experts)
         rows = pad_rows(m)
         if rows > m:
             x = torch.cat((x, x.new_zeros(rows - m, *x.shape[1:])))
-        parts = [self._route_rows(x[i : i + ROW_MULTIPLE]) for i in range(0, rows, ROW_MULTIPLE)]
+            if hash_experts is not None:
+                hash_experts = torch.cat((hash_experts, hash_experts.new_zeros(rows - m, self.top_k)))
+        parts = [
+            self._route_rows(
+                x[i : i + ROW_MULTIPLE], None if hash_experts is None else hash_experts[i : i + ROW_MULTIPLE]
+            )
+            for i in range(0, rows, ROW_MULTIPLE)
+        ]
         if len(parts) == 1:
             return parts[0][0][:m], parts[0][1][:m]
         return torch.cat([p[0] for p in parts])[:m], torch.cat([p[1] for p in parts])[:m]
 
-    def _route_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _route_rows(
+        self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x, self.router).float()
-        scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
-        choice = scores if self.score_bias is None else scores + self.score_bias
-        if self.num_groups > 1:
-            choice = self._limit_to_groups(choice)
-        experts = choice.topk(self.top_k, dim=-1).indices
+        if self.scoring == "softmax":
+            scores = logits.softmax(dim=-1)
+        elif self.scoring == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            scores = F.softplus(logits).sqrt()
+        if hash_experts is not None:
+            experts = hash_experts
+        else:
+            choice = scores if self.score_bias is None else scores + self.score_bias
+            if self.num_groups > 1:
+                choice = self._limit_to_groups(choice)
+            experts = choice.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, experts)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -141,9 +170,10 @@ class MoE(nn.Module):
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(tokens, -1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer's output for ``x`` ``[T, H]`` (already normalized)."""
-        experts, weights = self.route(x)
+    def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``
+        (int64) fixes each token's experts instead of the scores' top-k."""
+        experts, weights = self.route(x, hash_experts)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
@@ -154,9 +184,11 @@ class MoE(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 rows = tokens[start : start + count]
-                y = _swiglu(x.index_select(0, rows), self.gate_up[expert], self.down[expert])
+                y = _swiglu(
+                    x.index_select(0, rows), self.gate_up[expert], self.down[expert], self.swiglu_limit
+                )
                 out.index_add_(0, rows, y.float() * pair_weights[start : start + count, None])
             start += count
         if self.shared_gate_up is not None and self.shared_down is not None:
-            out += _swiglu(x, self.shared_gate_up, self.shared_down).float()
+            out += _swiglu(x, self.shared_gate_up, self.shared_down, self.swiglu_limit).float()
         return out.to(x.dtype)

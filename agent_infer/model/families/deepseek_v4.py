@@ -1,0 +1,277 @@
+"""The DeepSeek V4 family: compressed attention, hyper-connections and hash-routed MoE, on shared layers.
+
+The residual is ``hc_mult`` streams per token (layers/hyper_connections.py). A block collapses them
+for RMSNorm -> attention (layers/compressed_attention.py: a sliding window plus, per layer,
+compressed sparse or heavily compressed entries) and writes the output back into the streams, then
+does the same around the MoE (layers/moe.py: ``sqrtsoftplus`` scores, the correction bias picking
+experts, renormalized weights times ``routed_scaling_factor``, one shared expert, ``swiglu_limit``;
+the first layers route by the fixed ``tid2eid`` table). Every layer has routed experts (V4 has no
+dense layers). The streams are collapsed once more (the hyper head) before the final norm.
+
+Sliding-only layers rotate with ``rope_theta``; compressed layers and their compressors with
+``compress_rope_theta`` (YaRN when configured, without YaRN's cos/sin factor, as transformers does).
+
+Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's own:
+``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``, ``head.weight``).
+The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
+read past: the MTP module loads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.errors import EngineError, ModelLoadError
+from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
+from agent_infer.model.families.base import CausalLM, Targets, model_kernels
+from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.compressed_attention import CompressedAttention
+from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
+from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
+from agent_infer.model.layers.kernels import Kernels
+from agent_infer.model.layers.linear import Linear, pad_rows
+from agent_infer.model.layers.moe import MoE, Scoring
+from agent_infer.model.layers.norm import RMSNorm
+
+
+def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedRotary, InterleavedRotary]:
+    """The rotations of the sliding-only layers and of the compressed ones."""
+    base = dataclasses.replace(config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None)
+    main = rope_inv_freq(dataclasses.replace(base, rope_scaling=None))
+    compress = rope_inv_freq(
+        dataclasses.replace(base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling)
+    )
+    return InterleavedRotary(main), InterleavedRotary(compress)
+
+
+class DeepseekV4DecoderLayer(nn.Module):
+    """One block (HF names under ``model.layers.{index}.``): hyper-connected attention, then MoE."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        rotary: InterleavedRotary,
+        kernels: Kernels,
+        device: torch.device | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        spec, moe = config.deepseek_v4, config.moe
+        assert spec is not None and moe is not None
+        self.index = index
+        self.prefix = p = f"model.layers.{index}."
+        h = config.hidden_size
+        self.attn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
+        self.ffn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
+        hc = (h, spec.hc_mult, spec.hc_sinkhorn_iters, spec.hc_eps, config.rms_norm_eps, device)
+        self.hc_attn = HyperConnection(*hc)
+        self.hc_ffn = HyperConnection(*hc)
+        self.attn = CompressedAttention(config, index, rotary, kernels.linears, device, dtype)
+        self.hashed = spec.hash_layers[index]
+        self.moe = MoE(
+            h,
+            moe.intermediate_size,
+            moe.num_experts,
+            moe.top_k,
+            scoring=cast(Scoring, moe.scoring),
+            renormalize=True,
+            routed_scaling_factor=moe.routed_scaling_factor,
+            score_bias=not self.hashed,
+            shared_intermediate_size=moe.intermediate_size,
+            swiglu_limit=spec.swiglu_limit,
+            device=device,
+            dtype=dtype,
+        )
+        self.tid2eid: torch.Tensor | None
+        self.register_buffer(
+            "tid2eid",
+            torch.zeros(config.vocab_size, moe.top_k, dtype=torch.int64, device=device) if self.hashed else None,
+        )
+        self.p = p
+
+    def forward(
+        self, streams: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, plan: AttentionPlan
+    ) -> torch.Tensor:
+        """The block applied to ``streams`` ``[R, hc_mult, hidden]`` (rows past ``plan.num_tokens`` are padding)."""
+        post, comb, collapsed = self.hc_attn.collapse(streams)
+        window, comp = cache.window(self.index), cache.compressor(self.index)
+        out = self.attn.forward(self.attn_norm.forward(collapsed), positions, window, comp, plan, cache.block_size)
+        streams = expand(post, comb, out, streams)
+        post, comb, collapsed = self.hc_ffn.collapse(streams)
+        n = plan.num_tokens
+        chosen = None if self.tid2eid is None else self.tid2eid.index_select(0, ids[:n])
+        y = self.moe.forward(self.ffn_norm.forward(collapsed[:n]), chosen)
+        if int(streams.shape[0]) > n:
+            y = torch.cat((y, y.new_zeros(int(streams.shape[0]) - n, int(y.shape[1]))))
+        return expand(post, comb, y, streams)
+
+    def load_targets(self) -> Targets:
+        """HF names of the block's tensors."""
+        p = self.p
+        t: Targets = {}
+        for name, tensor in (
+            ("attn_norm.weight", self.attn_norm.weight),
+            ("ffn_norm.weight", self.ffn_norm.weight),
+            ("hc_attn_fn", self.hc_attn.fn),
+            ("hc_attn_base", self.hc_attn.base),
+            ("hc_attn_scale", self.hc_attn.scale),
+            ("hc_ffn_fn", self.hc_ffn.fn),
+            ("hc_ffn_base", self.hc_ffn.base),
+            ("hc_ffn_scale", self.hc_ffn.scale),
+        ):
+            t[p + name] = (tensor, 0, tuple(tensor.shape))
+        t.update(self.attn.load_targets())
+        moe, q = self.moe, p + "ffn."
+        hidden, inter = int(moe.router.shape[1]), int(moe.down.shape[2])
+        t[q + "gate.weight"] = (moe.router, 0, tuple(moe.router.shape))
+        if moe.score_bias is not None:
+            t[q + "gate.bias"] = (moe.score_bias, 0, tuple(moe.score_bias.shape))
+        if self.tid2eid is not None:
+            t[q + "gate.tid2eid"] = (self.tid2eid, 0, tuple(self.tid2eid.shape))
+        for e in range(moe.num_experts):
+            x = f"{q}experts.{e}."
+            t[x + "w1.weight"] = (moe.gate_up[e], 0, (inter, hidden))
+            t[x + "w3.weight"] = (moe.gate_up[e], inter, (inter, hidden))
+            t[x + "w2.weight"] = (moe.down[e], 0, (hidden, inter))
+        assert moe.shared_gate_up is not None and moe.shared_down is not None
+        x = q + "shared_experts."
+        t[x + "w1.weight"] = (moe.shared_gate_up, 0, (inter, hidden))
+        t[x + "w3.weight"] = (moe.shared_gate_up, inter, (inter, hidden))
+        t[x + "w2.weight"] = (moe.shared_down, 0, (hidden, inter))
+        return t
+
+
+class DeepseekV4ForCausalLM(CausalLM):
+    """DeepSeek V4 causal LM over the compressed layout of a paged :class:`KVCache` (torch kernels)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        kernels: Kernels | None = None,
+    ) -> None:
+        """``kernels`` defaults to the torch path (the only one this family runs)."""
+        super().__init__()
+        kernels = model_kernels(kernels, device, dtype)
+        if kernels.name != "torch":
+            raise EngineError("DeepSeek V4 runs on the torch kernels only")
+        spec = config.deepseek_v4
+        if spec is None or config.moe is None:
+            raise EngineError("a DeepSeek V4 config needs its DeepseekV4Spec and MoE spec")
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.kernels = kernels
+        self.embed = nn.Parameter(
+            torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+        main, compress = v4_rotaries(c, spec)
+        self.layers = nn.ModuleList(
+            DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)
+            for i in range(c.num_layers)
+        )
+        self.hc_head = HyperHead(c.hidden_size, spec.hc_mult, spec.hc_eps, c.rms_norm_eps, device)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
+        self.lm_head: Linear = kernels.linears.head(
+            "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
+        )
+        self.planner = PagedAttention()
+
+    def blocks(self) -> list[DeepseekV4DecoderLayer]:
+        """The decoder layers, typed."""
+        return cast(list[DeepseekV4DecoderLayer], list(self.layers))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed.device
+
+    @property
+    def masked_head(self) -> bool:
+        """The torch head computes every column."""
+        return False
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Run the new tokens through the decoder, caching their window entries, compressor states and
+        completed windows; final-norm hidden states of every row, or of ``keep_rows`` in that order."""
+        c = self.config
+        if kv_cache.layout != "compressed":
+            raise EngineError("DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)")
+        n = int(input_ids.shape[0])
+        plan = self.planner.plan(meta, n, kv_cache.num_slots, self.device)
+        if n and int(positions.max()) >= c.max_position_embeddings:
+            raise EngineError(
+                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
+            )
+        rows = pad_rows(n, self.kernels.row_multiple)
+        ids = input_ids.to(self.device)
+        pos = positions.to(self.device)
+        if rows > n:
+            ids = torch.cat((ids, ids.new_zeros(rows - n)))
+            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        x = F.embedding(ids, self.embed)
+        assert c.deepseek_v4 is not None
+        streams = x[:, None, :].expand(rows, c.deepseek_v4.hc_mult, c.hidden_size).contiguous()
+        for layer in self.blocks():
+            streams = layer.forward(streams, ids, pos, kv_cache, plan)
+        x = self.norm.forward(self.hc_head.forward(streams))
+        if keep_rows is not None:
+            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
+        return x[:n]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
+        return self.lm_head.logits(hidden, allowed)
+
+    def weight_targets(self) -> Targets:
+        """HF names of every tensor of the decoder (the MTP layers are not targets)."""
+        h = self.hc_head
+        t: Targets = {
+            "model.embed_tokens.weight": (self.embed, 0, tuple(self.embed.shape)),
+            "model.norm.weight": (self.norm.weight, 0, tuple(self.norm.weight.shape)),
+            "model.hc_head.hc_fn": (h.fn, 0, tuple(h.fn.shape)),
+            "model.hc_head.hc_base": (h.base, 0, tuple(h.base.shape)),
+            "model.hc_head.hc_scale": (h.scale, 0, tuple(h.scale.shape)),
+        }
+        t.update(self.lm_head.load_targets())
+        for layer in self.blocks():
+            t.update(layer.load_targets())
+        return t
+
+    def ignored_weight_names(self) -> frozenset[str]:
+        """A head tied to the embedding may still be stored."""
+        return frozenset({"head.weight"}) if self.config.tie_word_embeddings else frozenset()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """:meth:`CausalLM.load_weights` past the MTP layers; a ``tid2eid`` entry outside the experts
+        raises :class:`ModelLoadError` naming the tensor."""
+        first = self.config.num_layers
+        mtp = ("mtp.", *(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers)))
+        super().load_weights((name, t) for name, t in named_tensors if not name.startswith(mtp))
+        assert self.config.moe is not None
+        experts = self.config.moe.num_experts
+        for layer in self.blocks():
+            table = layer.tid2eid
+            if table is not None and (int(table.min()) < 0 or int(table.max()) >= experts):
+                raise ModelLoadError(
+                    f"tensor '{layer.p}ffn.gate.tid2eid' routes to expert {int(table.max())} "
+                    f"(or {int(table.min())}); the model has {experts}"
+                )

@@ -1,0 +1,227 @@
+"""DeepSeek V4 attention over the compressed paged layout: a sliding window plus compressed entries.
+
+Every layer is multi-query attention with one shared head that is both key and value: a token's
+entry is ``rope(norm(wkv x))`` (only its trailing ``qk_rope_head_dim`` dims rotate). A query at
+position ``t`` sees the raw entries of positions ``(t - sliding_window, t]`` and, on compressed
+layers, the compressed entries whose window is complete by ``t`` (:mod:`.compressor`); on sparse
+layers only the ``index_topk`` of those the lightning indexer (:mod:`.indexer`) picks. Each head
+has a learned sink logit that joins the softmax's denominator and attends to nothing. The output's
+trailing dims are rotated back by the query's angle (values carry their keys' rotation), then a
+grouped projection (``wo_a``: each of ``o_groups`` head groups to ``o_lora_rank``) and ``wo_b``.
+
+Queries are ``rms(wq_b(q_norm(wq_a x)))`` per head (an unweighted RMS norm). All projections of
+the layer's input (``wq_a``, ``wkv``, the compressors' value/gate projections, the indexer's head
+weights) run as one fused matmul; the compressors' per-token projections go to the state pool,
+so a window closed in a later step (or by another sequence sharing the prefix) finds them there.
+
+Each sequence attends on its own with the same shapes alone or in a batch (batch invariance, as in
+layers/attention.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.model.config import ModelConfig
+from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
+from agent_infer.model.layers.compressor import WindowCompressor
+from agent_infer.model.layers.indexer import LightningIndexer
+from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
+from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
+from agent_infer.model.layers.norm import RMSNorm
+
+
+def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class CompressedAttention(nn.Module):
+    """Layer ``index``'s attention (HF names under ``model.layers.{index}.attn.``)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        rotary: InterleavedRotary,
+        linears: LinearBuilder,
+        device: torch.device | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        spec = config.deepseek_v4
+        if spec is None:
+            raise ValueError("CompressedAttention needs a DeepSeek V4 config")
+        p = f"model.layers.{index}.attn."
+        self.heads, self.dim = config.num_heads, config.head_dim
+        self.q_lora = spec.q_lora_rank
+        self.window = spec.sliding_window
+        self.eps = config.rms_norm_eps
+        self.rotary = rotary
+        self.rate = spec.compress_rates[index]
+        self.groups, self.o_lora = spec.o_groups, spec.o_lora_rank
+        self.compressor: WindowCompressor | None = None
+        self.indexer: LightningIndexer | None = None
+        parts = [WeightPart(p + "wq_a.weight", self.q_lora), WeightPart(p + "wkv.weight", self.dim)]
+        if self.rate:
+            sparse = spec.sparse[index]
+            self.compressor = WindowCompressor(self.rate, self.dim, sparse, self.eps, device, dtype)
+            width = self.compressor.series * self.dim
+            parts += [WeightPart(p + "compressor.wkv.weight", width), WeightPart(p + "compressor.wgate.weight", width)]
+            if sparse:
+                self.indexer = LightningIndexer(
+                    p + "indexer.", linears, self.rate, spec.index_n_heads, spec.index_head_dim,
+                    spec.index_topk, self.q_lora, self.eps, device, dtype,
+                )  # fmt: skip
+                iw = 2 * spec.index_head_dim
+                parts += [
+                    WeightPart(p + "indexer.compressor.wkv.weight", iw),
+                    WeightPart(p + "indexer.compressor.wgate.weight", iw),
+                    WeightPart(p + "indexer.weights_proj.weight", spec.index_n_heads),
+                ]
+        self.prefix = p
+        self.down: Linear = linears.linear(parts, config.hidden_size)
+        self.q_norm = RMSNorm(self.q_lora, self.eps, device, dtype)
+        self.q_up: Linear = linears.linear([WeightPart(p + "wq_b.weight", self.heads * self.dim)], self.q_lora)
+        self.kv_norm = RMSNorm(self.dim, self.eps, device, dtype)
+        group_in = self.heads * self.dim // self.groups
+        self.wo_a = nn.Parameter(
+            torch.empty(self.groups * self.o_lora, group_in, device=device, dtype=dtype), requires_grad=False
+        )
+        self.wo_b: Linear = linears.linear([WeightPart(p + "wo_b.weight", config.hidden_size)], self.groups * self.o_lora)
+        self.sinks = nn.Parameter(torch.empty(self.heads, device=device, dtype=torch.float32), requires_grad=False)
+        self.scale = self.dim**-0.5
+
+    def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """HF names of every tensor of the layer."""
+        p = self.prefix
+        t = self.down.load_targets()
+        t.update(self.q_up.load_targets())
+        t.update(self.wo_b.load_targets())
+        for name, tensor in (
+            ("q_norm.weight", self.q_norm.weight),
+            ("norm.weight", self.kv_norm.weight),
+            ("wo_a.weight", self.wo_a),
+            ("attn_sink", self.sinks),
+        ):
+            t[p + name] = (tensor, 0, tuple(tensor.shape))
+        comps: list[tuple[str, WindowCompressor]] = []
+        if self.compressor is not None:
+            comps.append(("compressor.", self.compressor))
+        if self.indexer is not None:
+            t.update(self.indexer.q_up.load_targets())
+            comps.append(("indexer.compressor.", self.indexer.compressor))
+        for q, c in comps:
+            t[p + q + "ape"] = (c.ape, 0, tuple(c.ape.shape))
+            t[p + q + "norm.weight"] = (c.norm, 0, tuple(c.norm.shape))
+        return t
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        window: torch.Tensor,
+        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        plan: AttentionPlan,
+        block_size: int,
+    ) -> torch.Tensor:
+        """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` at ``positions``; writes the
+        new tokens' window entries, compressor states and completed windows' entries into the pools
+        (``window`` ``[num_slots, head_dim]``, ``compressed`` the state and entry pools)."""
+        rows, n = int(x.shape[0]), plan.num_tokens
+        ql, d = self.q_lora, self.dim
+        h = self.down.project(x)
+        q_res = self.q_norm.forward(h[:, :ql])
+        tables = self.rotary.tables(positions)
+        q = _unit_rms(self.q_up.project(q_res).view(rows, self.heads, d), self.eps)
+        q = self.rotary.apply(q, tables)
+        kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
+        window.index_copy_(0, plan.slot_mapping, kv[:n])
+        iq = iw = None
+        if compressed is not None and self.compressor is not None:
+            width = self.compressor.state_width
+            if self.indexer is not None:
+                width += self.indexer.compressor.state_width
+                ix = self.indexer
+                iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
+                iw = h[:, ql + d + width : ql + d + width + ix.heads]
+            compressed[0].index_copy_(0, plan.slot_mapping, h[:n, ql + d : ql + d + width])
+        outs = []
+        for s in plan.seqs:
+            idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
+            outs.append(self._attend(q[s.start : s.end], window, compressed, idx, s, block_size))
+        if rows > n:
+            outs.append(q.new_zeros(rows - n, self.heads, d))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
+        w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
+        grouped = in_row_chunks(
+            lambda o: torch.bmm(o.transpose(0, 1), w).transpose(0, 1).reshape(int(o.shape[0]), -1), out
+        )
+        return self.wo_b.project(grouped)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        window: torch.Tensor,
+        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        index: tuple[torch.Tensor, torch.Tensor] | None,
+        s: _SeqPlan,
+        block_size: int,
+    ) -> torch.Tensor:
+        length = s.end - s.start
+        ctx = int(s.gather.shape[0])
+        first = ctx - length
+        device = q.device
+        qpos = torch.arange(first, ctx, device=device)
+        lo = max(0, first - self.window + 1)
+        keys = window.index_select(0, s.gather[lo:ctx])
+        kpos = torch.arange(lo, ctx, device=device)
+        allowed = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - self.window)
+        if compressed is not None and self.compressor is not None:
+            entries, visible = self._entries(compressed, index, s, qpos, block_size)
+            if entries is not None and visible is not None:
+                keys = torch.cat((keys, entries[:, : self.dim]))
+                allowed = torch.cat((allowed, visible), dim=1)
+        logits = torch.matmul(q.transpose(0, 1), keys.t()) * self.scale  # [heads, L, K]
+        logits = logits.masked_fill(~allowed[None], float("-inf"))
+        sinks = self.sinks.to(logits.dtype)[:, None, None].expand(-1, length, 1)
+        combined = torch.cat((logits, sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
+        return torch.matmul(probs, keys).transpose(0, 1)
+
+    def _entries(
+        self,
+        compressed: tuple[torch.Tensor, torch.Tensor],
+        index: tuple[torch.Tensor, torch.Tensor] | None,
+        s: _SeqPlan,
+        qpos: torch.Tensor,
+        block_size: int,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Close the windows this chunk completes, then every entry so far and what each query sees."""
+        assert self.compressor is not None
+        states, pool = compressed
+        rate, ctx = self.rate, int(s.gather.shape[0])
+        first, count = int(qpos[0]) // rate, ctx // rate
+        stride = min(rate, block_size)
+        entry_slots = s.gather[rate - 1 : count * rate : rate] // stride
+        if count > first:
+            lead = 1 if self.compressor.overlap and first > 0 else 0
+            token_slots = s.gather[(first - lead) * rate : count * rate]
+            st = states.index_select(0, token_slots)
+            cw = self.compressor.state_width
+            new = self.compressor.pool(st[:, :cw], first, count - first, self.rotary)
+            if self.indexer is not None:
+                ic = self.indexer.compressor
+                new = torch.cat((new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1)
+            pool.index_copy_(0, entry_slots[first:], new.to(pool.dtype))
+        if not count:
+            return None, None
+        entries = pool.index_select(0, entry_slots)
+        ready = torch.arange(count, device=qpos.device)[None, :] < ((qpos + 1) // rate)[:, None]
+        if self.indexer is None or index is None:
+            return entries, ready
+        iq, iw = index
+        return entries, self.indexer.select(iq, iw, entries[:, self.dim :], qpos)

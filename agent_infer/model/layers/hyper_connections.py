@@ -1,0 +1,109 @@
+"""Manifold-constrained hyper-connections (DeepSeek V4): ``hc_mult`` residual streams per token.
+
+A block reads one input collapsed from the streams (weights ``pre``), and writes back
+``post * output + comb^T @ streams``, where ``comb`` (``hc_mult x hc_mult``) is pushed towards a
+doubly-stochastic matrix by Sinkhorn-Knopp iterations so that mixing streams cannot blow up their
+norm. ``pre``, ``post`` and ``comb`` come from one projection of the RMS-normed, flattened streams.
+The model's end collapses the streams once more (:class:`HyperHead`) before the final norm.
+
+Every function here works row by row in chunks of exactly ROW_MULTIPLE rows (see layers/linear.py),
+so a token's mixing weights are the same bits whatever its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent_infer.model.layers.linear import ROW_MULTIPLE, in_row_chunks
+
+
+def _param(*shape: int, device: torch.device | None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device=device, dtype=torch.float32), requires_grad=False)
+
+
+def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+class HyperConnection(nn.Module):
+    """The mixing weights of one block site (HF names ``hc_{attn,ffn}_{fn,base,scale}``), float32."""
+
+    def __init__(
+        self, hidden_size: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
+        device: torch.device | None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.hc = hc_mult
+        self.iters = sinkhorn_iters
+        self.hc_eps = hc_eps
+        self.norm_eps = norm_eps
+        width = (2 + hc_mult) * hc_mult
+        self.fn = _param(width, hc_mult * hidden_size, device=device)
+        self.base = _param(width, device=device)
+        self.scale = _param(3, device=device)
+
+    def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of ``streams`` ``[R, hc, H]``."""
+        hc = self.hc
+
+        def weights(s: torch.Tensor) -> torch.Tensor:
+            rows = int(s.shape[0])
+            mixes = F.linear(_unit_rms(s.reshape(rows, -1).float(), self.norm_eps), self.fn)
+            pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
+            pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
+            pre = torch.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
+            post = 2 * torch.sigmoid(post_w * self.scale[1] + post_b)
+            comb = torch.softmax(comb_w.view(rows, hc, hc) * self.scale[2] + comb_b.view(hc, hc), dim=-1)
+            comb = comb + self.hc_eps
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+            for _ in range(self.iters - 1):
+                comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
+                comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+            collapsed = (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype)
+            return torch.cat((post, comb.reshape(rows, hc * hc), collapsed), dim=-1)
+
+        out = in_row_chunks(weights, streams)
+        rows = int(streams.shape[0])
+        return out[:, :hc], out[:, hc : hc + hc * hc].view(rows, hc, hc), out[:, hc + hc * hc :]
+
+
+def _chunked(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    n = int(xs[0].shape[0])
+    if xs[0].device.type != "cpu" or n <= ROW_MULTIPLE:
+        return fn(*xs)
+    return torch.cat([fn(*(x[i : i + ROW_MULTIPLE] for x in xs)) for i in range(0, n, ROW_MULTIPLE)])
+
+
+def expand(post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """New streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), in fixed row chunks."""
+
+    def mix(p: torch.Tensor, c: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return p.unsqueeze(-1) * o.unsqueeze(-2) + torch.matmul(c.transpose(-1, -2), s)
+
+    return _chunked(mix, post.to(streams.dtype), comb.to(streams.dtype), output, streams)
+
+
+class HyperHead(nn.Module):
+    """The final collapse of the streams (HF names ``model.hc_head.hc_{fn,base,scale}``), float32."""
+
+    def __init__(self, hidden_size: int, hc_mult: int, hc_eps: float, norm_eps: float, device: torch.device | None):
+        super().__init__()
+        self.hc_eps = hc_eps
+        self.norm_eps = norm_eps
+        self.fn = _param(hc_mult, hc_mult * hidden_size, device=device)
+        self.base = _param(hc_mult, device=device)
+        self.scale = _param(1, device=device)
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        """``[R, H]`` from ``streams`` ``[R, hc, H]``."""
+
+        def head(s: torch.Tensor) -> torch.Tensor:
+            mixes = F.linear(_unit_rms(s.reshape(int(s.shape[0]), -1).float(), self.norm_eps), self.fn)
+            pre = torch.sigmoid(mixes * self.scale + self.base) + self.hc_eps
+            return (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype)
+
+        return in_row_chunks(head, streams)
