@@ -18,7 +18,7 @@ LAYER_TYPES = [
 ]
 MLP_TYPES = ["hash_moe", "hash_moe", "moe", "moe", "moe"]
 COMPRESS_YARN = {
-    "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+    "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
 }  # fmt: skip
 
 

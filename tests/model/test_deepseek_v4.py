@@ -1,0 +1,153 @@
+"""DeepSeek V4 against transformers on tiny random checkpoints: logits through the compressed paged
+cache (prefill, decode, chunks), batch invariance, prefix-cache hits, and a run through the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from deepseek_support import load_ours, write_tokenizer
+from deepseek_v4_support import save_tiny
+
+from agent_infer.model.families.base import CausalLM
+from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers.attention import AttentionMetadata
+from agent_infer.model.runner import SequenceRunner
+
+transformers = pytest.importorskip("transformers")
+jsonschema = pytest.importorskip("jsonschema")
+
+#: Max abs logit difference allowed against transformers (float32; about 5e-6 is reached).
+TOL = 1e-4
+PROMPT_LEN, DECODE_STEPS = 40, 16
+
+
+def _prompt(seed: int = 0, length: int = PROMPT_LEN) -> list[int]:
+    return torch.randint(2, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _run(model: CausalLM, prompt: list[int], block_size: int) -> tuple[list[int], torch.Tensor]:
+    """Prefill then greedy decode through the paged cache: the tokens and every step's logits."""
+    runner = SequenceRunner(model, num_blocks=64 // block_size * 4, block_size=block_size)
+    logits = [runner.step([(0, prompt)])[0]]
+    tokens = list(prompt)
+    for _ in range(DECODE_STEPS):
+        tokens.append(int(logits[-1].argmax()))
+        logits.append(runner.step([(0, [tokens[-1]])])[0])
+    return tokens, torch.stack(logits)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, CausalLM]:
+    d = tmp_path_factory.mktemp("v4")
+    return save_tiny(d), load_ours(d)
+
+
+@pytest.mark.parametrize(("block_size", "yarn"), [(16, False), (4, True)], ids=["bs16-plain", "bs4-yarn"])
+def test_logits_match_transformers_prefill_and_decode(block_size: int, yarn: bool, tmp_path: Path) -> None:
+    """Block 16 holds several entries per block; block 4 is smaller than the heavy layers' rate 8."""
+    hf = save_tiny(tmp_path, yarn=yarn)
+    ours = load_ours(tmp_path)
+    tokens, got = _run(ours, _prompt(), block_size)
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0, PROMPT_LEN - 1 :]
+    assert want.abs().max().item() > 1.0  # unit-scale random weights: the comparison is not vacuous
+    assert (got - want).abs().max().item() <= TOL
+    assert want[:-1].argmax(-1).tolist() == tokens[PROMPT_LEN:]
+
+
+def test_chunked_prefill_matches_transformers(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Chunks ending inside windows: later chunks close windows whose first tokens an earlier one cached."""
+    hf, model = tiny
+    prompt = _prompt(4)
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0]
+    runner = SequenceRunner(model, num_blocks=16, block_size=8)
+    start = 0
+    for end in (5, 13, 14, 22, 31, 40):
+        got = runner.step([(0, prompt[start:end])])[0]
+        assert (got - want[end - 1]).abs().max().item() <= TOL
+        start = end
+
+
+def test_batch_invariance_with_mixed_requests(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """A request's logits are bit-identical alone and in a batch of 8 (prefills, chunks and decodes)."""
+    _, model = tiny
+    prompt = _prompt(7, 21)
+    alone = SequenceRunner(model, num_blocks=64, block_size=8)
+    want = [alone.step([(0, prompt)])[0]]
+    tokens = list(prompt)
+    for _ in range(6):
+        tokens.append(int(want[-1].argmax()))
+        want.append(alone.step([(0, [tokens[-1]])])[0])
+    batch = SequenceRunner(model, num_blocks=64, block_size=8)
+    others = {i: _prompt(100 + i, 9 + 5 * i) for i in range(1, 8)}
+    for i in range(1, 8, 2):  # half the others are already decoding when ours arrives
+        batch.step([(i, others[i])])
+    for step in range(7):
+        items = [(0, prompt if step == 0 else [tokens[len(prompt) + step - 1]])]
+        for i in range(1, 8):
+            if i % 2 or step:
+                items.append((i, [int(t) % 200 + 2 for t in others[i][step : step + 1 + (i % 3)]]))
+            else:
+                items.append((i, others[i]))
+        got = batch.step(items)[0]
+        assert torch.equal(got, want[step]), f"step {step}"
+
+
+def _step(model: CausalLM, cache: KVCache, table: list[int], start: int, tokens: list[int]) -> torch.Tensor:
+    bs = cache.block_size
+    end = start + len(tokens)
+    slots = [table[p // bs] * bs + p % bs for p in range(start, end)]
+    meta = AttentionMetadata([0, len(tokens)], [end], [table], torch.tensor(slots), bs)
+    hidden = model(torch.tensor(tokens), torch.arange(start, end), meta, cache, keep_rows=[len(tokens) - 1])
+    return model.compute_logits(hidden)[0]
+
+
+def test_prefix_cache_hit_gives_the_cold_logits(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """A second prompt reusing the first one's full blocks (window entries, compressor states and the
+    compressed entries they complete) gives the logits of a cold run of it."""
+    _, model = tiny
+    shared = _prompt(11, 32)
+    first, second = shared + _prompt(12, 9), shared + _prompt(13, 13)
+    cache = KVCache.allocate(model.config, 12, 16, model.device, model.dtype)
+    _step(model, cache, [7, 2, 9], 0, first)
+    hit = _step(model, cache, [7, 2, 4], 32, second[32:])  # blocks 7 and 2 hold the shared 32 tokens
+    cold_cache = KVCache.allocate(model.config, 12, 16, model.device, model.dtype)
+    cold = _step(model, cold_cache, [0, 1, 3], 0, second)
+    assert (hit - cold).abs().max().item() <= 1e-5
+    assert int(hit.argmax()) == int(cold.argmax())
+
+
+def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path) -> None:
+    from agent_infer import LLM, SamplingParams
+
+    save_tiny(tmp_path, vocab_size=49152)  # covers the SmolLM2 tokenizer's ids
+    assert write_tokenizer(tmp_path) <= 49152
+    d, di = 32, 16
+    # per token: every layer's window entry; heavy layers (rate 8) 2*d of state plus d per 8 tokens;
+    # sparse layers (rate 4) 4*(d+di) of state plus (d+di) per 4 tokens; float32
+    per_token = (5 * d + 2 * (2 * d + d // 8) + 2 * (4 * (d + di) + (d + di) // 4)) * 4
+    llm = LLM(model=str(tmp_path), kv_cache_memory_bytes=per_token * 16 * 40 + 100, block_size=16)
+    runner = llm.engine.runner
+    assert runner.kv_cache.layout == "compressed" and runner.kv_bytes_per_token == per_token
+    assert runner.num_blocks == 40
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured=schema, close_on_length=True)
+    prompts = [
+        "Read the following sentence carefully and give me a record of the person it names, with their "
+        "name and the number of books they wrote: Ada wrote three books about engines and one about tea.",
+        "Another one, please",
+    ]
+    outs = llm.generate(prompts, params)
+    for out in outs:
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
+    again = llm.generate(prompts[:1], params)[0]  # the prompt's full blocks now come from the prefix cache
+    assert again.num_cached_tokens >= 16 and again.outputs[0].text == outs[0].outputs[0].text
