@@ -29,7 +29,9 @@ class ModelRunner:
         #: a fraction for the compressed layout, whose entries are shared by several tokens).
         per_block = KVCache.bytes_per_block(self.model_config, config.block_size, config.torch_dtype)
         self.kv_bytes_per_token: int | float = (
-            per_block // config.block_size if per_block % config.block_size == 0 else per_block / config.block_size
+            per_block // config.block_size
+            if per_block % config.block_size == 0
+            else per_block / config.block_size
         )
         self.num_blocks = self._num_blocks(config)
         self.kv_cache = KVCache.allocate(

@@ -61,7 +61,9 @@ def _write_fp8(src: Path, dst: Path) -> tuple[int, Path]:
         if _is_quantized(name):
             q, s = _quantize(w)
             weights[name], scales[name + "_scale_inv"] = q, s
-            spread = s.repeat_interleave(BLOCK[0], 0)[: w.shape[0]].repeat_interleave(BLOCK[1], 1)[:, : w.shape[1]]
+            spread = s.repeat_interleave(BLOCK[0], 0)[: w.shape[0]].repeat_interleave(BLOCK[1], 1)[
+                :, : w.shape[1]
+            ]
             dequantized[name] = q.float() * spread
         else:
             weights[name] = dequantized[name] = w
@@ -81,7 +83,9 @@ def test_fp8_checkpoint_loads_to_the_logits_of_its_dequantized_twin(tmp_path: Pa
     fp8, ref = load_ours(tmp_path / "fp8"), load_ours(twin)
     original = load_ours(tmp_path / "f32")
     prompt = torch.randint(2, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    logits = [SequenceRunner(m, num_blocks=8, block_size=8).step([(0, prompt)])[0] for m in (fp8, ref, original)]
+    logits = [
+        SequenceRunner(m, num_blocks=8, block_size=8).step([(0, prompt)])[0] for m in (fp8, ref, original)
+    ]
     assert torch.equal(logits[0], logits[1])
     assert not torch.equal(logits[0], logits[2])  # quantization did change the weights
 
@@ -151,7 +155,9 @@ def test_tensor_errors_name_the_tensor(saved: tuple[str, dict[str, torch.Tensor]
     d = _copy(saved, tmp_path)
     original = saved[1]
     _edit_tensors(d, lambda t: t.pop("model.layers.1.attn.indexer.compressor.ape"))
-    with pytest.raises(ModelLoadError, match=r"missing tensors: model\.layers\.1\.attn\.indexer\.compressor\.ape"):
+    with pytest.raises(
+        ModelLoadError, match=r"missing tensors: model\.layers\.1\.attn\.indexer\.compressor\.ape"
+    ):
         load_ours(d)
     save_file({**original, "model.layers.2.attn.compressor.ape": torch.zeros(4, 64)}, d / "model.safetensors")
     with pytest.raises(ModelLoadError, match=r"unexpected tensor 'model\.layers\.2\.attn\.compressor\.ape'"):
@@ -166,7 +172,9 @@ def test_tensor_errors_name_the_tensor(saved: tuple[str, dict[str, torch.Tensor]
         load_ours(d)
 
 
-def test_mtp_layers_are_skipped_only_when_declared(saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+def test_mtp_layers_are_skipped_only_when_declared(
+    saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
     d = _copy(saved, tmp_path)
     mtp = "model.layers.5."  # num_hidden_layers = 5: the first NextN layer
     extra = {
@@ -182,19 +190,27 @@ def test_mtp_layers_are_skipped_only_when_declared(saved: tuple[str, dict[str, t
     assert model.config.num_nextn_layers == 1 and len(model.layers) == 5
 
 
-def test_cache_geometry_and_block_alignment(saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+def test_cache_geometry_and_block_alignment(
+    saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
     config = hf_config(_copy(saved, tmp_path))
     d, di = 32, 16
     window = 5 * d
     states = 2 * (2 * d) + 2 * (4 * (d + di))
     # block 16: heavy layers (rate 8) keep 2 entries per block, sparse ones (rate 4) 4
-    assert KVCache.bytes_per_block(config, 16, torch.float32) == 4 * (16 * (window + states) + 2 * 2 * d + 2 * 4 * (d + di))
+    assert KVCache.bytes_per_block(config, 16, torch.float32) == 4 * (
+        16 * (window + states) + 2 * 2 * d + 2 * 4 * (d + di)
+    )
     # block 4: a heavy entry takes one slot per block (the block completing its window uses it)
-    assert KVCache.bytes_per_block(config, 4, torch.float32) == 4 * (4 * (window + states) + 2 * d + 2 * (d + di))
+    assert KVCache.bytes_per_block(config, 4, torch.float32) == 4 * (
+        4 * (window + states) + 2 * d + 2 * (d + di)
+    )
     cache = KVCache.allocate(config, 3, 16, torch.device("cpu"), torch.float32)
     assert cache.layout == "compressed" and cache.compressor(2) is None
     pools = cache.compressor(1)
     assert pools is not None and pools[0].shape == (48, 4 * (d + di)) and pools[1].shape == (12, d + di)
     for bad in (3, 6, 12):
-        with pytest.raises(ConfigError, match=f"block_size={bad} does not align with layer 0's compression rate 8"):
+        with pytest.raises(
+            ConfigError, match=f"block_size={bad} does not align with layer 0's compression rate 8"
+        ):
             KVCache.allocate(config, 3, bad, torch.device("cpu"), torch.float32)

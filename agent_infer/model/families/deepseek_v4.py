@@ -43,10 +43,14 @@ from agent_infer.model.layers.norm import RMSNorm
 
 def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedRotary, InterleavedRotary]:
     """The rotations of the sliding-only layers and of the compressed ones."""
-    base = dataclasses.replace(config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None)
+    base = dataclasses.replace(
+        config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None
+    )
     main = rope_inv_freq(dataclasses.replace(base, rope_scaling=None))
     compress = rope_inv_freq(
-        dataclasses.replace(base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling)
+        dataclasses.replace(
+            base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling
+        )
     )
     return InterleavedRotary(main), InterleavedRotary(compress)
 
@@ -93,17 +97,26 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.tid2eid: torch.Tensor | None
         self.register_buffer(
             "tid2eid",
-            torch.zeros(config.vocab_size, moe.top_k, dtype=torch.int64, device=device) if self.hashed else None,
+            torch.zeros(config.vocab_size, moe.top_k, dtype=torch.int64, device=device)
+            if self.hashed
+            else None,
         )
         self.p = p
 
     def forward(
-        self, streams: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, plan: AttentionPlan
+        self,
+        streams: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        plan: AttentionPlan,
     ) -> torch.Tensor:
         """The block applied to ``streams`` ``[R, hc_mult, hidden]`` (rows past ``plan.num_tokens`` are padding)."""
         post, comb, collapsed = self.hc_attn.collapse(streams)
         window, comp = cache.window(self.index), cache.compressor(self.index)
-        out = self.attn.forward(self.attn_norm.forward(collapsed), positions, window, comp, plan, cache.block_size)
+        out = self.attn.forward(
+            self.attn_norm.forward(collapsed), positions, window, comp, plan, cache.block_size
+        )
         streams = expand(post, comb, out, streams)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
@@ -213,7 +226,9 @@ class DeepseekV4ForCausalLM(CausalLM):
         completed windows; final-norm hidden states of every row, or of ``keep_rows`` in that order."""
         c = self.config
         if kv_cache.layout != "compressed":
-            raise EngineError("DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)")
+            raise EngineError(
+                "DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)"
+            )
         n = int(input_ids.shape[0])
         plan = self.planner.plan(meta, n, kv_cache.num_slots, self.device)
         if n and int(positions.max()) >= c.max_position_embeddings:

@@ -48,10 +48,15 @@ def _layer_types(cfg: Mapping[str, Any], n: int, where: str) -> list[str]:
     if types is None and cfg.get("compress_ratios") is not None:
         ratios = cfg["compress_ratios"]
         if not isinstance(ratios, list) or any(r not in _RATIO_TYPES for r in ratios):
-            raise ModelLoadError(f"{where}compress_ratios must list values in {sorted(_RATIO_TYPES)}, got {ratios!r}")
+            raise ModelLoadError(
+                f"{where}compress_ratios must list values in {sorted(_RATIO_TYPES)}, got {ratios!r}"
+            )
         types = [_RATIO_TYPES[r] for r in ratios]
     if types is None:
-        tail = ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+        tail = [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+            for i in range(max(n - 2, 0))
+        ]
         types = ["heavily_compressed_attention"] * min(n, 2) + tail
     if not isinstance(types, list) or len(types) < n:
         raise ModelLoadError(f"{where}layer_types must list {n} layer types, got {types!r}")
@@ -77,7 +82,10 @@ def _mlp_types(cfg: Mapping[str, Any], n: int, where: str) -> list[str]:
 def _rates(cfg: Mapping[str, Any], types: list[str], where: str) -> tuple[int, ...]:
     rates = dict(cfg.get("compress_rates") or {})
     defaults = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-    for legacy, kind in (("compress_rate_csa", "compressed_sparse_attention"), ("compress_rate_hca", "heavily_compressed_attention")):
+    for legacy, kind in (
+        ("compress_rate_csa", "compressed_sparse_attention"),
+        ("compress_rate_hca", "heavily_compressed_attention"),
+    ):
         if cfg.get(legacy) is not None:
             rates[kind] = cfg[legacy]
     out = []
@@ -92,12 +100,17 @@ def _rates(cfg: Mapping[str, Any], types: list[str], where: str) -> tuple[int, .
 def _compress_rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
     """The compressed layers' RoPE base and scaling (None: plain RoPE)."""
     rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    main = rp.get("main") if isinstance(rp.get("main"), dict) else None
-    if main is not None and rope_scaling_type(main) != "default":
-        raise ModelLoadError(f"{where}rope_parameters.main must be plain RoPE, got {rope_scaling_type(main)!r}")
-    compress = rp.get("compress") if isinstance(rp.get("compress"), dict) else {
-        k: v for k, v in rp.items() if k not in ("main", "compress")
-    }  # fmt: skip
+    if not isinstance(rp, dict):
+        raise ModelLoadError(f"{where}rope_parameters must be an object, got {rp!r}")
+    main = rp.get("main")
+    if isinstance(main, dict) and rope_scaling_type(main) != "default":
+        raise ModelLoadError(
+            f"{where}rope_parameters.main must be plain RoPE, got {rope_scaling_type(main)!r}"
+        )
+    nested = rp.get("compress")
+    compress: dict[str, Any] = (
+        nested if isinstance(nested, dict) else {k: v for k, v in rp.items() if k not in ("main", "compress")}
+    )
     theta = float(compress.get("rope_theta", _float(cfg, "compress_rope_theta", where, 160000.0)))
     kind = rope_scaling_type(compress)
     if kind == "default":
@@ -120,9 +133,14 @@ def _main_theta(cfg: Mapping[str, Any], where: str) -> float:
 
 def hf_config_fields(cfg: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     """The DeepSeek V4 fields of ``config.json`` as :class:`ModelConfig` keyword arguments."""
-    for key, allowed, default in (("scoring_func", _SCORING, "sqrtsoftplus"), ("hidden_act", ("silu",), "silu")):
+    for key, allowed, default in (
+        ("scoring_func", _SCORING, "sqrtsoftplus"),
+        ("hidden_act", ("silu",), "silu"),
+    ):
         if cfg.get(key, default) not in allowed:
-            raise ModelLoadError(f"{where}unsupported {key} {cfg.get(key)!r}; supported: {', '.join(allowed)}")
+            raise ModelLoadError(
+                f"{where}unsupported {key} {cfg.get(key)!r}; supported: {', '.join(allowed)}"
+            )
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict) and quant.get("expert_dtype") not in (None, "fp8", "bf16", "bfloat16"):
         raise ModelLoadError(
@@ -132,7 +150,9 @@ def hf_config_fields(cfg: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     heads = _int(cfg, "num_attention_heads", where)
     head_dim = _int(cfg, "head_dim", where, 512)
     if cfg.get("num_key_value_heads", 1) != 1:
-        raise ModelLoadError(f"{where}num_key_value_heads must be 1 (one shared K=V head), got {cfg.get('num_key_value_heads')!r}")
+        raise ModelLoadError(
+            f"{where}num_key_value_heads must be 1 (one shared K=V head), got {cfg.get('num_key_value_heads')!r}"
+        )
     if cfg.get("qk_rope_head_dim") is not None:
         rope_dim = _int(cfg, "qk_rope_head_dim", where)
     else:
@@ -150,7 +170,9 @@ def hf_config_fields(cfg: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     mlp_types = _mlp_types(cfg, n, where)
     theta, scaling = _compress_rope(cfg, where)
     if _int(cfg, "n_shared_experts", where, 1, low=0) != 1:
-        raise ModelLoadError(f"{where}n_shared_experts must be 1 (DeepSeek V4 has one shared expert), got {cfg.get('n_shared_experts')!r}")
+        raise ModelLoadError(
+            f"{where}n_shared_experts must be 1 (DeepSeek V4 has one shared expert), got {cfg.get('n_shared_experts')!r}"
+        )
     limit = cfg.get("swiglu_limit", 10.0)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
         raise ModelLoadError(f"{where}swiglu_limit must be a positive number or null, got {limit!r}")

@@ -21,7 +21,6 @@ layers/attention.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from agent_infer.model.config import ModelConfig
@@ -68,7 +67,10 @@ class CompressedAttention(nn.Module):
             sparse = spec.sparse[index]
             self.compressor = WindowCompressor(self.rate, self.dim, sparse, self.eps, device, dtype)
             width = self.compressor.series * self.dim
-            parts += [WeightPart(p + "compressor.wkv.weight", width), WeightPart(p + "compressor.wgate.weight", width)]
+            parts += [
+                WeightPart(p + "compressor.wkv.weight", width),
+                WeightPart(p + "compressor.wgate.weight", width),
+            ]
             if sparse:
                 self.indexer = LightningIndexer(
                     p + "indexer.", linears, self.rate, spec.index_n_heads, spec.index_head_dim,
@@ -83,14 +85,20 @@ class CompressedAttention(nn.Module):
         self.prefix = p
         self.down: Linear = linears.linear(parts, config.hidden_size)
         self.q_norm = RMSNorm(self.q_lora, self.eps, device, dtype)
-        self.q_up: Linear = linears.linear([WeightPart(p + "wq_b.weight", self.heads * self.dim)], self.q_lora)
+        self.q_up: Linear = linears.linear(
+            [WeightPart(p + "wq_b.weight", self.heads * self.dim)], self.q_lora
+        )
         self.kv_norm = RMSNorm(self.dim, self.eps, device, dtype)
         group_in = self.heads * self.dim // self.groups
         self.wo_a = nn.Parameter(
             torch.empty(self.groups * self.o_lora, group_in, device=device, dtype=dtype), requires_grad=False
         )
-        self.wo_b: Linear = linears.linear([WeightPart(p + "wo_b.weight", config.hidden_size)], self.groups * self.o_lora)
-        self.sinks = nn.Parameter(torch.empty(self.heads, device=device, dtype=torch.float32), requires_grad=False)
+        self.wo_b: Linear = linears.linear(
+            [WeightPart(p + "wo_b.weight", config.hidden_size)], self.groups * self.o_lora
+        )
+        self.sinks = nn.Parameter(
+            torch.empty(self.heads, device=device, dtype=torch.float32), requires_grad=False
+        )
         self.scale = self.dim**-0.5
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
@@ -215,7 +223,9 @@ class CompressedAttention(nn.Module):
             new = self.compressor.pool(st[:, :cw], first, count - first, self.rotary)
             if self.indexer is not None:
                 ic = self.indexer.compressor
-                new = torch.cat((new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1)
+                new = torch.cat(
+                    (new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1
+                )
             pool.index_copy_(0, entry_slots[first:], new.to(pool.dtype))
         if not count:
             return None, None

@@ -43,9 +43,7 @@ class WindowCompressor(nn.Module):
         """Values stored per token: the value and gate projections of every series."""
         return 2 * self.series * self.dim
 
-    def pool(
-        self, states: torch.Tensor, first: int, count: int, rotary: InterleavedRotary
-    ) -> torch.Tensor:
+    def pool(self, states: torch.Tensor, first: int, count: int, rotary: InterleavedRotary) -> torch.Tensor:
         """Entries of windows ``first .. first + count - 1`` (``[count, dim]``), rotated.
 
         ``states`` ``[tokens, state_width]`` holds the tokens of those windows in order, preceded by the

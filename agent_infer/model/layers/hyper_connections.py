@@ -78,7 +78,9 @@ def _chunked(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor
     return torch.cat([fn(*(x[i : i + ROW_MULTIPLE] for x in xs)) for i in range(0, n, ROW_MULTIPLE)])
 
 
-def expand(post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+def expand(
+    post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
     """New streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), in fixed row chunks."""
 
     def mix(p: torch.Tensor, c: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -90,7 +92,9 @@ def expand(post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams
 class HyperHead(nn.Module):
     """The final collapse of the streams (HF names ``model.hc_head.hc_{fn,base,scale}``), float32."""
 
-    def __init__(self, hidden_size: int, hc_mult: int, hc_eps: float, norm_eps: float, device: torch.device | None):
+    def __init__(
+        self, hidden_size: int, hc_mult: int, hc_eps: float, norm_eps: float, device: torch.device | None
+    ):
         super().__init__()
         self.hc_eps = hc_eps
         self.norm_eps = norm_eps

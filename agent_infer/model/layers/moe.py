@@ -76,7 +76,9 @@ class MoE(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         if scoring not in ("softmax", "sigmoid", "sqrtsoftplus"):
-            raise ValueError(f"unknown MoE scoring {scoring!r}; expected 'softmax', 'sigmoid' or 'sqrtsoftplus'")
+            raise ValueError(
+                f"unknown MoE scoring {scoring!r}; expected 'softmax', 'sigmoid' or 'sqrtsoftplus'"
+            )
         if num_groups > 1 and (
             num_experts % num_groups or not 1 <= topk_groups <= num_groups or num_experts // num_groups < 2
         ):
