@@ -182,15 +182,14 @@ class MoE(nn.Module):
         tokens = order // self.top_k
         pair_weights = weights.reshape(-1)[order]
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        clamp = () if self.swiglu_limit is None else (self.swiglu_limit,)
         start = 0
         for expert, count in enumerate(counts):
             if count:
                 rows = tokens[start : start + count]
-                y = _swiglu(
-                    x.index_select(0, rows), self.gate_up[expert], self.down[expert], self.swiglu_limit
-                )
+                y = _swiglu(x.index_select(0, rows), self.gate_up[expert], self.down[expert], *clamp)
                 out.index_add_(0, rows, y.float() * pair_weights[start : start + count, None])
             start += count
         if self.shared_gate_up is not None and self.shared_down is not None:
-            out += _swiglu(x, self.shared_gate_up, self.shared_down, self.swiglu_limit).float()
+            out += _swiglu(x, self.shared_gate_up, self.shared_down, *clamp).float()
         return out.to(x.dtype)
