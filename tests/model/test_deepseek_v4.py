@@ -106,19 +106,30 @@ def _step(model: CausalLM, cache: KVCache, table: list[int], start: int, tokens:
     return model.compute_logits(hidden)[0]
 
 
-def test_prefix_cache_hit_gives_the_cold_logits(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+@pytest.mark.parametrize(("block_size", "shared_len"), [(16, 32), (4, 28)], ids=["bs16", "bs4-open-window"])
+def test_prefix_cache_hit_gives_the_cold_logits(
+    tiny: tuple[torch.nn.Module, CausalLM], block_size: int, shared_len: int
+) -> None:
     """A second prompt reusing the first one's full blocks (window entries, compressor states and the
-    compressed entries they complete) gives the logits of a cold run of it."""
+    compressed entries they complete) gives the logits of a cold run of it. With 4-token blocks the
+    hit ends inside a heavy layer's 8-token window, which the second prompt then closes."""
     _, model = tiny
-    shared = _prompt(11, 32)
+    shared = _prompt(11, shared_len)
     first, second = shared + _prompt(12, 9), shared + _prompt(13, 13)
-    cache = KVCache.allocate(model.config, 12, 16, model.device, model.dtype)
-    _step(model, cache, [7, 2, 9], 0, first)
-    hit = _step(model, cache, [7, 2, 4], 32, second[32:])  # blocks 7 and 2 hold the shared 32 tokens
-    cold_cache = KVCache.allocate(model.config, 12, 16, model.device, model.dtype)
-    cold = _step(model, cold_cache, [0, 1, 3], 0, second)
-    assert (hit - cold).abs().max().item() <= 1e-5
+    bs, hit_blocks = block_size, shared_len // block_size
+    blocks = -(-len(second) // bs)
+    pool = list(range(3 * blocks))[::-1]  # not 0, 1, 2...: exercises the paging
+    table_first = pool[: -(-len(first) // bs)]
+    table_second = table_first[:hit_blocks] + pool[len(table_first) : len(table_first) + blocks - hit_blocks]
+    cache = KVCache.allocate(model.config, 3 * blocks, bs, model.device, model.dtype)
+    _step(model, cache, table_first, 0, first)
+    hit = _step(model, cache, table_second, shared_len, second[shared_len:])
+    cold_cache = KVCache.allocate(model.config, 3 * blocks, bs, model.device, model.dtype)
+    cold = _step(model, cold_cache, list(range(blocks)), 0, second)
+    assert (hit - cold).abs().max().item() <= 1e-5  # about 2e-6 is reached: chunk shapes differ
     assert int(hit.argmax()) == int(cold.argmax())
+    unshared = KVCache.allocate(model.config, 3 * blocks, bs, model.device, model.dtype)
+    assert (_step(model, unshared, table_second, shared_len, second[shared_len:]) - cold).abs().max() > 0.1
 
 
 def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path) -> None:
