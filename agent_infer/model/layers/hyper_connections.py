@@ -63,12 +63,13 @@ class HyperConnection(nn.Module):
             for _ in range(self.iters - 1):
                 comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
                 comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
-            collapsed = (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype)
+            collapsed = (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype).float()
             return torch.cat((post, comb.reshape(rows, hc * hc), collapsed), dim=-1)
 
         out = in_row_chunks(weights, streams)
         rows = int(streams.shape[0])
-        return out[:, :hc], out[:, hc : hc + hc * hc].view(rows, hc, hc), out[:, hc + hc * hc :]
+        collapsed = out[:, hc + hc * hc :].to(streams.dtype)  # exact: it was computed in that dtype
+        return out[:, :hc], out[:, hc : hc + hc * hc].view(rows, hc, hc), collapsed
 
 
 def _chunked(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
