@@ -11,6 +11,7 @@ import torch
 from deepseek_support import load_ours, write_tokenizer
 from deepseek_v4_support import save_tiny
 
+from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
@@ -130,6 +131,17 @@ def test_prefix_cache_hit_gives_the_cold_logits(
     assert int(hit.argmax()) == int(cold.argmax())
     unshared = KVCache.allocate(model.config, 3 * blocks, bs, model.device, model.dtype)
     assert (_step(model, unshared, table_second, shared_len, second[shared_len:]) - cold).abs().max() > 0.1
+
+
+def test_misuse_raises_engine_errors(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    _, model = tiny
+    kv_layout = KVCache(k=[], v=[], num_blocks=4, block_size=16)
+    meta = AttentionMetadata([0, 1], [1], [[0]], torch.tensor([0]), 16)
+    with pytest.raises(EngineError, match="compressed layout"):
+        model(torch.tensor([5]), torch.tensor([0]), meta, kv_layout)
+    cache = KVCache.allocate(model.config, 4, 16, model.device, model.dtype)
+    with pytest.raises(EngineError, match="beyond the model's 256-token context"):
+        model(torch.tensor([5]), torch.tensor([256]), meta, cache)
 
 
 def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path) -> None:
