@@ -58,18 +58,36 @@ class HyperConnection(nn.Module):
             pre = torch.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
             post = 2 * torch.sigmoid(post_w * self.scale[1] + post_b)
             comb = torch.softmax(comb_w.view(rows, hc, hc) * self.scale[2] + comb_b.view(hc, hc), dim=-1)
-            comb = comb + self.hc_eps
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
-            for _ in range(self.iters - 1):
-                comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
-                comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
             collapsed = (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype).float()
             return torch.cat((post, comb.reshape(rows, hc * hc), collapsed), dim=-1)
 
         out = in_row_chunks(weights, streams)
         rows = int(streams.shape[0])
+        comb = sinkhorn(out[:, hc : hc + hc * hc].view(rows, hc, hc) + self.hc_eps, self.iters, self.hc_eps)
         collapsed = out[:, hc + hc * hc :].to(streams.dtype)  # exact: it was computed in that dtype
-        return out[:, :hc], out[:, hc : hc + hc * hc].view(rows, hc, hc), collapsed
+        return out[:, :hc], comb, collapsed
+
+
+def _sum_parts(parts: tuple[torch.Tensor, ...], eps: float) -> torch.Tensor:
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total + eps
+
+
+def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """``iters`` Sinkhorn-Knopp normalizations of ``comb`` ``[R, n, n]``: columns, then rows and
+    columns ``iters - 1`` times, each sum plus ``eps`` (transformers' order).
+
+    The sums are element-wise additions in a fixed order rather than a reduction kernel, so the
+    whole batch runs at once and every row still rounds alike whatever the batch size (additions
+    and divisions are exactly rounded, element by element).
+    """
+    comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+    for _ in range(iters - 1):
+        comb = comb / _sum_parts(comb.unbind(-1), eps).unsqueeze(-1)
+        comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+    return comb
 
 
 def _chunked(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
