@@ -31,8 +31,9 @@ from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.attention import AttentionMetadata, PagedAttention
 from agent_infer.model.layers.compressed_attention import CompressedAttention
+from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.kernels import Kernels
@@ -107,16 +108,15 @@ class DeepseekV4DecoderLayer(nn.Module):
         self,
         streams: torch.Tensor,
         ids: torch.Tensor,
-        positions: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
         cache: KVCache,
-        plan: AttentionPlan,
+        plan: CompressedPlan,
     ) -> torch.Tensor:
-        """The block applied to ``streams`` ``[R, hc_mult, hidden]`` (rows past ``plan.num_tokens`` are padding)."""
+        """The block applied to ``streams`` ``[R, hc_mult, hidden]`` (rows past ``plan.num_tokens`` are
+        padding); ``tables`` are this layer's rotary cos/sin at the rows' positions."""
         post, comb, collapsed = self.hc_attn.collapse(streams)
         window, comp = cache.window(self.index), cache.compressor(self.index)
-        out = self.attn.forward(
-            self.attn_norm.forward(collapsed), positions, window, comp, plan, cache.block_size
-        )
+        out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
         streams = expand(post, comb, out, streams)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
@@ -188,6 +188,7 @@ class DeepseekV4ForCausalLM(CausalLM):
             torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
         )
         main, compress = v4_rotaries(c, spec)
+        self.main_rotary, self.compress_rotary = main, compress
         self.layers = nn.ModuleList(
             DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)
             for i in range(c.num_layers)
@@ -242,10 +243,14 @@ class DeepseekV4ForCausalLM(CausalLM):
             ids = torch.cat((ids, ids.new_zeros(rows - n)))
             pos = torch.cat((pos, pos.new_zeros(rows - n)))
         x = F.embedding(ids, self.embed)
-        assert c.deepseek_v4 is not None
-        streams = x[:, None, :].expand(rows, c.deepseek_v4.hc_mult, c.hidden_size).contiguous()
-        for layer in self.blocks():
-            streams = layer.forward(streams, ids, pos, kv_cache, plan)
+        spec = c.deepseek_v4
+        assert spec is not None
+        rates = {r for r in spec.compress_rates if r}
+        views = plan_compressed(plan, spec.sliding_window, rates, kv_cache.block_size)
+        tables = {False: self.main_rotary.tables(pos), True: self.compress_rotary.tables(pos)}
+        streams = x[:, None, :].expand(rows, spec.hc_mult, c.hidden_size).contiguous()
+        for layer, rate in zip(self.blocks(), spec.compress_rates, strict=True):
+            streams = layer.forward(streams, ids, tables[bool(rate)], kv_cache, views)
         x = self.norm.forward(self.hc_head.forward(streams))
         if keep_rows is not None:
             return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
+from agent_infer.model.layers.compressed_plan import CompressedPlan, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
@@ -128,20 +128,19 @@ class CompressedAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
         window: torch.Tensor,
         compressed: tuple[torch.Tensor, torch.Tensor] | None,
-        plan: AttentionPlan,
-        block_size: int,
+        plan: CompressedPlan,
     ) -> torch.Tensor:
-        """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` at ``positions``; writes the
-        new tokens' window entries, compressor states and completed windows' entries into the pools
-        (``window`` ``[num_slots, head_dim]``, ``compressed`` the state and entry pools)."""
+        """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` (rotated by ``tables``, this
+        layer's rotary at the rows' positions); writes the new tokens' window entries, compressor
+        states and completed windows' entries into the pools (``window`` ``[num_slots, head_dim]``,
+        ``compressed`` the state and entry pools)."""
         rows, n = int(x.shape[0]), plan.num_tokens
         ql, d = self.q_lora, self.dim
         h = self.down.project(x)
         q_res = self.q_norm.forward(h[:, :ql])
-        tables = self.rotary.tables(positions)
         q = _unit_rms(self.q_up.project(q_res).view(rows, self.heads, d), self.eps)
         q = self.rotary.apply(q, tables)
         kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
@@ -158,7 +157,7 @@ class CompressedAttention(nn.Module):
         outs = []
         for s in plan.seqs:
             idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
-            outs.append(self._attend(q[s.start : s.end], window, compressed, idx, s, block_size))
+            outs.append(self._attend(q[s.start : s.end], window, compressed, idx, s))
         if rows > n:
             outs.append(q.new_zeros(rows - n, self.heads, d))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -175,20 +174,13 @@ class CompressedAttention(nn.Module):
         window: torch.Tensor,
         compressed: tuple[torch.Tensor, torch.Tensor] | None,
         index: tuple[torch.Tensor, torch.Tensor] | None,
-        s: _SeqPlan,
-        block_size: int,
+        s: SeqView,
     ) -> torch.Tensor:
         length = s.end - s.start
-        ctx = int(s.gather.shape[0])
-        first = ctx - length
-        device = q.device
-        qpos = torch.arange(first, ctx, device=device)
-        lo = max(0, first - self.window + 1)
-        keys = window.index_select(0, s.gather[lo:ctx])
-        kpos = torch.arange(lo, ctx, device=device)
-        allowed = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - self.window)
+        keys = window.index_select(0, s.window_slots)
+        allowed = s.window_allowed
         if compressed is not None and self.compressor is not None:
-            entries, visible = self._entries(compressed, index, s, qpos, block_size)
+            entries, visible = self._entries(compressed, index, s)
             if entries is not None and visible is not None:
                 keys = torch.cat((keys, entries[:, : self.dim]))
                 allowed = torch.cat((allowed, visible), dim=1)
@@ -204,21 +196,17 @@ class CompressedAttention(nn.Module):
         self,
         compressed: tuple[torch.Tensor, torch.Tensor],
         index: tuple[torch.Tensor, torch.Tensor] | None,
-        s: _SeqPlan,
-        qpos: torch.Tensor,
-        block_size: int,
+        s: SeqView,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Close the windows this chunk completes, then every entry so far and what each query sees."""
         assert self.compressor is not None
         states, pool = compressed
-        rate, ctx = self.rate, int(s.gather.shape[0])
-        first, count = int(qpos[0]) // rate, ctx // rate
-        stride = min(rate, block_size)
-        entry_slots = s.gather[rate - 1 : count * rate : rate] // stride
+        rate = self.rate
+        view = s.rates[rate]
+        first, count = view.first, view.count
         if count > first:
             lead = 1 if self.compressor.overlap and first > 0 else 0
-            token_slots = s.gather[(first - lead) * rate : count * rate]
-            st = states.index_select(0, token_slots)
+            st = states.index_select(0, s.gather[(first - lead) * rate : count * rate])
             cw = self.compressor.state_width
             new = self.compressor.pool(st[:, :cw], first, count - first, self.rotary)
             if self.indexer is not None:
@@ -226,12 +214,11 @@ class CompressedAttention(nn.Module):
                 new = torch.cat(
                     (new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1
                 )
-            pool.index_copy_(0, entry_slots[first:], new.to(pool.dtype))
+            pool.index_copy_(0, view.entry_slots[first:], new.to(pool.dtype))
         if not count:
             return None, None
-        entries = pool.index_select(0, entry_slots)
-        ready = torch.arange(count, device=qpos.device)[None, :] < ((qpos + 1) // rate)[:, None]
+        entries = pool.index_select(0, view.entry_slots)
         if self.indexer is None or index is None:
-            return entries, ready
+            return entries, view.ready
         iq, iw = index
-        return entries, self.indexer.select(iq, iw, entries[:, self.dim :], qpos)
+        return entries, self.indexer.select(iq, iw, entries[:, self.dim :], view.ready)

@@ -44,15 +44,15 @@ class LightningIndexer(nn.Module):
         self.weight_scale = heads**-0.5
 
     def select(
-        self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+        self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, ready: torch.Tensor
     ) -> torch.Tensor:
         """Bool ``[L, E]``: the entries each query keeps. ``q`` ``[L, heads, dim]`` (rotated),
-        ``weights`` ``[L, heads]`` (unscaled projection), ``keys`` ``[E, dim]``, ``positions`` ``[L]``."""
+        ``weights`` ``[L, heads]`` (unscaled projection), ``keys`` ``[E, dim]``, ``ready`` ``[L, E]``
+        the entries complete by each query."""
         entries = int(keys.shape[0])
         scores = torch.matmul(q.float(), keys.float().t())  # [L, heads, E]
         scores = F.relu(scores) * self.score_scale
         total = (scores * (weights.float() * self.weight_scale).unsqueeze(-1)).sum(dim=1)
-        ready = torch.arange(entries, device=keys.device)[None, :] < ((positions + 1) // self.rate)[:, None]
         total = total.masked_fill(~ready, float("-inf"))
         chosen = total.topk(min(self.topk, entries), dim=-1).indices
         keep = torch.zeros_like(ready).scatter_(1, chosen, True)
