@@ -133,6 +133,22 @@ def test_prefix_cache_hit_gives_the_cold_logits(
     assert (_step(model, unshared, table_second, shared_len, second[shared_len:]) - cold).abs().max() > 0.1
 
 
+def test_rejected_draft_leaves_no_trace(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Draft tokens that close windows and are then rejected: the true tokens fed at the same
+    positions recompute those windows, and the logits equal a run that never saw the draft."""
+    _, model = tiny
+    prompt, true_tokens, draft = _prompt(21, 37), _prompt(22, 4), _prompt(23, 11)
+    table = [5, 1, 3, 0]
+    clean = KVCache.allocate(model.config, 6, 16, model.device, model.dtype)
+    _step(model, clean, table, 0, prompt)
+    want = _step(model, clean, table, 37, true_tokens)
+    cache = KVCache.allocate(model.config, 6, 16, model.device, model.dtype)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 37, draft)  # positions 37..47 close windows of both rates
+    got = _step(model, cache, table, 37, true_tokens)
+    assert torch.equal(got, want)
+
+
 def test_misuse_raises_engine_errors(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
     _, model = tiny
     kv_layout = KVCache(k=[], v=[], num_blocks=4, block_size=16)
