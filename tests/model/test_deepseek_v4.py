@@ -14,6 +14,7 @@ from deepseek_v4_support import save_tiny
 from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.kv_cache import KVCache
+from agent_infer.model.layers import compressed_attention
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.runner import SequenceRunner
 
@@ -71,6 +72,24 @@ def test_chunked_prefill_matches_transformers(tiny: tuple[torch.nn.Module, Causa
         got = runner.step([(0, prompt[start:end])])[0]
         assert (got - want[end - 1]).abs().max().item() <= TOL
         start = end
+
+
+@pytest.mark.parametrize("query_block", [256, 7])
+def test_every_prefill_row_matches_transformers(
+    tiny: tuple[torch.nn.Module, CausalLM], query_block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All 40 rows of one prefill chunk, attending whole or in pieces of 7 queries."""
+    monkeypatch.setattr(compressed_attention, "QUERY_BLOCK", query_block)
+    hf, model = tiny
+    prompt = _prompt(5)
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0]
+    cache = KVCache.allocate(model.config, 4, 16, model.device, model.dtype)
+    table = [3, 0, 2]
+    slots = [table[p // 16] * 16 + p % 16 for p in range(PROMPT_LEN)]
+    meta = AttentionMetadata([0, PROMPT_LEN], [PROMPT_LEN], [table], torch.tensor(slots), 16)
+    hidden = model(torch.tensor(prompt), torch.arange(PROMPT_LEN), meta, cache, keep_rows=range(PROMPT_LEN))
+    assert (model.compute_logits(hidden) - want).abs().max().item() <= TOL
 
 
 def test_batch_invariance_with_mixed_requests(tiny: tuple[torch.nn.Module, CausalLM]) -> None:

@@ -31,7 +31,7 @@ from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.layers.attention import AttentionMetadata, PagedAttention
+from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.compressed_attention import CompressedAttention
 from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
@@ -198,7 +198,6 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.lm_head: Linear = kernels.linears.head(
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
         )
-        self.planner = PagedAttention()
 
     def blocks(self) -> list[DeepseekV4DecoderLayer]:
         """The decoder layers, typed."""
@@ -231,7 +230,10 @@ class DeepseekV4ForCausalLM(CausalLM):
                 "DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)"
             )
         n = int(input_ids.shape[0])
-        plan = self.planner.plan(meta, n, kv_cache.num_slots, self.device)
+        spec = c.deepseek_v4
+        assert spec is not None
+        rates = {r for r in spec.compress_rates if r}
+        views = plan_compressed(meta, n, kv_cache.num_slots, self.device, spec.sliding_window, rates)
         if n and int(positions.max()) >= c.max_position_embeddings:
             raise EngineError(
                 f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
@@ -243,10 +245,6 @@ class DeepseekV4ForCausalLM(CausalLM):
             ids = torch.cat((ids, ids.new_zeros(rows - n)))
             pos = torch.cat((pos, pos.new_zeros(rows - n)))
         x = F.embedding(ids, self.embed)
-        spec = c.deepseek_v4
-        assert spec is not None
-        rates = {r for r in spec.compress_rates if r}
-        views = plan_compressed(plan, spec.sliding_window, rates, kv_cache.block_size)
         tables = {False: self.main_rotary.tables(pos), True: self.compress_rotary.tables(pos)}
         streams = x[:, None, :].expand(rows, spec.hc_mult, c.hidden_size).contiguous()
         for layer, rate in zip(self.blocks(), spec.compress_rates, strict=True):

@@ -31,6 +31,10 @@ from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
 
+#: Queries of one chunk attend in pieces of at most this many rows, so a long prompt's scores
+#: (``heads x rows x (window + entries)``) and indexer scores stay bounded.
+QUERY_BLOCK = 256
+
 
 def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
@@ -176,29 +180,53 @@ class CompressedAttention(nn.Module):
         index: tuple[torch.Tensor, torch.Tensor] | None,
         s: SeqView,
     ) -> torch.Tensor:
-        length = s.end - s.start
-        keys = window.index_select(0, s.window_slots)
-        allowed = s.window_allowed
+        entries = None
         if compressed is not None and self.compressor is not None:
-            entries, visible = self._entries(compressed, index, s)
-            if entries is not None and visible is not None:
-                keys = torch.cat((keys, entries[:, : self.dim]))
-                allowed = torch.cat((allowed, visible), dim=1)
-        logits = torch.matmul(q.transpose(0, 1), keys.t()) * self.scale  # [heads, L, K]
+            entries = self._entries(compressed, s)
+        length = s.end - s.start
+        if length <= QUERY_BLOCK:
+            return self._attend_rows(q, window, entries, index, s, 0, length)
+        outs = []
+        for a in range(0, length, QUERY_BLOCK):
+            b = min(a + QUERY_BLOCK, length)
+            piece = None if index is None else (index[0][a:b], index[1][a:b])
+            outs.append(self._attend_rows(q[a:b], window, entries, piece, s, a, b))
+        return torch.cat(outs)
+
+    def _attend_rows(
+        self,
+        q: torch.Tensor,
+        window: torch.Tensor,
+        entries: torch.Tensor | None,
+        index: tuple[torch.Tensor, torch.Tensor] | None,
+        s: SeqView,
+        a: int,
+        b: int,
+    ) -> torch.Tensor:
+        """Queries ``a .. b - 1`` of the chunk: their window keys, then the entries complete by the last."""
+        ctx = int(s.gather.shape[0])
+        first = ctx - (s.end - s.start)
+        lo = ctx - int(s.window_slots.shape[0])
+        k_lo, k_hi = max(lo, first + a - self.window + 1) - lo, first + b - lo
+        keys = window.index_select(0, s.window_slots[k_lo:k_hi])
+        allowed = s.window_allowed[a:b, k_lo:k_hi]
+        count = (first + b) // self.rate if self.rate else 0
+        if entries is not None and count:
+            visible = s.rates[self.rate].ready[a:b, :count]
+            if self.indexer is not None and index is not None:
+                visible = self.indexer.select(index[0], index[1], entries[:count, self.dim :], visible)
+            keys = torch.cat((keys, entries[:count, : self.dim]))
+            allowed = torch.cat((allowed, visible), dim=1)
+        logits = torch.matmul(q.transpose(0, 1), keys.t()) * self.scale  # [heads, rows, keys]
         logits = logits.masked_fill(~allowed[None], float("-inf"))
-        sinks = self.sinks.to(logits.dtype)[:, None, None].expand(-1, length, 1)
+        sinks = self.sinks.to(logits.dtype)[:, None, None].expand(-1, b - a, 1)
         combined = torch.cat((logits, sinks), dim=-1)
         combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
         return torch.matmul(probs, keys).transpose(0, 1)
 
-    def _entries(
-        self,
-        compressed: tuple[torch.Tensor, torch.Tensor],
-        index: tuple[torch.Tensor, torch.Tensor] | None,
-        s: SeqView,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Close the windows this chunk completes, then every entry so far and what each query sees."""
+    def _entries(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> torch.Tensor | None:
+        """Close the windows this chunk completes; every entry so far (None before the first)."""
         assert self.compressor is not None
         states, pool = compressed
         rate = self.rate
@@ -216,9 +244,5 @@ class CompressedAttention(nn.Module):
                 )
             pool.index_copy_(0, view.entry_slots[first:], new.to(pool.dtype))
         if not count:
-            return None, None
-        entries = pool.index_select(0, view.entry_slots)
-        if self.indexer is None or index is None:
-            return entries, view.ready
-        iq, iw = index
-        return entries, self.indexer.select(iq, iw, entries[:, self.dim :], view.ready)
+            return None
+        return pool.index_select(0, view.entry_slots)

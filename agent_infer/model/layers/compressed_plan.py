@@ -1,7 +1,7 @@
 """What every DeepSeek V4 layer of one forward shares: per sequence, its window and its compressed entries.
 
-Built once per forward from the :class:`~agent_infer.model.layers.attention.AttentionPlan` (the
-slots of each sequence's context), so the layers only do tensor math: the window's slots and band
+Built once per forward from the batch's
+:class:`~agent_infer.model.layers.attention.AttentionMetadata`, so the layers only do tensor math: the window's slots and band
 mask are the same for every layer, and the entry slots and readiness mask the same for every layer
 of one compression rate.
 """
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from agent_infer.model.layers.attention import AttentionPlan
+from agent_infer.errors import EngineError
+from agent_infer.model.layers.attention import AttentionMetadata
 
 
 @dataclass
@@ -53,14 +54,47 @@ class CompressedPlan:
 
 
 def plan_compressed(
-    plan: AttentionPlan, window: int, rates: Iterable[int], block_size: int
+    meta: AttentionMetadata,
+    num_tokens: int,
+    num_slots: int,
+    device: torch.device,
+    window: int,
+    rates: Iterable[int],
 ) -> CompressedPlan:
-    """The views of every sequence of ``plan`` for a sliding ``window`` and the compression ``rates``."""
+    """Validate ``meta`` against the batch (as :meth:`PagedAttention.plan` does, raising
+    :class:`EngineError`) and build the views of every sequence for a sliding ``window`` and the
+    compression ``rates``. No ``[chunk, context]`` mask is built: masks span the window and the
+    compressed entries only."""
+    qsl, bs = meta.query_start_loc, meta.block_size
+    batch = len(meta.context_lens)
+    if len(qsl) != batch + 1 or len(meta.block_tables) != batch:
+        raise EngineError(
+            f"AttentionMetadata: {len(qsl)} query_start_loc entries, {batch} context_lens and "
+            f"{len(meta.block_tables)} block tables do not describe the same batch"
+        )
+    if qsl[0] != 0 or qsl[-1] != num_tokens:
+        raise EngineError(
+            f"AttentionMetadata.query_start_loc spans [{qsl[0]}, {qsl[-1]}) but the batch has {num_tokens} tokens"
+        )
+    if meta.slot_mapping.numel() != num_tokens:
+        raise EngineError(f"slot_mapping has {meta.slot_mapping.numel()} entries for {num_tokens} tokens")
     seqs = []
-    for s in plan.seqs:
-        ctx = int(s.gather.shape[0])
-        first = ctx - (s.end - s.start)
-        device = s.gather.device
+    for i in range(batch):
+        start, end, ctx = qsl[i], qsl[i + 1], meta.context_lens[i]
+        table = meta.block_tables[i]
+        if end - start < 1 or ctx < end - start or len(table) * bs < ctx:
+            raise EngineError(
+                f"sequence {i}: {end - start} new tokens, context_len {ctx}, {len(table)} blocks of {bs} are inconsistent"
+            )
+        blocks = torch.tensor(table[: (ctx + bs - 1) // bs], dtype=torch.int64)
+        if int(blocks.max()) >= num_slots // bs or int(blocks.min()) < 0:
+            raise EngineError(
+                f"sequence {i}: block table references a block outside the {num_slots // bs}-block cache"
+            )
+        gather = (
+            (blocks[:, None] * bs + torch.arange(bs, dtype=torch.int64)[None, :]).reshape(-1)[:ctx].to(device)
+        )
+        first = ctx - (end - start)
         qpos = torch.arange(first, ctx, device=device)
         lo = max(0, first - window + 1)
         kpos = torch.arange(lo, ctx, device=device)
@@ -68,8 +102,9 @@ def plan_compressed(
         views = {}
         for rate in rates:
             count = ctx // rate
-            slots = s.gather[rate - 1 : count * rate : rate] // min(rate, block_size)
+            slots = gather[rate - 1 : count * rate : rate] // min(rate, bs)
             ready = torch.arange(count, device=device)[None, :] < ((qpos + 1) // rate)[:, None]
             views[rate] = RateView(first // rate, count, slots, ready)
-        seqs.append(SeqView(s.start, s.end, s.gather, qpos, s.gather[lo:ctx], allowed, views))
-    return CompressedPlan(seqs, plan.slot_mapping, plan.num_tokens, block_size)
+        seqs.append(SeqView(start, end, gather, qpos, gather[lo:ctx], allowed, views))
+    slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
+    return CompressedPlan(seqs, slots, num_tokens, bs)
