@@ -214,3 +214,13 @@ def test_cache_geometry_and_block_alignment(
             ConfigError, match=f"block_size={bad} does not align with layer 0's compression rate 8"
         ):
             KVCache.allocate(config, 3, bad, torch.device("cpu"), torch.float32)
+
+
+def test_tied_head_loads_from_the_embedding(tmp_path: Path) -> None:
+    hf = save_tiny(tmp_path, tie_word_embeddings=True)
+    model = load_ours(tmp_path)
+    prompt = torch.randint(2, 256, (20,), generator=torch.Generator().manual_seed(9)).tolist()
+    got = SequenceRunner(model, num_blocks=4, block_size=8).step([(0, prompt)])[0]
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0, -1]
+    assert (got - want).abs().max().item() <= 1e-4
