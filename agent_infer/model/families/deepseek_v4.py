@@ -72,7 +72,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         spec, moe = config.deepseek_v4, config.moe
         assert spec is not None and moe is not None
         self.index = index
-        self.prefix = p = f"model.layers.{index}."
+        self.p = f"model.layers.{index}."
         h = config.hidden_size
         self.attn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         self.ffn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
@@ -102,7 +102,6 @@ class DeepseekV4DecoderLayer(nn.Module):
             if self.hashed
             else None,
         )
-        self.p = p
 
     def forward(
         self,
