@@ -11,13 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.families import deepseek_v3, gemma3, gemma3_checkpoint, llama, qwen3, qwen3_moe
+from agent_infer.model.families import (
+    deepseek_chat,
+    deepseek_v3,
+    gemma3,
+    gemma3_checkpoint,
+    llama,
+    qwen3,
+    qwen3_moe,
+)
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import Kernels
 
@@ -48,8 +57,12 @@ class Architecture:
     hf_text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     #: Family-specific :class:`ModelConfig` fields from GGUF metadata and the common config.
     gguf_options: Callable[[dict[str, Any], ModelConfig], dict[str, Any]] | None = None
-    #: The chat template of GGUF files of this architecture that carry none (base models).
+    #: The chat template of checkpoints of this architecture that carry none (GGUF base models,
+    #: HF folders whose tokenizer files name no template).
     default_chat_template: str | None = None
+    #: The folder of the tokenizer files an HF folder of this architecture without ``tokenizer.json``
+    #: uses (called at load; raises ``TokenizerError`` when unavailable); None: the folder must have one.
+    default_tokenizer: Callable[[], Path] | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -113,6 +126,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         hf_fields=deepseek_v3.hf_config_fields,
+        default_chat_template=deepseek_chat.CHAT_TEMPLATE,
+        default_tokenizer=deepseek_chat.tokenizer_dir,
     ),
 )
 
