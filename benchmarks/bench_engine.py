@@ -21,7 +21,7 @@ Metrics:
 * KV bytes per token (Hugging Face folders): what our engine's cache holds per token (all layers,
   in the engine's dtype), against transformers' cache of the same model and a GQA model of the same
   width (layers, hidden size and query heads; ``hidden / heads`` per head and a quarter of the heads
-  as K/V heads, the usual 4:1 grouping).
+  as K/V heads, the usual 4:1 grouping) and its multi-head (every head K/V) form.
 """
 
 from __future__ import annotations
@@ -268,6 +268,7 @@ def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]
         expanded = c.num_layers * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * size
         rows.append(("transformers cache (expanded K, V)", expanded))
     rows.append((f"GQA, {c.num_layers} layers, {max(1, heads // 4)} of {heads} heads as K/V", gqa))
+    rows.append((f"MHA, {c.num_layers} layers, {heads} K/V heads", gqa * heads // max(1, heads // 4)))
     lines = [f"{'KV cache (' + str(dtype).removeprefix('torch.') + ')':<52}{'bytes/token':>12}{'vs ours':>9}"]
     lines += [f"{name:<52}{value:>12,}{value / ours:>8.2f}x" for name, value in rows]
     return lines
