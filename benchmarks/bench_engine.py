@@ -1,7 +1,9 @@
 """Engine throughput and latency: agent-infer vs Hugging Face transformers vs llama-cpp-python.
 
 All engines run the same GGUF (the default SmolLM2-135M-Instruct unless ``--model``, which takes a
-path or a packaged model name such as ``gemma3-270m``), the same
+path or a packaged model name such as ``gemma3-270m``), or the same Hugging Face folder (``--model
+checkpoints/tiny-deepseek-v3``: transformers then loads the weights our loader reads, FP8 blocks
+dequantized to float32, and llama-cpp-python, which needs a GGUF, is not run), the same
 prompt token ids, greedy decoding with EOS ignored, on the CPU with 2 torch/ggml threads and
 ``OMP_WAIT_POLICY=PASSIVE``. Engines are interleaved within every repeat (so a change in machine
 load hits all of them alike) and the table shows medians over ``--repeats`` runs after one warm-up.
@@ -16,6 +18,10 @@ Metrics:
 * N-way tok/s: all generated tokens / wall time from submitting N prompts to the last token.
   transformers runs one left-padded ``generate`` over the N prompts; llama-cpp-python has no
   batched API, so its single-stream decode rate is the comparison point.
+* KV bytes per token (Hugging Face folders): what our engine's cache holds per token (all layers,
+  in the engine's dtype), against transformers' cache of the same model and a GQA model of the same
+  width (layers, hidden size and query heads; ``hidden / heads`` per head and a quarter of the heads
+  as K/V heads, the usual 4:1 grouping) and its multi-head (every head K/V) form.
 """
 
 from __future__ import annotations
@@ -125,19 +131,48 @@ class Ours:
         return len(prompts) * max_tokens / (time.perf_counter() - start)
 
 
+def hf_folder_model(folder: Path) -> Any:
+    """transformers' model of an HF folder on the weights our loader reads (FP8 blocks dequantized),
+    float32; tensors transformers does not instantiate (DeepSeek's MTP layer) are left out."""
+    import json
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agent_infer.model.loading.hf import hf_weights
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("quantization_config", None)
+    mtp = tuple(
+        f"model.layers.{config['num_hidden_layers'] + i}."
+        for i in range(int(config.get("num_nextn_predict_layers") or 0))
+    )
+    tensors = {name: t.contiguous() for name, t in hf_weights(folder) if not name.startswith(mtp)}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        save_file(tensors, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        hf_config = AutoConfig.from_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(tmp, config=hf_config, dtype=torch.float32)
+    return model
+
+
 class Transformers:
-    """Hugging Face transformers ``generate`` (float32, dequantized from the same GGUF)."""
+    """Hugging Face transformers ``generate`` (float32, dequantized from the same GGUF or folder)."""
 
     name = "transformers (fp32)"
     note = "N-way = one left-padded batched generate"
 
-    def __init__(self, gguf: Path) -> None:
+    def __init__(self, source: Path) -> None:
         from transformers import AutoModelForCausalLM
         from transformers.generation.streamers import BaseStreamer
 
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        if source.is_dir():
+            self.model = hf_folder_model(source)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(source.parent), gguf_file=source.name, dtype=torch.float32
+            )
         self.model.eval()
         eos = self.model.generation_config.eos_token_id
         self.pad = eos[0] if isinstance(eos, list) else (eos if eos is not None else 0)
@@ -217,6 +252,28 @@ class LlamaCpp:
         return self.last_decode
 
 
+def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]:
+    """Lines comparing KV-cache bytes per token: our engine's cache, transformers' cache of the same
+    model (DeepSeek V3: MLA expanded to per-head K and V), and a same-width 4:1 GQA model."""
+    from agent_infer.model.kv_cache import KVCache
+
+    c = loaded.config
+    size = torch.finfo(dtype).bits // 8
+    ours = KVCache.values_per_token(c) * size
+    heads = c.num_heads
+    gqa = 2 * c.num_layers * max(1, heads // 4) * (c.hidden_size // heads) * size
+    rows = [("agent-infer cache", ours)]
+    if c.mla is not None:
+        m = c.mla
+        expanded = c.num_layers * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) * size
+        rows.append(("transformers cache (expanded K, V)", expanded))
+    rows.append((f"GQA, {c.num_layers} layers, {max(1, heads // 4)} of {heads} heads as K/V", gqa))
+    rows.append((f"MHA, {c.num_layers} layers, {heads} K/V heads", gqa * heads // max(1, heads // 4)))
+    lines = [f"{'KV cache (' + str(dtype).removeprefix('torch.') + ')':<52}{'bytes/token':>12}{'vs ours':>9}"]
+    lines += [f"{name:<52}{value:>12,}{value / ours:>8.2f}x" for name, value in rows]
+    return lines
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -251,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_model(args.model)
     gguf = Path(loaded.path)
-    if gguf.suffix != ".gguf":
-        print(f"model {gguf} is not a GGUF file; the peers need one", file=sys.stderr)
+    folder = gguf.is_dir()
+    if gguf.suffix != ".gguf" and not folder:
+        print(f"model {gguf} is neither a GGUF file nor a Hugging Face folder", file=sys.stderr)
         return 2
     prompts = prompt_ids(loaded.tokenizer, args.concurrency)
 
@@ -262,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     missing: list[str] = []
     for key, factory in (("transformers", Transformers), ("llama_cpp", LlamaCpp)):
         if key in args.skip:
+            continue
+        if key == "llama_cpp" and folder:
+            missing.append("llama_cpp: a Hugging Face folder has no GGUF for it")
             continue
         try:
             engines.append(factory(gguf))
@@ -312,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {e.name}: {e.note}")
     for line in missing:
         print(f"  not run: {line}")
+    if folder:
+        print()
+        print("\n".join(kv_bytes_table(loaded)))
     return 0
 
 

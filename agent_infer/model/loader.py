@@ -111,7 +111,18 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
 
 def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     config = hf_config(path)
-    tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids)
+    arch = architecture(config.architecture)
+    fallback = (
+        arch.default_tokenizer()
+        if arch.default_tokenizer is not None and not (path / "tokenizer.json").is_file()
+        else None
+    )
+    tokenizer = Tokenizer.from_hf_dir(
+        path,
+        extra_eos_ids=config.eos_token_ids,
+        fallback_dir=fallback,
+        default_chat_template=arch.default_chat_template,
+    )
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"

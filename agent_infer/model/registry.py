@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families import (
+    deepseek_chat,
     deepseek_v3,
     deepseek_v4,
     deepseek_v4_checkpoint,
@@ -57,8 +59,12 @@ class Architecture:
     hf_text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     #: Family-specific :class:`ModelConfig` fields from GGUF metadata and the common config.
     gguf_options: Callable[[dict[str, Any], ModelConfig], dict[str, Any]] | None = None
-    #: The chat template of GGUF files of this architecture that carry none (base models).
+    #: The chat template of checkpoints of this architecture that carry none (GGUF base models,
+    #: HF folders whose tokenizer files name no template).
     default_chat_template: str | None = None
+    #: The folder of the tokenizer files an HF folder of this architecture without ``tokenizer.json``
+    #: uses (called at load; raises ``TokenizerError`` when unavailable); None: the folder must have one.
+    default_tokenizer: Callable[[], Path] | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -122,6 +128,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         gguf_permutes_qk=False,
         qkv_bias=False,
         hf_fields=deepseek_v3.hf_config_fields,
+        default_chat_template=deepseek_chat.CHAT_TEMPLATE,
+        default_tokenizer=deepseek_chat.tokenizer_dir,
     ),
     Architecture(
         name="deepseek_v4",
@@ -133,6 +141,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         qkv_bias=False,
         hf_fields=deepseek_v4_checkpoint.hf_config_fields,
         hf_text_config=deepseek_v4_checkpoint.hf_text_config,
+        default_chat_template=deepseek_chat.CHAT_TEMPLATE,
+        default_tokenizer=deepseek_chat.tokenizer_dir,
     ),
 )
 

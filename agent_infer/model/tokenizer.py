@@ -233,10 +233,24 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_hf_dir(cls, directory: str | Path, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
-        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from an HF directory."""
+    def from_hf_dir(
+        cls,
+        directory: str | Path,
+        extra_eos_ids: Sequence[int] = (),
+        *,
+        fallback_dir: Path | None = None,
+        default_chat_template: str | None = None,
+    ) -> Tokenizer:
+        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from an HF directory.
+
+        ``fallback_dir`` supplies both tokenizer files when ``directory`` has no ``tokenizer.json``
+        (a ``tokenizer_config.json`` of ``directory`` still wins); ``default_chat_template`` is used
+        when neither names a template.
+        """
         d = Path(directory)
         path = d / "tokenizer.json"
+        if fallback_dir is not None and not path.is_file():
+            path = fallback_dir / "tokenizer.json"
         if not path.is_file():
             raise TokenizerError(f"{d}: no tokenizer.json (only fast tokenizers are supported)")
         try:
@@ -245,6 +259,8 @@ class Tokenizer:
             raise TokenizerError(f"{path}: cannot read tokenizer: {exc}") from exc
         cfg: dict[str, Any] = {}
         cfg_path = d / "tokenizer_config.json"
+        if fallback_dir is not None and not cfg_path.is_file():
+            cfg_path = fallback_dir / "tokenizer_config.json"
         if cfg_path.is_file():
             try:
                 cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -257,6 +273,8 @@ class Tokenizer:
         jinja_path = d / "chat_template.jinja"
         if template is None and jinja_path.is_file():
             template = jinja_path.read_text(encoding="utf-8")
+        if template is None:
+            template = default_chat_template
 
         def token_id(key: str) -> int | None:
             value = cfg.get(key)
