@@ -20,6 +20,7 @@ import torch
 
 from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
+from agent_infer.engine.value_loops import ClosingTokens, value_close_bias
 
 
 def apply_penalties(
@@ -27,6 +28,7 @@ def apply_penalties(
     seqs: Seq[Sequence],
     eos_token_ids: Collection[int] = (),
     texts: TokenTexts | None = None,
+    closing: ClosingTokens | None = None,
 ) -> torch.Tensor:
     """``logits`` (``[len(seqs), vocab]``) with each sequence's penalties, bias and min_tokens applied.
 
@@ -71,9 +73,38 @@ def apply_penalties(
             if amounts:
                 ids = torch.tensor(list(amounts), dtype=torch.long)
                 row[ids] -= torch.tensor(list(amounts.values()), dtype=row.dtype)
+        if p.value_close:
+            _close_value(row, seq, generated, texts, closing)
         if len(generated) < p.min_tokens:
             _ban_end(row, {*eos_token_ids, *p.stop_ids}, vocab)
     return out
+
+
+def _close_value(
+    row: torch.Tensor,
+    seq: Sequence,
+    generated: Seq[int],
+    texts: TokenTexts | None,
+    closing: ClosingTokens | None,
+) -> None:
+    """The value-loop closing bias (``value_loops.py``) on the closing tokens of the looping value,
+    and for a looping string on the first token of the grammar's shortest completion too: a string
+    that may not end yet (an e-mail without its ``@``) is led toward the shortest way out. (Inside
+    a container that token would be a minimal value for the next member, not a way out.)"""
+    if texts is None or closing is None:
+        raise ValueError("the value-loop closing bias needs the tokenizer's token texts")
+    p = seq.params
+    found = value_close_bias(generated, p.value_close_multiplier, p.value_close_allowed, texts)
+    if found is None:
+        return
+    ids = closing.ids(found[0])
+    if ids.numel():
+        row[ids] += found[1]
+    matcher = seq.matcher
+    if matcher is not None and not matcher.is_terminated():
+        way_out = matcher.closing_tokens()
+        if way_out and 0 <= way_out[0] < row.shape[0] and not bool((ids == way_out[0]).any()):
+            row[way_out[0]] += found[1]
 
 
 def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:

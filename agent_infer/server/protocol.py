@@ -218,6 +218,9 @@ class _CommonRequest(_Strict):
     dry_sequence_breakers: list[str] | None = None
     dry_penalty_last_n: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     dry_skip_whitespace: bool | None = None
+    # Loop control inside one JSON value (engine/value_loops.py), checked like the dry_* fields.
+    value_close_multiplier: float | None = None
+    value_close_allowed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
