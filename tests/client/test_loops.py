@@ -63,7 +63,9 @@ def client(llm: Any) -> Client:
     return Client.from_llm(llm)
 
 
-def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[str], Any]:
+def _finish_reasons(
+    client: Client, case: str, loop_control: Any, numbers: str = "float64"
+) -> tuple[list[str], Any]:
     schema, prompt, max_tokens = CASES[case]
     reasons: list[str] = []
 
@@ -77,6 +79,7 @@ def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[
             max_tokens=max_tokens,
             max_retries=0,
             loop_control=loop_control,
+            numbers=numbers,
             hooks=Hooks(on_response=on_response),
         )
     except ValidationRetryError:
@@ -86,8 +89,14 @@ def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loop_ends_with_loop_control(client: Client, case: str) -> None:
-    reasons, value = _finish_reasons(client, case, False)
+    # numbers="exact": without the float64 digit policy, so the digit loop is there to end.
+    reasons, value = _finish_reasons(client, case, False, numbers="exact")
     assert reasons == ["length"] and value is None
     reasons, value = _finish_reasons(client, case, None)
     assert reasons == ["stop"]
     assert isinstance(value, CASES[case][0])
+
+
+def test_the_number_policy_alone_ends_a_digit_loop(client: Client) -> None:
+    reasons, value = _finish_reasons(client, "digits", False)
+    assert reasons == ["stop"] and isinstance(value, Stats)
