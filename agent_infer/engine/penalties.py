@@ -20,7 +20,7 @@ import torch
 
 from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
-from agent_infer.engine.value_loops import ClosingTokens, value_close_bias
+from agent_infer.engine.value_loops import ClosingTokens, ValueScanner, value_close_bias
 
 
 def apply_penalties(
@@ -94,7 +94,10 @@ def _close_value(
     if texts is None or closing is None:
         raise ValueError("the value-loop closing bias needs the tokenizer's token texts")
     p = seq.params
-    found = value_close_bias(generated, p.value_close_multiplier, p.value_close_allowed, texts)
+    scanner = seq.value_scanner
+    if scanner is None or scanner.fed > len(generated):
+        scanner = seq.value_scanner = ValueScanner()
+    found = value_close_bias(scanner, generated, p.value_close_multiplier, p.value_close_allowed, texts)
     if found is None:
         return
     ids = closing.ids(found[0])

@@ -19,7 +19,6 @@ independent of the batch. Cost is linear in the output per penalized row and ste
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,56 +28,80 @@ from agent_infer.engine.dry import TokenTexts
 _CLOSERS = {'"': '"', "[": "]", "{": "}"}
 
 
-def scan(texts: Sequence[str]) -> tuple[list[tuple[str, int]], list[bool]]:
-    """The JSON values open at the end of the concatenated ``texts`` (outermost first, each as its
-    opening character and the index of the text where it opened), and per text whether it holds
-    content: characters of a string value (not a key) or of a number."""
-    stack: list[tuple[str, int]] = []
-    content = [False] * len(texts)
-    in_string = escaped = is_key = False
-    expect_key = False  # inside an object, after "{" or ","
-    for k, text in enumerate(texts):
+class _Frame:
+    """One open value: its opening character and the token bigrams counted in it so far."""
+
+    __slots__ = ("kind", "last", "repeats", "seen")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.seen: set[tuple[int, int]] = set()
+        self.last: int | None = None
+        self.repeats = 0
+
+    def add(self, token: int) -> None:
+        if self.last is not None:
+            pair = (self.last, token)
+            if pair in self.seen:
+                self.repeats += 1
+            else:
+                self.seen.add(pair)
+        self.last = token
+
+
+class ValueScanner:
+    """The output scanned as JSON, token by token, keeping per open value its repeated bigrams.
+
+    A string counts the tokens after the one that opened it (whitespace-only tokens skipped); an
+    array or object counts the content tokens from the one that opened it on: tokens holding
+    characters of a string value (not a key) or of a number. Feeding is incremental, so a request
+    costs time linear in its output over all its steps.
+    """
+
+    def __init__(self) -> None:
+        self.frames: list[_Frame] = []
+        self.fed = 0  # tokens scanned so far
+        self._in_string = self._escaped = self._is_key = self._expect_key = False
+
+    def feed(self, token: int, text: str) -> None:
+        """Scan one more token."""
+        frames = self.frames
+        content = False
+        string_before = frames[-1] if frames and frames[-1].kind == '"' else None
         for ch in text:
-            if in_string:
-                if escaped:
-                    escaped = False
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
                 elif ch == "\\":
-                    escaped = True
+                    self._escaped = True
                 elif ch == '"':
-                    in_string = False
-                    stack.pop()
+                    self._in_string = False
+                    frames.pop()
                     continue
-                if not is_key:
-                    content[k] = True
+                content = content or not self._is_key
             elif ch == '"':
-                in_string, is_key = True, expect_key
-                stack.append(('"', k))
+                self._in_string, self._is_key = True, self._expect_key
+                frames.append(_Frame('"'))
             elif ch in "[{":
-                stack.append((ch, k))
-                expect_key = ch == "{"
+                frames.append(_Frame(ch))
+                self._expect_key = ch == "{"
             elif ch in "]}":
-                if stack:
-                    stack.pop()
-                expect_key = False
+                if frames:
+                    frames.pop()
+                self._expect_key = False
             elif ch == ",":
-                expect_key = bool(stack) and stack[-1][0] == "{"
+                self._expect_key = bool(frames) and frames[-1].kind == "{"
             elif ch == ":":
-                expect_key = False
+                self._expect_key = False
             elif ch in "-0123456789.eE+":
-                content[k] = True
-    return stack, content
-
-
-def repeated_bigrams(tokens: Sequence[int]) -> int:
-    """How many adjacent pairs of ``tokens`` already occurred earlier in ``tokens``."""
-    seen: set[tuple[int, int]] = set()
-    repeats = 0
-    for pair in itertools.pairwise(tokens):
-        if pair in seen:
-            repeats += 1
-        else:
-            seen.add(pair)
-    return repeats
+                content = True
+        if content:
+            for frame in frames:
+                if frame.kind != '"':
+                    frame.add(token)
+        if frames and frames[-1] is string_before and text.strip():
+            frames[-1].add(token)  # a string counts the tokens after the one that opened it
+        self.fed += 1
 
 
 class ClosingTokens:
@@ -110,29 +133,24 @@ class ClosingTokens:
 
 
 def value_close_bias(
-    output: Sequence[int], multiplier: float, allowed: int, texts: TokenTexts
+    scanner: ValueScanner, output: Sequence[int], multiplier: float, allowed: int, texts: TokenTexts
 ) -> tuple[str, float] | None:
-    """(which tokens to favour, the bias to add to them) for the row whose output tokens are
-    ``output``, or None when no open value repeats past ``allowed``.
+    """(the closing character whose tokens to favour, the bias to add to them) for the row whose
+    output tokens are ``output`` (``scanner`` has scanned a prefix of them and is brought up to
+    date), or None when the open value does not repeat past ``allowed``.
 
-    The key is a closing character (``"``, ``]``, ``}``: the tokens that start by closing the
-    innermost value), or ``'"]'`` (the tokens that close the innermost string and nothing but
-    whitespace, ``]`` or ``}`` after it) when the string does not repeat but its container does:
-    a list of dates counting down repeats across its items, and ends after an item closes.
+    Inside a string its own repeats count; inside an array or object the most repetitive open
+    container's (a nested structure repeats across its levels, and the way out of it starts by
+    closing the innermost one).
     """
-    token_texts = [texts.text(t) for t in output]
-    stack, content = scan(token_texts)
-    if not stack:
+    for token in output[scanner.fed :]:
+        scanner.feed(token, texts.text(token))
+    frames = scanner.frames
+    if not frames:
         return None
-    kind, start = stack[-1]
-    containers = [k for c, k in stack if c != '"']
-    outer = max(
-        (repeated_bigrams([output[i] for i in range(k, len(output)) if content[i]]) for k in containers),
-        default=0,
-    )
-    if kind != '"':
-        return (_CLOSERS[kind], multiplier * (outer - allowed)) if outer > allowed else None
-    own = repeated_bigrams(
-        [t for t, s in zip(output[start + 1 :], token_texts[start + 1 :], strict=True) if s.strip()]
-    )
-    return ('"', multiplier * (own - allowed)) if own > allowed else None
+    kind = frames[-1].kind
+    if kind == '"':
+        count = frames[-1].repeats
+    else:
+        count = max(f.repeats for f in frames if f.kind != '"')
+    return (_CLOSERS[kind], multiplier * (count - allowed)) if count > allowed else None

@@ -11,7 +11,7 @@ from agent_infer import SamplingParams
 from agent_infer.engine.dry import TokenTexts
 from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
-from agent_infer.engine.value_loops import ClosingTokens, repeated_bigrams, scan, value_close_bias
+from agent_infer.engine.value_loops import ClosingTokens, ValueScanner, value_close_bias
 from agent_infer.errors import InvalidRequestError
 
 # A character-level vocabulary (token id = code point) for the scanning logic.
@@ -22,40 +22,56 @@ def _ids(text: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-def test_scan_tracks_open_values_and_content() -> None:
+def _bias(text: str, multiplier: float = 1.0, allowed: int = 4) -> tuple[str, float] | None:
+    return value_close_bias(ValueScanner(), _ids(text), multiplier, allowed, CHARS)
+
+
+def test_scanner_tracks_open_values_and_counts_content_only() -> None:
+    scanner = ValueScanner()
     texts = ['{"na', 'me": "Ad', 'a \\" x", "tags": [1', ', "a', '"], "k": {"q": "']
-    stack, content = scan(texts)
-    assert stack == [("{", 0), ("{", 4), ('"', 4)]
-    assert content == [False, True, True, True, False]  # keys are not content, values are
-    assert scan(['"a\\\\"', "]"])[0] == []  # an escaped backslash does not escape the quote
-
-
-def test_repeated_bigrams() -> None:
-    assert repeated_bigrams([1, 2, 3, 4]) == 0
-    assert repeated_bigrams([1, 2, 1, 2, 1, 2]) == 3
-    assert repeated_bigrams([]) == 0
+    for i, text in enumerate(texts):
+        scanner.feed(i, text)
+    assert [f.kind for f in scanner.frames] == ["{", "{", '"']
+    # Content (string values, numbers) counted by the outer object: tokens 1, 2, 3; not the keys.
+    assert scanner.frames[0].last == 3
+    closed = ValueScanner()
+    for i, text in enumerate(['"a\\\\"', "]"]):
+        closed.feed(i, text)
+    assert closed.frames == []  # an escaped backslash does not escape the quote
 
 
 def test_a_repeating_string_favours_its_end() -> None:
-    looping = _ids('{"email": "ngozi-ngoza-ngozu-ngozw-ngozo-ngoze')
-    closer, bias = value_close_bias(looping, 1.0, 4, CHARS) or ("", 0.0)
+    looping = '{"email": "ngozi-ngoza-ngozu-ngozw-ngozo-ngoze'
+    closer, bias = _bias(looping) or ("", 0.0)
     assert closer == '"' and bias > 0
-    plain = _ids('{"email": "ngozi.okafor@example.com')
-    assert value_close_bias(plain, 1.0, 4, CHARS) is None
+    assert _bias('{"email": "ngozi.okafor@example.com') is None
     # Past the allowance the bias grows with every repeat.
-    longer = value_close_bias(looping + _ids("-ngoza-ngozu"), 1.0, 4, CHARS)
+    longer = _bias(looping + "-ngoza-ngozu")
     assert longer is not None and longer[1] > bias
 
 
 def test_a_repeating_list_favours_its_bracket_and_keys_do_not_count() -> None:
     dates = '{"dates": [' + ", ".join(f'"20{i:02d}-12-24"' for i in range(20, 8, -1))
-    found = value_close_bias(_ids(dates), 1.0, 4, CHARS)
+    found = _bias(dates)
     assert found is not None and found[0] == "]"
     # Many members with the same key shapes but different values are not a loop.
-    members = (
-        "{" + ", ".join(f'"k{i}": "{w}"' for i, w in enumerate(["red", "blue", "green", "sky", "fog"])) + ", "
+    words = ["red", "blue", "green", "sky", "fog"]
+    members = "{" + ", ".join(f'"k{i}": "{w}"' for i, w in enumerate(words)) + ", "
+    assert _bias(members) is None
+
+
+def test_incremental_scanning_matches_a_fresh_scan() -> None:
+    text = (
+        '{"dates": ['
+        + ", ".join(f'"20{i:02d}-12-24"' for i in range(20, 8, -1))
+        + '], "e": "ab-ab-ab-ab-ab-ab'
     )
-    assert value_close_bias(_ids(members), 1.0, 4, CHARS) is None
+    ids = _ids(text)
+    scanner = ValueScanner()
+    for n in range(1, len(ids) + 1):
+        step = value_close_bias(scanner, ids[:n], 1.0, 4, CHARS)
+        assert step == value_close_bias(ValueScanner(), ids[:n], 1.0, 4, CHARS)
+    assert scanner.fed == len(ids)
 
 
 def test_closing_tokens_on_the_real_vocabulary(llm: Any) -> None:
