@@ -195,11 +195,11 @@ class SamplingParams:
 
     @property
     def only_dry(self) -> bool:
-        """True when DRY is the only logit adjustment: a penalty that draft verification applies
-        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft. The
-        value-loop closing bias reads the grammar's state, which a draft has not reached: requests
-        with it do not draft."""
-        return self.dry and not self._adjusts_besides_dry and not self.value_close
+        """True when DRY and the value-loop closing bias are the only logit adjustments: penalties
+        that draft verification applies
+        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft; the
+        value-loop closing bias is applied there too."""
+        return (self.dry or self.value_close) and not self._adjusts_besides_dry
 
     @property
     def value_close(self) -> bool:
