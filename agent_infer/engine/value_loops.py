@@ -4,17 +4,21 @@ DRY lowers the token that would extend an exact repeat, so a model in a loop pic
 (``ngozi-ngoza-ngozu-...``, a tree whose every level renames its node, a list of dates counting
 down) and the value still never ends. This adjustment looks at the value instead of the next
 token: the output is scanned as JSON (strings with their escapes, arrays, objects), and for the
-innermost open value it counts the token bigrams (whitespace-only tokens skipped) that already
-occurred earlier in that value. Past ``allowed`` repeats, every token that closes the value (a
-string's ``"``, an array's ``]``, an object's ``}``, after optional whitespace) gains
-``multiplier`` per further repeat. For a string the string's own repeats count; for an array or
-an object the most repetitive open container counts, since a nested structure (a recursive tree)
-repeats across its levels, and the only way out of it starts by closing the innermost one.
+innermost open value it counts the token bigrams that already occurred earlier in that value: a
+string counts its own tokens (whitespace-only ones skipped), an array or object its content tokens
+(characters of string values and numbers; keys and punctuation would make every object with a few
+members look like a loop). Past ``allowed`` repeats, every token that closes the value (a string's
+``"``, an array's ``]``, an object's ``}``, after optional whitespace) gains ``multiplier`` per
+further repeat (``penalties.py`` also favours the first token of the grammar's shortest
+completion). For a string the string's own repeats count; for an array or an object the most
+repetitive open container counts, since a nested structure (a recursive tree) repeats across its
+levels, and the only way out of it starts by closing the innermost one.
 
 The grammar's mask still applies (a masked token stays masked), so the bias only ever chooses
 between continuations the constraint allows: a value that may not close yet (``minItems``, a
 pattern) is not cut. Everything is computed from the row's own tokens: deterministic and
-independent of the batch. Cost is linear in the output per penalized row and step.
+independent of the batch. The scan is incremental (:class:`ValueScanner`, kept on the sequence),
+so a request pays once per output token.
 """
 
 from __future__ import annotations
