@@ -40,6 +40,9 @@ class SamplingParams:
     ``dry_sequence_breakers``; ``dry_penalty_last_n`` bounds how many output tokens are searched
     (-1: all, 0: off). ``dry_skip_whitespace`` makes tokens that are only whitespace transparent,
     so a repeat is found through changing indentation (JSON nesting).
+    ``value_close_multiplier`` (> 0 turns it on; for JSON output, see ``engine/value_loops.py``)
+    adds ``value_close_multiplier * (r - value_close_allowed)`` to the tokens that close the
+    innermost open JSON value once it holds ``r > value_close_allowed`` repeated token bigrams.
     ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
     a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
     :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
@@ -74,6 +77,8 @@ class SamplingParams:
     dry_sequence_breakers: str | list[str] | tuple[str, ...] | None = DRY_DEFAULT_BREAKERS
     dry_penalty_last_n: int = -1
     dry_skip_whitespace: bool = False
+    value_close_multiplier: float = 0.0
+    value_close_allowed: int = 4
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -176,7 +181,7 @@ class SamplingParams:
         """True when the sampler changes this request's logits: a repetition, presence or frequency
         penalty, ``logit_bias``, ``min_tokens`` or DRY (such requests draft only when DRY is the only
         one: see ``speculator.py``)."""
-        return self._adjusts_besides_dry or self.dry
+        return self._adjusts_besides_dry or self.dry or self.value_close
 
     @property
     def _adjusts_besides_dry(self) -> bool:
@@ -190,9 +195,16 @@ class SamplingParams:
 
     @property
     def only_dry(self) -> bool:
-        """True when DRY is the only logit adjustment: a penalty that draft verification applies
-        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft."""
-        return self.dry and not self._adjusts_besides_dry
+        """True when DRY and the value-loop closing bias are the only logit adjustments: penalties
+        that draft verification applies
+        row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft; the
+        value-loop closing bias is applied there too."""
+        return (self.dry or self.value_close) and not self._adjusts_besides_dry
+
+    @property
+    def value_close(self) -> bool:
+        """True when the value-loop closing bias is on (``value_close_multiplier > 0``)."""
+        return self.value_close_multiplier > 0.0
 
     @property
     def dry(self) -> bool:
@@ -231,6 +243,17 @@ def _check_int(value: object, field: str) -> None:
 
 
 def _check_dry(p: SamplingParams) -> None:
+    _check_number(p.value_close_multiplier, "value_close_multiplier")
+    if not 0.0 <= p.value_close_multiplier < float("inf"):
+        raise InvalidRequestError(
+            f"value_close_multiplier must be >= 0 and finite (0 = off), got {p.value_close_multiplier}",
+            field="value_close_multiplier",
+        )
+    _check_int(p.value_close_allowed, "value_close_allowed")
+    if p.value_close_allowed < 0:
+        raise InvalidRequestError(
+            f"value_close_allowed must be >= 0, got {p.value_close_allowed}", field="value_close_allowed"
+        )
     _check_number(p.dry_multiplier, "dry_multiplier")
     if not 0.0 <= p.dry_multiplier < float("inf"):
         raise InvalidRequestError(

@@ -32,7 +32,13 @@ _SCHEMA_DEFAULTS: dict[str, Any] = {
     "remotes": None,
     "unknown_formats": "ignore",
     "unknown_keywords": "ignore",
+    "numbers": "float64",
 }
+# A request generates numbers under the float64 digit policy unless it asks for numbers="exact":
+# the output is one valid instance, and digits past float64's precision are a loop, not a value
+# (grammar/frontends/json_schema/types/number_policy.py). Grammar.from_json_schema, which also
+# recognizes instances, keeps JSON Schema's unbounded numbers by default.
+REQUEST_NUMBERS = "float64"
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,10 @@ class StructuredOutput:
         """Lower to the grammar IR (front-end errors propagate as typed GrammarErrors)."""
         opts = dict(self.options)
         if self.kind == "json_schema":
+            opts.setdefault("numbers", REQUEST_NUMBERS)
             return Grammar.from_json_schema(self.model or self.value, **opts)
         if self.kind == "json_object":
-            return Grammar.from_json_schema({"type": "object"})
+            return Grammar.from_json_schema({"type": "object"}, numbers=REQUEST_NUMBERS)
         if self.kind == "regex":
             return Grammar.from_regex(self.value)
         if self.kind == "ebnf":

@@ -184,11 +184,11 @@ def check_complete_calls(request: ModelRequest, response: ModelResponse) -> None
     )
 
 
-def _final_value(constraint: Constraint, arguments: str) -> Any:
+def _final_value(constraint: Constraint, arguments: str, context: Any = None) -> Any:
     args = json.loads(arguments) if arguments.strip() else {}
     if not (isinstance(constraint.value, dict) and constraint.value.get("type") == "object"):
         args = args.get(_WRAP_KEY) if isinstance(args, dict) else args
-    return decode(constraint, json.dumps(args, ensure_ascii=False), "stop")
+    return decode(constraint, json.dumps(args, ensure_ascii=False), "stop", context)
 
 
 def run_flow(
@@ -200,6 +200,7 @@ def run_flow(
     max_tool_retries: int,
     limits: UsageLimits | None = None,
     deps: Any = None,
+    validation_context: Any = None,
 ) -> Generator[ModelRequest | ToolBatch | HookEvent, Any, RunResult]:
     """The agent loop; see the module docstring for the protocol. Tools taking a ``RunContext`` get
     ``deps``. Each executed call and each invalid answer is also yielded as a hook event."""
@@ -241,7 +242,9 @@ def run_flow(
         final = next((p for p in pending if p.name == FINAL_TOOL), None)
         if final is not None and constraint is not None:
             try:
-                return RunResult(_final_value(constraint, final.arguments), transcript, usage, turn)
+                return RunResult(
+                    _final_value(constraint, final.arguments, validation_context), transcript, usage, turn
+                )
             except (OutputInvalid, json.JSONDecodeError) as exc:
                 invalid_answers += 1
                 yield ParseErrorEvent(final.arguments, str(exc), invalid_answers)

@@ -103,6 +103,9 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> Any:
         """See :meth:`Client.generate`."""
@@ -118,6 +121,7 @@ class AsyncClient(ClientBase):
             decoding,
             False,
             validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
         )
         return await self._drive(flow, self._hooks_for(hooks))
 
@@ -138,12 +142,23 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> AsyncIterator[Any]:
         """See :meth:`Client.generate_stream`."""
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         partials = call.generate_stream_call(
-            prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
+            prompt_or_messages,
+            schema,
+            regex,
+            grammar,
+            choice,
+            system,
+            decoding,
+            validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
         )
         async for item in self._stream(partials, self._hooks_for(hooks)):
             yield item
@@ -189,6 +204,9 @@ class AsyncClient(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
@@ -205,6 +223,7 @@ class AsyncClient(ClientBase):
             decoding,
             True,
             validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
         )
         result: tuple[Any, Completion] = await self._drive(flow, self._hooks_for(hooks))
         return result
@@ -267,6 +286,9 @@ class AsyncClient(ClientBase):
         loop_control: LoopControlOption = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
+        validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
         hooks: Hooks | None = None,
     ) -> RunResult:
         """See :meth:`Client.run`; parallel tool calls run concurrently with ``asyncio.gather``."""
@@ -282,6 +304,8 @@ class AsyncClient(ClientBase):
             decoding,
             usage_limits,
             deps,
+            validation_context=validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords),
         )
         return await self._drive(flow, self._hooks_for(hooks))
 

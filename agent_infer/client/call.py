@@ -9,6 +9,7 @@ how they perform those steps: blocking calls and threads, or ``await`` and ``asy
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,6 +37,8 @@ from agent_infer.client.request import (
     as_messages,
 )
 from agent_infer.errors import InvalidRequestError, ValidationRetryError
+from agent_infer.grammar.ir import Grammar
+from agent_infer.structured import REQUEST_NUMBERS
 from agent_infer.tools import Tool, as_tools
 
 T = TypeVar("T")
@@ -43,6 +46,8 @@ ToolLike = Tool | Callable[..., Any] | Mapping[str, Any]
 Prompt = str | Sequence[Mapping[str, Any]]
 #: A method's logic: yields model requests, tool batches and hook events, returns the method's result.
 Flow = Generator[ModelRequest | ToolBatch | HookEvent, Any, T]
+#: JSON Schema front-end options of a call, as sorted (name, value) pairs (see schema_options).
+SchemaOptions = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ def generate_call(
     decoding: Decoding,
     with_completion: bool = False,
     validation_context: Any = None,
+    schema_options: SchemaOptions = (),
 ) -> Flow[Any]:
     """``generate``: one constrained call, validated and re-asked at most ``max_retries`` times.
 
@@ -119,9 +125,63 @@ def generate_call(
     check_retries(max_retries)
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
     check_validation_context(constraint, validation_context)
+    constraint = with_schema_options(constraint, schema_options)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
     flow = generate_flow(request, max_retries, validation_context)
     return flow if with_completion else _value_only(flow)
+
+
+def schema_options(unknown_formats: Any, unknown_keywords: Any, numbers: Any = "float64") -> SchemaOptions:
+    """The JSON Schema front-end options a call sets that differ from the SDK's defaults, checked:
+    ``unknown_formats`` / ``unknown_keywords`` ``"ignore"`` or ``"error"``, ``numbers``
+    ``"float64"`` or ``"exact"`` (InvalidRequestError naming the argument)."""
+    if unknown_formats == "ignore" and unknown_keywords == "ignore" and numbers == REQUEST_NUMBERS:
+        return ()
+    # The front end's allowed values, imported only when a call sets an option.
+    from agent_infer.grammar.frontends.json_schema.entry import (
+        NUMBER_POLICIES,
+        UNKNOWN_FORMATS,
+        UNKNOWN_KEYWORDS,
+    )
+
+    out: list[tuple[str, str]] = []
+    for name, value, allowed, default in (
+        ("unknown_formats", unknown_formats, UNKNOWN_FORMATS, "ignore"),
+        ("unknown_keywords", unknown_keywords, UNKNOWN_KEYWORDS, "ignore"),
+        ("numbers", numbers, NUMBER_POLICIES, REQUEST_NUMBERS),
+    ):
+        if type(value) is not str or value not in allowed:
+            raise InvalidRequestError(
+                f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}", field=name
+            )
+        if value != default:
+            out.append((name, value))
+    return tuple(out)
+
+
+def with_schema_options(constraint: Constraint | None, options: SchemaOptions) -> Constraint | None:
+    """``constraint`` carrying the schema options; options without ``schema=`` are an error (nothing
+    would read them)."""
+    if not options:
+        return constraint
+    if constraint is None or constraint.kind != "json_schema":
+        raise InvalidRequestError(
+            f"{options[0][0]} applies to schema= only (a JSON Schema or a Pydantic model or type)",
+            field=options[0][0],
+        )
+    return dataclasses.replace(constraint, options=options)
+
+
+def check_schema_options(constraint: Constraint) -> None:
+    """Lower the constraint's schema with its options, raising what the front end refuses."""
+    opts = dict(constraint.options)
+    if "unknown_formats" in opts or "unknown_keywords" in opts:
+        Grammar.from_json_schema(
+            constraint.value,
+            strict=False,
+            unknown_formats=opts.get("unknown_formats", "ignore"),
+            unknown_keywords=opts.get("unknown_keywords", "ignore"),
+        )
 
 
 def check_validation_context(constraint: Constraint | None, validation_context: Any) -> None:
@@ -202,10 +262,18 @@ def run_call(
     decoding: Decoding,
     usage_limits: UsageLimits | None = None,
     deps: Any = None,
+    validation_context: Any = None,
+    schema_options: SchemaOptions = (),
 ) -> Flow[RunResult]:
     """``run``: the agent loop (``tool_choice`` defaults to "required" with a schema, else "auto")."""
     validate_run_options(max_turns, max_tool_retries)
     constraint = Constraint.from_keywords(schema=schema)
+    check_validation_context(constraint, validation_context)
+    constraint = with_schema_options(constraint, schema_options)
+    if constraint is not None and constraint.options:
+        # The answer is a tool call, whose schema is compiled with the tool grammar's own
+        # options: what these options refuse is refused here, before any request, local or remote.
+        check_schema_options(constraint)
     tool_objs = as_tools(tools)
     check_tools(tool_objs, constraint, deps)
     request = build_request(
@@ -226,6 +294,7 @@ def run_call(
         max_tool_retries=max_tool_retries,
         limits=usage_limits,
         deps=deps,
+        validation_context=validation_context,
     )
 
 
@@ -304,9 +373,11 @@ def generate_stream_call(
     system: str | None,
     decoding: Decoding,
     validation_context: Any = None,
+    schema_options: SchemaOptions = (),
 ) -> StreamCall:
     """``generate_stream``: one constrained streamed call read as partial values."""
     constraint = Constraint.from_keywords(schema=schema, regex=regex, grammar=grammar, choice=choice)
     check_validation_context(constraint, validation_context)
+    constraint = with_schema_options(constraint, schema_options)
     request = build_request(prompt_or_messages, decoding, constraint=constraint, system=system)
     return StreamCall(request, PartialStream(constraint, validation_context))

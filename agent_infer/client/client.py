@@ -93,6 +93,9 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> Any:
         """Generate under at most one constraint; returns a validated value.
@@ -120,6 +123,7 @@ class Client(ClientBase):
             decoding,
             False,
             validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
         )
         return self._drive(flow, self._hooks_for(hooks))
 
@@ -140,6 +144,9 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> Iterator[Any]:
         """Yield partial values as the output grows; the last item is the full validated value.
@@ -151,7 +158,15 @@ class Client(ClientBase):
         decoding = Decoding(temperature, max_tokens, seed, top_p, stop, close_on_length, loop_control)
         yield from self._stream(
             call.generate_stream_call(
-                prompt_or_messages, schema, regex, grammar, choice, system, decoding, validation_context
+                prompt_or_messages,
+                schema,
+                regex,
+                grammar,
+                choice,
+                system,
+                decoding,
+                validation_context,
+                schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
             ),
             self._hooks_for(hooks),
         )
@@ -201,6 +216,9 @@ class Client(ClientBase):
         stop: str | Sequence[str] | None = None,
         close_on_length: bool = False,
         validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
+        numbers: str = "float64",
         hooks: Hooks | None = None,
     ) -> tuple[Any, Completion]:
         """:meth:`generate`, also returning the :class:`Completion` behind the value (raw text,
@@ -217,6 +235,7 @@ class Client(ClientBase):
             decoding,
             True,
             validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords, numbers),
         )
         result: tuple[Any, Completion] = self._drive(flow, self._hooks_for(hooks))
         return result
@@ -280,6 +299,9 @@ class Client(ClientBase):
         loop_control: LoopControlOption = None,
         usage_limits: UsageLimits | None = None,
         deps: Any = None,
+        validation_context: Any = None,
+        unknown_formats: str = "ignore",
+        unknown_keywords: str = "ignore",
         hooks: Hooks | None = None,
     ) -> RunResult:
         """The agent loop: call the model, execute its tool calls, repeat until a final answer.
@@ -306,6 +328,8 @@ class Client(ClientBase):
             decoding,
             usage_limits,
             deps,
+            validation_context=validation_context,
+            schema_options=call.schema_options(unknown_formats, unknown_keywords),
         )
         return self._drive(flow, self._hooks_for(hooks))
 

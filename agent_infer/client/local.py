@@ -148,7 +148,7 @@ class LocalBackend:
             return constraint.value
         if constraint.kind == "json_schema":
             structured = StructuredOutput.json_schema(
-                constraint.model if constraint.is_model else constraint.value
+                constraint.model if constraint.is_model else constraint.value, **dict(constraint.options)
             )
         elif constraint.kind == "regex":
             structured = StructuredOutput.regex(constraint.value)
@@ -156,7 +156,7 @@ class LocalBackend:
             structured = StructuredOutput.choice(constraint.value)
         else:
             structured = StructuredOutput.ebnf(constraint.value)
-        key = json.dumps([constraint.kind, constraint.value], sort_keys=True, default=str)
+        key = json.dumps([constraint.kind, constraint.value, constraint.options], sort_keys=True, default=str)
         return self._cached(key, lambda: _warned(structured.to_grammar()))
 
     def _tool_grammar(self, request: ModelRequest) -> Grammar:

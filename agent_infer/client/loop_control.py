@@ -19,7 +19,8 @@ from agent_infer.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class LoopControl:
-    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``)."""
+    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``), and
+    the value-loop closing bias (``value_close_*``, ``engine/value_loops.py``)."""
 
     dry_multiplier: float = 0.8
     dry_base: float = 1.75
@@ -27,6 +28,8 @@ class LoopControl:
     dry_sequence_breakers: tuple[str, ...] = ()
     dry_penalty_last_n: int = -1
     dry_skip_whitespace: bool = True
+    value_close_multiplier: float = 1.0
+    value_close_allowed: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
@@ -38,12 +41,13 @@ class LoopControl:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def escalated(self) -> LoopControl:
-        """The settings of a retry after a ``length`` failure: twice the multiplier (at least 0.8),
-        and repeats penalized one token earlier."""
+        """The settings of a retry after a ``length`` failure: twice the DRY multiplier (at least
+        0.8), repeats penalized one token earlier, and twice the value-closing bias (at least 1)."""
         return dataclasses.replace(
             self,
             dry_multiplier=max(2 * self.dry_multiplier, 0.8),
             dry_allowed_length=max(self.dry_allowed_length - 1, 2),
+            value_close_multiplier=max(2 * self.value_close_multiplier, 1.0),
         )
 
 

@@ -75,7 +75,7 @@ def request_body(model: str, request: ModelRequest, stream: bool) -> dict[str, A
             name = getattr(c.model, "__name__", None) or "output"
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": name, "schema": c.value, "strict": True},
+                "json_schema": {"name": name, "schema": c.value, "strict": True, **dict(c.options)},
             }
         elif c.kind == "choice":
             body["structured_outputs"] = {"choice": list(c.value)}

@@ -41,6 +41,9 @@ class Constraint:
     model: Any = field(default=None, compare=False)
     #: The item type when the schema was ``Iterable[Item]`` (the value is then a list of items).
     item: Any = field(default=None, compare=False)
+    #: JSON Schema front-end options (``unknown_formats``, ``unknown_keywords``, ``numbers``) that
+    #: differ from the SDK's defaults, as (name, value) pairs.
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_model(self) -> bool:

@@ -95,7 +95,9 @@ class Executor:
         for i, draft in enumerate(drafts):
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
-                rows = apply_dry_to_draft_rows(rows, seqs[i], draft, self.sampler.texts)
+                rows = apply_dry_to_draft_rows(
+                    rows, seqs[i], draft, self.sampler.texts, self.sampler.closing(rows.shape[1])
+                )
                 tokens, num_accepted = self.speculator.verify(seqs[i], draft, rows)
                 out[seqs[i]] = SampledTokens(tokens, None, num_accepted)
         return out

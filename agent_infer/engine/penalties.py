@@ -13,6 +13,7 @@ scatters only the ids that occur in its prompt/output.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection
 from collections.abc import Sequence as Seq
 
@@ -20,6 +21,7 @@ import torch
 
 from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
+from agent_infer.engine.value_loops import ClosingTokens, ValueScanner, value_close_bias
 
 
 def apply_penalties(
@@ -27,6 +29,7 @@ def apply_penalties(
     seqs: Seq[Sequence],
     eos_token_ids: Collection[int] = (),
     texts: TokenTexts | None = None,
+    closing: ClosingTokens | None = None,
 ) -> torch.Tensor:
     """``logits`` (``[len(seqs), vocab]``) with each sequence's penalties, bias and min_tokens applied.
 
@@ -71,9 +74,48 @@ def apply_penalties(
             if amounts:
                 ids = torch.tensor(list(amounts), dtype=torch.long)
                 row[ids] -= torch.tensor(list(amounts.values()), dtype=row.dtype)
+        if p.value_close:
+            _close_value(row, seq, generated, texts, closing)
         if len(generated) < p.min_tokens:
             _ban_end(row, {*eos_token_ids, *p.stop_ids}, vocab)
     return out
+
+
+def _scanner(seq: Sequence, generated: Seq[int]) -> ValueScanner:
+    """The sequence's JSON scanner (a new one if its output is shorter than what was scanned)."""
+    scanner = seq.value_scanner
+    if scanner is None or scanner.fed > len(generated):
+        scanner = seq.value_scanner = ValueScanner()
+    return scanner
+
+
+def _close_value(
+    row: torch.Tensor,
+    seq: Sequence,
+    generated: Seq[int],
+    texts: TokenTexts | None,
+    closing: ClosingTokens | None,
+    scanner: ValueScanner | None = None,
+) -> None:
+    """The value-loop closing bias (``value_loops.py``) on the closing tokens of the looping value
+    and on the first token of the grammar's shortest completion from the matcher's state: a value
+    that may not end yet (an e-mail without its ``@``) is led toward the shortest way out.
+    ``scanner`` defaults to the sequence's own."""
+    if texts is None or closing is None:
+        raise ValueError("the value-loop closing bias needs the tokenizer's token texts")
+    p = seq.params
+    scanner = scanner or _scanner(seq, generated)
+    found = value_close_bias(scanner, generated, p.value_close_multiplier, p.value_close_allowed, texts)
+    if found is None:
+        return
+    ids = closing.ids(found[0])
+    if ids.numel():
+        row[ids] += found[1]
+    matcher = seq.matcher
+    if matcher is not None and not matcher.is_terminated():
+        way_out = matcher.closing_tokens()
+        if way_out and 0 <= way_out[0] < row.shape[0] and not bool((ids == way_out[0]).any()):
+            row[way_out[0]] += found[1]
 
 
 def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
@@ -87,24 +129,51 @@ def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
 
 
 def apply_dry_to_draft_rows(
-    rows: torch.Tensor, seq: Sequence, draft: Seq[int], texts: TokenTexts | None
+    rows: torch.Tensor,
+    seq: Sequence,
+    draft: Seq[int],
+    texts: TokenTexts | None,
+    closing: ClosingTokens | None = None,
 ) -> torch.Tensor:
     """``rows`` (``[1 + len(draft), vocab]``, the rows a draft is verified against) with the DRY
-    penalty plain decoding would apply at each: row ``j`` as if ``draft[:j]`` had been accepted.
+    penalty and the value-loop closing bias plain decoding would apply at each: row ``j`` as if
+    ``draft[:j]`` had been accepted (the matcher walks the draft for the closing bias and is
+    rolled back).
 
-    Returns ``rows`` itself when the request has no DRY penalty.
+    Returns ``rows`` itself when the request has neither.
     """
-    if not seq.params.dry:
+    p = seq.params
+    if not (p.dry or p.value_close):
         return rows
     if texts is None:
         raise ValueError("the DRY penalty needs the tokenizer's token texts")
     out = rows.clone()
     vocab = out.shape[1]
     generated = seq.token_ids[seq.num_prompt_tokens :]
-    for j in range(out.shape[0]):
-        amounts = dry_penalties([*generated, *draft[:j]], seq.params, texts)
-        amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
-        if amounts:
-            ids = torch.tensor(list(amounts), dtype=torch.long)
-            out[j, ids] -= torch.tensor(list(amounts.values()), dtype=out.dtype)
+    scanner: ValueScanner | None = None
+    if p.value_close:
+        own = _scanner(seq, generated)
+        value_close_bias(own, generated, p.value_close_multiplier, p.value_close_allowed, texts)
+        scanner = copy.deepcopy(own)  # walks the draft; the sequence's own stays at its output
+    matcher = seq.matcher if p.value_close else None
+    walked = 0
+    try:
+        for j in range(out.shape[0]):
+            prefix = [*generated, *draft[:j]]
+            if p.value_close:
+                if j and matcher is not None and not matcher.is_terminated():
+                    if not matcher.accept_token(draft[j - 1]):
+                        raise AssertionError(
+                            f"grammar rejected draft token {draft[j - 1]} it accepted before"
+                        )
+                    walked += 1
+                _close_value(out[j], seq, prefix, texts, closing, scanner)
+            amounts = dry_penalties(prefix, p, texts)
+            amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
+            if amounts:
+                ids = torch.tensor(list(amounts), dtype=torch.long)
+                out[j, ids] -= torch.tensor(list(amounts.values()), dtype=out.dtype)
+    finally:
+        if walked and matcher is not None:
+            matcher.rollback(walked)
     return out

@@ -19,6 +19,7 @@ import torch
 from agent_infer.engine.dry import TokenTexts
 from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
+from agent_infer.engine.value_loops import ClosingTokens
 from agent_infer.sampling_params import SamplingParams
 
 
@@ -52,11 +53,18 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)
         # ``decode`` (the tokenizer's) gives DRY the token texts its sequence breakers are found in.
         self.texts = TokenTexts(decode) if decode is not None else None
+        self._closing: ClosingTokens | None = None
+
+    def closing(self, vocab_size: int) -> ClosingTokens | None:
+        """The value-closing tokens of this vocabulary (None without a ``decode``)."""
+        if self._closing is None and self.texts is not None:
+            self._closing = ClosingTokens(vocab_size, self.texts)
+        return self._closing
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Sample from ``logits`` (float32 ``[len(seqs), vocab]``); row ``i`` belongs to ``seqs[i]``."""
         params = [seq.params for seq in seqs]
-        scores = apply_penalties(logits, seqs, self.eos_token_ids, self.texts)
+        scores = apply_penalties(logits, seqs, self.eos_token_ids, self.texts, self.closing(logits.shape[1]))
         # Greedy rows need one batched kernel and one device-to-host copy.
         token_ids: list[int] = scores.argmax(dim=-1).tolist()
         for i, p in enumerate(params):

@@ -14,6 +14,7 @@ from agent_infer.engine.spec_state import SpecState
 from agent_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from agent_infer.engine.value_loops import ValueScanner
     from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 
@@ -87,6 +88,8 @@ class Sequence:
         self.num_forced_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.num_closing_tokens = 0  # output tokens appended to close within max_tokens
         self.spec = SpecState()  # speculative decoding: draft, n-gram index, confidence
+        # The output scanned as JSON for the value-loop closing bias (engine/value_loops.py).
+        self.value_scanner: ValueScanner | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.output_text = ""
         # Incremental detokenization state: text is decoded from ``prefix_offset`` so multi-token

@@ -171,7 +171,7 @@ def build_sampling(
 
 def _dry_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     """The ``dry_*`` fields the request sets (the others keep SamplingParams' defaults)."""
-    names = [f for f in type(req).model_fields if f.startswith("dry_")]
+    names = [f for f in type(req).model_fields if f.startswith(("dry_", "value_close_"))]
     return {name: getattr(req, name) for name in names if getattr(req, name) is not None}
 
 

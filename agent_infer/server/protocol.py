@@ -133,7 +133,8 @@ class NamedToolChoice(_Strict):
 class JsonSchemaSpec(_Strict):
     """``response_format.json_schema``: ``strict: false`` lets unenforceable keywords be skipped;
     ``unknown_formats`` / ``unknown_keywords`` (extensions, default ``"ignore"``): ``"error"``
-    refuses a schema with an unknown ``format`` value / keyword instead of ignoring it."""
+    refuses a schema with an unknown ``format`` value / keyword instead of ignoring it; ``numbers``
+    (extension, default ``"float64"``): ``"exact"`` lifts the float64 digit limit on numbers."""
 
     name: str
     description: str | None = None
@@ -141,6 +142,7 @@ class JsonSchemaSpec(_Strict):
     strict: bool | None = None
     unknown_formats: Literal["ignore", "error"] | None = None
     unknown_keywords: Literal["ignore", "error"] | None = None
+    numbers: Literal["float64", "exact"] | None = None
 
     def frontend_options(self) -> dict[str, str]:
         """The JSON Schema front-end options the request sets (``Grammar.from_json_schema``'s)."""
@@ -149,6 +151,7 @@ class JsonSchemaSpec(_Strict):
             for name, value in (
                 ("unknown_formats", self.unknown_formats),
                 ("unknown_keywords", self.unknown_keywords),
+                ("numbers", self.numbers),
             )
             if value is not None
         }
@@ -215,6 +218,9 @@ class _CommonRequest(_Strict):
     dry_sequence_breakers: list[str] | None = None
     dry_penalty_last_n: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     dry_skip_whitespace: bool | None = None
+    # Loop control inside one JSON value (engine/value_loops.py), checked like the dry_* fields.
+    value_close_multiplier: float | None = None
+    value_close_allowed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent_infer.grammar.ir import Empty, Expr, Grammar, Ref, Repeat, alt, chars, lit, seq
+from agent_infer.structured import REQUEST_NUMBERS
 from agent_infer.tools import Tool, ToolDefinitionError
 
 ToolChoice = str | Mapping[str, Any]
@@ -55,8 +56,12 @@ class GrammarBuilder:
 
     def arguments(self, index: int, tool: Tool) -> Ref:
         """A reference to the rule of JSON text valid for ``tool``'s parameters."""
+        # Arguments are generated, so numbers follow the request policy (structured.REQUEST_NUMBERS).
         g = Grammar.from_json_schema(
-            tool.parameters, strict=self.strict and tool.strict, whitespace=self.whitespace
+            tool.parameters,
+            strict=self.strict and tool.strict,
+            whitespace=self.whitespace,
+            numbers=REQUEST_NUMBERS,
         )
         renamed, root = g.prefixed(f"t{index}-")
         self.rules.extend(renamed)

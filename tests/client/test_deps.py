@@ -17,6 +17,7 @@ from server_harness import LiveServer, server_fixture
 from agent_infer import AsyncClient, Client
 from agent_infer.client import RunContext
 from agent_infer.client.agent import PendingCall, execute
+from agent_infer.client.request import Constraint
 from agent_infer.errors import InvalidRequestError, ValidationRetryError
 from agent_infer.tools import Tool, ToolDefinitionError
 
@@ -211,3 +212,91 @@ def test_validation_context_without_validators_is_a_typed_error(client: Client) 
         with pytest.raises(InvalidRequestError, match="validation_context needs schema=") as info:
             client.generate("Say a word.", validation_context={"x": 1}, **keywords)
         assert info.value.field == "validation_context"
+
+
+# --- JSON Schema front-end options and run(validation_context=) -----------------------------------
+
+ODD_FORMAT = {"type": "object", "properties": {"w": {"type": "string", "format": "no-such-format"}}}
+ODD_KEYWORD = {"type": "object", "properties": {"w": {"type": "string", "odd": 1}}, "required": ["w"]}
+
+
+def answer_word(word: Short) -> str:
+    """Look a word up.
+
+    Args:
+        word: The word.
+    """
+    return "found"
+
+
+@pytest.mark.parametrize("where", ["client", "remote"])
+def test_unknown_schema_parts_refused_on_request(where: str, request: pytest.FixtureRequest) -> None:
+    from agent_infer.errors import UnsupportedSchemaError
+
+    c: Client = request.getfixturevalue(where)
+    # Ignored by default (annotations), refused when asked, with the pointer, local and remote alike.
+    assert isinstance(c.generate("A word.", schema=ODD_FORMAT, max_tokens=30), dict)
+    for schema, option in (
+        (ODD_FORMAT, {"unknown_formats": "error"}),
+        (ODD_KEYWORD, {"unknown_keywords": "error"}),
+    ):
+        with pytest.raises(UnsupportedSchemaError) as info:
+            c.generate("A word.", schema=schema, max_tokens=30, **option)  # type: ignore[arg-type]
+        assert "/properties/w" in str(info.value)
+        with pytest.raises(UnsupportedSchemaError):
+            c.run("A word.", tools=[answer_word], schema=schema, max_turns=1, max_tokens=30, **option)  # type: ignore[arg-type]
+
+
+def test_schema_options_are_checked(client: Client) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        client.generate("A word.", schema=Word, unknown_formats="warn")
+    assert info.value.field == "unknown_formats"
+    with pytest.raises(InvalidRequestError) as info:
+        client.generate("A word.", regex="a+", numbers="exact")
+    assert info.value.field == "numbers"
+
+
+def test_numbers_policy_reaches_the_grammar(client: Client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"pi": {"type": "number"}},
+        "required": ["pi"],
+        "additionalProperties": False,
+    }
+    prompt = "Write pi with 40 decimal places as JSON."
+    value, completion = client.generate_with_completion(
+        prompt, schema=schema, max_tokens=60, close_on_length=True
+    )
+    mantissa = completion.text.split(":", 1)[1].strip(" \n}").lstrip("-").split("e")[0].replace(".", "")
+    assert len(mantissa.strip("0")) <= 17 and isinstance(value["pi"], float)
+    backend = client.backend
+    exact = backend._constraint_grammar(Constraint("json_schema", schema, options=(("numbers", "exact"),)))  # type: ignore[union-attr]
+    policy = backend._constraint_grammar(Constraint("json_schema", schema))  # type: ignore[union-attr]
+    assert str(exact) != str(policy)
+
+
+class Tagged(BaseModel):
+    word: str = Field(max_length=12)
+
+    @field_validator("word")
+    @classmethod
+    def tagged(cls, value: str, info: ValidationInfo) -> str:
+        return f"{(info.context or {}).get('prefix', '')}{value}"
+
+
+@pytest.mark.parametrize("where", ["client", "remote"])
+def test_run_passes_validation_context(where: str, request: pytest.FixtureRequest) -> None:
+    c: Client = request.getfixturevalue(where)
+    result = c.run(
+        "Answer with a word.",
+        tools=[answer_word],
+        schema=Tagged,
+        tool_choice={"name": "final_result"},
+        max_turns=1,
+        max_tokens=60,
+        validation_context={"prefix": "run:"},
+    )
+    assert result.output.word.startswith("run:")
+    with pytest.raises(InvalidRequestError) as info:
+        c.run("A word.", tools=[answer_word], max_turns=1, validation_context={"x": 1})
+    assert info.value.field == "validation_context"

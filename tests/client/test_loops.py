@@ -3,12 +3,13 @@ ends ``length`` without loop control, and ends ``stop`` with the SDK's default l
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
 
-from agent_infer.client import Client, Hooks, ResponseEvent
+from agent_infer.client import Client, Hooks, LoopControl, ResponseEvent
 from agent_infer.errors import ValidationRetryError
 
 
@@ -31,6 +32,13 @@ class Taxon(BaseModel):
 
 class Inventory(BaseModel):
     counts: dict[str, int]
+
+
+class Product(BaseModel):
+    name: str
+    price: float
+    in_stock: bool
+    tags: list[str]
 
 
 CASES = {
@@ -63,7 +71,9 @@ def client(llm: Any) -> Client:
     return Client.from_llm(llm)
 
 
-def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[str], Any]:
+def _finish_reasons(
+    client: Client, case: str, loop_control: Any, numbers: str = "float64"
+) -> tuple[list[str], Any]:
     schema, prompt, max_tokens = CASES[case]
     reasons: list[str] = []
 
@@ -77,6 +87,7 @@ def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[
             max_tokens=max_tokens,
             max_retries=0,
             loop_control=loop_control,
+            numbers=numbers,
             hooks=Hooks(on_response=on_response),
         )
     except ValidationRetryError:
@@ -86,8 +97,46 @@ def _finish_reasons(client: Client, case: str, loop_control: Any) -> tuple[list[
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_loop_ends_with_loop_control(client: Client, case: str) -> None:
-    reasons, value = _finish_reasons(client, case, False)
+    # numbers="exact": without the float64 digit policy, so the digit loop is there to end.
+    reasons, value = _finish_reasons(client, case, False, numbers="exact")
     assert reasons == ["length"] and value is None
     reasons, value = _finish_reasons(client, case, None)
     assert reasons == ["stop"]
     assert isinstance(value, CASES[case][0])
+
+
+def test_the_number_policy_alone_ends_a_digit_loop(client: Client) -> None:
+    reasons, value = _finish_reasons(client, "digits", False)
+    assert reasons == ["stop"] and isinstance(value, Stats)
+
+
+# Values that vary instead of repeating exactly: DRY alone leaves them at max_tokens, the closing
+# bias (engine/value_loops.py) ends them.
+VARYING = {
+    # "legal@okafor-partners.ng" becomes "ngozi-ngoza-2022-22-22/ngozakaguru-..." (no "@" yet)
+    "email": (
+        Contact,
+        "Please send the signed contract to Ngozi Okafor, legal@okafor-partners.ng, phone 0803 555 2210. "
+        "Extract the contact.",
+    ),
+    # "tags": ["2017-12-24", "2016-12-25", "2015-12-26", ... counting down
+    "list": (Product, "Steel kettle, 24.5, currently out of stock, tagged kitchen. Extract the product."),
+}
+
+
+@pytest.mark.parametrize("case", list(VARYING))
+def test_closing_bias_ends_varying_loops(client: Client, case: str) -> None:
+    schema, prompt = VARYING[case]
+    dry_only = LoopControl(value_close_multiplier=0.0)
+    for loop_control, expected in ((dry_only, ["length"]), (None, ["stop"])):
+        reasons: list[str] = []
+        with contextlib.suppress(ValidationRetryError):
+            client.generate(
+                prompt,
+                schema=schema,
+                max_tokens=200,
+                max_retries=0,
+                loop_control=loop_control,
+                hooks=Hooks(on_response=lambda event, seen=reasons: seen.append(event.finish_reason)),
+            )
+        assert reasons == expected

@@ -211,3 +211,27 @@ def test_speculative_tokens_is_validated() -> None:
         EngineConfig(speculative_tokens=-1)
     with pytest.raises(ConfigError, match="speculative_tokens"):
         EngineConfig(speculative_tokens=True)
+
+
+def test_value_close_bias_with_drafts_keeps_the_tokens(make_llm: Callable[..., Any]) -> None:
+    # The closing bias is applied to every draft row as if the draft prefix were accepted (the
+    # matcher walks the draft and is rolled back), so drafting does not change the output.
+    base = {"enable_prefix_caching": False, "forced_tokens": False, "boundary_drafts": False}
+    plain = make_llm(speculative_tokens=0, **base)
+    spec = make_llm(speculative_tokens=5, **base)
+    schema = {
+        "type": "object",
+        "properties": {"words": {"type": "string"}},
+        "required": ["words"],
+        "additionalProperties": False,
+    }
+    prompt = [
+        {"role": "user", "content": "Write the word 'go' forty times in the words field: go, go, go, go"}
+    ]
+    closing = {"value_close_multiplier": 2.0, "value_close_allowed": 2}
+    params = SamplingParams(temperature=0.0, max_tokens=60, structured=schema, **closing)
+    x, y = _chat(plain, [prompt], params)[0], _chat(spec, [prompt], params)[0]
+    assert y.outputs[0].token_ids == x.outputs[0].token_ids
+    assert y.metrics.num_draft_tokens > 0
+    unbiased = _chat(plain, [prompt], SamplingParams(temperature=0.0, max_tokens=60, structured=schema))[0]
+    assert unbiased.outputs[0].token_ids != x.outputs[0].token_ids  # the bias did act

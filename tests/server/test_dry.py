@@ -23,8 +23,14 @@ DRY = {
 }
 
 
-def _chat(server: LiveServer, **fields: Any) -> httpx.Response:
-    body = {"model": server.model, "messages": MESSAGES, "max_tokens": 40, "temperature": 0, **fields}
+def _chat(server: LiveServer, messages: Any = None, **fields: Any) -> httpx.Response:
+    body = {
+        "model": server.model,
+        "messages": messages or MESSAGES,
+        "max_tokens": 40,
+        "temperature": 0,
+        **fields,
+    }
     return httpx.post(server.v1 + "/chat/completions", json=body, timeout=120)
 
 
@@ -56,3 +62,54 @@ def test_bad_dry_values_are_400s_naming_the_field(
     resp = _chat(server, **fields)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
+
+
+WORDS = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "words",
+        "schema": {
+            "type": "object",
+            "properties": {"words": {"type": "string"}},
+            "required": ["words"],
+            "additionalProperties": False,
+        },
+    },
+}
+# A prompt the default model answers with a string that repeats itself ("go, go, go, ...").
+REPEAT = [{"role": "user", "content": "Write the word 'go' forty times in the words field."}]
+CLOSE = {"value_close_multiplier": 2.0, "value_close_allowed": 2}
+
+
+def test_value_close_fields_round_trip(server: LiveServer, llm: Any) -> None:
+    resp = _chat(server, REPEAT, response_format=WORDS, **CLOSE)
+    assert resp.status_code == 200, resp.text
+    served = resp.json()["choices"][0]["message"]["content"]
+    schema = WORDS["json_schema"]["schema"]  # type: ignore[index]
+    local = llm.chat(REPEAT, SamplingParams(temperature=0, max_tokens=40, structured=schema, **CLOSE))
+    plain = llm.chat(REPEAT, SamplingParams(temperature=0, max_tokens=40, structured=schema))
+    assert served == local[0].outputs[0].text
+    assert served != plain[0].outputs[0].text  # the repeating string was closed earlier
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"value_close_multiplier": -1}, "value_close_multiplier"),
+        ({"value_close_multiplier": "strong"}, "value_close_multiplier"),
+        ({"value_close_allowed": -1}, "value_close_allowed"),
+    ],
+)
+def test_bad_value_close_values_are_400s_naming_the_field(
+    server: LiveServer, fields: dict[str, Any], param: str
+) -> None:
+    resp = _chat(server, **fields)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
+
+
+def test_numbers_option_of_json_schema(server: LiveServer) -> None:
+    exact = {"type": "json_schema", "json_schema": {**WORDS["json_schema"], "numbers": "exact"}}  # type: ignore[dict-item]
+    assert _chat(server, response_format=exact).status_code == 200
+    bad = {"type": "json_schema", "json_schema": {**WORDS["json_schema"], "numbers": "double"}}  # type: ignore[dict-item]
+    assert _chat(server, response_format=bad).status_code == 400

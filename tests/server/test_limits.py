@@ -62,6 +62,8 @@ OUT_OF_RANGE = [
     ("chat", {"dry_allowed_length": HUGE}, "dry_allowed_length"),
     ("chat", {"dry_penalty_last_n": HUGE}, "dry_penalty_last_n"),
     ("chat", {"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
+    ("chat", {"value_close_allowed": HUGE}, "value_close_allowed"),
+    ("chat", {"value_close_allowed": -1}, "value_close_allowed"),
     ("text", {"seed": HUGE}, "seed"),
     ("text", {"max_tokens": HUGE}, "max_tokens"),
     ("text", {"n": HUGE}, "n"),
@@ -72,6 +74,7 @@ OUT_OF_RANGE = [
     ("text", {"best_of": HUGE}, "best_of"),
     ("text", {"dry_allowed_length": HUGE}, "dry_allowed_length"),
     ("text", {"dry_penalty_last_n": HUGE}, "dry_penalty_last_n"),
+    ("text", {"value_close_allowed": HUGE}, "value_close_allowed"),
     ("text", {"prompt": [1, HUGE]}, "prompt.1"),
 ]
 

@@ -23,7 +23,16 @@ DEFAULT_MAX_COMPILE_SECONDS = 30.0
 DEFAULT_MAX_ITEMS_PER_STEP = 200_000
 # Grammar.from_json_schema's keyword options (compile_json_schema passes them on).
 _JSON_SCHEMA_OPTIONS = frozenset(
-    ("strict", "whitespace", "max_whitespace", "indent", "remotes", "unknown_formats", "unknown_keywords")
+    (
+        "strict",
+        "whitespace",
+        "max_whitespace",
+        "indent",
+        "remotes",
+        "unknown_formats",
+        "unknown_keywords",
+        "numbers",
+    )
 )
 # Matching work (Earley items added plus origin-set items scanned by completions) for one
 # accepted byte, and for all the Earley steps of one mask fill (or one shortest completion).

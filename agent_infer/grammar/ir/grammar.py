@@ -169,6 +169,7 @@ class Grammar:
         remotes: Mapping[str, Any] | None = None,
         unknown_formats: str = "ignore",
         unknown_keywords: str = "ignore",
+        numbers: str = "exact",
     ) -> Grammar:
         """JSON Schema (dict, JSON text, or a Pydantic model class) to a grammar of conforming JSON.
 
@@ -178,6 +179,8 @@ class Grammar:
         absolute URIs to documents that ``$ref`` may point into (nothing is fetched).
         An unknown ``format`` value or keyword is an annotation (a ``warnings`` entry with its
         pointer) unless ``unknown_formats`` / ``unknown_keywords`` is ``"error"``.
+        ``numbers="float64"`` limits the digits of numbers the schema leaves open to what float64
+        and 64-bit integers hold; ``"exact"`` (default) keeps them unbounded.
         """
         return _frontend("json_schema")(
             schema,
@@ -188,6 +191,7 @@ class Grammar:
             remotes=remotes,
             unknown_formats=unknown_formats,
             unknown_keywords=unknown_keywords,
+            numbers=numbers,
         )
 
     @classmethod

@@ -79,11 +79,13 @@ class Compiler(RuleWriter, Layout, Reporter):
         indent: int | None,
         unknown_formats: str = "ignore",
         unknown_keywords: str = "ignore",
+        numbers: str = "exact",
     ) -> None:
         self.registry = registry
         self.strict = strict
         self.unknown_formats = unknown_formats
         self.unknown_keywords = unknown_keywords
+        self.numbers = numbers  # "exact" or "float64" (types/number_policy.py)
         self.indent = indent
         self.max_seconds = envs.json_schema_max_seconds()
         self.deadline = time.perf_counter() + self.max_seconds

@@ -22,6 +22,7 @@ from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 from agent_infer.grammar.frontends.json_schema.resolve.keyword_checks import MAX_INT_DIGITS, TooLongInteger
 from agent_infer.grammar.frontends.json_schema.resolve.registry import build_registry
 from agent_infer.grammar.frontends.json_schema.rule_writer import SHARED_RULE_PREFIX
+from agent_infer.grammar.frontends.json_schema.types.number_policy import NUMBER_POLICIES
 
 # Imported with the front end, not on first use (validating a value matcher's grammar needs it):
 # where no bytecode is cached (e.g. PYTHONDONTWRITEBYTECODE) compiling a module costs milliseconds,
@@ -46,6 +47,7 @@ UNKNOWN_KEYWORDS = ("ignore", "error")
 __all__ = [
     "MAX_INDENT",
     "MAX_WHITESPACE",
+    "NUMBER_POLICIES",
     "UNKNOWN_FORMATS",
     "UNKNOWN_KEYWORDS",
     "check_options",
@@ -111,15 +113,18 @@ def check_options(
     remotes: Any,
     unknown_formats: Any = "ignore",
     unknown_keywords: Any = "ignore",
+    numbers: Any = "exact",
 ) -> None:
     """Raise ConfigError, naming the argument and what it allows, for an option of
     :func:`json_schema_to_grammar` out of range: ``whitespace`` is ``"flexible"`` or ``"compact"``,
     ``max_whitespace`` an integer in [0, MAX_WHITESPACE], ``indent`` None or an integer in
     [0, MAX_INDENT], ``strict`` a bool, ``remotes`` None or a mapping from URI strings,
-    ``unknown_formats`` and ``unknown_keywords`` ``"ignore"`` or ``"error"``."""
+    ``unknown_formats`` and ``unknown_keywords`` ``"ignore"`` or ``"error"``, ``numbers``
+    ``"exact"`` or ``"float64"``."""
     for name, value, allowed in (
         ("unknown_formats", unknown_formats, UNKNOWN_FORMATS),
         ("unknown_keywords", unknown_keywords, UNKNOWN_KEYWORDS),
+        ("numbers", numbers, NUMBER_POLICIES),
     ):
         if type(value) is not str or value not in allowed:
             raise ConfigError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
@@ -146,6 +151,7 @@ def json_schema_to_grammar(
     remotes: Mapping[str, Any] | None = None,
     unknown_formats: str = "ignore",
     unknown_keywords: str = "ignore",
+    numbers: str = "exact",
 ) -> Grammar:
     """Compile a JSON Schema (dict, JSON text, bool, or Pydantic model class) to a Grammar.
 
@@ -158,6 +164,8 @@ def json_schema_to_grammar(
     ``Grammar.warnings`` with its pointer) unless ``unknown_formats`` / ``unknown_keywords`` is
     ``"error"``, which makes it an UnsupportedSchemaError.
     ``remotes`` maps absolute URIs to schema documents that ``$ref`` may point into.
+    ``numbers="float64"`` limits numbers the schema leaves open to float64/int64 digits
+    (``types/number_policy.py``); ``"exact"`` keeps JSON Schema's unbounded numbers.
     """
     check_options(
         strict=strict,
@@ -167,6 +175,7 @@ def json_schema_to_grammar(
         remotes=remotes,
         unknown_formats=unknown_formats,
         unknown_keywords=unknown_keywords,
+        numbers=numbers,
     )
     comp: Compiler | None = None
     over_limit = False
@@ -180,6 +189,7 @@ def json_schema_to_grammar(
             indent=indent,
             unknown_formats=unknown_formats,
             unknown_keywords=unknown_keywords,
+            numbers=numbers,
         )
         body = comp.lower(root, "", 0)
         # Rule names come from Compiler.fresh (or fixed valid names) and every Ref names a rule

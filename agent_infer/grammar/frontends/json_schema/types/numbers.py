@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError
 from agent_infer.grammar.automata import dfa_intersect, expr_to_dfa
+from agent_infer.grammar.frontends.json_schema.types import number_policy as policy
 from agent_infer.grammar.frontends.json_schema.types import numerals as num
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.bounds import number
@@ -31,7 +32,34 @@ def _bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, 
 
 
 def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bool) -> Expr:
-    """A JSON number (or integer literal) under bounds and multipleOf."""
+    """A JSON number (or integer literal) under bounds and multipleOf, limited by the compiler's
+    number policy (:mod:`.number_policy`) where the schema leaves the digits open."""
+    if c.numbers == "exact":
+        return _lower_number(c, flat, pointer, integer=integer)
+    if not integer:
+        exact = _lower_number(c, flat, pointer, integer=False)
+        if exact is num.NUMBER:
+            return policy.NUMBER
+        # Residue automata (multipleOf an integer, one side open) are recursive rules, not one
+        # expression: they keep the schema's language.
+        return exact if _has_ref(exact) else policy.limit_number(c, exact, pointer)
+    if "multipleOf" in flat:
+        return _lower_number(c, flat, pointer, integer=True)
+    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    closed_lo, closed_hi = policy.close_integer_range(lo, hi)
+    if closed_lo is None and closed_hi is None:
+        return _lower_number(c, flat, pointer, integer=True)
+    expr = num.bounded_number(
+        closed_lo, lo_strict and closed_lo == lo, closed_hi, hi_strict and closed_hi == hi, True
+    )
+    return expr if expr is not None else _lower_number(c, flat, pointer, integer=True)
+
+
+def _has_ref(e: Expr) -> bool:
+    return isinstance(e, Ref) or any(_has_ref(child) for child in e.children())
+
+
+def _lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bool) -> Expr:
     lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
     step = number(flat, "multipleOf", pointer)
     if step is not None and step <= 0:
@@ -104,14 +132,17 @@ def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
         c.unsupported("not", f"{pointer}/not", "non-integer numbers with multipleOf are not supported")
     lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
     if lo is None and hi is None:
-        return fractional
+        return fractional if c.numbers == "exact" else policy.limit_number(c, fractional, pointer)
     bounded = num.bounded_number(lo, lo_strict, hi, hi_strict, False)
     if bounded is None:
         c.unsupported("not", f"{pointer}/not", "bound is not a finite decimal")
         return fractional
     # Both languages are regular over ASCII: intersect them as automata.
+    both = dfa_intersect(expr_to_dfa(fractional), expr_to_dfa(bounded))
+    if c.numbers != "exact":
+        both = policy.limit_dfa(both)
     prefix = c.fresh(f"{pointer}-frac")
-    start, rules = dfa_to_rules(dfa_intersect(expr_to_dfa(fractional), expr_to_dfa(bounded)), prefix + "-")
+    start, rules = dfa_to_rules(both, prefix + "-")
     c.rules.update(rules)
     c.rules[prefix] = start
     return Ref(prefix)
