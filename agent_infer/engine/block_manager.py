@@ -160,6 +160,23 @@ class BlockManager:
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix of blocks no sequence owns; returns how many were dropped.
+
+        Blocks in use keep their entries (their sequences still read them).
+        """
+        dropped = 0
+        for block_id in self.free_block_ids:
+            block = self.blocks[block_id]
+            if block.hash == _NO_HASH:
+                continue
+            if self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+                dropped += 1
+            block.hash = _NO_HASH
+            block.token_ids = ()
+        return dropped
+
     # --- prefix registration -----------------------------------------------------------------------
 
     def register_computed(self, seq: Sequence) -> None:

@@ -30,6 +30,7 @@ from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.server.responses import ResponsesRequest, create_response
 from agent_infer.server.state import ServerState
 from agent_infer.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from agent_infer.server.worker_routes import WORKER_ENDPOINTS, install_worker_routes
 from agent_infer.tool_formats import detect_format, get_format
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
     async def model(model_id: str) -> Response:
         state.check_model(model_id)
         return JSONResponse(model_card())
+
+    install_worker_routes(app, state, guarded)
 
     @app.post("/v1/responses", dependencies=guarded)
     async def responses(request: Request) -> Response:
@@ -224,6 +227,7 @@ _ENDPOINTS = frozenset(
         "/v1/responses",
         "/tokenize",
         "/detokenize",
+        *WORKER_ENDPOINTS,
     }
 )
 

@@ -14,8 +14,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent_infer.engine.grammar_manager import GrammarTimings
 from agent_infer.engine.llm_engine import LLMEngine, Prompt
@@ -92,6 +93,14 @@ class _Add:
 
 
 @dataclass
+class _Call:
+    """Run ``fn(engine)`` on the engine thread (between steps) and hand back its result."""
+
+    fn: Callable[[LLMEngine], Any]
+    future: concurrent.futures.Future[Any]
+
+
+@dataclass
 class EngineSnapshot:
     """Scheduler and KV-pool numbers, written by the engine thread after each iteration."""
 
@@ -113,7 +122,7 @@ class AsyncEngine:
             kv_blocks_total=engine.block_manager.num_blocks,
             kv_blocks_free=engine.block_manager.num_free_blocks,
         )
-        self._commands: queue.SimpleQueue[_Add | str] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Call | str] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
@@ -155,6 +164,15 @@ class AsyncEngine:
         await asyncio.wrap_future(future)
         return stream
 
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps; returns what it returns."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(_Call(fn, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request and free its KV blocks (no-op once it finished)."""
         self._commands.put(request_id)
@@ -183,7 +201,7 @@ class AsyncEngine:
             self._update_snapshot()
         self._shutdown()
 
-    def _queued_commands(self) -> Iterator[_Add | str]:
+    def _queued_commands(self) -> Iterator[_Add | _Call | str]:
         """The commands queued so far, without waiting for more."""
         while True:
             try:
@@ -196,6 +214,12 @@ class AsyncEngine:
             if isinstance(command, str):
                 if command in self._streams:
                     self.engine.abort(command)
+                continue
+            if isinstance(command, _Call):
+                try:
+                    command.future.set_result(command.fn(self.engine))
+                except Exception as exc:
+                    command.future.set_exception(exc)
                 continue
             start = time.perf_counter()
             try:
@@ -254,7 +278,7 @@ class AsyncEngine:
     def _shutdown(self) -> None:
         # Reject adds that raced the shutdown, then end what is in flight.
         for command in self._queued_commands():
-            if isinstance(command, _Add):
+            if not isinstance(command, str):
                 command.future.set_exception(EngineStoppedError("the server is shutting down"))
         self._fail_all(EngineStoppedError("the server is shutting down"))
         self._update_snapshot()

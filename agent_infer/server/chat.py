@@ -163,6 +163,12 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         where = "tools"
         out_format = fmt if calls_possible else None
     reasoning = state.config.reasoning_parser is not None
+    if reasoning and req.stream and req.stream_reasoning is False:
+        raise ApiError(
+            400,
+            "stream_reasoning=false is unsupported: the thinking is streamed as reasoning_content deltas",
+            param="stream_reasoning",
+        )
     if reasoning and structured is not None:
         # The constraint is on the answer: the thinking before it stays free.
         try:
@@ -176,7 +182,8 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         warnings=constraint.warnings,
         tool_format=out_format,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-        reasoning=reasoning,
+        # separate_reasoning=false (SGLang's): the thinking stays in the content.
+        reasoning=reasoning and req.separate_reasoning is not False,
     )
 
 
