@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
     )
+    serve.add_argument(
+        "--host-kv-cache-bytes",
+        type=int,
+        default=0,
+        help="host memory for prefix blocks the KV pool evicts, restored on a prefix hit (0 = off)",
+    )
     return parser
 
 
@@ -145,6 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
         speculative_tokens=args.speculative_tokens,
+        host_kv_cache_bytes=args.host_kv_cache_bytes,
     )
     serve(args.model, config, engine_config)
     return 0

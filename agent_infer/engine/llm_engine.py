@@ -13,6 +13,7 @@ from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
+from agent_infer.engine.kv_tier import HostKVTier
 from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.postprocessor import Postprocessor
@@ -67,6 +68,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
+        if self.config.host_kv_cache_bytes:
+            self.block_manager.tier = HostKVTier(self.runner.kv_cache, self.config.host_kv_cache_bytes)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler(self.eos_token_ids, self.tokenizer.decode)
         self.grammar = GrammarManager(
