@@ -149,6 +149,33 @@ class LocalCluster:
         ]
         return self._spawn(f"router-{port}", f"http://127.0.0.1:{port}", cmd)
 
+    def pd_router(
+        self,
+        prefill: Sequence[str],
+        decode: Sequence[str],
+        *,
+        port: int | None = None,
+        args: Sequence[str] = (),
+    ) -> Process:
+        """Start sglang-router in PD mode; each prefill worker's bootstrap port is its HTTP port."""
+        port = port or free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        cmd += ["--pd-disaggregation", "--policy", "round_robin"]
+        for url in prefill:
+            cmd += ["--prefill", url, url.rsplit(":", 1)[1]]
+        for url in decode:
+            cmd += ["--decode", url]
+        cmd += ["--health-check-interval-secs", "1", "--log-level", "warn", *args]
+        return self._spawn(f"pd-router-{port}", f"http://127.0.0.1:{port}", cmd)
+
 
 def wait_healthy(proc: Process, timeout: float = 180.0, path: str = "/health") -> None:
     """Wait until ``proc`` answers 200 on ``path``; EngineError naming it if it dies or times out."""

@@ -12,6 +12,7 @@ same prefix can revive them until the pool needs the space.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_infer.engine.sequence import Sequence
@@ -60,6 +61,9 @@ class BlockManager:
         self.num_prefix_queries = 0
         #: The second KV tier (engine/kv_tier.py): evicted prefix blocks go there and come back.
         self.tier: HostKVTier | None = None
+        #: Called with a sequence just before its blocks are released, while they still hold its
+        #: KV (prefill/decode disaggregation stages a finished prefill's blocks here).
+        self.on_release: Callable[[Sequence], None] | None = None
 
     # --- metrics ---------------------------------------------------------------------------------
 
@@ -202,6 +206,8 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; blocks nobody else uses go to the free list, keeping their hash."""
+        if self.on_release is not None:
+            self.on_release(seq)
         # Reversed so that a prefix's tail is evicted before its head, which other prompts share more.
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]

@@ -142,6 +142,11 @@ class Postprocessor:
                 return True
         raise EngineError("closing tokens did not finish the request")
 
+    def accept_first_token(self, seq: Sequence, token: int) -> bool:
+        """Record a first token sampled elsewhere (a prefill worker's) with the stop checks of a
+        sampled one; True when it finished ``seq``. Requests with a grammar never come here."""
+        return self._append(seq, token)
+
     def _append(self, seq: Sequence, token: int) -> bool:
         """Record one accepted token and apply the stop conditions; True when ``seq`` finished."""
         seq.append_token(token)

@@ -90,6 +90,8 @@ class _Add:
     params: SamplingParams
     stream: RequestStream
     future: concurrent.futures.Future[None]
+    #: A prefilled request (PD decode side): its first token and the KV loader.
+    prefilled: tuple[int, Callable[[list[int], int], int]] | None = None
 
 
 @dataclass
@@ -109,6 +111,7 @@ class EngineSnapshot:
     running: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
+    prompt_tokens_computed: int = 0
     grammar: GrammarTimings = field(default_factory=GrammarTimings)
 
 
@@ -173,6 +176,24 @@ class AsyncEngine:
         self._wake.set()
         return await asyncio.wrap_future(future)
 
+    async def add_prefilled(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        first_token: int,
+        load_kv: Callable[[list[int], int], int],
+    ) -> RequestStream:
+        """Queue a request another replica prefilled (``LLMEngine.add_prefilled_request``)."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
+        stream = RequestStream(request_id)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._commands.put(_Add(request_id, token_ids, params, stream, future, (first_token, load_kv)))
+        self._wake.set()
+        await asyncio.wrap_future(future)
+        return stream
+
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request and free its KV blocks (no-op once it finished)."""
         self._commands.put(request_id)
@@ -223,11 +244,17 @@ class AsyncEngine:
                 continue
             start = time.perf_counter()
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                if command.prefilled is None:
+                    self.engine.add_request(command.request_id, command.prompt, command.params)
+                else:
+                    ids = [int(t) for t in command.prompt if isinstance(t, int)]
+                    first, load = command.prefilled
+                    self.engine.add_prefilled_request(command.request_id, ids, command.params, first, load)
             except BaseException as exc:
                 command.future.set_exception(exc)
                 continue
-            command.stream.warnings = self.engine.requests[command.request_id].constraint_warnings
+            added = self.engine.requests.get(command.request_id)  # a prefilled one may end at once
+            command.stream.warnings = added.constraint_warnings if added is not None else ()
             if command.params.structured is not None:
                 self.metrics.observe_compile(time.perf_counter() - start)
             self._streams[command.request_id] = command.stream
@@ -272,6 +299,7 @@ class AsyncEngine:
             running=len(scheduler.running),
             kv_blocks_total=blocks.num_blocks,
             kv_blocks_free=blocks.num_free_blocks,
+            prompt_tokens_computed=scheduler.num_prompt_tokens_computed,
             grammar=self.engine.grammar.timings(),
         )
 

@@ -23,6 +23,7 @@ from agent_infer.server.params import (
 from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
 from agent_infer.server.reasoning import ReasoningStream, split_reasoning, think_then
 from agent_infer.server.responder import Responder
+from agent_infer.server.router_fields import bootstrap_of
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
 from agent_infer.structured import StructuredOutput
@@ -206,6 +207,7 @@ async def create_chat_completion(
         vocab_size=state.engine.engine.vocab_size,
     )
     responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
+    responder.bootstrap = bootstrap_of(req)
     return await responder.respond(req, request, plan.messages, params, plan.constraint_field, plan.warnings)
 
 

@@ -141,6 +141,12 @@ class ServerMetrics:
             "Speculative draft tokens the model accepted.",
             [("", sums["accepted_draft_tokens"])],
         )
+        metric(
+            "prompt_tokens_computed_total",
+            "counter",
+            "Prompt tokens the model ran here (not prefix-cache hits, not KV read from a prefill worker).",
+            [("", snapshot.prompt_tokens_computed)],
+        )
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])
         metric(
             "requests_waiting_for_grammar",

@@ -16,11 +16,12 @@ cannot produce; none is dropped silently:
 | ``stream_reasoning`` | ``true`` (streamed thinking deltas); ``false`` with a reasoning parser on a stream is a 400 |
 | ``continue_final_message`` | ``false`` only; ``true`` is a 400 |
 | ``return_hidden_states`` | ``false`` only; ``true`` is a 400 |
-| ``bootstrap_*`` | a 400: this server is not a prefill or decode worker |
+| ``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room`` | all three or none; on a worker started with ``--disaggregation-mode prefill`` or ``decode`` they name the handoff (``server/pd/``), elsewhere a 400 (``code: "not_a_pd_worker"``) |
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agent_infer.server.errors import ApiError
@@ -43,12 +44,24 @@ def check_router_fields(req: Any) -> None:
             "continue_final_message=true is unsupported: the prompt always ends with a new assistant turn",
             param="continue_final_message",
         )
-    for name in BOOTSTRAP_FIELDS:
-        if getattr(req, name) is not None:
-            raise ApiError(
-                400,
-                f"{name} is only accepted by prefill/decode workers; this server colocates prefill and "
-                "decode (run the router without --pd-disaggregation)",
-                param=name,
-                code="not_a_pd_worker",
-            )
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """The PD fields sglang-router adds to both halves of a request: where the prefill worker's
+    bootstrap endpoint is, and the room (a random 64-bit id) that pairs the two halves."""
+
+    host: str
+    port: int
+    room: int
+
+
+def bootstrap_of(req: Any) -> Bootstrap | None:
+    """The request's bootstrap fields (all three or none, else a 400 naming the missing one)."""
+    given = [getattr(req, name) for name in BOOTSTRAP_FIELDS]
+    if all(v is None for v in given):
+        return None
+    for name, value in zip(BOOTSTRAP_FIELDS, given):
+        if value is None:
+            raise ApiError(400, f"{name} is required with the other bootstrap fields", param=name)
+    return Bootstrap(str(req.bootstrap_host), int(req.bootstrap_port), int(req.bootstrap_room))

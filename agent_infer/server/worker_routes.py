@@ -56,10 +56,11 @@ def install_worker_routes(app: FastAPI, state: ServerState, guarded: Sequence[pa
             "context_length": engine.max_model_len,
             "max_total_num_tokens": blocks.num_blocks * blocks.block_size,
             "page_size": blocks.block_size,
+            "kv_bytes_per_token": engine.runner.kv_bytes_per_token,
             "max_running_requests": engine.config.max_num_seqs,
             "dp_size": 1,
             "tp_size": 1,
-            "disaggregation_mode": "null",
+            "disaggregation_mode": state.config.disaggregation_mode,
         }
 
     def model_info() -> dict[str, Any]:
