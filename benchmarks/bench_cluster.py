@@ -1,5 +1,6 @@
-"""Serving beyond one replica: one replica vs two behind sglang-router (round_robin, cache_aware),
-and one replica with a small KV pool with and without the host KV tier.
+"""Serving beyond one replica: one replica vs two behind sglang-router (round_robin, cache_aware)
+vs one prefill + one decode worker (the router's PD mode), and one replica with a small KV pool
+with and without the host KV tier.
 
 Workload: multi-turn agents. Each agent has a long system prompt of its own (instructions and
 tool descriptions, resent every turn) and runs its turns one after another, resending the whole
@@ -7,7 +8,8 @@ transcript; agents run concurrently (``--agents`` clients). Every request stream
 completion of at most ``--max-tokens`` tokens. Per request: TTFT (send -> first content chunk),
 inter-token gaps (between content chunks), end-to-end. Throughput = completion tokens / wall time.
 Prefix-cache hit rate = cached prompt tokens / prompt tokens, summed over the replicas' /metrics
-(``agent_infer_prompt_tokens_cached_total`` / ``agent_infer_prompt_tokens_total``).
+(``agent_infer_prompt_tokens_cached_total`` / ``agent_infer_prompt_tokens_total``); for the PD
+pair, over the prefill worker (the one that runs prompts).
 
 The tier runs use one replica whose device pool holds about one agent's transcript, and send the
 agents' turns interleaved (turn 0 of every agent, then turn 1, ...), so each agent's prefix is
@@ -224,6 +226,29 @@ def main() -> None:
             router.stop()
         for replica in replicas:
             replica.stop()
+        prefill = local.replica(
+            args=[*common, "--kv-cache-memory-bytes", str(args.kv_bytes), "--disaggregation-mode", "prefill"]
+        )
+        decode = local.replica(
+            args=[*common, "--kv-cache-memory-bytes", str(args.kv_bytes), "--disaggregation-mode", "decode"]
+        )
+        wait_healthy(prefill)
+        wait_healthy(decode)
+        router = local.pd_router([prefill.url], [decode.url])
+        wait_router_ready(router, 2)
+        results.append(
+            measure(
+                "1 prefill + 1 decode (PD router)",
+                router.url,
+                [prefill],
+                args,
+                False,
+                flush=[prefill, decode],
+            )
+        )
+        router.stop()
+        prefill.stop()
+        decode.stop()
         small = ["--kv-cache-memory-bytes", str(args.small_kv_bytes)]
         for label, extra in (("no tier", []), ("host tier", ["--host-kv-cache-bytes", str(args.tier_bytes)])):
             replica = local.replica(args=[*common, *small, *extra])

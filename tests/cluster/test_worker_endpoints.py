@@ -92,8 +92,6 @@ def test_skip_special_tokens_false_keeps_special_token_text(server: LiveServer) 
     [
         ("return_hidden_states", True),
         ("continue_final_message", True),
-        ("bootstrap_room", 123),
-        ("bootstrap_host", "127.0.0.1"),
     ],
 )
 def test_extensions_that_cannot_be_honoured_are_400s_naming_them(
@@ -110,14 +108,18 @@ def test_unknown_fields_are_still_400s(server: LiveServer) -> None:
     assert resp.json()["error"]["param"] == "no_stop_trimm"
 
 
-def test_bootstrap_room_takes_sglangs_unsigned_64_bit_range(server: LiveServer) -> None:
-    # The router draws rooms from the whole u64 range; a value above i64 must reach the PD check,
-    # not fail as an out-of-range integer.
-    resp = _chat(server, bootstrap_room=2**64 - 1)
+def test_bootstrap_fields_on_a_colocated_server_are_400s(server: LiveServer) -> None:
+    pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998}
+    # The router draws rooms from the whole u64 range: above i64 still reaches the PD check.
+    resp = _chat(server, **pd, bootstrap_room=2**64 - 1)
+    assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "not_a_pd_worker"
-    resp = _chat(server, bootstrap_room=2**64)
+    resp = _chat(server, **pd, bootstrap_room=2**64)
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "bootstrap_room"
+    resp = _chat(server, bootstrap_room=5)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "bootstrap_host"
 
 
 def test_info_endpoints_name_the_served_model_and_no_paths(server: LiveServer) -> None:
