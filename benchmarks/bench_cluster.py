@@ -163,10 +163,16 @@ def totals(replicas: list[Process]) -> tuple[float, float]:
 
 
 def measure(
-    name: str, url: str, replicas: list[Process], args: argparse.Namespace, interleaved: bool
+    name: str,
+    url: str,
+    replicas: list[Process],
+    args: argparse.Namespace,
+    interleaved: bool,
+    flush: list[Process] | None = None,
 ) -> Result:
-    """Flush the replicas' caches, run the workload through ``url``, summarize."""
-    for replica in replicas:
+    """Flush the caches (of ``flush``, default ``replicas``), run the workload through ``url``,
+    summarize; the hit rate is read from ``replicas``."""
+    for replica in flush or replicas:
         httpx.post(replica.url + "/flush_cache", timeout=30).raise_for_status()
     p0, c0 = totals(replicas)
     start = time.perf_counter()

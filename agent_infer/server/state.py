@@ -148,6 +148,8 @@ class ServerState:
         self.active.discard(request_id)
         if not finished:
             self.engine.abort(request_id)
+        if self.pd is not None and self.pd.mode == "prefill":
+            self.pd.forget(request_id)
 
     async def first_output(self, stream: RequestStream, request: Request) -> RequestOutput:
         """The first snapshot (a failure before it is still an HTTP error, not a 200 stream)."""

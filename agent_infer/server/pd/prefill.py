@@ -80,6 +80,12 @@ class PrefillRole:
         with self._lock:
             self._rooms_of[request_id] = room
 
+    def forget(self, request_id: str) -> None:
+        """The handler is done with ``request_id``: drop its room mapping if no release took it
+        (a request that failed before it had blocks)."""
+        with self._lock:
+            self._rooms_of.pop(request_id, None)
+
     def _on_release(self, seq: Sequence) -> None:
         # Engine thread, inside the step that finished ``seq``: its blocks still hold the KV.
         with self._lock:
@@ -95,9 +101,8 @@ class PrefillRole:
         ]
         staging = torch.cat(parts)
         self.transfer.register(staging)
-        entry = Room(
-            staging, num_blocks, len(prompt), prompt_digest(prompt), seq.token_ids[-1], time.monotonic()
-        )
+        first = seq.token_ids[seq.num_prompt_tokens]
+        entry = Room(staging, num_blocks, len(prompt), prompt_digest(prompt), first, time.monotonic())
         with self._lock:
             self._rooms[room] = entry
             self._expire_locked()

@@ -54,12 +54,15 @@ class Transfer:
 
     def register(self, tensor: torch.Tensor) -> None:
         """Make ``tensor``'s memory readable by peers (and writable into by reads here)."""
-        if self._engine.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size()) != 0:
+        with self._lock:
+            status = self._engine.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        if status != 0:
             raise EngineError(f"Mooncake could not register {tensor.numel() * tensor.element_size()} bytes")
 
     def unregister(self, tensor: torch.Tensor) -> None:
         """Forget a registration made with :meth:`register`."""
-        self._engine.unregister_memory(tensor.data_ptr())
+        with self._lock:
+            self._engine.unregister_memory(tensor.data_ptr())
 
     def read(self, peer: str, local: list[int], remote: list[int], lengths: list[int]) -> int:
         """Copy ``lengths[i]`` bytes from the peer's ``remote[i]`` to local ``local[i]``; returns bytes."""
