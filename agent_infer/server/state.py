@@ -80,9 +80,15 @@ class ServerState:
             if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], dict)
             else "messages"
         )
-        token_ids = await self.prompts.token_ids(prompt, prompt_field)
         if bootstrap is not None:
-            return await self._submit_pd(request_id, token_ids, params, constraint_field, bootstrap)
+            try:
+                token_ids = await self.prompts.token_ids(prompt, prompt_field)
+                return await self._submit_pd(request_id, token_ids, params, constraint_field, bootstrap)
+            except ApiError as exc:
+                if self.pd is not None and self.pd.mode == "prefill":
+                    self.pd.fail(bootstrap.room, exc.status, exc.message)
+                raise
+        token_ids = await self.prompts.token_ids(prompt, prompt_field)
         try:
             stream = await self.engine.add(request_id, token_ids, params)
         except InvalidRequestError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,14 @@ from agent_infer.cluster.processes import (
 )
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-ARGS = ["--kv-cache-memory-bytes", str(32 << 20), "--max-num-seqs", "8", "--speculative-tokens", "0"]
+ARGS = ["--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "8", "--speculative-tokens", "0"]
 PROMPTS = [
     "Name three colors.",
     "Write one sentence about the sea, then one about mountains.",
     "List the first five prime numbers and say why 1 is not prime.",
+    # Long enough (~700 tokens, ~32 MB of KV) that the read spans several Mooncake batches.
+    "Summarize these rules in one line. "
+    + " ".join(f"Rule {i}: file report {i * 17} before noon on day {i % 7}." for i in range(50)),
 ]
 
 
@@ -75,10 +79,9 @@ def test_disaggregated_greedy_output_equals_colocated_and_decode_never_prefills(
         == before["agent_infer_prompt_tokens_computed_total"]
         == 0
     )
-    assert (
-        after["agent_infer_pd_requests_received_total"] - before["agent_infer_pd_requests_received_total"]
-        == 3
-    )
+    assert after["agent_infer_pd_requests_received_total"] - before[
+        "agent_infer_pd_requests_received_total"
+    ] == len(PROMPTS)
     moved = after["agent_infer_pd_kv_bytes_received_total"] - before["agent_infer_pd_kv_bytes_received_total"]
     assert moved == expected_bytes
     # The prefill worker serves whole requests too when no bootstrap fields come with them.
@@ -104,6 +107,22 @@ def test_disaggregated_stream_matches_and_ends(pair: tuple[Process, Process, Pro
         for choice in json.loads(line[6:]).get("choices", []):
             pieces.append(choice.get("delta", {}).get("content") or "")
     assert "".join(pieces) == _chat(prefill.url, PROMPTS[1])["choices"][0]["message"]["content"]
+
+
+def test_a_refused_prefill_fails_the_request_at_once(pair: tuple[Process, Process, Process]) -> None:
+    _, _, router = pair
+    too_long = " ".join(f"item {i}" for i in range(1500))  # more tokens than either KV pool holds
+    started = time.monotonic()
+    resp = httpx.post(
+        router.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": too_long}], "max_tokens": 4},
+        timeout=120,
+    )
+    assert resp.status_code == 400, resp.text
+    # sglang-router re-wraps a decode worker's 400 (code "decode_bad_request"); the prefill
+    # worker's reason travels in the message.
+    assert "KV cache holds only" in resp.text, resp.text
+    assert time.monotonic() - started < 30  # not the decode worker's 60 s wait for the room
 
 
 def test_bootstrap_fields_on_a_colocated_server_are_a_400(pair: tuple[Process, Process, Process]) -> None:

@@ -54,6 +54,13 @@ class DecodeRole:
             raise ApiError(
                 502, f"prefill worker at {url} unreachable: {exc}", code="pd_bootstrap_failed"
             ) from exc
+        if resp.status_code == 409:
+            failed = resp.json()["error"]
+            raise ApiError(
+                int(failed["prefill_status"]),
+                f"the prefill worker failed this request: {failed['message']}",
+                code="pd_prefill_failed",
+            )
         if resp.status_code != 200:
             raise ApiError(
                 502,

@@ -7,6 +7,10 @@ reads the room's description from ``GET /pd/rooms/{room}`` (this server's own HT
 bootstrap port: ``--prefill http://host:PORT PORT``), reads the KV with the transfer engine, and
 ends the room with ``DELETE /pd/rooms/{room}``.
 
+A prefill this worker refuses (a 4xx for the request) or that fails is recorded under the room,
+and the room request answers 409 with the prefill's status and message, so the decode worker
+fails the request the same way at once instead of waiting for a room that never comes.
+
 Limits: a room is kept at most ``ROOM_TTL_S`` seconds and at most ``MAX_ROOMS`` rooms at once
 (the oldest is dropped first); a decode worker asking for a dropped room gets a 404
 (``code: "room_not_found"``).
@@ -68,6 +72,8 @@ class PrefillRole:
         self.block_bytes = block_bytes_per_pool(engine.runner.kv_cache)
         self._rooms_of: dict[str, int] = {}  # request id -> room
         self._rooms: OrderedDict[int, Room] = OrderedDict()
+        # Rooms whose prefill was refused or failed: (HTTP status, message, when).
+        self._failed: OrderedDict[int, tuple[int, str, float]] = OrderedDict()
         self._lock = threading.Lock()
         engine.block_manager.on_release = self._on_release
 
@@ -80,6 +86,19 @@ class PrefillRole:
         with self._lock:
             self._rooms_of[request_id] = room
 
+    def fail(self, room: int, status: int, message: str) -> None:
+        """The prefill of ``room`` was refused or failed: its decode worker learns at once."""
+        with self._lock:
+            self._failed[room] = (status, message, time.monotonic())
+            while len(self._failed) > MAX_ROOMS:
+                self._failed.popitem(last=False)
+
+    def failure(self, room: int) -> tuple[int, str] | None:
+        """Why the prefill of ``room`` failed, if it did."""
+        with self._lock:
+            found = self._failed.get(room)
+        return None if found is None else (found[0], found[1])
+
     def forget(self, request_id: str) -> None:
         """The handler is done with ``request_id``: drop its room mapping if no release took it
         (a request that failed before it had blocks)."""
@@ -90,7 +109,10 @@ class PrefillRole:
         # Engine thread, inside the step that finished ``seq``: its blocks still hold the KV.
         with self._lock:
             room = self._rooms_of.pop(seq.request_id, None) if seq.is_finished else None
-        if room is None or seq.num_output_tokens < 1 or seq.finish_reason not in ("stop", "length"):
+        if room is None:
+            return
+        if seq.num_output_tokens < 1 or seq.finish_reason not in ("stop", "length"):
+            self.fail(room, 503, f"the prefill ended with finish reason {seq.finish_reason}")
             return
         prompt = seq.token_ids[: seq.num_prompt_tokens]
         num_blocks = -(-len(prompt) // self.engine.block_manager.block_size)
@@ -148,6 +170,18 @@ class PrefillRole:
         async def describe_room(room: int, wait_s: float = 30.0) -> Response:
             deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
             while (found := self.describe(room)) is None:
+                failed = self.failure(room)
+                if failed is not None:
+                    return JSONResponse(
+                        {
+                            "error": {
+                                "message": failed[1],
+                                "prefill_status": failed[0],
+                                "code": "prefill_failed",
+                            }
+                        },
+                        status_code=409,
+                    )
                 if time.monotonic() >= deadline:
                     raise ApiError(
                         404, f"bootstrap room {room} is not ready or was dropped", code="room_not_found"
