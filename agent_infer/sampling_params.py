@@ -22,7 +22,9 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 disables top-k. ``seed`` makes sampling
     reproducible per request, independent of what else is in the batch. ``logprobs=n`` returns the
     sampled token's log-probability plus the ``n`` most likely alternatives at every step.
-    ``stop`` strings are cut from the returned text; ``stop_token_ids`` end the request like EOS.
+    ``stop`` strings are cut from the returned text (kept, ending it, with
+    ``include_stop_str_in_output``); ``stop_token_ids`` end the request like EOS.
+    ``skip_special_tokens=False`` keeps special tokens' text in the output.
     Repetition control follows vLLM and OpenAI: ``repetition_penalty`` (> 0, 1 = off) divides the
     positive logits and multiplies the negative ones of every token already in the prompt or the
     output; ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2], 0 = off) subtract a constant,
@@ -79,6 +81,8 @@ class SamplingParams:
     dry_skip_whitespace: bool = False
     value_close_multiplier: float = 0.0
     value_close_allowed: int = 4
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -137,8 +141,9 @@ class SamplingParams:
             _check_number(value, name)
             if not -2.0 <= value <= 2.0:
                 raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", field=name)
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidRequestError("ignore_eos must be a bool", field="ignore_eos")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be a bool", field=name)
         if not isinstance(self.close_on_length, bool):
             raise InvalidRequestError("close_on_length must be a bool", field="close_on_length")
         if self.close_on_length and self.logprobs is not None:

@@ -12,9 +12,14 @@ same prefix can revive them until the pool needs the space.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agent_infer.engine.sequence import Sequence
 from agent_infer.errors import EngineError
+
+if TYPE_CHECKING:
+    from agent_infer.engine.kv_tier import HostKVTier
 
 _NO_HASH = -1
 
@@ -54,6 +59,11 @@ class BlockManager:
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_prefix_hits = 0
         self.num_prefix_queries = 0
+        #: The second KV tier (engine/kv_tier.py): evicted prefix blocks go there and come back.
+        self.tier: HostKVTier | None = None
+        #: Called with a sequence just before its blocks are released, while they still hold its
+        #: KV (prefill/decode disaggregation stages a finished prefill's blocks here).
+        self.on_release: Callable[[Sequence], None] | None = None
 
     # --- metrics ---------------------------------------------------------------------------------
 
@@ -112,24 +122,70 @@ class BlockManager:
             raise EngineError(f"not enough free KV blocks for sequence {seq.request_id!r}")
         hits = self._cached_prefix(seq)
         self.num_prefix_queries += 1
-        self.num_prefix_hits += bool(hits)
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
-        seq.num_computed_tokens = len(hits) * self.block_size
-        seq.num_hashed_blocks = len(hits)
-        for _ in range(self.blocks_needed(seq.num_tokens) - len(hits)):
+        cached = len(hits)
+        if self.tier is not None and self.enable_prefix_caching:
+            cached += self._restore_from_tier(seq, hits)
+        self.num_prefix_hits += bool(cached)
+        seq.num_computed_tokens = cached * self.block_size
+        seq.num_hashed_blocks = cached
+        for _ in range(self.blocks_needed(seq.num_tokens) - cached):
             seq.block_table.append(self._take_free_block())
+
+    def _restore_from_tier(self, seq: Sequence, hits: list[int]) -> int:
+        """Continue ``seq``'s prefix walk past the device hits in the tier; returns blocks found.
+
+        Each restored block takes a fresh device block (counted in ``can_allocate``'s need, as a
+        miss would be), gets the tier's KV and is registered like a computed block.
+        """
+        assert self.tier is not None
+        parent = self.blocks[hits[-1]].hash if hits else _NO_HASH
+        restored = 0
+        for i in range(len(hits), (seq.num_tokens - 1) // self.block_size):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = block_hash(tokens, parent)
+            on_device = self.hash_to_block.get(h)
+            if on_device is not None and self.blocks[on_device].token_ids == tokens:
+                # Past a block the device had lost, the rest of the prefix may still be there.
+                block = self.blocks[on_device]
+                if block.ref_count == 0:
+                    del self.free_block_ids[on_device]
+                block.ref_count += 1
+                seq.block_table.append(on_device)
+                parent = h
+                restored += 1
+                continue
+            if not self.tier.claim(h, tokens):
+                break
+            block_id = self._take_free_block()
+            if not self.tier.restore(h, block_id):
+                self.blocks[block_id].ref_count = 0
+                self.free_block_ids[block_id] = None
+                self.free_block_ids.move_to_end(block_id, last=False)
+                break
+            block = self.blocks[block_id]
+            block.hash = h
+            block.token_ids = tokens
+            self.hash_to_block.setdefault(h, block_id)
+            seq.block_table.append(block_id)
+            parent = h
+            restored += 1
+        return restored
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)
         block = self.blocks[block_id]
         # The block's old content is about to be overwritten, so its prefix entry must go.
-        if block.hash != _NO_HASH and self.hash_to_block.get(block.hash) == block_id:
-            del self.hash_to_block[block.hash]
+        if block.hash != _NO_HASH:
+            if self.tier is not None:
+                self.tier.offload(block_id, block.hash, block.token_ids)
+            if self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
         block.hash = _NO_HASH
         block.token_ids = ()
         block.ref_count = 1
@@ -150,6 +206,8 @@ class BlockManager:
 
     def deallocate(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; blocks nobody else uses go to the free list, keeping their hash."""
+        if self.on_release is not None:
+            self.on_release(seq)
         # Reversed so that a prefix's tail is evicted before its head, which other prompts share more.
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
@@ -159,6 +217,25 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix of blocks no sequence owns; returns how many were dropped.
+
+        Blocks in use keep their entries (their sequences still read them).
+        """
+        dropped = 0
+        for block_id in self.free_block_ids:
+            block = self.blocks[block_id]
+            if block.hash == _NO_HASH:
+                continue
+            if self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+                dropped += 1
+            block.hash = _NO_HASH
+            block.token_ids = ()
+        if self.tier is not None:
+            dropped += self.tier.clear()
+        return dropped
 
     # --- prefix registration -----------------------------------------------------------------------
 

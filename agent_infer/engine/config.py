@@ -38,6 +38,10 @@ class EngineConfig:
 
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
     prompt-lookup draft verified per request and step (0 = off; default 5, as DeepInfer's).
+
+    Second KV tier (``engine/kv_tier.py``): ``host_kv_cache_bytes`` of host memory keep the prefix
+    blocks the device pool evicts, and a later prefix hit copies them back instead of recomputing
+    them (0 = off; with prefix caching off there is nothing to keep, so it must stay 0).
     """
 
     block_size: int = 16
@@ -56,6 +60,7 @@ class EngineConfig:
     masked_head: bool = True
     grammar_workers: int = 2
     speculative_tokens: int = 5
+    host_kv_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -71,6 +76,14 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
         _positive_int("grammar_workers", self.grammar_workers)
+        if isinstance(self.host_kv_cache_bytes, bool) or not isinstance(self.host_kv_cache_bytes, int):
+            raise ConfigError(f"host_kv_cache_bytes must be an int, got {self.host_kv_cache_bytes!r}")
+        if self.host_kv_cache_bytes < 0:
+            raise ConfigError(f"host_kv_cache_bytes must be >= 0, got {self.host_kv_cache_bytes}")
+        if self.host_kv_cache_bytes and self.enable_prefix_caching is False:
+            raise ConfigError(
+                "host_kv_cache_bytes needs enable_prefix_caching (the tier keeps cached prefixes)"
+            )
         if isinstance(self.speculative_tokens, bool) or not isinstance(self.speculative_tokens, int):
             raise ConfigError(f"speculative_tokens must be an int, got {self.speculative_tokens!r}")
         if not 0 <= self.speculative_tokens <= 32:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -13,14 +14,15 @@ from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
+from agent_infer.engine.kv_tier import HostKVTier
 from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.postprocessor import Postprocessor
 from agent_infer.engine.sampler import Sampler, make_generator
 from agent_infer.engine.scheduler import Scheduler
-from agent_infer.engine.sequence import FinishReason, Sequence
+from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
 from agent_infer.engine.speculator import Speculator
-from agent_infer.errors import InvalidRequestError, PromptTooLongError
+from agent_infer.errors import EngineError, InvalidRequestError, PromptTooLongError
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -67,6 +69,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
+        if self.config.host_kv_cache_bytes:
+            self.block_manager.tier = HostKVTier(self.runner.kv_cache, self.config.host_kv_cache_bytes)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler(self.eos_token_ids, self.tokenizer.decode)
         self.grammar = GrammarManager(
@@ -138,6 +142,66 @@ class LLMEngine:
         seq.read_offset = len(token_ids)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
+
+    def add_prefilled_request(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        first_token: int,
+        load_kv: Callable[[list[int], int], int],
+    ) -> None:
+        """Queue a request whose prompt KV and first token another replica computed.
+
+        Blocks for the prompt are allocated at once (those this pool's prefix cache holds are
+        reused); ``load_kv(block_table, first_block)`` fills the others with the prompt's KV. The
+        request then decodes from ``first_token`` without running its prompt. Raises
+        :class:`InvalidRequestError` for a constrained request (its grammar would have to replay the
+        first token) and :class:`EngineError` when the pool cannot hold the prompt now.
+        """
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
+        if params.structured is not None:
+            raise InvalidRequestError(
+                "constrained requests cannot be decoded from another replica's prefill", field="structured"
+            )
+        if not 0 <= first_token < self.vocab_size:
+            raise InvalidRequestError(
+                f"first token {first_token} is not in the vocabulary", field="first_token"
+            )
+        if len(token_ids) + 1 > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(token_ids)} tokens; it exceeds the context of {self.max_model_len}",
+                field="prompt",
+            )
+        seq = Sequence(
+            request_id,
+            list(token_ids),
+            params,
+            generator=None if params.greedy else make_generator(params, self.accelerator.device),
+        )
+        seq.prefix_offset = max(len(token_ids) - _DETOKENIZE_CONTEXT, 0)
+        seq.read_offset = len(token_ids)
+        if not self.block_manager.can_allocate(seq):
+            raise EngineError(
+                f"the KV pool cannot hold the {len(token_ids)}-token prompt of {request_id!r} now"
+            )
+        self.block_manager.allocate(seq)
+        cached = seq.num_computed_tokens
+        try:
+            load_kv(seq.block_table, cached // self.block_manager.block_size)
+        except BaseException:
+            self.block_manager.deallocate(seq)
+            raise
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.num_cached_tokens = cached
+        self.block_manager.register_computed(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.scheduler.running.append(seq)
+        self.requests[request_id] = seq
+        if self.postprocessor.accept_first_token(seq, first_token):
+            self.requests.pop(request_id, None)
+            self._pending.append(RequestOutput.from_sequence(seq))
 
     def _tokenize(self, prompt: object) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -142,6 +142,11 @@ class Postprocessor:
                 return True
         raise EngineError("closing tokens did not finish the request")
 
+    def accept_first_token(self, seq: Sequence, token: int) -> bool:
+        """Record a first token sampled elsewhere (a prefill worker's) with the stop checks of a
+        sampled one; True when it finished ``seq``. Requests with a grammar never come here."""
+        return self._append(seq, token)
+
     def _append(self, seq: Sequence, token: int) -> bool:
         """Record one accepted token and apply the stop conditions; True when ``seq`` finished."""
         seq.append_token(token)
@@ -171,8 +176,9 @@ class Postprocessor:
     def _detokenize(self, seq: Sequence) -> None:
         """Append the text of newly completed characters to ``seq.output_text``."""
         ids = seq.token_ids
-        before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset])
-        after = self.tokenizer.decode(ids[seq.prefix_offset :])
+        skip = seq.params.skip_special_tokens
+        before = self.tokenizer.decode(ids[seq.prefix_offset : seq.read_offset], skip)
+        after = self.tokenizer.decode(ids[seq.prefix_offset :], skip)
         # A trailing U+FFFD means a multi-byte character is still incomplete: wait for more tokens.
         if len(after) > len(before) and not after.endswith("\ufffd"):
             seq.output_text += after[len(before) :]
@@ -186,9 +192,10 @@ class Postprocessor:
         # A new match must end in the new text, so it starts at most len(stop)-1 chars before it;
         # this also catches stop strings spanning several tokens.
         start = max(0, seq.stop_checked_len - max(len(s) for s in stops) + 1)
-        found = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+        found = [(i, len(s)) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
         seq.stop_checked_len = len(text)
         if not found:
             return False
-        seq.output_text = text[: min(found)]
+        at, length = min(found)
+        seq.output_text = text[: at + length] if seq.params.include_stop_str_in_output else text[:at]
         return True

@@ -85,6 +85,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.waiting_for_grammar: list[Sequence] = []
         self.num_preemptions = 0
+        #: Prompt tokens the model has run (prefix-cache hits and imported KV are not counted).
+        self.num_prompt_tokens_computed = 0
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (held back while ``seq.grammar_future`` is pending)."""
@@ -241,8 +243,13 @@ class Scheduler:
         for item in output.scheduled:
             if item.seq.is_finished:  # failed during the step; its blocks are already released
                 continue
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_computed(item.seq)
+            seq = item.seq
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                self.num_prompt_tokens_computed += min(
+                    item.num_new_tokens, seq.num_prompt_tokens - seq.num_computed_tokens
+                )
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_computed(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished sequence from the queues and release its blocks."""

@@ -25,11 +25,14 @@ from agent_infer.server.completions import create_completion
 from agent_infer.server.config import ServerConfig
 from agent_infer.server.errors import ApiError
 from agent_infer.server.metrics import ServerMetrics
+from agent_infer.server.pd.decode import DecodeRole
+from agent_infer.server.pd.roles import make_pd_role
 from agent_infer.server.prompts import PromptTokenizer
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from agent_infer.server.responses import ResponsesRequest, create_response
 from agent_infer.server.state import ServerState
 from agent_infer.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from agent_infer.server.worker_routes import WORKER_ENDPOINTS, install_worker_routes
 from agent_infer.tool_formats import detect_format, get_format
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,10 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
 
     app = FastAPI(title="agent-infer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
+    if config.disaggregation_mode != "null":
+        state.pd = make_pd_role(config.disaggregation_mode, engine, config.host)
+        if config.disaggregation_mode == "prefill":
+            state.pd.install_routes(app)
     _install_error_handlers(app)
 
     async def require_key(request: Request) -> None:
@@ -98,6 +105,8 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
     @app.get("/metrics")
     async def prometheus() -> Response:
         text = metrics.render(state.engine.snapshot, len(state.active))
+        if isinstance(state.pd, DecodeRole):
+            text += state.pd.metrics_text()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     def model_card() -> dict[str, object]:
@@ -118,6 +127,8 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
     async def model(model_id: str) -> Response:
         state.check_model(model_id)
         return JSONResponse(model_card())
+
+    install_worker_routes(app, state, guarded)
 
     @app.post("/v1/responses", dependencies=guarded)
     async def responses(request: Request) -> Response:
@@ -224,6 +235,7 @@ _ENDPOINTS = frozenset(
         "/v1/responses",
         "/tokenize",
         "/detokenize",
+        *WORKER_ENDPOINTS,
     }
 )
 

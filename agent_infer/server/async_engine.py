@@ -14,8 +14,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent_infer.engine.grammar_manager import GrammarTimings
 from agent_infer.engine.llm_engine import LLMEngine, Prompt
@@ -89,6 +90,16 @@ class _Add:
     params: SamplingParams
     stream: RequestStream
     future: concurrent.futures.Future[None]
+    #: A prefilled request (PD decode side): its first token and the KV loader.
+    prefilled: tuple[int, Callable[[list[int], int], int]] | None = None
+
+
+@dataclass
+class _Call:
+    """Run ``fn(engine)`` on the engine thread (between steps) and hand back its result."""
+
+    fn: Callable[[LLMEngine], Any]
+    future: concurrent.futures.Future[Any]
 
 
 @dataclass
@@ -100,6 +111,7 @@ class EngineSnapshot:
     running: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
+    prompt_tokens_computed: int = 0
     grammar: GrammarTimings = field(default_factory=GrammarTimings)
 
 
@@ -113,7 +125,7 @@ class AsyncEngine:
             kv_blocks_total=engine.block_manager.num_blocks,
             kv_blocks_free=engine.block_manager.num_free_blocks,
         )
-        self._commands: queue.SimpleQueue[_Add | str] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Call | str] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._streams: dict[str, RequestStream] = {}  # touched only by the engine thread
@@ -155,6 +167,33 @@ class AsyncEngine:
         await asyncio.wrap_future(future)
         return stream
 
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps; returns what it returns."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(_Call(fn, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    async def add_prefilled(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        first_token: int,
+        load_kv: Callable[[list[int], int], int],
+    ) -> RequestStream:
+        """Queue a request another replica prefilled (``LLMEngine.add_prefilled_request``)."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
+        stream = RequestStream(request_id)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._commands.put(_Add(request_id, token_ids, params, stream, future, (first_token, load_kv)))
+        self._wake.set()
+        await asyncio.wrap_future(future)
+        return stream
+
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop a request and free its KV blocks (no-op once it finished)."""
         self._commands.put(request_id)
@@ -183,7 +222,7 @@ class AsyncEngine:
             self._update_snapshot()
         self._shutdown()
 
-    def _queued_commands(self) -> Iterator[_Add | str]:
+    def _queued_commands(self) -> Iterator[_Add | _Call | str]:
         """The commands queued so far, without waiting for more."""
         while True:
             try:
@@ -197,13 +236,25 @@ class AsyncEngine:
                 if command in self._streams:
                     self.engine.abort(command)
                 continue
+            if isinstance(command, _Call):
+                try:
+                    command.future.set_result(command.fn(self.engine))
+                except Exception as exc:
+                    command.future.set_exception(exc)
+                continue
             start = time.perf_counter()
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                if command.prefilled is None:
+                    self.engine.add_request(command.request_id, command.prompt, command.params)
+                else:
+                    ids = [int(t) for t in command.prompt if isinstance(t, int)]
+                    first, load = command.prefilled
+                    self.engine.add_prefilled_request(command.request_id, ids, command.params, first, load)
             except BaseException as exc:
                 command.future.set_exception(exc)
                 continue
-            command.stream.warnings = self.engine.requests[command.request_id].constraint_warnings
+            added = self.engine.requests.get(command.request_id)  # a prefilled one may end at once
+            command.stream.warnings = added.constraint_warnings if added is not None else ()
             if command.params.structured is not None:
                 self.metrics.observe_compile(time.perf_counter() - start)
             self._streams[command.request_id] = command.stream
@@ -248,13 +299,14 @@ class AsyncEngine:
             running=len(scheduler.running),
             kv_blocks_total=blocks.num_blocks,
             kv_blocks_free=blocks.num_free_blocks,
+            prompt_tokens_computed=scheduler.num_prompt_tokens_computed,
             grammar=self.engine.grammar.timings(),
         )
 
     def _shutdown(self) -> None:
         # Reject adds that raced the shutdown, then end what is in flight.
         for command in self._queued_commands():
-            if isinstance(command, _Add):
+            if not isinstance(command, str):
                 command.future.set_exception(EngineStoppedError("the server is shutting down"))
         self._fail_all(EngineStoppedError("the server is shutting down"))
         self._update_snapshot()

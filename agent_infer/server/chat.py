@@ -23,6 +23,7 @@ from agent_infer.server.params import (
 from agent_infer.server.protocol import ChatCompletionRequest, ChatMessage, ToolSpec
 from agent_infer.server.reasoning import ReasoningStream, split_reasoning, think_then
 from agent_infer.server.responder import Responder
+from agent_infer.server.router_fields import bootstrap_of
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
 from agent_infer.structured import StructuredOutput
@@ -163,6 +164,12 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         where = "tools"
         out_format = fmt if calls_possible else None
     reasoning = state.config.reasoning_parser is not None
+    if reasoning and req.stream and req.stream_reasoning is False:
+        raise ApiError(
+            400,
+            "stream_reasoning=false is unsupported: the thinking is streamed as reasoning_content deltas",
+            param="stream_reasoning",
+        )
     if reasoning and structured is not None:
         # The constraint is on the answer: the thinking before it stays free.
         try:
@@ -176,7 +183,8 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
         warnings=constraint.warnings,
         tool_format=out_format,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-        reasoning=reasoning,
+        # separate_reasoning=false (SGLang's): the thinking stays in the content.
+        reasoning=reasoning and req.separate_reasoning is not False,
     )
 
 
@@ -199,6 +207,7 @@ async def create_chat_completion(
         vocab_size=state.engine.engine.vocab_size,
     )
     responder = _ChatResponder(state, state.new_id("chatcmpl"), plan)
+    responder.bootstrap = bootstrap_of(req)
     return await responder.respond(req, request, plan.messages, params, plan.constraint_field, plan.warnings)
 
 

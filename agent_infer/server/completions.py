@@ -16,6 +16,7 @@ from agent_infer.server.params import (
 )
 from agent_infer.server.protocol import CompletionRequest
 from agent_infer.server.responder import Responder
+from agent_infer.server.router_fields import bootstrap_of
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import Increment
 
@@ -39,6 +40,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         vocab_size=state.engine.engine.vocab_size,
     )
     responder = _TextResponder(state, state.new_id("cmpl"), req.logprobs)
+    responder.bootstrap = bootstrap_of(req)
     return await responder.respond(req, request, prompt, params, constraint.field, constraint.warnings)
 
 

@@ -19,7 +19,9 @@ class ServerConfig:
     request gives none. ``tool_format`` names a tool-call format (None: detected from the chat
     template). ``reasoning_parser`` (``"deepseek_r1"``; None: off) splits the model's
     ``<think>...</think>`` thinking into ``reasoning_content`` and constrains only the answer
-    (``agent_infer.server.reasoning``).
+    (``agent_infer.server.reasoning``). ``disaggregation_mode`` (SGLang's names): ``"prefill"`` or
+    ``"decode"`` make this server one half of a prefill/decode pair behind sglang-router's PD mode
+    (``agent_infer.server.pd``); ``"null"`` serves whole requests.
     """
 
     host: str = "127.0.0.1"
@@ -30,8 +32,13 @@ class ServerConfig:
     max_tokens_limit: int = 4096
     tool_format: str | None = None
     reasoning_parser: str | None = None
+    disaggregation_mode: str = "null"
 
     def __post_init__(self) -> None:
+        if self.disaggregation_mode not in ("null", "prefill", "decode"):
+            raise ConfigError(
+                f"disaggregation_mode must be 'null', 'prefill' or 'decode', got {self.disaggregation_mode!r}"
+            )
         for name in ("max_body_bytes", "max_tokens_limit"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

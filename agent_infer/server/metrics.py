@@ -28,6 +28,7 @@ class ServerMetrics:
         self._sums: dict[str, float] = dict.fromkeys(
             (
                 "prompt_tokens",
+                "cached_prompt_tokens",
                 "generation_tokens",
                 "forced_tokens",
                 "draft_tokens",
@@ -52,6 +53,7 @@ class ServerMetrics:
         with self._lock:
             self._finish[output.finish_reason or "unknown"] += 1
             self._sums["prompt_tokens"] += len(output.prompt_token_ids)
+            self._sums["cached_prompt_tokens"] += output.num_cached_tokens
             self._sums["generation_tokens"] += len(output.token_ids)
             self._sums["forced_tokens"] += m.num_forced_tokens
             self._sums["draft_tokens"] += m.num_draft_tokens
@@ -110,6 +112,12 @@ class ServerMetrics:
             [("", sums["prompt_tokens"])],
         )
         metric(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens of finished requests served by the prefix cache (prefix-cache hits).",
+            [("", sums["cached_prompt_tokens"])],
+        )
+        metric(
             "generation_tokens_total",
             "counter",
             "Generated tokens of finished requests.",
@@ -132,6 +140,12 @@ class ServerMetrics:
             "counter",
             "Speculative draft tokens the model accepted.",
             [("", sums["accepted_draft_tokens"])],
+        )
+        metric(
+            "prompt_tokens_computed_total",
+            "counter",
+            "Prompt tokens the model ran here (not prefix-cache hits, not KV read from a prefill worker).",
+            [("", snapshot.prompt_tokens_computed)],
         )
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])
         metric(

@@ -164,6 +164,10 @@ def build_sampling(
             min_tokens=req.min_tokens or 0,
             logit_bias=bias,
             **_dry_fields(req),
+            # SGLang's extensions (server/router_fields.py), sent by sglang-router.
+            ignore_eos=bool(req.ignore_eos),
+            include_stop_str_in_output=bool(req.no_stop_trim),
+            skip_special_tokens=req.skip_special_tokens is not False,
         )
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param=exc.field) from exc

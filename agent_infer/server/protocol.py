@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_infer.server.errors import ApiError
+from agent_infer.server.router_fields import check_router_fields
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -224,6 +225,14 @@ class _CommonRequest(_Strict):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # SGLang's extensions, sent by sglang-router on every request (server/router_fields.py).
+    ignore_eos: bool | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    return_hidden_states: bool | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(default=None, ge=0, le=65535)
+    bootstrap_room: int | None = Field(default=None, ge=0, le=2**64 - 1)
 
     def check_common(self) -> None:
         """Reject values this server cannot honour, naming the field."""
@@ -231,6 +240,7 @@ class _CommonRequest(_Strict):
             raise ApiError(400, f"n={self.n} exceeds this server's limit of {MAX_N} choices", param="n")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+        check_router_fields(self)
 
 
 class ChatCompletionRequest(_CommonRequest):
@@ -263,6 +273,10 @@ class ChatCompletionRequest(_CommonRequest):
     moderation: Any = None
     functions: Any = None
     function_call: Any = None
+    # SGLang's chat extensions (server/router_fields.py).
+    continue_final_message: bool | None = None
+    separate_reasoning: bool | None = None
+    stream_reasoning: bool | None = None
 
     def check_supported(self) -> None:
         """Reject values this server cannot honour, naming the field."""

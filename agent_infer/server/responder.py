@@ -23,8 +23,10 @@ from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import AgentInferError
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.async_engine import RequestStream
+from agent_infer.server.errors import ApiError
 from agent_infer.server.params import warning_headers
 from agent_infer.server.protocol import ChatCompletionRequest, CompletionRequest
+from agent_infer.server.router_fields import Bootstrap
 from agent_infer.server.state import ServerState
 from agent_infer.server.streaming import (
     DONE,
@@ -81,6 +83,8 @@ class Responder(ABC):
     def __init__(self, state: ServerState, request_id: str) -> None:
         self.state = state
         self.request_id = request_id
+        #: sglang-router's PD fields, when this request is one half of a prefill/decode pair.
+        self.bootstrap: Bootstrap | None = None
 
     @abstractmethod
     def choice(self, output: RequestOutput) -> Choice:
@@ -115,13 +119,17 @@ class Responder(ABC):
         ``warnings`` and the engine's for the constraint go in the warnings header."""
         state = self.state
         n = req.n or 1
+        if self.bootstrap is not None and n > 1:
+            raise ApiError(400, "n > 1 is not served across a prefill/decode pair", param="n")
         responders = [self] + [self.fork() for _ in range(n - 1)]
         ids = [self.request_id] if n == 1 else [f"{self.request_id}-{i}" for i in range(n)]
         streams: list[RequestStream] = []
         try:
             for i, request_id in enumerate(ids):
                 streams.append(
-                    await state.submit(request_id, prompt, choice_params(params, i), constraint_field)
+                    await state.submit(
+                        request_id, prompt, choice_params(params, i), constraint_field, self.bootstrap
+                    )
                 )
             if req.stream:
                 firsts = [await state.first_output(stream, request) for stream in streams]

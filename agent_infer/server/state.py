@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from agent_infer.engine.llm_engine import Prompt
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import InvalidRequestError
+from agent_infer.errors import EngineError, InvalidRequestError
 from agent_infer.model.tokenizer import Tokenizer
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.async_engine import AsyncEngine, EngineStoppedError, RequestStream
@@ -22,6 +22,7 @@ from agent_infer.server.errors import ApiError, finish_error, request_error
 from agent_infer.server.metrics import ServerMetrics
 from agent_infer.server.prompts import PromptTokenizer
 from agent_infer.server.response_store import ResponseStore
+from agent_infer.server.router_fields import Bootstrap
 from agent_infer.tool_formats import ToolCallFormat
 
 
@@ -46,6 +47,8 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
     active: set[str] = field(default_factory=set)
+    #: This server's half of prefill/decode disaggregation (``server/pd/``), if it has one.
+    pd: Any = None
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's id."""
@@ -63,14 +66,28 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     async def submit(
-        self, request_id: str, prompt: Prompt, params: SamplingParams, constraint_field: str | None
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        constraint_field: str | None,
+        bootstrap: Bootstrap | None = None,
     ) -> RequestStream:
-        """Queue a request in the engine; rejections become 400s naming the field."""
+        """Queue a request in the engine; rejections become 400s naming the field. With
+        ``bootstrap`` (sglang-router's PD mode) it is this server's half of a prefill/decode pair."""
         prompt_field = (
             "prompt"
             if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], dict)
             else "messages"
         )
+        if bootstrap is not None:
+            try:
+                token_ids = await self.prompts.token_ids(prompt, prompt_field)
+                return await self._submit_pd(request_id, token_ids, params, constraint_field, bootstrap)
+            except ApiError as exc:
+                if self.pd is not None and self.pd.mode == "prefill":
+                    self.pd.fail(bootstrap.room, exc.status, exc.message)
+                raise
         token_ids = await self.prompts.token_ids(prompt, prompt_field)
         try:
             stream = await self.engine.add(request_id, token_ids, params)
@@ -85,6 +102,50 @@ class ServerState:
         self.active.add(request_id)
         return stream
 
+    async def _submit_pd(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        constraint_field: str | None,
+        bootstrap: Bootstrap,
+    ) -> RequestStream:
+        if self.pd is None:
+            raise ApiError(
+                400,
+                "bootstrap fields are only accepted by prefill/decode workers; this server colocates "
+                "prefill and decode (start it with --disaggregation-mode, or run the router without "
+                "--pd-disaggregation)",
+                param="bootstrap_room",
+                code="not_a_pd_worker",
+            )
+        if params.structured is not None:
+            raise ApiError(
+                400,
+                "structured outputs and tools are not served across a prefill/decode pair",
+                param=constraint_field,
+                code="not_served_disaggregated",
+            )
+        try:
+            if self.pd.mode == "prefill":
+                self.pd.expect(request_id, bootstrap.room)
+                stream = await self.engine.add(request_id, token_ids, self.pd.params(params))
+            else:
+                meta = await self.pd.room(bootstrap, token_ids)
+                stream = await self.engine.add_prefilled(
+                    request_id, token_ids, params, int(meta["first_token"]), self.pd.loader(meta)
+                )
+                await self.pd.end(bootstrap)
+        except InvalidRequestError as exc:
+            raise request_error(exc, constraint_field) from exc
+        except EngineStoppedError as exc:
+            raise ApiError(503, str(exc), code="engine_stopped") from exc
+        except EngineError as exc:  # the decode pool is full now, or the KV read failed
+            raise ApiError(503, str(exc), code="pd_handoff_failed") from exc
+        stream.constraint_field = constraint_field
+        self.active.add(request_id)
+        return stream
+
     def release(self, request_id: str, finished: bool) -> None:
         """The handler is done with a request: abort it in the engine unless it finished.
 
@@ -93,6 +154,8 @@ class ServerState:
         self.active.discard(request_id)
         if not finished:
             self.engine.abort(request_id)
+        if self.pd is not None and self.pd.mode == "prefill":
+            self.pd.forget(request_id)
 
     async def first_output(self, stream: RequestStream, request: Request) -> RequestOutput:
         """The first snapshot (a failure before it is still an HTTP error, not a 200 stream)."""

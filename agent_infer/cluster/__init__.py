@@ -1,0 +1,1 @@
+"""Serving beyond one replica: local replica and sglang-router processes, prefill/decode handoff."""
