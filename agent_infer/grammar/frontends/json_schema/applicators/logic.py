@@ -11,7 +11,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.applicators.merge import disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint
 from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
 from agent_infer.grammar.frontends.json_schema.values.canon import canon
@@ -204,7 +204,7 @@ def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer
                 overlaps[j].append(i)  # rows stay ascending: j's row already holds only indices < i
     if not any(overlaps):
         return branches
-    if n > MAX_EXCLUSIVE_BRANCHES or any(
+    if sum(1 for row in overlaps if row) > MAX_EXCLUSIVE_BRANCHES or any(
         isinstance(b, dict) and any(k.startswith("unevaluated") for k in b) for b in branches
     ):
         return None
@@ -274,7 +274,7 @@ def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
             return False
 
     return all(
-        disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
+        disjoint(a, b, flat_prop, c.matches) or values_outside(a, b) or values_outside(b, a)
         for i, a in enumerate(branches)
         for b in branches[i + 1 :]
     )

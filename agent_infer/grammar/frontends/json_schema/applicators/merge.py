@@ -1,4 +1,4 @@
-"""Intersection of JSON Schemas (``allOf``) and disjointness checks (``oneOf``).
+"""Intersection of JSON Schemas (``allOf``).
 
 ``allOf`` cannot be lowered by concatenation or alternation: a CFG has no intersection. Instead the
 subschemas are merged keyword by keyword into one schema whose instances are exactly those valid
@@ -225,45 +225,6 @@ class Merger:
 
 def _patterns(v: Any) -> list[str]:
     return list(v["__patterns"]) if isinstance(v, dict) else [v]
-
-
-def disjoint(a: Any, b: Any, flat_property: Callable[[Any], Any]) -> bool:
-    """True if no instance can satisfy both flattened schemas (a sound, incomplete check)."""
-    if a is False or b is False:
-        return True
-    if a is True or b is True:
-        return False
-    ta, tb = type_set(a), type_set(b)
-    va, vb = values(a), values(b)
-    if va is not None and vb is not None and not ({canon(x) for x in va} & {canon(x) for x in vb}):
-        return True
-    for vals, types in ((va, tb), (vb, ta)):
-        if (
-            vals is not None
-            and types is not None
-            and all(
-                json_type(v) not in types and not (json_type(v) == "integer" and "number" in types)
-                for v in vals
-            )
-        ):
-            return True
-    if ta is not None and tb is not None:
-        common = ta & tb
-        if not common:
-            return True
-        if common <= {"object"}:
-            for name in set(a.get("required", [])) & set(b.get("required", [])):
-                pa = flat_property(a.get("properties", {}).get(name, True))
-                pb = flat_property(b.get("properties", {}).get(name, True))
-                if isinstance(pa, dict) and isinstance(pb, dict):
-                    xa, xb = values(pa), values(pb)
-                    if (
-                        xa is not None
-                        and xb is not None
-                        and not ({canon(x) for x in xa} & {canon(x) for x in xb})
-                    ):
-                        return True
-    return False
 
 
 def all_of(*schemas: Any) -> Any:

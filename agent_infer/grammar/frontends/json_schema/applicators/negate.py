@@ -31,6 +31,8 @@ _COUNT_FLIP = {
     "maxProperties": ("object", "minProperties", 1),
 }
 MAX_DEPTH = 8
+# A negated oneOf is "none, or some pair": n complements plus n(n-1)/2 intersections.
+MAX_ONE_OF_NEGATED = 4
 
 
 def _any(parts: list[Any]) -> Any:
@@ -105,4 +107,36 @@ def _negate_keyword(
     if key == "anyOf":
         negs = [negate(c, b, f"{pointer}/anyOf/{i}", depth + 1) for i, b in enumerate(v)]
         return None if any(n is None for n in negs) else {"allOf": negs}
+    if key == "oneOf":
+        return _negate_one_of(c, v, pointer, depth)
+    if key == "items" and "prefixItems" not in flat:
+        neg = negate(c, v, f"{pointer}/items", depth + 1)
+        # Some item violates the item schema: the plain form of contains.
+        return None if neg is None else (False if neg is False else {"type": "array", "contains": neg})
+    if key == "prefixItems" and "items" not in flat and isinstance(v, list):
+        return _negate_prefix(c, v, pointer, depth)
     return None
+
+
+def _negate_one_of(c: Compiler, branches: list[Any], pointer: str, depth: int) -> Any | None:
+    """Not exactly one branch: none of them, or some two of them."""
+    if not isinstance(branches, list) or len(branches) > MAX_ONE_OF_NEGATED:
+        return None
+    negs = [negate(c, b, f"{pointer}/oneOf/{i}", depth + 1) for i, b in enumerate(branches)]
+    if any(n is None for n in negs):
+        return None
+    parts: list[Any] = [{"allOf": negs}]
+    parts += [{"allOf": [a, b]} for i, a in enumerate(branches) for b in branches[i + 1 :]]
+    return _any(parts)
+
+
+def _negate_prefix(c: Compiler, prefix: list[Any], pointer: str, depth: int) -> Any | None:
+    """Some position i (present in the array) violates ``prefixItems[i]``."""
+    parts: list[Any] = []
+    for i, sub in enumerate(prefix):
+        neg = negate(c, sub, f"{pointer}/prefixItems/{i}", depth + 1)
+        if neg is None:
+            return None
+        if neg is not False:
+            parts.append({"type": "array", "minItems": i + 1, "prefixItems": [True] * i + [neg]})
+    return _any(parts)
