@@ -1,0 +1,132 @@
+"""Exact ``oneOf`` over branches that overlap or need a proof of disjointness, and negations of
+``oneOf``/``items``/``prefixItems`` (under ``not``), against jsonschema.
+
+Each schema must compile in strict mode (a regression to "unsupported" fails), and on every
+candidate instance the native matcher (bytes-only vocabulary, token by token) must agree with
+jsonschema, up to the documented member-order false negative.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from agent_infer.errors import UnsupportedSchemaError
+from agent_infer.grammar import CompiledGrammar, Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
+
+
+@pytest.fixture(scope="module")
+def byte_compiler() -> GrammarCompiler:
+    return GrammarCompiler(TokenizerInfo.bytes_only(), cache_enabled=False)
+
+
+def _accepts(compiled: CompiledGrammar, text: str) -> bool:
+    m = GrammarMatcher(compiled)
+    return m.accept_string(text) and m.can_terminate()
+
+
+_NUM = {"type": "number"}
+_CLOSED = [
+    {"type": "object", "properties": {"initial": _NUM}, "required": ["initial"], "additionalProperties": False},
+    {"type": "object", "properties": {"suggested": _NUM}, "required": ["suggested"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"initial": _NUM, "suggested": _NUM},
+        "required": ["initial", "suggested"],
+        "additionalProperties": False,
+    },
+]
+
+# Schemas whose oneOf branches a proof shows disjoint (plain alternation).
+PROVED: list[Any] = [
+    {"oneOf": _CLOSED},
+    {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}, {"required": ["b"], "type": "object", "properties": {"a": False}}]},
+    {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"k": {"type": "object", "properties": {"t": {"const": "x"}}, "required": ["t"]}}, "required": ["k"]},
+            {"properties": {"k": {"type": "object", "properties": {"t": {"const": "y"}}, "required": ["t"]}}, "required": ["k"]},
+        ],
+    },
+    {"type": "array", "oneOf": [{"minItems": 1, "items": {"type": "string"}}, {"minItems": 1, "items": {"type": "integer"}}]},
+    {"type": "array", "oneOf": [{"minItems": 2}, {"maxItems": 1}]},
+    {"type": "string", "oneOf": [{"minLength": 3}, {"maxLength": 2}]},
+    {"oneOf": [{"type": "number", "minimum": 5}, {"type": "integer", "exclusiveMaximum": 5}]},
+    {"oneOf": [{"type": "number", "maximum": 5}, {"type": "number", "exclusiveMinimum": 5}]},
+    {"type": "object", "oneOf": [{"patternProperties": {"^x": False}, "required": ["b"]}, {"required": ["xa"]}]},
+]
+
+# Overlapping branches made disjoint with complements the new negations express.
+COMPLEMENTED: list[Any] = [
+    {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "array", "items": {"type": "integer"}}]},
+    {"type": "array", "oneOf": [{"items": {"type": "integer"}}, {"items": {"maximum": 2}}]},
+    {"type": "array", "oneOf": [{"prefixItems": [{"type": "string"}]}, {"prefixItems": [{"const": "a"}, {}]}]},
+    {"oneOf": [{"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"required": ["c"]}]},
+    {"not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+    {"type": "object", "not": {"oneOf": [{"required": ["a"]}, {"maxProperties": 1}, {"required": ["c"]}]}},
+    {"not": {"not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}},
+    {"type": "array", "not": {"items": {"type": "integer"}}},
+    {"not": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]}},
+]
+
+CANDIDATES: list[Any] = [
+    *({}, {"a": 1}, {"b": 1}, {"c": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"b": 1, "c": 2}, {"a": 2}),
+    *({"a": 1, "b": 2, "c": 3}, {"xa": 1}, {"xa": 1, "b": 1}, {"b": 1, "a": 1}, {"a": None}),
+    *({"initial": 1}, {"suggested": 2.5}, {"initial": 1, "suggested": 2}, {"initial": 1, "x": 1}),
+    *({"k": {"t": "x"}}, {"k": {"t": "y"}}, {"k": {"t": "z"}}, {"k": {}}, {"k": 1}),
+    *([], [1], [2], [3], ["a"], [1, 1], [1, 2], [2, 1], [1, "a"], ["a", 1], ["a", "b"], [1, 2, 3]),
+    *([3, 3], [None], [1.5], [0, "a"], [1, "b"]),
+    *("", "a", "ab", "abc", "abcd", -1, 0, 1, 2, 4, 5, 6, 4.5, 5.5, None, True),
+]
+
+
+def _spellings(v: Any) -> list[str]:
+    if isinstance(v, dict):
+        return [json.dumps(dict(p), separators=(",", ":")) for p in itertools.permutations(v.items())]
+    return []
+
+
+@pytest.mark.parametrize("schema", PROVED + COMPLEMENTED, ids=lambda s: json.dumps(s)[:60])
+def test_one_of_and_negations_are_exact(schema: Any, byte_compiler: GrammarCompiler) -> None:
+    compiled = byte_compiler.compile(Grammar.from_json_schema(schema, whitespace="compact"))
+    oracle = jsonschema.Draft202012Validator(schema)
+    wrong: list[str] = []
+    for inst in CANDIDATES:
+        text = json.dumps(inst, separators=(",", ":"))
+        got, valid = _accepts(compiled, text), oracle.is_valid(inst)
+        if got and not valid:
+            wrong.append(f"accepts invalid {text}")
+        elif valid and not got and not any(_accepts(compiled, t) for t in _spellings(inst)):
+            wrong.append(f"rejects valid {text}")
+    assert not wrong, wrong
+
+
+def test_indent_layout_agrees(byte_compiler: GrammarCompiler) -> None:
+    """The same languages under the pinned indent layout (no false accepts)."""
+    for schema in PROVED + COMPLEMENTED:
+        compiled = byte_compiler.compile(Grammar.from_json_schema(schema, indent=2))
+        oracle = jsonschema.Draft202012Validator(schema)
+        for inst in CANDIDATES:
+            if _accepts(compiled, json.dumps(inst, indent=2)):
+                assert oracle.is_valid(inst), (schema, inst)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # A complement that is still not expressible (an item's format) keeps oneOf unsupported.
+        {"type": "array", "oneOf": [{"items": {"format": "email"}}, {"minItems": 1}]},
+        # contains has no expressible complement.
+        {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array", "contains": {"const": 1}}]},
+        # Nine overlapping branches: past the branch bound.
+        {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(9)]},
+    ],
+)
+def test_still_refused_with_pointer(schema: Any) -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        Grammar.from_json_schema(schema)
+    assert info.value.pointer is not None and "oneOf" in info.value.pointer
