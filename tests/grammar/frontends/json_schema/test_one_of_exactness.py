@@ -31,8 +31,18 @@ def _accepts(compiled: CompiledGrammar, text: str) -> bool:
 
 _NUM = {"type": "number"}
 _CLOSED = [
-    {"type": "object", "properties": {"initial": _NUM}, "required": ["initial"], "additionalProperties": False},
-    {"type": "object", "properties": {"suggested": _NUM}, "required": ["suggested"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"initial": _NUM},
+        "required": ["initial"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"suggested": _NUM},
+        "required": ["suggested"],
+        "additionalProperties": False,
+    },
     {
         "type": "object",
         "properties": {"initial": _NUM, "suggested": _NUM},
@@ -44,38 +54,103 @@ _CLOSED = [
 # Schemas whose oneOf branches a proof shows disjoint (plain alternation).
 PROVED: list[Any] = [
     {"oneOf": _CLOSED},
-    {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}, {"required": ["b"], "type": "object", "properties": {"a": False}}]},
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]},
+            {"required": ["b"], "type": "object", "properties": {"a": False}},
+        ]
+    },
     {
         "type": "object",
         "oneOf": [
-            {"properties": {"k": {"type": "object", "properties": {"t": {"const": "x"}}, "required": ["t"]}}, "required": ["k"]},
-            {"properties": {"k": {"type": "object", "properties": {"t": {"const": "y"}}, "required": ["t"]}}, "required": ["k"]},
+            {
+                "properties": {
+                    "k": {"type": "object", "properties": {"t": {"const": "x"}}, "required": ["t"]}
+                },
+                "required": ["k"],
+            },
+            {
+                "properties": {
+                    "k": {"type": "object", "properties": {"t": {"const": "y"}}, "required": ["t"]}
+                },
+                "required": ["k"],
+            },
         ],
     },
-    {"type": "array", "oneOf": [{"minItems": 1, "items": {"type": "string"}}, {"minItems": 1, "items": {"type": "integer"}}]},
+    {
+        "type": "array",
+        "oneOf": [
+            {"minItems": 1, "items": {"type": "string"}},
+            {"minItems": 1, "items": {"type": "integer"}},
+        ],
+    },
     {"type": "array", "oneOf": [{"minItems": 2}, {"maxItems": 1}]},
     {"type": "string", "oneOf": [{"minLength": 3}, {"maxLength": 2}]},
     {"oneOf": [{"type": "number", "minimum": 5}, {"type": "integer", "exclusiveMaximum": 5}]},
     {"oneOf": [{"type": "number", "maximum": 5}, {"type": "number", "exclusiveMinimum": 5}]},
-    {"type": "object", "oneOf": [{"patternProperties": {"^x": False}, "required": ["b"]}, {"required": ["xa"]}]},
+    {
+        "type": "object",
+        "oneOf": [{"patternProperties": {"^x": False}, "required": ["b"]}, {"required": ["xa"]}],
+    },
 ]
 
 # Overlapping branches made disjoint with complements the new negations express.
 COMPLEMENTED: list[Any] = [
-    {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "array", "items": {"type": "integer"}}]},
+    {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"type": "integer"}},
+        ]
+    },
     {"type": "array", "oneOf": [{"items": {"type": "integer"}}, {"items": {"maximum": 2}}]},
-    {"type": "array", "oneOf": [{"prefixItems": [{"type": "string"}]}, {"prefixItems": [{"const": "a"}, {}]}]},
+    {
+        "type": "array",
+        "oneOf": [{"prefixItems": [{"type": "string"}]}, {"prefixItems": [{"const": "a"}, {}]}],
+    },
     {"oneOf": [{"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"required": ["c"]}]},
     {"not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}},
     {"type": "object", "not": {"oneOf": [{"required": ["a"]}, {"maxProperties": 1}, {"required": ["c"]}]}},
     {"not": {"not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}},
     {"type": "array", "not": {"items": {"type": "integer"}}},
+    # additionalProperties complements: "some member outside the declared names violates it".
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+            {"type": "object", "properties": {"b": {"type": "integer"}}, "additionalProperties": False},
+        ]
+    },
+    {"not": {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}},
+    {
+        "type": "object",
+        "properties": {"a": {}, "b": {"type": "string"}},
+        "not": {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+    },
+    {
+        "type": "object",
+        "patternProperties": {"^x": {"type": "string"}},
+        "not": {"additionalProperties": {"type": "integer"}},
+    },
+    # oneOf next to anyOf: the oneOf goes into each anyOf branch.
+    {
+        "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+        "oneOf": [{"required": ["c"]}, {"maxProperties": 1}],
+    },
     {"not": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]}},
 ]
 
 CANDIDATES: list[Any] = [
     *({}, {"a": 1}, {"b": 1}, {"c": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"b": 1, "c": 2}, {"a": 2}),
     *({"a": 1, "b": 2, "c": 3}, {"xa": 1}, {"xa": 1, "b": 1}, {"b": 1, "a": 1}, {"a": None}),
+    *(
+        {"b": "s"},
+        {"a": 1, "b": "s"},
+        {"a": "s", "z": 1},
+        {"z": "q"},
+        {"xa": "s"},
+        {"xa": "s", "z": 1},
+        {"xa": 1, "z": "q"},
+    ),
     *({"initial": 1}, {"suggested": 2.5}, {"initial": 1, "suggested": 2}, {"initial": 1, "x": 1}),
     *({"k": {"t": "x"}}, {"k": {"t": "y"}}, {"k": {"t": "z"}}, {"k": {}}, {"k": 1}),
     *([], [1], [2], [3], ["a"], [1, 1], [1, 2], [2, 1], [1, "a"], ["a", 1], ["a", "b"], [1, 2, 3]),
@@ -121,7 +196,12 @@ def test_indent_layout_agrees(byte_compiler: GrammarCompiler) -> None:
         # A complement that is still not expressible (an item's format) keeps oneOf unsupported.
         {"type": "array", "oneOf": [{"items": {"format": "email"}}, {"minItems": 1}]},
         # contains has no expressible complement.
-        {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array", "contains": {"const": 1}}]},
+        {
+            "oneOf": [
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "contains": {"const": 1}},
+            ]
+        },
         # Nine overlapping branches: past the branch bound.
         {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(9)]},
     ],

@@ -88,12 +88,15 @@ def _objects_disjoint(
     ra, rb = set(a.get("required", ())), set(b.get("required", ()))
     if any(_forbids(b, n, flat, matches) for n in ra) or any(_forbids(a, n, flat, matches) for n in rb):
         return True
+    props_a, props_b = a.get("properties", {}), b.get("properties", {})
     for name in ra & rb:
-        pa = flat(a.get("properties", {}).get(name, True))
-        pb = flat(b.get("properties", {}).get(name, True))
-        if name in a.get("properties", {}) and name in b.get("properties", {}):
-            if disjoint(pa, pb, flat, matches, depth + 1):
-                return True
+        # Only declared member schemas are compared (others come from pattern or additional ones).
+        if (
+            name in props_a
+            and name in props_b
+            and disjoint(flat(props_a[name]), flat(props_b[name]), flat, matches, depth + 1)
+        ):
+            return True
     return False
 
 

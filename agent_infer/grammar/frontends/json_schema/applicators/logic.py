@@ -106,7 +106,10 @@ def check_conditionals(c: Compiler, flat: dict[str, Any], pointer: str) -> None:
 
 def lower_branches(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
     """anyOf/oneOf: distribute the sibling keywords into each branch, then alternate."""
-    base = {k: v for k, v in flat.items() if k not in ("anyOf", "oneOf")}
+    # Next to an anyOf, a oneOf is a sibling keyword like any other: it goes into each anyOf
+    # branch and is lowered there.
+    both = "anyOf" in flat and "oneOf" in flat
+    base = {k: v for k, v in flat.items() if k != "anyOf" and (both or k != "oneOf")}
     trivial_base = all(is_annotation(k) for k in base)
     out: list[Expr] = []
     for key in ("anyOf", "oneOf"):
@@ -114,10 +117,8 @@ def lower_branches(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) 
             continue
         if not isinstance(flat[key], list) or not flat[key]:
             raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=f"{pointer}/{key}")
-        if "anyOf" in flat and "oneOf" in flat:
-            c.unsupported("oneOf", f"{pointer}/oneOf", "oneOf next to anyOf is not supported")
-            if key == "oneOf":
-                continue
+        if both and key == "oneOf":
+            continue
         branches = flat[key]
         here = [f"{pointer}/{key}/{i}" for i in range(len(branches))]
         raw = [c.flatten(b, p) for b, p in zip(branches, here)]

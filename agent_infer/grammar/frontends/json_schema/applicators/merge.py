@@ -18,7 +18,7 @@ from agent_infer.errors import UnsupportedSchemaError
 from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation, type_set, values
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
-from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
+from agent_infer.grammar.frontends.json_schema.values.canon import canon, to_fraction
 
 _MIN = {"minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains"}
 _MAX = {"maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum", "maxContains"}
@@ -180,7 +180,7 @@ class Merger:
     def _merge_key(self, key: str, va: Any, vb: Any, a: dict[str, Any], b: dict[str, Any]) -> Any:
         if va == vb and key not in ("anyOf", "oneOf"):
             return va
-        if key.startswith("__not_") or key == "__conditionals":
+        if key.startswith("__not_") or key in ("__conditionals", "__some_members"):
             return [*va, *vb]
         if key == "type":
             ta, tb = type_set(a) or set(), type_set(b) or set()

@@ -115,6 +115,15 @@ def _negate_keyword(
         return None if neg is None else (False if neg is False else {"type": "array", "contains": neg})
     if key == "prefixItems" and "items" not in flat and isinstance(v, list):
         return _negate_prefix(c, v, pointer, depth)
+    if key == "additionalProperties" and not flat.get("patternProperties"):
+        neg = negate(c, v, f"{pointer}/additionalProperties", depth + 1)
+        if neg is None or neg is False:
+            return neg
+        # Some member outside the declared names violates additionalProperties (types/objects.py).
+        return {
+            "type": "object",
+            "__some_members": [{"outside": list(flat.get("properties", {})), "value": neg}],
+        }
     return None
 
 

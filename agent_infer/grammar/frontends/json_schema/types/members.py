@@ -198,3 +198,48 @@ def counted_members(
     if lo == 0 and not any(is_required for _, is_required in members):
         return alt(full, c.empty("{", "}"))
     return full
+
+
+def members_with_hit(
+    c: Compiler,
+    members: list[tuple[Expr, bool]],
+    hits: list[Expr | None],
+    extra: Expr | None,
+    extra_hit: Expr | None,
+    depth: int,
+    pointer: str,
+) -> Expr:
+    """The member list with at least one *hit*: a declared member in its hit form (``hits[i]``,
+    None if it cannot be one) or an additional member from ``extra_hit``. Rules per (position,
+    something emitted, hit found), four per position."""
+    sep = c.sep(depth)
+    more: Expr = star(seq(sep, extra)) if extra is not None else Empty()
+    memo: dict[tuple[int, bool, bool], Expr] = {}
+
+    def state(i: int, emitted: bool, found: bool) -> Expr:
+        if (i, emitted, found) in memo:
+            return memo[(i, emitted, found)]
+        comma = sep if emitted else Empty()
+        if i == len(members):
+            if found:
+                out: Expr = more if emitted or extra is None else opt(seq(extra, more))
+            elif extra_hit is None:
+                out = _never()
+            elif emitted:
+                out = seq(more, sep, extra_hit, more)
+            else:
+                before = star(seq(extra, sep)) if extra is not None else Empty()
+                out = seq(before, extra_hit, more)
+        else:
+            expr, is_required = members[i]
+            options = [seq(comma, expr, state(i + 1, True, found))]
+            hit = hits[i]
+            if hit is not None and not found:
+                options.append(seq(comma, hit, state(i + 1, True, True)))
+            if not is_required:
+                options.append(state(i + 1, emitted, found))
+            out = alt(*options)
+        memo[(i, emitted, found)] = Ref(c.add_rule(f"{pointer}-h{i}-{int(emitted)}{int(found)}", out))
+        return memo[(i, emitted, found)]
+
+    return state(0, False, False)

@@ -10,6 +10,7 @@ Counting states (for ``minProperties``/``maxProperties``) are rules ``(position,
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import InvalidSchemaError
@@ -34,6 +35,7 @@ from agent_infer.grammar.frontends.json_schema.types.members import (
     cat,
     counted_members,
     member_list,
+    members_with_hit,
     seq_items,
 )
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
@@ -86,6 +88,7 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
 
     names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
     members: list[tuple[Expr, bool]] = []
+    kept: list[str] = []  # the names of ``members``
     required_set = set(required)
     for name in names:
         schema = schema_for(name) if keys is True or key_ok(name) else False
@@ -97,7 +100,13 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
         value = c.lower(schema, here, depth + 1)
         members.append((cat((*seq_items(quoted_key(c, name)), *seq_items(value))), is_required))
+        kept.append(name)
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
+    if flat.get("__some_members"):
+        hit_members = list(zip(kept, members))
+        return _with_hit(
+            c, flat, pointer, depth, names, hit_members, extra, schema_for, pats, additional, keys
+        )
     undeclared = len(names) - len(props)  # all present in members: a missing one returned above
     if lo == 0 and hi is None and 2 <= undeclared <= MAX_PERMUTED:
         # Required-but-undeclared names have no declared order: accept any order of them.
@@ -108,6 +117,54 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         body, nullable = member_list(c, members, extra, depth)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     return counted_members(c, members, extra, lo, hi, depth, pointer)
+
+
+def _with_hit(
+    c: Compiler,
+    flat: dict[str, Any],
+    pointer: str,
+    depth: int,
+    names: list[str],
+    named: list[tuple[str, tuple[Expr, bool]]],
+    extra: Expr | None,
+    schema_for: Callable[[str], Any],
+    pats: dict[str, Any],
+    additional: Any,
+    keys: DFA | bool,
+) -> Expr:
+    """An object with at least one member whose key is outside ``outside`` and whose value
+    satisfies ``value`` (``__some_members``: the complement of an additionalProperties)."""
+    needs = flat["__some_members"]
+    lo, hi = count(flat, "minProperties", pointer) or 0, count(flat, "maxProperties", pointer)
+    if len(needs) > 1 or lo or hi is not None or len(names) > len(flat.get("properties", {})):
+        c.unsupported(
+            "additionalProperties",
+            pointer,
+            "the complement of additionalProperties next to another one, property counts or undeclared required names",
+        )
+        return _never()
+    outside, value = set(needs[0]["outside"]), needs[0]["value"]
+    hits: list[Expr | None] = []
+    for name, _ in named:
+        hit_schema = all_of(schema_for(name), value) if name not in outside else False
+        if hit_schema is False:
+            hits.append(None)
+            continue
+        here = f"{pointer}/properties/{pointer_escape(name)}"
+        hits.append(cat((*seq_items(quoted_key(c, name)), *seq_items(c.lower(hit_schema, here, depth + 1)))))
+    wider = names + sorted(n for n in outside if n not in names)
+    extra_hit = _extra_member(
+        c,
+        flat,
+        f"{pointer}-hit",
+        depth,
+        wider,
+        {p: all_of(v, value) for p, v in pats.items()},
+        all_of(additional, value),
+        keys,
+    )
+    body = members_with_hit(c, [m for _, m in named], hits, extra, extra_hit, depth, pointer)
+    return c.container("{", "}", body, False, depth)
 
 
 def _invalid(msg: str, pointer: str) -> Exception:

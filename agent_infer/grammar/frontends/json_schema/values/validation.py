@@ -30,6 +30,7 @@ _LOGIC = (
     "dependentSchemas",
     "enum",
     "const",
+    "__some_members",
 )
 MAX_DEPTH = 32
 
@@ -65,6 +66,14 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     if flat.get("uniqueItems") is True and isinstance(v, list) and len({canon(x) for x in v}) != len(v):
         return False
     if isinstance(v, dict):
+        for need in flat.get("__some_members", []):
+            outside = set(need["outside"])
+            hit = need["value"]
+            if not any(
+                k not in outside and value_valid(c, hit, x, f"{pointer}/additionalProperties", depth + 1)
+                for k, x in v.items()
+            ):
+                return False
         for trigger, deps in flat.get("dependentRequired", {}).items():
             if trigger in v and any(d not in v for d in deps):
                 return False
