@@ -131,6 +131,36 @@ COMPLEMENTED: list[Any] = [
         "patternProperties": {"^x": {"type": "string"}},
         "not": {"additionalProperties": {"type": "integer"}},
     },
+    # Three closed objects that all take {}: each branch meets two complements at once.
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+            {"type": "object", "properties": {"b": {}}, "additionalProperties": False},
+            {"type": "object", "properties": {"c": {}}, "additionalProperties": False},
+        ]
+    },
+    # patternProperties merged with another allOf part's additionalProperties.
+    {
+        "type": "object",
+        "allOf": [
+            {"patternProperties": {"^x": {"type": "string"}}, "additionalProperties": {"type": "integer"}},
+            {"properties": {"b": {}}, "additionalProperties": {"minimum": 1}},
+        ],
+    },
+    # Two oneOfs under allOf: the second is lowered inside each branch of the first.
+    {
+        "type": "object",
+        "allOf": [
+            {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+            {"oneOf": [{"required": ["c"]}, {"maxProperties": 1}]},
+        ],
+    },
+    {
+        "allOf": [
+            {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            {"oneOf": [{"minLength": 2}, {"maximum": 2}]},
+        ]
+    },
     # oneOf next to anyOf: the oneOf goes into each anyOf branch.
     {
         "anyOf": [{"required": ["a"]}, {"required": ["b"]}],

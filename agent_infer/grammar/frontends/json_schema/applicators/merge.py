@@ -118,6 +118,11 @@ class Merger:
                 out["items"] = items
             else:
                 out.pop("items", None)
+        if "oneOf" in a and "oneOf" in b and a["oneOf"] != b["oneOf"]:
+            # Two oneOfs are two separate assertions: the second waits in __more_one_of and is
+            # lowered inside each branch of the first (compiler.lower_body).
+            out["__more_one_of"] = [*out.get("__more_one_of", []), b["oneOf"]]
+            b = {k: v for k, v in b.items() if k != "oneOf"}
         va, vb_ = values(a), values(b)
         if va is not None and vb_ is not None:
             keep = {canon(v) for v in vb_}
@@ -166,21 +171,27 @@ class Merger:
             for p, v in pb.items():
                 merged[p] = _both(merged[p], v) if p in merged else v
             out["patternProperties"] = merged
-        elif not pb and addb in trivial:
-            out["patternProperties"] = pa
-            out["additionalProperties"] = adda
-        elif not pa and adda in trivial:
-            out["patternProperties"] = pb
-            out["additionalProperties"] = addb
+        elif not pb:
+            # b's additionalProperties covers every key b does not declare, matched by a's
+            # patterns or not: it joins each of a's pattern schemas and a's additionalProperties.
+            out["patternProperties"] = {p: _both(v, addb) for p, v in pa.items()}
+            add = _both(adda, addb)
+            if add is not True:
+                out["additionalProperties"] = add
+        elif not pa:
+            out["patternProperties"] = {p: _both(adda, v) for p, v in pb.items()}
+            add = _both(adda, addb)
+            if add is not True:
+                out["additionalProperties"] = add
         else:
             raise self.fail(
                 "patternProperties", "patternProperties next to another branch's additionalProperties"
             )
 
     def _merge_key(self, key: str, va: Any, vb: Any, a: dict[str, Any], b: dict[str, Any]) -> Any:
-        if va == vb and key not in ("anyOf", "oneOf"):
+        if va == vb and key != "anyOf":
             return va
-        if key.startswith("__not_") or key in ("__conditionals", "__some_members"):
+        if key.startswith("__not_") or key in ("__conditionals", "__some_members", "__more_one_of"):
             return [*va, *vb]
         if key == "type":
             ta, tb = type_set(a) or set(), type_set(b) or set()

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 MAX_PATTERN_REGIONS = 3
 MAX_PERMUTED = 3
+# Complements of additionalProperties one object must meet at once (2^n states per position).
+MAX_NEEDS = 3
 
 
 def _never() -> Expr:
@@ -132,38 +134,47 @@ def _with_hit(
     additional: Any,
     keys: DFA | bool,
 ) -> Expr:
-    """An object with at least one member whose key is outside ``outside`` and whose value
-    satisfies ``value`` (``__some_members``: the complement of an additionalProperties)."""
+    """An object that, for each entry of ``__some_members`` (the complement of an
+    additionalProperties), has a member whose key is outside the entry's ``outside`` names and
+    whose value satisfies its ``value``."""
     needs = flat["__some_members"]
     lo, hi = count(flat, "minProperties", pointer) or 0, count(flat, "maxProperties", pointer)
-    if len(needs) > 1 or lo or hi is not None or len(names) > len(flat.get("properties", {})):
+    if len(needs) > MAX_NEEDS or lo or hi is not None:
         c.unsupported(
             "additionalProperties",
             pointer,
-            "the complement of additionalProperties next to another one, property counts or undeclared required names",
+            f"the complement of additionalProperties next to property counts or more than {MAX_NEEDS} others",
         )
         return _never()
-    outside, value = set(needs[0]["outside"]), needs[0]["value"]
-    hits: list[Expr | None] = []
-    for name, _ in named:
-        hit_schema = all_of(schema_for(name), value) if name not in outside else False
+    chosen_memo: dict[int, tuple[set[str], Any]] = {}
+
+    def chosen(mask: int) -> tuple[set[str], Any]:
+        """The names a hit for the needs in ``mask`` must avoid, and the schema its value meets."""
+        if mask not in chosen_memo:
+            picked = [n for j, n in enumerate(needs) if mask >> j & 1]
+            avoid = {name for n in picked for name in n["outside"]}
+            chosen_memo[mask] = (avoid, all_of(*(n["value"] for n in picked)))
+        return chosen_memo[mask]
+
+    def member_hit(i: int, mask: int) -> Expr | None:
+        name = named[i][0]
+        avoid, value = chosen(mask)
+        hit_schema = all_of(schema_for(name), value) if name not in avoid else False
         if hit_schema is False:
-            hits.append(None)
-            continue
-        here = f"{pointer}/properties/{pointer_escape(name)}"
-        hits.append(cat((*seq_items(quoted_key(c, name)), *seq_items(c.lower(hit_schema, here, depth + 1)))))
-    wider = names + sorted(n for n in outside if n not in names)
-    extra_hit = _extra_member(
-        c,
-        flat,
-        f"{pointer}-hit",
-        depth,
-        wider,
-        {p: all_of(v, value) for p, v in pats.items()},
-        all_of(additional, value),
-        keys,
-    )
-    body = members_with_hit(c, [m for _, m in named], hits, extra, extra_hit, depth, pointer)
+            return None
+        value_expr = c.lower(hit_schema, f"{pointer}/properties/{pointer_escape(name)}", depth + 1)
+        return cat((*seq_items(quoted_key(c, name)), *seq_items(value_expr)))
+
+    def extra_hit(mask: int) -> Expr | None:
+        avoid, value = chosen(mask)
+        wider = names + sorted(n for n in avoid if n not in names)
+        region_values = {p: all_of(v, value) for p, v in pats.items()}
+        return _extra_member(
+            c, flat, f"{pointer}-hit{mask}", depth, wider, region_values, all_of(additional, value), keys
+        )
+
+    members = [m for _, m in named]
+    body = members_with_hit(c, members, member_hit, extra, extra_hit, len(needs), depth, pointer)
     return c.container("{", "}", body, False, depth)
 
 

@@ -31,6 +31,7 @@ _LOGIC = (
     "enum",
     "const",
     "__some_members",
+    "__more_one_of",
 )
 MAX_DEPTH = 32
 
@@ -57,8 +58,12 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
         return False
     if "anyOf" in flat and not any(sub(b, f"anyOf/{i}") for i, b in enumerate(flat["anyOf"])):
         return False
-    if "oneOf" in flat and sum(sub(b, f"oneOf/{i}") for i, b in enumerate(flat["oneOf"])) != 1:
-        return False
+    for one_of in [flat["oneOf"]] if "oneOf" in flat else []:
+        if sum(sub(b, f"oneOf/{i}") for i, b in enumerate(one_of)) != 1:
+            return False
+    for one_of in flat.get("__more_one_of", []):
+        if sum(sub(b, f"oneOf/{i}") for i, b in enumerate(one_of)) != 1:
+            return False
     for cond in flat.get("__conditionals", []):
         branch = "then" if sub(cond["if"], "if") else "else"
         if not sub(cond[branch], branch):
