@@ -33,6 +33,10 @@ _COUNT_FLIP = {
 MAX_DEPTH = 8
 # A negated oneOf is "none, or some pair": n complements plus n(n-1)/2 intersections.
 MAX_ONE_OF_NEGATED = 4
+# Listed numbers, arrays and objects one complement excludes (each adds an anyOf to multiply out).
+MAX_NEGATED_VALUES = 4
+# Nesting of one excluded value (its complement grows linearly with it).
+MAX_VALUE_DEPTH = 64
 
 
 def _any(parts: list[Any]) -> Any:
@@ -91,9 +95,16 @@ def _negate_keyword(
         return _any(out)
     if key in ("const", "enum"):
         vals = [v] if key == "const" else list(v)
-        if any(isinstance(x, int | float | list | dict) and not isinstance(x, bool) for x in vals):
-            return None  # a number has infinitely many spellings; containers are not excluded
-        return {"__not_values": vals}
+        scalars = [x for x in vals if isinstance(x, str | bool) or x is None]
+        others = [x for x in vals if not (isinstance(x, str | bool) or x is None)]
+        if len(others) > MAX_NEGATED_VALUES:
+            return None
+        parts = [_not_value(x, 0) for x in others]
+        if any(p is None for p in parts):
+            return None
+        if scalars:
+            parts.insert(0, {"__not_values": scalars})
+        return parts[0] if len(parts) == 1 else {"allOf": parts}
     if key in _BOUND_FLIP:
         return {"type": "number", _BOUND_FLIP[key]: v}
     if key in _COUNT_FLIP:
@@ -125,6 +136,47 @@ def _negate_keyword(
             "__some_members": [{"outside": list(flat.get("properties", {})), "value": neg}],
         }
     return None
+
+
+def _not_value(x: Any, depth: int) -> Any | None:
+    """Every value but ``x`` (a number, array or object), by bounds, lengths and members: a
+    number has many spellings (``1``, ``1.0``), so "not equal" is "less or greater"."""
+    if depth > MAX_VALUE_DEPTH:
+        return None
+    if isinstance(x, int | float):
+        return {
+            "anyOf": [
+                {"not": {"type": "number"}},
+                {"type": "number", "exclusiveMaximum": x},
+                {"type": "number", "exclusiveMinimum": x},
+            ]
+        }
+    if isinstance(x, list):
+        parts: list[Any] = [{"not": {"type": "array"}}, {"type": "array", "minItems": len(x) + 1}]
+        if x:
+            parts.append({"type": "array", "maxItems": len(x) - 1})
+        for i, item in enumerate(x):
+            neg = _not_value(item, depth + 1) if _container_or_number(item) else {"__not_values": [item]}
+            if neg is None:
+                return None
+            parts.append({"type": "array", "minItems": i + 1, "prefixItems": [True] * i + [neg]})
+        return {"anyOf": parts}
+    if isinstance(x, dict):
+        parts = [{"not": {"type": "object"}}]
+        # A member x does not have, or one it has missing, or one of its members with another value.
+        parts.append({"type": "object", "__some_members": [{"outside": list(x), "value": True}]})
+        for name, item in x.items():
+            parts.append({"type": "object", "properties": {name: False}})
+            neg = _not_value(item, depth + 1) if _container_or_number(item) else {"__not_values": [item]}
+            if neg is None:
+                return None
+            parts.append({"type": "object", "required": [name], "properties": {name: neg}})
+        return {"anyOf": parts}
+    return None
+
+
+def _container_or_number(x: Any) -> bool:
+    return isinstance(x, int | float | list | dict) and not isinstance(x, bool)
 
 
 def _negate_one_of(c: Compiler, branches: list[Any], pointer: str, depth: int) -> Any | None:

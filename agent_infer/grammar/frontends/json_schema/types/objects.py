@@ -139,7 +139,8 @@ def _with_hit(
     whose value satisfies its ``value``."""
     needs = flat["__some_members"]
     lo, hi = count(flat, "minProperties", pointer) or 0, count(flat, "maxProperties", pointer)
-    if len(needs) > MAX_NEEDS or lo or hi is not None:
+    # A hit is a member, so minProperties 1 holds already; other counts are not combined.
+    if len(needs) > MAX_NEEDS or lo > 1 or hi is not None:
         c.unsupported(
             "additionalProperties",
             pointer,
