@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint
 from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
 
@@ -31,8 +32,9 @@ _COUNT_FLIP = {
     "maxProperties": ("object", "minProperties", 1),
 }
 MAX_DEPTH = 8
-# A negated oneOf is "none, or some pair": n complements plus n(n-1)/2 intersections.
-MAX_ONE_OF_NEGATED = 4
+# A negated oneOf is "none, or some overlapping pair": n complements plus the pairs' intersections.
+MAX_ONE_OF_NEGATED = 8
+MAX_ONE_OF_PAIRS = 6
 # Listed numbers, arrays and objects one complement excludes (each adds an anyOf to multiply out).
 MAX_NEGATED_VALUES = 4
 # Nesting of one excluded value (its complement grows linearly with it).
@@ -48,10 +50,24 @@ def _any(parts: list[Any]) -> Any:
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
 
 
-def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None:
-    """A schema valid exactly for the instances ``schema`` rejects, or None if not expressible."""
+def negate(
+    c: Compiler, schema: Any, pointer: str, depth: int = 0, active: frozenset[str] = frozenset()
+) -> Any | None:
+    """A schema valid exactly for the instances ``schema`` rejects, or None if not expressible.
+
+    ``active``: the ``$ref`` targets being negated further out. A recursive schema meets one of
+    them again; its complement is then left as ``{"not": {"$ref": ...}}``, lowered (and memoized
+    by structure, so the recursion closes) like any other ``not``; so is a complement deeper than
+    MAX_DEPTH. Such a deferred complement that turns out inexpressible is reported where it is
+    lowered."""
+    ref = schema.get("$ref") if isinstance(schema, dict) and len(schema) == 1 else None
+    if isinstance(ref, str):
+        if ref in active:
+            return {"not": schema}
+        active = active | {ref}
     if depth > MAX_DEPTH:
-        return None
+        # Deep complements are built when (and if) their part is lowered, from depth 0 again.
+        return {"not": schema}
     flat = c.flatten(schema, pointer)
     if isinstance(flat, bool):
         return not flat
@@ -71,7 +87,7 @@ def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None
         if key == "format" and is_unknown_format(v):
             c.unknown_format(v, f"{pointer}/format")
             continue
-        part = _negate_keyword(c, key, v, flat, pointer, depth)
+        part = _negate_keyword(c, key, v, flat, pointer, depth, active)
         if part is None:
             return None
         parts.append(part)
@@ -79,7 +95,7 @@ def negate(c: Compiler, schema: Any, pointer: str, depth: int = 0) -> Any | None
 
 
 def _negate_keyword(
-    c: Compiler, key: str, v: Any, flat: dict[str, Any], pointer: str, depth: int
+    c: Compiler, key: str, v: Any, flat: dict[str, Any], pointer: str, depth: int, active: frozenset[str]
 ) -> Any | None:
     if key == "type":
         return {"not": {"type": v}}
@@ -88,7 +104,7 @@ def _negate_keyword(
     if key == "properties":
         out = []
         for name, sub in v.items():
-            neg = negate(c, sub, f"{pointer}/properties/{name}", depth + 1)
+            neg = negate(c, sub, f"{pointer}/properties/{name}", depth + 1, active)
             if neg is None:
                 return None
             out.append({"type": "object", "required": [name], "properties": {name: neg}})
@@ -116,18 +132,24 @@ def _negate_keyword(
     if key == "not":
         return v
     if key == "anyOf":
-        negs = [negate(c, b, f"{pointer}/anyOf/{i}", depth + 1) for i, b in enumerate(v)]
+        negs = [negate(c, b, f"{pointer}/anyOf/{i}", depth + 1, active) for i, b in enumerate(v)]
         return None if any(n is None for n in negs) else {"allOf": negs}
     if key == "oneOf":
-        return _negate_one_of(c, v, pointer, depth)
+        return _negate_one_of(c, v, pointer, depth, active)
     if key == "items" and "prefixItems" not in flat:
-        neg = negate(c, v, f"{pointer}/items", depth + 1)
+        neg = negate(c, v, f"{pointer}/items", depth + 1, active)
         # Some item violates the item schema: the plain form of contains.
         return None if neg is None else (False if neg is False else {"type": "array", "contains": neg})
+    if key == "contains" and "minContains" not in flat and "maxContains" not in flat:
+        neg = negate(c, v, f"{pointer}/contains", depth + 1, active)
+        # No item satisfies it: every item (prefix positions included) is in its complement.
+        return None if neg is None else {"type": "array", "items": neg}
+    if key in ("minContains", "maxContains") and "contains" not in flat:
+        return False  # without contains they assert nothing
     if key == "prefixItems" and "items" not in flat and isinstance(v, list):
-        return _negate_prefix(c, v, pointer, depth)
+        return _negate_prefix(c, v, pointer, depth, active)
     if key == "additionalProperties" and not flat.get("patternProperties"):
-        neg = negate(c, v, f"{pointer}/additionalProperties", depth + 1)
+        neg = negate(c, v, f"{pointer}/additionalProperties", depth + 1, active)
         if neg is None or neg is False:
             return neg
         # Some member outside the declared names violates additionalProperties (types/objects.py).
@@ -179,23 +201,38 @@ def _container_or_number(x: Any) -> bool:
     return isinstance(x, int | float | list | dict) and not isinstance(x, bool)
 
 
-def _negate_one_of(c: Compiler, branches: list[Any], pointer: str, depth: int) -> Any | None:
-    """Not exactly one branch: none of them, or some two of them."""
+def _negate_one_of(
+    c: Compiler, branches: list[Any], pointer: str, depth: int, active: frozenset[str]
+) -> Any | None:
+    """Not exactly one branch: none of them, or some two of them (only pairs not proved disjoint)."""
     if not isinstance(branches, list) or len(branches) > MAX_ONE_OF_NEGATED:
         return None
-    negs = [negate(c, b, f"{pointer}/oneOf/{i}", depth + 1) for i, b in enumerate(branches)]
+    negs = [negate(c, b, f"{pointer}/oneOf/{i}", depth + 1, active) for i, b in enumerate(branches)]
     if any(n is None for n in negs):
         return None
-    parts: list[Any] = [{"allOf": negs}]
-    parts += [{"allOf": [a, b]} for i, a in enumerate(branches) for b in branches[i + 1 :]]
-    return _any(parts)
+
+    def flat(s: Any) -> Any:
+        return c.flatten(s, pointer)
+
+    flats = [flat(b) for b in branches]
+    pairs = [
+        {"allOf": [a, b]}
+        for i, a in enumerate(branches)
+        for j, b in enumerate(branches[i + 1 :], i + 1)
+        if not disjoint(flats[i], flats[j], flat, c.matches)
+    ]
+    if len(pairs) > MAX_ONE_OF_PAIRS:
+        return None
+    return _any([{"allOf": negs}, *pairs])
 
 
-def _negate_prefix(c: Compiler, prefix: list[Any], pointer: str, depth: int) -> Any | None:
+def _negate_prefix(
+    c: Compiler, prefix: list[Any], pointer: str, depth: int, active: frozenset[str]
+) -> Any | None:
     """Some position i (present in the array) violates ``prefixItems[i]``."""
     parts: list[Any] = []
     for i, sub in enumerate(prefix):
-        neg = negate(c, sub, f"{pointer}/prefixItems/{i}", depth + 1)
+        neg = negate(c, sub, f"{pointer}/prefixItems/{i}", depth + 1, active)
         if neg is None:
             return None
         if neg is not False:
