@@ -153,6 +153,26 @@ COMPLEMENTED: list[Any] = [
     {"type": "object", "not": {"const": {"a": [1], "b": "x"}}},
     {"type": "object", "minProperties": 1, "not": {"const": {"k": {"t": "x"}}}},
     {"not": {"enum": [3, 5.5]}},
+    # contains: every item in the item complement.
+    {"type": "array", "not": {"contains": {"type": "integer"}}},
+    # A recursive complement (deferred at the repeated $ref) and a oneOf of five, pairs only where needed.
+    {
+        "$defs": {
+            "t": {"type": "object", "properties": {"a": {"$ref": "#/$defs/t"}, "v": {"type": "integer"}}}
+        },
+        "not": {"$ref": "#/$defs/t"},
+    },
+    {
+        "not": {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "integer"},
+                {"type": "boolean"},
+                {"type": "object", "required": ["a"]},
+                {"type": "object", "maxProperties": 1},
+            ]
+        }
+    },
     # Two oneOfs under allOf: the second is lowered inside each branch of the first.
     {
         "type": "object",
@@ -193,6 +213,13 @@ CANDIDATES: list[Any] = [
     *([3, 3], [None], [1.5], [0, "a"], [1, "b"], [1.0, "b"], [1, "b", 2], [2, "b"], [1, "c"]),
     *({"a": [1], "b": "x"}, {"b": "x", "a": [1]}, {"a": [1], "b": "y"}, {"a": [2], "b": "x"}, {"a": 1.0}),
     *({"k": {"t": "x"}, "z": 1}, 3.0, 5.50, 5.25),
+    *(
+        {"a": {"a": {"v": 1}}},
+        {"a": {"a": {"v": "s"}}},
+        {"a": {"a": 1}},
+        {"v": 1, "a": {}},
+        {"a": {"v": 1.5}},
+    ),
     *("", "a", "ab", "abc", "abcd", -1, 0, 1, 2, 4, 5, 6, 4.5, 5.5, None, True),
 ]
 
