@@ -173,6 +173,18 @@ COMPLEMENTED: list[Any] = [
             ]
         }
     },
+    # More than three patternProperties: only the key regions that can be non-empty.
+    {
+        "type": "object",
+        "patternProperties": {
+            "^x": {"type": "string"},
+            "a$": {"type": "integer"},
+            "^y": {"const": 1},
+            "^xa$": {"minLength": 2},
+            "^q$": False,
+        },
+        "additionalProperties": False,
+    },
     # Two oneOfs under allOf: the second is lowered inside each branch of the first.
     {
         "type": "object",
@@ -212,7 +224,8 @@ CANDIDATES: list[Any] = [
     *([], [1], [2], [3], ["a"], [1, 1], [1, 2], [2, 1], [1, "a"], ["a", 1], ["a", "b"], [1, 2, 3]),
     *([3, 3], [None], [1.5], [0, "a"], [1, "b"], [1.0, "b"], [1, "b", 2], [2, "b"], [1, "c"]),
     *({"a": [1], "b": "x"}, {"b": "x", "a": [1]}, {"a": [1], "b": "y"}, {"a": [2], "b": "x"}, {"a": 1.0}),
-    *({"k": {"t": "x"}, "z": 1}, 3.0, 5.50, 5.25),
+    *({"k": {"t": "x"}, "z": 1}, 3.0, 5.50, 5.25, {"xa": "ss"}, {"ya": 1}, {"ya": 2}, {"y": 1, "xb": "s"}),
+    *({"q": 1}, {"xb": 1}, {"ba": 1, "xc": "t"}),
     *(
         {"a": {"a": {"v": 1}}},
         {"a": {"a": {"v": "s"}}},
@@ -288,3 +301,16 @@ def test_still_refused_with_pointer(schema: Any) -> None:
     with pytest.raises(UnsupportedSchemaError) as info:
         Grammar.from_json_schema(schema)
     assert info.value.pointer is not None and "oneOf" in info.value.pointer
+
+
+def test_overlapping_pattern_regions_past_the_limit_are_refused() -> None:
+    """Seven unanchored patterns all overlap (one key can match them all): 128 possible key
+    regions, past MAX_REGIONS; strict mode names the patternProperties, non-strict drops them."""
+    pats = {ch: {"type": "integer"} for ch in "abcdefg"}
+    schema = {"type": "object", "patternProperties": pats}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        Grammar.from_json_schema(schema)
+    assert (info.value.keyword, info.value.pointer) == ("patternProperties", "/patternProperties")
+    assert "key regions" in str(info.value)
+    loose = Grammar.from_json_schema(schema, strict=False)
+    assert any("patternProperties" in w for w in loose.warnings)

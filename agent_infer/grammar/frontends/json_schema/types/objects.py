@@ -38,13 +38,18 @@ from agent_infer.grammar.frontends.json_schema.types.members import (
     members_with_hit,
     seq_items,
 )
+from agent_infer.grammar.frontends.json_schema.types.pattern_regions import (
+    MAX_PATTERNS,
+    MAX_REGIONS,
+    needed,
+    region_masks,
+)
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
 from agent_infer.grammar.ir import Alt, Expr, Ref, alt, lit, seq
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
-MAX_PATTERN_REGIONS = 3
 MAX_PERMUTED = 3
 # Complements of additionalProperties one object must meet at once (2^n states per position).
 MAX_NEEDS = 3
@@ -210,9 +215,6 @@ def _extra_member(
         for p in pats:
             c.pattern_expr(p, f"{pointer}/patternProperties")
         pats = {}
-    if len(pats) > MAX_PATTERN_REGIONS:
-        c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
-        pats = {}
     pn = schema_text(flat["propertyNames"], sort_keys=True) if "propertyNames" in flat else "true"
     sorted_names = tuple(sorted(names))
     if keys is True and not pats:
@@ -250,8 +252,18 @@ def _extra_member(
             base_cache[exclude_names] = dfa
         return base_cache[exclude_names]
 
+    regions = region_masks(len(pat_names), lambda i: pattern_dfa(pat_names[i]))
+    if regions is None:
+        c.unsupported(
+            "patternProperties",
+            here_pats,
+            f"too many patternProperties: more than {MAX_PATTERNS} patterns or {MAX_REGIONS} key regions",
+        )
+        # Non-strict: the patterns are dropped; every undeclared key is an additional member.
+        return _extra_member(c, flat, pointer, depth, names, {}, additional, keys)
+    masks, apart = regions
     out: list[Expr] = []
-    for mask in itertools.product((False, True), repeat=len(pats)):
+    for mask in masks:
         chosen = [p for p, m in zip(pats, mask) if m]
         value_schema = all_of(*(pats[p] for p in chosen)) if chosen else additional
         if value_schema is False:
@@ -271,7 +283,9 @@ def _extra_member(
                 c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
             dfa = base(not pats or mask in name_masks)
-            for p, m in zip(pats, mask):
+            for q, (p, m) in enumerate(zip(pats, mask)):
+                if not m and not needed(mask, q, apart):
+                    continue
                 d = pattern_dfa(p) if m else dfa_complement(pattern_dfa(p))
                 dfa = d if dfa is None else dfa_intersect(dfa, d)
             empty = dfa is not None and dfa_is_empty(dfa)
