@@ -286,7 +286,7 @@ def test_indent_layout_agrees(byte_compiler: GrammarCompiler) -> None:
     [
         # A complement that is still not expressible (an item's format) keeps oneOf unsupported.
         {"type": "array", "oneOf": [{"items": {"format": "email"}}, {"minItems": 1}]},
-        # contains has no expressible complement.
+        # Two contains (one from the complement of items) have no exact merge.
         {
             "oneOf": [
                 {"type": "array", "items": {"type": "integer"}},
