@@ -314,3 +314,52 @@ def test_overlapping_pattern_regions_past_the_limit_are_refused() -> None:
     assert "key regions" in str(info.value)
     loose = Grammar.from_json_schema(schema, strict=False)
     assert any("patternProperties" in w for w in loose.warnings)
+
+
+# Masks over the DeepSeek-V4 vocabulary (token by token, every id checked against accept +
+# rollback) at every position of a valid instance, where the grammars of the new lowerings decide:
+# a member that meets a complement of additionalProperties, the member that would make an object
+# the excluded const, a negated oneOf and a pattern key region.
+MASK_CASES: list[tuple[Any, Any]] = [
+    (
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "additionalProperties": False},
+            ]
+        },
+        {"a": 1},
+    ),
+    (
+        {"not": {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}},
+        {"a": "s", "z": "t"},
+    ),
+    ({"type": "object", "not": {"const": {"k": {"t": "x"}}}}, {"k": {"t": "y"}}),
+    ({"not": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}, {"a": 1, "b": 2}),
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^x": {"type": "string"}, "a$": {"maxLength": 3}, "^y": {}, "^q$": False},
+            "additionalProperties": False,
+        },
+        {"xa": "abc", "ya": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "doc"), MASK_CASES, ids=lambda x: json.dumps(x)[:40])
+def test_masks_exact_on_a_real_vocabulary(schema: Any, doc: Any) -> None:
+    from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
+
+    assert jsonschema.Draft202012Validator(schema).is_valid(doc)
+    compiled = GrammarCompiler(tokenizer_info("deepseek"), cache_enabled=False).compile(
+        Grammar.from_json_schema(schema, whitespace="compact")
+    )
+    text = json.dumps(doc, separators=(",", ":"))
+    ids = hf_tokenizer("deepseek").encode(text, add_special_tokens=False).ids
+    m = GrammarMatcher(compiled)
+    for pos, tid in enumerate(ids):
+        assert_mask_exact(m, pos)
+        assert m.accept_token(tid), pos
+    assert_mask_exact(m, len(ids))
+    assert m.can_terminate()
