@@ -92,6 +92,12 @@ PROVED: list[Any] = [
         "type": "object",
         "oneOf": [{"patternProperties": {"^x": False}, "required": ["b"]}, {"required": ["xa"]}],
     },
+    # Member values told apart by patterns no string matches together.
+    {
+        "type": "object",
+        "required": ["t"],
+        "oneOf": [{"properties": {"t": {"pattern": "^a$"}}}, {"properties": {"t": {"pattern": "^ab?c"}}}],
+    },
 ]
 
 # Overlapping branches made disjoint with complements the new negations express.
@@ -225,7 +231,7 @@ CANDIDATES: list[Any] = [
     *([3, 3], [None], [1.5], [0, "a"], [1, "b"], [1.0, "b"], [1, "b", 2], [2, "b"], [1, "c"]),
     *({"a": [1], "b": "x"}, {"b": "x", "a": [1]}, {"a": [1], "b": "y"}, {"a": [2], "b": "x"}, {"a": 1.0}),
     *({"k": {"t": "x"}, "z": 1}, 3.0, 5.50, 5.25, {"xa": "ss"}, {"ya": 1}, {"ya": 2}, {"y": 1, "xb": "s"}),
-    *({"q": 1}, {"xb": 1}, {"ba": 1, "xc": "t"}),
+    *({"q": 1}, {"xb": 1}, {"ba": 1, "xc": "t"}, {"t": "a"}, {"t": "abc"}, {"t": "ac"}, {"t": "b"}, {"t": 1}),
     *(
         {"a": {"a": {"v": 1}}},
         {"a": {"a": {"v": "s"}}},

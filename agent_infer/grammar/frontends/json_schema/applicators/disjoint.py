@@ -7,7 +7,8 @@ caller then intersects branches with complements instead.
 The rules, per pair: disjoint listed values; listed values outside the other's types; no common
 type; and, when the only common type is ``object`` or ``array``, a member that one side requires
 and the other forbids, a member both require with disjoint schemas, disjoint property or item
-counts, or an item position both require with disjoint schemas; for numbers, disjoint ranges.
+counts, or an item position both require with disjoint schemas; for strings, disjoint lengths or
+patterns no string matches together; for numbers, disjoint ranges.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
+from agent_infer.grammar.automata import DFA, dfa_intersect, dfa_is_empty
 from agent_infer.grammar.frontends.json_schema.keywords import type_set, values
 from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
 
@@ -24,13 +27,40 @@ MAX_DEPTH = 6
 
 Flatten = Callable[[Any], Any]
 Matches = Callable[[str, str], bool]
+# Whether no string matches every pattern of the first list and every one of the second.
+PatternsApart = Callable[[list[str], list[str]], bool]
 
 
-def disjoint(a: Any, b: Any, flat: Flatten, matches: Matches | None = None, depth: int = 0) -> bool:
+def patterns_oracle(pattern_dfa: Callable[[str], DFA]) -> PatternsApart:
+    """``patterns_apart`` over the compiler's pattern automata: the product of all the patterns
+    is empty. A pattern that cannot be compiled, or a product over the state limit, proves nothing."""
+
+    def apart(pa: list[str], pb: list[str]) -> bool:
+        try:
+            dfa: DFA | None = None
+            for p in dict.fromkeys([*pa, *pb]):
+                d = pattern_dfa(p)
+                dfa = d if dfa is None else dfa_intersect(dfa, d)
+            return dfa is not None and dfa_is_empty(dfa)
+        except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
+            return False
+
+    return apart
+
+
+def disjoint(
+    a: Any,
+    b: Any,
+    flat: Flatten,
+    matches: Matches | None = None,
+    depth: int = 0,
+    patterns_apart: PatternsApart | None = None,
+) -> bool:
     """True if no instance can satisfy both flattened schemas ``a`` and ``b``.
 
     ``flat`` flattens a member schema; ``matches(pattern, name)`` tests a ``patternProperties``
-    pattern against a key (without it, a side with patterns never forbids a key).
+    pattern against a key (without it, a side with patterns never forbids a key);
+    ``patterns_apart`` decides two strings' ``pattern``s (without it, patterns prove nothing).
     """
     if a is False or b is False or _empty(a) or _empty(b):
         return True
@@ -49,13 +79,18 @@ def disjoint(a: Any, b: Any, flat: Flatten, matches: Matches | None = None, dept
     if not common:
         return True
     if common == {"object"}:
-        return _objects_disjoint(a, b, flat, matches, depth) or _ranges_disjoint(
+        return _objects_disjoint(a, b, flat, matches, depth, patterns_apart) or _ranges_disjoint(
             a, b, "minProperties", "maxProperties"
         )
     if common == {"array"}:
-        return _arrays_disjoint(a, b, flat, matches, depth) or _ranges_disjoint(a, b, "minItems", "maxItems")
+        return _arrays_disjoint(a, b, flat, matches, depth, patterns_apart) or _ranges_disjoint(
+            a, b, "minItems", "maxItems"
+        )
     if common == {"string"}:
-        return _ranges_disjoint(a, b, "minLength", "maxLength")
+        if _ranges_disjoint(a, b, "minLength", "maxLength"):
+            return True
+        pa, pb = _patterns(a), _patterns(b)
+        return bool(pa and pb and patterns_apart is not None and patterns_apart(pa, pb))
     if common <= {"number", "integer"}:
         return _numbers_disjoint(a, b)
     return False
@@ -82,8 +117,22 @@ def _forbids(s: dict[str, Any], name: str, flat: Flatten, matches: Matches | Non
     return extra is False or _empty(flat(extra))
 
 
+def _patterns(s: dict[str, Any]) -> list[str]:
+    p = s.get("pattern")
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, dict) and isinstance(p.get("__patterns"), list):
+        return [x for x in p["__patterns"] if isinstance(x, str)]
+    return []
+
+
 def _objects_disjoint(
-    a: dict[str, Any], b: dict[str, Any], flat: Flatten, matches: Matches | None, depth: int
+    a: dict[str, Any],
+    b: dict[str, Any],
+    flat: Flatten,
+    matches: Matches | None,
+    depth: int,
+    patterns_apart: PatternsApart | None,
 ) -> bool:
     ra, rb = set(a.get("required", ())), set(b.get("required", ()))
     if any(_forbids(b, n, flat, matches) for n in ra) or any(_forbids(a, n, flat, matches) for n in rb):
@@ -94,14 +143,19 @@ def _objects_disjoint(
         if (
             name in props_a
             and name in props_b
-            and disjoint(flat(props_a[name]), flat(props_b[name]), flat, matches, depth + 1)
+            and disjoint(flat(props_a[name]), flat(props_b[name]), flat, matches, depth + 1, patterns_apart)
         ):
             return True
     return False
 
 
 def _arrays_disjoint(
-    a: dict[str, Any], b: dict[str, Any], flat: Flatten, matches: Matches | None, depth: int
+    a: dict[str, Any],
+    b: dict[str, Any],
+    flat: Flatten,
+    matches: Matches | None,
+    depth: int,
+    patterns_apart: PatternsApart | None,
 ) -> bool:
     if isinstance(a.get("items"), list) or isinstance(b.get("items"), list):
         return False
@@ -110,7 +164,7 @@ def _arrays_disjoint(
     for i in range(min(need, 64)):
         xa = flat(pa[i]) if i < len(pa) else flat(a.get("items", True))
         xb = flat(pb[i]) if i < len(pb) else flat(b.get("items", True))
-        if disjoint(xa, xb, flat, matches, depth + 1):
+        if disjoint(xa, xb, flat, matches, depth + 1, patterns_apart):
             return True
     return False
 

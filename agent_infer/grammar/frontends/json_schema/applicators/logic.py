@@ -11,7 +11,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint, patterns_oracle
 from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
 from agent_infer.grammar.frontends.json_schema.values.canon import canon
@@ -274,8 +274,9 @@ def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
         except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
             return False
 
+    apart = patterns_oracle(lambda p: c.pattern_dfa(p, ""))
     return all(
-        disjoint(a, b, flat_prop, c.matches) or values_outside(a, b) or values_outside(b, a)
+        disjoint(a, b, flat_prop, c.matches, 0, apart) or values_outside(a, b) or values_outside(b, a)
         for i, a in enumerate(branches)
         for b in branches[i + 1 :]
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint, patterns_oracle
 from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
 
@@ -219,7 +219,9 @@ def _negate_one_of(
         {"allOf": [a, b]}
         for i, a in enumerate(branches)
         for j, b in enumerate(branches[i + 1 :], i + 1)
-        if not disjoint(flats[i], flats[j], flat, c.matches)
+        if not disjoint(
+            flats[i], flats[j], flat, c.matches, 0, patterns_oracle(lambda p: c.pattern_dfa(p, pointer))
+        )
     ]
     if len(pairs) > MAX_ONE_OF_PAIRS:
         return None
