@@ -256,6 +256,11 @@ class Compiler(RuleWriter, Layout, Reporter):
             # A finite list: every other keyword just filters it, decided exactly per value.
             self.allowed_types(flat, pointer)
             return lower_values(self, vals, flat, pointer, depth, own_enum="const" not in flat)
+        if "__more_one_of" in flat and "oneOf" not in flat:
+            first, *more = flat["__more_one_of"]
+            flat = {k: v for k, v in flat.items() if k != "__more_one_of"} | {"oneOf": first}
+            if more:
+                flat["__more_one_of"] = more
         if "dependentRequired" in flat or "dependentSchemas" in flat:
             return lower_dependencies(self, flat, pointer, depth)
         if "anyOf" in flat or "oneOf" in flat:

@@ -90,15 +90,15 @@ def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
 @pytest.mark.parametrize(
     ("schema", "keyword", "pointer"),
     [
-        ({"if": {"items": {"type": "string"}}, "then": {"minItems": 1}}, "if", "/if"),
+        ({"if": {"type": "string", "format": "email"}, "then": {"minLength": 3}}, "if", "/if"),
         (
             {"properties": {"a": {"type": "array", "uniqueItems": True}}},
             "uniqueItems",
             "/properties/a/uniqueItems",
         ),
-        ({"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"maxItems": 2}]}, "oneOf", "/oneOf"),
+        ({"oneOf": [{"type": "string", "format": "email"}, {"maxLength": 5}]}, "oneOf", "/oneOf"),
         ({"type": "string", "format": "iri"}, "format", "/format"),
-        ({"not": {"items": {"minimum": 3}}}, "not", "/not"),
+        ({"not": {"multipleOf": 3}}, "not", "/not"),
         ({"$ref": "https://example.com/remote.json"}, "$ref", "/$ref"),
     ],
 )

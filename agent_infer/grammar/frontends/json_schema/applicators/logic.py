@@ -11,7 +11,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.applicators.merge import disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint, patterns_oracle
 from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
 from agent_infer.grammar.frontends.json_schema.values.canon import canon
@@ -106,7 +106,10 @@ def check_conditionals(c: Compiler, flat: dict[str, Any], pointer: str) -> None:
 
 def lower_branches(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr:
     """anyOf/oneOf: distribute the sibling keywords into each branch, then alternate."""
-    base = {k: v for k, v in flat.items() if k not in ("anyOf", "oneOf")}
+    # Next to an anyOf, a oneOf is a sibling keyword like any other: it goes into each anyOf
+    # branch and is lowered there.
+    both = "anyOf" in flat and "oneOf" in flat
+    base = {k: v for k, v in flat.items() if k != "anyOf" and (both or k != "oneOf")}
     trivial_base = all(is_annotation(k) for k in base)
     out: list[Expr] = []
     for key in ("anyOf", "oneOf"):
@@ -114,10 +117,8 @@ def lower_branches(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) 
             continue
         if not isinstance(flat[key], list) or not flat[key]:
             raise InvalidSchemaError(f"{key} must be a non-empty array", pointer=f"{pointer}/{key}")
-        if "anyOf" in flat and "oneOf" in flat:
-            c.unsupported("oneOf", f"{pointer}/oneOf", "oneOf next to anyOf is not supported")
-            if key == "oneOf":
-                continue
+        if both and key == "oneOf":
+            continue
         branches = flat[key]
         here = [f"{pointer}/{key}/{i}" for i in range(len(branches))]
         raw = [c.flatten(b, p) for b, p in zip(branches, here)]
@@ -204,7 +205,7 @@ def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer
                 overlaps[j].append(i)  # rows stay ascending: j's row already holds only indices < i
     if not any(overlaps):
         return branches
-    if n > MAX_EXCLUSIVE_BRANCHES or any(
+    if sum(1 for row in overlaps if row) > MAX_EXCLUSIVE_BRANCHES or any(
         isinstance(b, dict) and any(k.startswith("unevaluated") for k in b) for b in branches
     ):
         return None
@@ -273,8 +274,9 @@ def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
         except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
             return False
 
+    apart = patterns_oracle(lambda p: c.pattern_dfa(p, ""))
     return all(
-        disjoint(a, b, flat_prop) or values_outside(a, b) or values_outside(b, a)
+        disjoint(a, b, flat_prop, c.matches, 0, apart) or values_outside(a, b) or values_outside(b, a)
         for i, a in enumerate(branches)
         for b in branches[i + 1 :]
     )

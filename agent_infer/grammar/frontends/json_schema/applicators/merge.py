@@ -1,4 +1,4 @@
-"""Intersection of JSON Schemas (``allOf``) and disjointness checks (``oneOf``).
+"""Intersection of JSON Schemas (``allOf``).
 
 ``allOf`` cannot be lowered by concatenation or alternation: a CFG has no intersection. Instead the
 subschemas are merged keyword by keyword into one schema whose instances are exactly those valid
@@ -18,7 +18,7 @@ from agent_infer.errors import UnsupportedSchemaError
 from agent_infer.grammar.common.memo import register_cache
 from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation, type_set, values
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
-from agent_infer.grammar.frontends.json_schema.values.canon import canon, json_type, to_fraction
+from agent_infer.grammar.frontends.json_schema.values.canon import canon, to_fraction
 
 _MIN = {"minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains"}
 _MAX = {"maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum", "maxContains"}
@@ -118,6 +118,11 @@ class Merger:
                 out["items"] = items
             else:
                 out.pop("items", None)
+        if "oneOf" in a and "oneOf" in b and a["oneOf"] != b["oneOf"]:
+            # Two oneOfs are two separate assertions: the second waits in __more_one_of and is
+            # lowered inside each branch of the first (compiler.lower_body).
+            out["__more_one_of"] = [*out.get("__more_one_of", []), b["oneOf"]]
+            b = {k: v for k, v in b.items() if k != "oneOf"}
         va, vb_ = values(a), values(b)
         if va is not None and vb_ is not None:
             keep = {canon(v) for v in vb_}
@@ -166,21 +171,27 @@ class Merger:
             for p, v in pb.items():
                 merged[p] = _both(merged[p], v) if p in merged else v
             out["patternProperties"] = merged
-        elif not pb and addb in trivial:
-            out["patternProperties"] = pa
-            out["additionalProperties"] = adda
-        elif not pa and adda in trivial:
-            out["patternProperties"] = pb
-            out["additionalProperties"] = addb
+        elif not pb:
+            # b's additionalProperties covers every key b does not declare, matched by a's
+            # patterns or not: it joins each of a's pattern schemas and a's additionalProperties.
+            out["patternProperties"] = {p: _both(v, addb) for p, v in pa.items()}
+            add = _both(adda, addb)
+            if add is not True:
+                out["additionalProperties"] = add
+        elif not pa:
+            out["patternProperties"] = {p: _both(adda, v) for p, v in pb.items()}
+            add = _both(adda, addb)
+            if add is not True:
+                out["additionalProperties"] = add
         else:
             raise self.fail(
                 "patternProperties", "patternProperties next to another branch's additionalProperties"
             )
 
     def _merge_key(self, key: str, va: Any, vb: Any, a: dict[str, Any], b: dict[str, Any]) -> Any:
-        if va == vb and key not in ("anyOf", "oneOf"):
+        if va == vb and key != "anyOf":
             return va
-        if key.startswith("__not_") or key == "__conditionals":
+        if key.startswith("__not_") or key in ("__conditionals", "__some_members", "__more_one_of"):
             return [*va, *vb]
         if key == "type":
             ta, tb = type_set(a) or set(), type_set(b) or set()
@@ -225,45 +236,6 @@ class Merger:
 
 def _patterns(v: Any) -> list[str]:
     return list(v["__patterns"]) if isinstance(v, dict) else [v]
-
-
-def disjoint(a: Any, b: Any, flat_property: Callable[[Any], Any]) -> bool:
-    """True if no instance can satisfy both flattened schemas (a sound, incomplete check)."""
-    if a is False or b is False:
-        return True
-    if a is True or b is True:
-        return False
-    ta, tb = type_set(a), type_set(b)
-    va, vb = values(a), values(b)
-    if va is not None and vb is not None and not ({canon(x) for x in va} & {canon(x) for x in vb}):
-        return True
-    for vals, types in ((va, tb), (vb, ta)):
-        if (
-            vals is not None
-            and types is not None
-            and all(
-                json_type(v) not in types and not (json_type(v) == "integer" and "number" in types)
-                for v in vals
-            )
-        ):
-            return True
-    if ta is not None and tb is not None:
-        common = ta & tb
-        if not common:
-            return True
-        if common <= {"object"}:
-            for name in set(a.get("required", [])) & set(b.get("required", [])):
-                pa = flat_property(a.get("properties", {}).get(name, True))
-                pb = flat_property(b.get("properties", {}).get(name, True))
-                if isinstance(pa, dict) and isinstance(pb, dict):
-                    xa, xb = values(pa), values(pb)
-                    if (
-                        xa is not None
-                        and xb is not None
-                        and not ({canon(x) for x in xa} & {canon(x) for x in xb})
-                    ):
-                        return True
-    return False
 
 
 def all_of(*schemas: Any) -> Any:

@@ -9,6 +9,7 @@ chain only reaches up to the first required member. ``counted_members`` is the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_infer.grammar.ir import Alt, Empty, Expr, Literal, Ref, Seq, alt, lit, opt, seq, star
@@ -198,3 +199,57 @@ def counted_members(
     if lo == 0 and not any(is_required for _, is_required in members):
         return alt(full, c.empty("{", "}"))
     return full
+
+
+def members_with_hit(
+    c: Compiler,
+    members: list[tuple[Expr, bool]],
+    member_hit: Callable[[int, int], Expr | None],
+    extra: Expr | None,
+    extra_hit: Callable[[int], Expr | None],
+    needs: int,
+    depth: int,
+    pointer: str,
+) -> Expr:
+    """The member list where each of ``needs`` conditions is met by some member: declared member
+    i meets the set of needs S (a bit mask) in the form ``member_hit(i, S)``, an additional member
+    in the form ``extra_hit(S)`` (None: it cannot). Rules per (position, something emitted, needs
+    met): at most 2^(needs + 1) per position."""
+    sep = c.sep(depth)
+    full = (1 << needs) - 1
+    memo: dict[tuple[int, bool, int], Expr] = {}
+
+    def subsets(met: int) -> list[int]:
+        free = full & ~met
+        return [s for s in range(1, full + 1) if s & free == s]
+
+    def state(i: int, emitted: bool, met: int) -> Expr:
+        key = (i, emitted, met)
+        if key in memo:
+            return memo[key]
+        # Reserved before the body is built: the tail state refers to itself (more extras).
+        ref = memo[key] = Ref(c.fresh(f"{pointer}-h{i}-{int(emitted)}-{met}"))
+        comma = sep if emitted else Empty()
+        options: list[Expr] = []
+        if i == len(members):
+            if met == full:
+                options.append(Empty())
+            if extra is not None:
+                options.append(seq(comma, extra, state(i, True, met)))
+            for s in subsets(met):
+                hit = extra_hit(s)
+                if hit is not None:
+                    options.append(seq(comma, hit, state(i, True, met | s)))
+        else:
+            expr, is_required = members[i]
+            options.append(seq(comma, expr, state(i + 1, True, met)))
+            for s in subsets(met):
+                hit = member_hit(i, s)
+                if hit is not None:
+                    options.append(seq(comma, hit, state(i + 1, True, met | s)))
+            if not is_required:
+                options.append(state(i + 1, emitted, met))
+        c.rules[ref.name] = alt(*options) if options else _never()
+        return ref
+
+    return state(0, False, 0)

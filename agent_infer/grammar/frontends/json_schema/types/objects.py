@@ -10,6 +10,7 @@ Counting states (for ``minProperties``/``maxProperties``) are rules ``(position,
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import InvalidSchemaError
@@ -34,7 +35,14 @@ from agent_infer.grammar.frontends.json_schema.types.members import (
     cat,
     counted_members,
     member_list,
+    members_with_hit,
     seq_items,
+)
+from agent_infer.grammar.frontends.json_schema.types.pattern_regions import (
+    MAX_PATTERNS,
+    MAX_REGIONS,
+    needed,
+    region_masks,
 )
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
 from agent_infer.grammar.ir import Alt, Expr, Ref, alt, lit, seq
@@ -42,8 +50,9 @@ from agent_infer.grammar.ir import Alt, Expr, Ref, alt, lit, seq
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
-MAX_PATTERN_REGIONS = 3
 MAX_PERMUTED = 3
+# Complements of additionalProperties one object must meet at once (2^n states per position).
+MAX_NEEDS = 3
 
 
 def _never() -> Expr:
@@ -86,6 +95,7 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
 
     names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
     members: list[tuple[Expr, bool]] = []
+    kept: list[str] = []  # the names of ``members``
     required_set = set(required)
     for name in names:
         schema = schema_for(name) if keys is True or key_ok(name) else False
@@ -97,7 +107,13 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         here = f"{pointer}/properties/{name}" if name in props else f"{pointer}/required"
         value = c.lower(schema, here, depth + 1)
         members.append((cat((*seq_items(quoted_key(c, name)), *seq_items(value))), is_required))
+        kept.append(name)
     extra = _extra_member(c, flat, pointer, depth, names, pats, additional, keys)
+    if flat.get("__some_members"):
+        hit_members = list(zip(kept, members))
+        return _with_hit(
+            c, flat, pointer, depth, names, hit_members, extra, schema_for, pats, additional, keys
+        )
     undeclared = len(names) - len(props)  # all present in members: a missing one returned above
     if lo == 0 and hi is None and 2 <= undeclared <= MAX_PERMUTED:
         # Required-but-undeclared names have no declared order: accept any order of them.
@@ -108,6 +124,64 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         body, nullable = member_list(c, members, extra, depth)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     return counted_members(c, members, extra, lo, hi, depth, pointer)
+
+
+def _with_hit(
+    c: Compiler,
+    flat: dict[str, Any],
+    pointer: str,
+    depth: int,
+    names: list[str],
+    named: list[tuple[str, tuple[Expr, bool]]],
+    extra: Expr | None,
+    schema_for: Callable[[str], Any],
+    pats: dict[str, Any],
+    additional: Any,
+    keys: DFA | bool,
+) -> Expr:
+    """An object that, for each entry of ``__some_members`` (the complement of an
+    additionalProperties), has a member whose key is outside the entry's ``outside`` names and
+    whose value satisfies its ``value``."""
+    needs = flat["__some_members"]
+    lo, hi = count(flat, "minProperties", pointer) or 0, count(flat, "maxProperties", pointer)
+    # A hit is a member, so minProperties 1 holds already; other counts are not combined.
+    if len(needs) > MAX_NEEDS or lo > 1 or hi is not None:
+        c.unsupported(
+            "additionalProperties",
+            pointer,
+            f"the complement of additionalProperties next to property counts or more than {MAX_NEEDS} others",
+        )
+        return _never()
+    chosen_memo: dict[int, tuple[set[str], Any]] = {}
+
+    def chosen(mask: int) -> tuple[set[str], Any]:
+        """The names a hit for the needs in ``mask`` must avoid, and the schema its value meets."""
+        if mask not in chosen_memo:
+            picked = [n for j, n in enumerate(needs) if mask >> j & 1]
+            avoid = {name for n in picked for name in n["outside"]}
+            chosen_memo[mask] = (avoid, all_of(*(n["value"] for n in picked)))
+        return chosen_memo[mask]
+
+    def member_hit(i: int, mask: int) -> Expr | None:
+        name = named[i][0]
+        avoid, value = chosen(mask)
+        hit_schema = all_of(schema_for(name), value) if name not in avoid else False
+        if hit_schema is False:
+            return None
+        value_expr = c.lower(hit_schema, f"{pointer}/properties/{pointer_escape(name)}", depth + 1)
+        return cat((*seq_items(quoted_key(c, name)), *seq_items(value_expr)))
+
+    def extra_hit(mask: int) -> Expr | None:
+        avoid, value = chosen(mask)
+        wider = names + sorted(n for n in avoid if n not in names)
+        region_values = {p: all_of(v, value) for p, v in pats.items()}
+        return _extra_member(
+            c, flat, f"{pointer}-hit{mask}", depth, wider, region_values, all_of(additional, value), keys
+        )
+
+    members = [m for _, m in named]
+    body = members_with_hit(c, members, member_hit, extra, extra_hit, len(needs), depth, pointer)
+    return c.container("{", "}", body, False, depth)
 
 
 def _invalid(msg: str, pointer: str) -> Exception:
@@ -140,9 +214,6 @@ def _extra_member(
         # patterns are still parsed, so a bad one is still reported.
         for p in pats:
             c.pattern_expr(p, f"{pointer}/patternProperties")
-        pats = {}
-    if len(pats) > MAX_PATTERN_REGIONS:
-        c.unsupported("patternProperties", f"{pointer}/patternProperties", "too many patternProperties")
         pats = {}
     pn = schema_text(flat["propertyNames"], sort_keys=True) if "propertyNames" in flat else "true"
     sorted_names = tuple(sorted(names))
@@ -181,8 +252,18 @@ def _extra_member(
             base_cache[exclude_names] = dfa
         return base_cache[exclude_names]
 
+    regions = region_masks(len(pat_names), lambda i: pattern_dfa(pat_names[i]))
+    if regions is None:
+        c.unsupported(
+            "patternProperties",
+            here_pats,
+            f"too many patternProperties: more than {MAX_PATTERNS} patterns or {MAX_REGIONS} key regions",
+        )
+        # Non-strict: the patterns are dropped; every undeclared key is an additional member.
+        return _extra_member(c, flat, pointer, depth, names, {}, additional, keys)
+    masks, apart = regions
     out: list[Expr] = []
-    for mask in itertools.product((False, True), repeat=len(pats)):
+    for mask in masks:
         chosen = [p for p, m in zip(pats, mask) if m]
         value_schema = all_of(*(pats[p] for p in chosen)) if chosen else additional
         if value_schema is False:
@@ -202,7 +283,9 @@ def _extra_member(
                 c.key_cache[cache_key] = seq(lit('"'), Ref(c.add_rule(f"{pointer}-key", body)), lit('"'))
         if cache_key not in c.key_cache:
             dfa = base(not pats or mask in name_masks)
-            for p, m in zip(pats, mask):
+            for q, (p, m) in enumerate(zip(pats, mask)):
+                if not m and not needed(mask, q, apart):
+                    continue
                 d = pattern_dfa(p) if m else dfa_complement(pattern_dfa(p))
                 dfa = d if dfa is None else dfa_intersect(dfa, d)
             empty = dfa is not None and dfa_is_empty(dfa)

@@ -30,6 +30,8 @@ _LOGIC = (
     "dependentSchemas",
     "enum",
     "const",
+    "__some_members",
+    "__more_one_of",
 )
 MAX_DEPTH = 32
 
@@ -56,8 +58,12 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
         return False
     if "anyOf" in flat and not any(sub(b, f"anyOf/{i}") for i, b in enumerate(flat["anyOf"])):
         return False
-    if "oneOf" in flat and sum(sub(b, f"oneOf/{i}") for i, b in enumerate(flat["oneOf"])) != 1:
-        return False
+    for one_of in [flat["oneOf"]] if "oneOf" in flat else []:
+        if sum(sub(b, f"oneOf/{i}") for i, b in enumerate(one_of)) != 1:
+            return False
+    for one_of in flat.get("__more_one_of", []):
+        if sum(sub(b, f"oneOf/{i}") for i, b in enumerate(one_of)) != 1:
+            return False
     for cond in flat.get("__conditionals", []):
         branch = "then" if sub(cond["if"], "if") else "else"
         if not sub(cond[branch], branch):
@@ -65,6 +71,14 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     if flat.get("uniqueItems") is True and isinstance(v, list) and len({canon(x) for x in v}) != len(v):
         return False
     if isinstance(v, dict):
+        for need in flat.get("__some_members", []):
+            outside = set(need["outside"])
+            hit = need["value"]
+            if not any(
+                k not in outside and value_valid(c, hit, x, f"{pointer}/additionalProperties", depth + 1)
+                for k, x in v.items()
+            ):
+                return False
         for trigger, deps in flat.get("dependentRequired", {}).items():
             if trigger in v and any(d not in v for d in deps):
                 return False

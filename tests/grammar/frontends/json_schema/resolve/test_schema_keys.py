@@ -264,7 +264,7 @@ def test_a_failed_build_leaves_no_reference_cycle(monkeypatch: pytest.MonkeyPatc
     from agent_infer.errors import UnsupportedSchemaError
     from agent_infer.grammar import Grammar
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
-    from agent_infer.grammar.frontends.json_schema.types.objects import MAX_PATTERN_REGIONS
+    from agent_infer.grammar.frontends.json_schema.types.pattern_regions import MAX_PATTERNS
 
     props: dict[str, Any] = {
         f"p{i}": {"type": "string", "enum": ["a", "b", 3], "options": {"i": i}} for i in range(40)
@@ -272,7 +272,7 @@ def test_a_failed_build_leaves_no_reference_cycle(monkeypatch: pytest.MonkeyPatc
     props["q"] = {"type": "object", "properties": {f"r{i}": {"type": "integer"} for i in range(40)}}
     # Found while lowering, after the members above: more pattern regions than the key automaton
     # takes (an unsupported keyword use, which strict mode refuses).
-    regions = {f"^x{i}": {"type": "integer", "minimum": i} for i in range(MAX_PATTERN_REGIONS + 1)}
+    regions = {f"^x{i}": {"type": "integer", "minimum": i} for i in range(MAX_PATTERNS + 1)}
     props["zz"] = {"type": "object", "patternProperties": regions}
     schema = {"type": "object", "properties": props, "required": sorted(props)}
 
