@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers.compressed_plan import CompressedPlan, SeqView
+from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
@@ -158,13 +158,20 @@ class CompressedAttention(nn.Module):
                 iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
                 iw = h[:, ql + d + width : ql + d + width + ix.heads]
             compressed[0].index_copy_(0, plan.slot_mapping, h[:n, ql + d : ql + d + width])
-        outs = []
-        for s in plan.seqs:
+        compressing = compressed is not None and self.compressor is not None
+        groups = plan.decode.get(self.rate if compressing else 0, [])
+        batched = {i for g in groups for i in g.seqs} if groups else set()
+        out = q.new_zeros(rows, self.heads, d)
+        for i, s in enumerate(plan.seqs):
+            if i in batched:
+                if compressed is not None:
+                    self._close(compressed, s)
+                continue
             idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
-            outs.append(self._attend(q[s.start : s.end], window, compressed, idx, s))
-        if rows > n:
-            outs.append(q.new_zeros(rows - n, self.heads, d))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+            out[s.start : s.end] = self._attend(q[s.start : s.end], window, compressed, idx, s)
+        for g in groups:
+            index = (iq, iw) if iq is not None and iw is not None else None
+            out.index_copy_(0, g.rows, self._attend_decode(q, window, compressed, index, g))
         out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(
@@ -225,8 +232,47 @@ class CompressedAttention(nn.Module):
         probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
         return torch.matmul(probs, keys).transpose(0, 1)
 
+    def _attend_decode(
+        self,
+        q: torch.Tensor,
+        window: torch.Tensor,
+        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        index: tuple[torch.Tensor, torch.Tensor] | None,
+        g: DecodeGroup,
+    ) -> torch.Tensor:
+        """One query per member, attending as one batch (``[b, heads, head_dim]``): padded window
+        slots and entries are masked out, and every member has the group's shapes, which depend on
+        its own sequence only (see :data:`~.compressed_plan.ENTRY_BUCKET`)."""
+        b = int(g.rows.shape[0])
+        qg = q.index_select(0, g.rows)
+        keys = window.index_select(0, g.window_slots.view(-1)).view(b, -1, self.dim)
+        allowed = g.window_allowed
+        if compressed is not None and g.entry_slots is not None and g.ready is not None:
+            pool = compressed[1]
+            entries = pool.index_select(0, g.entry_slots.view(-1)).view(b, -1, int(pool.shape[-1]))
+            visible = g.ready
+            if self.indexer is not None and index is not None:
+                iq, iw = index[0].index_select(0, g.rows), index[1].index_select(0, g.rows)
+                visible = self.indexer.select(iq, iw, entries[..., self.dim :], visible)
+            keys = torch.cat((keys, entries[..., : self.dim]), dim=1)
+            allowed = torch.cat((allowed, visible), dim=1)
+        logits = torch.matmul(qg, keys.transpose(1, 2)) * self.scale  # [b, heads, keys]
+        logits = logits.masked_fill(~allowed[:, None], float("-inf"))
+        sinks = self.sinks.to(logits.dtype)[None, :, None].expand(b, -1, 1)
+        combined = torch.cat((logits, sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
+        return torch.matmul(probs, keys)
+
     def _entries(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> torch.Tensor | None:
         """Close the windows this chunk completes; every entry so far (None before the first)."""
+        view = self._close(compressed, s)
+        if not view.count:
+            return None
+        return compressed[1].index_select(0, view.entry_slots)
+
+    def _close(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> RateView:
+        """Write the entries of the windows this chunk completes; the sequence's view at this rate."""
         assert self.compressor is not None
         states, pool = compressed
         rate = self.rate
@@ -243,6 +289,4 @@ class CompressedAttention(nn.Module):
                     (new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1
                 )
             pool.index_copy_(0, view.entry_slots[first:], new.to(pool.dtype))
-        if not count:
-            return None
-        return pool.index_select(0, view.entry_slots)
+        return view
