@@ -95,7 +95,9 @@ class Transformers:
         import transformers
         from transformers.generation.streamers import BaseStreamer
 
-        self.model = transformers.DeepseekV4ForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        self.model = transformers.DeepseekV4ForCausalLM.from_pretrained(
+            str(folder), dtype=torch.float32
+        ).eval()
         self.pad = 0
 
         class Clock(BaseStreamer):  # type: ignore[misc]
@@ -189,7 +191,9 @@ def main() -> None:
         f"model: {args.model or 'tiny random V4 (5 layers, hidden 64)'}; prompt {args.prompt_len} tokens, "
         f"{args.max_tokens} generated, {args.threads} thread(s), median of {args.repeats}"
     )
-    print(f"| engine | TTFT ms | decode tok/s (batch 1) | {args.concurrency}-way tok/s | vs transformers (1 / N) |")
+    print(
+        f"| engine | TTFT ms | decode tok/s (batch 1) | {args.concurrency}-way tok/s | vs transformers (1 / N) |"
+    )
     print("|---|---|---|---|---|")
     for name, m in med.items():
         ratio = f"{m['dec'] / peer['dec']:.2f}x / {m['agg'] / peer['agg']:.2f}x" if peer else "-"

@@ -209,3 +209,81 @@ def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path)
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
     again = llm.generate(prompts[:1], params)[0]  # the prompt's full blocks now come from the prefix cache
     assert again.num_cached_tokens >= 16 and again.outputs[0].text == outs[0].outputs[0].text
+
+
+def _cache(model: CausalLM, blocks: int, block_size: int, rollback: int) -> KVCache:
+    return KVCache.allocate(model.config, blocks, block_size, model.device, model.dtype, rollback=rollback)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_state_rings_match_transformers(tiny: tuple[torch.nn.Module, CausalLM], block_size: int) -> None:
+    """Blocks keeping only their last 7 tokens' compressor states (rollback 0: sparse 2 * 4 - 1,
+    heavy 8 - 1), so the rings wrap inside every block: chunks ending inside windows, then greedy
+    decode one token per step, every logit row against transformers."""
+    hf, model = tiny
+    cache = _cache(model, 8, block_size, rollback=0)
+    rings = {cache.state_ring(i)[0] for i in (0, 1, 3, 4)}
+    assert rings == {7} and cache.states[1] is not None and cache.states[1].shape[1] == 7
+    prompt = _prompt(31)
+    table = [6, 2, 7, 0, 5, 1, 4, 3][: -(-(PROMPT_LEN + DECODE_STEPS) // block_size)]
+    tokens, got, start = list(prompt), [], 0
+    for end in (5, 13, 14, 22, 31, 40):
+        got.append(_step(model, cache, table, start, prompt[start:end]))
+        start = end
+    for _ in range(DECODE_STEPS):
+        tokens.append(int(got[-1].argmax()))
+        got.append(_step(model, cache, table, len(tokens) - 1, tokens[-1:]))
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0]
+    rows = [4, 12, 13, 21, 30, *range(PROMPT_LEN - 1, len(tokens))]
+    assert (torch.stack(got) - want[rows]).abs().max().item() <= TOL
+
+
+def test_rejected_draft_within_the_ring_leaves_no_trace(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Rings sized for an 11-token rollback (18 of 32 slots): the draft wraps them, and the true
+    tokens after its rejection give the logits of a run that never saw it."""
+    _, model = tiny
+    prompt, true_tokens, draft = _prompt(21, 37), _prompt(22, 4), _prompt(23, 11)
+    table = [2, 0]
+    clean = _cache(model, 3, 32, rollback=11)
+    assert clean.state_ring(1)[0] == 18 and clean.state_ring(0)[0] == 18
+    _step(model, clean, table, 0, prompt)
+    want = _step(model, clean, table, 37, true_tokens)
+    cache = _cache(model, 3, 32, rollback=11)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 37, draft)
+    assert torch.equal(_step(model, cache, table, 37, true_tokens), want)
+
+
+def test_rollback_deeper_than_the_ring_raises(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Rings sized for no rollback: a rejected 11-token draft overwrote states the true tokens
+    need, and the read raises instead of pooling another token's state."""
+    _, model = tiny
+    prompt, true_tokens, draft = _prompt(21, 37), _prompt(22, 4), _prompt(23, 11)
+    table = [5, 1, 3, 0]
+    cache = _cache(model, 6, 16, rollback=0)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 37, draft)
+    with pytest.raises(EngineError, match=r"compressor states of positions 32\.\.36 were overwritten"):
+        _step(model, cache, table, 37, true_tokens)
+
+
+@pytest.mark.parametrize(("block_size", "rollback"), [(16, 0), (32, 5), (64, 32), (8, 0), (4, 3)])
+def test_bytes_per_block_counts_the_rings(
+    tiny: tuple[torch.nn.Module, CausalLM], block_size: int, rollback: int
+) -> None:
+    """The formula equals the allocated pools' bytes: every layer's window entries, per compressed
+    layer ``min(block, (2 if sparse else 1) * rate - 1 + rollback)`` states, its entries, and an
+    int32 position per ring slot where the ring is shorter than the block."""
+    _, model = tiny
+    cache = _cache(model, 2, block_size, rollback)
+    pools = [*cache.windows, *cache.states, *cache.entries, *cache.state_positions]
+    allocated = sum(p.numel() * p.element_size() for p in pools if p is not None)
+    d, di, bs = 32, 16, block_size
+    heavy_ring, sparse_ring = min(bs, 7 + rollback), min(bs, 7 + rollback)
+    values = 5 * d * bs
+    values += 2 * (2 * d * heavy_ring + d * (bs // min(8, bs)))
+    values += 2 * (4 * (d + di) * sparse_ring + (d + di) * (bs // min(4, bs)))
+    positions = 2 * 4 * heavy_ring * (heavy_ring < bs) + 2 * 4 * sparse_ring * (sparse_ring < bs)
+    formula = KVCache.bytes_per_block(model.config, bs, torch.float32, rollback)
+    assert formula == values * 4 + positions == allocated // 2

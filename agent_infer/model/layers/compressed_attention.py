@@ -20,9 +20,12 @@ layers/attention.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
@@ -34,6 +37,25 @@ from agent_infer.model.layers.norm import RMSNorm
 #: Queries of one chunk attend in pieces of at most this many rows, so a long prompt's scores
 #: (``heads x rows x (window + entries)``) and indexer scores stay bounded.
 QUERY_BLOCK = 256
+
+
+@dataclass
+class CompressorPools:
+    """A compressed layer's pools (``"compressed"`` layout of :class:`~agent_infer.model.kv_cache.KVCache`)."""
+
+    #: Compressor states ``[num_blocks * ring, state]``: a block's last ``ring`` tokens, offset ``o`` at ``o % ring``.
+    states: torch.Tensor
+    #: Compressed entries ``[num_entry_slots, entry]``.
+    entries: torch.Tensor
+    ring: int
+    #: Position held by each state slot (int32, ``[num_blocks * ring]``), None where ``ring`` is the block.
+    positions: torch.Tensor | None
+
+    def state_slots(self, slots: torch.Tensor, block_size: int) -> torch.Tensor:
+        """State-pool slots of the tokens at token slots ``slots``."""
+        if self.ring == block_size:
+            return slots
+        return slots // block_size * self.ring + slots % block_size % self.ring
 
 
 def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -134,7 +156,7 @@ class CompressedAttention(nn.Module):
         x: torch.Tensor,
         tables: tuple[torch.Tensor, torch.Tensor],
         window: torch.Tensor,
-        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        compressed: CompressorPools | None,
         plan: CompressedPlan,
     ) -> torch.Tensor:
         """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` (rotated by ``tables``, this
@@ -150,6 +172,7 @@ class CompressedAttention(nn.Module):
         kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
         window.index_copy_(0, plan.slot_mapping, kv[:n])
         iq = iw = None
+        fresh = h[:0]
         if compressed is not None and self.compressor is not None:
             width = self.compressor.state_width
             if self.indexer is not None:
@@ -157,21 +180,33 @@ class CompressedAttention(nn.Module):
                 ix = self.indexer
                 iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
                 iw = h[:, ql + d + width : ql + d + width + ix.heads]
-            compressed[0].index_copy_(0, plan.slot_mapping, h[:n, ql + d : ql + d + width])
+            fresh = h[:n, ql + d : ql + d + width]
         compressing = compressed is not None and self.compressor is not None
         groups = plan.decode.get(self.rate if compressing else 0, [])
         batched = {i for g in groups for i in g.seqs} if groups else set()
         out = q.new_zeros(rows, self.heads, d)
         for i, s in enumerate(plan.seqs):
             if i in batched:
-                if compressed is not None:
-                    self._close(compressed, s)
+                if compressing and compressed is not None:
+                    self._close(compressed, fresh[s.start : s.end], s, plan.block_size)
                 continue
             idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
-            out[s.start : s.end] = self._attend(q[s.start : s.end], window, compressed, idx, s)
+            entries = None
+            if compressing and compressed is not None:
+                entries = self._entries(compressed, fresh[s.start : s.end], s, plan.block_size)
+            out[s.start : s.end] = self._attend(q[s.start : s.end], window, entries, idx, s)
         for g in groups:
             index = (iq, iw) if iq is not None and iw is not None else None
-            out.index_copy_(0, g.rows, self._attend_decode(q, window, compressed, index, g))
+            pool = compressed.entries if compressing and compressed is not None else None
+            out.index_copy_(0, g.rows, self._attend_decode(q, window, pool, index, g))
+        if compressing and compressed is not None:
+            # Written after every read of this step: a ring slot may still hold a state read above.
+            compressed.states.index_copy_(
+                0, compressed.state_slots(plan.slot_mapping, plan.block_size), fresh
+            )
+            if compressed.positions is not None:
+                slots = compressed.state_slots(plan.slot_mapping, plan.block_size)
+                compressed.positions.index_copy_(0, slots, plan.positions.to(torch.int32))
         out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(
@@ -183,13 +218,10 @@ class CompressedAttention(nn.Module):
         self,
         q: torch.Tensor,
         window: torch.Tensor,
-        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        entries: torch.Tensor | None,
         index: tuple[torch.Tensor, torch.Tensor] | None,
         s: SeqView,
     ) -> torch.Tensor:
-        entries = None
-        if compressed is not None and self.compressor is not None:
-            entries = self._entries(compressed, s)
         length = s.end - s.start
         if length <= QUERY_BLOCK:
             return self._attend_rows(q, window, entries, index, s, 0, length)
@@ -236,7 +268,7 @@ class CompressedAttention(nn.Module):
         self,
         q: torch.Tensor,
         window: torch.Tensor,
-        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        pool: torch.Tensor | None,
         index: tuple[torch.Tensor, torch.Tensor] | None,
         g: DecodeGroup,
     ) -> torch.Tensor:
@@ -247,8 +279,7 @@ class CompressedAttention(nn.Module):
         qg = q.index_select(0, g.rows)
         keys = window.index_select(0, g.window_slots.view(-1)).view(b, -1, self.dim)
         allowed = g.window_allowed
-        if compressed is not None and g.entry_slots is not None and g.ready is not None:
-            pool = compressed[1]
+        if pool is not None and g.entry_slots is not None and g.ready is not None:
             entries = pool.index_select(0, g.entry_slots.view(-1)).view(b, -1, int(pool.shape[-1]))
             visible = g.ready
             if self.indexer is not None and index is not None:
@@ -264,23 +295,39 @@ class CompressedAttention(nn.Module):
         probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
         return torch.matmul(probs, keys)
 
-    def _entries(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> torch.Tensor | None:
+    def _entries(
+        self, compressed: CompressorPools, fresh: torch.Tensor, s: SeqView, block_size: int
+    ) -> torch.Tensor | None:
         """Close the windows this chunk completes; every entry so far (None before the first)."""
-        view = self._close(compressed, s)
+        view = self._close(compressed, fresh, s, block_size)
         if not view.count:
             return None
-        return compressed[1].index_select(0, view.entry_slots)
+        return compressed.entries.index_select(0, view.entry_slots)
 
-    def _close(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> RateView:
-        """Write the entries of the windows this chunk completes; the sequence's view at this rate."""
+    def _close(
+        self, compressed: CompressorPools, fresh: torch.Tensor, s: SeqView, block_size: int
+    ) -> RateView:
+        """Write the entries of the windows this chunk completes; the sequence's view at this rate.
+        ``fresh`` holds the chunk's own states (not yet in the pool); earlier tokens' come from it."""
         assert self.compressor is not None
-        states, pool = compressed
         rate = self.rate
         view = s.rates[rate]
         first, count = view.first, view.count
         if count > first:
             lead = 1 if self.compressor.overlap and first > 0 else 0
-            st = states.index_select(0, s.gather[(first - lead) * rate : count * rate])
+            lo, chunk_first = (first - lead) * rate, int(s.gather.shape[0]) - (s.end - s.start)
+            st = fresh[: count * rate - chunk_first]
+            if lo < chunk_first:
+                slots = compressed.state_slots(s.gather[lo:chunk_first], block_size)
+                if compressed.positions is not None:
+                    held = compressed.positions.index_select(0, slots)
+                    if not bool((held == torch.arange(lo, chunk_first, device=held.device)).all()):
+                        raise EngineError(
+                            f"{self.prefix}: compressor states of positions {lo}..{chunk_first - 1} were overwritten: "
+                            f"a draft rolled back deeper than the {compressed.ring}-token state ring allows "
+                            "(KVCache.allocate rollback)"
+                        )
+                st = torch.cat((compressed.states.index_select(0, slots), st))
             cw = self.compressor.state_width
             new = self.compressor.pool(st[:, :cw], first, count - first, self.rotary)
             if self.indexer is not None:
@@ -288,5 +335,6 @@ class CompressedAttention(nn.Module):
                 new = torch.cat(
                     (new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1
                 )
+            pool = compressed.entries
             pool.index_copy_(0, view.entry_slots[first:], new.to(pool.dtype))
         return view

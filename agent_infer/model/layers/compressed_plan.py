@@ -77,6 +77,8 @@ class CompressedPlan:
     num_tokens: int
     block_size: int
     decode: dict[int, list[DecodeGroup]]
+    #: Positions of the new tokens (int64 ``[num_tokens]``).
+    positions: torch.Tensor
 
 
 def plan_compressed(
@@ -133,7 +135,10 @@ def plan_compressed(
             views[rate] = RateView(first // rate, count, slots, ready)
         seqs.append(SeqView(start, end, gather, qpos, gather[lo:ctx], allowed, views))
     slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
-    return CompressedPlan(seqs, slots, num_tokens, bs, _decode_groups(seqs, window, rates, device))
+    positions = (
+        torch.cat([s.qpos for s in seqs]) if seqs else torch.zeros(0, dtype=torch.int64, device=device)
+    )
+    return CompressedPlan(seqs, slots, num_tokens, bs, _decode_groups(seqs, window, rates, device), positions)
 
 
 def _decode_groups(
