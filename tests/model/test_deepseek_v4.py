@@ -266,6 +266,13 @@ def test_rollback_deeper_than_the_ring_raises(tiny: tuple[torch.nn.Module, Causa
     _step(model, cache, table, 37, draft)
     with pytest.raises(EngineError, match=r"compressor states of positions 32\.\.36 were overwritten"):
         _step(model, cache, table, 37, true_tokens)
+    # The same through a decode row: its one token closes windows 4 (heavy) and 9 (sparse).
+    prompt = _prompt(21, 39)
+    cache = _cache(model, 6, 16, rollback=0)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 39, draft)
+    with pytest.raises(EngineError, match=r"decode row's windows were overwritten.*7-token state ring"):
+        _step(model, cache, table, 39, true_tokens[:1])
 
 
 @pytest.mark.parametrize(("block_size", "rollback"), [(16, 0), (32, 5), (64, 32), (8, 0), (4, 3)])

@@ -185,10 +185,12 @@ class CompressedAttention(nn.Module):
         groups = plan.decode.get(self.rate if compressing else 0, [])
         batched = {i for g in groups for i in g.seqs} if groups else set()
         out = q.new_zeros(rows, self.heads, d)
+        if compressing and compressed is not None and groups:
+            self._close_decode(
+                compressed, fresh, [plan.seqs[i] for g in groups for i in g.seqs], plan.block_size
+            )
         for i, s in enumerate(plan.seqs):
             if i in batched:
-                if compressing and compressed is not None:
-                    self._close(compressed, fresh[s.start : s.end], s, plan.block_size)
                 continue
             idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
             entries = None
@@ -303,6 +305,47 @@ class CompressedAttention(nn.Module):
         if not view.count:
             return None
         return compressed.entries.index_select(0, view.entry_slots)
+
+    def _close_decode(
+        self, compressed: CompressorPools, fresh: torch.Tensor, seqs: list[SeqView], block_size: int
+    ) -> None:
+        """Write the entry of every window a decode row completes (one per such row), pooled for all
+        rows at once (rows with and without a preceding window apart)."""
+        assert self.compressor is not None
+        rate = self.rate
+        closing: dict[int, list[SeqView]] = {}
+        for s in seqs:
+            view = s.rates[rate]
+            if view.count > view.first:
+                closing.setdefault(1 if self.compressor.overlap and view.first > 0 else 0, []).append(s)
+        for lead, members in closing.items():
+            ctx = torch.tensor([int(s.gather.shape[0]) for s in members], device=fresh.device)
+            span = (1 + lead) * rate - 1  # earlier tokens pooled with each row's own
+            slots = compressed.state_slots(
+                torch.stack([s.gather[-1 - span : -1] for s in members]), block_size
+            )
+            if compressed.positions is not None:
+                want = ctx[:, None] - 1 - span + torch.arange(span, device=ctx.device)[None, :]
+                if not bool(
+                    (compressed.positions.index_select(0, slots.view(-1)).view_as(want) == want).all()
+                ):
+                    raise EngineError(
+                        f"{self.prefix}: compressor states of a decode row's windows were overwritten: a draft "
+                        f"rolled back deeper than the {compressed.ring}-token state ring allows (KVCache.allocate rollback)"
+                    )
+            earlier = compressed.states.index_select(0, slots.view(-1)).view(len(members), span, -1)
+            own = fresh.index_select(0, torch.tensor([s.start for s in members], device=fresh.device))
+            st = torch.cat((earlier, own[:, None]), dim=1)
+            windows = ctx // rate - 1
+            cw = self.compressor.state_width
+            new = self.compressor.pool_each(st[..., :cw], windows, lead, self.rotary)
+            if self.indexer is not None:
+                ic = self.indexer.compressor
+                new = torch.cat(
+                    (new, ic.pool_each(st[..., cw : cw + ic.state_width], windows, lead, self.rotary)), 1
+                )
+            targets = torch.stack([s.rates[rate].entry_slots[-1] for s in members])
+            compressed.entries.index_copy_(0, targets, new.to(compressed.entries.dtype))
 
     def _close(
         self, compressed: CompressorPools, fresh: torch.Tensor, s: SeqView, block_size: int
