@@ -294,3 +294,15 @@ def test_bytes_per_block_counts_the_rings(
     positions = 2 * 4 * heavy_ring * (heavy_ring < bs) + 2 * 4 * sparse_ring * (sparse_ring < bs)
     formula = KVCache.bytes_per_block(model.config, bs, torch.float32, rollback)
     assert formula == values * 4 + positions == allocated // 2
+
+
+def test_sinkhorn_rows_do_not_depend_on_the_batch() -> None:
+    """Each row's Sinkhorn result is the same bits alone and among 1..3000 others (whole-batch sums)."""
+    from agent_infer.model.layers.hyper_connections import sinkhorn
+
+    comb = torch.rand(3000, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.01
+    alone = torch.cat([sinkhorn(comb[i : i + 1], 20, 1e-6) for i in range(40)])
+    for rows in (2, 3, 5, 16, 17, 3000):
+        assert torch.equal(sinkhorn(comb[:rows], 20, 1e-6)[:40], alone[:rows])
+    done = sinkhorn(comb[:40], 20, 1e-6)
+    assert (done.sum(-1) - 1).abs().max() < 1e-3 and (done.sum(-2) - 1).abs().max() < 1e-3

@@ -80,25 +80,19 @@ def _weighted_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Ten
     return total.to(streams.dtype)
 
 
-def _sum_parts(parts: tuple[torch.Tensor, ...], eps: float) -> torch.Tensor:
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total + eps
-
-
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """``iters`` Sinkhorn-Knopp normalizations of ``comb`` ``[R, n, n]``: columns, then rows and
     columns ``iters - 1`` times, each sum plus ``eps`` (transformers' order).
 
-    The sums are element-wise additions in a fixed order rather than a reduction kernel, so the
-    whole batch runs at once and every row still rounds alike whatever the batch size (additions
-    and divisions are exactly rounded, element by element).
+    The whole batch runs at once: each sum reduces ``n`` values within one row's matrix, which
+    ATen's CPU reduction adds in index order for every row whatever the row count (the same bits
+    as writing the additions out; the batch-invariance tests of the DeepSeek V4 family cover it),
+    and the divisions are exactly rounded element by element.
     """
-    comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
     for _ in range(iters - 1):
-        comb = comb / _sum_parts(comb.unbind(-1), eps).unsqueeze(-1)
-        comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
     return comb
 
 
