@@ -298,11 +298,13 @@ def test_bytes_per_block_counts_the_rings(
 
 def test_sinkhorn_rows_do_not_depend_on_the_batch() -> None:
     """Each row's Sinkhorn result is the same bits alone and among 1..3000 others (whole-batch sums)."""
-    from agent_infer.model.layers.hyper_connections import sinkhorn
+    from agent_infer.model.layers.hyper_connections import sinkhorn, sinkhorn_torch
 
     comb = torch.rand(3000, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.01
     alone = torch.cat([sinkhorn(comb[i : i + 1], 20, 1e-6) for i in range(40)])
     for rows in (2, 3, 5, 16, 17, 3000):
         assert torch.equal(sinkhorn(comb[:rows], 20, 1e-6)[:40], alone[:rows])
+    # The CPU's float32 numpy loop and the torch loop of other devices and dtypes give the same bits.
+    assert torch.equal(sinkhorn_torch(comb[:40], 20, 1e-6), alone)
     done = sinkhorn(comb[:40], 20, 1e-6)
     assert (done.sum(-1) - 1).abs().max() < 1e-3 and (done.sum(-2) - 1).abs().max() < 1e-3
