@@ -308,3 +308,28 @@ def test_sinkhorn_rows_do_not_depend_on_the_batch() -> None:
     assert torch.equal(sinkhorn_torch(comb[:40], 20, 1e-6), alone)
     done = sinkhorn(comb[:40], 20, 1e-6)
     assert (done.sum(-1) - 1).abs().max() < 1e-3 and (done.sum(-2) - 1).abs().max() < 1e-3
+
+
+def test_engine_with_state_rings(tmp_path: Path) -> None:
+    """64-token blocks keep 39 states per compressed layer (rollback 32): the engine reports the
+    ring layout's bytes, generates valid JSON with its drafts on, and serves a repeated prompt from
+    the prefix cache with the same output."""
+    from agent_infer import LLM, SamplingParams
+
+    save_tiny(tmp_path, vocab_size=49152)
+    write_tokenizer(tmp_path)
+    d, di, bs, ring = 32, 16, 64, 39
+    values = 5 * d * bs + 2 * (2 * d * ring + d * bs // 8) + 2 * (4 * (d + di) * ring + (d + di) * bs // 4)
+    per_block = values * 4 + 4 * 4 * ring  # float32 values, int32 positions of 4 rings
+    llm = LLM(model=str(tmp_path), kv_cache_memory_bytes=per_block * 12, block_size=bs)
+    runner = llm.engine.runner
+    assert runner.num_blocks == 12 and runner.kv_bytes_per_token == per_block / bs
+    assert runner.kv_cache.state_ring(1)[0] == ring and runner.kv_cache.state_ring(1)[1] is not None
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = SamplingParams(temperature=0.0, max_tokens=30, structured=schema, close_on_length=True)
+    prompt = "Count the books in this sentence and answer with a record holding the number. " * 6
+    first = llm.generate([prompt, "Another one, please"], params)
+    for out in first:
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
+    again = llm.generate([prompt], params)[0]
+    assert again.num_cached_tokens >= bs and again.outputs[0].text == first[0].outputs[0].text
