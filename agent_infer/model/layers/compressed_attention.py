@@ -203,12 +203,16 @@ class CompressedAttention(nn.Module):
             out.index_copy_(0, g.rows, self._attend_decode(q, window, pool, index, g))
         if compressing and compressed is not None:
             # Written after every read of this step: a ring slot may still hold a state read above.
-            compressed.states.index_copy_(
-                0, compressed.state_slots(plan.slot_mapping, plan.block_size), fresh
-            )
+            slots, states = plan.slot_mapping, fresh
             if compressed.positions is not None:
-                slots = compressed.state_slots(plan.slot_mapping, plan.block_size)
-                compressed.positions.index_copy_(0, slots, plan.positions.to(torch.int32))
+                # A chunk longer than the ring wraps it: keep only each slot's last token, so no
+                # slot is written twice (index_copy_ leaves duplicates in an undefined order).
+                pos, bs, ring = plan.positions, plan.block_size, compressed.ring
+                kept = ((pos + ring >= plan.seq_ends) | (pos % bs + ring >= bs)).nonzero().view(-1)
+                slots, states = slots[kept], fresh.index_select(0, kept)
+                ring_slots = compressed.state_slots(slots, bs)
+                compressed.positions.index_copy_(0, ring_slots, pos[kept].to(torch.int32))
+            compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
         out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(

@@ -79,6 +79,8 @@ class CompressedPlan:
     decode: dict[int, list[DecodeGroup]]
     #: Positions of the new tokens (int64 ``[num_tokens]``).
     positions: torch.Tensor
+    #: Each new token's sequence's context length after this step (int64 ``[num_tokens]``).
+    seq_ends: torch.Tensor
 
 
 def plan_compressed(
@@ -138,7 +140,10 @@ def plan_compressed(
     positions = (
         torch.cat([s.qpos for s in seqs]) if seqs else torch.zeros(0, dtype=torch.int64, device=device)
     )
-    return CompressedPlan(seqs, slots, num_tokens, bs, _decode_groups(seqs, window, rates, device), positions)
+    lengths = torch.tensor([s.end - s.start for s in seqs], dtype=torch.int64)
+    seq_ends = torch.tensor(list(meta.context_lens), dtype=torch.int64).repeat_interleave(lengths).to(device)
+    decode = _decode_groups(seqs, window, rates, device)
+    return CompressedPlan(seqs, slots, num_tokens, bs, decode, positions, seq_ends)
 
 
 def _decode_groups(
