@@ -7,14 +7,21 @@ Two layouts share the block addressing (a token's slot is ``block_id * block_siz
 latent and its rotated shared RoPE key, from which the attention layer expands or absorbs K and V.
 ``"compressed"`` (DeepSeek V4, :class:`~agent_infer.model.config.DeepseekV4Spec`) holds per layer
 a window pool ``[num_blocks, block_size, head_dim]`` (each token's rotated shared K=V entry) and, on
-compressed layers, a state pool ``[num_blocks, block_size, state]`` (each token's compressor
-projections: ``2 * head_dim`` for heavily compressed attention, ``4 * (head_dim + index_head_dim)``
-for compressed sparse attention, both series and the indexer's) plus an entry pool
+compressed layers, a state pool ``[num_blocks, ring, state]`` (compressor projections:
+``2 * head_dim`` per token for heavily compressed attention, ``4 * (head_dim + index_head_dim)``
+for compressed sparse attention, both series and the indexer's; a token at offset ``o`` of its
+block sits at ``o % ring``, see :func:`state_ring`) plus an entry pool
 ``[num_blocks, block_size / s, entry]`` with ``s = min(rate, block_size)`` (``head_dim``, plus
 ``index_head_dim`` of indexer key on sparse layers). The entry of the window of tokens
 ``[w * rate, (w + 1) * rate)`` sits at the slot of its last token divided by ``s``: inside the block
 that completes it, so a block's entries depend only on the tokens of its prefix chain and prefix
 caching shares them with the block. Block sizes must divide or be divided by every rate.
+
+A token's compressor state is read only until the windows that pool it are closed (its own, and on
+sparse layers the next one), so a block keeps the states of its last ``ring`` tokens only: enough
+for the open window, the window before it and a rolled-back draft of up to ``rollback`` tokens.
+Where ``ring < block_size`` a position pool ``[num_blocks, ring]`` (int32) records which token each
+ring slot holds, so a read of a state a deeper rollback overwrote raises instead of reading it.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class KVCache:
     windows: list[torch.Tensor] = field(default_factory=list)
     states: list[torch.Tensor | None] = field(default_factory=list)
     entries: list[torch.Tensor | None] = field(default_factory=list)
+    #: Per compressed layer, the position each state-ring slot holds (None where the ring is the block).
+    state_positions: list[torch.Tensor | None] = field(default_factory=list)
+    #: The deepest draft rollback the state rings are sized for.
+    rollback: int = 0
 
     @classmethod
     def allocate(
@@ -56,14 +67,20 @@ class KVCache:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        rollback: int | None = None,
     ) -> KVCache:
-        """Allocate zeroed pools for every layer of ``config`` (the latent layout when it has ``mla``)."""
+        """Allocate zeroed pools for every layer of ``config`` (the latent layout when it has ``mla``;
+        the compressed one, with state rings sized for ``rollback`` draft tokens, default
+        :data:`MAX_ROLLBACK`, when it has ``deepseek_v4``)."""
         if num_blocks < 1 or block_size < 1:
             raise ConfigError(
                 f"KV cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         if config.deepseek_v4 is not None:
-            return cls._allocate_compressed(config, config.deepseek_v4, num_blocks, block_size, device, dtype)
+            return cls._allocate_compressed(
+                config, config.deepseek_v4, num_blocks, block_size, device, dtype,
+                MAX_ROLLBACK if rollback is None else rollback,
+            )  # fmt: skip
         if config.mla is not None:
             latent_shape = (num_blocks, block_size, config.mla.latent_dim)
             latents = [
@@ -86,11 +103,13 @@ class KVCache:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        rollback: int,
     ) -> KVCache:
         check_compressed_block_size(spec, block_size)
         windows: list[torch.Tensor] = []
         states: list[torch.Tensor | None] = []
         entries: list[torch.Tensor | None] = []
+        positions: list[torch.Tensor | None] = []
         for layer in range(config.num_layers):
             window, state, entry = compressed_widths(config, spec, layer)
             windows.append(torch.zeros(num_blocks, block_size, window, device=device, dtype=dtype))
@@ -98,8 +117,15 @@ class KVCache:
             if not stride:
                 states.append(None)
                 entries.append(None)
+                positions.append(None)
                 continue
-            states.append(torch.zeros(num_blocks, block_size, state, device=device, dtype=dtype))
+            ring = state_ring(spec, layer, block_size, rollback)
+            states.append(torch.zeros(num_blocks, ring, state, device=device, dtype=dtype))
+            positions.append(
+                torch.full((num_blocks, ring), -1, device=device, dtype=torch.int32)
+                if ring < block_size
+                else None
+            )
             entries.append(torch.zeros(num_blocks, block_size // stride, entry, device=device, dtype=dtype))
         return cls(
             k=[],
@@ -110,6 +136,8 @@ class KVCache:
             windows=windows,
             states=states,
             entries=entries,
+            state_positions=positions,
+            rollback=rollback,
         )
 
     @staticmethod
@@ -124,27 +152,34 @@ class KVCache:
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers (to size the pool)."""
+    def bytes_per_block(
+        config: ModelConfig, block_size: int, dtype: torch.dtype, rollback: int | None = None
+    ) -> int:
+        """Bytes one block takes across all layers (to size the pool; ``rollback`` as for
+        :meth:`allocate`)."""
         elem = torch.empty((), dtype=dtype).element_size()
         spec = config.deepseek_v4
         if spec is not None:
             check_compressed_block_size(spec, block_size)
-            values = 0
+            values = position_bytes = 0
             for layer in range(config.num_layers):
                 window, state, entry = compressed_widths(config, spec, layer)
                 stride = spec.entry_stride(layer, block_size)
                 values += window * block_size
                 if stride:
-                    values += state * block_size + entry * (block_size // stride)
-            return values * elem
+                    ring = state_ring(spec, layer, block_size, MAX_ROLLBACK if rollback is None else rollback)
+                    values += state * ring + entry * (block_size // stride)
+                    position_bytes += 4 * ring if ring < block_size else 0
+            return values * elem + position_bytes
         return KVCache.values_per_token(config) * block_size * elem
 
     @staticmethod
-    def bytes_per_token(config: ModelConfig, block_size: int, dtype: torch.dtype) -> float:
+    def bytes_per_token(
+        config: ModelConfig, block_size: int, dtype: torch.dtype, rollback: int | None = None
+    ) -> float:
         """Bytes per token of a pool of ``block_size``-token blocks (a fraction where compressed
-        entries are shared by several tokens)."""
-        return KVCache.bytes_per_block(config, block_size, dtype) / block_size
+        entries are shared by several tokens or states kept for part of a block)."""
+        return KVCache.bytes_per_block(config, block_size, dtype, rollback) / block_size
 
     @property
     def num_slots(self) -> int:
@@ -173,6 +208,29 @@ class KVCache:
         if state is None or entry is None:
             return None
         return state.view(-1, state.shape[-1]), entry.view(-1, entry.shape[-1])
+
+    def state_ring(self, layer: int) -> tuple[int, torch.Tensor | None]:
+        """Layer ``layer``'s state-ring length and its flat position pool (None where the ring is
+        the whole block) (``"compressed"`` layout, compressed layers)."""
+        state, positions = self.states[layer], self.state_positions[layer]
+        assert state is not None
+        return int(state.shape[1]), None if positions is None else positions.view(-1)
+
+
+#: The deepest draft (tokens fed in one step, then rejected) the compressed layout's state rings
+#: are sized for by default: the engine's largest ``speculative_tokens``.
+MAX_ROLLBACK = 32
+
+
+def state_ring(spec: DeepseekV4Spec, layer: int, block_size: int, rollback: int) -> int:
+    """Compressor-state slots a block of compressed ``layer`` keeps.
+
+    After a step, the next one reads the states of the still open window (at most ``rate - 1``
+    tokens) and, on sparse layers, of the window before it (``rate`` more); a rejected draft of up
+    to ``rollback`` tokens may have written past them. A block's last ``ring`` tokens cover this
+    when ``ring >= (2 if sparse else 1) * rate - 1 + rollback``; never more than the block."""
+    rate = spec.compress_rates[layer]
+    return min(block_size, (2 if spec.sparse[layer] else 1) * rate - 1 + rollback)
 
 
 def compressed_widths(config: ModelConfig, spec: DeepseekV4Spec, layer: int) -> tuple[int, int, int]:

@@ -209,3 +209,127 @@ def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path)
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
     again = llm.generate(prompts[:1], params)[0]  # the prompt's full blocks now come from the prefix cache
     assert again.num_cached_tokens >= 16 and again.outputs[0].text == outs[0].outputs[0].text
+
+
+def _cache(model: CausalLM, blocks: int, block_size: int, rollback: int) -> KVCache:
+    return KVCache.allocate(model.config, blocks, block_size, model.device, model.dtype, rollback=rollback)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_state_rings_match_transformers(tiny: tuple[torch.nn.Module, CausalLM], block_size: int) -> None:
+    """Blocks keeping only their last 7 tokens' compressor states (rollback 0: sparse 2 * 4 - 1,
+    heavy 8 - 1), so the rings wrap inside every block: chunks ending inside windows, then greedy
+    decode one token per step, every logit row against transformers."""
+    hf, model = tiny
+    cache = _cache(model, 8, block_size, rollback=0)
+    rings = {cache.state_ring(i)[0] for i in (0, 1, 3, 4)}
+    assert rings == {7} and cache.states[1] is not None and cache.states[1].shape[1] == 7
+    prompt = _prompt(31)
+    table = [6, 2, 7, 0, 5, 1, 4, 3][: -(-(PROMPT_LEN + DECODE_STEPS) // block_size)]
+    tokens, got, start = list(prompt), [], 0
+    for end in (5, 13, 14, 22, 31, 40):
+        got.append(_step(model, cache, table, start, prompt[start:end]))
+        start = end
+    for _ in range(DECODE_STEPS):
+        tokens.append(int(got[-1].argmax()))
+        got.append(_step(model, cache, table, len(tokens) - 1, tokens[-1:]))
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0]
+    rows = [4, 12, 13, 21, 30, *range(PROMPT_LEN - 1, len(tokens))]
+    assert (torch.stack(got) - want[rows]).abs().max().item() <= TOL
+
+
+def test_rejected_draft_within_the_ring_leaves_no_trace(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Rings sized for an 11-token rollback (18 of 32 slots): the draft wraps them, and the true
+    tokens after its rejection give the logits of a run that never saw it."""
+    _, model = tiny
+    prompt, true_tokens, draft = _prompt(21, 37), _prompt(22, 4), _prompt(23, 11)
+    table = [2, 0]
+    clean = _cache(model, 3, 32, rollback=11)
+    assert clean.state_ring(1)[0] == 18 and clean.state_ring(0)[0] == 18
+    _step(model, clean, table, 0, prompt)
+    want = _step(model, clean, table, 37, true_tokens)
+    cache = _cache(model, 3, 32, rollback=11)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 37, draft)
+    assert torch.equal(_step(model, cache, table, 37, true_tokens), want)
+
+
+def test_rollback_deeper_than_the_ring_raises(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
+    """Rings sized for no rollback: a rejected 11-token draft overwrote states the true tokens
+    need, and the read raises instead of pooling another token's state."""
+    _, model = tiny
+    prompt, true_tokens, draft = _prompt(21, 37), _prompt(22, 4), _prompt(23, 11)
+    table = [5, 1, 3, 0]
+    cache = _cache(model, 6, 16, rollback=0)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 37, draft)
+    with pytest.raises(EngineError, match=r"compressor states of positions 32\.\.36 were overwritten"):
+        _step(model, cache, table, 37, true_tokens)
+    # The same through a decode row: its one token closes windows 4 (heavy) and 9 (sparse).
+    prompt = _prompt(21, 39)
+    cache = _cache(model, 6, 16, rollback=0)
+    _step(model, cache, table, 0, prompt)
+    _step(model, cache, table, 39, draft)
+    with pytest.raises(EngineError, match=r"decode row's windows were overwritten.*7-token state ring"):
+        _step(model, cache, table, 39, true_tokens[:1])
+
+
+@pytest.mark.parametrize(("block_size", "rollback"), [(16, 0), (32, 5), (64, 32), (8, 0), (4, 3)])
+def test_bytes_per_block_counts_the_rings(
+    tiny: tuple[torch.nn.Module, CausalLM], block_size: int, rollback: int
+) -> None:
+    """The formula equals the allocated pools' bytes: every layer's window entries, per compressed
+    layer ``min(block, (2 if sparse else 1) * rate - 1 + rollback)`` states, its entries, and an
+    int32 position per ring slot where the ring is shorter than the block."""
+    _, model = tiny
+    cache = _cache(model, 2, block_size, rollback)
+    pools = [*cache.windows, *cache.states, *cache.entries, *cache.state_positions]
+    allocated = sum(p.numel() * p.element_size() for p in pools if p is not None)
+    d, di, bs = 32, 16, block_size
+    heavy_ring, sparse_ring = min(bs, 7 + rollback), min(bs, 7 + rollback)
+    values = 5 * d * bs
+    values += 2 * (2 * d * heavy_ring + d * (bs // min(8, bs)))
+    values += 2 * (4 * (d + di) * sparse_ring + (d + di) * (bs // min(4, bs)))
+    positions = 2 * 4 * heavy_ring * (heavy_ring < bs) + 2 * 4 * sparse_ring * (sparse_ring < bs)
+    formula = KVCache.bytes_per_block(model.config, bs, torch.float32, rollback)
+    assert formula == values * 4 + positions == allocated // 2
+
+
+def test_sinkhorn_rows_do_not_depend_on_the_batch() -> None:
+    """Each row's Sinkhorn result is the same bits alone and among 1..3000 others (whole-batch sums)."""
+    from agent_infer.model.layers.hyper_connections import sinkhorn, sinkhorn_torch
+
+    comb = torch.rand(3000, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.01
+    alone = torch.cat([sinkhorn(comb[i : i + 1], 20, 1e-6) for i in range(40)])
+    for rows in (2, 3, 5, 16, 17, 3000):
+        assert torch.equal(sinkhorn(comb[:rows], 20, 1e-6)[:40], alone[:rows])
+    # The CPU's float32 numpy loop and the torch loop of other devices and dtypes give the same bits.
+    assert torch.equal(sinkhorn_torch(comb[:40], 20, 1e-6), alone)
+    done = sinkhorn(comb[:40], 20, 1e-6)
+    assert (done.sum(-1) - 1).abs().max() < 1e-3 and (done.sum(-2) - 1).abs().max() < 1e-3
+
+
+def test_engine_with_state_rings(tmp_path: Path) -> None:
+    """64-token blocks keep 39 states per compressed layer (rollback 32): the engine reports the
+    ring layout's bytes, generates valid JSON with its drafts on, and serves a repeated prompt from
+    the prefix cache with the same output."""
+    from agent_infer import LLM, SamplingParams
+
+    save_tiny(tmp_path, vocab_size=49152)
+    write_tokenizer(tmp_path)
+    d, di, bs, ring = 32, 16, 64, 39
+    values = 5 * d * bs + 2 * (2 * d * ring + d * bs // 8) + 2 * (4 * (d + di) * ring + (d + di) * bs // 4)
+    per_block = values * 4 + 4 * 4 * ring  # float32 values, int32 positions of 4 rings
+    llm = LLM(model=str(tmp_path), kv_cache_memory_bytes=per_block * 12, block_size=bs)
+    runner = llm.engine.runner
+    assert runner.num_blocks == 12 and runner.kv_bytes_per_token == per_block / bs
+    assert runner.kv_cache.state_ring(1)[0] == ring and runner.kv_cache.state_ring(1)[1] is not None
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = SamplingParams(temperature=0.0, max_tokens=30, structured=schema, close_on_length=True)
+    prompt = "Count the books in this sentence and answer with a record holding the number. " * 6
+    first = llm.generate([prompt, "Another one, please"], params)
+    for out in first:
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
+    again = llm.generate([prompt], params)[0]
+    assert again.num_cached_tokens >= bs and again.outputs[0].text == first[0].outputs[0].text

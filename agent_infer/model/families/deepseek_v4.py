@@ -32,7 +32,7 @@ from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
-from agent_infer.model.layers.compressed_attention import CompressedAttention
+from agent_infer.model.layers.compressed_attention import CompressedAttention, CompressorPools
 from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
@@ -114,7 +114,11 @@ class DeepseekV4DecoderLayer(nn.Module):
         """The block applied to ``streams`` ``[R, hc_mult, hidden]`` (rows past ``plan.num_tokens`` are
         padding); ``tables`` are this layer's rotary cos/sin at the rows' positions."""
         post, comb, collapsed = self.hc_attn.collapse(streams)
-        window, comp = cache.window(self.index), cache.compressor(self.index)
+        window, pools = cache.window(self.index), cache.compressor(self.index)
+        comp = None
+        if pools is not None:
+            ring, positions = cache.state_ring(self.index)
+            comp = CompressorPools(pools[0], pools[1], ring, positions)
         out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
         streams = expand(post, comb, out, streams)
         post, comb, collapsed = self.hc_ffn.collapse(streams)

@@ -20,11 +20,14 @@ layers/attention.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers.compressed_plan import CompressedPlan, SeqView
+from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
@@ -34,6 +37,25 @@ from agent_infer.model.layers.norm import RMSNorm
 #: Queries of one chunk attend in pieces of at most this many rows, so a long prompt's scores
 #: (``heads x rows x (window + entries)``) and indexer scores stay bounded.
 QUERY_BLOCK = 256
+
+
+@dataclass
+class CompressorPools:
+    """A compressed layer's pools (``"compressed"`` layout of :class:`~agent_infer.model.kv_cache.KVCache`)."""
+
+    #: Compressor states ``[num_blocks * ring, state]``: a block's last ``ring`` tokens, offset ``o`` at ``o % ring``.
+    states: torch.Tensor
+    #: Compressed entries ``[num_entry_slots, entry]``.
+    entries: torch.Tensor
+    ring: int
+    #: Position held by each state slot (int32, ``[num_blocks * ring]``), None where ``ring`` is the block.
+    positions: torch.Tensor | None
+
+    def state_slots(self, slots: torch.Tensor, block_size: int) -> torch.Tensor:
+        """State-pool slots of the tokens at token slots ``slots``."""
+        if self.ring == block_size:
+            return slots
+        return slots // block_size * self.ring + slots % block_size % self.ring
 
 
 def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -134,7 +156,7 @@ class CompressedAttention(nn.Module):
         x: torch.Tensor,
         tables: tuple[torch.Tensor, torch.Tensor],
         window: torch.Tensor,
-        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        compressed: CompressorPools | None,
         plan: CompressedPlan,
     ) -> torch.Tensor:
         """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` (rotated by ``tables``, this
@@ -150,6 +172,7 @@ class CompressedAttention(nn.Module):
         kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
         window.index_copy_(0, plan.slot_mapping, kv[:n])
         iq = iw = None
+        fresh = h[:0]
         if compressed is not None and self.compressor is not None:
             width = self.compressor.state_width
             if self.indexer is not None:
@@ -157,14 +180,39 @@ class CompressedAttention(nn.Module):
                 ix = self.indexer
                 iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
                 iw = h[:, ql + d + width : ql + d + width + ix.heads]
-            compressed[0].index_copy_(0, plan.slot_mapping, h[:n, ql + d : ql + d + width])
-        outs = []
-        for s in plan.seqs:
+            fresh = h[:n, ql + d : ql + d + width]
+        compressing = compressed is not None and self.compressor is not None
+        groups = plan.decode.get(self.rate if compressing else 0, [])
+        batched = {i for g in groups for i in g.seqs} if groups else set()
+        out = q.new_zeros(rows, self.heads, d)
+        if compressing and compressed is not None and groups:
+            self._close_decode(
+                compressed, fresh, [plan.seqs[i] for g in groups for i in g.seqs], plan.block_size
+            )
+        for i, s in enumerate(plan.seqs):
+            if i in batched:
+                continue
             idx = (iq[s.start : s.end], iw[s.start : s.end]) if iq is not None and iw is not None else None
-            outs.append(self._attend(q[s.start : s.end], window, compressed, idx, s))
-        if rows > n:
-            outs.append(q.new_zeros(rows - n, self.heads, d))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+            entries = None
+            if compressing and compressed is not None:
+                entries = self._entries(compressed, fresh[s.start : s.end], s, plan.block_size)
+            out[s.start : s.end] = self._attend(q[s.start : s.end], window, entries, idx, s)
+        for g in groups:
+            index = (iq, iw) if iq is not None and iw is not None else None
+            pool = compressed.entries if compressing and compressed is not None else None
+            out.index_copy_(0, g.rows, self._attend_decode(q, window, pool, index, g))
+        if compressing and compressed is not None:
+            # Written after every read of this step: a ring slot may still hold a state read above.
+            slots, states = plan.slot_mapping, fresh
+            if compressed.positions is not None:
+                # A chunk longer than the ring wraps it: keep only each slot's last token, so no
+                # slot is written twice (index_copy_ leaves duplicates in an undefined order).
+                pos, bs, ring = plan.positions, plan.block_size, compressed.ring
+                kept = ((pos + ring >= plan.seq_ends) | (pos % bs + ring >= bs)).nonzero().view(-1)
+                slots, states = slots[kept], fresh.index_select(0, kept)
+                ring_slots = compressed.state_slots(slots, bs)
+                compressed.positions.index_copy_(0, ring_slots, pos[kept].to(torch.int32))
+            compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
         out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(
@@ -176,13 +224,10 @@ class CompressedAttention(nn.Module):
         self,
         q: torch.Tensor,
         window: torch.Tensor,
-        compressed: tuple[torch.Tensor, torch.Tensor] | None,
+        entries: torch.Tensor | None,
         index: tuple[torch.Tensor, torch.Tensor] | None,
         s: SeqView,
     ) -> torch.Tensor:
-        entries = None
-        if compressed is not None and self.compressor is not None:
-            entries = self._entries(compressed, s)
         length = s.end - s.start
         if length <= QUERY_BLOCK:
             return self._attend_rows(q, window, entries, index, s, 0, length)
@@ -225,16 +270,111 @@ class CompressedAttention(nn.Module):
         probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
         return torch.matmul(probs, keys).transpose(0, 1)
 
-    def _entries(self, compressed: tuple[torch.Tensor, torch.Tensor], s: SeqView) -> torch.Tensor | None:
+    def _attend_decode(
+        self,
+        q: torch.Tensor,
+        window: torch.Tensor,
+        pool: torch.Tensor | None,
+        index: tuple[torch.Tensor, torch.Tensor] | None,
+        g: DecodeGroup,
+    ) -> torch.Tensor:
+        """One query per member, attending as one batch (``[b, heads, head_dim]``): padded window
+        slots and entries are masked out, and every member has the group's shapes, which depend on
+        its own sequence only (see :data:`~.compressed_plan.ENTRY_BUCKET`)."""
+        b = int(g.rows.shape[0])
+        qg = q.index_select(0, g.rows)
+        keys = window.index_select(0, g.window_slots.view(-1)).view(b, -1, self.dim)
+        allowed = g.window_allowed
+        if pool is not None and g.entry_slots is not None and g.ready is not None:
+            entries = pool.index_select(0, g.entry_slots.view(-1)).view(b, -1, int(pool.shape[-1]))
+            visible = g.ready
+            if self.indexer is not None and index is not None:
+                iq, iw = index[0].index_select(0, g.rows), index[1].index_select(0, g.rows)
+                visible = self.indexer.select(iq, iw, entries[..., self.dim :], visible)
+            keys = torch.cat((keys, entries[..., : self.dim]), dim=1)
+            allowed = torch.cat((allowed, visible), dim=1)
+        logits = torch.matmul(qg, keys.transpose(1, 2)) * self.scale  # [b, heads, keys]
+        logits = logits.masked_fill(~allowed[:, None], float("-inf"))
+        sinks = self.sinks.to(logits.dtype)[None, :, None].expand(b, -1, 1)
+        combined = torch.cat((logits, sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = combined.softmax(dim=-1)[..., :-1].to(keys.dtype)
+        return torch.matmul(probs, keys)
+
+    def _entries(
+        self, compressed: CompressorPools, fresh: torch.Tensor, s: SeqView, block_size: int
+    ) -> torch.Tensor | None:
         """Close the windows this chunk completes; every entry so far (None before the first)."""
+        view = self._close(compressed, fresh, s, block_size)
+        if not view.count:
+            return None
+        return compressed.entries.index_select(0, view.entry_slots)
+
+    def _close_decode(
+        self, compressed: CompressorPools, fresh: torch.Tensor, seqs: list[SeqView], block_size: int
+    ) -> None:
+        """Write the entry of every window a decode row completes (one per such row), pooled for all
+        rows at once (rows with and without a preceding window apart)."""
         assert self.compressor is not None
-        states, pool = compressed
+        rate = self.rate
+        closing: dict[int, list[SeqView]] = {}
+        for s in seqs:
+            view = s.rates[rate]
+            if view.count > view.first:
+                closing.setdefault(1 if self.compressor.overlap and view.first > 0 else 0, []).append(s)
+        for lead, members in closing.items():
+            ctx = torch.tensor([int(s.gather.shape[0]) for s in members], device=fresh.device)
+            span = (1 + lead) * rate - 1  # earlier tokens pooled with each row's own
+            slots = compressed.state_slots(
+                torch.stack([s.gather[-1 - span : -1] for s in members]), block_size
+            )
+            if compressed.positions is not None:
+                want = ctx[:, None] - 1 - span + torch.arange(span, device=ctx.device)[None, :]
+                if not bool(
+                    (compressed.positions.index_select(0, slots.view(-1)).view_as(want) == want).all()
+                ):
+                    raise EngineError(
+                        f"{self.prefix}: compressor states of a decode row's windows were overwritten: a draft "
+                        f"rolled back deeper than the {compressed.ring}-token state ring allows (KVCache.allocate rollback)"
+                    )
+            earlier = compressed.states.index_select(0, slots.view(-1)).view(len(members), span, -1)
+            own = fresh.index_select(0, torch.tensor([s.start for s in members], device=fresh.device))
+            st = torch.cat((earlier, own[:, None]), dim=1)
+            windows = ctx // rate - 1
+            cw = self.compressor.state_width
+            new = self.compressor.pool_each(st[..., :cw], windows, lead, self.rotary)
+            if self.indexer is not None:
+                ic = self.indexer.compressor
+                new = torch.cat(
+                    (new, ic.pool_each(st[..., cw : cw + ic.state_width], windows, lead, self.rotary)), 1
+                )
+            targets = torch.stack([s.rates[rate].entry_slots[-1] for s in members])
+            compressed.entries.index_copy_(0, targets, new.to(compressed.entries.dtype))
+
+    def _close(
+        self, compressed: CompressorPools, fresh: torch.Tensor, s: SeqView, block_size: int
+    ) -> RateView:
+        """Write the entries of the windows this chunk completes; the sequence's view at this rate.
+        ``fresh`` holds the chunk's own states (not yet in the pool); earlier tokens' come from it."""
+        assert self.compressor is not None
         rate = self.rate
         view = s.rates[rate]
         first, count = view.first, view.count
         if count > first:
             lead = 1 if self.compressor.overlap and first > 0 else 0
-            st = states.index_select(0, s.gather[(first - lead) * rate : count * rate])
+            lo, chunk_first = (first - lead) * rate, int(s.gather.shape[0]) - (s.end - s.start)
+            st = fresh[: count * rate - chunk_first]
+            if lo < chunk_first:
+                slots = compressed.state_slots(s.gather[lo:chunk_first], block_size)
+                if compressed.positions is not None:
+                    held = compressed.positions.index_select(0, slots)
+                    if not bool((held == torch.arange(lo, chunk_first, device=held.device)).all()):
+                        raise EngineError(
+                            f"{self.prefix}: compressor states of positions {lo}..{chunk_first - 1} were overwritten: "
+                            f"a draft rolled back deeper than the {compressed.ring}-token state ring allows "
+                            "(KVCache.allocate rollback)"
+                        )
+                st = torch.cat((compressed.states.index_select(0, slots), st))
             cw = self.compressor.state_width
             new = self.compressor.pool(st[:, :cw], first, count - first, self.rotary)
             if self.indexer is not None:
@@ -242,7 +382,6 @@ class CompressedAttention(nn.Module):
                 new = torch.cat(
                     (new, ic.pool(st[:, cw : cw + ic.state_width], first, count - first, self.rotary)), 1
                 )
+            pool = compressed.entries
             pool.index_copy_(0, view.entry_slots[first:], new.to(pool.dtype))
-        if not count:
-            return None
-        return pool.index_select(0, view.entry_slots)
+        return view

@@ -43,14 +43,44 @@ class SeqView:
     rates: dict[int, RateView]
 
 
+#: A decode row's compressed entries are padded to a multiple of this many, so decode rows whose
+#: entry counts round alike attend as one batch while a row's shapes (hence its bits) depend on its
+#: own sequence only, never on which other rows share the step.
+ENTRY_BUCKET = 64
+
+
+@dataclass
+class DecodeGroup:
+    """Decode rows that attend as one batch at one compression rate (same padded entry count)."""
+
+    #: Query rows of the members (int64 ``[b]``) and their indices into :attr:`CompressedPlan.seqs`.
+    rows: torch.Tensor
+    seqs: list[int]
+    #: Window slots ``[b, window]`` (oldest first; slot 0 where the context is shorter) and their mask.
+    window_slots: torch.Tensor
+    window_allowed: torch.Tensor
+    #: Entry slots ``[b, E]`` padded with slot 0 and the mask of real entries; None when ``E`` is 0.
+    entry_slots: torch.Tensor | None
+    ready: torch.Tensor | None
+
+
 @dataclass
 class CompressedPlan:
-    """The per-forward plan of every sequence (and the flat slots of the new tokens)."""
+    """The per-forward plan of every sequence (and the flat slots of the new tokens).
+
+    Sequences with one new token (decode rows) attend in :attr:`decode` groups, per compression
+    rate (0 for sliding-only layers); the others one by one through :attr:`seqs`.
+    """
 
     seqs: list[SeqView]
     slot_mapping: torch.Tensor
     num_tokens: int
     block_size: int
+    decode: dict[int, list[DecodeGroup]]
+    #: Positions of the new tokens (int64 ``[num_tokens]``).
+    positions: torch.Tensor
+    #: Each new token's sequence's context length after this step (int64 ``[num_tokens]``).
+    seq_ends: torch.Tensor
 
 
 def plan_compressed(
@@ -107,4 +137,50 @@ def plan_compressed(
             views[rate] = RateView(first // rate, count, slots, ready)
         seqs.append(SeqView(start, end, gather, qpos, gather[lo:ctx], allowed, views))
     slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
-    return CompressedPlan(seqs, slots, num_tokens, bs)
+    positions = (
+        torch.cat([s.qpos for s in seqs]) if seqs else torch.zeros(0, dtype=torch.int64, device=device)
+    )
+    lengths = torch.tensor([s.end - s.start for s in seqs], dtype=torch.int64)
+    seq_ends = torch.tensor(list(meta.context_lens), dtype=torch.int64).repeat_interleave(lengths).to(device)
+    decode = _decode_groups(seqs, window, rates, device)
+    return CompressedPlan(seqs, slots, num_tokens, bs, decode, positions, seq_ends)
+
+
+def _decode_groups(
+    seqs: list[SeqView], window: int, rates: Iterable[int], device: torch.device
+) -> dict[int, list[DecodeGroup]]:
+    """Batch the one-row sequences: per rate, one group per padded entry count."""
+    single = [i for i, s in enumerate(seqs) if s.end - s.start == 1]
+    if not single:
+        return {}
+    slots = torch.zeros(len(single), window, dtype=torch.int64, device=device)
+    allowed = torch.zeros(len(single), window, dtype=torch.bool, device=device)
+    for j, i in enumerate(single):
+        have = int(seqs[i].window_slots.shape[0])
+        slots[j, window - have :] = seqs[i].window_slots
+        allowed[j, window - have :] = True
+    rows = torch.tensor([seqs[i].start for i in single], dtype=torch.int64, device=device)
+    out = {0: [DecodeGroup(rows, single, slots, allowed, None, None)]}
+    for rate in rates:
+        buckets: dict[int, list[int]] = {}
+        for j, i in enumerate(single):
+            count = seqs[i].rates[rate].count
+            buckets.setdefault(-(-count // ENTRY_BUCKET) * ENTRY_BUCKET, []).append(j)
+        groups = []
+        for width, members in sorted(buckets.items()):
+            pick = torch.tensor(members, dtype=torch.int64, device=device)
+            entry_slots = ready = None
+            if width:
+                entry_slots = torch.zeros(len(members), width, dtype=torch.int64, device=device)
+                for k, j in enumerate(members):
+                    view = seqs[single[j]].rates[rate]
+                    entry_slots[k, : view.count] = view.entry_slots
+                counts = torch.tensor([seqs[single[j]].rates[rate].count for j in members], device=device)
+                ready = torch.arange(width, device=device)[None, :] < counts[:, None]
+            groups.append(
+                DecodeGroup(
+                    rows[pick], [single[j] for j in members], slots[pick], allowed[pick], entry_slots, ready
+                )
+            )
+        out[rate] = groups
+    return out

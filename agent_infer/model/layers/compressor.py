@@ -67,3 +67,27 @@ class WindowCompressor(nn.Module):
         pooled = F.rms_norm((slots_kv * weights).sum(dim=1), (d,), self.norm, self.eps)
         pos = torch.arange(first, first + count, device=states.device) * r
         return rotary.apply(pooled, rotary.tables(pos))
+
+    def pool_each(
+        self, states: torch.Tensor, windows: torch.Tensor, lead: int, rotary: InterleavedRotary
+    ) -> torch.Tensor:
+        """The entry of one window per row (``[b, dim]``, rotated), for rows of different sequences.
+
+        ``states`` ``[b, (1 + lead) * rate, state_width]``: each row's window, preceded by its
+        window ``w - 1`` when ``lead`` is 1 (overlapping compressors past window 0); ``windows``
+        ``[b]`` the windows' indices. The same arithmetic as :meth:`pool` of one window.
+        """
+        r, d, width = self.rate, self.dim, self.series * self.dim
+        b = int(states.shape[0])
+        kv = states[..., :width].reshape(b, 1 + lead, r, width)
+        gate = states[..., width:].reshape(b, 1 + lead, r, width).float() + self.ape
+        if not self.overlap:
+            slots_kv, slots_gate = kv[:, 0], gate[:, 0]
+        else:
+            prev_kv = kv[:, 0, :, :d] if lead else kv.new_zeros(b, r, d)
+            prev_gate = gate[:, 0, :, :d] if lead else gate.new_full((b, r, d), float("-inf"))
+            slots_kv = torch.cat((prev_kv, kv[:, lead, :, d:]), dim=1)
+            slots_gate = torch.cat((prev_gate, gate[:, lead, :, d:]), dim=1)
+        weights = slots_gate.softmax(dim=1).to(slots_kv.dtype)
+        pooled = F.rms_norm((slots_kv * weights).sum(dim=1), (d,), self.norm, self.eps)
+        return rotary.apply(pooled, rotary.tables(windows * r))

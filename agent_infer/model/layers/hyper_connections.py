@@ -6,14 +6,17 @@ doubly-stochastic matrix by Sinkhorn-Knopp iterations so that mixing streams can
 norm. ``pre``, ``post`` and ``comb`` come from one projection of the RMS-normed, flattened streams.
 The model's end collapses the streams once more (:class:`HyperHead`) before the final norm.
 
-Every function here works row by row in chunks of exactly ROW_MULTIPLE rows (see layers/linear.py),
-so a token's mixing weights are the same bits whatever its batch.
+Whatever could round differently with the batch (the projections' GEMMs, the sigmoids' vectorized
+exp) runs in chunks of exactly ROW_MULTIPLE rows (see layers/linear.py); the rest is element-wise
+or reduces within a row in a fixed order, and runs over the whole batch. A token's mixing weights
+are the same bits whatever its batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,45 +51,66 @@ class HyperConnection(nn.Module):
 
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of ``streams`` ``[R, hc, H]``."""
-        hc = self.hc
+        hc, rows = self.hc, int(streams.shape[0])
+        pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
 
-        def weights(s: torch.Tensor) -> torch.Tensor:
-            rows = int(s.shape[0])
-            mixes = F.linear(_unit_rms(s.reshape(rows, -1).float(), self.norm_eps), self.fn)
-            pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
-            pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
-            pre = torch.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
-            post = 2 * torch.sigmoid(post_w * self.scale[1] + post_b)
-            comb = torch.softmax(comb_w.view(rows, hc, hc) * self.scale[2] + comb_b.view(hc, hc), dim=-1)
-            collapsed = (pre.unsqueeze(-1) * s).sum(dim=1).to(s.dtype).float()
-            return torch.cat((post, comb.reshape(rows, hc * hc), collapsed), dim=-1)
+        # The projection (one GEMM shape per row) and the sigmoids (vectorized and scalar exp round
+        # differently, and a row's place in the vectors depends on the batch) run in fixed row
+        # chunks; the rest reduces within a row or is exactly rounded, over the whole batch.
+        def gates(x: torch.Tensor) -> torch.Tensor:
+            mixes = F.linear(x, self.fn)
+            pre = torch.sigmoid(mixes[:, :hc] * self.scale[0] + pre_b) + self.hc_eps
+            post = 2 * torch.sigmoid(mixes[:, hc : 2 * hc] * self.scale[1] + post_b)
+            return torch.cat((pre, post, mixes[:, 2 * hc :]), dim=-1)
 
-        out = in_row_chunks(weights, streams)
-        rows = int(streams.shape[0])
-        comb = sinkhorn(out[:, hc : hc + hc * hc].view(rows, hc, hc) + self.hc_eps, self.iters, self.hc_eps)
-        collapsed = out[:, hc + hc * hc :].to(streams.dtype)  # exact: it was computed in that dtype
-        return out[:, :hc], comb, collapsed
+        out = in_row_chunks(gates, _unit_rms(streams.reshape(rows, -1).float(), self.norm_eps))
+        comb = torch.softmax(
+            out[:, 2 * hc :].view(rows, hc, hc) * self.scale[2] + comb_b.view(hc, hc), dim=-1
+        )
+        collapsed = _weighted_streams(out[:, :hc], streams)
+        return out[:, hc : 2 * hc], sinkhorn(comb + self.hc_eps, self.iters, self.hc_eps), collapsed
 
 
-def _sum_parts(parts: tuple[torch.Tensor, ...], eps: float) -> torch.Tensor:
+def _weighted_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """``sum_i weights[:, i] * streams[:, i]`` (float32 products, added in stream order, rounded to
+    the streams' dtype), element-wise so that every row rounds alike whatever the batch."""
+    parts = (weights.unsqueeze(-1) * streams).unbind(1)
     total = parts[0]
     for part in parts[1:]:
         total = total + part
-    return total + eps
+    return total.to(streams.dtype)
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """``iters`` Sinkhorn-Knopp normalizations of ``comb`` ``[R, n, n]``: columns, then rows and
     columns ``iters - 1`` times, each sum plus ``eps`` (transformers' order).
 
-    The sums are element-wise additions in a fixed order rather than a reduction kernel, so the
-    whole batch runs at once and every row still rounds alike whatever the batch size (additions
-    and divisions are exactly rounded, element by element).
+    The whole batch runs at once: each sum reduces ``n`` values within one row's matrix, which
+    ATen's CPU reduction adds in index order for every row whatever the row count (the same bits
+    as writing the additions out; the batch-invariance tests of the DeepSeek V4 family cover it),
+    and the divisions are exactly rounded element by element.
     """
-    comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+    if comb.device.type == "cpu" and comb.dtype == torch.float32:
+        return torch.from_numpy(_sinkhorn_numpy(comb.contiguous().numpy(), iters, np.float32(eps)))
+    return sinkhorn_torch(comb, iters, eps)
+
+
+def sinkhorn_torch(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """:func:`sinkhorn` in torch ops (any device and dtype)."""
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
     for _ in range(iters - 1):
-        comb = comb / _sum_parts(comb.unbind(-1), eps).unsqueeze(-1)
-        comb = comb / _sum_parts(comb.unbind(-2), eps).unsqueeze(-2)
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+def _sinkhorn_numpy(comb: np.ndarray, iters: int, eps: np.float32) -> np.ndarray:
+    # The same float32 operations in the same order as the torch loop (same bits), at a third of
+    # its per-call overhead, which is what 2 * iters tiny reductions cost on the CPU.
+    comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        comb /= comb.sum(axis=-1, keepdims=True) + eps
+        comb /= comb.sum(axis=-2, keepdims=True) + eps
     return comb
 
 

@@ -47,10 +47,11 @@ class LightningIndexer(nn.Module):
         self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, ready: torch.Tensor
     ) -> torch.Tensor:
         """Bool ``[L, E]``: the entries each query keeps. ``q`` ``[L, heads, dim]`` (rotated),
-        ``weights`` ``[L, heads]`` (unscaled projection), ``keys`` ``[E, dim]``, ``ready`` ``[L, E]``
-        the entries complete by each query."""
-        entries = int(keys.shape[0])
-        scores = torch.matmul(q.float(), keys.float().t())  # [L, heads, E]
+        ``weights`` ``[L, heads]`` (unscaled projection), ``keys`` ``[E, dim]`` shared by the
+        queries or ``[L, E, dim]`` one set per query, ``ready`` ``[L, E]`` the entries complete by
+        each query."""
+        entries = int(keys.shape[-2])
+        scores = torch.matmul(q.float(), keys.float().transpose(-1, -2))  # [L, heads, E]
         scores = F.relu(scores) * self.score_scale
         total = (scores * (weights.float() * self.weight_scale).unsqueeze(-1)).sum(dim=1)
         total = total.masked_fill(~ready, float("-inf"))
