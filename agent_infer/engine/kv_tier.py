@@ -40,7 +40,7 @@ class HostKVTier:
     """Bounded LRU of KV blocks in host memory, keyed by the device prefix table's block hash."""
 
     def __init__(self, kv_cache: KVCache, capacity_bytes: int) -> None:
-        self._pools = [*kv_cache.k, *kv_cache.v, *kv_cache.latents]
+        self._pools = kv_cache.block_pools()
         self.block_bytes = sum(p[0].numel() * p.element_size() for p in self._pools)
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
             raise ConfigError(f"host_kv_cache_bytes must be an int, got {capacity_bytes!r}")

@@ -181,6 +181,16 @@ class KVCache:
         entries are shared by several tokens or states kept for part of a block)."""
         return KVCache.bytes_per_block(config, block_size, dtype, rollback) / block_size
 
+    def block_pools(self) -> list[torch.Tensor]:
+        """Every pool whose leading dimension is the block, in a fixed order (K, V, latents, then the
+        compressed layout's windows, states, entries and state positions).
+
+        Whatever moves a block's contents (the host KV tier, the prefill/decode transfer) copies
+        row ``block_id`` of each of these, so a layout's extra pools travel with its blocks.
+        """
+        optional = [*self.states, *self.entries, *self.state_positions]
+        return [*self.k, *self.v, *self.latents, *self.windows, *(p for p in optional if p is not None)]
+
     @property
     def num_slots(self) -> int:
         """Total token slots in the pool."""

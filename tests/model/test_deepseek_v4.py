@@ -333,3 +333,36 @@ def test_engine_with_state_rings(tmp_path: Path) -> None:
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
     again = llm.generate([prompt], params)[0]
     assert again.num_cached_tokens >= bs and again.outputs[0].text == first[0].outputs[0].text
+
+
+def test_host_kv_tier_restores_every_compressed_pool(tmp_path: Path) -> None:
+    """Blocks evicted to the host tier come back with their windows, compressor rings, entries and
+    ring positions: the restored run's tokens and logprobs equal the cold run's."""
+    from agent_infer import LLM, SamplingParams
+
+    save_tiny(tmp_path, vocab_size=49152)
+    write_tokenizer(tmp_path)
+    bs = 64
+    llm = LLM(
+        model=str(tmp_path),
+        num_kv_blocks=8,
+        block_size=bs,
+        host_kv_cache_bytes=64 << 20,
+        speculative_tokens=0,
+    )
+    tier = llm.engine.block_manager.tier
+    assert tier is not None and tier.block_bytes == llm.engine.runner.kv_bytes_per_token * bs
+    assert llm.engine.runner.kv_cache.state_ring(1)[1] is not None  # ring positions travel too
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=3)
+
+    def prompt(i: int) -> str:
+        return " ".join(f"Agent {i} rule {k}: handle case {k * 7 + i} with care." for k in range(10))
+
+    cold = llm.generate([prompt(0)], params)[0]
+    for i in (1, 2, 3):  # other prompts push prompt 0's blocks out of the device pool
+        llm.generate([prompt(i)], params)
+    assert tier.stats.offloaded > 0
+    warm = llm.generate([prompt(0)], params)[0]
+    assert tier.stats.restored > 0 and warm.num_cached_tokens >= bs
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert warm.outputs[0].logprobs == cold.outputs[0].logprobs

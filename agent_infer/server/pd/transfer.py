@@ -23,8 +23,8 @@ _BATCH_BYTES = 16 << 20
 
 
 def kv_pools(kv_cache: KVCache) -> list[torch.Tensor]:
-    """The per-layer pools in a fixed order (K of every layer, V of every layer, latents)."""
-    return [*kv_cache.k, *kv_cache.v, *kv_cache.latents]
+    """The per-layer pools in a fixed order (:meth:`KVCache.block_pools`)."""
+    return kv_cache.block_pools()
 
 
 def block_bytes_per_pool(kv_cache: KVCache) -> list[int]:
