@@ -84,3 +84,82 @@ def write_tokenizer(directory: Path) -> int:
         json.dumps({"eos_token": "<|endoftext|>", "chat_template": tok.chat_template})
     )
     return tok.vocab_size
+
+
+class ReferenceMTP(torch.nn.Module):
+    """One MTP module in plain torch after DeepSeek's description, over transformers' decoder block:
+    ``head(norm(Block(eh_proj([enorm(embed(t_next)) ; hnorm(h)]))))`` on whole sequences, no cache."""
+
+    def __init__(self, cfg: Any, index: int) -> None:
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.enorm = hf.DeepseekV3RMSNorm(h, eps)
+        self.hnorm = hf.DeepseekV3RMSNorm(h, eps)
+        self.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+        self.block = hf.DeepseekV3DecoderLayer(cfg, index)
+        self.shared_head = torch.nn.Module()
+        self.shared_head.norm = hf.DeepseekV3RMSNorm(h, eps)
+        self.shared_head.head = torch.nn.Linear(h, cfg.vocab_size, bias=False)
+        self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, h)
+        self.index = index
+
+    def forward(
+        self, hidden: torch.Tensor, next_tokens: torch.Tensor, rotary: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h', logits)`` ``[T, ...]`` for hidden states ``[T, hidden]`` at positions ``0..T-1`` and the
+        tokens that follow each position (``[T]``)."""
+        t = int(hidden.shape[0])
+        e = self.enorm(self.embed_tokens(next_tokens))
+        x = self.eh_proj(torch.cat((e, self.hnorm(hidden)), dim=-1))[None]
+        pos = torch.arange(t)[None]
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        out = self.block(x, attention_mask=mask, position_ids=pos, position_embeddings=rotary(x, pos))
+        out = out[0] if isinstance(out, tuple) else out
+        h2 = out[0]
+        return h2, self.shared_head.head(self.shared_head.norm(h2))
+
+    def checkpoint_tensors(self, with_embed_and_head: bool = True) -> dict[str, torch.Tensor]:
+        """The module's tensors under DeepSeek's released names."""
+        out = {}
+        prefix = f"model.layers.{self.index}."
+        for name, p in self.state_dict().items():
+            if not with_embed_and_head and name in ("embed_tokens.weight", "shared_head.head.weight"):
+                continue
+            key = prefix + name.removeprefix("block.")
+            if name.endswith("experts.gate_up_proj"):  # transformers' fused experts -> DeepSeek's names
+                inter = p.shape[1] // 2
+                for e in range(p.shape[0]):
+                    out[key[: -len("gate_up_proj")] + f"{e}.gate_proj.weight"] = p[e, :inter].clone()
+                    out[key[: -len("gate_up_proj")] + f"{e}.up_proj.weight"] = p[e, inter:].clone()
+            elif name.endswith("experts.down_proj"):
+                for e in range(p.shape[0]):
+                    out[key[: -len("down_proj")] + f"{e}.down_proj.weight"] = p[e].clone()
+            else:
+                out[key] = p.detach().clone().contiguous()
+        return out
+
+
+def save_tiny_mtp(
+    directory: Path, seed: int = 0, with_embed_and_head: bool = True, **config: Any
+) -> tuple[Any, ReferenceMTP]:
+    """:func:`save_tiny` plus one MTP module (random, unit scale) stored under DeepSeek's names;
+    returns the transformers model and the reference module."""
+    from safetensors.torch import load_file, save_file
+
+    hf = save_tiny(directory, seed, num_nextn_predict_layers=1, **config)
+    cfg = hf.config
+    cfg._attn_implementation = "eager"
+    ref = ReferenceMTP(cfg, cfg.num_hidden_layers).eval()
+    randomize(ref, seed + 1)
+    if not with_embed_and_head:
+        with torch.no_grad():
+            ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+            ref.shared_head.head.weight.copy_(hf.lm_head.weight)
+    files = sorted(directory.glob("*.safetensors"))
+    assert len(files) == 1
+    tensors = load_file(str(files[0]))
+    tensors.update(ref.checkpoint_tensors(with_embed_and_head))
+    save_file(tensors, str(files[0]), metadata={"format": "pt"})
+    return hf, ref
