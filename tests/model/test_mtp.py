@@ -98,8 +98,8 @@ def test_chained_step_feeds_its_own_hidden_state(tmp_path: Path) -> None:
         h1, l1 = ref(main[:-1], ids[0, 1:], hf.model.rotary_emb)
         proposal = int(l1[-1].argmax())
         hidden = torch.cat((main[:-1], h1[-1:]))
-        want_h, want_logits = ref(hidden, torch.tensor(tokens[1:] + [proposal]), hf.model.rotary_emb)
-        got_h, got_logits = _paged_mtp(model, hidden, tokens + [proposal], [T - 1, T])
+        want_h, want_logits = ref(hidden, torch.tensor([*tokens[1:], proposal]), hf.model.rotary_emb)
+        got_h, got_logits = _paged_mtp(model, hidden, [*tokens, proposal], [T - 1, T])
     assert (got_h[-1] - want_h[-1]).abs().max().item() <= TOL
     assert (got_logits[-1] - want_logits[-1]).abs().max().item() <= TOL
 
