@@ -215,6 +215,10 @@ class _CommonRequest(_Strict):
     dry_sequence_breakers: list[str] | None = None
     dry_penalty_last_n: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     dry_skip_whitespace: bool | None = None
+    # Speculative decoding per request (engine/speculator.py); SamplingParams checks the values.
+    speculative_source: str | None = None
+    speculative_tokens: int | None = None
+    speculative_confidence: float | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

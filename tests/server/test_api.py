@@ -71,6 +71,11 @@ def test_metrics_count_forced_and_draft_tokens(client: Any, server: LiveServer) 
     assert _metric(after, "accepted_draft_tokens_total") > _metric(before, "accepted_draft_tokens_total")
     assert _metric(after, "accepted_draft_tokens_total") <= _metric(after, "draft_tokens_total")
     assert _metric(after, "forced_tokens_total") > _metric(before, "forced_tokens_total")
+    # The same per source: prompt lookup on this model (no MTP layers), forced text for the JSON.
+    ngram = re.findall(r'^agent_infer_(\w+)\{source="ngram"\} (\S+)$', after, re.MULTILINE)
+    by_name = {name: float(value) for name, value in ngram}
+    assert by_name["source_draft_tokens_total"] >= by_name["source_accepted_draft_tokens_total"] > 0
+    assert by_name["draft_verifications_total"] > 0
 
 
 def test_chat_completion(client: Any, server: LiveServer) -> None:
