@@ -119,7 +119,9 @@ class ModelRunner:
         if kept:
             for seq, first, lo, hi in kept:
                 self.hidden[seq] = (first, hidden[lo:hi])
-            hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device))
+            hidden = hidden.index_select(
+                0, torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device)
+            )
         if not sample_rows:
             return None
         if allowed is not None and self.masked_head:

@@ -102,7 +102,7 @@ class Speculator:
         spec.mode = mode
         on = self.max_tokens > 0 and mode != OFF
         spec.use_mtp = on and self.mtp is not None and mode in (AUTO, MTP)
-        spec.use_ngram = on and (mode == NGRAM or (mode == AUTO))
+        spec.use_ngram = on and (mode in (NGRAM, AUTO))
         if params.speculative_tokens is not None:
             spec.max_len = min(params.speculative_tokens, self.max_tokens)
         else:
@@ -155,7 +155,11 @@ class Speculator:
             return
         drafts = self.mtp.propose([(seq, limit) for seq, limit, _ in wanted])
         for (seq, _, ngram), mtp in zip(wanted, drafts):
-            best = mtp if ngram is None or expected_accepted(mtp.probs) >= expected_accepted(ngram.probs) else ngram
+            best = (
+                mtp
+                if ngram is None or expected_accepted(mtp.probs) >= expected_accepted(ngram.probs)
+                else ngram
+            )
             if best.tokens:
                 self._set(seq, best)
 

@@ -144,7 +144,11 @@ class ServerMetrics:
         for name, col, text in (
             ("source_draft_tokens_total", 0, "Speculative draft tokens verified, by draft source."),
             ("source_accepted_draft_tokens_total", 1, "Speculative draft tokens accepted, by draft source."),
-            ("draft_verifications_total", 2, "Verifications of a draft (steps that fed one), by draft source."),
+            (
+                "draft_verifications_total",
+                2,
+                "Verifications of a draft (steps that fed one), by draft source.",
+            ),
         ):
             metric(name, "counter", text, [(f'{{source="{k}"}}', v[col]) for k, v in sorted(drafts.items())])
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])

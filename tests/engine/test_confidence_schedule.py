@@ -3,6 +3,8 @@ shorten drafts, accepted ones lengthen them."""
 
 from __future__ import annotations
 
+import itertools
+
 from agent_infer.engine.drafts.base import expected_accepted
 from agent_infer.engine.drafts.schedule import INITIAL_ACCEPTANCE, MAX_THRESHOLD, ConfidenceSchedule
 
@@ -35,12 +37,12 @@ def test_rejections_shorten_and_acceptances_lengthen() -> None:
     rejecting = ScriptedSource(probs, accepts=0)
     lengths = [rejecting.step(s, 6) for _ in range(8)]
     assert lengths[0] == start and lengths[-1] < start
-    assert all(b <= a for a, b in zip(lengths, lengths[1:]))  # never longer while rejected
+    assert all(b <= a for a, b in itertools.pairwise(lengths))  # never longer while rejected
     assert s.threshold > 0.3
     accepting = ScriptedSource(probs, accepts=6)
     later = [accepting.step(s, 6) for _ in range(12)]
     assert later[-1] == 6 > lengths[-1]
-    assert all(b >= a for a, b in zip(later, later[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(later))
     assert s.threshold < 0.3
 
 

@@ -21,7 +21,7 @@ PROMPTS = [
     "The quick brown fox jumps",
     "abc abc abc abc",
     "1, 2, 3, 4, 5",
-    "{\"name\": \"Ada\", \"age\": 36}",
+    '{"name": "Ada", "age": 36}',
 ]
 SCHEMA = {
     "type": "object",

@@ -50,7 +50,7 @@ def _paged_mtp(
         with torch.no_grad():
             h = mtp.forward(hidden[start:end], nxt, model.embed, rotation, pool, plan)
             outs.append(h)
-            logits.append(mtp.logits(h, model.lm_head.weight))
+            logits.append(mtp.logits(h, model.lm_head))
         start = end
     return torch.cat(outs), torch.cat(logits)
 

@@ -198,7 +198,11 @@ def write_byte_tokenizer(directory: Path) -> int:
 
 def _byte_of(ch: str) -> int:
     """The byte GPT-2's byte-level alphabet maps to ``ch``."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -64,7 +64,12 @@ class MTPDrafter:
     """Owns the MTP module's latent cache and drafts from it for a batch of requests."""
 
     def __init__(
-        self, model: DeepseekV3ForCausalLM, num_slots: int, block_size: int, max_seqs: int, base_confidence: float
+        self,
+        model: DeepseekV3ForCausalLM,
+        num_slots: int,
+        block_size: int,
+        max_seqs: int,
+        base_confidence: float,
     ) -> None:
         layers = model.mtp_layers()
         if not layers or model.config.mla is None:
@@ -77,7 +82,9 @@ class MTPDrafter:
         self.base_confidence = base_confidence
         self.device = model.device
         width = model.config.mla.latent_dim
-        self.pool = torch.zeros(num_slots + max_seqs * SCRATCH_PER_SEQ, width, device=self.device, dtype=model.dtype)
+        self.pool = torch.zeros(
+            num_slots + max_seqs * SCRATCH_PER_SEQ, width, device=self.device, dtype=model.dtype
+        )
         self.planner = PagedAttention()
 
     @staticmethod
@@ -138,7 +145,7 @@ class MTPDrafter:
         out = self._forward(torch.cat(hidden), ids, positions, plan)
         last = torch.tensor([q - 1 for q in qsl[1:]], dtype=torch.int64, device=out.device)
         newest = out.index_select(0, last)
-        logits = self.layer.logits(newest, self.model.lm_head.weight)
+        logits = self.layer.logits(newest, self.model.lm_head)
         for i, seq in enumerate(fed):
             seq.spec.mtp_hidden = newest[i : i + 1]
             seq.spec.mtp_logits = logits[i]
@@ -204,7 +211,7 @@ class MTPDrafter:
             out = self._forward(
                 torch.cat([c.hidden for c, _ in fed]), [t for _, t in fed], [c.pos + 1 for c, _ in fed], plan
             )
-            logits = self.layer.logits(out, self.model.lm_head.weight)
+            logits = self.layer.logits(out, self.model.lm_head)
             for j, (c, _) in enumerate(fed):
                 c.hidden, c.logits, c.pos = out[j : j + 1], logits[j], c.pos + 1
             active = [c for c, _ in fed]
@@ -222,7 +229,10 @@ class MTPDrafter:
         if matcher is not None:
             if matcher.is_terminated():
                 return None
-            from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+            from agent_infer.grammar.runtime.bitmask import (
+                allocate_token_bitmask,
+                apply_token_bitmask_inplace,
+            )
 
             mask = allocate_token_bitmask(1, int(logits.shape[-1]))
             matcher.fill_next_token_bitmask(mask, 0)

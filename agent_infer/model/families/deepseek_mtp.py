@@ -120,10 +120,13 @@ class MTPLayer(nn.Module):
         x = self.eh_proj.project(torch.cat((e, self.hnorm.forward(hidden.to(e.dtype))), dim=-1))
         return self.block.forward(x, rotation, cache, plan)
 
-    def logits(self, h: torch.Tensor, main_head: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[rows, vocab]`` of ``h'``."""
-        head = self.head if self.head is not None else main_head
-        return F.linear(self.head_norm.forward(h), head).float()
+    def logits(self, h: torch.Tensor, main_head: Linear) -> torch.Tensor:
+        """Float32 logits ``[rows, vocab]`` of ``h'`` (through ``main_head`` when the module has no
+        head of its own)."""
+        normed = self.head_norm.forward(h)
+        if self.head is None:
+            return main_head.logits(normed, None)
+        return F.linear(normed, self.head).float()
 
 
 def split_mtp_name(name: str, layers: list[MTPLayer]) -> tuple[MTPLayer, str] | None:
