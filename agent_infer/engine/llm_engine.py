@@ -164,6 +164,11 @@ class LLMEngine:
         )
         if self.speculator is not None:
             self.speculator.configure(seq)
+        elif params.speculative_source == "mtp":
+            raise InvalidRequestError(
+                "speculative_source='mtp' needs MTP drafts, and this engine runs without drafts",
+                field="speculative_source",
+            )
         if params.structured is not None:
             # Lowered here so a bad constraint fails this request alone, at once; the token-level
             # compile runs in the worker pool while the request waits in WAITING_FOR_GRAMMAR.

@@ -50,6 +50,7 @@ from agent_infer.engine.drafts.mtp import MTPDrafter
 from agent_infer.engine.drafts.ngram import NgramIndex
 from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
+from agent_infer.engine.spec_state import draft_pays_off
 from agent_infer.errors import InvalidRequestError
 from agent_infer.sampling_params import SamplingParams
 
@@ -144,8 +145,12 @@ class Speculator:
                 tokens = spec.index.lookup(seq.token_ids, min(spec.draft_len, limit))
                 if tokens:
                     ngram = Draft(NGRAM, tokens, [spec.ngram_acceptance] * len(tokens))
-            if spec.use_mtp:
+            if spec.use_mtp and draft_pays_off(spec, len(seqs)):
                 wanted.append((seq, limit, ngram))
+            elif spec.use_mtp and ngram is None:
+                # The scheduler would drop the draft in a batch this size: skip the chained passes
+                # and nudge the average as it would, so drafting is tried again later.
+                spec.skip()
             elif ngram is not None:
                 self._set(seq, ngram)
         if self.mtp is None:

@@ -74,7 +74,7 @@ class MTPLayer(nn.Module):
         self.block = block
         self.head_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.shape = (c.vocab_size, c.hidden_size)
-        self.device_, self.dtype_ = device, dtype
+        self._device, self._dtype = device, dtype
         #: The module's own embedding and head, when the checkpoint stores them (see the module docstring).
         self.embed: nn.Parameter | None = None
         self.head: nn.Parameter | None = None
@@ -96,7 +96,7 @@ class MTPLayer(nn.Module):
     def own(self, suffix: str) -> torch.Tensor:
         """Allocate the module's own ``embed_tokens`` or ``shared_head.head`` (``suffix``) and return it."""
         param = nn.Parameter(
-            torch.empty(self.shape, device=self.device_, dtype=self.dtype_), requires_grad=False
+            torch.empty(self.shape, device=self._device, dtype=self._dtype), requires_grad=False
         )
         if suffix == "embed_tokens.weight":
             self.embed = param
