@@ -57,6 +57,7 @@ class SpecState:
     source: str = ""
     #: The request's ``speculative_source``, the guessed sources it allows, and its longest draft.
     mode: str = AUTO
+    configured: bool = False
     use_ngram: bool = True
     use_mtp: bool = False
     max_len: int = 0

@@ -101,6 +101,7 @@ class Speculator:
                 field="speculative_source",
             )
         spec.mode = mode
+        spec.configured = True
         on = self.max_tokens > 0 and mode != OFF
         spec.use_mtp = on and self.mtp is not None and mode in (AUTO, MTP)
         spec.use_ngram = on and (mode in (NGRAM, AUTO))
@@ -126,6 +127,8 @@ class Speculator:
             spec.source = ""
             if not can_draft(seq.params) or seq.params.speculative_source == OFF:
                 continue
+            if not spec.configured:  # a sequence the engine's add_request did not make
+                self.configure(seq)
             if spec.index is None:
                 spec.index = NgramIndex()
                 spec.draft_len = max(1, spec.max_len)
