@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-mib", type=int, default=96, help="KV cache per engine (MiB)")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--workloads", default="text,json")
     ap.add_argument("--quick", action="store_true", help="4 requests, 32 tokens, one pass")
@@ -139,17 +140,21 @@ def main() -> None:
         args.requests, args.max_tokens, args.repeats = 4, 32, 1
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
-    engines: dict[tuple[str, int], LLM | None] = {}
-    for conc in map(int, args.concurrency.split(",")):
-        for name, source in SOURCES.items():
-            try:
-                config = EngineConfig(
-                    speculative_source=source, enable_prefix_caching=False, max_num_seqs=max(conc, 1)
-                )
-                engines[(name, conc)] = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
-            except ConfigError as exc:
-                engines[(name, conc)] = None
-                print(f"{name}: n/a ({exc})")
+    # One engine per source (concurrency 1 runs requests one at a time on the same engine).
+    engines: dict[str, LLM | None] = {}
+    max_seqs = max(map(int, args.concurrency.split(",")))
+    for name, source in SOURCES.items():
+        try:
+            config = EngineConfig(
+                speculative_source=source,
+                enable_prefix_caching=False,
+                max_num_seqs=max_seqs,
+                kv_cache_memory_bytes=args.kv_mib << 20,
+            )
+            engines[name] = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
+        except ConfigError as exc:
+            engines[name] = None
+            print(f"{name}: n/a ({exc})")
     rows: list[Row] = []
     any_llm = next(e for e in engines.values() if e is not None)
     limit = any_llm.engine.max_model_len - args.max_tokens - 1
@@ -161,12 +166,12 @@ def main() -> None:
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, structured=structured)
         for conc in map(int, args.concurrency.split(",")):
             group = {name: Row(workload, conc, name) for name in SOURCES}
-            for llm in (e for (n, c), e in engines.items() if c == conc and e is not None):
+            for llm in (e for e in engines.values() if e is not None):
                 run_once(llm, prompts[:2], params, 1)  # warm-up (grammar compile, first-call costs)
             plain_tokens: list[list[int]] = []
             for _ in range(args.repeats):
                 for name in SOURCES:
-                    llm = engines[(name, conc)]
+                    llm = engines[name]
                     row = group[name]
                     if llm is None:
                         row.note = "n/a"

@@ -8,9 +8,10 @@ guessed sources a request may use follows ``speculative_source`` (engine option,
 per request: ``auto`` = MTP and prompt lookup where the checkpoint has MTP layers, else prompt
 lookup; ``mtp``; ``ngram``; ``off``); when both propose, the one with the larger expected number of
 accepted tokens is fed (:func:`~agent_infer.engine.drafts.base.expected_accepted`). A draft is at
-most the request's ``speculative_tokens`` long. A constrained request's draft is cut at the first token its grammar rejects and after any token
-past which the grammar fixes the text (jump-forward appends those), so every drafted token is one
-the mask would allow. Where jump-forward leaves the end of a forced text to the model, that text's
+most the request's ``speculative_tokens`` long. A constrained request's draft is cut at the first
+token its grammar rejects and after any token past which the grammar fixes the text (jump-forward
+appends those), so every drafted token is one the mask would allow (MTP proposals are masked by
+the grammar at each position before they are chosen). Where jump-forward leaves the end of a forced text to the model, that text's
 tokens are the draft instead (:mod:`agent_infer.engine.boundary_drafts`).
 
 The next step feeds the request's pending tokens plus its draft; the model returns logits for

@@ -16,6 +16,8 @@ from agent_infer.errors import ConfigError, InvalidRequestError
 
 pytest.importorskip("transformers")
 
+KV = 8 << 20  # the tiny model needs little cache; the default would allocate 512 MiB per engine
+
 PROMPTS = [
     "Hello there, how are you",
     "The quick brown fox jumps",
@@ -43,7 +45,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engines(folder: Path) -> dict[str, LLM]:
     return {
-        source: LLM(model=str(folder), speculative_source=source, kv_cache_memory_bytes=8 << 20)
+        source: LLM(model=str(folder), speculative_source=source, kv_cache_memory_bytes=KV)
         for source in ("off", "mtp", "ngram", "auto")
     }
 
@@ -147,8 +149,8 @@ def test_mtp_on_a_checkpoint_without_mtp_layers_is_a_config_error(tmp_path: Path
     save_tiny(tmp_path, vocab_size=BYTE_VOCAB, eos_token_id=256)
     write_byte_tokenizer(tmp_path)
     with pytest.raises(ConfigError, match="speculative_source='mtp'"):
-        LLM(model=str(tmp_path), speculative_source="mtp")
-    llm = LLM(model=str(tmp_path))  # auto: prompt lookup only
+        LLM(model=str(tmp_path), speculative_source="mtp", kv_cache_memory_bytes=KV)
+    llm = LLM(model=str(tmp_path), kv_cache_memory_bytes=KV)  # auto: prompt lookup only
     assert llm.engine.speculator is not None and llm.engine.speculator.mtp is None
     with pytest.raises(InvalidRequestError) as err:
         llm.generate(["hi"], SamplingParams(max_tokens=2, speculative_source="mtp"))
@@ -157,7 +159,7 @@ def test_mtp_on_a_checkpoint_without_mtp_layers_is_a_config_error(tmp_path: Path
 
 def test_environment_picks_the_source(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_INFER_SPECULATIVE_SOURCE", "ngram")
-    assert LLM(model=str(folder)).engine.speculator.mtp is None  # type: ignore[union-attr]
+    assert LLM(model=str(folder), kv_cache_memory_bytes=KV).engine.speculator.mtp is None  # type: ignore[union-attr]
     monkeypatch.setenv("AGENT_INFER_SPECULATIVE_SOURCE", "sometimes")
     with pytest.raises(ConfigError, match="AGENT_INFER_SPECULATIVE_SOURCE"):
-        LLM(model=str(folder))
+        LLM(model=str(folder), kv_cache_memory_bytes=KV)

@@ -16,6 +16,7 @@ from agent_infer.engine.speculator import verify_rows
 
 #: Chi-square critical values at p = 0.001 by degrees of freedom (a fixed seed makes each run
 #: deterministic; the level bounds how unlucky a correct rule's seed could have been).
+KV = 8 << 20  # the tiny model needs little cache; the default would allocate 512 MiB per engine
 CRITICAL_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88}
 
 
@@ -61,7 +62,13 @@ def test_engine_sampled_tokens_keep_their_distribution_with_mtp_drafts(tmp_path:
     counts = []
     for source, seeds in (("mtp", range(n)), ("off", range(n, 2 * n))):
         # Few at a time: in a big batch the scheduler drops drafts that do not pay off.
-        llm = LLM(model=str(tmp_path), speculative_source=source, speculative_confidence=0.0, max_num_seqs=8)
+        llm = LLM(
+            model=str(tmp_path),
+            speculative_source=source,
+            speculative_confidence=0.0,
+            max_num_seqs=8,
+            kv_cache_memory_bytes=KV,
+        )
         params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3, ignore_eos=True) for s in seeds]
         outs = llm.generate([prompt] * n, params)
         if source == "mtp":
