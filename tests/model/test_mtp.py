@@ -62,6 +62,7 @@ def test_paged_mtp_matches_reference_on_full_sequences(own_embed_and_head: bool,
     assert isinstance(model, DeepseekV3ForCausalLM)
     layers = model.mtp_layers()
     assert len(layers) == 1
+    # Copies equal to the main embedding and head (DeepSeek's layout) are not kept twice.
     assert (layers[0].embed is not None) == own_embed_and_head
     assert layers[0].block.moe is not None  # index 3 >= first_k_dense_replace: an MoE block, as in V3
     tokens = _tokens()
@@ -84,6 +85,14 @@ def test_paged_mtp_matches_reference_on_full_sequences(own_embed_and_head: bool,
         got_h, got_logits = _paged_mtp(model, main[:-1], tokens, chunks)
         assert (got_h - want_h).abs().max().item() <= TOL
         assert (got_logits - want_logits).abs().max().item() <= TOL
+
+
+def test_copies_of_the_main_embedding_and_head_are_shared(tmp_path: Path) -> None:
+    save_tiny_mtp(tmp_path, with_embed_and_head=True, predictable=True)  # stores copies of the main ones
+    model = load_ours(tmp_path)
+    assert isinstance(model, DeepseekV3ForCausalLM)
+    (layer,) = model.mtp_layers()
+    assert layer.embed is None and layer.head is None
 
 
 def test_chained_step_feeds_its_own_hidden_state(tmp_path: Path) -> None:

@@ -346,6 +346,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         super().load_weights(self._take_optional_mtp(named_tensors, layers) if layers else named_tensors)
         if layers and not self._seen_mtp:
             self.mtp = nn.ModuleList()
+        for layer in self.mtp_layers():
+            # DeepSeek stores copies of the main embedding and head: keep one of each in memory.
+            if layer.embed is not None and torch.equal(layer.embed, self.embed):
+                layer.embed = None
+            head = getattr(self.lm_head, "weight", None)
+            if layer.head is not None and isinstance(head, torch.Tensor) and torch.equal(layer.head, head):
+                layer.head = None
 
     def _take_optional_mtp(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], layers: list[MTPLayer]
