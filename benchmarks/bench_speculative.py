@@ -15,9 +15,8 @@ submitted together (``max_num_seqs`` 16).
 Per row: tokens/s (generated tokens / wall time of the row, median over ``--repeats`` passes, the
 sources interleaved per pass so machine load hits them alike) and its ratio to ``plain`` from the
 same pass; mean accepted length (accepted draft tokens per verification); draft tokens and the
-share accepted; % steps with a draft (verifications / decode steps, a decode step being a pass
-that sampled a token for the request: output tokens - accepted draft tokens - forced tokens); and
-% identical (greedy outputs equal to ``plain`` token for token). Results: a markdown table on
+share accepted; % steps with a draft (of the passes that sampled for a request, counted at the executor, those
+that fed it a draft); and % identical (greedy outputs equal to ``plain`` token for token). Results: a markdown table on
 stdout, raw JSON in ``bench_results/speculative-<UTC>.json``.
 """
 
@@ -96,8 +95,29 @@ class Row:
     accepted: int = 0
     verifications: int = 0
     decode_steps: int = 0
+    draft_steps: int = 0
     identical: float = 0.0
     note: str = ""
+
+
+class StepCounter:
+    """Counts, through the engine's executor, the passes that sampled for a request and those among
+    them that fed a draft."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.steps = 0
+        self.with_draft = 0
+        executor = llm.engine.executor
+        run = executor.run
+
+        def counted(batch: list[Any]) -> Any:
+            for item in batch:
+                if item.samples:
+                    self.steps += 1
+                    self.with_draft += bool(item.draft)
+            return run(batch)
+
+        executor.run = counted  # type: ignore[method-assign]
 
 
 def run_once(
@@ -116,10 +136,6 @@ def account(row: Row, outs: list[Any]) -> None:
     row.drafted = sum(o.metrics.num_draft_tokens for o in outs)
     row.accepted = sum(o.metrics.num_accepted_draft_tokens for o in outs)
     row.verifications = sum(s.verifications for o in outs for s in o.metrics.draft_sources.values())
-    row.decode_steps = sum(
-        len(o.outputs[0].token_ids) - o.metrics.num_accepted_draft_tokens - o.metrics.num_forced_tokens
-        for o in outs
-    )
 
 
 def main() -> None:
@@ -155,6 +171,7 @@ def main() -> None:
         except ConfigError as exc:
             engines[name] = None
             print(f"{name}: n/a ({exc})")
+    counters = {name: StepCounter(llm) for name, llm in engines.items() if llm is not None}
     rows: list[Row] = []
     any_llm = next(e for e in engines.values() if e is not None)
     limit = any_llm.engine.max_model_len - args.max_tokens - 1
@@ -167,7 +184,7 @@ def main() -> None:
         for conc in map(int, args.concurrency.split(",")):
             group = {name: Row(workload, conc, name) for name in SOURCES}
             for llm in (e for e in engines.values() if e is not None):
-                run_once(llm, prompts[:2], params, 1)  # warm-up (grammar compile, first-call costs)
+                run_once(llm, prompts, params, conc)  # warm-up: grammar compiles, first calls of each shape
             plain_tokens: list[list[int]] = []
             for _ in range(args.repeats):
                 for name in SOURCES:
@@ -176,9 +193,13 @@ def main() -> None:
                     if llm is None:
                         row.note = "n/a"
                         continue
+                    counter = counters[name]
+                    before = (counter.steps, counter.with_draft)
                     wall, outs = run_once(llm, prompts, params, conc)
                     row.walls.append(wall)
                     account(row, outs)
+                    row.decode_steps = counter.steps - before[0]
+                    row.draft_steps = counter.with_draft - before[1]
                     tokens = [o.outputs[0].token_ids for o in outs]
                     if name == "plain":
                         plain_tokens = tokens
@@ -213,7 +234,7 @@ def print_table(rows: list[Row]) -> None:
             ratio = f"{statistics.median(ratios):.2f}x"
         mean_acc = r.accepted / r.verifications if r.verifications else 0.0
         acc_pct = 100 * r.accepted / r.drafted if r.drafted else 0.0
-        steps_pct = 100 * r.verifications / r.decode_steps if r.decode_steps else 0.0
+        steps_pct = 100 * r.draft_steps / r.decode_steps if r.decode_steps else 0.0
         print(
             f"| {r.workload} | {r.concurrency} | {r.source} | {tps:.1f} | {ratio} | {mean_acc:.2f} | "
             f"{r.drafted} | {acc_pct:.0f}% | {steps_pct:.0f}% | {100 * r.identical:.0f}% |"
