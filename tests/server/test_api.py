@@ -7,6 +7,7 @@ import re
 from typing import Any, Literal
 
 import httpx
+import openai
 import pytest
 from pydantic import BaseModel
 from server_harness import LiveServer, openai_client, server_fixture
@@ -309,3 +310,22 @@ def test_echoed_reasoning_content_is_accepted_and_left_out_of_the_prompt(
     echoed = turn({"role": "assistant", "content": "Hello!", "reasoning_content": "The user greets me."})
     assert echoed.usage.prompt_tokens == plain.usage.prompt_tokens
     assert echoed.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_speculative_fields_per_request(client: Any, server: LiveServer) -> None:
+    """The speculative_* fields reach the engine: outputs do not depend on them, bad values (and MTP
+    on a model without MTP layers) are 400s naming the field."""
+    prompt = "Repeat exactly: one two three four five one two three four five"
+    plain = _chat(client, server, prompt, extra_body={"speculative_source": "off"})
+    drafted = _chat(
+        client, server, prompt, extra_body={"speculative_source": "ngram", "speculative_tokens": 3}
+    )
+    assert drafted.choices[0].message.content == plain.choices[0].message.content
+    for body, field in (
+        ({"speculative_source": "mtp"}, "speculative_source"),
+        ({"speculative_tokens": 40}, "speculative_tokens"),
+        ({"speculative_confidence": -1}, "speculative_confidence"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            _chat(client, server, "hi", extra_body=body)
+        assert field in str(info.value)
