@@ -7,7 +7,6 @@ import re
 from typing import Any, Literal
 
 import httpx
-import openai
 import pytest
 from pydantic import BaseModel
 from server_harness import LiveServer, openai_client, server_fixture
