@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import torch
 from deepseek_support import BYTE_VOCAB, save_tiny, save_tiny_mtp, write_byte_tokenizer
 
 from agent_infer import LLM, SamplingParams
@@ -163,3 +164,73 @@ def test_environment_picks_the_source(folder: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("AGENT_INFER_SPECULATIVE_SOURCE", "sometimes")
     with pytest.raises(ConfigError, match="AGENT_INFER_SPECULATIVE_SOURCE"):
         LLM(model=str(folder), kv_cache_memory_bytes=KV)
+
+
+def test_chunked_prefill_fills_the_mtp_cache(folder: Path, engines: dict[str, LLM]) -> None:
+    """A long prompt prefilled in 8-token chunks while another request decodes: the chunks' rows
+    reach the MTP module once their next tokens are known, and its drafts are accepted."""
+    llm = LLM(
+        model=str(folder),
+        speculative_source="mtp",
+        max_prefill_tokens_while_decoding=8,
+        kv_cache_memory_bytes=KV,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    long_prompt = " ".join(PROMPTS)
+    engine = llm.engine
+    engine.add_request("short", PROMPTS[0], params)
+    engine.step()  # the short request is decoding before the long one arrives
+    engine.add_request("long", long_prompt, params)
+    got: dict[str, Any] = {}
+    chunks = 0
+    table: list[int] = []
+    caught_up = -1
+    while engine.has_unfinished_requests():
+        seq = engine.requests.get("long")
+        if seq is not None:
+            chunks += 0 < seq.num_computed_tokens < seq.num_prompt_tokens
+            table = list(seq.block_table)
+            caught_up = seq.spec.mtp_pos if seq.spec.mtp_pos is not None else caught_up
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = out
+    assert chunks >= 2
+    for rid, prompt in (("short", PROMPTS[0]), ("long", long_prompt)):
+        want = engines["off"].generate([prompt], params)[0].outputs[0].token_ids
+        assert got[rid].outputs[0].token_ids == want
+    assert got["long"].metrics.num_accepted_draft_tokens > 0
+    # The module's cache entries of every caught-up position equal one pass over the whole text.
+    out = got["long"]
+    _assert_mtp_cache_matches(llm, out.prompt_token_ids + out.outputs[0].token_ids, table, caught_up)
+
+
+def _assert_mtp_cache_matches(llm: LLM, tokens: list[int], table: list[int], last: int) -> None:
+    from agent_infer.model.families.deepseek_v3 import DeepseekV3ForCausalLM
+    from agent_infer.model.kv_cache import KVCache
+    from agent_infer.model.layers.attention import AttentionMetadata, PagedAttention
+
+    engine = llm.engine
+    model = engine.runner.model
+    drafter = engine.speculator.mtp  # type: ignore[union-attr]
+    assert isinstance(model, DeepseekV3ForCausalLM) and drafter is not None and last > 20
+    n, bs = last + 1, engine.config.block_size
+    blocks = list(range((n + 1 + bs - 1) // bs))
+    slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(n + 1)])
+    cache = KVCache.allocate(model.config, len(blocks), bs, model.device, model.dtype)
+    meta = AttentionMetadata([0, n + 1], [n + 1], [blocks], slots, bs)
+    with torch.no_grad():
+        hidden = model(torch.tensor(tokens[: n + 1]), torch.arange(n + 1), meta, cache)
+        pool = torch.zeros(len(blocks) * bs, int(drafter.pool.shape[1]))
+        meta = AttentionMetadata([0, n], [n], [blocks], slots[:n], bs)
+        plan = PagedAttention().plan(meta, n, pool.shape[0], model.device)
+        layer = model.mtp_layers()[0]
+        layer.forward(
+            hidden[:n],
+            torch.tensor(tokens[1 : n + 1]),
+            model.embed,
+            model.rotary.at(torch.arange(n)),
+            pool,
+            plan,
+        )
+    got = drafter.pool[torch.tensor([table[p // bs] * bs + p % bs for p in range(n)])]
+    assert (got - pool[:n]).abs().max().item() <= 1e-4
