@@ -78,7 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         help="most prompt tokens in a step while other requests decode (keeps their streams flowing)",
     )
     serve.add_argument(
-        "--speculative-tokens", type=int, default=5, help="prompt-lookup draft length (0 = no drafts)"
+        "--speculative-tokens", type=int, default=5, help="longest draft per request (0 = no drafts)"
+    )
+    serve.add_argument(
+        "--speculative-source",
+        choices=("auto", "mtp", "ngram", "off"),
+        default=None,
+        help="draft sources (default: AGENT_INFER_SPECULATIVE_SOURCE, else auto = MTP layers if any, plus prompt lookup)",
     )
     serve.add_argument(
         "--disaggregation-mode",
@@ -159,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
         speculative_tokens=args.speculative_tokens,
         host_kv_cache_bytes=args.host_kv_cache_bytes,
+        speculative_source=args.speculative_source,
     )
     serve(args.model, config, engine_config)
     return 0

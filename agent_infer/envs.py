@@ -67,6 +67,21 @@ def async_scheduling() -> bool:
     return _flag("AGENT_INFER_ASYNC_SCHEDULING", True)
 
 
+_SPECULATIVE_SOURCES = ("auto", "mtp", "ngram", "off")
+
+
+def speculative_source() -> str:
+    """``AGENT_INFER_SPECULATIVE_SOURCE``: draft sources when ``EngineConfig.speculative_source`` is
+    None: ``auto`` (default: MTP where the checkpoint has MTP layers, else prompt lookup), ``mtp``,
+    ``ngram`` or ``off``."""
+    value = _get("AGENT_INFER_SPECULATIVE_SOURCE", "auto").lower()
+    if value not in _SPECULATIVE_SOURCES:
+        raise ConfigError(
+            f"AGENT_INFER_SPECULATIVE_SOURCE={value!r}; expected one of {', '.join(_SPECULATIVE_SOURCES)}"
+        )
+    return value
+
+
 def num_threads() -> int:
     """``AGENT_INFER_NUM_THREADS``: torch intra-op threads; 0 keeps torch's default."""
     return _int("AGENT_INFER_NUM_THREADS", 0)

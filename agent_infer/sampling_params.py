@@ -54,6 +54,11 @@ class SamplingParams:
     the engine wrote). The shortest completion fills required parts with minimal values (``""``,
     ``0``, the first enum member), so the content of a closed document is cut short. Not
     combinable with ``logprobs`` (closing tokens are not sampled).
+    Speculative decoding (``engine/speculator.py``), None = the engine's setting:
+    ``speculative_source`` (``"auto"``, ``"mtp"``, ``"ngram"``, ``"off"``) picks the draft sources,
+    ``speculative_tokens`` (0-32, capped by the engine's) the longest draft, and
+    ``speculative_confidence`` (in [0, 1]) the MTP confidence schedule's base threshold. Outputs do
+    not depend on them (verification keeps exactly what plain decoding chooses), only speed does.
     """
 
     temperature: float = 1.0
@@ -83,6 +88,9 @@ class SamplingParams:
     value_close_allowed: int = 4
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    speculative_source: str | None = None
+    speculative_tokens: int | None = None
+    speculative_confidence: float | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # The dataclass __init__ would raise a bare TypeError for a misspelt keyword; users should
@@ -158,6 +166,7 @@ class SamplingParams:
                 field="min_tokens",
             )
         _check_dry(self)
+        _check_speculative(self)
         object.__setattr__(self, "dry_sequence_breakers", _normalise_breakers(self.dry_sequence_breakers))
         object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
         # Normalise to tuples so a frozen params object cannot be mutated through a shared list.
@@ -245,6 +254,34 @@ def _check_number(value: object, field: str) -> None:
 def _check_int(value: object, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequestError(f"{field} must be an integer, got {type(value).__name__}", field=field)
+
+
+#: Values of ``speculative_source`` (the engine's ``drafts.base.SOURCE_MODES``).
+SPECULATIVE_SOURCES = ("auto", "mtp", "ngram", "off")
+#: Longest draft a request may ask for (the engine's own limit).
+MAX_SPECULATIVE_TOKENS = 32
+
+
+def _check_speculative(p: SamplingParams) -> None:
+    if p.speculative_source is not None and p.speculative_source not in SPECULATIVE_SOURCES:
+        raise InvalidRequestError(
+            f"speculative_source must be one of {', '.join(SPECULATIVE_SOURCES)}, got {p.speculative_source!r}",
+            field="speculative_source",
+        )
+    if p.speculative_tokens is not None:
+        _check_int(p.speculative_tokens, "speculative_tokens")
+        if not 0 <= p.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(
+                f"speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {p.speculative_tokens}",
+                field="speculative_tokens",
+            )
+    if p.speculative_confidence is not None:
+        _check_number(p.speculative_confidence, "speculative_confidence")
+        if not 0.0 <= p.speculative_confidence <= 1.0:
+            raise InvalidRequestError(
+                f"speculative_confidence must be in [0, 1], got {p.speculative_confidence}",
+                field="speculative_confidence",
+            )
 
 
 def _check_dry(p: SamplingParams) -> None:

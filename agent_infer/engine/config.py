@@ -11,6 +11,7 @@ import torch
 from agent_infer import envs
 from agent_infer.errors import ConfigError
 
+_SOURCES = ("auto", "mtp", "ngram", "off")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -37,7 +38,11 @@ class EngineConfig:
     grows with its tokens, and each decoding stream waits for the whole step).
 
     Speculative decoding (``engine/speculator.py``): ``speculative_tokens`` is the longest
-    prompt-lookup draft verified per request and step (0 = off; default 5, as DeepInfer's).
+    guessed draft verified per request and step (0 = off; default 5, as DeepInfer's; at most 32);
+    ``speculative_source`` picks the draft sources (``"auto"``: the checkpoint's MTP layers where it
+    has them, plus prompt lookup; ``"mtp"``; ``"ngram"``: prompt lookup; ``"off"``; None defers to
+    ``AGENT_INFER_SPECULATIVE_SOURCE``, default ``"auto"``); ``speculative_confidence`` (in [0, 1])
+    is the base of the MTP confidence threshold (``engine/drafts/schedule.py``).
 
     Second KV tier (``engine/kv_tier.py``): ``host_kv_cache_bytes`` of host memory keep the prefix
     blocks the device pool evicts, and a later prefix hit copies them back instead of recomputing
@@ -61,6 +66,8 @@ class EngineConfig:
     grammar_workers: int = 2
     speculative_tokens: int = 5
     host_kv_cache_bytes: int = 0
+    speculative_source: str | None = None
+    speculative_confidence: float = 0.3
 
     def __post_init__(self) -> None:
         for name in (
@@ -88,6 +95,13 @@ class EngineConfig:
             raise ConfigError(f"speculative_tokens must be an int, got {self.speculative_tokens!r}")
         if not 0 <= self.speculative_tokens <= 32:
             raise ConfigError(f"speculative_tokens must be in [0, 32], got {self.speculative_tokens}")
+        if self.speculative_source is not None and self.speculative_source not in _SOURCES:
+            raise ConfigError(
+                f"speculative_source={self.speculative_source!r}; expected one of {', '.join(_SOURCES)}"
+            )
+        conf = self.speculative_confidence
+        if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not 0.0 <= conf <= 1.0:
+            raise ConfigError(f"speculative_confidence must be a number in [0, 1], got {conf!r}")
         for name in ("enable_prefix_caching", "forced_tokens", "boundary_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
@@ -111,6 +125,13 @@ class EngineConfig:
         if self.async_scheduling is not None:
             return self.async_scheduling
         return envs.async_scheduling()
+
+    @property
+    def speculative_source_resolved(self) -> str:
+        """The draft sources (the field, else the environment)."""
+        if self.speculative_source is not None:
+            return self.speculative_source
+        return envs.speculative_source()
 
     @property
     def torch_dtype(self) -> torch.dtype:

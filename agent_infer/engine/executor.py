@@ -53,6 +53,20 @@ class Executor:
 
     def _forward_and_sample(self, batch: list[ScheduledSequence]) -> dict[Sequence, SampledTokens]:
         """Run the model on ``batch``; per sampling sequence, the tokens it gains this step."""
+        out = self._forward_and_choose(batch)
+        if self.runner.hidden:
+            # Hidden rows of the positions the step committed (the chunk and the accepted draft
+            # prefix) go to the MTP module once their next tokens are known.
+            for item in batch:
+                kept = self.runner.hidden.get(item.seq)
+                if kept is None:
+                    continue
+                sampled = out.get(item.seq)
+                committed = item.num_new_tokens + (sampled.num_accepted_draft if sampled is not None else 0)
+                item.seq.spec.add_mtp_rows(kept[0], kept[1][:committed])
+        return out
+
+    def _forward_and_choose(self, batch: list[ScheduledSequence]) -> dict[Sequence, SampledTokens]:
         items = [item for item in batch if item.samples]
         seqs = [item.seq for item in items]
         drafts = [item.draft for item in items]

@@ -12,6 +12,7 @@ from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.drafts.mtp import MTPDrafter
 from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.kv_tier import HostKVTier
@@ -22,7 +23,8 @@ from agent_infer.engine.sampler import Sampler, make_generator
 from agent_infer.engine.scheduler import Scheduler
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
 from agent_infer.engine.speculator import Speculator
-from agent_infer.errors import EngineError, InvalidRequestError, PromptTooLongError
+from agent_infer.errors import ConfigError, EngineError, InvalidRequestError, PromptTooLongError
+from agent_infer.model.families.deepseek_v3 import DeepseekV3ForCausalLM
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -65,7 +67,9 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or model_len, model_len)
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
-        self.runner = ModelRunner(loaded, self.config, self.accelerator)
+        self.speculative_source, mtp_model = self._speculative_source(loaded)
+        extra = MTPDrafter.bytes_per_token(mtp_model, self.config.torch_dtype) if mtp_model is not None else 0
+        self.runner = ModelRunner(loaded, self.config, self.accelerator, extra_bytes_per_token=extra)
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
@@ -81,11 +85,27 @@ class LLMEngine:
             overlap=self.config.use_async_scheduling,
         )
         boundary = self.config.forced_tokens and self.config.boundary_drafts
+        guessed = self.config.speculative_tokens if self.speculative_source != "off" else 0
+        mtp = None
+        if mtp_model is not None:
+            mtp = MTPDrafter(
+                mtp_model,
+                self.runner.num_blocks * self.config.block_size,
+                self.config.block_size,
+                self.config.max_num_seqs,
+                self.config.speculative_confidence,
+            )
+            self.runner.keep_hidden = lambda seq: seq.spec.use_mtp
         self.speculator = (
             Speculator(
-                self.config.speculative_tokens, self.max_model_len, self.config.forced_tokens, boundary
+                guessed,
+                self.max_model_len,
+                self.config.forced_tokens,
+                boundary,
+                mtp=mtp,
+                mode=self.speculative_source,
             )
-            if self.config.speculative_tokens or boundary
+            if guessed or boundary
             else None
         )
         self.executor = Executor(self.runner, self.sampler, self.grammar, self.speculator)
@@ -100,6 +120,20 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
+
+    def _speculative_source(self, loaded: LoadedModel) -> tuple[str, DeepseekV3ForCausalLM | None]:
+        """The engine's ``speculative_source`` and the model to draft MTP tokens with (None: no MTP
+        drafts). ``"mtp"`` on a model without MTP layers raises :class:`ConfigError`."""
+        source = self.config.speculative_source_resolved
+        model = loaded.model
+        has_mtp = isinstance(model, DeepseekV3ForCausalLM) and bool(model.mtp_layers())
+        if source == "mtp" and not has_mtp:
+            raise ConfigError(
+                f"speculative_source='mtp' needs a checkpoint with MTP layers; {loaded.path} has none "
+                "(use 'auto' or 'ngram')"
+            )
+        use = has_mtp and source in ("auto", "mtp") and self.config.speculative_tokens > 0
+        return source, model if use and isinstance(model, DeepseekV3ForCausalLM) else None
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -132,6 +166,13 @@ class LLMEngine:
             prompt=text,
             generator=None if params.greedy else make_generator(params, self.accelerator.device),
         )
+        if self.speculator is not None:
+            self.speculator.configure(seq)
+        elif params.speculative_source == "mtp":
+            raise InvalidRequestError(
+                "speculative_source='mtp' needs MTP drafts, and this engine runs without drafts",
+                field="speculative_source",
+            )
         if params.structured is not None:
             # Lowered here so a bad constraint fails this request alone, at once; the token-level
             # compile runs in the worker pool while the request waits in WAITING_FOR_GRAMMAR.

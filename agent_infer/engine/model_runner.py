@@ -9,6 +9,7 @@ import torch
 from agent_infer.accelerator import Accelerator
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.scheduler import ScheduledSequence
+from agent_infer.engine.sequence import Sequence
 from agent_infer.errors import ConfigError
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
@@ -18,8 +19,21 @@ from agent_infer.model.loader import LoadedModel
 class ModelRunner:
     """Owns the model and its paged KV cache; one :meth:`run` call is one forward pass."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, accelerator: Accelerator) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        accelerator: Accelerator,
+        extra_bytes_per_token: int = 0,
+    ) -> None:
+        """``extra_bytes_per_token``: cache bytes a draft module adds per token slot (MTP), counted
+        against ``kv_cache_memory_bytes`` when sizing the pool."""
         self.model = loaded.model
+        self.extra_bytes_per_token = extra_bytes_per_token
+        #: Sequences whose hidden rows a step keeps (MTP drafting); None: none.
+        self.keep_hidden: Callable[[Sequence], bool] | None = None
+        #: Per such sequence of the last run: the first fed position and the hidden rows it fed.
+        self.hidden: dict[Sequence, tuple[int, torch.Tensor]] = {}
         self.model_config = loaded.config
         self.device = accelerator.device
         self.block_size = config.block_size
@@ -42,6 +56,7 @@ class ModelRunner:
         if config.num_kv_blocks is not None:
             return config.num_kv_blocks
         per_block = KVCache.bytes_per_block(self.model_config, config.block_size, config.torch_dtype)
+        per_block += self.extra_bytes_per_token * config.block_size
         num_blocks = config.kv_cache_memory_bytes // per_block
         if num_blocks < 1:
             raise ConfigError(
@@ -70,6 +85,9 @@ class ModelRunner:
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
         sample_rows: list[int] = []
+        keep = self.keep_hidden
+        self.hidden = {}
+        kept: list[tuple[Sequence, int, int, int]] = []  # seq, first position, first row, end row
         for item in batch:
             seq = item.seq
             end = item.start + item.num_new_tokens
@@ -80,6 +98,8 @@ class ModelRunner:
             for pos in range(item.start, end):
                 positions.append(pos)
                 slots.append(table[pos // bs] * bs + pos % bs)
+            if keep is not None and keep(seq):
+                kept.append((seq, item.start, query_start_loc[-1], len(input_ids)))
             query_start_loc.append(len(input_ids))
             context_lens.append(end)
             block_tables.append(table)
@@ -100,8 +120,14 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.int64, device=device),
             meta,
             self.kv_cache,
-            keep_rows=sample_rows,
+            keep_rows=None if kept else sample_rows,
         )
+        if kept:
+            for seq, first, lo, hi in kept:
+                self.hidden[seq] = (first, hidden[lo:hi])
+            hidden = hidden.index_select(
+                0, torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device)
+            )
         if not sample_rows:
             return None
         if allowed is not None and self.masked_head:

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_infer.engine.sequence import FinishReason, Sequence
+
+
+@dataclass(frozen=True)
+class DraftStats:
+    """One draft source's share of a request's speculative decoding: draft tokens verified, how
+    many were accepted, and how many verifications (steps that fed a draft from it) there were."""
+
+    drafted: int
+    accepted: int
+    verifications: int
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted draft tokens per verification (0 without any)."""
+        return self.accepted / self.verifications if self.verifications else 0.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +40,8 @@ class RequestMetrics:
     num_closing_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    #: The same per draft source (``"mtp"``, ``"ngram"``, ``"forced"``), sources never fed left out.
+    draft_sources: dict[str, DraftStats] = field(default_factory=dict)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -121,6 +138,7 @@ class RequestOutput:
                 num_closing_tokens=seq.num_closing_tokens,
                 num_draft_tokens=seq.spec.num_drafted,
                 num_accepted_draft_tokens=seq.spec.num_accepted,
+                draft_sources={name: DraftStats(*counts) for name, counts in seq.spec.by_source.items()},
             ),
         )
 

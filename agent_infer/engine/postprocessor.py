@@ -55,6 +55,7 @@ class Postprocessor:
             self.fail(seq, exc)
         self.scheduler.advance(plan)
         outputs: list[RequestOutput] = []
+        proposing: list[Sequence] = []
         for item in plan.scheduled:
             seq = item.seq
             if seq.is_finished:  # failed while running
@@ -64,11 +65,27 @@ class Postprocessor:
             if sampled is None:
                 continue  # a prefill chunk that samples nothing yet
             try:
-                self._accept(seq, sampled)
+                if self._accept(seq, sampled):
+                    proposing.append(seq)
             except Exception as exc:  # one request's failure must not take the batch down
                 self.fail(seq, exc)
             outputs.append(RequestOutput.from_sequence(seq))
+        if self.speculator is not None and proposing:
+            self._propose(proposing)
         return outputs
+
+    def _propose(self, seqs: list[Sequence]) -> None:
+        """The next drafts of ``seqs``, in one batch (MTP drafts run the module once for all)."""
+        try:
+            assert self.speculator is not None
+            self.speculator.propose_all(seqs)
+        except Exception:
+            # A batched proposal cannot tell whose request failed: retry alone to pin it down.
+            for seq in seqs:
+                try:
+                    self.speculator.propose_all([seq])  # type: ignore[union-attr]
+                except Exception as exc:
+                    self.fail(seq, exc)
 
     def jump_at_start(self, seq: Sequence) -> None:
         """Append the tokens the grammar fixes before any sampling (e.g. ``{"name":``), so they are
@@ -87,8 +104,9 @@ class Postprocessor:
         seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
         self.scheduler.finish(seq)
 
-    def _accept(self, seq: Sequence, sampled: SampledTokens) -> None:
-        """Take this step's tokens, jump forward, and propose the next draft."""
+    def _accept(self, seq: Sequence, sampled: SampledTokens) -> bool:
+        """Take this step's tokens and jump forward; True when ``seq`` goes on (its next draft is
+        proposed with the batch's)."""
         seq.spec.draft = []
         logprobs = sampled.logprobs
         for i, token in enumerate(sampled.token_ids):
@@ -98,14 +116,14 @@ class Postprocessor:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = time.perf_counter()
             if seq.params.close_on_length and self._close(seq, token):
-                return
+                return False
             if seq.logprobs is not None and logprobs is not None:
                 seq.logprobs.append(logprobs)
             finished = self._append(seq, token)
             if i < sampled.num_accepted_draft:
                 seq.num_computed_tokens += 1  # the step already wrote this draft token's KV
             if finished:
-                return
+                return False
         # Forced tokens have no model distribution to report, so requests asking for logprobs
         # sample every token instead of jumping forward.
         if self.forced_tokens and seq.matcher is not None and seq.logprobs is None:
@@ -113,8 +131,7 @@ class Postprocessor:
         if not seq.is_finished and seq.num_computed_tokens >= seq.num_tokens:
             # A whole draft was taken without a sampled token only because forced tokens follow it.
             raise EngineError("no token left to feed after a draft (forced tokens expected)")
-        if self.speculator is not None and not seq.is_finished:
-            self.speculator.propose(seq)
+        return not seq.is_finished
 
     def _jump_forward(self, seq: Sequence) -> None:
         """Append the tokens the grammar fixes next; the scheduler feeds them as one chunk."""

@@ -231,6 +231,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         seq.spec.draft = []
+        seq.spec.reset_mtp()
         self.running.remove(seq)
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING

@@ -1,8 +1,9 @@
 """What speculative decoding keeps per request (``Sequence.spec``): its draft, n-gram index and confidence.
 
-The draft length follows a confidence schedule per request: it starts at
-``EngineConfig.speculative_tokens``, grows by one after a fully accepted draft and shrinks to one
-more than the accepted prefix after a rejection. Whether a draft is fed at all depends on the
+A prompt-lookup draft's length follows an acceptance schedule per request: it starts at the
+request's maximum draft length, grows by one after a fully accepted draft and shrinks to one more
+than the accepted prefix after a rejection; an MTP draft's length follows the confidence schedule
+(:mod:`agent_infer.engine.drafts.schedule`). Whether a draft is fed at all depends on the
 batch: a draft token costs one more row in the forward pass, while an accepted one saves its
 request a step, whose fixed cost is shared by the whole batch. With a step of ``B`` rows costing
 ``a + b·B`` (on CPU, SmolLM2-135M: a ≈ 14 ms, b ≈ 2.4 ms), drafting pays off when a request's
@@ -16,9 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Longest and shortest n-gram looked up; longer matches are tried first.
-MAX_NGRAM = 4
-MIN_NGRAM = 1
+import torch
+
+from agent_infer.engine.drafts.base import AUTO
+from agent_infer.engine.drafts.ngram import NgramIndex
+from agent_infer.engine.drafts.schedule import ConfidenceSchedule
+
 #: Fixed cost of a forward step over the cost of one more row (``a/b`` in the module docstring).
 #: Measured on CPU; on accelerators extra rows are relatively cheaper, so this is conservative.
 STEP_COST_IN_ROWS = 6.0
@@ -27,30 +31,6 @@ ACCEPTANCE_EMA = 0.3
 INITIAL_ACCEPTANCE = 0.6
 #: How far a skipped draft moves the average back up (retry after a few skipped steps).
 SKIP_RECOVERY = 0.05
-
-
-class NgramIndex:
-    """For each n-gram of a token list, where it last ended; grows as tokens are appended."""
-
-    __slots__ = ("indexed", "tables")
-
-    def __init__(self) -> None:
-        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(MAX_NGRAM + 1)]
-        self.indexed = 0  # n-grams ending at positions <= indexed are in the tables
-
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
-        length = len(tokens)
-        # Index every n-gram ending before the last position: the suffix itself must not match.
-        for end in range(max(self.indexed, 1), length):
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
-                self.tables[n][tuple(tokens[end - n : end])] = end
-        self.indexed = max(self.indexed, length - 1)
-        for n in range(min(MAX_NGRAM, length - 1), MIN_NGRAM - 1, -1):
-            found = self.tables[n].get(tuple(tokens[length - n :]))
-            if found is not None:
-                return tokens[found : found + k]
-        return []
 
 
 @dataclass(slots=True)
@@ -73,16 +53,60 @@ class SpecState:
     #: Draft tokens verified so far, and how many of them were accepted (reported in metrics).
     num_drafted: int = 0
     num_accepted: int = 0
+    #: Where the pending draft came from (a name of ``drafts.base.SOURCES``; empty without one).
+    source: str = ""
+    #: The request's ``speculative_source``, the guessed sources it allows, and its longest draft.
+    mode: str = AUTO
+    configured: bool = False
+    use_ngram: bool = True
+    use_mtp: bool = False
+    max_len: int = 0
+    #: The MTP confidence schedule (None until the request's first MTP proposal).
+    confidence: ConfidenceSchedule | None = None
+    #: Per source: [draft tokens verified, accepted, verifications] (reported in metrics).
+    by_source: dict[str, list[int]] = field(default_factory=dict)
+    #: Acceptance average of the n-gram drafts alone (stands in for their probabilities).
+    ngram_acceptance: float = INITIAL_ACCEPTANCE
+    #: MTP state: main-model hidden rows of committed positions not yet fed to the MTP module
+    #: (``mtp_rows`` from position ``mtp_first``); then the MTP output at its newest position
+    #: ``mtp_pos`` (hidden state and logits), from which the next MTP draft is chained.
+    mtp_first: int = 0
+    mtp_rows: torch.Tensor | None = None
+    mtp_pos: int | None = None
+    mtp_hidden: torch.Tensor | None = None
+    mtp_logits: torch.Tensor | None = None
 
     def record(self, drafted: int, accepted: int, max_len: int) -> None:
         """Account for a verified draft of ``drafted`` tokens of which ``accepted`` were taken: the
-        counters, the draft length (capped at ``max_len``) and the acceptance average."""
+        counters (overall and for the draft's source), the n-gram draft length (capped at
+        ``max_len``), the source's confidence and the acceptance average."""
         self.num_drafted += drafted
         self.num_accepted += accepted
         if drafted:
+            stats = self.by_source.setdefault(self.source, [0, 0, 0])
+            stats[0] += drafted
+            stats[1] += accepted
+            stats[2] += 1
             full = accepted == drafted
             self.draft_len = min(max_len, self.draft_len + 1) if full else max(1, accepted + 1)
             self.acceptance += ACCEPTANCE_EMA * (accepted / drafted - self.acceptance)
+            if self.source == "ngram":
+                self.ngram_acceptance += ACCEPTANCE_EMA * (accepted / drafted - self.ngram_acceptance)
+            elif self.source == "mtp" and self.confidence is not None:
+                self.confidence.record(drafted, accepted)
+
+    def add_mtp_rows(self, first: int, rows: torch.Tensor) -> None:
+        """Queue main-model hidden ``rows`` of committed positions ``first, first + 1, ...`` for the
+        MTP module; rows not continuing the queue (a recompute after preemption) replace it."""
+        if self.mtp_rows is not None and first == self.mtp_first + int(self.mtp_rows.shape[0]):
+            self.mtp_rows = torch.cat((self.mtp_rows, rows))
+        else:
+            self.mtp_first, self.mtp_rows = first, rows
+
+    def reset_mtp(self) -> None:
+        """Forget the MTP state (preemption: the cache is recomputed from the tokens)."""
+        self.mtp_rows = self.mtp_hidden = self.mtp_logits = None
+        self.mtp_pos = None
 
     def skip(self) -> None:
         """Drop the draft because it does not pay off in this batch; the average moves up so that

@@ -41,6 +41,8 @@ class ServerMetrics:
             0.0,
         )
         self._counts: Counter[str] = Counter()
+        #: Per draft source: draft tokens verified, accepted, and verifications.
+        self._drafts: dict[str, list[int]] = {}
 
     def observe_request(self, endpoint: str, status: int) -> None:
         """One HTTP request answered with ``status``."""
@@ -58,6 +60,11 @@ class ServerMetrics:
             self._sums["forced_tokens"] += m.num_forced_tokens
             self._sums["draft_tokens"] += m.num_draft_tokens
             self._sums["accepted_draft_tokens"] += m.num_accepted_draft_tokens
+            for source, stats in m.draft_sources.items():
+                row = self._drafts.setdefault(source, [0, 0, 0])
+                row[0] += stats.drafted
+                row[1] += stats.accepted
+                row[2] += stats.verifications
             if m.first_token_time is not None:
                 self._sums["ttft_s"] += m.first_token_time - m.arrival_time
                 self._counts["ttft_s"] += 1
@@ -84,6 +91,7 @@ class ServerMetrics:
             finish = dict(self._finish)
             sums = dict(self._sums)
             counts = dict(self._counts)
+            drafts = {source: list(row) for source, row in self._drafts.items()}
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -147,6 +155,16 @@ class ServerMetrics:
             "Prompt tokens the model ran here (not prefix-cache hits, not KV read from a prefill worker).",
             [("", snapshot.prompt_tokens_computed)],
         )
+        for name, col, text in (
+            ("source_draft_tokens_total", 0, "Speculative draft tokens verified, by draft source."),
+            ("source_accepted_draft_tokens_total", 1, "Speculative draft tokens accepted, by draft source."),
+            (
+                "draft_verifications_total",
+                2,
+                "Verifications of a draft (steps that fed one), by draft source.",
+            ),
+        ):
+            metric(name, "counter", text, [(f'{{source="{k}"}}', v[col]) for k, v in sorted(drafts.items())])
         metric("requests_waiting", "gauge", "Requests queued for admission.", [("", snapshot.waiting)])
         metric(
             "requests_waiting_for_grammar",

@@ -174,8 +174,9 @@ def build_sampling(
 
 
 def _dry_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """The ``dry_*`` fields the request sets (the others keep SamplingParams' defaults)."""
-    names = [f for f in type(req).model_fields if f.startswith(("dry_", "value_close_"))]
+    """The ``dry_*``, ``value_close_*`` and ``speculative_*`` fields the request sets (the others keep
+    SamplingParams' defaults)."""
+    names = [f for f in type(req).model_fields if f.startswith(("dry_", "value_close_", "speculative_"))]
     return {name: getattr(req, name) for name in names if getattr(req, name) is not None}
 
 

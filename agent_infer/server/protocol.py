@@ -222,6 +222,10 @@ class _CommonRequest(_Strict):
     # Loop control inside one JSON value (engine/value_loops.py), checked like the dry_* fields.
     value_close_multiplier: float | None = None
     value_close_allowed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    # Speculative decoding per request (engine/speculator.py); SamplingParams checks the values.
+    speculative_source: str | None = None
+    speculative_tokens: int | None = None
+    speculative_confidence: float | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from agent_infer import SamplingParams
+from agent_infer.engine.drafts.ngram import NgramIndex
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.spec_state import (
     ACCEPTANCE_EMA,
     INITIAL_ACCEPTANCE,
     SKIP_RECOVERY,
-    NgramIndex,
     SpecState,
     draft_pays_off,
 )

@@ -71,6 +71,11 @@ def test_metrics_count_forced_and_draft_tokens(client: Any, server: LiveServer) 
     assert _metric(after, "accepted_draft_tokens_total") > _metric(before, "accepted_draft_tokens_total")
     assert _metric(after, "accepted_draft_tokens_total") <= _metric(after, "draft_tokens_total")
     assert _metric(after, "forced_tokens_total") > _metric(before, "forced_tokens_total")
+    # The same per source: prompt lookup on this model (no MTP layers), forced text for the JSON.
+    ngram = re.findall(r'^agent_infer_(\w+)\{source="ngram"\} (\S+)$', after, re.MULTILINE)
+    by_name = {name: float(value) for name, value in ngram}
+    assert by_name["source_draft_tokens_total"] >= by_name["source_accepted_draft_tokens_total"] > 0
+    assert by_name["draft_verifications_total"] > 0
 
 
 def test_chat_completion(client: Any, server: LiveServer) -> None:
@@ -304,3 +309,22 @@ def test_echoed_reasoning_content_is_accepted_and_left_out_of_the_prompt(
     echoed = turn({"role": "assistant", "content": "Hello!", "reasoning_content": "The user greets me."})
     assert echoed.usage.prompt_tokens == plain.usage.prompt_tokens
     assert echoed.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_speculative_fields_per_request(client: Any, server: LiveServer) -> None:
+    """The speculative_* fields reach the engine: outputs do not depend on them, bad values (and MTP
+    on a model without MTP layers) are 400s naming the field."""
+    prompt = "Repeat exactly: one two three four five one two three four five"
+    plain = _chat(client, server, prompt, extra_body={"speculative_source": "off"})
+    drafted = _chat(
+        client, server, prompt, extra_body={"speculative_source": "ngram", "speculative_tokens": 3}
+    )
+    assert drafted.choices[0].message.content == plain.choices[0].message.content
+    for body, field in (
+        ({"speculative_source": "mtp"}, "speculative_source"),
+        ({"speculative_tokens": 40}, "speculative_tokens"),
+        ({"speculative_confidence": -1}, "speculative_confidence"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            _chat(client, server, "hi", extra_body=body)
+        assert field in str(info.value)

@@ -84,3 +84,152 @@ def write_tokenizer(directory: Path) -> int:
         json.dumps({"eos_token": "<|endoftext|>", "chat_template": tok.chat_template})
     )
     return tok.vocab_size
+
+
+class ReferenceMTP(torch.nn.Module):
+    """One MTP module in plain torch after DeepSeek's description, over transformers' decoder block:
+    ``head(norm(Block(eh_proj([enorm(embed(t_next)) ; hnorm(h)]))))`` on whole sequences, no cache."""
+
+    def __init__(self, cfg: Any, index: int) -> None:
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.enorm = hf.DeepseekV3RMSNorm(h, eps)
+        self.hnorm = hf.DeepseekV3RMSNorm(h, eps)
+        self.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+        self.block = hf.DeepseekV3DecoderLayer(cfg, index)
+        self.shared_head = torch.nn.Module()
+        self.shared_head.norm = hf.DeepseekV3RMSNorm(h, eps)
+        self.shared_head.head = torch.nn.Linear(h, cfg.vocab_size, bias=False)
+        self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, h)
+        self.index = index
+
+    def forward(
+        self, hidden: torch.Tensor, next_tokens: torch.Tensor, rotary: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h', logits)`` ``[T, ...]`` for hidden states ``[T, hidden]`` at positions ``0..T-1`` and the
+        tokens that follow each position (``[T]``); with a leading batch dimension, per row."""
+        single = hidden.dim() == 2
+        if single:
+            hidden, next_tokens = hidden[None], next_tokens[None]
+        t = int(hidden.shape[1])
+        e = self.enorm(self.embed_tokens(next_tokens))
+        x = self.eh_proj(torch.cat((e, self.hnorm(hidden)), dim=-1))
+        pos = torch.arange(t)[None].expand(int(x.shape[0]), t)
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        out = self.block(x, attention_mask=mask, position_ids=pos, position_embeddings=rotary(x, pos))
+        h2 = out[0] if isinstance(out, tuple) else out
+        if single:
+            h2 = h2[0]
+        return h2, self.shared_head.head(self.shared_head.norm(h2))
+
+    def checkpoint_tensors(self, with_embed_and_head: bool = True) -> dict[str, torch.Tensor]:
+        """The module's tensors under DeepSeek's released names."""
+        out = {}
+        prefix = f"model.layers.{self.index}."
+        for name, p in self.state_dict().items():
+            if not with_embed_and_head and name in ("embed_tokens.weight", "shared_head.head.weight"):
+                continue
+            key = prefix + name.removeprefix("block.")
+            if name.endswith("experts.gate_up_proj"):  # transformers' fused experts -> DeepSeek's names
+                inter = p.shape[1] // 2
+                for e in range(p.shape[0]):
+                    out[key[: -len("gate_up_proj")] + f"{e}.gate_proj.weight"] = p[e, :inter].clone()
+                    out[key[: -len("gate_up_proj")] + f"{e}.up_proj.weight"] = p[e, inter:].clone()
+            elif name.endswith("experts.down_proj"):
+                for e in range(p.shape[0]):
+                    out[key[: -len("down_proj")] + f"{e}.down_proj.weight"] = p[e].clone()
+            else:
+                out[key] = p.detach().clone().contiguous()
+        return out
+
+
+def save_tiny_mtp(
+    directory: Path, seed: int = 0, with_embed_and_head: bool = True, predictable: bool = False, **config: Any
+) -> tuple[Any, ReferenceMTP]:
+    """:func:`save_tiny` plus one MTP module (random, unit scale; see :func:`make_predictable`)
+    stored under DeepSeek's names; returns the transformers model and the reference module."""
+    from safetensors.torch import load_file, save_file
+
+    hf = save_tiny(directory, seed, num_nextn_predict_layers=1, **config)
+    cfg = hf.config
+    cfg._attn_implementation = "eager"
+    ref = ReferenceMTP(cfg, cfg.num_hidden_layers).eval()
+    randomize(ref, seed + 1)
+    if predictable:
+        make_predictable(hf, ref)
+        hf.save_pretrained(directory)
+    if not with_embed_and_head:
+        with torch.no_grad():
+            ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+            ref.shared_head.head.weight.copy_(hf.lm_head.weight)
+    files = sorted(directory.glob("*.safetensors"))
+    assert len(files) == 1
+    tensors = load_file(str(files[0]))
+    tensors.update(ref.checkpoint_tensors(with_embed_and_head))
+    save_file(tensors, str(files[0]), metadata={"format": "pt"})
+    return hf, ref
+
+
+BYTE_VOCAB = 258  # 256 byte tokens, <|endoftext|> (256) and <|pad|> (257)
+
+
+def write_byte_tokenizer(directory: Path) -> int:
+    """Write a byte-level tokenizer of :data:`BYTE_VOCAB` tokens (no merges) into an HF folder, so a
+    tiny model with a small vocabulary can run in the engine; returns the EOS id."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet, key=lambda c: _byte_of(c)))}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|pad|>"])
+    tok.save(str(directory / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "chat_template": template})
+    )
+    return 256
+
+
+def _byte_of(ch: str) -> int:
+    """The byte GPT-2's byte-level alphabet maps to ``ch``."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(map(chr, cs), bs))[ch]
+
+
+def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05) -> None:
+    """Shrink every block's output (attention ``o_proj``, MLP and expert ``down_proj``) by ``scale``
+    in the main model and the MTP module, and make the module's ``eh_proj`` pass the token's
+    embedding through: the main model then mostly predicts the next token from the current one,
+    and the module (same embedding and head) predicts the token after the one it is given. Its
+    drafts are then accepted often but not always (the shrunk blocks still shift some arg-maxes),
+    which exercises both sides of verification without training."""
+    h = hf.config.hidden_size
+    with torch.no_grad():
+        for module in (hf, ref):
+            for name, p in module.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                    p.mul_(scale)
+        hf.lm_head.weight.mul_(4.0)  # sharper distributions: the confidence schedule has drafts to keep
+        ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+        ref.shared_head.head.weight.copy_(hf.lm_head.weight)
+        ref.eh_proj.weight.zero_()
+        ref.eh_proj.weight[:, :h].copy_(torch.eye(h))
+        ref.enorm.weight.copy_(hf.model.norm.weight)
+        ref.shared_head.norm.weight.fill_(1.0)

@@ -98,6 +98,11 @@ class CausalLM(nn.Module, ABC):
                 names.update(packed())
         return frozenset(names)
 
+    def accept_missing(self, missing: list[str]) -> list[str]:
+        """The targets a checkpoint left out that are still an error (a family may drop optional
+        modules whose tensors are absent); all of them by default."""
+        return missing
+
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the model (dtype converted); every target must appear exactly once.
@@ -119,7 +124,7 @@ class CausalLM(nn.Module, ABC):
                 raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
             dest[off : off + shape[0]].copy_(tensor)
             seen.add(name)
-        missing = sorted(set(targets) - seen)
+        missing = self.accept_missing(sorted(set(targets) - seen))
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ModelLoadError(f"missing tensors: {', '.join(missing[:5])}{more}")

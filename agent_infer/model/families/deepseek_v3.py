@@ -7,9 +7,9 @@ A decoder block is RMSNorm -> MLA (layers/mla.py, latent cache) then RMSNorm -> 
 
 Checkpoint names are DeepSeek's own (``mlp.experts.{e}.gate_proj.weight``, ``mlp.gate.weight``,
 ``mlp.gate.e_score_correction_bias``, ``mlp.shared_experts.*``). The MTP/NextN layers a checkpoint
-carries after the decoder (``model.layers.{num_hidden_layers + i}.*``) are read past and dropped:
-they only draft tokens, and the MTP drafting path is not built yet, so holding their weights
-(an extra decoder layer with its experts, plus projections) would cost memory for nothing.
+carries after the decoder (``model.layers.{num_hidden_layers + i}.*``) are loaded into
+:class:`~agent_infer.model.families.deepseek_mtp.MTPLayer` modules (the engine's draft source); a
+checkpoint whose config names MTP layers but stores none of their tensors loads without them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import MLASpec, ModelConfig, MoESpec, rope_scaling_type
 from agent_infer.model.families.base import CausalLM, Targets
+from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer, split_mtp_name
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
@@ -242,6 +243,18 @@ class DeepseekV3ForCausalLM(CausalLM):
             "lm_head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
         )
         self.rotary = kernels.rotary(c, device, dtype)
+        self.mtp = nn.ModuleList(
+            MTPLayer(
+                c,
+                d,
+                DeepseekV3DecoderLayer(c, c.num_layers + d, kernels, device, dtype),
+                kernels,
+                device,
+                dtype,
+            )
+            for d in range(c.num_nextn_layers)
+        )
+        self._seen_mtp = True  # whether the checkpoint being loaded stores MTP tensors
         # The latent cache needs the SDPA plan of every sequence (the native decode kernel reads K/V pools).
         self.planner = PagedAttention()
 
@@ -301,8 +314,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
         return self.lm_head.logits(hidden, allowed)
 
+    def mtp_layers(self) -> list[MTPLayer]:
+        """The loaded MTP modules, typed (empty when the checkpoint has none)."""
+        return cast(list[MTPLayer], list(self.mtp))
+
     def weight_targets(self) -> Targets:
-        """HF names of every tensor of the decoder (the MTP layers are not targets)."""
+        """HF names of every tensor of the decoder and its MTP modules (their own embedding and head
+        are optional and taken in :meth:`load_weights`)."""
         t: Targets = {
             "model.embed_tokens.weight": (self.embed, 0, tuple(self.embed.shape)),
             "model.norm.weight": (self.norm.weight, 0, tuple(self.norm.weight.shape)),
@@ -310,6 +328,8 @@ class DeepseekV3ForCausalLM(CausalLM):
         t.update(self.lm_head.load_targets())
         for layer in self.blocks():
             t.update(layer.load_targets())
+        for mtp in self.mtp_layers():
+            t.update(mtp.load_targets())
         return t
 
     def ignored_weight_names(self) -> frozenset[str]:
@@ -317,7 +337,46 @@ class DeepseekV3ForCausalLM(CausalLM):
         return frozenset({"lm_head.weight"}) if self.config.tie_word_embeddings else frozenset()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """:meth:`CausalLM.load_weights` after dropping the MTP/NextN layers (see the module docstring)."""
-        first = self.config.num_layers
-        mtp = tuple(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers))
-        super().load_weights((name, t) for name, t in named_tensors if not name.startswith(mtp))
+        """:meth:`CausalLM.load_weights`, with the MTP modules' optional tensors copied into tensors of
+        their own. When the checkpoint stores no MTP tensor at all, the model drops its MTP modules
+        (a config may name MTP layers its checkpoint was stripped of); a partial set raises
+        :class:`ModelLoadError` naming the missing tensors."""
+        layers = self.mtp_layers()
+        self._seen_mtp = False
+        super().load_weights(self._take_optional_mtp(named_tensors, layers) if layers else named_tensors)
+        if layers and not self._seen_mtp:
+            self.mtp = nn.ModuleList()
+        for layer in self.mtp_layers():
+            # DeepSeek stores copies of the main embedding and head: keep one of each in memory.
+            if layer.embed is not None and torch.equal(layer.embed, self.embed):
+                layer.embed = None
+            head = getattr(self.lm_head, "weight", None)
+            if layer.head is not None and isinstance(head, torch.Tensor) and torch.equal(layer.head, head):
+                layer.head = None
+
+    def _take_optional_mtp(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], layers: list[MTPLayer]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            found = split_mtp_name(name, layers)
+            if found is None:
+                yield name, tensor
+                continue
+            self._seen_mtp = True
+            layer, suffix = found
+            if suffix not in OPTIONAL_SUFFIXES:
+                yield name, tensor
+                continue
+            if tuple(tensor.shape) != layer.shape:
+                raise ModelLoadError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {layer.shape}"
+                )
+            with torch.no_grad():
+                layer.own(suffix).copy_(tensor)
+
+    def accept_missing(self, missing: list[str]) -> list[str]:
+        """Missing MTP tensors are no error when the checkpoint stores none of them."""
+        if self._seen_mtp:
+            return missing
+        prefixes = tuple(layer.prefix for layer in self.mtp_layers())
+        return [name for name in missing if not name.startswith(prefixes)]
