@@ -9,7 +9,7 @@ import torch
 
 from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
-from agent_infer.engine.block_manager import BlockManager
+from agent_infer.engine.block_manager import BlockManager, window_of_every_layer
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
@@ -65,7 +65,10 @@ class LLMEngine:
         self.vocab_size = loaded.config.vocab_size
         self.runner = ModelRunner(loaded, self.config, self.accelerator)
         self.block_manager = BlockManager(
-            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.runner.num_blocks,
+            self.config.block_size,
+            self.config.enable_prefix_caching,
+            sliding_window=window_of_every_layer(loaded.config.sliding_window, loaded.config.layer_types),
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler(self.eos_token_ids, self.tokenizer.decode)

@@ -243,6 +243,7 @@ class Scheduler:
                 continue
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_computed(item.seq)
+            self.block_manager.release_behind_window(item.seq)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished sequence from the queues and release its blocks."""

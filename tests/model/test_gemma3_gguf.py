@@ -178,3 +178,35 @@ def test_masks_are_exact_on_gemma_vocabulary(gemma_llm: LLM) -> None:
     # Gemma's byte-fallback tokens carry single bytes: "<0x41>" is b"A"
     assert info.token_bytes(gemma_llm.engine.tokenizer.hf_tokenizer.token_to_id("<0x41>")) == b"A"
     assert info.token_bytes(gemma_llm.engine.tokenizer.hf_tokenizer.token_to_id("<start_of_turn>")) == b""
+
+
+def test_whitespace_and_markup_tokens_are_text(gemma_llm: LLM) -> None:
+    """Gemma's non-special added tokens (runs of newlines, spaces and tabs; HTML tags) carry their
+    text, so a grammar allows them where it allows that text; control tokens stay out."""
+    from grammar_support import assert_mask_exact
+
+    from agent_infer.grammar.ir import Grammar
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
+
+    compiler = gemma_llm.engine.grammar.compiler
+    info = compiler.tokenizer_info
+    hf = gemma_llm.engine.tokenizer.hf_tokenizer
+    assert info.token_bytes(107) == b"\n" and info.token_bytes(108) == b"\n\n"
+    assert info.token_bytes(hf.token_to_id("▁▁▁▁")) == b"    "
+    assert info.token_bytes(hf.token_to_id("\t\t")) == b"\t\t"
+    assert info.token_bytes(hf.token_to_id("<table>")) == b"<table>"
+    for control in ("<start_of_turn>", "<end_of_turn>", "<pad>", "<mask>", "<unused0>", "<eos>"):
+        assert info.token_bytes(hf.token_to_id(control)) == b"", control
+    # every added token that is text decodes to exactly those bytes
+    for tid, token in hf.get_added_tokens_decoder().items():
+        if info.token_bytes(tid):
+            assert info.token_bytes(tid) == hf.decode([tid], skip_special_tokens=False).encode(), token
+    compiled = compiler.compile(Grammar.from_regex(r"[a-z]+\n\n  [a-z]+"))
+    m = GrammarMatcher(compiled)
+    ids = gemma_llm.engine.tokenizer.encode("alpha\n\n  beta")
+    assert 108 in ids  # the tokenizer itself produces the "\n\n" token here
+    for pos, tid in enumerate(ids):
+        if tid == 108:
+            assert_mask_exact(m, pos)
+        assert m.accept_token(tid), (pos, info.token_bytes(tid))
+    assert m.can_terminate()

@@ -115,7 +115,9 @@ def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
 
 
-def _expected_q8(ggml_type: int, x: np.ndarray, q: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+def _expected_q8(
+    ggml_type: int, x: np.ndarray, q: np.ndarray, scales: np.ndarray, mins: np.ndarray
+) -> np.ndarray:
     """The int8-activation kernel's arithmetic: exact integer sums per block (per half block for
     Q6_K, whose scales change every 16 weights), then fma(fl(sum * dx), d, acc) (+ fma(sx, m, acc))."""
     rows, k = x.shape

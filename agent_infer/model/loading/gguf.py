@@ -21,8 +21,8 @@ from agent_infer.errors import ModelLoadError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig, MoESpec
 from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.qlinear import F32, NATIVE_TYPES, QuantLinear
-from agent_infer.model.loading.gguf_transcode import Q8_0, Q8_COMPATIBLE, to_q8_0
 from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.loading.gguf_transcode import Q8_0, Q8_COMPATIBLE, to_q8_0
 from agent_infer.model.registry import Architecture, architecture, gguf_architecture
 
 #: Tensors that are part of the config (read by :func:`gguf_config`), not weights.
