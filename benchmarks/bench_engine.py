@@ -15,6 +15,10 @@ Metrics:
 * decode tok/s (batch 1): tokens after the first / time after the first.
 * An extra "agent-infer (bf16)" row (skip with ``--skip bf16``) shows the same engine in bfloat16,
   where oneDNN's avx512_bf16 kernels replace MKL's small-M sgemm; ratios stay against the fp32 row.
+* ``--dequantized`` adds an "agent-infer (dequant fp32)" row: the same engine with every tensor
+  the native kernels could keep packed only since K-quant support (Q5_0, Q4_K, Q6_K, and fused
+  projections mixing 32-value types) dequantized to float32 at load instead, float32 activations
+  there. It is the peer that shows what the packed K-quant kernels buy on files such as Gemma 3's.
 * N-way tok/s: all generated tokens / wall time from submitting N prompts to the last token.
   transformers runs one left-padded ``generate`` over the N prompts; llama-cpp-python has no
   batched API, so its single-stream decode rate is the comparison point.
@@ -93,11 +97,11 @@ class Ours:
 
     note = ""
 
-    def __init__(self, loaded: Any, dtype: str = "float32") -> None:
+    def __init__(self, loaded: Any, dtype: str = "float32", name: str | None = None) -> None:
         from agent_infer.engine.config import EngineConfig
         from agent_infer.engine.llm_engine import LLMEngine
 
-        self.name = "agent-infer (fp32)" if dtype == "float32" else "agent-infer (bf16)"
+        self.name = name or ("agent-infer (fp32)" if dtype == "float32" else "agent-infer (bf16)")
         if dtype != "float32":
             self.note = "same engine, bf16 weights/activations/KV: not precision-matched with the fp32 rows"
         # Prefix caching off: every repeat must pay the full prefill, like the other engines.
@@ -155,6 +159,20 @@ def hf_folder_model(folder: Path) -> Any:
         hf_config = AutoConfig.from_pretrained(tmp)
         model = AutoModelForCausalLM.from_pretrained(tmp, config=hf_config, dtype=torch.float32)
     return model
+
+
+def load_dequantized(model: str | None) -> Any:
+    """Load ``model`` with only the types packed before K-quant kernels kept packed (the rest float32)."""
+    from agent_infer.model.loader import load_model
+    from agent_infer.model.loading import gguf as gguf_loading
+
+    saved = gguf_loading.NATIVE_TYPES, gguf_loading.Q8_COMPATIBLE
+    # F32, F16, Q4_0, Q4_1, Q8_0, BF16; mixed fused projections widen to float32
+    gguf_loading.NATIVE_TYPES, gguf_loading.Q8_COMPATIBLE = frozenset({0, 1, 2, 3, 8, 30}), frozenset()
+    try:
+        return load_model(model)
+    finally:
+        gguf_loading.NATIVE_TYPES, gguf_loading.Q8_COMPATIBLE = saved
 
 
 class Transformers:
@@ -221,9 +239,9 @@ class Transformers:
 
 
 class LlamaCpp:
-    """llama-cpp-python on the GGUF as stored (Q4_1 weights, llama.cpp's own kernels)."""
+    """llama-cpp-python on the GGUF as stored (its quantized weights, llama.cpp's own kernels)."""
 
-    name = "llama-cpp-python (Q4_1)"
+    name = "llama-cpp-python"
     note = "no batched API: N-way column = its single-stream decode rate"
 
     def __init__(self, gguf: Path) -> None:
@@ -300,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], choices=["transformers", "llama_cpp", "bf16"])
+    parser.add_argument(
+        "--dequantized",
+        action="store_true",
+        help="add a row with Q5_0/Q4_K/Q6_K tensors dequantized to float32 at load (the pre-K-quant-kernel path)",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(THREADS)
@@ -315,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompt_ids(loaded.tokenizer, args.concurrency)
 
     engines: list[Engine] = [Ours(loaded)]
+    if args.dequantized:
+        engines.append(Ours(load_dequantized(args.model), name="agent-infer (dequant fp32)"))
     if "bf16" not in args.skip:
         engines.append(Ours(load_model(args.model, dtype=torch.bfloat16), dtype="bfloat16"))
     missing: list[str] = []

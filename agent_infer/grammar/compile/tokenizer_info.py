@@ -1,8 +1,12 @@
 """Token id -> byte string tables for the grammar engine (byte-level BPE, SentencePiece, raw bytes).
 
-Every token is reduced to the bytes it contributes to the output text. Special and added tokens
-contribute nothing the grammar can produce (empty bytes): they are never allowed, except the EOS
-ids, which the matcher allows exactly when the grammar can terminate.
+Every token is reduced to the bytes it contributes to the output text. Special tokens contribute
+nothing the grammar can produce (empty bytes): they are never allowed, except the EOS ids, which the
+matcher allows exactly when the grammar can terminate. Added tokens a tokenizer does not mark special
+(Gemma's runs of spaces, newlines and tabs, HTML tags, Qwen's ``<tool_call>``) are text: the tokenizer
+turns that text into them, so a grammar allows them wherever it allows the text, as llama.cpp does for
+its user-defined tokens. Non-special added tokens that look like control markers by llama.cpp's GGUF
+conversion convention (``<|...|>``, ``<｜...｜>``, ``<unused...>``, ``<pad>``, ``<mask>``) stay out.
 """
 
 from __future__ import annotations
@@ -52,6 +56,20 @@ def _byte_level_bytes(token: str) -> bytes | None:
         return bytes(table[ch] for ch in token)
     except KeyError:
         return None
+
+
+# Added tokens left non-special by their tokenizer that are control markers all the same (llama.cpp's
+# converter stores these as control tokens in GGUF files).
+_CONTROL_LOOKING = frozenset({"<pad>", "<mask>", "<2mass>", "[@BOS@]"})
+
+
+def _looks_like_control(text: str) -> bool:
+    return (
+        text in _CONTROL_LOOKING
+        or (text.startswith("<|") and text.endswith("|>"))
+        or (text.startswith("<｜") and text.endswith("｜>"))
+        or (text.startswith("<unused") and text.endswith(">"))
+    )
 
 
 def _sentencepiece_bytes(token: str) -> bytes:
@@ -177,10 +195,18 @@ class TokenizerInfo:
         spec = json.loads(backend.to_str())
         kind = _kind(spec)
         vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
-        added = {int(t["id"]) for t in spec.get("added_tokens", [])}
+        added: set[int] = set()
+        added_text: dict[int, str] = {}
+        for t in spec.get("added_tokens", []):
+            content = str(t.get("content", ""))
+            if t.get("special", True) or not content or _looks_like_control(content):
+                added.add(int(t["id"]))
+            else:
+                added_text[int(t["id"])] = content
         unk = (spec.get("model") or {}).get("unk_token")
         if isinstance(unk, str) and unk in vocab:
             added.add(vocab[unk])  # the unknown-token placeholder is not text either
+            added_text.pop(vocab[unk], None)
         n = max(vocab.values(), default=-1) + 1
         table: list[bytes] = [b""] * n
         as_text = set(text_special_tokens)
@@ -191,6 +217,16 @@ class TokenizerInfo:
             if idx in added:
                 if text in as_text:
                     table[idx] = text.encode("utf-8")
+                continue
+            if idx in added_text:
+                # the content is the text itself (never byte-level encoded); SentencePiece added
+                # tokens may spell spaces as the metaspace character, which the decoder turns back
+                content = added_text[idx]
+                table[idx] = (
+                    content.replace("▁", " ").encode("utf-8")
+                    if kind == "sentencepiece"
+                    else content.encode("utf-8")
+                )
                 continue
             if kind == "byte_level":
                 raw = _byte_level_bytes(text)

@@ -1,4 +1,4 @@
-"""Linear layers over GGUF weights kept packed (Q4_1/Q8_0/...) for the native CPU kernel.
+"""Linear layers over GGUF weights kept packed (Q4_1/Q8_0/Q4_K/Q6_K/...) for the native CPU kernel.
 
 The kernel (``engine_native/src/kernels/linear.cpp``) computes every output element with one fixed FMA
 chain over ``k``, whatever the batch size or thread, so these layers are batch invariant without
@@ -19,11 +19,11 @@ from agent_infer.model.layers.linear import WeightPart
 from agent_infer.model.layers.native_ops import PackedWeight, get_num_threads
 from agent_infer.model.layers.norm import RMSNorm
 
-# ggml type ids the kernel accepts (F32, F16, Q4_0, Q4_1, Q8_0, BF16)
-NATIVE_TYPES = frozenset({0, 1, 2, 3, 8, 30})
+# ggml type ids the kernel accepts (F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16)
+NATIVE_TYPES = frozenset({0, 1, 2, 3, 6, 8, 12, 14, 30})
 F32 = 0
-# ggml types whose blocks the int8-activation kernel reads (Q4_0, Q4_1, Q8_0)
-_QUANTIZED_TYPES = frozenset({2, 3, 8})
+# ggml types whose blocks the int8-activation kernel reads (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
+_QUANTIZED_TYPES = frozenset({2, 3, 6, 8, 12, 14})
 
 
 class QuantLinear(nn.Module):

@@ -22,6 +22,7 @@ from agent_infer.model.config import ModelConfig, MoESpec
 from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.qlinear import F32, NATIVE_TYPES, QuantLinear
 from agent_infer.model.loading.gguf_reader import GGUFFile
+from agent_infer.model.loading.gguf_transcode import Q8_0, Q8_COMPATIBLE, to_q8_0
 from agent_infer.model.registry import Architecture, architecture, gguf_architecture
 
 #: Tensors that are part of the config (read by :func:`gguf_config`), not weights.
@@ -202,7 +203,8 @@ def gguf_rows(
 class PackedLinears:
     """Builds :class:`QuantLinear` layers straight from a GGUF file's quantized bytes.
 
-    A fused projection whose parts have different ggml types is packed from exact float32 values.
+    A fused projection whose parts have different ggml types is packed as Q8_0 when every part is
+    Q4_0/Q5_0/Q8_0 (re-encoded exactly), else from exact float32 values.
     Activations are quantized to int8 per ``AGENT_INFER_LINEAR_ACTIVATIONS`` (read once, here).
     """
 
@@ -221,11 +223,16 @@ class PackedLinears:
         """One packed projection of ``parts`` (stacked along N) with an optional bias loaded by name."""
         f = self.file
         names = [self._tensor(p.name) for p in parts]
-        mixed = len({f.tensors[n].ggml_type for n in names}) > 1
+        types = {f.tensors[n].ggml_type for n in names}
+        mixed = len(types) > 1
+        # mixed 32-value types (Q5_0 q/k with a Q8_0 v) stay packed as Q8_0; others widen to float32
+        as_q8_0 = mixed and types <= Q8_COMPATIBLE
         blocks = []
         for part, name in zip(parts, names):
             permute = part.rope_heads if self.arch.gguf_permutes_qk else None
-            block = gguf_rows(f, name, permute, force_f32=mixed)
+            block = gguf_rows(f, name, permute, force_f32=mixed and not as_q8_0)
+            if as_q8_0:
+                block = (to_q8_0(block[0], block[1]), Q8_0, block[2])
             shape = f.tensors[name].shape
             if shape[-1] != in_features or block[2] != part.rows:
                 raise ModelLoadError(

@@ -6,8 +6,8 @@
 // row tile, the column tile, the thread that runs it or even the ISA (AVX-512, AVX2+FMA, scalar
 // std::fma) changes that chain, so a row's result is bit-identical in any batch — invariance holds
 // by construction, not by measurement. Dequantization reproduces the torch loader's fp32 values
-// exactly (Q4_1: fl(fl(q*d)+m); Q8_0/Q4_0: fl(q*d)); this file is built with -ffp-contract=off so
-// the compiler cannot fuse those two roundings into one.
+// exactly (Q4_1/Q4_K: fl(fl(q*d)+m); Q8_0/Q4_0/Q5_0/Q6_K: fl(q*d), see kernels/linear_blocks.h); this
+// file is built with -ffp-contract=off so the compiler cannot fuse those two roundings into one.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "kernels/linear_blocks.h"
 #include "kernels/linear_q8.h"
 #include "kernels/linear_tiles.h"
 #include "kernels/parallel.h"
@@ -64,23 +65,24 @@ class PackedLinear {
     if (n <= 0 || k <= 0) throw std::invalid_argument("PackedLinear: n and k must be positive");
     n_ = static_cast<size_t>(n);
     k_ = static_cast<size_t>(k);
-    size_t row_bytes;
     switch (ggml_type) {
-      case kGgmlF32: fmt_ = kF32; row_bytes = k_ * 4; break;
-      case kGgmlF16: case kGgmlBF16: fmt_ = kF32; row_bytes = k_ * 2; break;
-      case kGgmlQ8_0: fmt_ = kQ8; row_bytes = k_ / 32 * 34; break;
-      case kGgmlQ4_0: fmt_ = kQ8; row_bytes = k_ / 32 * 18; break;
-      case kGgmlQ4_1: fmt_ = kQ4; row_bytes = k_ / 32 * 20; break;
+      case kGgmlF32: case kGgmlF16: case kGgmlBF16: fmt_ = kF32; break;
+      case kGgmlQ8_0: case kGgmlQ4_0: case kGgmlQ5_0: fmt_ = kQ8; break;
+      case kGgmlQ4_1: case kGgmlQ4_K: fmt_ = kQ4; break;
+      case kGgmlQ6_K: fmt_ = kQ6; break;
       default:
         throw std::invalid_argument("PackedLinear: unsupported ggml type " + std::to_string(ggml_type) +
-                                    " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)");
+                                    " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)");
     }
     if (q8_ && fmt_ == kF32)
-      throw std::invalid_argument("PackedLinear: int8 activations need quantized weights (Q8_0, Q4_0, Q4_1), not ggml type " +
-                                  std::to_string(ggml_type));
-    if (fmt_ != kF32 && k_ % 32)
+      throw std::invalid_argument(
+          "PackedLinear: int8 activations need quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K), not ggml type " +
+          std::to_string(ggml_type));
+    const size_t qblock = ggml_type == kGgmlQ4_K || ggml_type == kGgmlQ6_K ? 256 : 32;
+    if (fmt_ != kF32 && k_ % qblock)
       throw std::invalid_argument("PackedLinear: k = " + std::to_string(k_) +
-                                  " is not a multiple of the quantization block (32)");
+                                  " is not a multiple of the quantization block (" + std::to_string(qblock) + ")");
+    const size_t row_bytes = row_bytes_of(ggml_type, k_);
     if (raw.dtype() != nb::dtype<uint8_t>()) throw nb::type_error("PackedLinear: raw weights must be a uint8 array");
     if (raw.device_type() != nb::device::cpu::value) throw std::invalid_argument("PackedLinear: raw weights must be on the CPU");
     if (raw.ndim() != 1 || (raw.shape(0) > 1 && raw.stride(0) != 1))
@@ -90,7 +92,10 @@ class PackedLinear {
                                   " bytes, expected " + std::to_string(n_ * row_bytes) + " for " +
                                   std::to_string(n_) + " rows of " + std::to_string(k_));
     groups_ = (n_ + kLanes - 1) / kLanes;
-    gstride_ = fmt_ == kF32 ? k_ * kLanes * 4 : (k_ / 32) * (fmt_ == kQ8 ? kQ8Block : kQ4Block);
+    gstride_ = fmt_ == kF32   ? k_ * kLanes * 4
+               : fmt_ == kQ8 ? (k_ / 32) * kQ8Block
+               : fmt_ == kQ6 ? (k_ / 32) * kQ6Block
+                             : (k_ / 32) * kQ4Block;
     const size_t bytes = (groups_ * gstride_ + 63) / 64 * 64;
     data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
     if (!data_) throw std::bad_alloc();
@@ -230,12 +235,16 @@ class PackedLinear {
       const bool vnni = isa == kAvx512 && g_has_vnni;
       if (fmt == kQ8)
         q8_run_range<kQ8>(isa, vnni, v, gb, ge, *qa, m, yp);
+      else if (fmt == kQ6)
+        q8_run_range<kQ6>(isa, vnni, v, gb, ge, *qa, m, yp);
       else
         q8_run_range<kQ4>(isa, vnni, v, gb, ge, *qa, m, yp);
     } else if (fmt == kF32)
       run_range<kF32>(isa, v, gb, ge, xp, m, yp);
     else if (fmt == kQ8)
       run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
+    else if (fmt == kQ6)
+      run_range<kQ6>(isa, v, gb, ge, xp, m, yp);
     else
       run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
   }
@@ -255,7 +264,7 @@ class PackedLinear {
   const QAct* quantize(const float* xp, size_t m) const {
     thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> dx, sx;
-    thread_local std::vector<int32_t> corr;
+    thread_local std::vector<int32_t> corr, corr16;
     thread_local QAct qa;
     const size_t nb = k_ / 32;
     if (xq.size() < m * k_) xq.resize(m * k_);
@@ -263,9 +272,11 @@ class PackedLinear {
       dx.resize(m * nb);
       sx.resize(m * nb);
       corr.resize(m * nb);
+      corr16.resize(2 * m * nb);
     }
-    quantize_rows(xp, m, k_, g_isa.load(std::memory_order_relaxed) == kAvx512, xq.data(), dx.data(), sx.data(), corr.data());
-    qa = QAct{xq.data(), dx.data(), sx.data(), corr.data(), k_, nb};
+    quantize_rows(xp, m, k_, g_isa.load(std::memory_order_relaxed) == kAvx512, xq.data(), dx.data(), sx.data(),
+                  corr.data(), corr16.data());
+    qa = QAct{xq.data(), dx.data(), sx.data(), corr.data(), corr16.data(), k_, nb};
     return &qa;
   }
 
@@ -289,30 +300,19 @@ class PackedLinear {
       return;
     }
     for (size_t b = 0; b < k_ / 32; ++b) {
-      int q[32];
-      float d, m = 0.0f;
-      if (ggml_type_ == kGgmlQ8_0) {
-        const uint8_t* s = src + b * 34;
-        d = half_to_float(load_u16(s));
-        for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(s[2 + i]);
-      } else if (ggml_type_ == kGgmlQ4_0) {
-        const uint8_t* s = src + b * 18;
-        d = half_to_float(load_u16(s));
-        // low nibbles are elements 0..15, high nibbles 16..31 (ggml's block layout)
-        for (int i = 0; i < 16; ++i) {
-          q[i] = (s[2 + i] & 15) - 8;
-          q[i + 16] = (s[2 + i] >> 4) - 8;
-        }
-      } else {
-        const uint8_t* s = src + b * 20;
-        d = half_to_float(load_u16(s));
-        m = half_to_float(load_u16(s + 2));
-        for (int i = 0; i < 16; ++i) {
-          q[i] = s[4 + i] & 15;
-          q[i + 16] = s[4 + i] >> 4;
-        }
-      }
-      if (q8_ && fmt_ == kQ8) {  // kernels/linear_q8.h's layout: chunk p, lane c holds q[4p..4p+3] + 128
+      const Block32 blk32 = decode_block(ggml_type_, src, b);
+      const int* q = blk32.q;
+      const float d = blk32.d0, m = blk32.m;
+      if (fmt_ == kQ6) {  // two scales per block; codes as kQ8's (q8: chunked, +128; fp32: k-major int8)
+        uint8_t* blk = grp + b * kQ6Block;
+        std::memcpy(blk + 4 * c, &blk32.d0, 4);
+        std::memcpy(blk + 64 + 4 * c, &blk32.d1, 4);
+        for (int k = 0; k < 32; ++k)
+          if (q8_)
+            blk[128 + (k / 4) * 64 + c * 4 + k % 4] = static_cast<uint8_t>(q[k] + 128);
+          else
+            blk[128 + k * kLanes + c] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
+      } else if (q8_ && fmt_ == kQ8) {  // kernels/linear_q8.h's layout: chunk p, lane c holds q[4p..4p+3] + 128
         uint8_t* blk = grp + b * kQ8Block;
         std::memcpy(blk + 4 * c, &d, 4);
         for (int k = 0; k < 32; ++k) blk[64 + (k / 4) * 64 + c * 4 + k % 4] = static_cast<uint8_t>(q[k] + 128);
@@ -353,7 +353,7 @@ const char* isa_name(int isa) { return isa == kAvx512 ? "avx512" : isa == kAvx2 
 
 void register_linear(nb::module_& m) {
   nb::class_<PackedLinear>(m, "PackedLinear",
-                           "Weights [N, K] repacked from GGUF bytes (F32/F16/BF16/Q8_0/Q4_0/Q4_1) for a "
+                           "Weights [N, K] repacked from GGUF bytes (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K) for a "
                            "batch-invariant CPU linear layer.")
       .def(nb::init<nb::ndarray<nb::ro>, int, int64_t, int64_t, bool>(), nb::arg("raw"), nb::arg("ggml_type"),
            nb::arg("n"), nb::arg("k"), nb::arg("q8_activations") = false,

@@ -20,14 +20,23 @@ namespace agent_infer {
 namespace {
 
 // ggml type ids accepted as input (the GGUF tensor type field).
-constexpr int kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ8_0 = 8, kGgmlBF16 = 30;
+constexpr int kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ5_0 = 6, kGgmlQ8_0 = 8,
+              kGgmlQ4_K = 12, kGgmlQ6_K = 14, kGgmlBF16 = 30;
 
-// Packed formats. Q4_0 becomes kQ8 (q-8 fits int8 and fl((q-8)*d) is what torch computes);
-// F16/BF16 widen exactly to kF32.
-enum Fmt : int { kF32 = 0, kQ8 = 1, kQ4 = 2 };
+// Packed formats. Q4_0 and Q5_0 become kQ8 (q-8 and q-16 fit int8 and fl(q*d) is what torch
+// computes); Q4_K becomes kQ4 (one fp32 scale and min per sub-block of 32); Q6_K becomes kQ6, kQ8
+// with a scale per 16 weights (its sub-block); F16/BF16 widen exactly to kF32.
+enum Fmt : int { kF32 = 0, kQ8 = 1, kQ4 = 2, kQ6 = 3 };
 constexpr int kLanes = 16;                    // columns per group
 constexpr size_t kQ8Block = 64 + 32 * 16;     // 16 fp32 scales, then 32 k x 16 int8
 constexpr size_t kQ4Block = 128 + 16 * 16;    // 16 scales, 16 mins, then 16 k-pairs x 16 bytes
+constexpr size_t kQ6Block = 128 + 32 * 16;    // 16 scales of k 0..15, 16 of k 16..31, then as kQ8
+
+// Offset of the codes in a kQ8 or kQ6 block, and the scale of k within it.
+template <int F>
+constexpr size_t codes_at() { return F == kQ6 ? 128 : 64; }
+template <int F>
+constexpr size_t block_bytes() { return F == kQ6 ? kQ6Block : F == kQ8 ? kQ8Block : kQ4Block; }
 
 enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -106,19 +115,22 @@ AI_AVX512 void tile_avx512(const View& w, size_t g0, const float* x, size_t ldx,
           acc[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k]), wv, acc[r][g]);
       }
     }
-  } else if constexpr (F == kQ8) {
+  } else if constexpr (F == kQ8 || F == kQ6) {
     for (size_t b = 0; b < w.k / 32; ++b) {
       const uint8_t* p[G];
       __m512 d[G];
       for (int g = 0; g < G; ++g) {
-        p[g] = base[g] + b * kQ8Block;
+        p[g] = base[g] + b * block_bytes<F>();
         d[g] = _mm512_loadu_ps(reinterpret_cast<const float*>(p[g]));
       }
       const float* xb = x + b * 32;
       for (int k = 0; k < 32; ++k) {
+        if constexpr (F == kQ6)
+          if (k == 16)
+            for (int g = 0; g < G; ++g) d[g] = _mm512_loadu_ps(reinterpret_cast<const float*>(p[g]) + kLanes);
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[g] + 64 + k * kLanes));
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[g] + codes_at<F>() + k * kLanes));
           const __m512 wv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[g]);
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r)
@@ -177,15 +189,18 @@ AI_AVX2 void tile_avx2(const View& w, size_t g0, const float* x, size_t ldx, flo
         for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * ldx + k]), wv, acc[r][h]);
       }
     }
-  } else if constexpr (F == kQ8) {
+  } else if constexpr (F == kQ8 || F == kQ6) {
     for (size_t b = 0; b < w.k / 32; ++b) {
-      const uint8_t* p = base + b * kQ8Block;
-      const __m256 d[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(p)),
-                           _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8)};
+      const uint8_t* p = base + b * block_bytes<F>();
+      const float* pd = reinterpret_cast<const float*>(p);
+      __m256 d[2] = {_mm256_loadu_ps(pd), _mm256_loadu_ps(pd + 8)};
       const float* xb = x + b * 32;
       for (int k = 0; k < 32; ++k) {
+        if constexpr (F == kQ6)
+          if (k == 16) d[0] = _mm256_loadu_ps(pd + 16), d[1] = _mm256_loadu_ps(pd + 24);
         for (int h = 0; h < 2; ++h) {
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64 + k * kLanes + 8 * h));
+          const __m128i q =
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + codes_at<F>() + k * kLanes + 8 * h));
           const __m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[h]);
           for (int r = 0; r < R; ++r)
             acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(xb[r * ldx + k]), wv, acc[r][h]);
@@ -234,14 +249,15 @@ void tile_scalar(const View& w, size_t g, const float* x, float* y) {
     const float* p = reinterpret_cast<const float*>(base);
     for (size_t k = 0; k < w.k; ++k)
       for (int c = 0; c < kLanes; ++c) acc[c] = std::fma(x[k], p[k * kLanes + c], acc[c]);
-  } else if constexpr (F == kQ8) {
+  } else if constexpr (F == kQ8 || F == kQ6) {
     for (size_t b = 0; b < w.k / 32; ++b) {
-      const uint8_t* p = base + b * kQ8Block;
-      float d[kLanes];
-      std::memcpy(d, p, sizeof d);
+      const uint8_t* p = base + b * block_bytes<F>();
+      float d[2 * kLanes];
+      std::memcpy(d, p, sizeof d / (F == kQ6 ? 1 : 2));
       for (int k = 0; k < 32; ++k)
         for (int c = 0; c < kLanes; ++c) {
-          const float wv = static_cast<float>(static_cast<int8_t>(p[64 + k * kLanes + c])) * d[c];
+          const float dc = F == kQ6 && k >= 16 ? d[kLanes + c] : d[c];
+          const float wv = static_cast<float>(static_cast<int8_t>(p[codes_at<F>() + k * kLanes + c])) * dc;
           acc[c] = std::fma(x[b * 32 + k], wv, acc[c]);
         }
     }
