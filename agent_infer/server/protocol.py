@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_infer.sampling_params import MAX_SPECULATIVE_TOKENS
 from agent_infer.server.errors import ApiError
 from agent_infer.server.router_fields import check_router_fields
 
@@ -224,7 +225,7 @@ class _CommonRequest(_Strict):
     value_close_allowed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     # Speculative decoding per request (engine/speculator.py); SamplingParams checks the values.
     speculative_source: str | None = None
-    speculative_tokens: int | None = None
+    speculative_tokens: int | None = Field(default=None, ge=0, le=MAX_SPECULATIVE_TOKENS)
     speculative_confidence: float | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None

@@ -64,6 +64,11 @@ OUT_OF_RANGE = [
     ("chat", {"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
     ("chat", {"value_close_allowed": HUGE}, "value_close_allowed"),
     ("chat", {"value_close_allowed": -1}, "value_close_allowed"),
+    ("chat", {"speculative_tokens": HUGE}, "speculative_tokens"),
+    ("chat", {"speculative_tokens": -1}, "speculative_tokens"),
+    ("chat", {"bootstrap_port": 65536}, "bootstrap_port"),
+    ("chat", {"bootstrap_room": HUGE}, "bootstrap_room"),
+    ("chat", {"bootstrap_room": -1}, "bootstrap_room"),
     ("text", {"seed": HUGE}, "seed"),
     ("text", {"max_tokens": HUGE}, "max_tokens"),
     ("text", {"n": HUGE}, "n"),
@@ -76,6 +81,9 @@ OUT_OF_RANGE = [
     ("text", {"dry_penalty_last_n": HUGE}, "dry_penalty_last_n"),
     ("text", {"value_close_allowed": HUGE}, "value_close_allowed"),
     ("text", {"prompt": [1, HUGE]}, "prompt.1"),
+    ("text", {"speculative_tokens": 33}, "speculative_tokens"),
+    ("text", {"bootstrap_port": -1}, "bootstrap_port"),
+    ("text", {"bootstrap_room": HUGE}, "bootstrap_room"),
 ]
 
 
