@@ -1,0 +1,249 @@
+"""Expert parallelism: a MoE layer's routed experts spread over ranks, tokens moved all-to-all.
+
+Every rank keeps the router, the correction bias and the shared experts (they run on its own
+tokens), and ``S`` expert slots per MoE layer, filled by the EPLB placement (``eplb.py``). A step
+of one layer on one rank:
+
+1. route the rank's tokens (the replicated router); each (token, expert) pair picks one replica of
+   its expert (``token % replicas``, so replicas share the traffic) and thus a destination rank;
+2. exchange per-destination pair counts (``all_to_all_single`` of ``R`` integers), then the pairs'
+   hidden rows and slot indices;
+3. run each local slot's SwiGLU over the rows it received;
+4. send the outputs back (the reverse all-to-all) and sum each token's expert outputs in ascending
+   logical-expert order, as the single-process layer does.
+
+The expert matmuls are row-invariant (fixed row chunks, ``layers/linear.py``) and the sum order per
+token is the single-process one, so a token's output is bit-identical to one process whatever rank
+and batch it ran in. A rank with no tokens still joins every exchange (an idle step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from agent_infer.errors import ConfigError
+from agent_infer.model.layers.moe import MoE, expert_mlp
+from agent_infer.parallel.eplb import Placement
+from agent_infer.parallel.load_stats import ExpertLoad
+
+
+@dataclass
+class TrafficStats:
+    """All-to-all bytes this rank sent (tokens out and results back) and rebalance bytes."""
+
+    dispatch_bytes: int = 0
+    rebalance_bytes: int = 0
+    idle_layers: int = 0
+    per_rank_pairs: list[int] = field(default_factory=list)
+
+
+class _LayerExperts:
+    """One MoE layer's slots on this rank and its dispatch/combine (the layer's ``expert_backend``)."""
+
+    def __init__(self, owner: ExpertParallel, index: int, moe: MoE, placement: Placement) -> None:
+        self.owner = owner
+        self.index = index
+        self.placement = placement
+        self._tables()
+        mine = placement.rank_slots(owner.rank)
+        # The slots' own copies; the full [E, ...] tensors are dropped below.
+        self.gate_up = moe.gate_up.detach()[list(mine)].clone()
+        self.down = moe.down.detach()[list(mine)].clone()
+        empty = torch.empty(0, device=moe.gate_up.device, dtype=moe.gate_up.dtype)
+        moe.gate_up = nn.Parameter(empty, requires_grad=False)
+        moe.down = nn.Parameter(empty.clone(), requires_grad=False)
+
+    def _tables(self) -> None:
+        physical = self.placement.physical_of()
+        width = max(len(p) for p in physical)
+        table = torch.full((len(physical), width), -1, dtype=torch.int64)
+        for e, slots in enumerate(physical):
+            table[e, : len(slots)] = torch.tensor(slots)
+        self.phys_table = table
+        self.replica_count = torch.tensor([len(p) for p in physical], dtype=torch.int64)
+
+    def forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for this rank's ``x`` ``[T, H]`` (T may be 0)."""
+        owner = self.owner
+        tokens = int(x.shape[0])
+        k = moe.top_k
+        if tokens:
+            experts, weights = moe.route(x)
+            owner.load.record(self.index, experts)
+            flat = experts.reshape(-1).cpu()
+            token_of = torch.arange(tokens).repeat_interleave(k)
+            phys = self.phys_table[flat, token_of % self.replica_count[flat]]
+        else:
+            experts = torch.empty(0, k, dtype=torch.int64)
+            weights = torch.empty(0, k)
+            flat = token_of = phys = torch.empty(0, dtype=torch.int64)
+        s = self.placement.slots_per_rank
+        order = phys.argsort(stable=True)  # by destination rank, then slot, tokens ascending
+        send_counts = torch.bincount(phys // s, minlength=owner.world_size)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=owner.group)
+        send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
+        device = x.device
+        send_rows = x.index_select(0, token_of[order].to(device)).contiguous()
+        send_slot = (phys[order] % s).contiguous()
+        recv_rows = x.new_empty(sum(recv_split), int(x.shape[1]))
+        recv_slot = torch.empty(sum(recv_split), dtype=torch.int64)
+        dist.all_to_all_single(recv_slot, send_slot, recv_split, send_split, group=owner.group)
+        dist.all_to_all_single(recv_rows, send_rows, recv_split, send_split, group=owner.group)
+        results = self._run_slots(recv_rows, recv_slot)
+        back = x.new_empty(int(send_rows.shape[0]), int(x.shape[1]))
+        dist.all_to_all_single(back, results, send_split, recv_split, group=owner.group)
+        row_bytes = int(x.shape[1]) * x.element_size()
+        owner.stats.dispatch_bytes += (2 * len(order) * row_bytes) + 8 * (len(order) + owner.world_size)
+        owner.stats.per_rank_pairs[self.index] += sum(recv_split)
+        if not tokens:
+            owner.stats.idle_layers += 1
+            return x.new_empty(0, int(x.shape[1]))
+        pair_out = torch.empty_like(back)
+        pair_out[order.to(device)] = back
+        return self._combine(moe, x, flat, weights, pair_out)
+
+    def _run_slots(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(rows)
+        if not int(rows.shape[0]):
+            return out
+        order = slots.argsort(stable=True)
+        counts = torch.bincount(slots, minlength=self.placement.slots_per_rank).tolist()
+        start = 0
+        for slot, count in enumerate(counts):
+            if count:
+                idx = order[start : start + count].to(rows.device)
+                out[idx] = expert_mlp(rows.index_select(0, idx), self.gate_up[slot], self.down[slot])
+            start += count
+        return out
+
+    def _combine(
+        self, moe: MoE, x: torch.Tensor, flat: torch.Tensor, weights: torch.Tensor, pair_out: torch.Tensor
+    ) -> torch.Tensor:
+        """Weighted sum of each token's expert outputs in ascending expert order, plus shared experts:
+        the single-process layer's arithmetic, operation for operation."""
+        device = x.device
+        order = flat.argsort(stable=True).to(device)
+        counts = torch.bincount(flat, minlength=moe.num_experts).tolist()
+        token_of = order // moe.top_k
+        pair_weights = weights.reshape(-1)[order]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=device)
+        start = 0
+        for count in counts:
+            if count:
+                seg = order[start : start + count]
+                out.index_add_(
+                    0, token_of[start : start + count], pair_out[seg].float() * pair_weights[start : start + count, None]
+                )
+            start += count
+        if moe.shared_gate_up is not None and moe.shared_down is not None:
+            out += expert_mlp(x, moe.shared_gate_up, moe.shared_down).float()
+        return out.to(x.dtype)
+
+    def move_to(self, new: Placement) -> int:
+        """Refill this rank's slots for placement ``new`` (weights copied locally where this rank
+        already holds the expert, else received from the lowest rank holding it); the bytes sent."""
+        old, owner = self.placement, self.owner
+        r, s = owner.world_size, old.slots_per_rank
+        holders = [[rank for rank in range(r) if e in old.rank_slots(rank)] for e in range(old.num_experts)]
+
+        def source(rank: int, e: int) -> int:
+            return rank if rank in holders[e] else holders[e][0]
+
+        per_item = self.gate_up[0].numel() + self.down[0].numel()
+        outgoing: list[list[int]] = [[] for _ in range(r)]  # old local slot indices, per destination
+        incoming: list[list[int]] = [[] for _ in range(r)]  # new local slot indices, per source
+        for dest in range(r):
+            for j, e in enumerate(new.rank_slots(dest)):
+                src = source(dest, e)
+                if src == dest:
+                    continue
+                if src == owner.rank:
+                    outgoing[dest].append(old.rank_slots(src).index(e))
+                if dest == owner.rank:
+                    incoming[src].append(j)
+        flat_w = torch.cat((self.gate_up.reshape(s, -1), self.down.reshape(s, -1)), dim=1)
+        send = flat_w[[i for items in outgoing for i in items]].contiguous()
+        recv = flat_w.new_empty(sum(len(i) for i in incoming), per_item)
+        dist.all_to_all_single(
+            recv, send, [len(i) for i in incoming], [len(i) for i in outgoing], group=owner.group
+        )
+        new_w = flat_w.new_empty(s, per_item)
+        mine = old.rank_slots(owner.rank)
+        for j, e in enumerate(new.rank_slots(owner.rank)):
+            if source(owner.rank, e) == owner.rank:
+                new_w[j] = flat_w[mine.index(e)]
+        received = [j for items in incoming for j in items]
+        if received:
+            new_w[received] = recv
+        split = self.gate_up[0].numel()
+        self.gate_up = new_w[:, :split].reshape(self.gate_up.shape).contiguous()
+        self.down = new_w[:, split:].reshape(self.down.shape).contiguous()
+        self.placement = new
+        self._tables()
+        return int(send.numel()) * send.element_size()
+
+
+class ExpertParallel:
+    """The MoE layers of one rank's model under expert parallelism (installs their backends).
+
+    ``placements`` gives each MoE layer's starting placement (the same on every rank); the model's
+    full expert tensors are replaced by this rank's slots.
+    """
+
+    def __init__(
+        self,
+        moes: Sequence[MoE],
+        placements: Sequence[Placement],
+        *,
+        rank: int,
+        world_size: int,
+        window: int = 1000,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if not moes:
+            raise ConfigError("expert parallelism needs a model with MoE layers")
+        if len(placements) != len(moes):
+            raise ConfigError(f"{len(placements)} placements for {len(moes)} MoE layers")
+        for p in placements:
+            if p.num_ranks != world_size or p.num_experts != moes[0].num_experts:
+                raise ConfigError("a placement does not match the ranks or the experts of the model")
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.moes = list(moes)
+        self.load = ExpertLoad(len(moes), moes[0].num_experts, window)
+        self.stats = TrafficStats(per_rank_pairs=[0] * len(moes))
+        self.layers = [_LayerExperts(self, i, m, p) for i, (m, p) in enumerate(zip(moes, placements))]
+        for moe, layer in zip(self.moes, self.layers):
+            moe.expert_backend = layer
+
+    @property
+    def placements(self) -> list[Placement]:
+        """Each MoE layer's current placement."""
+        return [layer.placement for layer in self.layers]
+
+    def idle_pass(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Join every MoE layer's exchanges with no tokens (a rank with nothing scheduled while
+        others run their step)."""
+        empty = torch.empty(0, hidden_size, dtype=dtype, device=device)
+        for moe, layer in zip(self.moes, self.layers):
+            layer.forward(moe, empty)
+
+    def global_load(self) -> torch.Tensor:
+        """The window's expert loads ``[layers, experts]`` summed over every rank (a collective)."""
+        totals = self.load.totals()
+        dist.all_reduce(totals, group=self.group)
+        return totals
+
+    def rebalance(self, placements: Sequence[Placement]) -> int:
+        """Move expert weights to ``placements`` (every rank calls this with the same ones); the bytes
+        this rank sent."""
+        sent = sum(layer.move_to(p) for layer, p in zip(self.layers, placements))
+        self.stats.rebalance_bytes += sent
+        return sent
