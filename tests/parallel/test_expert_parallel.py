@@ -35,7 +35,7 @@ def _ep_rank(rank: int, world: int, slots: int, sizes: list[int]) -> dict:
     moes = [_layer(0), _layer(1)]
     refs = [_layer(0), _layer(1)]
     x = _tokens(rank, sizes[rank])
-    want = [ref(x) for ref in refs]
+    want = [ref(x) if len(x) else x.clone() for ref in refs]
     start = [contiguous_placement(EXPERTS, world, slots) for _ in moes]
     ep = ExpertParallel(moes, start, rank=rank, world_size=world)
     got = [m(x) if len(x) else ep.layers[i].forward(m, x) for i, m in enumerate(moes)]
