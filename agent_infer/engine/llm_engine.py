@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -17,7 +18,7 @@ from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.postprocessor import Postprocessor
 from agent_infer.engine.sampler import Sampler, make_generator
-from agent_infer.engine.scheduler import Scheduler
+from agent_infer.engine.scheduler import ScheduledSequence, Scheduler
 from agent_infer.engine.sequence import FinishReason, Sequence
 from agent_infer.engine.speculator import Speculator
 from agent_infer.errors import InvalidRequestError, PromptTooLongError
@@ -94,6 +95,9 @@ class LLMEngine:
             speculator=self.speculator,
         )
         self.requests: dict[str, Sequence] = {}
+        #: Called with each step's batch (possibly empty) before it runs: expert-parallel ranks
+        #: step in lock-step through it (agent_infer/parallel/lockstep.py).
+        self.step_hook: Callable[[list[ScheduledSequence]], None] | None = None
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
 
@@ -187,6 +191,8 @@ class LLMEngine:
         outputs = self._admit_compiled()
         plan = self.scheduler.schedule()
         outputs += [RequestOutput.from_sequence(seq) for seq in plan.failed]
+        if self.step_hook is not None:
+            self.step_hook(plan.scheduled)
         if plan.scheduled:
             result = self.executor.run(plan.scheduled)
             outputs += self.postprocessor.process(plan, result)
