@@ -112,8 +112,8 @@ def balanced_placement(
     if hierarchical and (num_ranks * slots_per_rank) // num_nodes < num_experts // num_nodes:
         hierarchical = False
     if not hierarchical:
-        slots = _place_on_ranks(list(range(num_experts)), weights, num_ranks, slots_per_rank)
-        return Placement(tuple(slots), num_experts, num_ranks, slots_per_rank)
+        flat = _place_on_ranks(list(range(num_experts)), weights, num_ranks, slots_per_rank)
+        return Placement(tuple(flat), num_experts, num_ranks, slots_per_rank)
     group_size = num_experts // num_groups
     group_load = [sum(weights[g * group_size : (g + 1) * group_size]) for g in range(num_groups)]
     node_groups = pack(group_load, num_nodes)
@@ -146,9 +146,7 @@ def pack(weights: Sequence[float], num_packs: int) -> list[list[int]]:
     packs: list[list[int]] = [[] for _ in range(num_packs)]
     totals = [0.0] * num_packs
     for item in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
-        target = min(
-            (p for p in range(num_packs) if len(packs[p]) < capacity), key=lambda p: (totals[p], p)
-        )
+        target = min((p for p in range(num_packs) if len(packs[p]) < capacity), key=lambda p: (totals[p], p))
         packs[target].append(item)
         totals[target] += weights[item]
     return packs
@@ -187,7 +185,11 @@ def _pack_distinct(physical: list[int], shares: list[float], num_packs: int) -> 
 
 
 def _check_sizes(num_experts: int, num_ranks: int, slots_per_rank: int) -> None:
-    for name, value in (("num_experts", num_experts), ("num_ranks", num_ranks), ("slots_per_rank", slots_per_rank)):
+    for name, value in (
+        ("num_experts", num_experts),
+        ("num_ranks", num_ranks),
+        ("slots_per_rank", slots_per_rank),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     if num_ranks * slots_per_rank < num_experts:

@@ -138,7 +138,9 @@ class _LayerExperts:
             if count:
                 seg = order[start : start + count]
                 out.index_add_(
-                    0, token_of[start : start + count], pair_out[seg].float() * pair_weights[start : start + count, None]
+                    0,
+                    token_of[start : start + count],
+                    pair_out[seg].float() * pair_weights[start : start + count, None],
                 )
             start += count
         if moe.shared_gate_up is not None and moe.shared_down is not None:

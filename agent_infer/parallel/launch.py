@@ -12,6 +12,7 @@ new requests raise :class:`RankFailedError`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -259,10 +260,8 @@ class DataParallelEngine:
 
 def _terminate(procs: list[Any], inboxes: list[Any]) -> None:
     for inbox in inboxes:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a queue already closed
             inbox.put(("stop",))
-        except (OSError, ValueError):
-            pass
     for p in procs:
         if p.pid is not None and p.exitcode is None:
             p.kill()
@@ -294,7 +293,9 @@ def _validated(out: RequestOutput, model: Any) -> RequestOutput:
         try:
             completions.append(dataclasses.replace(c, parsed=model.model_validate(c.parsed)))
         except Exception as exc:  # pydantic.ValidationError: validators beyond what the schema states
-            completions.append(dataclasses.replace(c, parsed=None, parse_error=f"{type(exc).__name__}: {exc}"))
+            completions.append(
+                dataclasses.replace(c, parsed=None, parse_error=f"{type(exc).__name__}: {exc}")
+            )
     return dataclasses.replace(out, outputs=completions)
 
 
@@ -307,6 +308,10 @@ def _failed(request_id: str, error: str) -> RequestOutput:
         outputs=[CompletionOutput(text="", token_ids=[], finish_reason="error", logprobs=None, error=error)],
         num_cached_tokens=0,
         metrics=RequestMetrics(
-            arrival_time=now, first_scheduled_time=None, first_token_time=None, finished_time=now, num_preemptions=0
+            arrival_time=now,
+            first_scheduled_time=None,
+            first_token_time=None,
+            finished_time=now,
+            num_preemptions=0,
         ),
     )

@@ -71,7 +71,9 @@ class LockStep:
         self.stop_requested = False
         self.any_busy = False
         world = ep.world_size
-        self.metrics = ParallelMetrics(ep.rank, tokens_per_rank=[0] * world, total_tokens_per_rank=[0] * world)
+        self.metrics = ParallelMetrics(
+            ep.rank, tokens_per_rank=[0] * world, total_tokens_per_rank=[0] * world
+        )
 
     def __call__(self, scheduled: list[ScheduledSequence]) -> None:
         tokens = sum(item.num_new_tokens + len(item.draft) for item in scheduled)

@@ -127,7 +127,9 @@ def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbo
                 time.sleep(_IDLE_POLL_S)
 
 
-def _commands(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any, wait: float) -> bool:
+def _commands(
+    rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any, wait: float
+) -> bool:
     """Apply the queued commands; False once this rank should stop (lock-step ranks stop together)."""
     while True:
         try:

@@ -92,5 +92,5 @@ def test_profile_round_trip_and_shape_check(tmp_path) -> None:  # type: ignore[n
     with pytest.raises(ConfigError, match=r"shape \(1, 4\)"):
         load_profile(path, 2, 4)
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ConfigError, match="bad.json"):
+    with pytest.raises(ConfigError, match=r"bad\.json"):
         load_profile(tmp_path / "bad.json", 1, 4)

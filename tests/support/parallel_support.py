@@ -31,7 +31,9 @@ def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     spec = GroupSpec(world_size, "127.0.0.1", free_port(), timeout_s=timeout)
-    procs = [ctx.Process(target=_entry, args=(target, r, spec, args, out), daemon=True) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(target, r, spec, args, out), daemon=True) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
