@@ -3,6 +3,7 @@ timeout so a broken collective fails the test instead of hanging it."""
 
 from __future__ import annotations
 
+import pickle
 import queue
 import traceback
 from collections.abc import Callable
@@ -18,7 +19,9 @@ def _entry(target: Callable[..., Any], rank: int, spec: GroupSpec, args: tuple[A
     torch.set_num_threads(1)
     try:
         init_group(spec, rank, torch.device("cpu"))
-        out.put((rank, "ok", target(rank, spec.world_size, *args)))
+        # Plain pickle bytes: a tensor through an mp queue is shared by file descriptor, which
+        # dies with this process.
+        out.put((rank, "ok", pickle.dumps(target(rank, spec.world_size, *args))))
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
     finally:
@@ -45,7 +48,7 @@ def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: 
                 raise TimeoutError(f"ranks did not finish within {timeout}s") from None
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5)
