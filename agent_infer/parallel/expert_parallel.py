@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agent_infer.errors import ConfigError
+from agent_infer.errors import ConfigError, EngineError
 from agent_infer.model.layers.moe import MoE, expert_mlp
 from agent_infer.parallel.eplb import Placement
 from agent_infer.parallel.load_stats import ExpertLoad
@@ -69,6 +69,17 @@ class _LayerExperts:
 
     def forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for this rank's ``x`` ``[T, H]`` (T may be 0)."""
+        owner = self.owner
+        if owner.broken is not None:
+            # A failed exchange leaves the ranks out of step; none may follow it.
+            raise EngineError(f"the expert-parallel exchange failed earlier: {owner.broken}")
+        try:
+            return self._forward(moe, x)
+        except RuntimeError as exc:
+            owner.broken = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
         owner = self.owner
         tokens = int(x.shape[0])
         k = moe.top_k
@@ -219,6 +230,8 @@ class ExpertParallel:
         self.world_size = world_size
         self.group = group
         self.moes = list(moes)
+        #: Why an exchange failed (a peer died, a timeout); the rank must stop once set.
+        self.broken: str | None = None
         self.load = ExpertLoad(len(moes), moes[0].num_experts, window)
         self.stats = TrafficStats(per_rank_pairs=[0] * len(moes))
         self.layers = [_LayerExperts(self, i, m, p) for i, (m, p) in enumerate(zip(moes, placements))]

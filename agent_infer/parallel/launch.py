@@ -20,14 +20,16 @@ import time
 import weakref
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import Prompt
 from agent_infer.engine.output import CompletionOutput, RequestMetrics, RequestOutput
-from agent_infer.errors import InvalidRequestError, RankFailedError
+from agent_infer.errors import ConfigError, InvalidRequestError, RankFailedError
 from agent_infer.parallel.config import ParallelConfig
 from agent_infer.parallel.group import GroupSpec, free_port
+from agent_infer.parallel.load_stats import save_profile
 from agent_infer.parallel.lockstep import ParallelMetrics
 from agent_infer.parallel.worker import rank_main
 from agent_infer.sampling_params import SamplingParams
@@ -37,6 +39,8 @@ logger = logging.getLogger("agent_infer.parallel")
 
 # How long step() waits for a rank's output when none is buffered (keeps LLM's drain loop idle-cheap).
 _STEP_WAIT_S = 0.05
+# How long a rank's failure report waits for a peer's exit to show (the likelier root cause).
+_PEER_EXIT_GRACE_S = 1.0
 
 
 class DataParallelEngine:
@@ -68,6 +72,7 @@ class DataParallelEngine:
         self._owner: dict[str, int] = {}
         self._models: dict[str, Any] = {}
         self._acks: dict[str, BaseException | None] = {}
+        self._loads: dict[int, torch.Tensor] = {}
         self._buffer: list[RequestOutput] = []
         self._dead: set[int] = set()
         self._stopping = False
@@ -175,6 +180,25 @@ class DataParallelEngine:
                 raise RankFailedError(f"the ranks did not report metrics within {timeout}s")
         return dict(self.rank_metrics)
 
+    def save_load_profile(self, path: str, timeout: float = 30.0) -> torch.Tensor:
+        """Write the expert loads of the ranks' windows, summed, as an EPLB profile (``eplb_profile``
+        of a later deployment starts from its placement); returns them ``[moe_layers, experts]``."""
+        if not self.parallel.expert_parallel:
+            raise ConfigError("a load profile needs expert_parallel=True (the ranks count expert loads)")
+        self._check_healthy()
+        self._loads.clear()
+        for inbox in self._inboxes:
+            inbox.put(("load",))
+        deadline = time.monotonic() + timeout
+        while len(self._loads) < self.world_size:
+            self._pump(_STEP_WAIT_S)
+            self._check_healthy()
+            if time.monotonic() > deadline:
+                raise RankFailedError(f"the ranks did not report their expert loads within {timeout}s")
+        total = torch.stack(list(self._loads.values())).sum(dim=0)
+        save_profile(path, total)
+        return total
+
     def requests_per_rank(self) -> list[int]:
         """Unfinished requests on each rank."""
         return [sum(1 for r in self._owner.values() if r == rank) for rank in range(self.world_size)]
@@ -201,10 +225,12 @@ class DataParallelEngine:
                 self._deliver(rank, out)
         elif kind == "ack":
             self._acks[message[2]] = message[3]
+        elif kind == "load":
+            self._loads[rank] = message[2]
         elif kind == "metrics":
             self.rank_metrics[rank] = message[2]
         elif kind == "error":
-            self._fail(rank, f"rank {rank} failed:\n{message[2]}")
+            self._rank_error(rank, message[2])
 
     def _deliver(self, rank: int, out: RequestOutput) -> None:
         if out.request_id not in self._owner:
@@ -220,6 +246,21 @@ class DataParallelEngine:
             if model is not None:
                 out = _validated(out, model)
         self._buffer.append(out)
+
+    def _rank_error(self, rank: int, text: str) -> None:
+        """A rank reported a failure. A collective that broke because a peer died fails on the
+        survivor first, so a peer that exited meanwhile is named as the cause."""
+        lines = [line for line in text.splitlines() if line.strip()]
+        summary = lines[-1] if lines else "unknown error"
+        logger.error("rank %d failed:\n%s", rank, text)
+        deadline = time.monotonic() + _PEER_EXIT_GRACE_S
+        while time.monotonic() < deadline:
+            for r, p in enumerate(self._procs):
+                if r != rank and r not in self._dead and p.exitcode not in (None, 0):
+                    self._fail(r, f"rank {r} exited with code {p.exitcode}")
+                    return
+            time.sleep(0.05)
+        self._fail(rank, f"rank {rank} failed: {summary}")
 
     def _fail(self, rank: int, reason: str) -> None:
         if rank in self._dead:

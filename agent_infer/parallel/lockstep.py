@@ -42,6 +42,8 @@ class ParallelMetrics:
     #: Per rebalance, the expert imbalance (max/mean rank load, averaged over MoE layers) of the
     #: window's load under the placement it replaced and under the new one.
     imbalance_history: list[tuple[float, float]] = field(default_factory=list)
+    #: Each MoE layer's current placement (logical expert of every physical slot).
+    placements: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def dispatch_bytes_per_step(self) -> float:
@@ -72,7 +74,10 @@ class LockStep:
         self.any_busy = False
         world = ep.world_size
         self.metrics = ParallelMetrics(
-            ep.rank, tokens_per_rank=[0] * world, total_tokens_per_rank=[0] * world
+            ep.rank,
+            tokens_per_rank=[0] * world,
+            total_tokens_per_rank=[0] * world,
+            placements=[p.slots for p in ep.placements],
         )
 
     def __call__(self, scheduled: list[ScheduledSequence]) -> None:
@@ -119,6 +124,7 @@ class LockStep:
         after = _mean([p.imbalance(load[i].tolist()) for i, p in enumerate(new)])
         m.imbalance_history.append((before, after))
         self.ep.rebalance(new)
+        m.placements = [p.slots for p in new]
         m.rebalances += 1
         m.rebalance_bytes = self.ep.stats.rebalance_bytes
         m.rebalance_seconds += time.perf_counter() - start

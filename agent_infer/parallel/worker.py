@@ -21,7 +21,7 @@ import torch
 from agent_infer import envs
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import LLMEngine
-from agent_infer.errors import ConfigError, InvalidRequestError
+from agent_infer.errors import ConfigError, EngineError, InvalidRequestError
 from agent_infer.model.layers.moe import MoE
 from agent_infer.parallel.config import ParallelConfig
 from agent_infer.parallel.eplb import Placement, balanced_placement, contiguous_placement
@@ -116,6 +116,10 @@ def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbo
             outputs = engine.step()
         except StopLockStep:
             return
+        if lock is not None and lock.ep.broken is not None:
+            # The step's outputs carry the exchange's error per request; the front end fails them
+            # all with RankFailedError instead.
+            raise EngineError(f"expert-parallel exchange failed: {lock.ep.broken}")
         if outputs:
             outbox.put(("out", rank, outputs))
         if lock is not None:
@@ -144,6 +148,9 @@ def _commands(
             lock.stop_requested = True
         elif kind == "metrics":
             outbox.put(("metrics", rank, lock.metrics if lock is not None else None))
+        elif kind == "load":
+            load = lock.ep.load.totals() if lock is not None else None
+            outbox.put(("load", rank, load))
         elif kind == "abort":
             engine.abort(command[1])
         elif kind == "add":

@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from agent_infer import LLM, SamplingParams
 from agent_infer.errors import RankFailedError
 from agent_infer.parallel import DataParallelEngine
+from agent_infer.parallel.eplb import balanced_placement
+from agent_infer.parallel.load_stats import save_profile
 
 pytest.importorskip("transformers")
 
@@ -69,7 +71,9 @@ def single(model_dir: str) -> list:
     return llm.generate(PROMPTS, _params())
 
 
-def test_dp2_expert_parallel_with_rebalances_is_bit_identical(model_dir: str, single: list) -> None:
+def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
+    model_dir: str, single: list, tmp_path: Path
+) -> None:
     llm = LLM(
         model=model_dir,
         kv_cache_memory_bytes=32 * 1024 * 1024,
@@ -85,8 +89,10 @@ def test_dp2_expert_parallel_with_rebalances_is_bit_identical(model_dir: str, si
         assert isinstance(engine, DataParallelEngine)
         got = llm.generate(PROMPTS, _params())
         metrics = engine.collect_metrics()
+        profile = engine.save_load_profile(str(tmp_path / "load.json"))
     finally:
         llm.close()
+    assert profile.shape == (2, 8) and profile[:, :2].sum() > profile[:, 2:].sum() / 3  # 0 and 1 are hot
     for want, out in zip(single, got):
         assert out.outputs[0].token_ids == want.outputs[0].token_ids
         assert out.outputs[0].text == want.outputs[0].text
@@ -111,17 +117,31 @@ def test_data_parallel_without_expert_parallel_matches(model_dir: str, single: l
 
 
 @pytest.mark.parametrize("expert_parallel", [True, False], ids=["ep", "dp-only"])
-def test_a_killed_rank_fails_its_requests_with_a_typed_error(model_dir: str, expert_parallel: bool) -> None:
+def test_a_killed_rank_fails_its_requests_with_a_typed_error(
+    model_dir: str, expert_parallel: bool, tmp_path: Path
+) -> None:
+    """Under expert parallelism the ranks also start from a static placement of a saved profile."""
+    profile = torch.tensor([[900, 50, 10, 10, 10, 10, 10, 10], [10, 10, 10, 10, 10, 10, 500, 400]])
+    save_profile(tmp_path / "load.json", profile)
+    ep_options = (
+        dict(eplb_profile=str(tmp_path / "load.json"), redundant_experts=2) if expert_parallel else {}
+    )
     llm = LLM(
         model=model_dir,
         kv_cache_memory_bytes=32 * 1024 * 1024,
         data_parallel_size=2,
         expert_parallel=expert_parallel,
         collective_timeout_s=30.0,
+        **ep_options,
     )
     engine = llm.engine
     assert isinstance(engine, DataParallelEngine)
     try:
+        if expert_parallel:
+            placed = engine.collect_metrics()[0]
+            assert placed is not None
+            want = [balanced_placement(row.tolist(), 2, 5, num_groups=4).slots for row in profile.float()]
+            assert placed.placements == want and placed.placements[0].count(0) >= 2  # hot expert 0 replicated
         params = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
         for i in range(4):
             engine.add_request(f"r{i}", PROMPTS[i], params)
