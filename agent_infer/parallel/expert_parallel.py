@@ -19,6 +19,7 @@ and batch it ran in. A rank with no tokens still joins every exchange (an idle s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,9 +35,15 @@ from agent_infer.parallel.load_stats import ExpertLoad
 
 @dataclass
 class TrafficStats:
-    """All-to-all bytes this rank sent (tokens out and results back) and rebalance bytes."""
+    """All-to-all bytes this rank sent (tokens out and results back), rebalance bytes, and where
+    the layer's time went: ``wait_seconds`` in the count exchange (mostly waiting for slower
+    ranks: the step is in lock-step), ``transfer_seconds`` in the row exchanges,
+    ``expert_seconds`` in the local experts' matmuls."""
 
     dispatch_bytes: int = 0
+    wait_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    expert_seconds: float = 0.0
     rebalance_bytes: int = 0
     idle_layers: int = 0
     per_rank_pairs: list[int] = field(default_factory=list)
@@ -97,7 +104,10 @@ class _LayerExperts:
         order = phys.argsort(stable=True)  # by destination rank, then slot, tokens ascending
         send_counts = torch.bincount(phys // s, minlength=owner.world_size)
         recv_counts = torch.empty_like(send_counts)
+        stats = owner.stats
+        t0 = time.perf_counter()
         dist.all_to_all_single(recv_counts, send_counts, group=owner.group)
+        t1 = time.perf_counter()
         send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
         device = x.device
         send_rows = x.index_select(0, token_of[order].to(device)).contiguous()
@@ -106,14 +116,23 @@ class _LayerExperts:
         recv_slot = torch.empty(sum(recv_split), dtype=torch.int64)
         dist.all_to_all_single(recv_slot, send_slot, recv_split, send_split, group=owner.group)
         dist.all_to_all_single(recv_rows, send_rows, recv_split, send_split, group=owner.group)
+        t2 = time.perf_counter()
         results = self._run_slots(recv_rows, recv_slot)
+        t3 = time.perf_counter()
         back = x.new_empty(int(send_rows.shape[0]), int(x.shape[1]))
         dist.all_to_all_single(back, results, send_split, recv_split, group=owner.group)
+        t4 = time.perf_counter()
+        stats.wait_seconds += t1 - t0
+        stats.transfer_seconds += (t2 - t1) + (t4 - t3)
+        stats.expert_seconds += t3 - t2
+        # Bytes leaving this rank (pairs kept here are copies, not traffic): rows out and back,
+        # their slot ids, the counts.
+        remote = len(order) - send_split[owner.rank]
         row_bytes = int(x.shape[1]) * x.element_size()
-        owner.stats.dispatch_bytes += (2 * len(order) * row_bytes) + 8 * (len(order) + owner.world_size)
-        owner.stats.per_rank_pairs[self.index] += sum(recv_split)
+        stats.dispatch_bytes += remote * (2 * row_bytes + 8) + 8 * (owner.world_size - 1)
+        stats.per_rank_pairs[self.index] += sum(recv_split)
         if not tokens:
-            owner.stats.idle_layers += 1
+            stats.idle_layers += 1
             return x.new_empty(0, int(x.shape[1]))
         pair_out = torch.empty_like(back)
         pair_out[order.to(device)] = back

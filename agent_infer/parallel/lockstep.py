@@ -39,6 +39,13 @@ class ParallelMetrics:
     rebalances: int = 0
     rebalance_bytes: int = 0
     rebalance_seconds: float = 0.0
+    #: Wall time of busy steps on this rank, and the MoE layers' share of it: waiting for the
+    #: other ranks (count exchange), moving rows, running the local experts, idle passes.
+    step_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    expert_seconds: float = 0.0
+    idle_pass_seconds: float = 0.0
     #: Per rebalance, the expert imbalance (max/mean rank load, averaged over MoE layers) of the
     #: window's load under the placement it replaced and under the new one.
     imbalance_history: list[tuple[float, float]] = field(default_factory=list)
@@ -72,6 +79,7 @@ class LockStep:
         self.num_groups = num_groups
         self.stop_requested = False
         self.any_busy = False
+        self._last_step = time.perf_counter()
         world = ep.world_size
         self.metrics = ParallelMetrics(
             ep.rank,
@@ -88,10 +96,14 @@ class LockStep:
         table = torch.stack(gathered)
         if bool(table[:, 1].any()):
             raise StopLockStep
-        self.any_busy = bool(table[:, 0].any())
+        was_busy, self.any_busy = self.any_busy, bool(table[:, 0].any())
+        now = time.perf_counter()
+        m = self.metrics
+        if was_busy:
+            m.step_seconds += now - self._last_step
+        self._last_step = now
         if not self.any_busy:
             return
-        m = self.metrics
         m.steps += 1
         m.tokens_per_rank = table[:, 2].tolist()
         m.total_tokens_per_rank = [a + b for a, b in zip(m.total_tokens_per_rank, m.tokens_per_rank)]
@@ -101,8 +113,13 @@ class LockStep:
             self.rebalance()
         if not scheduled:
             m.idle_steps += 1
+            start = time.perf_counter()
             self.ep.idle_pass(self.hidden_size, self.dtype, self.device)
-        m.dispatch_bytes = self.ep.stats.dispatch_bytes
+            m.idle_pass_seconds += time.perf_counter() - start
+        stats = self.ep.stats
+        m.dispatch_bytes = stats.dispatch_bytes
+        m.wait_seconds, m.transfer_seconds = stats.wait_seconds, stats.transfer_seconds
+        m.expert_seconds = stats.expert_seconds
 
     def rebalance(self) -> None:
         """Compute the EPLB placement of the window's summed loads and move the weights to it."""
