@@ -73,10 +73,14 @@ class DataParallelEngine:
         self._models: dict[str, Any] = {}
         self._acks: dict[str, BaseException | None] = {}
         self._loads: dict[int, torch.Tensor] = {}
+        #: Each rank's latest queue lengths, KV blocks and grammar timings (reported every 0.25 s).
+        self.rank_status: dict[int, dict[str, Any]] = {}
+        #: Warnings of each unfinished request's constraint (what ``Sequence.constraint_warnings`` holds).
+        self.constraint_warnings: dict[str, tuple[Any, ...]] = {}
         self._buffer: list[RequestOutput] = []
         self._dead: set[int] = set()
         self._stopping = False
-        self.healthy = True
+        self._healthy = True
         #: Latest lock-step metrics of each rank (None without expert parallelism).
         self.rank_metrics: dict[int, ParallelMetrics | None] = {}
         #: Tokens each rank generated (from its outputs).
@@ -144,6 +148,7 @@ class DataParallelEngine:
             self._check_healthy()
         error = self._acks.pop(request_id)
         if error is not None:
+            self.constraint_warnings.pop(request_id, None)
             raise error
         self._owner[request_id] = rank
         if model is not None:
@@ -225,6 +230,9 @@ class DataParallelEngine:
                 self._deliver(rank, out)
         elif kind == "ack":
             self._acks[message[2]] = message[3]
+            self.constraint_warnings[message[2]] = tuple(message[4])
+        elif kind == "status":
+            self.rank_status[rank] = message[2]
         elif kind == "load":
             self._loads[rank] = message[2]
         elif kind == "metrics":
@@ -243,6 +251,7 @@ class DataParallelEngine:
             self._owner.pop(out.request_id, None)
             self._models.pop(out.request_id, None)
             self._seen_tokens.pop(out.request_id, None)
+            self.constraint_warnings.pop(out.request_id, None)
             if model is not None:
                 out = _validated(out, model)
         self._buffer.append(out)
@@ -266,7 +275,7 @@ class DataParallelEngine:
         if rank in self._dead:
             return
         logger.error("data-parallel engine unhealthy: %s", reason.splitlines()[0])
-        self.healthy = False
+        self._healthy = False
         self._dead.add(rank)
         broken = set(range(self.world_size)) if self.parallel.expert_parallel else {rank}
         first_line = reason.splitlines()[0]
@@ -274,13 +283,21 @@ class DataParallelEngine:
             if owner in broken:
                 self._owner.pop(request_id)
                 self._models.pop(request_id, None)
+                self.constraint_warnings.pop(request_id, None)
                 self._buffer.append(_failed(request_id, f"RankFailedError: {first_line}"))
         if self.parallel.expert_parallel:
             # The survivors wait in collectives that can no longer complete.
             self._dead.update(range(self.world_size))
             _terminate(self._procs, [])
 
+    @property
+    def healthy(self) -> bool:
+        """False once a rank failed or exited (read-only: safe from another thread, e.g. /health)."""
+        return self._healthy and (self._stopping or all(p.exitcode is None for p in self._procs))
+
     def _check_healthy(self) -> None:
+        if self._healthy and not self.healthy:
+            self._pump(0.0)  # names the dead rank and fails its requests
         if not self.healthy:
             raise RankFailedError(
                 f"the data-parallel engine is unhealthy: rank(s) {sorted(self._dead)} failed",

@@ -2,7 +2,7 @@
 
 The front end sends ``("add", id, prompt, params)``, ``("abort", id)`` and ``("stop",)`` on the
 rank's inbox; the rank answers on the shared outbox with ``("ready", rank, info)``, ``("ack", rank,
-id, error)``, ``("out", rank, outputs)``, ``("metrics", rank, metrics)`` and, when it fails,
+id, error, warnings)``, ``("status", rank, counts)``, ``("out", rank, outputs)``, ``("metrics", rank, metrics)`` and, when it fails,
 ``("error", rank, text)``. Expert-parallel ranks step in lock-step (``lockstep.py``) and so poll
 rather than block while all of them are idle.
 """
@@ -33,6 +33,7 @@ from agent_infer.parallel.lockstep import LockStep, StopLockStep
 # How long an idle rank waits for a command; lock-step ranks sleep this long when all are idle.
 _IDLE_POLL_S = 0.002
 _METRICS_EVERY_S = 0.5
+_STATUS_EVERY_S = 0.25
 
 
 def rank_main(
@@ -104,9 +105,26 @@ def _expert_parallel(engine: LLMEngine, config: ParallelConfig, rank: int, world
     return lock
 
 
+def _status(engine: LLMEngine) -> dict[str, Any]:
+    """What the server's snapshot shows of this rank: queue lengths, KV blocks, grammar timings."""
+    s = engine.scheduler
+    return {
+        "waiting": len(s.waiting),
+        "waiting_for_grammar": len(s.waiting_for_grammar),
+        "running": len(s.running),
+        "kv_blocks_total": engine.block_manager.num_blocks,
+        "kv_blocks_free": engine.block_manager.num_free_blocks,
+        "grammar": engine.grammar.timings(),
+    }
+
+
 def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any) -> None:
-    last_metrics = 0.0
+    last_metrics = last_status = 0.0
     while True:
+        now = time.monotonic()
+        if now - last_status > _STATUS_EVERY_S:
+            outbox.put(("status", rank, _status(engine)))
+            last_status = now
         idle = lock is None and not engine.has_unfinished_requests()
         if not _commands(rank, engine, lock, inbox, outbox, wait=_IDLE_POLL_S * 25 if idle else 0.0):
             return
@@ -157,9 +175,10 @@ def _commands(
             _, request_id, prompt, params = command
             try:
                 engine.add_request(request_id, prompt, params)
-                outbox.put(("ack", rank, request_id, None))
+                warnings = engine.requests[request_id].constraint_warnings
+                outbox.put(("ack", rank, request_id, None, warnings))
             except Exception as exc:
-                outbox.put(("ack", rank, request_id, _portable(exc)))
+                outbox.put(("ack", rank, request_id, _portable(exc), ()))
 
 
 def _portable(exc: Exception) -> Exception:
