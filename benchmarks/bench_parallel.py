@@ -1,7 +1,7 @@
 """Parallel MoE serving on this machine, and a paper model of it at DeepSeek-V3 scale.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_parallel.py [--requests 32]
-[--max-tokens 32] [--cp-len 1024] [--paper-only]``.
+[--max-tokens 32] [--cp-len 1024] [--skip-serving] [--paper-only]``.
 
 1. **Serving**: ``--requests`` concurrent greedy requests (``--max-tokens`` each, EOS ignored) on a
    random DeepSeek-V3-layout checkpoint written to a temporary folder (no trained V3 checkpoint is
@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+# Before torch loads OpenMP: spinning worker threads would steal the other ranks' cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -330,12 +333,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--cp-len", type=int, default=1024)
     parser.add_argument("--paper-only", action="store_true")
+    parser.add_argument("--skip-serving", action="store_true", help="context parallel and paper model only")
     args = parser.parse_args()
     if not args.paper_only:
         with tempfile.TemporaryDirectory() as tmp:
             write_checkpoint(Path(tmp))
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-            serving(tmp, args)
+            if not args.skip_serving:
+                serving(tmp, args)
             context_parallel(tmp, args)
     paper_model()
     return 0

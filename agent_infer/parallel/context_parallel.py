@@ -67,8 +67,9 @@ def lse_merge(outputs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Te
 
 @dataclass(frozen=True)
 class PrefillResult:
-    """Float32 logits of every prompt position ``[L, vocab]`` and each layer's latent cache rows
-    ``[L, latent_dim]`` (what the rank that keeps the request writes into its paged cache)."""
+    """Float32 logits ``[1, vocab]`` of the last position (``[L, vocab]`` of every position with
+    ``all_logits``) and each layer's latent cache rows ``[L, latent_dim]`` (what the rank that keeps
+    the request writes into its paged cache)."""
 
     logits: torch.Tensor
     latents: list[torch.Tensor]
@@ -76,7 +77,11 @@ class PrefillResult:
 
 @torch.inference_mode()
 def context_parallel_prefill(
-    model: DeepseekV3ForCausalLM, token_ids: list[int], group: dist.ProcessGroup | None = None
+    model: DeepseekV3ForCausalLM,
+    token_ids: list[int],
+    group: dist.ProcessGroup | None = None,
+    *,
+    all_logits: bool = False,
 ) -> PrefillResult:
     """Prefill ``token_ids`` over the ranks of ``group`` (every rank calls this with the same prompt)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -112,7 +117,7 @@ def context_parallel_prefill(
             x = x + torch.cat((y, y.new_zeros(pad, int(y.shape[1]))))
     hidden = model.norm.forward(x)[:n]
     gathered = _gather_rows(hidden, all_pos, width, length, group)
-    return PrefillResult(model.compute_logits(gathered), latents)
+    return PrefillResult(model.compute_logits(gathered if all_logits else gathered[-1:]), latents)
 
 
 def _attention(

@@ -57,7 +57,7 @@ def test_lse_merge_of_key_pieces_is_exact_attention() -> None:
 
 def _cp_rank(rank: int, world: int, directory: str, prompt: list[int]) -> torch.Tensor:
     model = load_ours(Path(directory))
-    result = context_parallel_prefill(model, prompt)  # type: ignore[arg-type]
+    result = context_parallel_prefill(model, prompt, all_logits=True)  # type: ignore[arg-type]
     assert len(result.latents) == model.config.num_layers
     return result.logits
 
