@@ -10,8 +10,8 @@ from deepseek_support import save_tiny, write_tokenizer
 
 
 def _checkpoint(directory: Path) -> Path:
-    """The tiny V3 with experts 0 and 1 made hot (their correction bias raised), so most tokens go there."""
-    hf = save_tiny(directory, vocab_size=49152)
+    """The tiny V3 (512 positions) with experts 0 and 1 made hot (their correction bias raised), so most tokens go there."""
+    hf = save_tiny(directory, vocab_size=49152, max_position_embeddings=512)  # room for tool prompts
     with torch.no_grad():
         for layer in hf.model.layers[1:]:
             layer.mlp.gate.e_score_correction_bias[:2] += 2.0

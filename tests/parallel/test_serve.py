@@ -88,6 +88,70 @@ def test_chat_equals_one_process_and_metrics_show_ranks(
     assert 'agent_infer_parallel_rank_generated_tokens_total{rank="0"}' in text
 
 
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "river",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}, "km": {"type": "integer"}},
+            "required": ["name", "km"],
+        },
+    },
+}
+
+
+def _structured_replies(base_url: str) -> list[tuple[str | None, str | None, str | None]]:
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    out = []
+    for choice in ("add", None):
+        kw: dict = (
+            {"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": choice}}}
+            if choice
+            else {"response_format": SCHEMA}
+        )
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Add 2 and 3."}],
+            temperature=0,
+            max_tokens=40,
+            **kw,
+        )
+        message = reply.choices[0].message
+        calls = message.tool_calls or []
+        call = calls[0].function if calls else None
+        out.append((message.content, call.name if call else None, call.arguments if call else None))
+    return out
+
+
+def test_tool_calls_and_schemas_equal_a_one_process_server(
+    served: tuple[str, subprocess.Popen[bytes]], model_dir: str
+) -> None:
+    from server_harness import running_server
+
+    from agent_infer.model.loader import load_model
+
+    got = _structured_replies(served[0])
+    with running_server(load_model(model_dir), kv_cache_memory_bytes=32 * 1024 * 1024) as live:
+        want = _structured_replies(live.base_url)
+    assert got == want
+    assert got[0][1] == "add" and got[0][2]  # a random model's arguments may be cut by max_tokens
+    assert got[1][0]
+
+
 def test_a_killed_rank_makes_the_server_unhealthy(served: tuple[str, subprocess.Popen[bytes]]) -> None:
     base, proc = served
     ranks = _rank_pids(proc.pid)
