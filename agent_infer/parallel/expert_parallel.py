@@ -102,7 +102,9 @@ class _LayerExperts:
             flat = token_of = phys = torch.empty(0, dtype=torch.int64)
         s = self.placement.slots_per_rank
         order = phys.argsort(stable=True)  # by destination rank, then slot, tokens ascending
-        send_counts = torch.bincount(phys // s, minlength=owner.world_size)
+        # Collectives take tensors on the backend's device (NCCL/HCCL: the accelerator).
+        comm = owner.device
+        send_counts = torch.bincount(phys // s, minlength=owner.world_size).to(comm)
         recv_counts = torch.empty_like(send_counts)
         stats = owner.stats
         t0 = time.perf_counter()
@@ -111,9 +113,9 @@ class _LayerExperts:
         send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
         device = x.device
         send_rows = x.index_select(0, token_of[order].to(device)).contiguous()
-        send_slot = (phys[order] % s).contiguous()
+        send_slot = (phys[order] % s).to(comm).contiguous()
         recv_rows = x.new_empty(sum(recv_split), int(x.shape[1]))
-        recv_slot = torch.empty(sum(recv_split), dtype=torch.int64)
+        recv_slot = torch.empty(sum(recv_split), dtype=torch.int64, device=comm)
         dist.all_to_all_single(recv_slot, send_slot, recv_split, send_split, group=owner.group)
         dist.all_to_all_single(recv_rows, send_rows, recv_split, send_split, group=owner.group)
         t2 = time.perf_counter()
@@ -142,6 +144,7 @@ class _LayerExperts:
         out = torch.empty_like(rows)
         if not int(rows.shape[0]):
             return out
+        slots = slots.cpu()
         order = slots.argsort(stable=True)
         counts = torch.bincount(slots, minlength=self.placement.slots_per_rank).tolist()
         start = 0
@@ -249,6 +252,8 @@ class ExpertParallel:
         self.world_size = world_size
         self.group = group
         self.moes = list(moes)
+        #: Where collective tensors live: the weights' device (gloo takes CPU tensors).
+        self.device = moes[0].router.device
         #: Why an exchange failed (a peer died, a timeout); the rank must stop once set.
         self.broken: str | None = None
         self.load = ExpertLoad(len(moes), moes[0].num_experts, window)
@@ -271,9 +276,9 @@ class ExpertParallel:
 
     def global_load(self) -> torch.Tensor:
         """The window's expert loads ``[layers, experts]`` summed over every rank (a collective)."""
-        totals = self.load.totals()
+        totals = self.load.totals().to(self.device)
         dist.all_reduce(totals, group=self.group)
-        return totals
+        return totals.cpu()
 
     def rebalance(self, placements: Sequence[Placement]) -> int:
         """Move expert weights to ``placements`` (every rank calls this with the same ones); the bytes

@@ -140,19 +140,30 @@ class DataParallelEngine:
         if params is not None and not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", field="params")
         wire, model = _to_wire(params)
-        load = [sum(1 for r in self._owner.values() if r == rank) for rank in range(self.world_size)]
+        load = self.requests_per_rank()
         rank = min((r for r in range(self.world_size) if r not in self._dead), key=lambda r: (load[r], r))
-        self._inboxes[rank].put(("add", request_id, prompt, wire))
-        while request_id not in self._acks:
-            self._pump(_STEP_WAIT_S)
-            self._check_healthy()
-        error = self._acks.pop(request_id)
-        if error is not None:
-            self.constraint_warnings.pop(request_id, None)
-            raise error
+        # Owned before the acknowledgement: the rank's first outputs may follow it in the same pump.
         self._owner[request_id] = rank
         if model is not None:
             self._models[request_id] = model
+        self._inboxes[rank].put(("add", request_id, prompt, wire))
+        try:
+            while request_id not in self._acks:
+                self._pump(_STEP_WAIT_S)
+                self._check_healthy()
+        except RankFailedError:
+            # Raised here instead of reported as this request's output.
+            self._buffer = [out for out in self._buffer if out.request_id != request_id]
+            self._forget(request_id)
+            raise
+        error = self._acks.pop(request_id)
+        if error is not None:
+            self._forget(request_id)
+            raise error
+
+    def _forget(self, request_id: str) -> None:
+        for table in (self._owner, self._models, self._seen_tokens, self.constraint_warnings, self._acks):
+            table.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its final output comes from a later :meth:`step`."""

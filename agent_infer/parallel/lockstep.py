@@ -90,10 +90,12 @@ class LockStep:
 
     def __call__(self, scheduled: list[ScheduledSequence]) -> None:
         tokens = sum(item.num_new_tokens + len(item.draft) for item in scheduled)
-        mine = torch.tensor([int(bool(scheduled)), int(self.stop_requested), tokens], dtype=torch.int64)
+        mine = torch.tensor(
+            [int(bool(scheduled)), int(self.stop_requested), tokens], dtype=torch.int64, device=self.ep.device
+        )
         gathered = [torch.empty_like(mine) for _ in range(self.ep.world_size)]
         dist.all_gather(gathered, mine, group=self.ep.group)
-        table = torch.stack(gathered)
+        table = torch.stack(gathered).cpu()
         if bool(table[:, 1].any()):
             raise StopLockStep
         was_busy, self.any_busy = self.any_busy, bool(table[:, 0].any())
