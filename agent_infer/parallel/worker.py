@@ -30,8 +30,11 @@ from agent_infer.parallel.group import GroupSpec, close_group, init_group
 from agent_infer.parallel.load_stats import load_profile
 from agent_infer.parallel.lockstep import LockStep, StopLockStep
 
-# How long an idle rank waits for a command; lock-step ranks sleep this long when all are idle.
+# How long an idle rank waits for a command. Lock-step ranks that are all idle sleep between polls,
+# from the shortest to the longest pause as the idle spell lasts (a new request waits at most the
+# longest; an idle server costs a collective per pause).
 _IDLE_POLL_S = 0.002
+_IDLE_POLL_MAX_S = 0.02
 _METRICS_EVERY_S = 0.5
 _STATUS_EVERY_S = 0.25
 
@@ -120,6 +123,7 @@ def _status(engine: LLMEngine) -> dict[str, Any]:
 
 def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any) -> None:
     last_metrics = last_status = 0.0
+    pause = _IDLE_POLL_S
     while True:
         now = time.monotonic()
         if now - last_status > _STATUS_EVERY_S:
@@ -146,7 +150,10 @@ def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbo
                 outbox.put(("metrics", rank, lock.metrics))
                 last_metrics = now
             if not lock.any_busy and not engine.has_unfinished_requests():
-                time.sleep(_IDLE_POLL_S)
+                time.sleep(pause)
+                pause = min(2 * pause, _IDLE_POLL_MAX_S)
+            else:
+                pause = _IDLE_POLL_S
 
 
 def _commands(

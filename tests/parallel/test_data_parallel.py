@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from agent_infer import LLM, SamplingParams
-from agent_infer.errors import RankFailedError
+from agent_infer.errors import InvalidRequestError, RankFailedError
 from agent_infer.parallel import DataParallelEngine
 from agent_infer.parallel.eplb import balanced_placement
 from agent_infer.parallel.load_stats import save_profile
@@ -92,10 +92,21 @@ def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
 
 def test_data_parallel_without_expert_parallel_matches(model_dir: str, single: list) -> None:
     llm = LLM(model=model_dir, kv_cache_memory_bytes=32 * 1024 * 1024, data_parallel_size=2)
+    engine = llm.engine
+    assert isinstance(engine, DataParallelEngine)
     try:
         got = llm.generate(PROMPTS[:4], _params()[:4])
+        engine.add_request("long", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True))
+        engine.abort("long")
+        ends: list = []
+        deadline = time.monotonic() + 30
+        while engine.has_unfinished_requests() and time.monotonic() < deadline:
+            ends += [out for out in engine.step() if out.finished]
+        with pytest.raises(InvalidRequestError, match="prompt"):
+            engine.add_request("bad", [], SamplingParams())  # the rank's own check, raised here
     finally:
         llm.close()
+    assert [(o.request_id, o.outputs[0].finish_reason) for o in ends] == [("long", "abort")]
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in single[:4]]
 
 
