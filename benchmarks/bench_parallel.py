@@ -295,15 +295,15 @@ def paper_model() -> None:
         "only), times 58 MoE layers; imbalance = max/mean rank load over 20 log-normal layer loads.\n"
     )
     print(
-        "| ranks | slots/rank | per pair, bf16 both ways (ours) KB | per rank, fp8 out + bf16 back (DeepEP) KB "
+        "| ranks | slots/rank | ours: bf16 out per rank, bf16 back per pair KB | DeepEP: fp8 out, bf16 back, per rank KB "
         "| distinct ranks/token | MB/token, 58 layers (ours) | MB/token (DeepEP) | imbalance no EPLB "
         "| EPLB global | EPLB hierarchical (8 ranks/node) |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for ranks, redundant in ((8, 32), (64, 64)):
         remote = (ranks - 1) / ranks
-        ours = k * remote * h * (2 + 2)
         d = distinct_ranks(ranks)
+        ours = d * remote * h * 2 + k * remote * h * 2
         deepep = d * remote * h * (1 + 2) + d * remote * (h // 128) * 4  # fp8 rows + their scales
         slots = (V3["experts"] + redundant) // ranks
         before, glob, hier = [], [], []

@@ -6,11 +6,13 @@ of one layer on one rank:
 
 1. route the rank's tokens (the replicated router); each (token, expert) pair picks one replica of
    its expert (``token % replicas``, so replicas share the traffic) and thus a destination rank;
-2. exchange per-destination pair counts (``all_to_all_single`` of ``R`` integers), then the pairs'
-   hidden rows and slot indices;
-3. run each local slot's SwiGLU over the rows it received;
-4. send the outputs back (the reverse all-to-all) and sum each token's expert outputs in ascending
-   logical-expert order, as the single-process layer does.
+2. exchange per-destination counts of token rows and pairs (``all_to_all_single`` of ``2R``
+   integers), then each pair's (row, slot) ids and the token rows, a token's row going once to each
+   rank that hosts any of its experts (deduplicated per rank, as DeepEP does);
+3. run each local slot's SwiGLU over the rows of its pairs;
+4. send one output row per pair back (the reverse all-to-all) and sum each token's expert outputs
+   in ascending logical-expert order, as the single-process layer does. Combining on the expert's
+   rank instead would halve the return traffic but change the order of the float additions.
 
 The expert matmuls are row-invariant (fixed row chunks, ``layers/linear.py``) and the sum order per
 token is the single-process one, so a token's output is bit-identical to one process whatever rank
@@ -100,39 +102,55 @@ class _LayerExperts:
             experts = torch.empty(0, k, dtype=torch.int64)
             weights = torch.empty(0, k)
             flat = token_of = phys = torch.empty(0, dtype=torch.int64)
-        s = self.placement.slots_per_rank
+        s, ranks = self.placement.slots_per_rank, owner.world_size
+        dest = phys // s
         order = phys.argsort(stable=True)  # by destination rank, then slot, tokens ascending
+        # A token goes once to each rank hosting any of its experts; each pair names its row there.
+        width = max(tokens, 1)
+        uniq, inverse = torch.unique(dest * width + token_of, sorted=True, return_inverse=True)
+        rows_out = torch.bincount(uniq // width, minlength=ranks)
+        pairs_out = torch.bincount(dest, minlength=ranks)
+        row_start = torch.cumsum(rows_out, 0) - rows_out
+        meta = torch.stack((inverse[order] - row_start[dest[order]], phys[order] % s), dim=1)
         # Collectives take tensors on the backend's device (NCCL/HCCL: the accelerator).
         comm = owner.device
-        send_counts = torch.bincount(phys // s, minlength=owner.world_size).to(comm)
+        send_counts = torch.stack((rows_out, pairs_out), dim=1).reshape(-1).to(comm)
         recv_counts = torch.empty_like(send_counts)
         stats = owner.stats
         t0 = time.perf_counter()
         dist.all_to_all_single(recv_counts, send_counts, group=owner.group)
         t1 = time.perf_counter()
-        send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
+        recv = recv_counts.view(ranks, 2).cpu()
+        rows_in, pairs_in = recv[:, 0], recv[:, 1]
         device = x.device
-        send_rows = x.index_select(0, token_of[order].to(device)).contiguous()
-        send_slot = (phys[order] % s).to(comm).contiguous()
-        recv_rows = x.new_empty(sum(recv_split), int(x.shape[1]))
-        recv_slot = torch.empty(sum(recv_split), dtype=torch.int64, device=comm)
-        dist.all_to_all_single(recv_slot, send_slot, recv_split, send_split, group=owner.group)
-        dist.all_to_all_single(recv_rows, send_rows, recv_split, send_split, group=owner.group)
+        send_rows = x.index_select(0, (uniq % width).to(device)).contiguous()
+        recv_rows = x.new_empty(int(rows_in.sum()), int(x.shape[1]))
+        recv_meta = torch.empty(int(pairs_in.sum()), 2, dtype=torch.int64, device=comm)
+        pairs_out_l, pairs_in_l = pairs_out.tolist(), pairs_in.tolist()
+        dist.all_to_all_single(
+            recv_meta, meta.to(comm).contiguous(), pairs_in_l, pairs_out_l, group=owner.group
+        )
+        dist.all_to_all_single(recv_rows, send_rows, rows_in.tolist(), rows_out.tolist(), group=owner.group)
         t2 = time.perf_counter()
-        results = self._run_slots(recv_rows, recv_slot)
+        recv_meta = recv_meta.cpu()
+        source = torch.repeat_interleave(torch.arange(ranks), pairs_in)
+        row_idx = recv_meta[:, 0] + (torch.cumsum(rows_in, 0) - rows_in)[source]
+        results = self._run_slots(recv_rows, row_idx, recv_meta[:, 1])
         t3 = time.perf_counter()
-        back = x.new_empty(int(send_rows.shape[0]), int(x.shape[1]))
-        dist.all_to_all_single(back, results, send_split, recv_split, group=owner.group)
+        back = x.new_empty(len(order), int(x.shape[1]))
+        dist.all_to_all_single(back, results, pairs_out_l, pairs_in_l, group=owner.group)
         t4 = time.perf_counter()
         stats.wait_seconds += t1 - t0
         stats.transfer_seconds += (t2 - t1) + (t4 - t3)
         stats.expert_seconds += t3 - t2
-        # Bytes leaving this rank (pairs kept here are copies, not traffic): rows out and back,
-        # their slot ids, the counts.
-        remote = len(order) - send_split[owner.rank]
+        # Bytes leaving this rank (what stays here is a copy, not traffic): token rows out, one
+        # output row per pair back, each pair's (row, slot) ids, the counts.
+        me = owner.rank
         row_bytes = int(x.shape[1]) * x.element_size()
-        stats.dispatch_bytes += remote * (2 * row_bytes + 8) + 8 * (owner.world_size - 1)
-        stats.per_rank_pairs[self.index] += sum(recv_split)
+        remote_rows = int(rows_out.sum()) - int(rows_out[me])
+        remote_pairs = len(order) - pairs_out_l[me]
+        stats.dispatch_bytes += remote_rows * row_bytes + remote_pairs * (row_bytes + 16) + 16 * (ranks - 1)
+        stats.per_rank_pairs[self.index] += sum(pairs_in_l)
         if not tokens:
             stats.idle_layers += 1
             return x.new_empty(0, int(x.shape[1]))
@@ -140,18 +158,19 @@ class _LayerExperts:
         pair_out[order.to(device)] = back
         return self._combine(moe, x, flat, weights, pair_out)
 
-    def _run_slots(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(rows)
-        if not int(rows.shape[0]):
+    def _run_slots(self, rows: torch.Tensor, row_idx: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """One output row per received pair: its slot's SwiGLU of its token row."""
+        out = rows.new_empty(int(slots.shape[0]), int(rows.shape[1]))
+        if not int(slots.shape[0]):
             return out
-        slots = slots.cpu()
         order = slots.argsort(stable=True)
         counts = torch.bincount(slots, minlength=self.placement.slots_per_rank).tolist()
         start = 0
         for slot, count in enumerate(counts):
             if count:
-                idx = order[start : start + count].to(rows.device)
-                out[idx] = expert_mlp(rows.index_select(0, idx), self.gate_up[slot], self.down[slot])
+                idx = order[start : start + count]
+                picked = rows.index_select(0, row_idx[idx].to(rows.device))
+                out[idx.to(rows.device)] = expert_mlp(picked, self.gate_up[slot], self.down[slot])
             start += count
         return out
 
