@@ -98,7 +98,27 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="host memory for prefix blocks the KV pool evicts, restored on a prefix hit (0 = off)",
     )
+    _parallel_arguments(serve)
     return parser
+
+
+def _parallel_arguments(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("parallel MoE serving (docs/parallel.md)")
+    group.add_argument(
+        "--data-parallel-size", type=int, default=1, help="rank processes, each with its own requests"
+    )
+    group.add_argument(
+        "--expert-parallel", action="store_true", help="split MoE experts over the ranks (lock-step)"
+    )
+    group.add_argument(
+        "--redundant-experts", type=int, default=0, help="extra expert slots for EPLB replicas"
+    )
+    group.add_argument(
+        "--eplb-interval", type=int, default=0, help="rebalance every N busy steps (0 = never)"
+    )
+    group.add_argument("--eplb-window", type=int, default=1000, help="steps of expert load EPLB balances")
+    group.add_argument("--eplb-profile", default=None, help="saved expert-load profile: starting placement")
+    group.add_argument("--num-nodes", type=int, default=1, help="rank groups for hierarchical EPLB")
 
 
 def _structured(args: argparse.Namespace) -> object:
@@ -143,6 +163,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from agent_infer import envs
     from agent_infer.engine.config import EngineConfig
+    from agent_infer.parallel import ParallelConfig
     from agent_infer.server import ServerConfig, serve
 
     config = ServerConfig(
@@ -167,7 +188,30 @@ def _serve(args: argparse.Namespace) -> int:
         host_kv_cache_bytes=args.host_kv_cache_bytes,
         speculative_source=args.speculative_source,
     )
-    serve(args.model, config, engine_config)
+    parallel = ParallelConfig(
+        data_parallel_size=args.data_parallel_size,
+        expert_parallel=args.expert_parallel,
+        redundant_experts=args.redundant_experts,
+        eplb_interval=args.eplb_interval,
+        eplb_window=args.eplb_window,
+        eplb_profile=args.eplb_profile,
+        num_nodes=args.num_nodes,
+    )
+    if not parallel.enabled:
+        serve(args.model, config, engine_config)
+        return 0
+    from typing import cast
+
+    from agent_infer.engine.llm_engine import LLMEngine
+    from agent_infer.parallel import DataParallelEngine
+    from agent_infer.parallel.serving import ServedDataParallel
+
+    served = ServedDataParallel(DataParallelEngine(args.model, engine_config, parallel))
+    try:
+        # The server reads only the LLMEngine surface ServedDataParallel provides.
+        serve(args.model, config, engine_config, engine=cast(LLMEngine, served))
+    finally:
+        served.shutdown()
     return 0
 
 

@@ -69,6 +69,16 @@ class EngineError(AgentInferError, RuntimeError):
     """The engine could not complete a request for a reason other than the request's input."""
 
 
+class RankFailedError(EngineError):
+    """A rank process of a data/expert-parallel engine died or failed; ``rank`` names it. The
+    engine is unhealthy from then on: the rank's requests (every rank's, under expert parallelism)
+    fail with this error and new requests are refused."""
+
+    def __init__(self, message: str, *, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 # --- grammars ------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import InvalidRequestError
 from agent_infer.model.tokenizer import Tokenizer
+from agent_infer.parallel import DataParallelEngine, ParallelConfig
 from agent_infer.sampling_params import SamplingParams
 
 Message = dict[str, Any]
@@ -22,11 +23,26 @@ class LLM:
     Keyword arguments are :class:`EngineConfig` fields (e.g. ``async_scheduling``,
     ``forced_tokens``, ``grammar_workers`` for structured generation); an unknown one raises
     ``ConfigError``.
+
+    :class:`~agent_infer.parallel.ParallelConfig` fields (``data_parallel_size``,
+    ``expert_parallel``, ``redundant_experts``, ``eplb_interval``, ...) start that many rank
+    processes behind a :class:`~agent_infer.parallel.DataParallelEngine` instead; :meth:`close`
+    stops them.
     """
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
-        self.engine = LLMEngine(model, EngineConfig.from_kwargs(**config))
+        parallel, rest = ParallelConfig.split_kwargs(config)
+        self.engine: LLMEngine | DataParallelEngine
+        if parallel.enabled:
+            self.engine = DataParallelEngine(model, EngineConfig.from_kwargs(**rest), parallel)
+        else:
+            self.engine = LLMEngine(model, EngineConfig.from_kwargs(**rest))
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the rank processes of a data-parallel engine (nothing to do for one process)."""
+        if isinstance(self.engine, DataParallelEngine):
+            self.engine.shutdown()
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

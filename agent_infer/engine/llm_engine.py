@@ -20,7 +20,7 @@ from agent_infer.engine.model_runner import ModelRunner
 from agent_infer.engine.output import RequestOutput
 from agent_infer.engine.postprocessor import Postprocessor
 from agent_infer.engine.sampler import Sampler, make_generator
-from agent_infer.engine.scheduler import Scheduler
+from agent_infer.engine.scheduler import ScheduledSequence, Scheduler
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
 from agent_infer.engine.speculator import Speculator
 from agent_infer.errors import ConfigError, EngineError, InvalidRequestError, PromptTooLongError
@@ -121,6 +121,9 @@ class LLMEngine:
             speculator=self.speculator,
         )
         self.requests: dict[str, Sequence] = {}
+        #: Called with each step's batch (possibly empty) before it runs: expert-parallel ranks
+        #: step in lock-step through it (agent_infer/parallel/lockstep.py).
+        self.step_hook: Callable[[list[ScheduledSequence]], None] | None = None
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
 
@@ -295,6 +298,8 @@ class LLMEngine:
         outputs = self._admit_compiled()
         plan = self.scheduler.schedule()
         outputs += [RequestOutput.from_sequence(seq) for seq in plan.failed]
+        if self.step_hook is not None:
+            self.step_hook(plan.scheduled)
         if plan.scheduled:
             result = self.executor.run(plan.scheduled)
             outputs += self.postprocessor.process(plan, result)

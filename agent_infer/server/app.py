@@ -100,6 +100,8 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
     async def health() -> Response:
         if not state.engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
+        if not getattr(state.engine.engine, "healthy", True):  # a data-parallel engine lost a rank
+            return JSONResponse({"status": "engine unhealthy"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -107,6 +109,9 @@ def create_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI
         text = metrics.render(state.engine.snapshot, len(state.active))
         if isinstance(state.pd, DecodeRole):
             text += state.pd.metrics_text()
+        extra = getattr(state.engine.engine, "prometheus_lines", None)  # data-parallel engines
+        if extra is not None:
+            text = text.rstrip("\n") + "\n" + "\n".join(extra()) + "\n"
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     def model_card() -> dict[str, object]:
@@ -244,12 +249,14 @@ def serve(
     model: str | None = None,
     config: ServerConfig | None = None,
     engine_config: EngineConfig | None = None,
+    engine: LLMEngine | None = None,
 ) -> None:
-    """Load ``model``, build the app and run it with uvicorn until interrupted."""
+    """Load ``model`` (or serve ``engine``, e.g. a data-parallel one), build the app and run it with
+    uvicorn until interrupted."""
     import uvicorn
 
     config = config or ServerConfig()
-    engine = LLMEngine(model, engine_config)
+    engine = engine if engine is not None else LLMEngine(model, engine_config)
     app = create_app(engine, config)
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)

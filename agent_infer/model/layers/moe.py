@@ -20,12 +20,13 @@ output does not depend on the other tokens of the batch on CPUs where that row-c
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.errors import ConfigError
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
@@ -45,6 +46,19 @@ def _swiglu(
         return F.linear(F.silu(gate) * up, down)
 
     return row_invariant(mlp, x)
+
+
+def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU over ``x`` rows, row-invariant (a row's output ignores the other rows)."""
+    return _swiglu(x, gate_up, down)
+
+
+class ExpertBackend(Protocol):
+    """Runs a MoE layer's routed experts elsewhere (expert parallelism, ``agent_infer.parallel``)."""
+
+    def forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x`` ``[T, H]``, as :meth:`MoE.forward` would compute it."""
+        ...
 
 
 class MoE(nn.Module):
@@ -96,6 +110,8 @@ class MoE(nn.Module):
         self.renormalize = renormalize
         self.routed_scaling_factor = routed_scaling_factor
         self.swiglu_limit = swiglu_limit
+        #: Set by expert parallelism: the routed experts then run on other ranks' slots.
+        self.expert_backend: ExpertBackend | None = None
         self.router = _param(num_experts, hidden_size, device=device, dtype=dtype)
         self.score_bias = _param(num_experts, device=device, dtype=torch.float32) if score_bias else None
         self.gate_up = _param(num_experts, 2 * intermediate_size, hidden_size, device=device, dtype=dtype)
@@ -175,6 +191,10 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``
         (int64) fixes each token's experts instead of the scores' top-k."""
+        if self.expert_backend is not None:
+            if hash_experts is not None:
+                raise ConfigError("expert parallelism does not run hash-routed MoE layers (DeepSeek V4)")
+            return self.expert_backend.forward(self, x)
         experts, weights = self.route(x, hash_experts)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each

@@ -1,0 +1,74 @@
+"""Settings of a data-parallel (attention DP) and expert-parallel deployment."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from agent_infer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How many rank processes serve one model and how its MoE layers are split.
+
+    ``data_parallel_size`` rank processes each run attention, the scheduler, the KV cache and the
+    grammar state of their own requests. With ``expert_parallel`` the routed experts of every MoE
+    layer are split over the ranks (tokens exchanged all-to-all, ranks stepping in lock-step);
+    without it each rank holds every expert and the ranks run independently.
+
+    EPLB: ``redundant_experts`` extra expert slots in total (``(E + redundant) / ranks`` slots per
+    rank; must divide), rebalanced every ``eplb_interval`` busy steps (0 = never) from the loads of
+    the last ``eplb_window`` steps; ``eplb_profile`` is a saved load profile (``load_stats.py``)
+    giving the starting placement; ``num_nodes`` groups the ranks for the hierarchical policy.
+    ``collective_timeout_s`` bounds every collective (a dead peer fails the rank, not hangs it);
+    ``startup_timeout_s`` bounds loading and joining the group.
+    """
+
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
+    redundant_experts: int = 0
+    eplb_interval: int = 0
+    eplb_window: int = 1000
+    eplb_profile: str | None = None
+    num_nodes: int = 1
+    collective_timeout_s: float = 120.0
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name, low in (
+            ("data_parallel_size", 1),
+            ("redundant_experts", 0),
+            ("eplb_interval", 0),
+            ("eplb_window", 1),
+            ("num_nodes", 1),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.expert_parallel, bool):
+            raise ConfigError("expert_parallel must be a bool")
+        if self.data_parallel_size % self.num_nodes:
+            raise ConfigError(
+                f"num_nodes={self.num_nodes} does not divide data_parallel_size={self.data_parallel_size}"
+            )
+        for name in ("collective_timeout_s", "startup_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        eplb_set = self.redundant_experts or self.eplb_interval or self.eplb_profile is not None
+        if eplb_set and not self.expert_parallel:
+            raise ConfigError("redundant_experts, eplb_interval and eplb_profile need expert_parallel=True")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether more than one rank process is asked for (or expert parallelism on one)."""
+        return self.data_parallel_size > 1 or self.expert_parallel
+
+    @classmethod
+    def split_kwargs(cls, kwargs: dict[str, Any]) -> tuple[ParallelConfig, dict[str, Any]]:
+        """This config from the keys of ``kwargs`` that name its fields, and the other keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        return cls(**mine), {k: v for k, v in kwargs.items() if k not in names}

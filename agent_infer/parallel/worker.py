@@ -1,0 +1,197 @@
+"""One rank process: its own engine (scheduler, KV cache, grammar state) driven by the front end.
+
+The front end sends ``("add", id, prompt, params)``, ``("abort", id)`` and ``("stop",)`` on the
+rank's inbox; the rank answers on the shared outbox with ``("ready", rank, info)``, ``("ack", rank,
+id, error, warnings)``, ``("status", rank, counts)``, ``("out", rank, outputs)``, ``("metrics", rank, metrics)`` and, when it fails,
+``("error", rank, text)``. Expert-parallel ranks step in lock-step (``lockstep.py``) and so poll
+rather than block while all of them are idle.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from agent_infer import envs
+from agent_infer.engine.config import EngineConfig
+from agent_infer.engine.llm_engine import LLMEngine
+from agent_infer.errors import ConfigError, EngineError, InvalidRequestError
+from agent_infer.model.layers.moe import MoE
+from agent_infer.parallel.config import ParallelConfig
+from agent_infer.parallel.eplb import Placement, balanced_placement, contiguous_placement
+from agent_infer.parallel.expert_parallel import ExpertParallel
+from agent_infer.parallel.group import GroupSpec, close_group, init_group
+from agent_infer.parallel.load_stats import load_profile
+from agent_infer.parallel.lockstep import LockStep, StopLockStep
+
+# How long an idle rank waits for a command. Lock-step ranks that are all idle sleep between polls,
+# from the shortest to the longest pause as the idle spell lasts (a new request waits at most the
+# longest; an idle server costs a collective per pause).
+_IDLE_POLL_S = 0.002
+_IDLE_POLL_MAX_S = 0.02
+_METRICS_EVERY_S = 0.5
+_STATUS_EVERY_S = 0.25
+
+
+def rank_main(
+    rank: int,
+    spec: GroupSpec,
+    model: str | None,
+    engine_config: EngineConfig,
+    config: ParallelConfig,
+    inbox: Any,
+    outbox: Any,
+) -> None:
+    """The rank process's entry point (spawned by the front end)."""
+    try:
+        if not envs.num_threads():
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        engine = LLMEngine(model, engine_config)
+        init_group(spec, rank, engine.accelerator.device)
+        lock = _expert_parallel(engine, config, rank, spec.world_size) if config.expert_parallel else None
+        info = {
+            "tokenizer": engine.tokenizer if rank == 0 else None,
+            "max_model_len": engine.max_model_len,
+            "vocab_size": engine.vocab_size,
+            "eos_token_ids": engine.eos_token_ids,
+            "path": str(engine.loaded.path),
+        }
+        outbox.put(("ready", rank, info))
+        _loop(rank, engine, lock, inbox, outbox)
+    except BaseException:
+        outbox.put(("error", rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        close_group()
+
+
+def _expert_parallel(engine: LLMEngine, config: ParallelConfig, rank: int, world: int) -> LockStep:
+    moes = [m for m in engine.runner.model.modules() if isinstance(m, MoE)]
+    if not moes:
+        raise ConfigError("expert_parallel needs a MoE model; this model has no MoE layers")
+    experts = moes[0].num_experts
+    total = experts + config.redundant_experts
+    if total % world:
+        raise ConfigError(
+            f"{experts} experts + {config.redundant_experts} redundant = {total} slots do not split "
+            f"evenly over {world} ranks"
+        )
+    slots = total // world
+    placements: list[Placement]
+    if config.eplb_profile is not None:
+        load = load_profile(config.eplb_profile, len(moes), experts)
+        placements = [
+            balanced_placement(
+                load[i].tolist(), world, slots, num_groups=moes[0].num_groups, num_nodes=config.num_nodes
+            )
+            for i in range(len(moes))
+        ]
+    else:
+        placements = [contiguous_placement(experts, world, slots) for _ in moes]
+    ep = ExpertParallel(moes, placements, rank=rank, world_size=world, window=config.eplb_window)
+    c = engine.loaded.config
+    lock = LockStep(
+        ep,
+        config,
+        hidden_size=c.hidden_size,
+        dtype=engine.config.torch_dtype,
+        device=engine.accelerator.device,
+        num_groups=moes[0].num_groups,
+    )
+    engine.step_hook = lock
+    return lock
+
+
+def _status(engine: LLMEngine) -> dict[str, Any]:
+    """What the server's snapshot shows of this rank: queue lengths, KV blocks, grammar timings."""
+    s = engine.scheduler
+    return {
+        "waiting": len(s.waiting),
+        "waiting_for_grammar": len(s.waiting_for_grammar),
+        "running": len(s.running),
+        "kv_blocks_total": engine.block_manager.num_blocks,
+        "kv_blocks_free": engine.block_manager.num_free_blocks,
+        "grammar": engine.grammar.timings(),
+    }
+
+
+def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any) -> None:
+    last_metrics = last_status = 0.0
+    pause = _IDLE_POLL_S
+    while True:
+        now = time.monotonic()
+        if now - last_status > _STATUS_EVERY_S:
+            outbox.put(("status", rank, _status(engine)))
+            last_status = now
+        idle = lock is None and not engine.has_unfinished_requests()
+        if not _commands(rank, engine, lock, inbox, outbox, wait=_IDLE_POLL_S * 25 if idle else 0.0):
+            return
+        if lock is None and not engine.has_unfinished_requests():
+            continue
+        try:
+            outputs = engine.step()
+        except StopLockStep:
+            return
+        if lock is not None and lock.ep.broken is not None:
+            # The step's outputs carry the exchange's error per request; the front end fails them
+            # all with RankFailedError instead.
+            raise EngineError(f"expert-parallel exchange failed: {lock.ep.broken}")
+        if outputs:
+            outbox.put(("out", rank, outputs))
+        if lock is not None:
+            now = time.monotonic()
+            if now - last_metrics > _METRICS_EVERY_S:
+                outbox.put(("metrics", rank, lock.metrics))
+                last_metrics = now
+            if not lock.any_busy and not engine.has_unfinished_requests():
+                time.sleep(pause)
+                pause = min(2 * pause, _IDLE_POLL_MAX_S)
+            else:
+                pause = _IDLE_POLL_S
+
+
+def _commands(
+    rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any, wait: float
+) -> bool:
+    """Apply the queued commands; False once this rank should stop (lock-step ranks stop together)."""
+    while True:
+        try:
+            command = inbox.get(timeout=wait) if wait else inbox.get_nowait()
+        except queue.Empty:
+            return True
+        wait = 0.0
+        kind = command[0]
+        if kind == "stop":
+            if lock is None:
+                return False
+            lock.stop_requested = True
+        elif kind == "metrics":
+            outbox.put(("metrics", rank, lock.metrics if lock is not None else None))
+        elif kind == "load":
+            load = lock.ep.load.totals() if lock is not None else None
+            outbox.put(("load", rank, load))
+        elif kind == "abort":
+            engine.abort(command[1])
+        elif kind == "add":
+            _, request_id, prompt, params = command
+            try:
+                engine.add_request(request_id, prompt, params)
+                warnings = engine.requests[request_id].constraint_warnings
+                outbox.put(("ack", rank, request_id, None, warnings))
+            except Exception as exc:
+                outbox.put(("ack", rank, request_id, _portable(exc), ()))
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling to the front end, else an InvalidRequestError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return InvalidRequestError(f"{type(exc).__name__}: {exc}")

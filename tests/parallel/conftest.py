@@ -1,0 +1,25 @@
+"""A tiny random DeepSeek V3 checkpoint with a skewed router, shared by the parallel tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from deepseek_support import save_tiny, write_tokenizer
+
+
+def _checkpoint(directory: Path) -> Path:
+    """The tiny V3 (512 positions) with experts 0 and 1 made hot (their correction bias raised), so most tokens go there."""
+    hf = save_tiny(directory, vocab_size=49152, max_position_embeddings=512)  # room for tool prompts
+    with torch.no_grad():
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias[:2] += 2.0
+    hf.save_pretrained(directory)
+    write_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(_checkpoint(tmp_path_factory.mktemp("tiny_v3")))
