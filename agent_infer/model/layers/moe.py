@@ -192,8 +192,12 @@ class MoE(nn.Module):
         """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``
         (int64) fixes each token's experts instead of the scores' top-k."""
         if self.expert_backend is not None:
-            if hash_experts is not None:
-                raise ConfigError("expert parallelism does not run hash-routed MoE layers (DeepSeek V4)")
+            if hash_experts is not None or self.swiglu_limit is not None:
+                # The expert backend runs plain SwiGLU experts over score-routed tokens.
+                raise ConfigError(
+                    "expert parallelism runs score-routed MoE layers without swiglu_limit only "
+                    "(DeepSeek V4's hash-routed and clamped layers are not supported)"
+                )
             return self.expert_backend.forward(self, x)
         experts, weights = self.route(x, hash_experts)
         flat = experts.reshape(-1)
