@@ -50,6 +50,11 @@ class _Counts:
     def running(self) -> list[None]:
         return self._sum("running")
 
+    @property
+    def num_prompt_tokens_computed(self) -> int:
+        """Prompt tokens the ranks ran (not prefix-cache hits), summed over ranks."""
+        return sum(int(s.get("prompt_tokens_computed", 0)) for s in self._engine.rank_status.values())
+
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished_requests()
 

@@ -115,6 +115,7 @@ def _status(engine: LLMEngine) -> dict[str, Any]:
         "waiting": len(s.waiting),
         "waiting_for_grammar": len(s.waiting_for_grammar),
         "running": len(s.running),
+        "prompt_tokens_computed": s.num_prompt_tokens_computed,
         "kv_blocks_total": engine.block_manager.num_blocks,
         "kv_blocks_free": engine.block_manager.num_free_blocks,
         "grammar": engine.grammar.timings(),
