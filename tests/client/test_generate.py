@@ -15,8 +15,8 @@ from agent_infer import AsyncClient, Client
 from agent_infer.client.partial_json import is_prefix_of, model_to_python
 from agent_infer.errors import (
     ConfigError,
-    EngineError,
     ConstraintWarning,
+    EngineError,
     InvalidRequestError,
     UnsupportedSchemaError,
     ValidationRetryError,
