@@ -34,6 +34,7 @@ from agent_infer.errors import EngineError, warn_constraint
 from agent_infer.grammar.ir import Grammar
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.structured import StructuredOutput
+from agent_infer.thread_exit import stop_at_exit
 from agent_infer.tool_formats import ContentDelta, ToolCallDelta, ToolCallFormat, detect_format
 from agent_infer.tool_formats.base import ParsedOutput
 
@@ -53,12 +54,16 @@ class LocalBackend:
         self._thread: threading.Thread | None = None
         self._grammars: OrderedDict[str, Grammar] = OrderedDict()
         self._grammar_lock = threading.Lock()
+        self._exiting = False  # set at interpreter exit: no new requests
+        stop_at_exit(self)
 
     # -- the stepping thread --
 
     def _submit(self, request: ModelRequest, sink: Sink) -> str:
         prompt, params = self._prepare(request)
         with self._lock:
+            if self._exiting:
+                raise EngineError("the interpreter is exiting: the local client takes no new requests")
             request_id = f"client-{next(self._ids)}"
             self.engine.add_request(request_id, prompt, params)
             self._sinks[request_id] = sink
@@ -249,11 +254,30 @@ class LocalBackend:
                 yield chunk
 
     def close(self) -> None:
-        """Abort open requests (the stepping thread is a daemon and idles without them)."""
+        """Abort open requests (their callers get an :class:`EngineError`) and wait for the stepping
+        thread to end; a later request starts a new one."""
         with self._lock:
-            for request_id in list(self._sinks):
+            sinks = list(self._sinks.values())
+            for request_id in self._sinks:
                 self.engine.abort(request_id)
             self._sinks.clear()
+            thread = self._thread
+        for sink in sinks:
+            with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
+                sink(_ClientClosed("the client was closed while the model call ran"))
+        # Without sinks the thread ends after its current step; past this point no step runs.
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def stop_for_exit(self) -> None:
+        """At interpreter exit: refuse new requests, then :meth:`close` (see :mod:`agent_infer.thread_exit`)."""
+        with self._lock:
+            self._exiting = True
+        self.close()
+
+
+class _ClientClosed(EngineError):
+    """Delivered to each open request by :meth:`LocalBackend.close` (raised to its caller as is)."""
 
 
 class _OpenRequest:
@@ -266,6 +290,8 @@ class _OpenRequest:
 
     def accept(self, item: RequestOutput | BaseException) -> RequestOutput:
         """The next output from the stepping thread (an engine failure raises :class:`EngineError`)."""
+        if isinstance(item, _ClientClosed):
+            raise item
         if isinstance(item, BaseException):
             raise EngineError(f"the engine failed: {type(item).__name__}: {item}") from item
         self.finished = item.finished

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -24,6 +25,7 @@ from agent_infer.engine.output import RequestOutput
 from agent_infer.errors import EngineError
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.server.metrics import ServerMetrics
+from agent_infer.thread_exit import stop_at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="agent-infer-engine", daemon=True)
         self._thread.start()
+        stop_at_exit(self)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort everything in flight and join the engine thread."""
@@ -148,6 +151,10 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def stop_for_exit(self) -> None:
+        """At interpreter exit: :meth:`stop` (see :mod:`agent_infer.thread_exit`)."""
+        self.stop()
 
     @property
     def alive(self) -> bool:
@@ -288,7 +295,9 @@ class AsyncEngine:
         except Exception:
             logger.exception("draining aborted requests failed")
         if self._loop is not None and streams:
-            self._loop.call_soon_threadsafe(_fail_all, [s for _, s in streams], error)
+            # RuntimeError: the event loop is closed (interpreter exit) and nobody reads the streams.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(_fail_all, [s for _, s in streams], error)
 
     def _update_snapshot(self) -> None:
         scheduler = self.engine.scheduler

@@ -38,6 +38,7 @@ class TextFormat(_Strict):
     strict: bool | None = None
     unknown_formats: Literal["ignore", "error"] | None = None
     unknown_keywords: Literal["ignore", "error"] | None = None
+    numbers: Literal["float64", "exact"] | None = None
 
 
 class TextOptions(_Strict):
@@ -194,7 +195,7 @@ def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> Chat
                     400, "text.format.schema is required for json_schema", param="text.format.schema"
                 )
             spec["json_schema"] = {"name": fmt.name or "response", "schema": fmt.schema_}
-            for name in ("strict", "unknown_formats", "unknown_keywords"):
+            for name in ("strict", "unknown_formats", "unknown_keywords", "numbers"):
                 if getattr(fmt, name) is not None:
                     spec["json_schema"][name] = getattr(fmt, name)
         body["response_format"] = spec

@@ -16,6 +16,7 @@ from agent_infer.client.partial_json import is_prefix_of, model_to_python
 from agent_infer.errors import (
     ConfigError,
     ConstraintWarning,
+    EngineError,
     InvalidRequestError,
     UnsupportedSchemaError,
     ValidationRetryError,
@@ -239,3 +240,18 @@ def test_stream_closed_early_aborts_the_request(client: Client) -> None:
     backend = client.backend
     assert not backend._sinks  # type: ignore[union-attr]
     assert client.generate("Yes or no?", choice=["yes", "no"]) in ("yes", "no")
+
+
+def test_close_ends_open_calls_and_the_stepping_thread(make_llm: Callable[..., Any]) -> None:
+    own = Client.from_llm(make_llm())
+    stream = own.generate_stream("Tell me a long story.", max_tokens=200)
+    next(stream)
+    backend = own.backend
+    stepping = backend._thread  # type: ignore[union-attr]
+    assert stepping is not None and stepping.is_alive()
+    own.close()
+    assert not stepping.is_alive()  # no step runs once close() returns
+    with pytest.raises(EngineError, match="the client was closed while the model call ran"):
+        for _ in stream:  # outputs delivered before close() come first
+            pass
+    assert own.generate("Yes or no?", choice=["yes", "no"]) in ("yes", "no")  # usable again

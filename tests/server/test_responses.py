@@ -187,3 +187,43 @@ def test_ignored_format_is_reported_in_the_warnings_header(client: Any, server: 
     assert json.loads(raw.headers["x-agent-infer-warnings"]) == [
         "ignored unknown format 'cidr' at /format: treated as an annotation"
     ]
+
+
+def test_numbers_policy_reaches_the_constraint() -> None:
+    from agent_infer.grammar import GrammarCompiler, GrammarMatcher, TokenizerInfo
+    from agent_infer.server.params import build_constraint
+    from agent_infer.server.responses import ResponsesRequest, _chat_request
+
+    long = "3.14159265358979323846"  # more digits than a float64 keeps
+    compiler = GrammarCompiler(TokenizerInfo.bytes_only(), cache_enabled=False)
+
+    def accepts_long(numbers: str | None) -> bool:
+        fmt: dict[str, Any] = {"type": "json_schema", "name": "x", "schema": {"type": "number"}}
+        if numbers is not None:
+            fmt["numbers"] = numbers
+        req = ResponsesRequest.model_validate({"model": "m", "input": "x", "text": {"format": fmt}})
+        structured = build_constraint(_chat_request(req, [{"role": "user", "content": "x"}])).structured
+        assert structured is not None
+        matcher = GrammarMatcher(compiler.compile(structured.to_grammar()))
+        return matcher.accept_string(long) and matcher.can_terminate()
+
+    assert accepts_long("exact")
+    assert not accepts_long("float64") and not accepts_long(None)
+
+
+def test_numbers_option_of_text_format(client: Any, server: LiveServer) -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}
+    fmt = {"type": "json_schema", "name": "x", "schema": schema, "numbers": "exact"}
+    resp = client.responses.create(
+        model=server.model, input="x", max_output_tokens=4, extra_body={"text": {"format": fmt}}
+    )
+    assert resp.status in ("completed", "incomplete")
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.responses.create(
+            model=server.model,
+            input="x",
+            max_output_tokens=4,
+            extra_body={"text": {"format": {**fmt, "numbers": "double"}}},
+        )
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == "text.format.numbers", caught.value.body
