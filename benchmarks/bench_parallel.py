@@ -207,13 +207,14 @@ def serving(model_dir: str, args: argparse.Namespace) -> None:
 
 
 def _cp_rank(rank: int, world: int, port: int, model_dir: str, prompt: list[int], out: Any) -> None:
+    from agent_infer.accelerator import get_accelerator
     from agent_infer.model.loading.hf import hf_config, hf_weights
     from agent_infer.model.registry import build_model
     from agent_infer.parallel.context_parallel import context_parallel_prefill
     from agent_infer.parallel.group import GroupSpec, close_group, init_group
 
     torch.set_num_threads(1)
-    init_group(GroupSpec(world, "127.0.0.1", port, 300.0), rank, torch.device("cpu"))
+    init_group(GroupSpec(world, "127.0.0.1", port, 300.0), rank, get_accelerator("cpu"))
     model = build_model(hf_config(model_dir))
     model.load_weights(hf_weights(model_dir))
     times = []

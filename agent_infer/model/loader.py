@@ -110,6 +110,17 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
 
 
 def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    loaded = build_hf_model(path, device, dtype)
+    model = loaded.model
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
+    model.load_weights(item for item in adapted if item is not None)
+    model.eval()
+    return loaded
+
+
+def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A Hugging Face folder's config, tokenizer and model, its weights not loaded yet (a caller that
+    reads only part of the files, such as an expert-parallel rank, loads them itself)."""
     config = hf_config(path)
     arch = architecture(config.architecture)
     fallback = (
@@ -129,7 +140,4 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
     model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
-    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
-    model.load_weights(item for item in adapted if item is not None)
-    model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

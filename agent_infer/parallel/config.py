@@ -8,6 +8,10 @@ from typing import Any
 
 from agent_infer.errors import ConfigError
 
+#: Where an EPLB weight move gets an expert this rank lacks: a peer rank holding it (one
+#: all-to-all per layer), or the checkpoint's safetensors files (each rank reads its own).
+WEIGHT_SOURCES = ("peer", "file")
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -21,7 +25,8 @@ class ParallelConfig:
     EPLB: ``redundant_experts`` extra expert slots in total (``(E + redundant) / ranks`` slots per
     rank; must divide), rebalanced every ``eplb_interval`` busy steps (0 = never) from the loads of
     the last ``eplb_window`` steps; ``eplb_profile`` is a saved load profile (``load_stats.py``)
-    giving the starting placement; ``num_nodes`` groups the ranks for the hierarchical policy.
+    giving the starting placement; ``num_nodes`` groups the ranks for the hierarchical policy;
+    ``eplb_weight_source`` is where a move gets an expert the rank lacks (:data:`WEIGHT_SOURCES`).
     ``collective_timeout_s`` bounds every collective (a dead peer fails the rank, not hangs it);
     ``startup_timeout_s`` bounds loading and joining the group.
     """
@@ -35,6 +40,7 @@ class ParallelConfig:
     num_nodes: int = 1
     collective_timeout_s: float = 120.0
     startup_timeout_s: float = 600.0
+    eplb_weight_source: str = "peer"
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -57,9 +63,20 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        eplb_set = self.redundant_experts or self.eplb_interval or self.eplb_profile is not None
+        if self.eplb_weight_source not in WEIGHT_SOURCES:
+            raise ConfigError(
+                f"eplb_weight_source={self.eplb_weight_source!r}; expected one of {', '.join(WEIGHT_SOURCES)}"
+            )
+        eplb_set = (
+            self.redundant_experts
+            or self.eplb_interval
+            or self.eplb_profile is not None
+            or self.eplb_weight_source != "peer"
+        )
         if eplb_set and not self.expert_parallel:
-            raise ConfigError("redundant_experts, eplb_interval and eplb_profile need expert_parallel=True")
+            raise ConfigError(
+                "redundant_experts, eplb_interval, eplb_profile and eplb_weight_source need expert_parallel=True"
+            )
 
     @property
     def enabled(self) -> bool:

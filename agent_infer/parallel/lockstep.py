@@ -19,6 +19,7 @@ import torch.distributed as dist
 from agent_infer.engine.scheduler import ScheduledSequence
 from agent_infer.parallel.config import ParallelConfig
 from agent_infer.parallel.eplb import balanced_placement
+from agent_infer.parallel.expert_loading import ReadStats
 from agent_infer.parallel.expert_parallel import ExpertParallel
 
 
@@ -51,6 +52,13 @@ class ParallelMetrics:
     imbalance_history: list[tuple[float, float]] = field(default_factory=list)
     #: Each MoE layer's current placement (logical expert of every physical slot).
     placements: list[tuple[int, ...]] = field(default_factory=list)
+    #: Bytes of weights this rank holds (replicated parts plus its expert slots), at start.
+    weight_bytes: int = 0
+    #: Per MoE layer, the logical experts whose tensors this rank read from the checkpoint (at
+    #: load and by file-sourced weight moves), and those reads' bytes; empty for a GGUF model
+    #: (loaded whole).
+    experts_read: list[list[int]] = field(default_factory=list)
+    expert_bytes_read: int = 0
 
     @property
     def dispatch_bytes_per_step(self) -> float:
@@ -79,6 +87,8 @@ class LockStep:
         self.num_groups = num_groups
         self.stop_requested = False
         self.any_busy = False
+        #: What the rank read of the checkpoint's experts (None when it loaded a GGUF whole).
+        self.read_stats: ReadStats | None = None
         self._last_step = time.perf_counter()
         world = ep.world_size
         self.metrics = ParallelMetrics(
@@ -144,9 +154,17 @@ class LockStep:
         m.imbalance_history.append((before, after))
         self.ep.rebalance(new)
         m.placements = [p.slots for p in new]
+        self.record_reads()
         m.rebalances += 1
         m.rebalance_bytes = self.ep.stats.rebalance_bytes
         m.rebalance_seconds += time.perf_counter() - start
+
+    def record_reads(self) -> None:
+        """Copy the checkpoint read counts into the metrics."""
+        reads = self.read_stats
+        if reads is not None:
+            self.metrics.experts_read = [sorted(e) for e in reads.experts_read]
+            self.metrics.expert_bytes_read = reads.expert_bytes_read
 
 
 def _mean(values: list[float]) -> float:

@@ -19,12 +19,14 @@ from typing import Any
 import torch
 
 from agent_infer import envs
+from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.errors import ConfigError, EngineError, InvalidRequestError
 from agent_infer.model.layers.moe import MoE
 from agent_infer.parallel.config import ParallelConfig
 from agent_infer.parallel.eplb import Placement, balanced_placement, contiguous_placement
+from agent_infer.parallel.expert_loading import RankWeights, load_rank_weights, resident_weight_bytes
 from agent_infer.parallel.expert_parallel import ExpertParallel
 from agent_infer.parallel.group import GroupSpec, close_group, init_group
 from agent_infer.parallel.load_stats import load_profile
@@ -52,9 +54,22 @@ def rank_main(
     try:
         if not envs.num_threads():
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
-        engine = LLMEngine(model, engine_config)
-        init_group(spec, rank, engine.accelerator.device)
-        lock = _expert_parallel(engine, config, rank, spec.world_size) if config.expert_parallel else None
+        lock: LockStep | None = None
+        if config.expert_parallel:
+            accelerator = get_accelerator(engine_config.accelerator)
+            weights = load_rank_weights(
+                model,
+                accelerator.device,
+                engine_config.torch_dtype,
+                rank,
+                lambda moes: _placements(moes, config, spec.world_size),
+            )
+            engine = LLMEngine(None, engine_config, loaded=weights.loaded)
+            init_group(spec, rank, engine.accelerator)
+            lock = _expert_parallel(engine, weights, config, rank, spec.world_size)
+        else:
+            engine = LLMEngine(model, engine_config)
+            init_group(spec, rank, engine.accelerator)
         info = {
             "tokenizer": engine.tokenizer if rank == 0 else None,
             "max_model_len": engine.max_model_len,
@@ -71,10 +86,8 @@ def rank_main(
         close_group()
 
 
-def _expert_parallel(engine: LLMEngine, config: ParallelConfig, rank: int, world: int) -> LockStep:
-    moes = [m for m in engine.runner.model.modules() if isinstance(m, MoE)]
-    if not moes:
-        raise ConfigError("expert_parallel needs a MoE model; this model has no MoE layers")
+def _placements(moes: list[MoE], config: ParallelConfig, world: int) -> list[Placement]:
+    """Each MoE layer's starting placement: balanced for the saved profile, else contiguous."""
     experts = moes[0].num_experts
     total = experts + config.redundant_experts
     if total % world:
@@ -83,18 +96,38 @@ def _expert_parallel(engine: LLMEngine, config: ParallelConfig, rank: int, world
             f"evenly over {world} ranks"
         )
     slots = total // world
-    placements: list[Placement]
-    if config.eplb_profile is not None:
-        load = load_profile(config.eplb_profile, len(moes), experts)
-        placements = [
-            balanced_placement(
-                load[i].tolist(), world, slots, num_groups=moes[0].num_groups, num_nodes=config.num_nodes
+    if config.eplb_profile is None:
+        return [contiguous_placement(experts, world, slots) for _ in moes]
+    load = load_profile(config.eplb_profile, len(moes), experts)
+    return [
+        balanced_placement(
+            load[i].tolist(), world, slots, num_groups=moes[0].num_groups, num_nodes=config.num_nodes
+        )
+        for i in range(len(moes))
+    ]
+
+
+def _expert_parallel(
+    engine: LLMEngine, weights: RankWeights, config: ParallelConfig, rank: int, world: int
+) -> LockStep:
+    fetch = None
+    if config.eplb_weight_source == "file":
+        checkpoint = weights.checkpoint
+        if checkpoint is None:
+            raise ConfigError(
+                f"eplb_weight_source='file' needs a safetensors checkpoint folder; {engine.loaded.path} is not one"
             )
-            for i in range(len(moes))
-        ]
-    else:
-        placements = [contiguous_placement(experts, world, slots) for _ in moes]
-    ep = ExpertParallel(moes, placements, rank=rank, world_size=world, window=config.eplb_window)
+        device = engine.accelerator.device
+        fetch = lambda layer, expert: checkpoint.read_expert(layer, expert, device)  # noqa: E731
+    ep = ExpertParallel(
+        weights.moes,
+        weights.placements,
+        rank=rank,
+        world_size=world,
+        window=config.eplb_window,
+        slots=weights.slots,
+        fetch=fetch,
+    )
     c = engine.loaded.config
     lock = LockStep(
         ep,
@@ -102,8 +135,12 @@ def _expert_parallel(engine: LLMEngine, config: ParallelConfig, rank: int, world
         hidden_size=c.hidden_size,
         dtype=engine.config.torch_dtype,
         device=engine.accelerator.device,
-        num_groups=moes[0].num_groups,
+        num_groups=weights.moes[0].num_groups,
     )
+    lock.metrics.weight_bytes = resident_weight_bytes(engine.runner.model, ep.slot_sets())
+    if weights.checkpoint is not None:
+        lock.read_stats = weights.checkpoint.stats
+        lock.record_reads()
     engine.step_hook = lock
     return lock
 
