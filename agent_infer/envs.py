@@ -87,6 +87,13 @@ def num_threads() -> int:
     return _int("AGENT_INFER_NUM_THREADS", 0)
 
 
+def cp_prefill_threshold() -> int:
+    """``AGENT_INFER_CP_PREFILL_THRESHOLD``: a data-parallel engine prefills a prompt with at least
+    this many tokens still to compute over all its ranks (context parallelism); 0 (default) never.
+    ``ParallelConfig.cp_prefill_threshold`` overrides it."""
+    return _int("AGENT_INFER_CP_PREFILL_THRESHOLD", 0)
+
+
 def native_linear() -> bool:
     """``AGENT_INFER_NATIVE_LINEAR``: GGUF models on the CPU in float32 keep packed weights for the
     native batch-invariant kernel (default on); off dequantizes to float32 torch matmuls."""

@@ -124,6 +124,9 @@ class LLMEngine:
         #: Called with each step's batch (possibly empty) before it runs: expert-parallel ranks
         #: step in lock-step through it (agent_infer/parallel/lockstep.py).
         self.step_hook: Callable[[list[ScheduledSequence]], None] | None = None
+        #: Called before each step chooses its batch: data-parallel ranks take long waiting prompts
+        #: out of the queue there, to prefill them context-parallel (agent_infer/parallel/cp_engine.py).
+        self.before_schedule: Callable[[], None] | None = None
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
 
@@ -296,6 +299,8 @@ class LLMEngine:
         """
         delivered, self._pending = self._pending, []
         outputs = self._admit_compiled()
+        if self.before_schedule is not None:
+            self.before_schedule()
         plan = self.scheduler.schedule()
         outputs += [RequestOutput.from_sequence(seq) for seq in plan.failed]
         if self.step_hook is not None:

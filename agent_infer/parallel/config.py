@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from agent_infer import envs
 from agent_infer.errors import ConfigError
 
 #: Where an EPLB weight move gets an expert this rank lacks: a peer rank holding it (one
@@ -29,6 +30,10 @@ class ParallelConfig:
     ``eplb_weight_source`` is where a move gets an expert the rank lacks (:data:`WEIGHT_SOURCES`).
     ``collective_timeout_s`` bounds every collective (a dead peer fails the rank, not hangs it);
     ``startup_timeout_s`` bounds loading and joining the group.
+
+    Context parallelism: a prompt with at least ``cp_prefill_threshold`` tokens still to compute
+    (None: ``AGENT_INFER_CP_PREFILL_THRESHOLD``; 0: never) is prefilled over all ranks in the
+    zig-zag split and decoded by the rank that owns it (``cp_engine.py``; DeepSeek V3 models).
     """
 
     data_parallel_size: int = 1
@@ -41,6 +46,7 @@ class ParallelConfig:
     collective_timeout_s: float = 120.0
     startup_timeout_s: float = 600.0
     eplb_weight_source: str = "peer"
+    cp_prefill_threshold: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -63,6 +69,12 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        cp = self.cp_prefill_threshold
+        if cp is not None:
+            if isinstance(cp, bool) or not isinstance(cp, int) or cp < 0:
+                raise ConfigError(f"cp_prefill_threshold must be an integer >= 0, got {cp!r}")
+            if cp and self.data_parallel_size < 2:
+                raise ConfigError("cp_prefill_threshold needs data_parallel_size >= 2 (ranks to split over)")
         if self.eplb_weight_source not in WEIGHT_SOURCES:
             raise ConfigError(
                 f"eplb_weight_source={self.eplb_weight_source!r}; expected one of {', '.join(WEIGHT_SOURCES)}"
@@ -77,6 +89,16 @@ class ParallelConfig:
             raise ConfigError(
                 "redundant_experts, eplb_interval, eplb_profile and eplb_weight_source need expert_parallel=True"
             )
+
+    @property
+    def cp_threshold(self) -> int:
+        """Tokens still to compute from which a prompt is prefilled context-parallel (0: never):
+        the field, else ``AGENT_INFER_CP_PREFILL_THRESHOLD``; 0 with a single rank."""
+        if self.data_parallel_size < 2:
+            return 0
+        if self.cp_prefill_threshold is not None:
+            return self.cp_prefill_threshold
+        return envs.cp_prefill_threshold()
 
     @property
     def enabled(self) -> bool:

@@ -1,19 +1,23 @@
 """One rank process: its own engine (scheduler, KV cache, grammar state) driven by the front end.
 
-The front end sends ``("add", id, prompt, params)``, ``("abort", id)`` and ``("stop",)`` on the
-rank's inbox; the rank answers on the shared outbox with ``("ready", rank, info)``, ``("ack", rank,
-id, error, warnings)``, ``("status", rank, counts)``, ``("out", rank, outputs)``, ``("metrics", rank, metrics)`` and, when it fails,
-``("error", rank, text)``. Expert-parallel ranks step in lock-step (``lockstep.py``) and so poll
-rather than block while all of them are idle.
+The front end sends ``("add", id, prompt, params)``, ``("abort", id)``, ``("cp", job)`` (a
+context-parallel prefill every rank joins) and ``("stop",)`` on the rank's inbox; the rank answers
+on the shared outbox with ``("ready", rank, info)``, ``("ack", rank, id, error, warnings)``,
+``("status", rank, counts)``, ``("out", rank, outputs)``, ``("metrics", rank, metrics)``,
+``("cp", rank, job)`` (a job it announces) and, when it fails, ``("error", rank, text)``.
+Expert-parallel ranks step in lock-step (``lockstep.py``) and so poll rather than block while all
+of them are idle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import queue
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +29,7 @@ from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.errors import ConfigError, EngineError, InvalidRequestError
 from agent_infer.model.layers.moe import MoE
 from agent_infer.parallel.config import ParallelConfig
+from agent_infer.parallel.cp_engine import ContextParallelPrefill
 from agent_infer.parallel.eplb import Placement, balanced_placement, contiguous_placement
 from agent_infer.parallel.expert_loading import RankWeights, load_rank_weights, resident_weight_bytes
 from agent_infer.parallel.expert_parallel import ExpertParallel
@@ -70,6 +75,17 @@ def rank_main(
         else:
             engine = LLMEngine(model, engine_config)
             init_group(spec, rank, engine.accelerator)
+        cp = None
+        if config.cp_threshold:
+            cp = ContextParallelPrefill(
+                engine,
+                rank,
+                spec.world_size,
+                config.cp_threshold,
+                lambda job: outbox.put(("cp", rank, job)),
+            )
+            if lock is not None:
+                lock.cp = cp
         info = {
             "tokenizer": engine.tokenizer if rank == 0 else None,
             "max_model_len": engine.max_model_len,
@@ -78,7 +94,7 @@ def rank_main(
             "path": str(engine.loaded.path),
         }
         outbox.put(("ready", rank, info))
-        _loop(rank, engine, lock, inbox, outbox)
+        _loop(_Rank(rank, engine, lock, cp, inbox, outbox))
     except BaseException:
         outbox.put(("error", rank, traceback.format_exc()))
         raise SystemExit(1) from None
@@ -145,31 +161,51 @@ def _expert_parallel(
     return lock
 
 
-def _status(engine: LLMEngine) -> dict[str, Any]:
-    """What the server's snapshot shows of this rank: queue lengths, KV blocks, grammar timings."""
+@dataclass
+class _Rank:
+    """A rank process's state: its engine, lock-step (expert parallelism), context-parallel
+    prefill, and its queues to and from the front end."""
+
+    rank: int
+    engine: LLMEngine
+    lock: LockStep | None
+    cp: ContextParallelPrefill | None
+    inbox: Any
+    outbox: Any
+
+
+def _status(r: _Rank) -> dict[str, Any]:
+    """What the server's snapshot shows of this rank: queue lengths, KV blocks, grammar timings,
+    context-parallel prefills."""
+    engine = r.engine
     s = engine.scheduler
     return {
-        "waiting": len(s.waiting),
+        "waiting": len(s.waiting) + (len(r.cp.held) if r.cp is not None else 0),
         "waiting_for_grammar": len(s.waiting_for_grammar),
         "running": len(s.running),
         "prompt_tokens_computed": s.num_prompt_tokens_computed,
         "kv_blocks_total": engine.block_manager.num_blocks,
         "kv_blocks_free": engine.block_manager.num_free_blocks,
         "grammar": engine.grammar.timings(),
+        "cp_prefill": dataclasses.replace(r.cp.stats) if r.cp is not None else None,
     }
 
 
-def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any) -> None:
+def _loop(r: _Rank) -> None:
+    engine, lock = r.engine, r.lock
     last_metrics = last_status = 0.0
     pause = _IDLE_POLL_S
     while True:
         now = time.monotonic()
         if now - last_status > _STATUS_EVERY_S:
-            outbox.put(("status", rank, _status(engine)))
+            r.outbox.put(("status", r.rank, _status(r)))
             last_status = now
         idle = lock is None and not engine.has_unfinished_requests()
-        if not _commands(rank, engine, lock, inbox, outbox, wait=_IDLE_POLL_S * 25 if idle else 0.0):
+        if not _commands(r, wait=_IDLE_POLL_S * 25 if idle else 0.0):
             return
+        if lock is None and r.cp is not None:
+            # Without lock-step a job runs as soon as it is read; its collectives pair the ranks.
+            r.cp.run_ready(len(r.cp.jobs))
         if lock is None and not engine.has_unfinished_requests():
             continue
         try:
@@ -181,11 +217,11 @@ def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbo
             # all with RankFailedError instead.
             raise EngineError(f"expert-parallel exchange failed: {lock.ep.broken}")
         if outputs:
-            outbox.put(("out", rank, outputs))
+            r.outbox.put(("out", r.rank, outputs))
         if lock is not None:
             now = time.monotonic()
             if now - last_metrics > _METRICS_EVERY_S:
-                outbox.put(("metrics", rank, lock.metrics))
+                r.outbox.put(("metrics", r.rank, lock.metrics))
                 last_metrics = now
             if not lock.any_busy and not engine.has_unfinished_requests():
                 time.sleep(pause)
@@ -194,13 +230,12 @@ def _loop(rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbo
                 pause = _IDLE_POLL_S
 
 
-def _commands(
-    rank: int, engine: LLMEngine, lock: LockStep | None, inbox: Any, outbox: Any, wait: float
-) -> bool:
+def _commands(r: _Rank, wait: float) -> bool:
     """Apply the queued commands; False once this rank should stop (lock-step ranks stop together)."""
+    engine, lock, rank, outbox = r.engine, r.lock, r.rank, r.outbox
     while True:
         try:
-            command = inbox.get(timeout=wait) if wait else inbox.get_nowait()
+            command = r.inbox.get(timeout=wait) if wait else r.inbox.get_nowait()
         except queue.Empty:
             return True
         wait = 0.0
@@ -209,6 +244,8 @@ def _commands(
             if lock is None:
                 return False
             lock.stop_requested = True
+        elif kind == "cp" and r.cp is not None:
+            r.cp.receive(command[1])
         elif kind == "metrics":
             outbox.put(("metrics", rank, lock.metrics if lock is not None else None))
         elif kind == "load":
