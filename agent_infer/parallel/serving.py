@@ -133,9 +133,9 @@ class ServedDataParallel:
 
     def prometheus_lines(self, prefix: str = "agent_infer") -> list[str]:
         """The parallel metrics in Prometheus text format: ranks, health, per-rank requests and
-        generated tokens; context-parallel prefills (count, tokens, time); under expert
-        parallelism per-rank weight bytes and tokens per step, all-to-all bytes per step, the
-        expert imbalance of the last rebalance and the rebalance count."""
+        generated tokens and weight bytes; context-parallel prefills (count, tokens, time); under
+        expert parallelism per-rank tokens per step, all-to-all bytes per step, the expert
+        imbalance of the last rebalance and the rebalance count."""
         dp = self.dp
         lines: list[str] = []
 
@@ -187,15 +187,17 @@ class ServedDataParallel:
                 "Wall time of the last context-parallel prefill (slowest rank).",
                 [("", max(p.last_seconds for p in prefills.values()))],
             )
+        held = {r: st["weight_bytes"] for r, st in dp.rank_status.items() if "weight_bytes" in st}
+        if held:
+            metric(
+                "rank_weight_bytes",
+                "gauge",
+                "Bytes of weights each rank holds (under expert parallelism: its expert slots only).",
+                [(f'{{rank="{r}"}}', n) for r, n in sorted(held.items())],
+            )
         reports = {r: m for r, m in dp.rank_metrics.items() if m is not None}
         if not reports:
             return lines
-        metric(
-            "rank_weight_bytes",
-            "gauge",
-            "Bytes of weights each rank holds (replicated parts plus its expert slots).",
-            [(f'{{rank="{r}"}}', m.weight_bytes) for r, m in sorted(reports.items())],
-        )
         first = reports[min(reports)]
         steps = max(first.steps, 1)
         metric(

@@ -94,7 +94,8 @@ def rank_main(
             "path": str(engine.loaded.path),
         }
         outbox.put(("ready", rank, info))
-        _loop(_Rank(rank, engine, lock, cp, inbox, outbox))
+        held = lock.metrics.weight_bytes if lock is not None else resident_weight_bytes(engine.runner.model)
+        _loop(_Rank(rank, engine, lock, cp, inbox, outbox, held))
     except BaseException:
         outbox.put(("error", rank, traceback.format_exc()))
         raise SystemExit(1) from None
@@ -172,6 +173,8 @@ class _Rank:
     cp: ContextParallelPrefill | None
     inbox: Any
     outbox: Any
+    #: Bytes of weights the rank holds (its expert slots only, under expert parallelism).
+    weight_bytes: int
 
 
 def _status(r: _Rank) -> dict[str, Any]:
@@ -188,6 +191,7 @@ def _status(r: _Rank) -> dict[str, Any]:
         "kv_blocks_free": engine.block_manager.num_free_blocks,
         "grammar": engine.grammar.timings(),
         "cp_prefill": dataclasses.replace(r.cp.stats) if r.cp is not None else None,
+        "weight_bytes": r.weight_bytes,
     }
 
 

@@ -23,3 +23,18 @@ def _checkpoint(directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(_checkpoint(tmp_path_factory.mktemp("tiny_v3")))
+
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+
+
+@pytest.fixture(scope="session")
+def trained_v3() -> str:
+    """The trained tiny DeepSeek V3 (block FP8, an MTP layer, 129k vocabulary)."""
+    return str(CHECKPOINTS / "tiny-deepseek-v3")
+
+
+@pytest.fixture(scope="session")
+def trained_v4() -> str:
+    """The trained tiny DeepSeek V4 (a hash-routed layer, swiglu_limit, block FP8)."""
+    return str(CHECKPOINTS / "tiny-deepseek-v4")
