@@ -30,6 +30,13 @@ class Accelerator:
         elif self.name == "ascend":
             torch.npu.synchronize(self.device)  # type: ignore[attr-defined]
 
+    def set_device(self) -> None:
+        """Make ``device`` the process's current device (what NCCL/HCCL collectives use); a no-op on CPU."""
+        if self.name == "nvidia":
+            torch.cuda.set_device(self.device)
+        elif self.name == "ascend":
+            torch.npu.set_device(self.device)  # type: ignore[attr-defined]
+
     def memory_free_bytes(self) -> int | None:
         """Free device memory in bytes, or None where the backend cannot say (CPU)."""
         if self.name == "nvidia":

@@ -119,6 +119,19 @@ def _parallel_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--eplb-window", type=int, default=1000, help="steps of expert load EPLB balances")
     group.add_argument("--eplb-profile", default=None, help="saved expert-load profile: starting placement")
     group.add_argument("--num-nodes", type=int, default=1, help="rank groups for hierarchical EPLB")
+    group.add_argument(
+        "--eplb-weight-source",
+        choices=("peer", "file"),
+        default="peer",
+        help="where an EPLB move gets an expert a rank lacks: a peer rank or the checkpoint files",
+    )
+    group.add_argument(
+        "--cp-prefill-threshold",
+        type=int,
+        default=None,
+        help="prefill prompts with at least this many tokens to compute over all ranks "
+        "(else AGENT_INFER_CP_PREFILL_THRESHOLD; 0 = never)",
+    )
 
 
 def _structured(args: argparse.Namespace) -> object:
@@ -196,6 +209,8 @@ def _serve(args: argparse.Namespace) -> int:
         eplb_window=args.eplb_window,
         eplb_profile=args.eplb_profile,
         num_nodes=args.num_nodes,
+        eplb_weight_source=args.eplb_weight_source,
+        cp_prefill_threshold=args.cp_prefill_threshold,
     )
     if not parallel.enabled:
         serve(args.model, config, engine_config)

@@ -71,10 +71,7 @@ def init_group(spec: GroupSpec, rank: int, accelerator: Accelerator) -> None:
     os.environ.update(
         MASTER_ADDR=spec.host, MASTER_PORT=str(spec.port), RANK=str(rank), WORLD_SIZE=str(spec.world_size)
     )
-    if accelerator.name == "nvidia":
-        torch.cuda.set_device(accelerator.device)
-    elif accelerator.name == "ascend":
-        torch.npu.set_device(accelerator.device)  # type: ignore[attr-defined]
+    accelerator.set_device()
     dist.init_process_group(
         backend,
         init_method=f"tcp://{spec.host}:{spec.port}",

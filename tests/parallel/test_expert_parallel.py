@@ -6,6 +6,7 @@ DeepSeek-V4-style layers, hash-routed and clamped by swiglu_limit."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from parallel_support import run_ranks
 
 from agent_infer.model.layers.moe import MoE
@@ -104,6 +105,7 @@ def _v4_rank(rank: int, world: int, sizes: list[int]) -> dict:
         "clamp_acts": not torch.equal(unclamped(x, table), want[0]),
         "hash_matters": not torch.equal(refs[0](x), want[0]),
         "dispatched": ep.stats.dispatch_bytes > 0,
+        "backend": dist.get_backend(),
     }
 
 
@@ -111,3 +113,4 @@ def test_hash_routed_and_clamped_layers_split_over_ranks_bit_identical() -> None
     results = run_ranks(_v4_rank, 2, [11, 6], timeout=120)
     for r in results:
         assert r["equal"] and r["clamp_acts"] and r["hash_matters"] and r["dispatched"]
+        assert r["backend"] == "gloo"  # the CPU accelerator's backend

@@ -1,6 +1,6 @@
 """The collective backend follows the engine's accelerator (gloo on the CPU, nccl on NVIDIA, hccl
-through torch_npu on Ascend), with a typed error when the backend's runtime is missing; two real
-ranks on this CPU box join a gloo group."""
+through torch_npu on Ascend), with a typed error when the backend's runtime is missing (the real ranks of
+the other tests join a gloo group: ``test_expert_parallel.py`` checks it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from parallel_support import run_ranks
 
 from agent_infer.accelerator import Accelerator, get_accelerator
 from agent_infer.errors import AcceleratorUnavailableError, ConfigError
@@ -39,11 +38,3 @@ def test_a_missing_backend_runtime_is_a_typed_error(monkeypatch: pytest.MonkeyPa
         backend_for(_accelerator("ascend"))
     with pytest.raises(ConfigError, match="no collective backend for accelerator 'tpu'"):
         backend_for(_accelerator("tpu"))
-
-
-def _backend(rank: int, world: int) -> str:
-    return str(dist.get_backend())
-
-
-def test_cpu_ranks_join_a_gloo_group() -> None:
-    assert run_ranks(_backend, 2, timeout=60) == ["gloo", "gloo"]
