@@ -5,9 +5,10 @@ multiprocessing with the spawn start method; the rendezvous is exported as torch
 sends each new request to the rank with the fewest unfinished requests (ties to the lower rank,
 SGLang's shortest-queue policy), and merges the ranks' outputs. A rank that exits or fails makes
 the engine unhealthy: a log line names it, its unfinished requests (every rank's, under expert
-parallelism, whose collectives cannot go on without it) end with ``finish_reason == "error"`` and a
-:class:`RankFailedError` text, the survivors of a broken expert-parallel group are stopped, and
-new requests raise :class:`RankFailedError`.
+parallelism or context-parallel prefill, whose collectives cannot go on without it) end with
+``finish_reason == "error"`` and a :class:`RankFailedError` text, the survivors of such a group
+are stopped, and new requests raise :class:`RankFailedError`. A context-parallel prefill job a rank
+announces is forwarded to every rank, in one order for all of them (``cp_engine.py``).
 """
 
 from __future__ import annotations
