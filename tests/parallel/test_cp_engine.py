@@ -1,7 +1,8 @@
 """Context-parallel prefill in the engine (the trained tiny V3, 2 real rank processes, with and
-without expert parallelism): prompts past the threshold are prefilled over both ranks and decoded by
-their owner, greedy and schema-constrained outputs equal one process, a prompt found in the prefix
-cache is not prefilled again, and the prefills show on /metrics."""
+without expert parallelism): prompts past the threshold are prefilled over both ranks and decoded
+by their owner, greedy and schema-constrained outputs equal one process (a short seeded request,
+not prefilled over the ranks, bit for bit), a prompt found in the prefix cache is not prefilled
+again, an abort while a job is pending ends that request alone, and the prefills show on /metrics."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required
 def _params() -> list[SamplingParams]:
     return [
         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
-        SamplingParams(temperature=0.0, max_tokens=8),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=8),  # short: no CP, bit-identical
         SamplingParams(temperature=0.0, max_tokens=20, structured=SCHEMA, close_on_length=True),
     ]
 
