@@ -20,6 +20,7 @@ from agent_infer.errors import ModelLoadError, ModelNotFoundError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import native_kernels, native_kernels_usable, torch_kernels
+from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
@@ -128,8 +129,10 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
-    model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
-    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
+    kernels, fp8 = hf_kernels(path, device, dtype)
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
+    keep = frozenset(fp8.kept) if fp8 is not None else frozenset()
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path, keep))
     model.load_weights(item for item in adapted if item is not None)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

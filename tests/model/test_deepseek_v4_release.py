@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from agent_infer.errors import ModelLoadError
 from agent_infer.model.families.deepseek_v4_checkpoint import hf_tensor_name
+from agent_infer.model.layers.fp8_linear import Fp8Linear
 from agent_infer.model.loading.fp4 import dequantize_fp4, unpack_fp4
 from agent_infer.model.runner import SequenceRunner
 
@@ -145,3 +146,18 @@ def test_fp4_needs_the_config_to_declare_it(released: tuple[Path, Path, Path, in
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"declares no FP4 weights \(expert_dtype 'fp4'\)"):
         load_ours(out)
+
+
+def test_release_projections_can_stay_in_fp8(released: tuple[Path, Path, Path, int]) -> None:
+    """With FP8 kept (the path of FP8-capable GPUs, run here on torch's CPU kernel), the release's
+    ue8m0-scaled projections stay FP8: per layer ``wq_b`` and ``wo_b``, and the two indexers' ``wq_b``
+    (the fused input projection mixes float32 compressor parts, so it is dequantized)."""
+    _, release, twin, _ = released
+    kept = load_ours(release, fp8="keep")
+    names = sorted(p.name for m in kept.modules() if isinstance(m, Fp8Linear) for p in m.parts)
+    assert len(names) == 5 * 2 + 2 and "model.layers.3.attn.indexer.wq_b.weight" in names
+    prompt = torch.randint(2, 256, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    got = SequenceRunner(kept, num_blocks=8, block_size=8).step([(0, prompt)])[0]
+    want = SequenceRunner(load_ours(twin), num_blocks=8, block_size=8).step([(0, prompt)])[0]
+    # the activations' e4m3 rounding, compounded over five random layers and the indexers' top-k choices
+    assert 1e-4 < ((got - want).norm() / want.norm()).item() <= 0.15

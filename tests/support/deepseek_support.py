@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.loader import default_model_path
+from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
 from agent_infer.model.registry import build_model
@@ -69,10 +71,12 @@ def save_tiny(directory: Path, seed: int = 0, **config: Any) -> Any:
     return model
 
 
-def load_ours(directory: Path) -> CausalLM:
-    """Our model from an HF folder, without a tokenizer (``load_model`` needs one)."""
-    model = build_model(hf_config(directory))
-    model.load_weights(hf_weights(directory))
+def load_ours(directory: Path, fp8: str = "dequantize") -> CausalLM:
+    """Our model from an HF folder on the CPU, without a tokenizer (``load_model`` needs one); ``fp8``
+    is the ``AGENT_INFER_FP8_WEIGHTS`` policy for an FP8 checkpoint (keep: FP8 projections)."""
+    kernels, kept = hf_kernels(directory, torch.device("cpu"), torch.float32, fp8)
+    model = build_model(hf_config(directory), kernels=kernels)
+    model.load_weights(hf_weights(directory, frozenset(kept.kept) if kept is not None else frozenset()))
     return model.eval()
 
 
@@ -233,3 +237,51 @@ def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05) -> None:
         ref.eh_proj.weight[:, :h].copy_(torch.eye(h))
         ref.enorm.weight.copy_(hf.model.norm.weight)
         ref.shared_head.norm.weight.fill_(1.0)
+
+
+def quantize_block_fp8(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's FP8 layout: per block amax / 448 as the float32 ``weight_scale_inv``, the weight
+    divided by it in e4m3; returns (FP8 weight, scales)."""
+    rows, cols = w.shape
+    br, bc = block
+    nr, nc = -(-rows // br), -(-cols // bc)
+    padded = torch.zeros(nr * br, nc * bc)
+    padded[:rows, :cols] = w
+    blocks = padded.view(nr, br, nc, bc)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+    q = (blocks / scale[:, None, :, None]).view(nr * br, nc * bc)[:rows, :cols]
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def write_fp8(
+    src: Path, dst: Path, block: tuple[int, int], quantized: Callable[[str], bool]
+) -> tuple[int, Path]:
+    """An FP8 copy of ``src`` (the tensors ``quantized`` names, in ``block`` blocks) in two shards,
+    scales apart from their weights, and its dequantized twin in ``dst`` + ``-twin``; returns how
+    many tensors were quantized and the twin's folder."""
+    from safetensors.torch import load_file, save_file
+
+    twin = dst.parent / (dst.name + "-twin")
+    dst.mkdir()
+    twin.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    (twin / "config.json").write_text(json.dumps(cfg))
+    cfg["quantization_config"] = {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
+    }  # fmt: skip
+    (dst / "config.json").write_text(json.dumps(cfg))
+    weights, scales, dequantized = {}, {}, {}
+    for name, w in load_file(src / "model.safetensors").items():
+        if quantized(name):
+            q, s = quantize_block_fp8(w, block)
+            weights[name], scales[name + "_scale_inv"] = q, s
+            spread = s.repeat_interleave(block[0], 0)[: w.shape[0]].repeat_interleave(block[1], 1)
+            dequantized[name] = q.float() * spread[:, : w.shape[1]]
+        else:
+            weights[name] = dequantized[name] = w
+    save_file(weights, dst / "a.safetensors")
+    save_file(scales, dst / "b.safetensors")
+    save_file(dequantized, twin / "model.safetensors")
+    index = {n: "a.safetensors" for n in weights} | {n: "b.safetensors" for n in scales}
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    return len(scales), twin

@@ -189,6 +189,11 @@ def hf_weights(
     yield from checkpoint_weights(safetensors_files(directory), fmt, rename, keep_fp8)
 
 
+def hf_quant_format(directory: str | Path) -> QuantFormat | None:
+    """The quantization an HF folder's ``config.json`` declares (None: none, or no ``config.json``)."""
+    return _layout(directory)[0]
+
+
 def hf_fp8_weight_names(directory: str | Path) -> frozenset[str]:
     """The family's names of the weights an HF folder stores in block FP8 (headers only)."""
     fmt, rename = _layout(directory)
