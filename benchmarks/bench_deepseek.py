@@ -161,12 +161,11 @@ def main() -> None:
     folder = args.model
     if folder is None:
         sys.path.insert(0, str(ROOT / "tests" / "support"))
-        from deepseek_support import write_tokenizer
-        from deepseek_v4_support import save_tiny
+        from deepseek_support import save_tiny_v4, write_tokenizer
 
         tmp = tempfile.TemporaryDirectory()
         folder = Path(tmp.name)
-        save_tiny(folder, vocab_size=49152)
+        save_tiny_v4(folder, vocab_size=49152)
         write_tokenizer(folder)
     import json
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepseek_support import load_ours
-from deepseek_v4_support import quantize_fp4, released_name, save_released, save_tiny
+from deepseek_quant_support import quantize_fp4, released_name, save_released
+from deepseek_support import load_ours, save_tiny_v4
 from safetensors.torch import load_file, save_file
 
 from agent_infer.errors import ModelLoadError
@@ -26,7 +26,7 @@ BLOCK = (32, 32)  # several blocks per projection, partial ones at the edges (wq
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, int]:
     d = tmp_path_factory.mktemp("release")
-    save_tiny(d / "f32")
+    save_tiny_v4(d / "f32")
     twin, fp4 = save_released(d / "f32", d / "release", BLOCK)
     return d / "f32", d / "release", twin, fp4
 
@@ -64,7 +64,7 @@ def test_release_names_are_the_ones_transformers_converts(tmp_path: Path) -> Non
     written in the release's names to the same model: the naming the loader maps is DeepSeek's."""
     import transformers
 
-    hf = save_tiny(tmp_path / "ours")
+    hf = save_tiny_v4(tmp_path / "ours")
     (tmp_path / "release").mkdir()
     (tmp_path / "release" / "config.json").write_bytes((tmp_path / "ours" / "config.json").read_bytes())
     tensors = load_file(tmp_path / "ours" / "model.safetensors")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from deepseek_support import load_ours, save_tiny, write_fp8
+from deepseek_quant_support import write_fp8
+from deepseek_support import load_ours, save_tiny
 
 from agent_infer.accelerator import Accelerator
 from agent_infer.errors import ConfigError, EngineError
