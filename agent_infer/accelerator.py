@@ -48,7 +48,8 @@ class Accelerator:
             return ()
         capability = torch.cuda.get_device_capability(self.device)
         found: list[str] = []
-        if capability == (9, 0) and hasattr(torch.nn.functional, "ScalingType"):
+        scaling = getattr(torch.nn.functional, "ScalingType", None)
+        if capability == (9, 0) and hasattr(scaling, "BlockWise128x128"):
             found.append("blockwise")
         if capability >= (8, 9):
             found.append("per_group")

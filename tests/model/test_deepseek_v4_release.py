@@ -125,6 +125,8 @@ def _edit(release: Path, tmp: Path, edit: dict[str, torch.Tensor | None]) -> Pat
         ({"layers.2.ffn.experts.4.w1.scale": None},
          r"packed FP4 tensor 'layers\.2\.ffn\.experts\.4\.w1\.weight' has no scale"),
         ({"layers.0.attn.wq_b.scale": None}, r"FP8 tensor 'layers\.0\.attn\.wq_b\.weight' has no scale"),
+        ({"layers.0.attn.wq_b.scale": torch.full((4, 2), 255, dtype=torch.uint8).view(torch.float8_e8m0fnu)},
+         r"scale tensor 'layers\.0\.attn\.wq_b\.scale' holds NaN or infinite values"),
         ({"layers.0.attn.wq_b.scale": torch.ones(4, 1).to(torch.float8_e8m0fnu)},
          r"'layers\.0\.attn\.wq_b\.scale' has shape \(4, 1\), expected \(4, 2\)"),
         ({"layers.1.ffn.gate.tid2eid": torch.zeros(256, 2, dtype=torch.int32).fill_(9)},

@@ -22,6 +22,7 @@ from agent_infer.model.layers.fp8_linear import (
     Fp8Linear,
     Fp8Linears,
     emulate_block_fp8_matmul,
+    fp8_fits,
     per_group_matmul,
     quantize_activation,
 )
@@ -215,3 +216,11 @@ def test_load_model_keeps_the_trained_checkpoint_in_fp8(monkeypatch: pytest.Monk
         predictions[mode] = [int(runner.step([(0, [t])])[0].argmax()) for t in ids]
     same = sum(a == b for a, b in zip(predictions["keep"], predictions["dequantize"], strict=True))
     assert same >= 0.9 * len(predictions["keep"])
+
+
+def test_cuda_shapes_must_fit_its_fp8_gemm() -> None:
+    """CUDA's FP8 GEMMs need dimensions in multiples of 16; the CPU's kernel takes any shape."""
+    assert fp8_fits(40, 70, (16, 32), CPU)
+    cuda = torch.device("cuda")
+    assert fp8_fits(256, 384, (128, 128), cuda) and fp8_fits(48, 64, (16, 32), cuda)
+    assert not fp8_fits(40, 64, (16, 32), cuda) and not fp8_fits(48, 70, (16, 32), cuda)

@@ -11,9 +11,10 @@ dense layers). The streams are collapsed once more (the hyper head) before the f
 Sliding-only layers rotate with ``rope_theta``; compressed layers and their compressors with
 ``compress_rope_theta`` (YaRN when configured, without YaRN's cos/sin factor, as transformers does).
 
-Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's own:
-``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``, ``head.weight``).
-The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
+Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's module names
+under ``model.``: ``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``,
+``head.weight``); DeepSeek's released files are renamed to them as they are read
+(families/deepseek_v4_checkpoint.py). The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
 read past: the MTP module loads them.
 """
 

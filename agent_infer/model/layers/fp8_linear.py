@@ -113,6 +113,14 @@ def blockwise_fits(n: int, k: int, block: tuple[int, int]) -> bool:
     return block == (128, 128) and n % 128 == 0 and k % 128 == 0
 
 
+def fp8_fits(n: int, k: int, block: tuple[int, int], device: torch.device | None) -> bool:
+    """Whether an ``n x k`` weight can run an FP8 matmul on ``device``: CUDA's FP8 GEMMs take
+    operands whose dimensions are multiples of 16 (every group of ``bk`` columns included)."""
+    if device is None or torch.device(device).type == "cpu":
+        return True
+    return n % 16 == 0 and k % 16 == 0 and block[1] % 16 == 0
+
+
 class Fp8Linear(nn.Module):
     """``y = x @ W^T`` with ``W`` kept in e4m3 plus its block scales, fused from ``parts`` along N."""
 
@@ -198,7 +206,8 @@ class Fp8Linear(nn.Module):
 
 class Fp8Linears:
     """Builds :class:`Fp8Linear` layers for the projections whose every part the checkpoint stores in
-    FP8 (and that have no bias), torch layers for the rest; records the names it keeps in FP8."""
+    FP8 (with no bias, parts on block rows, shapes the device's FP8 GEMM takes), torch layers for
+    the rest; records the names it keeps in FP8."""
 
     def __init__(
         self,
@@ -217,7 +226,8 @@ class Fp8Linears:
     def linear(self, parts: Sequence[WeightPart], in_features: int, *, bias: bool = False) -> Linear:
         """An FP8 projection when every part is stored in FP8 and the parts align with the blocks."""
         aligned = all(p.rows % self.block[0] == 0 for p in parts[:-1])
-        if bias or not aligned or not all(p.name in self.fp8_names for p in parts):
+        fits = fp8_fits(sum(p.rows for p in parts), in_features, self.block, self.torch.device)
+        if bias or not aligned or not fits or not all(p.name in self.fp8_names for p in parts):
             return self.torch.linear(parts, in_features, bias=bias)
         self.kept.update(p.name for p in parts)
         return Fp8Linear(parts, in_features, self.block, self.matmul, self.torch.device)

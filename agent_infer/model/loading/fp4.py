@@ -25,11 +25,14 @@ PACKED_DTYPES = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e8m0fnu)
 
 
-def check_scale_dtype(scale_name: str, scale: torch.Tensor) -> None:
-    """Raise :class:`ModelLoadError` naming ``scale_name`` unless ``scale`` has a scale dtype."""
+def check_scale(scale_name: str, scale: torch.Tensor) -> None:
+    """Raise :class:`ModelLoadError` naming ``scale_name`` unless ``scale`` has a scale dtype and only
+    finite values (a NaN or infinite scale would turn its whole block into NaN or infinity)."""
     if scale.dtype not in SCALE_DTYPES:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in SCALE_DTYPES)
         raise ModelLoadError(f"scale tensor {scale_name!r} is {scale.dtype}; expected one of {allowed}")
+    if not bool(torch.isfinite(scale.float()).all()):
+        raise ModelLoadError(f"scale tensor {scale_name!r} holds NaN or infinite values")
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -52,7 +55,7 @@ def dequantize_fp4(
         )
     if packed.dim() != 2:
         raise ModelLoadError(f"FP4 tensor {name!r} has shape {tuple(packed.shape)}; expected 2 dims")
-    check_scale_dtype(scale_name, scale)
+    check_scale(scale_name, scale)
     rows, cols = int(packed.shape[0]), 2 * int(packed.shape[1])
     want = (rows, -(-cols // group))
     if tuple(scale.shape) != want:

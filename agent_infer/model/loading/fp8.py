@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from agent_infer.errors import ModelLoadError
-from agent_infer.model.loading.fp4 import check_scale_dtype
+from agent_infer.model.loading.fp4 import check_scale
 
 SCALE_SUFFIX = "_scale_inv"
 #: The largest finite float8_e4m3fn magnitude.
@@ -45,7 +45,7 @@ def check_block_fp8(
         raise ModelLoadError(f"FP8 tensor {name!r} is {weight.dtype}, not float8_e4m3fn")
     if weight.dim() != 2:
         raise ModelLoadError(f"FP8 tensor {name!r} has shape {tuple(weight.shape)}; block scales need 2 dims")
-    check_scale_dtype(scale_name, scale)
+    check_scale(scale_name, scale)
     rows, cols = int(weight.shape[0]), int(weight.shape[1])
     want = block_scale_shape(rows, cols, block)
     if tuple(scale.shape) != want:
