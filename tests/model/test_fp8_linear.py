@@ -28,7 +28,7 @@ from agent_infer.model.layers.fp8_linear import (
 )
 from agent_infer.model.layers.linear import TorchLinear, TorchLinears, WeightPart
 from agent_infer.model.loading.fp8 import spread_block_scale
-from agent_infer.model.loading.fp8_select import plan_fp8, probe_matmul
+from agent_infer.model.loading.fp8_select import accelerator_of, plan_fp8, probe_matmul
 from agent_infer.model.runner import SequenceRunner
 
 CPU = torch.device("cpu")
@@ -159,6 +159,9 @@ def test_policy_chooses_the_first_working_matmul() -> None:
     assert broken.matmul is None and "blockwise broke; per_group broke" in broken.reason
     with pytest.raises(EngineError, match="no FP8 matmul works here: blockwise broke"):
         plan_fp8("keep", hopper, (128, 128), lambda m, d, b: f"{m} broke")
+    mps = accelerator_of(torch.device("mps"))
+    assert mps.name == "mps" and mps.fp8_matmuls() == ()
+    assert plan_fp8("auto", mps, (128, 128)).matmul is None
     old = _Gpu("nvidia", CPU, ())
     assert plan_fp8("auto", old, (128, 128)).matmul is None
     with pytest.raises(ConfigError, match="runs no FP8 matmul"):
