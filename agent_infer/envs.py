@@ -116,6 +116,20 @@ def linear_activations() -> str:
     return value
 
 
+_FP8_WEIGHTS = ("auto", "dequantize", "keep")
+
+
+def fp8_weights() -> str:
+    """``AGENT_INFER_FP8_WEIGHTS``: auto | dequantize | keep (default auto). How a block-FP8 HF
+    checkpoint's projections are held: auto keeps them in FP8 where the accelerator runs FP8
+    matmuls (and dequantizes at load elsewhere, the CPU included); dequantize always converts them
+    at load; keep holds them in FP8 wherever an FP8 matmul runs, the CPU's slow torch kernel included."""
+    value = _get("AGENT_INFER_FP8_WEIGHTS", "auto").lower()
+    if value not in _FP8_WEIGHTS:
+        raise ConfigError(f"AGENT_INFER_FP8_WEIGHTS={value!r}; expected one of {', '.join(_FP8_WEIGHTS)}")
+    return value
+
+
 def json_schema_max_seconds() -> float:
     """``AGENT_INFER_JSON_SCHEMA_MAX_SECONDS``: time limit of one JSON Schema lowering (default 5).
 

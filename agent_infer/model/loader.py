@@ -20,6 +20,7 @@ from agent_infer.errors import ModelLoadError, ModelNotFoundError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.kernels import native_kernels, native_kernels_usable, torch_kernels
+from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
@@ -109,18 +110,8 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
 
 
-def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    loaded = build_hf_model(path, device, dtype)
-    model = loaded.model
-    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
-    model.load_weights(item for item in adapted if item is not None)
-    model.eval()
-    return loaded
-
-
-def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """A Hugging Face folder's config, tokenizer and model, its weights not loaded yet (a caller that
-    reads only part of the files, such as an expert-parallel rank, loads them itself)."""
+def _hf_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer]:
+    """A Hugging Face folder's config (its EOS ids from the tokenizer) and tokenizer."""
     config = hf_config(path)
     arch = architecture(config.architecture)
     fallback = (
@@ -139,5 +130,24 @@ def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> Load
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    return config, tokenizer
+
+
+def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A Hugging Face folder's config, tokenizer and model on the torch kernels, its weights not
+    loaded yet (a caller that reads only part of the files, such as an expert-parallel rank,
+    loads them itself and dequantizes every FP8 tensor)."""
+    config, tokenizer = _hf_config_and_tokenizer(path)
     model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
+
+
+def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    config, tokenizer = _hf_config_and_tokenizer(path)
+    kernels, fp8 = hf_kernels(path, device, dtype)
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
+    keep = frozenset(fp8.kept) if fp8 is not None else frozenset()
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path, keep))
+    model.load_weights(item for item in adapted if item is not None)
+    model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

@@ -65,6 +65,9 @@ class Architecture:
     #: The folder of the tokenizer files an HF folder of this architecture without ``tokenizer.json``
     #: uses (called at load; raises ``TokenizerError`` when unavailable); None: the folder must have one.
     default_tokenizer: Callable[[], Path] | None = None
+    #: Maps the tensor names of a checkpoint in a layout of its own (DeepSeek's released V4 files) to
+    #: the family's, leaving the family's own names as they are; None: checkpoints use the family's.
+    hf_tensor_name: Callable[[str], str] | None = None
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -141,6 +144,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         qkv_bias=False,
         hf_fields=deepseek_v4_checkpoint.hf_config_fields,
         hf_text_config=deepseek_v4_checkpoint.hf_text_config,
+        hf_tensor_name=deepseek_v4_checkpoint.hf_tensor_name,
         default_chat_template=deepseek_chat.CHAT_TEMPLATE,
         default_tokenizer=deepseek_chat.tokenizer_dir,
     ),

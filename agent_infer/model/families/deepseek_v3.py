@@ -28,7 +28,7 @@ from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer,
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
-from agent_infer.model.layers.linear import Linear, pad_rows
+from agent_infer.model.layers.linear import Linear
 from agent_infer.model.layers.mla import MultiHeadLatentAttention
 from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.moe import MoE
@@ -210,8 +210,10 @@ def _moe_targets(moe: MoE, p: str) -> Targets:
     return t
 
 
-class DeepseekV3ForCausalLM(CausalLM):
+class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
     """DeepSeek V3 causal LM over the latent layout of a paged :class:`KVCache` (torch kernels)."""
+
+    kv_layout = "latent"
 
     def __init__(
         self,
@@ -258,61 +260,23 @@ class DeepseekV3ForCausalLM(CausalLM):
         # The latent cache needs the SDPA plan of every sequence (the native decode kernel reads K/V pools).
         self.planner = PagedAttention()
 
-    def blocks(self) -> list[DeepseekV3DecoderLayer]:
-        """The decoder layers, typed."""
-        return cast(list[DeepseekV3DecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
-
-    @torch.inference_mode()
-    def forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
+        keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
-        """Run the new tokens through the decoder, caching their latents; final-norm hidden states of
-        every row, or of ``keep_rows`` in that order."""
-        c = self.config
-        if kv_cache.layout != "latent":
-            raise EngineError(
-                "DeepSeek V3 needs a KV cache in the latent layout (KVCache.allocate of its config)"
-            )
+        """The decoder over the latent caches."""
         n = int(input_ids.shape[0])
         plan = self.planner.plan(meta, n, kv_cache.num_slots, self.device)
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        ids, pos = self.padded_inputs(input_ids, positions)
         rotation = self.rotary.at(pos)
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.blocks()):
             x = layer.forward(x, rotation, kv_cache.latent(i), plan)
-        x = self.norm.forward(x)
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        return self.select_rows(self.norm.forward(x), n, keep_rows)
 
     def mtp_layers(self) -> list[MTPLayer]:
         """The loaded MTP modules, typed (empty when the checkpoint has none)."""

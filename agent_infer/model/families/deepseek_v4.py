@@ -11,9 +11,10 @@ dense layers). The streams are collapsed once more (the hyper head) before the f
 Sliding-only layers rotate with ``rope_theta``; compressed layers and their compressors with
 ``compress_rope_theta`` (YaRN when configured, without YaRN's cos/sin factor, as transformers does).
 
-Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's own:
-``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``, ``head.weight``).
-The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
+Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's module names
+under ``model.``: ``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``,
+``head.weight``); DeepSeek's released files are renamed to them as they are read
+(families/deepseek_v4_checkpoint.py). The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
 read past: the MTP module loads them.
 """
 
@@ -37,7 +38,7 @@ from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compre
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.kernels import Kernels
-from agent_infer.model.layers.linear import Linear, pad_rows
+from agent_infer.model.layers.linear import Linear
 from agent_infer.model.layers.moe import MoE, Scoring
 from agent_infer.model.layers.norm import RMSNorm
 
@@ -165,8 +166,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         return t
 
 
-class DeepseekV4ForCausalLM(CausalLM):
+class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
     """DeepSeek V4 causal LM over the compressed layout of a paged :class:`KVCache` (torch kernels)."""
+
+    kv_layout = "compressed"
 
     def __init__(
         self,
@@ -202,65 +205,29 @@ class DeepseekV4ForCausalLM(CausalLM):
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
         )
 
-    def blocks(self) -> list[DeepseekV4DecoderLayer]:
-        """The decoder layers, typed."""
-        return cast(list[DeepseekV4DecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
-
-    @torch.inference_mode()
-    def forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
+        keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
-        """Run the new tokens through the decoder, caching their window entries, compressor states and
-        completed windows; final-norm hidden states of every row, or of ``keep_rows`` in that order."""
+        """The decoder over the compressed caches: window entries, compressor states and completed
+        windows' entries written for the new tokens."""
         c = self.config
-        if kv_cache.layout != "compressed":
-            raise EngineError(
-                "DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)"
-            )
         n = int(input_ids.shape[0])
         spec = c.deepseek_v4
         assert spec is not None
         rates = {r for r in spec.compress_rates if r}
         views = plan_compressed(meta, n, kv_cache.num_slots, self.device, spec.sliding_window, rates)
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        ids, pos = self.padded_inputs(input_ids, positions)
         x = F.embedding(ids, self.embed)
         tables = {False: self.main_rotary.tables(pos), True: self.compress_rotary.tables(pos)}
-        streams = x[:, None, :].expand(rows, spec.hc_mult, c.hidden_size).contiguous()
+        streams = x[:, None, :].expand(int(ids.shape[0]), spec.hc_mult, c.hidden_size).contiguous()
         for layer, rate in zip(self.blocks(), spec.compress_rates, strict=True):
             streams = layer.forward(streams, ids, tables[bool(rate)], kv_cache, views)
-        x = self.norm.forward(self.hc_head.forward(streams))
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        return self.select_rows(self.norm.forward(self.hc_head.forward(streams)), n, keep_rows)
 
     def weight_targets(self) -> Targets:
         """HF names of every tensor of the decoder (the MTP layers are not targets)."""
