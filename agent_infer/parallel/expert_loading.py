@@ -32,8 +32,9 @@ from agent_infer.errors import ConfigError, ModelLoadError
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.layers.moe import MoE, routed_experts_on
 from agent_infer.model.loader import LoadedModel, build_hf_model, load_model, resolve_model_path
-from agent_infer.model.loading.fp8 import SCALE_SUFFIX, dequantize_block_fp8, fp8_block_size
+from agent_infer.model.loading.fp8 import SCALE_SUFFIX, dequantize_block_fp8
 from agent_infer.model.loading.hf import safetensors_files
+from agent_infer.model.loading.quantized import quant_format
 from agent_infer.parallel.eplb import Placement
 
 
@@ -102,7 +103,13 @@ class CheckpointExperts:
         self.directory = directory
         self.model = model
         self.files = safetensors_files(directory)
-        self.block = fp8_block_size(_config_json(directory), f"{directory / 'config.json'}: ")
+        fmt = quant_format(_config_json(directory), f"{directory / 'config.json'}: ")
+        if fmt is not None and fmt.fp4:
+            # expert-by-expert reads take Hugging Face's block-FP8 naming only; the release's FP4 layout loads whole
+            raise ModelLoadError(
+                f"{directory}: expert-parallel loading reads block-FP8 or float experts, not FP4 (expert_dtype 'fp4')"
+            )
+        self.block = fmt.block if fmt is not None else None
         self._file: dict[str, Path] = {}
         self._shape: dict[str, tuple[int, ...]] = {}
         for path in self.files:
