@@ -17,7 +17,7 @@ choice and regex tasks: strings compared case-insensitively, numbers to 1e-6, li
 as multisets), ``tool_acc`` (tool tasks whose first call has the expected name and arguments),
 completion tokens and wall time.
 
-Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/eval_agent_tasks.py [--limit N]
+Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/eval_agent_tasks.py [--limit N] [--failures]
 [--configs greedy-off,greedy-on,t07-off,t07-on] [--out eval.json]``.
 """
 
@@ -148,7 +148,7 @@ async def run_task(
         if event.request.loop_last_attempt and loop is not False:
             closing.append(event.finish_reason)
         if event.finish_reason == "length":
-            tails.append(event.text[-160:])
+            tails.append(event.text[-200:])
 
     hooks = Hooks(on_response=on_response)
     opts: dict[str, Any] = {
@@ -255,7 +255,25 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             report["configs"][name] = summary
             report["results"][name] = [r.__dict__ for r in results]
             print(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()), flush=True)
+            if args.failures:
+                print(failures(results), flush=True)
     return report
+
+
+def failures(results: list[Result]) -> str:
+    """The tasks of one configuration that failed or had a request end ``length``: id, finish
+    reasons, the end of each cut-off output, the error, and the answer."""
+    lines = []
+    for r in results:
+        if r.valid and "length" not in r.finish_reasons:
+            continue
+        kind = "free text" if r.text_answers else r.kind
+        lines.append(f"  {r.id} ({kind}): valid={r.valid} finish={r.finish_reasons}")
+        lines += [f"    cut off: ...{tail!r}" for tail in r.length_tails]
+        if r.error:
+            lines.append(f"    error: {r.error}")
+        lines.append(f"    answer: {json.dumps(r.answer, default=str)[:200]}")
+    return "\n".join(lines) or "  (none)"
 
 
 def _number(text: str) -> Any:
@@ -301,6 +319,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED, help="task i samples with seed SEED + i")
     parser.add_argument(
         "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
+    )
+    parser.add_argument(
+        "--failures", action="store_true", help="print each configuration's failed and cut-off requests"
     )
     parser.add_argument("--out", default="", help="write the summary and per-task results as JSON")
     args = parser.parse_args()
