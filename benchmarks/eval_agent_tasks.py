@@ -231,11 +231,15 @@ def summarize(results: list[Result], wall: float) -> dict[str, Any]:
 async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Every requested configuration over the (limited) task list."""
     tasks = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    # The seed offset is the task's line in the data file, so a subset samples what the full run does.
+    for i, task in enumerate(tasks):
+        task["_line"] = i
     if args.only:
         tasks = [t for t in tasks if any(part in t["id"] for part in args.only.split(","))]
     tasks = tasks[: args.limit] if args.limit else tasks
     report: dict[str, Any] = {"configs": {}, "results": {}}
-    async with AsyncClient(max_num_seqs=args.concurrency) as client:
+    engine = {k: _number(v) for k, v in (kv.split("=") for kv in args.engine.split(","))} if args.engine else {}
+    async with AsyncClient(max_num_seqs=args.concurrency, **engine) as client:
         await client.generate("warm up", choice=["a", "b"])
         gate = asyncio.Semaphore(args.concurrency)
         for name in args.configs.split(","):
@@ -250,7 +254,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                     return await run_task(client, task, t, lc, args.seed + i)
 
             start = time.perf_counter()
-            results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+            results = await asyncio.gather(*(one(t["_line"], t) for t in tasks))
             summary = summarize(results, time.perf_counter() - start)
             report["configs"][name] = summary
             report["results"][name] = [r.__dict__ for r in results]
@@ -316,10 +320,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of task ids")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=SEED, help="task i samples with seed SEED + i")
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help="the task on line i of the data samples with seed SEED + i"
+    )
     parser.add_argument(
         "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
     )
+    parser.add_argument("--engine", default="", help="engine options k=v,... (e.g. enable_prefix_caching=false)")
     parser.add_argument(
         "--failures", action="store_true", help="print each configuration's failed and cut-off requests"
     )

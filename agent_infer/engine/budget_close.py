@@ -11,7 +11,13 @@ linearly from 0 to ``value_close_budget_bias``. The model then ends at a point w
 already likely (after an item, at the end of a sentence) rather than being cut mid-value, and an
 output that ends well inside its budget is never touched.
 
-The bias is a function of the output length and the matcher's state only: deterministic and
+Inside twice the window, a token that would leave the document unclosable within the budget (the
+shortest completion after it is longer than the tokens left) is masked among the
+``DOOMED_CANDIDATES`` most likely ones: such a token makes the output end ``length`` whatever
+follows, so masking it changes only outputs that would fail. The typical case is a model that
+starts another tool call or list item too late to finish it.
+
+Both are functions of the output length and the matcher's state only: deterministic and
 independent of the batch. The shortest completion is computed only inside twice the window (so a
 closing longer than the window starts the ramp late, never early).
 """
@@ -21,7 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+import torch
+
 from agent_infer.engine.sequence import Sequence
+
+#: How many of the most likely tokens are checked for leaving the document unclosable.
+DOOMED_CANDIDATES = 4
 
 
 def budget_window(max_tokens: int, fraction: float) -> int:
@@ -66,3 +77,41 @@ def budget_close_bias(seq: Sequence, used: int, eos_token_ids: Collection[int]) 
     token, length = found
     bias = ramp(left - length, window, p.value_close_budget_bias)
     return (token, bias) if bias > 0.0 else None
+
+
+def mask_doomed(row: torch.Tensor, seq: Sequence, used: int, eos_token_ids: Collection[int]) -> None:
+    """Set to -inf, among the most likely tokens of ``row``, those after which the grammar's
+    shortest completion no longer fits into what is left of ``max_tokens``: inside twice the
+    window, while the document still fits, and only when one of those likely tokens fits (EOS
+    does)."""
+    matcher = seq.matcher
+    p = seq.params
+    if matcher is None or matcher.is_terminated():
+        return
+    left = p.max_tokens - used
+    if left > 2 * budget_window(p.max_tokens, p.value_close_budget):
+        return
+    now = matcher.closing_tokens()
+    if now is None or len(now) > left:
+        return  # nothing to protect: the document no longer fits whatever is chosen
+    values, ids = torch.topk(row, min(DOOMED_CANDIDATES, row.shape[0]))
+    doomed: list[int] = []
+    viable = False
+    for value, token in zip(values.tolist(), ids.tolist()):
+        if value == -math.inf:
+            break
+        if token in eos_token_ids or not matcher.accept_token(token):
+            viable = viable or token in eos_token_ids
+            continue
+        try:
+            after = None if matcher.is_terminated() else matcher.closing_tokens()
+        finally:
+            matcher.rollback(1)
+        if after is not None and len(after) > left - 1:
+            doomed.append(token)
+        else:
+            viable = True
+    # Only where a likely token still fits: masking a few of many doomed tokens would change an
+    # output that fails anyway (a hard close is close_on_length's job).
+    if viable and doomed:
+        row[doomed] = -math.inf

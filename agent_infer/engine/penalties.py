@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from agent_infer.engine.budget_close import budget_close_bias
+from agent_infer.engine.budget_close import budget_close_bias, mask_doomed
 from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.value_loops import ClosingTokens, ValueScanner, value_close_bias
@@ -122,10 +122,12 @@ def _close_value(
 
 
 def _close_budget(row: torch.Tensor, seq: Sequence, used: int, eos_token_ids: Collection[int]) -> None:
-    """The closing pressure near ``max_tokens`` (``budget_close.py``) on the way-out token."""
+    """The closing pressure near ``max_tokens`` (``budget_close.py``) on the way-out token, and the
+    mask on likely tokens that would leave the document unclosable."""
     found = budget_close_bias(seq, used, eos_token_ids)
     if found is not None and 0 <= found[0] < row.shape[0]:
         row[found[0]] += found[1]
+    mask_doomed(row, seq, used, eos_token_ids)
 
 
 def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
