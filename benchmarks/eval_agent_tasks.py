@@ -238,7 +238,9 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         tasks = [t for t in tasks if any(part in t["id"] for part in args.only.split(","))]
     tasks = tasks[: args.limit] if args.limit else tasks
     report: dict[str, Any] = {"configs": {}, "results": {}}
-    engine = {k: _number(v) for k, v in (kv.split("=") for kv in args.engine.split(","))} if args.engine else {}
+    engine = (
+        {k: _number(v) for k, v in (kv.split("=") for kv in args.engine.split(","))} if args.engine else {}
+    )
     async with AsyncClient(max_num_seqs=args.concurrency, **engine) as client:
         await client.generate("warm up", choice=["a", "b"])
         gate = asyncio.Semaphore(args.concurrency)
@@ -326,7 +328,9 @@ def main() -> None:
     parser.add_argument(
         "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
     )
-    parser.add_argument("--engine", default="", help="engine options k=v,... (e.g. enable_prefix_caching=false)")
+    parser.add_argument(
+        "--engine", default="", help="engine options k=v,... (e.g. enable_prefix_caching=false)"
+    )
     parser.add_argument(
         "--failures", action="store_true", help="print each configuration's failed and cut-off requests"
     )
