@@ -133,6 +133,7 @@ def generate_flow(
     usage = Usage()
     attempt_request = request
     for attempt in range(1, max_retries + 2):
+        attempt_request = dataclasses.replace(attempt_request, retried_on_length=attempt <= max_retries)
         response: ModelResponse = yield attempt_request
         usage = usage + response.usage
         text = response.content

@@ -121,7 +121,9 @@ class LocalBackend:
             structured = StructuredOutput.grammar(self._tool_grammar(request))
         elif request.constraint is not None:
             structured = StructuredOutput.grammar(self._constraint_grammar(request.constraint))
-        loop = resolve_loop_control(request.loop_control, structured is not None, request.loop_escalation)
+        loop = resolve_loop_control(
+            request.loop_control, structured is not None, request.loop_escalation, request.retried_on_length
+        )
         params = SamplingParams(
             temperature=request.temperature,
             top_p=request.top_p,

@@ -30,6 +30,8 @@ class LoopControl:
     dry_skip_whitespace: bool = True
     value_close_multiplier: float = 1.0
     value_close_allowed: int = 4
+    value_close_budget: float = 0.25
+    value_close_budget_bias: float = 8.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
@@ -66,9 +68,12 @@ def check_loop_control(value: object) -> None:
         )
 
 
-def resolve(option: LoopControlOption, structured: bool, escalation: int = 0) -> LoopControl | None:
+def resolve(
+    option: LoopControlOption, structured: bool, escalation: int = 0, retried: bool = False
+) -> LoopControl | None:
     """The settings a local call decodes with (None: off), escalated ``escalation`` times (retries
-    after a ``length`` failure); an explicit ``False`` stays off."""
+    after a ``length`` failure); an explicit ``False`` stays off. ``retried``: a ``length`` failure
+    of this call is retried, so the closing pressure near ``max_tokens`` is left off."""
     if isinstance(option, LoopControl):
         chosen = option
     elif option is False or (option is None and not structured):
@@ -77,4 +82,6 @@ def resolve(option: LoopControlOption, structured: bool, escalation: int = 0) ->
         chosen = STRUCTURED_LOOP_CONTROL
     for _ in range(escalation):
         chosen = chosen.escalated()
+    if retried and chosen.value_close_budget:
+        chosen = dataclasses.replace(chosen, value_close_budget=0.0)
     return chosen

@@ -110,7 +110,12 @@ class Executor:
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
                 rows = apply_dry_to_draft_rows(
-                    rows, seqs[i], draft, self.sampler.texts, self.sampler.closing(rows.shape[1])
+                    rows,
+                    seqs[i],
+                    draft,
+                    self.sampler.texts,
+                    self.sampler.closing(rows.shape[1]),
+                    self.sampler.eos_token_ids,
                 )
                 tokens, num_accepted = self.speculator.verify(seqs[i], draft, rows)
                 out[seqs[i]] = SampledTokens(tokens, None, num_accepted)
