@@ -2,7 +2,8 @@
 
 This is where the model's kernels are decided, once: a GGUF model on the CPU in float32 takes the
 packed native path when the extension has its kernels (and ``AGENT_INFER_NATIVE_LINEAR`` allows);
-everything else takes the torch path. The family (from the registry) builds its layers from them.
+so does an HF folder of an architecture with ``hf_packed_linears`` (DeepSeek V3/V4), its float32
+weights packed after loading (layers/float_linear.py); everything else takes the torch path. The family (from the registry) builds its layers from them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agent_infer.accelerator import get_accelerator
 from agent_infer.errors import ModelLoadError, ModelNotFoundError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM
+from agent_infer.model.layers.float_linear import pack_loaded, packed_float_kernels
 from agent_infer.model.layers.kernels import native_kernels, native_kernels_usable, torch_kernels
 from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
 from agent_infer.model.loading.gguf_reader import GGUFFile
@@ -128,8 +130,12 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
-    model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
+    packed = arch.hf_packed_linears and native_kernels_usable(device, dtype)
+    kernels = packed_float_kernels() if packed else torch_kernels(device, dtype)
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
     adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
     model.load_weights(item for item in adapted if item is not None)
+    if packed:
+        pack_loaded(model)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

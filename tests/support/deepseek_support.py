@@ -69,10 +69,15 @@ def save_tiny(directory: Path, seed: int = 0, **config: Any) -> Any:
     return model
 
 
-def load_ours(directory: Path) -> CausalLM:
-    """Our model from an HF folder, without a tokenizer (``load_model`` needs one)."""
-    model = build_model(hf_config(directory))
+def load_ours(directory: Path, packed: bool = False) -> CausalLM:
+    """Our model from an HF folder, without a tokenizer (``load_model`` needs one): on the torch
+    kernels, or with ``packed`` on the packed-float ones ``load_model`` picks on the CPU."""
+    from agent_infer.model.layers.float_linear import pack_loaded, packed_float_kernels
+
+    model = build_model(hf_config(directory), kernels=packed_float_kernels() if packed else None)
     model.load_weights(hf_weights(directory))
+    if packed:
+        pack_loaded(model)
     return model.eval()
 
 

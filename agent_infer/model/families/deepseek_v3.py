@@ -26,10 +26,16 @@ from agent_infer.model.config import MLASpec, ModelConfig, MoESpec, rope_scaling
 from agent_infer.model.families.base import CausalLM, Targets
 from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer, split_mtp_name
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.attention import (
+    AttentionMetadata,
+    AttentionPlan,
+    NativePagedAttention,
+    PagedAttention,
+)
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
 from agent_infer.model.layers.linear import Linear, pad_rows
-from agent_infer.model.layers.mla import MultiHeadLatentAttention
+from agent_infer.model.layers.mla import ABSORB_MAX_QUERY, MultiHeadLatentAttention
 from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.moe import MoE
 from agent_infer.model.layers.norm import RMSNorm
@@ -220,12 +226,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         dtype: torch.dtype = torch.float32,
         kernels: Kernels | None = None,
     ) -> None:
-        """``kernels`` defaults to the torch path; the packed native path reads GGUF files only."""
+        """``kernels`` defaults to the torch path; the loader gives HF folders on the CPU in float32
+        the packed-float kernels (layers/float_linear.py)."""
         super().__init__()
         if kernels is None:
             kernels = torch_kernels(device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V3 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V3 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         if config.mla is None:
             raise EngineError("a DeepSeek V3 config needs its MLA spec")
         c = config
@@ -255,8 +262,11 @@ class DeepseekV3ForCausalLM(CausalLM):
             for d in range(c.num_nextn_layers)
         )
         self._seen_mtp = True  # whether the checkpoint being loaded stores MTP tensors
-        # The latent cache needs the SDPA plan of every sequence (the native decode kernel reads K/V pools).
-        self.planner = PagedAttention()
+        # The torch path attends per sequence (SDPA plans); with packed kernels the rows of short
+        # chunks go to the native absorbed-MLA decode kernel in one call per layer.
+        self.planner = (
+            NativePagedAttention(ABSORB_MAX_QUERY) if kernels.name == PACKED_FLOAT else PagedAttention()
+        )
 
     def blocks(self) -> list[DeepseekV3DecoderLayer]:
         """The decoder layers, typed."""
@@ -269,8 +279,8 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     @property
     def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
+        """Whether the head skips the columns no row of a token mask allows (the packed one does)."""
+        return self.lm_head.takes_token_mask
 
     @torch.inference_mode()
     def forward(
@@ -283,6 +293,17 @@ class DeepseekV3ForCausalLM(CausalLM):
     ) -> torch.Tensor:
         """Run the new tokens through the decoder, caching their latents; final-norm hidden states of
         every row, or of ``keep_rows`` in that order."""
+        with self.kernels.threads():
+            return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None,
+    ) -> torch.Tensor:
         c = self.config
         if kv_cache.layout != "latent":
             raise EngineError(
@@ -311,8 +332,10 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]``; with ``allowed`` a packed
+        head leaves the columns no row allows at ``-inf`` (the torch head ignores it)."""
+        with self.kernels.threads():
+            return self.lm_head.logits(hidden, allowed)
 
     def mtp_layers(self) -> list[MTPLayer]:
         """The loaded MTP modules, typed (empty when the checkpoint has none)."""

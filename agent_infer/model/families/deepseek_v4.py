@@ -34,6 +34,7 @@ from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.compressed_attention import CompressedAttention, CompressorPools
 from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.kernels import Kernels
@@ -178,8 +179,8 @@ class DeepseekV4ForCausalLM(CausalLM):
         """``kernels`` defaults to the torch path (the only one this family runs)."""
         super().__init__()
         kernels = model_kernels(kernels, device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V4 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V4 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         spec = config.deepseek_v4
         if spec is None or config.moe is None:
             raise EngineError("a DeepSeek V4 config needs its DeepseekV4Spec and MoE spec")
@@ -213,8 +214,8 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     @property
     def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
+        """Whether the head skips the columns no row of a token mask allows (the packed one does)."""
+        return self.lm_head.takes_token_mask
 
     @torch.inference_mode()
     def forward(
@@ -227,6 +228,17 @@ class DeepseekV4ForCausalLM(CausalLM):
     ) -> torch.Tensor:
         """Run the new tokens through the decoder, caching their window entries, compressor states and
         completed windows; final-norm hidden states of every row, or of ``keep_rows`` in that order."""
+        with self.kernels.threads():
+            return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None,
+    ) -> torch.Tensor:
         c = self.config
         if kv_cache.layout != "compressed":
             raise EngineError(
@@ -259,8 +271,10 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]``; with ``allowed`` a packed
+        head leaves the columns no row allows at ``-inf`` (the torch head ignores it)."""
+        with self.kernels.threads():
+            return self.lm_head.logits(hidden, allowed)
 
     def weight_targets(self) -> Targets:
         """HF names of every tensor of the decoder (the MTP layers are not targets)."""

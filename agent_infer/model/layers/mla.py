@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
-from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
+from agent_infer.model.layers import native_ops
+from agent_infer.model.layers.attention import AttentionPlan, _DecodePlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
@@ -149,6 +151,8 @@ class MultiHeadLatentAttention(nn.Module):
         ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
         q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
         cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
+        if plan.decode is not None:
+            return self.o.project(self._with_native_decode(q_nope, q_rope, cache, plan, plan.decode, rows))
         outs = []
         for s in plan.seqs:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
@@ -157,6 +161,42 @@ class MultiHeadLatentAttention(nn.Module):
             outs.append(x.new_zeros(rows - n, heads * m.v_head_dim))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.o.project(out)
+
+    def _with_native_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        cache: torch.Tensor,
+        plan: AttentionPlan,
+        dec: _DecodePlan,
+        rows: int,
+    ) -> torch.Tensor:
+        """The attention output of every row: the plan's decode rows in one native call (absorbed
+        form, engine_native/src/kernels/attention_mla.h), its longer chunks in the expanded form."""
+        m, heads = self.spec, self.heads
+        if not (
+            cache.dtype is torch.float32
+            and cache.device.type == "cpu"
+            and cache.is_contiguous()
+            and tuple(cache.shape) == (dec.num_slots, m.latent_dim)
+            and self.kv_b.dtype is torch.float32
+            and self.kv_b.is_contiguous()
+            and q_nope.dtype is torch.float32
+        ):
+            raise EngineError(
+                "native MLA decode needs float32 CPU tensors and a contiguous latent cache "
+                f"[{dec.num_slots}, {m.latent_dim}]; got cache {tuple(cache.shape)} {cache.dtype} on {cache.device}"
+            )
+        qn, qr = q_nope.contiguous(), q_rope.contiguous()
+        out = torch.zeros(rows, heads * m.v_head_dim, dtype=torch.float32)
+        dec.native.run_mla(
+            qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
+            m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim, self.scale,
+            native_ops.get_num_threads(),
+        )  # fmt: skip
+        for s in plan.seqs:
+            out[s.start : s.end] = self._expanded(q_nope[s.start : s.end], q_rope[s.start : s.end], cache, s)
+        return out
 
     def _expanded(
         self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, s: _SeqPlan

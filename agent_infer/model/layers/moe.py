@@ -20,6 +20,7 @@ output does not depend on the other tokens of the batch on CPUs where that row-c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent_infer.errors import ConfigError
+from agent_infer.model.layers import native_ops
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
@@ -126,6 +128,22 @@ class MoE(nn.Module):
             if shared_intermediate_size
             else None
         )
+        #: The experts on the native kernel once :meth:`pack_experts` ran (float32 CPU models).
+        self.packed_experts: native_ops.PackedExpertSet | None = None
+
+    def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Run the experts (routed and shared) on the native kernel over ``pack`` of each weight
+        matrix from now on: one call per layer, batch invariant without padding rows (see
+        ``engine_native/src/kernels/linear_moe.h``). The torch weights stay (expert parallelism
+        takes its slots from them)."""
+        gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
+        down = [pack(self.down[e]) for e in range(self.num_experts)]
+        shared = (
+            (pack(self.shared_gate_up), pack(self.shared_down))
+            if self.shared_gate_up is not None and self.shared_down is not None
+            else (None, None)
+        )
+        self.packed_experts = native_ops.packed_experts(gate_up, down, *shared)
 
     def route(
         self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
@@ -200,6 +218,10 @@ class MoE(nn.Module):
                 )
             return self.expert_backend.forward(self, x)
         experts, weights = self.route(x, hash_experts)
+        if self.packed_experts is not None:
+            return native_ops.run_experts(self.packed_experts, x, experts, weights, self.swiglu_limit).to(
+                x.dtype
+            )
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()

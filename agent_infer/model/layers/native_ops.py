@@ -18,7 +18,7 @@ from agent_infer.errors import NativeExtensionMissingError
 from agent_infer.native import load_native
 
 #: Extension attributes the native model path needs; a build without any of them takes the torch path.
-MODEL_KERNELS = ("PackedLinear", "decode_attention", "DecodeBatch", "rope_rows")
+MODEL_KERNELS = ("PackedLinear", "PackedExperts", "decode_attention", "DecodeBatch", "rope_rows")
 
 _ext: ModuleType | None = None
 
@@ -115,6 +115,62 @@ def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activ
     return packed
 
 
+class PackedExpertSet(Protocol):
+    """What ``_native.PackedExperts`` offers: a MoE layer's experts over packed weights."""
+
+    num_experts: int
+    hidden: int
+
+    def forward(
+        self, x: int, t: int, experts: int, weights: int, k: int, out: int, limit: float, num_threads: int = 1
+    ) -> None:
+        """``out`` = the layer's routed (then shared) expert sum per token, on raw addresses."""
+        ...
+
+
+def packed_experts(
+    gate_up: list[PackedWeight],
+    down: list[PackedWeight],
+    shared_gate_up: PackedWeight | None,
+    shared_down: PackedWeight | None,
+) -> PackedExpertSet:
+    """One MoE layer's experts (``gate_up[e]`` ``[2I, H]``, ``down[e]`` ``[H, I]``) for :func:`run_experts`."""
+    experts: PackedExpertSet = _native().PackedExperts(gate_up, down, shared_gate_up, shared_down)
+    return experts
+
+
+def run_experts(
+    packed: PackedExpertSet,
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float | None,
+) -> torch.Tensor:
+    """Float32 ``[T, H]``: per token of ``x`` ``[T, H]``, the sum over its ``experts`` ``[T, k]`` of
+    ``weights`` ``[T, k]`` times the expert's SwiGLU (clamped at ``limit`` when set), in ascending
+    expert order, plus the shared experts. Inputs are converted to the kernel's dtypes here."""
+    x = x.to(device="cpu", dtype=torch.float32).contiguous()
+    experts = experts.to(device="cpu", dtype=torch.int64).contiguous()
+    weights = weights.to(device="cpu", dtype=torch.float32).contiguous()
+    t, k = int(experts.shape[0]), int(experts.shape[1]) if experts.dim() == 2 else 0
+    if (
+        x.dim() != 2
+        or int(x.shape[0]) != t
+        or int(x.shape[1]) != packed.hidden
+        or tuple(weights.shape) != (t, k)
+    ):
+        raise ValueError(
+            f"run_experts: x {tuple(x.shape)}, experts {tuple(experts.shape)} and weights "
+            f"{tuple(weights.shape)} do not describe {t} tokens of width {packed.hidden}"
+        )
+    out = torch.empty(t, packed.hidden, dtype=torch.float32)
+    packed.forward(
+        x.data_ptr(), t, experts.data_ptr(), weights.data_ptr(), k, out.data_ptr(),
+        float("nan") if limit is None else float(limit), get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
 # --- attention ---------------------------------------------------------------------------------
 
 
@@ -126,6 +182,15 @@ class DecodeBatch(Protocol):
         scale: float, num_threads: int,
     ) -> None:  # fmt: skip
         """Attend every row of the batch (q ``[R, heads, dim]``, caches ``[num_slots, kv_heads, dim]``)."""
+        ...
+
+    def run_mla(
+        self, q_nope: int, q_rope: int, cache: int, kv_b: int, out: int, heads: int, nope: int, rope: int,
+        lora: int, v: int, scale: float, num_threads: int,
+    ) -> None:  # fmt: skip
+        """Multi-head latent attention decode, weight-absorbed, for every row of the batch (q_nope
+        ``[R, heads, nope]``, q_rope ``[R, heads, rope]``, latent cache ``[num_slots, lora + rope]``,
+        kv_b ``[heads * (nope + v), lora]``, out ``[R, heads * v]``)."""
         ...
 
 
