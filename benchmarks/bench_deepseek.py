@@ -48,13 +48,16 @@ class Ours:
 
     name = "agent-infer (fp32)"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, speculative: int | None = None) -> None:
         from agent_infer.engine.config import EngineConfig
         from agent_infer.engine.llm_engine import LLMEngine
         from agent_infer.model.loader import load_model
 
         loaded = load_model(str(folder), device=torch.device("cpu"), dtype=torch.float32)
-        self.engine = LLMEngine(config=EngineConfig(enable_prefix_caching=False), loaded=loaded)
+        extra = {} if speculative is None else {"speculative_tokens": speculative}
+        if speculative is not None:
+            self.name = f"agent-infer (fp32, spec {speculative})"
+        self.engine = LLMEngine(config=EngineConfig(enable_prefix_caching=False, **extra), loaded=loaded)
         self.ids = iter(range(10**9))
 
     def kv_bytes_per_token(self) -> float:
@@ -92,12 +95,21 @@ class Transformers:
     name = "transformers (fp32)"
 
     def __init__(self, folder: Path) -> None:
+        import json
+
         import transformers
         from transformers.generation.streamers import BaseStreamer
 
-        self.model = transformers.DeepseekV4ForCausalLM.from_pretrained(
-            str(folder), dtype=torch.float32
-        ).eval()
+        if "quantization_config" in json.loads((folder / "config.json").read_text()):
+            # An FP8 checkpoint: transformers gets the weights our loader reads, dequantized.
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from bench_engine import hf_folder_model
+
+            self.model = hf_folder_model(folder).eval()
+        else:
+            self.model = transformers.DeepseekV4ForCausalLM.from_pretrained(
+                str(folder), dtype=torch.float32
+            ).eval()
         self.pad = 0
 
         class Clock(BaseStreamer):  # type: ignore[misc]
@@ -155,6 +167,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip", choices=["transformers"], action="append", default=[])
+    ap.add_argument(
+        "--speculative-tokens",
+        type=int,
+        action="append",
+        default=[],
+        help="add an agent-infer row with this speculative_tokens (0: speculation off); repeatable",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tmp = None
@@ -171,20 +190,26 @@ def main() -> None:
     import json
 
     vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
-    engines: list[Any] = [Ours(folder)]
+    engines: list[Any] = [Ours(folder)] + [Ours(folder, spec) for spec in args.speculative_tokens]
     if "transformers" not in args.skip:
         engines.append(Transformers(folder))
     single = _prompts(1, args.prompt_len, vocab)[0]
     many = _prompts(args.concurrency, args.prompt_len, vocab)
-    samples: dict[str, dict[str, list[float]]] = {e.name: {"ttft": [], "dec": [], "agg": []} for e in engines}
+    keys = ("ttft", "dec", "agg", "dec_cpu", "agg_cpu")
+    samples: dict[str, dict[str, list[float]]] = {e.name: {k: [] for k in keys} for e in engines}
     for rep in range(args.repeats + 1):
         for e in engines:
+            cpu0 = time.process_time()
             ttft, dec = e.single(single, args.max_tokens)
+            cpu1 = time.process_time()
             agg = e.batched(many, args.max_tokens)
+            cpu2 = time.process_time()
             if rep:  # the first round warms up
                 samples[e.name]["ttft"].append(ttft)
                 samples[e.name]["dec"].append(dec)
                 samples[e.name]["agg"].append(agg)
+                samples[e.name]["dec_cpu"].append(args.max_tokens / max(cpu1 - cpu0, 1e-9))
+                samples[e.name]["agg_cpu"].append(len(many) * args.max_tokens / max(cpu2 - cpu1, 1e-9))
     med = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
     peer = med.get(Transformers.name)
     print(
@@ -192,12 +217,23 @@ def main() -> None:
         f"{args.max_tokens} generated, {args.threads} thread(s), median of {args.repeats}"
     )
     print(
-        f"| engine | TTFT ms | decode tok/s (batch 1) | {args.concurrency}-way tok/s | vs transformers (1 / N) |"
+        f"| engine | TTFT ms | decode tok/s (batch 1) | {args.concurrency}-way tok/s | vs transformers (1 / N) "
+        f"| batch-1 tok/CPU-s | {args.concurrency}-way tok/CPU-s | CPU vs transformers (1 / N) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, m in med.items():
         ratio = f"{m['dec'] / peer['dec']:.2f}x / {m['agg'] / peer['agg']:.2f}x" if peer else "-"
-        print(f"| {name} | {m['ttft'] * 1e3:.1f} | {m['dec']:.1f} | {m['agg']:.1f} | {ratio} |")
+        cpu = (
+            f"{m['dec_cpu'] / peer['dec_cpu']:.2f}x / {m['agg_cpu'] / peer['agg_cpu']:.2f}x" if peer else "-"
+        )
+        print(
+            f"| {name} | {m['ttft'] * 1e3:.1f} | {m['dec']:.1f} | {m['agg']:.1f} | {ratio} "
+            f"| {m['dec_cpu']:.1f} | {m['agg_cpu']:.1f} | {cpu} |"
+        )
+    print(
+        "tok/CPU-s: tokens per second of process CPU time (all threads) of the same runs; the batch-1 "
+        "run's includes its prefill."
+    )
     print(
         f"KV bytes/token (fp32): ours {engines[0].kv_bytes_per_token():.1f}; "
         f"GQA of the same width (heads/4 KV heads): {_gqa_bytes_per_token(folder):.1f}"

@@ -192,3 +192,55 @@ def test_loader_picks_the_packed_kernels_on_cpu_float32(
     assert load_model(tmp_path, dtype=torch.bfloat16).model.kernels.name == "torch"
     monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
     assert load_model(tmp_path).model.kernels.name == "torch"
+
+
+@pytest.mark.parametrize(("hc", "hidden"), [(2, 64), (4, 40)])
+def test_native_hyper_connections_match_torch_row_by_row(hc: int, hidden: int) -> None:
+    from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
+
+    torch.manual_seed(hc)
+    site = HyperConnection(hidden, hc, 8, 1e-6, 1e-6, None)
+    head = HyperHead(hidden, hc, 1e-6, 1e-6, None)
+    with torch.no_grad():
+        for p in [*site.parameters(), *head.parameters()]:
+            p.copy_(torch.randn(p.shape) * 0.5)
+    streams = torch.randn(13, hc, hidden)
+    output = torch.randn(13, hidden)
+    want = site.collapse(streams)
+    want_new = expand(want[0], want[1], output, streams)
+    want_head = head(streams)
+    site.native = head.native = True
+    got = site.collapse(streams)
+    for a, b in zip(got, want):
+        assert (a - b).abs().max().item() <= 1e-5
+    got_new = expand(got[0], got[1], output, streams, native=True)
+    assert (got_new - want_new).abs().max().item() <= 1e-5
+    assert (head(streams) - want_head).abs().max().item() <= 1e-5
+    for i in range(13):  # one row alone: the bits it has in the batch
+        alone = site.collapse(streams[i : i + 1])
+        assert all(torch.equal(a[0], b[i]) for a, b in zip(alone, got))
+        assert torch.equal(
+            expand(got[0][i : i + 1], got[1][i : i + 1], output[i : i + 1], streams[i : i + 1], True)[0],
+            got_new[i],
+        )
+        assert torch.equal(head(streams[i : i + 1])[0], head(streams)[i])
+
+
+def test_native_hyper_connections_reject_bad_shapes() -> None:
+    from agent_infer import _native
+
+    with pytest.raises(ValueError, match="fn has the wrong shape"):
+        _native.hc_collapse(
+            torch.zeros(2, 2, 8), torch.zeros(8, 15), torch.zeros(8), torch.zeros(3), 4, 1e-6, 1e-6,
+            torch.zeros(2, 2), torch.zeros(2, 2, 2), torch.zeros(2, 8),
+        )  # fmt: skip
+    with pytest.raises(TypeError):
+        _native.hc_head(
+            torch.zeros(2, 2, 8, dtype=torch.float64),
+            torch.zeros(2, 16),
+            torch.zeros(2),
+            torch.zeros(1),
+            1e-6,
+            1e-6,
+            torch.zeros(2, 8),
+        )

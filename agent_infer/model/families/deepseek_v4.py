@@ -78,8 +78,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         self.ffn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         hc = (h, spec.hc_mult, spec.hc_sinkhorn_iters, spec.hc_eps, config.rms_norm_eps, device)
-        self.hc_attn = HyperConnection(*hc)
-        self.hc_ffn = HyperConnection(*hc)
+        #: Row-by-row native hyper-connections with the packed-float kernels (CPU, float32).
+        self.native = kernels.name == PACKED_FLOAT
+        self.hc_attn = HyperConnection(*hc, native=self.native)
+        self.hc_ffn = HyperConnection(*hc, native=self.native)
         self.attn = CompressedAttention(config, index, rotary, kernels.linears, device, dtype)
         self.hashed = spec.hash_layers[index]
         self.moe = MoE(
@@ -121,14 +123,14 @@ class DeepseekV4DecoderLayer(nn.Module):
             ring, positions = cache.state_ring(self.index)
             comp = CompressorPools(pools[0], pools[1], ring, positions)
         out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
-        streams = expand(post, comb, out, streams)
+        streams = expand(post, comb, out, streams, self.native)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
         chosen = None if self.tid2eid is None else self.tid2eid.index_select(0, ids[:n])
         y = self.moe.forward(self.ffn_norm.forward(collapsed[:n]), chosen)
         if int(streams.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(streams.shape[0]) - n, int(y.shape[1]))))
-        return expand(post, comb, y, streams)
+        return expand(post, comb, y, streams, self.native)
 
     def load_targets(self) -> Targets:
         """HF names of the block's tensors."""
@@ -197,7 +199,14 @@ class DeepseekV4ForCausalLM(CausalLM):
             DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)
             for i in range(c.num_layers)
         )
-        self.hc_head = HyperHead(c.hidden_size, spec.hc_mult, spec.hc_eps, c.rms_norm_eps, device)
+        self.hc_head = HyperHead(
+            c.hidden_size,
+            spec.hc_mult,
+            spec.hc_eps,
+            c.rms_norm_eps,
+            device,
+            native=kernels.name == PACKED_FLOAT,
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.lm_head: Linear = kernels.linears.head(
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None

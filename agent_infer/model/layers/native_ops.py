@@ -76,6 +76,25 @@ def thread_budget() -> Iterator[None]:
         _threads = prev_override
 
 
+# --- argmax --------------------------------------------------------------------------------------
+
+_argmax: bool | None = None
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """``x.argmax(dim=-1).tolist()`` of a 2-D tensor (the same indices, NaN rule included); float32
+    CPU C-contiguous rows take the native scan (kernels/argmax.cpp), anything else torch's."""
+    global _argmax
+    if _argmax is None:
+        _argmax = available() and hasattr(_native(), "argmax_rows")
+    if _argmax and x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous():
+        if int(x.shape[0]) and int(x.shape[1]):
+            rows: list[int] = _native().argmax_rows(x, get_num_threads())
+            return rows
+    result: list[int] = x.argmax(dim=-1).tolist()
+    return result
+
+
 # --- packed linear -----------------------------------------------------------------------------
 
 
@@ -168,6 +187,53 @@ def run_experts(
         x.data_ptr(), t, experts.data_ptr(), weights.data_ptr(), k, out.data_ptr(),
         float("nan") if limit is None else float(limit), get_num_threads(),
     )  # fmt: skip
+    return out
+
+
+# --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
+
+
+def hc_collapse(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of float32 CPU ``streams`` ``[R, hc, H]``,
+    row by row (engine_native/src/kernels/hyper.cpp)."""
+    streams = streams.contiguous()
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    post = torch.empty(rows, hc)
+    comb = torch.empty(rows, hc, hc)
+    collapsed = torch.empty(rows, hidden)
+    _native().hc_collapse(
+        streams, fn, base, scale, iters, hc_eps, norm_eps, post, comb, collapsed, get_num_threads()
+    )
+    return post, comb, collapsed
+
+
+def hc_expand(
+    post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
+    """New float32 streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), row by row."""
+    streams = streams.contiguous()
+    out = torch.empty(streams.shape)
+    _native().hc_expand(
+        post.contiguous(), comb.contiguous(), output.contiguous(), streams, out, get_num_threads()
+    )
+    return out
+
+
+def hc_head(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    norm_eps: float,
+) -> torch.Tensor:
+    """The final collapse ``[R, H]`` of float32 CPU ``streams`` ``[R, hc, H]``, row by row."""
+    streams = streams.contiguous()
+    out = torch.empty(int(streams.shape[0]), int(streams.shape[2]))
+    _native().hc_head(streams, fn, base, scale, hc_eps, norm_eps, out, get_num_threads())
     return out
 
 

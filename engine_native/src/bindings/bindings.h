@@ -16,4 +16,8 @@ void register_linear(nanobind::module_& m);
 void register_attention(nanobind::module_& m);
 // Rotary position embedding in place on raw addresses (kernels/rope.cpp).
 void register_rope(nanobind::module_& m);
+// Row-wise argmax of float32 logits, torch.argmax's rule (kernels/argmax.cpp).
+void register_argmax(nanobind::module_& m);
+// DeepSeek V4 hyper-connections per row: collapse, expand, final head (kernels/hyper.cpp).
+void register_hyper(nanobind::module_& m);
 }  // namespace agent_infer

@@ -16,4 +16,6 @@ NB_MODULE(_native, m) {
   agent_infer::register_linear(m);
   agent_infer::register_attention(m);
   agent_infer::register_rope(m);
+  agent_infer::register_argmax(m);
+  agent_infer::register_hyper(m);
 }
