@@ -87,10 +87,10 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     global _argmax
     if _argmax is None:
         _argmax = available() and hasattr(_native(), "argmax_rows")
-    if _argmax and x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous():
-        if int(x.shape[0]) and int(x.shape[1]):
-            rows: list[int] = _native().argmax_rows(x, get_num_threads())
-            return rows
+    native = _argmax and x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2
+    if native and x.is_contiguous() and int(x.shape[0]) and int(x.shape[1]):
+        rows: list[int] = _native().argmax_rows(x, get_num_threads())
+        return rows
     result: list[int] = x.argmax(dim=-1).tolist()
     return result
 
