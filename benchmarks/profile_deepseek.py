@@ -110,6 +110,13 @@ def instrument(clock: PhaseClock) -> None:
     w(deepseek_v4, "plan_compressed", "attention plan")
     w(mla.MultiHeadLatentAttention, "forward", "MLA (rope, cache, attend)")
     w(compressed_attention.CompressedAttention, "forward", "V4 attention (all but projections)")
+    w(compressed_attention.CompressedAttention, "_attend_decode", "V4 attention: decode rows attend")
+    w(
+        compressed_attention.CompressedAttention,
+        "_close_decode",
+        "V4 attention: windows closed by decode rows",
+    )
+    w(compressed_attention.CompressedAttention, "_attend", "V4 attention: chunks attend")
     w(moe.MoE, "route", "MoE routing")
     w(moe.MoE, "forward", "MoE grouping + experts")
     for fn in ("collapse",):

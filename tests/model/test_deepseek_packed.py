@@ -244,3 +244,35 @@ def test_native_hyper_connections_reject_bad_shapes() -> None:
             1e-6,
             torch.zeros(2, 8),
         )
+
+
+@pytest.mark.parametrize(
+    ("scoring", "groups", "hashed"),
+    [("sigmoid", 4, False), ("softmax", 1, False), ("sqrtsoftplus", 1, False), ("sqrtsoftplus", 1, True)],
+)
+def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: bool) -> None:
+    torch.manual_seed(1)
+    moe = MoE(
+        32, 16, 16, 3, scoring=scoring, score_bias=not hashed, num_groups=groups, topk_groups=2,  # type: ignore[arg-type]
+        routed_scaling_factor=2.5, shared_intermediate_size=16,
+    )  # fmt: skip
+    with torch.no_grad():
+        for name, p in moe.named_parameters():  # unit-scale router logits; experts scaled by fan-in
+            p.copy_(torch.randn(p.shape) * (1.0 if name in ("router", "score_bias") else p.shape[-1] ** -0.5))
+    x = torch.randn(41, 32)
+    fixed = torch.stack([torch.randperm(16)[:3] for _ in range(41)]) if hashed else None
+    want_e, want_w = moe.route(x, fixed)
+    want = moe(x, fixed)
+    moe.pack_experts(pack_float32)
+    assert moe.packed_router is not None
+    got_e, got_w = native_ops.route_packed(moe.packed_router, x, fixed)
+    order_w, order_g = want_e.argsort(dim=-1), got_e.argsort(dim=-1)
+    assert torch.equal(want_e.gather(1, order_w), got_e.gather(1, order_g))
+    assert torch.allclose(want_w.gather(1, order_w), got_w.gather(1, order_g), atol=1e-6)
+    out = moe(x, fixed)
+    assert (out - want).abs().max().item() <= 1e-5
+    for i in range(41):
+        assert torch.equal(moe(x[i : i + 1], None if fixed is None else fixed[i : i + 1])[0], out[i])
+    if hashed:
+        with pytest.raises(IndexError, match="hashed to expert 16"):
+            native_ops.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))

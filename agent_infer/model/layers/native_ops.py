@@ -146,6 +146,91 @@ class PackedExpertSet(Protocol):
         """``out`` = the layer's routed (then shared) expert sum per token, on raw addresses."""
         ...
 
+    def forward_routed(
+        self,
+        router: PackedRouterSet,
+        x: int,
+        t: int,
+        fixed: int,
+        out: int,
+        limit: float,
+        num_threads: int = 1,
+    ) -> None:
+        """:meth:`forward` over ``router``'s choice for ``x`` (``fixed``: hash-routed experts or 0)."""
+        ...
+
+
+class PackedRouterSet(Protocol):
+    """What ``_native.PackedRouter`` offers: a MoE layer's router over a packed gate."""
+
+    num_experts: int
+    top_k: int
+
+    def route(self, x: int, t: int, fixed: int, experts: int, weights: int) -> None:
+        """Experts ``[t, k]`` (int64) and weights ``[t, k]`` (float32) of ``x`` ``[t, H]``, raw addresses."""
+        ...
+
+
+def packed_router(
+    gate: PackedWeight, scoring: str, bias: list[float] | None, groups: int, topk_groups: int, top_k: int,
+    renormalize: bool, scaling: float,
+) -> PackedRouterSet:  # fmt: skip
+    """A MoE router over the packed ``gate`` ``[E, H]`` (engine_native/src/kernels/linear_router.h)."""
+    router: PackedRouterSet = _native().PackedRouter(
+        gate, scoring, bias or [], groups, topk_groups, top_k, renormalize, scaling
+    )
+    return router
+
+
+def _rows(x: torch.Tensor, width: int, what: str) -> torch.Tensor:
+    x = x.to(device="cpu", dtype=torch.float32).contiguous()
+    if x.dim() != 2 or int(x.shape[1]) != width:
+        raise ValueError(f"{what}: x has shape {tuple(x.shape)}, expected [tokens, {width}]")
+    return x
+
+
+def _fixed(fixed: torch.Tensor | None, t: int, k: int, what: str) -> torch.Tensor | None:
+    if fixed is None:
+        return None
+    fixed = fixed.to(device="cpu", dtype=torch.int64).contiguous()
+    if tuple(fixed.shape) != (t, k):
+        raise ValueError(f"{what}: fixed experts have shape {tuple(fixed.shape)}, expected {(t, k)}")
+    return fixed
+
+
+def route_packed(
+    router: PackedRouterSet, x: torch.Tensor, fixed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts ``[T, k]`` (int64) and float32 weights of ``x`` ``[T, H]`` (``fixed``: hash-routed experts)."""
+    x = _rows(x, int(x.shape[-1]), "route_packed")
+    t, k = int(x.shape[0]), router.top_k
+    fixed = _fixed(fixed, t, k, "route_packed")
+    experts = torch.empty(t, k, dtype=torch.int64)
+    weights = torch.empty(t, k)
+    router.route(
+        x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), experts.data_ptr(), weights.data_ptr()
+    )
+    return experts, weights
+
+
+def run_routed_experts(
+    packed: PackedExpertSet,
+    router: PackedRouterSet,
+    x: torch.Tensor,
+    fixed: torch.Tensor | None,
+    limit: float | None,
+) -> torch.Tensor:
+    """Float32 ``[T, H]``: :func:`run_experts` over the experts and weights ``router`` picks for ``x``."""
+    x = _rows(x, packed.hidden, "run_routed_experts")
+    t = int(x.shape[0])
+    fixed = _fixed(fixed, t, router.top_k, "run_routed_experts")
+    out = torch.empty(t, packed.hidden, dtype=torch.float32)
+    packed.forward_routed(
+        router, x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), out.data_ptr(),
+        float("nan") if limit is None else float(limit), get_num_threads(),
+    )  # fmt: skip
+    return out
+
 
 def packed_experts(
     gate_up: list[PackedWeight],

@@ -72,8 +72,32 @@ void register_linear(nb::module_& m) {
            "shared experts; raw addresses of x [t, H] float32, experts [t, k] int64, weights [t, k] float32 "
            "and out [t, H] float32, all C-contiguous (the caller checks them and keeps them alive). "
            "``limit``: the SwiGLU clamp, NaN for none. Raises IndexError for an expert id out of range.")
+      .def("forward_routed", &PackedExperts::forward_routed, nb::arg("router"), nb::arg("x"), nb::arg("t"),
+           nb::arg("fixed"), nb::arg("out"), nb::arg("limit"), nb::arg("num_threads") = 1,
+           "forward() over the experts and weights ``router`` picks for x [t, H] (``fixed``: the address of a "
+           "hash-routed layer's experts [t, k] int64, or 0); raw addresses as for forward().")
       .def_prop_ro("num_experts", &PackedExperts::num_experts)
       .def_prop_ro("hidden", &PackedExperts::hidden);
+  nb::class_<PackedRouter>(m, "PackedRouter",
+                           "A MoE layer's router over a packed gate [E, H] (see kernels/linear_router.h).")
+      .def(nb::init<const PackedLinear*, const std::string&, std::vector<float>, int64_t, int64_t, int64_t, bool,
+                    double>(),
+           nb::arg("gate"), nb::arg("scoring"), nb::arg("bias"), nb::arg("groups"), nb::arg("topk_groups"),
+           nb::arg("top_k"), nb::arg("renormalize"), nb::arg("scaling"), nb::keep_alive<1, 2>(),
+           "``scoring``: softmax, sigmoid or sqrtsoftplus; ``bias``: the correction bias per expert (empty: none).")
+      .def(
+          "route",
+          [](const PackedRouter& r, uintptr_t x, size_t t, uintptr_t fixed, uintptr_t experts, uintptr_t weights) {
+            if (t == 0) return;
+            if (!x || !experts || !weights) throw std::invalid_argument("PackedRouter.route: null address");
+            r.route(reinterpret_cast<const float*>(x), t, reinterpret_cast<const int64_t*>(fixed),
+                    reinterpret_cast<int64_t*>(experts), reinterpret_cast<float*>(weights));
+          },
+          nb::arg("x"), nb::arg("t"), nb::arg("fixed"), nb::arg("experts"), nb::arg("weights"),
+          "experts [t, k] int64 and weights [t, k] float32 of x [t, H] float32 (raw addresses, C-contiguous; "
+          "``fixed``: hash-routed experts [t, k] int64, or 0).")
+      .def_prop_ro("num_experts", &PackedRouter::num_experts)
+      .def_prop_ro("top_k", &PackedRouter::top_k);
   m.def("linear_isa", [] { return std::string(isa_name(g_isa.load())); },
         "The instruction set PackedLinear uses now: 'avx512', 'avx2' or 'scalar'.");
   m.def(

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/linear_packed.h"
+#include "kernels/linear_router.h"
 #include "kernels/parallel.h"
 
 namespace agent_infer {
@@ -147,6 +148,29 @@ class PackedExperts {
     }
     if (sgu_)
       for (size_t i = 0; i < t * h; ++i) out[i] += ys[pairs * h + i];
+  }
+
+  // forward() of the experts and weights `router` picks for x (`fixed`: a hash-routed layer's
+  // experts [t, k] int64, or 0).
+  void forward_routed(const PackedRouter* router, uintptr_t xa, size_t t, uintptr_t fixed, uintptr_t oa,
+                      float limit, int num_threads) const {
+    if (router == nullptr) throw std::invalid_argument("PackedExperts.forward_routed: the router is None");
+    if (router->hidden() != h_ || router->num_experts() != gate_up_.size())
+      throw std::invalid_argument("PackedExperts.forward_routed: the router scores " +
+                                  std::to_string(router->num_experts()) + " experts of width " +
+                                  std::to_string(router->hidden()) + "; the layer has " +
+                                  std::to_string(gate_up_.size()) + " of width " + std::to_string(h_));
+    if (t == 0) return;
+    if (xa == 0) throw std::invalid_argument("PackedExperts.forward_routed: null address");
+    const size_t k = router->top_k();
+    thread_local std::vector<int64_t> experts;
+    thread_local std::vector<float> weights;
+    experts.resize(t * k);
+    weights.resize(t * k);
+    router->route(reinterpret_cast<const float*>(xa), t, reinterpret_cast<const int64_t*>(fixed), experts.data(),
+                  weights.data());
+    forward(xa, t, reinterpret_cast<uintptr_t>(experts.data()), reinterpret_cast<uintptr_t>(weights.data()), k, oa,
+            limit, num_threads);
   }
 
   size_t num_experts() const { return gate_up_.size(); }
