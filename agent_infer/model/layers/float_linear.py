@@ -30,7 +30,7 @@ from agent_infer.model.layers.kernels import Kernels
 from agent_infer.model.layers.linear import ROW_MULTIPLE, Linear, WeightPart
 from agent_infer.model.layers.moe import MoE
 from agent_infer.model.layers.qlinear import F32, QuantLinear
-from agent_infer.model.layers.rotary import RotaryEmbedding
+from agent_infer.model.layers.rotary import NativeRotaryEmbedding
 
 PACKED_FLOAT = "packed-float"
 
@@ -124,12 +124,13 @@ class FloatPackedLinears:
 
 
 def packed_float_kernels() -> Kernels:
-    """Packed float32 projections on the native kernel; torch everywhere else, rows padded to
-    ROW_MULTIPLE (see the module docstring); the native pool gets torch's threads in a forward."""
+    """Packed float32 projections on the native kernel, RoPE in place natively (the torch formula's
+    bits); torch everywhere else, rows padded to ROW_MULTIPLE (see the module docstring); the native
+    pool gets torch's threads in a forward."""
     return Kernels(
         name=PACKED_FLOAT,
         linears=FloatPackedLinears(),
-        rotary=RotaryEmbedding,
+        rotary=NativeRotaryEmbedding,
         attention=PagedAttention(),
         row_multiple=ROW_MULTIPLE,
         threads=native_ops.thread_budget,

@@ -142,7 +142,7 @@ class MultiHeadLatentAttention(nn.Module):
         h = self.down.project_normed(x, norm)
         q = h[:, : self.q_width]
         if self.q_up is not None and self.q_norm is not None:
-            q = self.q_up.project(self.q_norm.forward(q))
+            q = self.q_up.project_normed(q, self.q_norm)
         q = q.reshape(rows, heads, m.qk_head_dim)
         latent = self.kv_norm.forward(h[:, self.q_width : self.q_width + lora])
         ropes = torch.cat((q[:, :, nope:], h[:, None, self.q_width + lora :]), dim=1)
@@ -174,6 +174,8 @@ class MultiHeadLatentAttention(nn.Module):
         """The attention output of every row: the plan's decode rows in one native call (absorbed
         form, engine_native/src/kernels/attention_mla.h), its longer chunks in the expanded form."""
         m, heads = self.spec, self.heads
+        qn = q_nope if q_nope.stride(2) == 1 else q_nope.contiguous()
+        qr = q_rope if q_rope.stride(2) == 1 else q_rope.contiguous()
         if not (
             cache.dtype is torch.float32
             and cache.device.type == "cpu"
@@ -181,18 +183,21 @@ class MultiHeadLatentAttention(nn.Module):
             and tuple(cache.shape) == (dec.num_slots, m.latent_dim)
             and self.kv_b.dtype is torch.float32
             and self.kv_b.is_contiguous()
-            and q_nope.dtype is torch.float32
+            and qn.dtype is torch.float32
+            and qr.dtype is torch.float32
+            and qn.device.type == "cpu"
         ):
             raise EngineError(
                 "native MLA decode needs float32 CPU tensors and a contiguous latent cache "
                 f"[{dec.num_slots}, {m.latent_dim}]; got cache {tuple(cache.shape)} {cache.dtype} on {cache.device}"
             )
-        qn, qr = q_nope.contiguous(), q_rope.contiguous()
-        out = torch.zeros(rows, heads * m.v_head_dim, dtype=torch.float32)
+        # Rows no kernel writes (padding, or none when every row decodes) must read as zeros.
+        alloc = torch.zeros if len(dec.rows) < rows else torch.empty
+        out = alloc(rows, heads * m.v_head_dim, dtype=torch.float32)
         dec.native.run_mla(
             qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
             m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim, self.scale,
-            native_ops.get_num_threads(),
+            native_ops.get_num_threads(), qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
         )  # fmt: skip
         for s in plan.seqs:
             out[s.start : s.end] = self._expanded(q_nope[s.start : s.end], q_rope[s.start : s.end], cache, s)

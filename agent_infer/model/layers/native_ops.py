@@ -116,9 +116,10 @@ class PackedWeight(Protocol):
         ...
 
     def forward_raw_norm(
-        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1
+        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1, ldx: int = 0
     ) -> None:
-        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address)."""
+        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address;
+        rows of ``x`` ``ldx`` floats apart, 0 for ``k``)."""
         ...
 
     def forward_allowed(
@@ -337,10 +338,10 @@ class DecodeBatch(Protocol):
 
     def run_mla(
         self, q_nope: int, q_rope: int, cache: int, kv_b: int, out: int, heads: int, nope: int, rope: int,
-        lora: int, v: int, scale: float, num_threads: int,
+        lora: int, v: int, scale: float, num_threads: int, qn_row: int, qn_head: int, qr_row: int, qr_head: int,
     ) -> None:  # fmt: skip
         """Multi-head latent attention decode, weight-absorbed, for every row of the batch (q_nope
-        ``[R, heads, nope]``, q_rope ``[R, heads, rope]``, latent cache ``[num_slots, lora + rope]``,
+        and q_rope rows and heads at the given strides, latent cache ``[num_slots, lora + rope]``,
         kv_b ``[heads * (nope + v), lora]``, out ``[R, heads * v]``)."""
         ...
 

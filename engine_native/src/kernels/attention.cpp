@@ -360,14 +360,17 @@ class DecodeBatch {
   }
 
   // Multi-head latent attention decode, weight-absorbed (kernels/attention_mla.h), on raw addresses:
-  // q_nope [num_rows, heads, nope], q_rope [num_rows, heads, rope], cache [num_slots, lora + rope],
-  // kv_b [heads * (nope + v), lora], out [num_rows, heads * v]; float32, C-contiguous, checked and
-  // kept alive by the caller.
+  // q_nope and q_rope rows and heads at the given strides (in floats; each head's nope or rope
+  // values contiguous), cache [num_slots, lora + rope], kv_b [heads * (nope + v), lora], out
+  // [num_rows, heads * v]; float32, checked and kept alive by the caller.
   void run_mla(uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache, uintptr_t kv_b, uintptr_t out, int64_t heads,
-               int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads) const {
+               int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads,
+               int64_t qn_row, int64_t qn_head, int64_t qr_row, int64_t qr_head) const {
     if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument("mla_decode: null address");
     if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
       throw std::invalid_argument("mla_decode: heads, nope, lora and v must be positive (rope >= 0)");
+    if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
+      throw std::invalid_argument("mla_decode: q strides overlap their heads");
     MlaArgs a{};
     a.q_nope = reinterpret_cast<const float*>(q_nope);
     a.q_rope = reinterpret_cast<const float*>(q_rope);
@@ -386,6 +389,10 @@ class DecodeBatch {
     a.lora = static_cast<size_t>(lora);
     a.v = static_cast<size_t>(v);
     a.scale = static_cast<float>(scale);
+    a.qn_row = static_cast<size_t>(qn_row);
+    a.qn_head = static_cast<size_t>(qn_head);
+    a.qr_row = static_cast<size_t>(qr_row);
+    a.qr_head = static_cast<size_t>(qr_head);
     nb::gil_scoped_release release;
     parallel_for(num_threads, a.heads, [&](size_t h) {
       thread_local std::vector<float> buf;
@@ -418,10 +425,11 @@ void register_attention(nb::module_& m) {
            "out [num_rows, heads*dim], float32, C-contiguous); the GIL is released.")
       .def("run_mla", &DecodeBatch::run_mla, nb::arg("q_nope"), nb::arg("q_rope"), nb::arg("cache"), nb::arg("kv_b"),
            nb::arg("out"), nb::arg("heads"), nb::arg("nope"), nb::arg("rope"), nb::arg("lora"), nb::arg("v"),
-           nb::arg("scale"), nb::arg("num_threads") = 1,
-           "Multi-head latent attention decode in the weight-absorbed form on raw addresses (q_nope [num_rows, "
-           "heads, nope], q_rope [num_rows, heads, rope], latent cache [num_slots, lora + rope], kv_b_proj "
-           "[heads * (nope + v), lora], out [num_rows, heads * v]; float32, C-contiguous); the GIL is released.");
+           nb::arg("scale"), nb::arg("num_threads"), nb::arg("qn_row"), nb::arg("qn_head"), nb::arg("qr_row"),
+           nb::arg("qr_head"),
+           "Multi-head latent attention decode in the weight-absorbed form on raw addresses (q_nope and q_rope "
+           "rows and heads at the given float strides, latent cache [num_slots, lora + rope], kv_b_proj "
+           "[heads * (nope + v), lora], out [num_rows, heads * v]; float32); the GIL is released.");
   m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("num_threads") = 1,

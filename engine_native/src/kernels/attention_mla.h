@@ -22,8 +22,8 @@ namespace agent_infer {
 namespace {
 
 struct MlaArgs {
-  const float* q_nope;  // [num_rows, heads, nope]
-  const float* q_rope;  // [num_rows, heads, rope] (rotated)
+  const float* q_nope;  // row r, head h at q_nope + r * qn_row + h * qn_head (nope contiguous floats)
+  const float* q_rope;  // likewise with qr_row, qr_head (rope floats, rotated)
   const float* cache;   // [num_slots, lora + rope]
   const float* w;       // kv_b_proj [heads * (nope + v), lora]
   float* out;           // [num_rows, heads * v]
@@ -31,6 +31,7 @@ struct MlaArgs {
   const int64_t* tables;
   const int64_t* ctx;
   size_t batch, max_blocks, block_size, heads, nope, rope, lora, v;
+  size_t qn_row, qn_head, qr_row, qr_head;
   float scale;
 };
 
@@ -66,8 +67,8 @@ __attribute__((always_inline)) inline void mla_head_impl(const MlaArgs& a, size_
   for (size_t b = 0; b < a.batch; ++b) {
     const size_t row = static_cast<size_t>(a.rows[b]), ctx = static_cast<size_t>(a.ctx[b]);
     const int64_t* table = a.tables + b * a.max_blocks;
-    const float* qn = a.q_nope + (row * a.heads + h) * a.nope;
-    const float* qr = a.q_rope + (row * a.heads + h) * a.rope;
+    const float* qn = a.q_nope + row * a.qn_row + h * a.qn_head;
+    const float* qr = a.q_rope + row * a.qr_row + h * a.qr_head;
     std::fill(q, q + a.lora, 0.0f);
     for (size_t i = 0; i < a.nope; ++i) mla_axpy(q, qn[i], wk + i * a.lora, a.lora);
     std::copy(qr, qr + a.rope, q + a.lora);

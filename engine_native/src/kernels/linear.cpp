@@ -46,8 +46,9 @@ void register_linear(nb::module_& m) {
            "forward() on raw addresses (x [m, K], out [m, N], float32, C-contiguous; the caller "
            "checks and keeps both alive); the GIL is released.")
       .def("forward_raw_norm", &PackedLinear::forward_raw_norm, nb::arg("x"), nb::arg("m"), nb::arg("out"),
-           nb::arg("weight"), nb::arg("eps"), nb::arg("num_threads") = 1,
-           "forward_raw() of rms_norm(x) * weight (``weight``: K float32 at that address); the GIL is released.")
+           nb::arg("weight"), nb::arg("eps"), nb::arg("num_threads") = 1, nb::arg("ldx") = 0,
+           "forward_raw() of rms_norm(x) * weight (``weight``: K float32 at that address; row r of x at "
+           "x + 4 * r * ldx, ``ldx`` 0 for K); the GIL is released.")
       .def("forward_allowed", &PackedLinear::forward_allowed, nb::arg("x"), nb::arg("out"), nb::arg("allowed"),
            nb::arg("num_threads") = 1,
            "forward() for the 16-column groups some row of the int32 token bitmask ``allowed`` [M, W] "

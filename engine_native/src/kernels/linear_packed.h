@@ -31,9 +31,9 @@ constexpr size_t kQ8SerialMacs = size_t{1} << 21;
 // h = (x * r) * w per row, r = float(1 / sqrt(sum(x^2) / K + eps)) with the sum of squares in
 // double over 8 interleaved partial sums combined in a fixed tree: one order whether or not the
 // compiler vectorizes the loop, so every row's bits are its own.
-void rms_norm_rows(const float* x, size_t m, size_t k, const float* w, float eps, float* h) {
+void rms_norm_rows(const float* x, size_t m, size_t k, size_t ldx, const float* w, float eps, float* h) {
   for (size_t r = 0; r < m; ++r) {
-    const float* xr = x + r * k;
+    const float* xr = x + r * ldx;
     double acc[8] = {};
     size_t i = 0;
     for (; i + 8 <= k; i += 8)
@@ -115,12 +115,17 @@ class PackedLinear {
   // forward_raw() of rms_norm(x) * weight (weight: K float32 at `w`): the decoder's norm before
   // qkv and gate_up, fused so a decode step skips 60 torch calls. The normalized rows live in this
   // thread's buffer; see rms_norm_rows for the fixed arithmetic (batch and ISA invariant).
-  void forward_raw_norm(uintptr_t x, size_t m, uintptr_t out, uintptr_t w, float eps, int num_threads) const {
+  // Row r of x starts `ldx` floats after row r - 1 (0: K, contiguous rows), so a slice of a wider
+  // projection's output can be normalized without a copy.
+  void forward_raw_norm(uintptr_t x, size_t m, uintptr_t out, uintptr_t w, float eps, int num_threads,
+                        size_t ldx) const {
     if (m == 0) return;
     if (x == 0 || out == 0 || w == 0) throw std::invalid_argument("PackedLinear.forward_raw_norm: null address");
+    if (ldx == 0) ldx = k_;
+    if (ldx < k_) throw std::invalid_argument("PackedLinear.forward_raw_norm: row stride below K");
     thread_local std::vector<float> h;
     if (h.size() < m * k_) h.resize(m * k_);
-    rms_norm_rows(reinterpret_cast<const float*>(x), m, k_, reinterpret_cast<const float*>(w), eps, h.data());
+    rms_norm_rows(reinterpret_cast<const float*>(x), m, k_, ldx, reinterpret_cast<const float*>(w), eps, h.data());
     run(h.data(), m, reinterpret_cast<float*>(out), num_threads);
   }
 
