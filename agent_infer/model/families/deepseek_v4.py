@@ -257,7 +257,15 @@ class DeepseekV4ForCausalLM(CausalLM):
         spec = c.deepseek_v4
         assert spec is not None
         rates = {r for r in spec.compress_rates if r}
-        views = plan_compressed(meta, n, kv_cache.num_slots, self.device, spec.sliding_window, rates)
+        views = plan_compressed(
+            meta,
+            n,
+            kv_cache.num_slots,
+            self.device,
+            spec.sliding_window,
+            rates,
+            native=self.kernels.name == PACKED_FLOAT,
+        )
         if n and int(positions.max()) >= c.max_position_embeddings:
             raise EngineError(
                 f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"

@@ -27,6 +27,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
+from agent_infer.model.layers import compressed_native
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
@@ -188,6 +189,15 @@ class CompressedAttention(nn.Module):
         if compressing and compressed is not None and groups:
             self._close_decode(
                 compressed, fresh, [plan.seqs[i] for g in groups for i in g.seqs], plan.block_size
+            )
+        nd = plan.native
+        if nd is not None:
+            if compressing and compressed is not None:
+                compressed_native.close_windows(self, compressed, fresh, nd, plan.slot_mapping)
+            index = (iq, iw) if iq is not None and iw is not None else None
+            pool = compressed.entries if compressing and compressed is not None else None
+            compressed_native.attend(
+                self, nd.batches[self.rate if compressing else 0], q, window, pool, index, out
             )
         for i, s in enumerate(plan.seqs):
             if i in batched:

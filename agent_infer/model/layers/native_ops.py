@@ -276,6 +276,35 @@ def run_experts(
     return out
 
 
+# --- DeepSeek V4 decode attention ---------------------------------------------------------------
+
+
+class V4DecodeBatch(Protocol):
+    """What ``_native.V4DecodeBatch`` offers: a step's decode rows at one compression rate."""
+
+    size: int
+
+    def run(
+        self, q: int, window: int, entries: int, sinks: int, out: int, heads: int, dim: int, entry_width: int,
+        scale: float, iq: int, iq_row: int, iw: int, iw_row: int, index_heads: int, index_dim: int,
+        index_topk: int, score_scale: float, weight_scale: float, num_threads: int = 1,
+    ) -> None:  # fmt: skip
+        """Attend every row on raw float32 addresses (engine_native/src/kernels/attention_v4.cpp)."""
+        ...
+
+
+def v4_decode_batch(
+    rows: torch.Tensor, window_slots: torch.Tensor, window_len: torch.Tensor, entry_slots: torch.Tensor,
+    entry_count: torch.Tensor, num_rows: int, num_window_slots: int, num_entry_slots: int,
+) -> V4DecodeBatch:  # fmt: skip
+    """Check a step's decode rows once (rows, window and entry slots inside their pools) for every layer."""
+    batch: V4DecodeBatch = _native().V4DecodeBatch(
+        rows.contiguous(), window_slots.contiguous(), window_len.contiguous(), entry_slots.contiguous(),
+        entry_count.contiguous(), num_rows, num_window_slots, num_entry_slots,
+    )  # fmt: skip
+    return batch
+
+
 # --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
 
 

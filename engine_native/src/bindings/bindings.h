@@ -20,4 +20,6 @@ void register_rope(nanobind::module_& m);
 void register_argmax(nanobind::module_& m);
 // DeepSeek V4 hyper-connections per row: collapse, expand, final head (kernels/hyper.cpp).
 void register_hyper(nanobind::module_& m);
+// DeepSeek V4 decode attention over the compressed paged layout (kernels/attention_v4.cpp).
+void register_attention_v4(nanobind::module_& m);
 }  // namespace agent_infer

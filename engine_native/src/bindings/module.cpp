@@ -18,4 +18,5 @@ NB_MODULE(_native, m) {
   agent_infer::register_rope(m);
   agent_infer::register_argmax(m);
   agent_infer::register_hyper(m);
+  agent_infer::register_attention_v4(m);
 }
