@@ -43,8 +43,11 @@ from agent_infer.model.layers.moe import MoE, Scoring
 from agent_infer.model.layers.norm import RMSNorm
 
 
-def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedRotary, InterleavedRotary]:
-    """The rotations of the sliding-only layers and of the compressed ones."""
+def v4_rotaries(
+    config: ModelConfig, spec: DeepseekV4Spec, native: bool = False
+) -> tuple[InterleavedRotary, InterleavedRotary]:
+    """The rotations of the sliding-only layers and of the compressed ones (``native``: float32 CPU
+    rows rotate in native calls)."""
     base = dataclasses.replace(
         config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None
     )
@@ -54,7 +57,7 @@ def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedR
             base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling
         )
     )
-    return InterleavedRotary(main), InterleavedRotary(compress)
+    return InterleavedRotary(main, native), InterleavedRotary(compress, native)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -193,7 +196,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.embed = nn.Parameter(
             torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
         )
-        main, compress = v4_rotaries(c, spec)
+        main, compress = v4_rotaries(c, spec, native=kernels.name == PACKED_FLOAT)
         self.main_rotary, self.compress_rotary = main, compress
         self.layers = nn.ModuleList(
             DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)

@@ -59,10 +59,6 @@ class CompressorPools:
         return slots // block_size * self.ring + slots % block_size % self.ring
 
 
-def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
-
-
 class CompressedAttention(nn.Module):
     """Layer ``index``'s attention (HF names under ``model.layers.{index}.attn.``)."""
 
@@ -168,9 +164,8 @@ class CompressedAttention(nn.Module):
         ql, d = self.q_lora, self.dim
         h = self.down.project(x)
         q_res = self.q_norm.forward(h[:, :ql])
-        q = _unit_rms(self.q_up.project(q_res).view(rows, self.heads, d), self.eps)
-        q = self.rotary.apply(q, tables)
-        kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
+        q = self.rotary.norm_apply(self.q_up.project(q_res).view(rows, self.heads, d), tables, None, self.eps)
+        kv = self.rotary.norm_apply(h[:, ql : ql + d], tables, self.kv_norm.weight, self.kv_norm.eps)
         window.index_copy_(0, plan.slot_mapping, kv[:n])
         iq = iw = None
         fresh = h[:0]

@@ -276,6 +276,25 @@ def run_experts(
     return out
 
 
+def rope_pairs(
+    x: torch.Tensor, rows: int, heads: int, dim: int, rope_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+    inverse: bool, norm: int, weight: torch.Tensor | None, eps: float,
+) -> None:  # fmt: skip
+    """DeepSeek V4's interleaved rotation of each head's trailing ``rope_dim`` values, in place on
+    contiguous float32 CPU ``x`` (``[rows, heads, dim]`` or ``[rows, dim]``) by per-row ``cos``/``sin``
+    ``[rows, rope_dim]``; ``norm`` 1 or 2 first RMS-normalizes each head (2: times ``weight``)."""
+    if int(cos.shape[0]) < rows or int(cos.shape[1]) != rope_dim or cos.shape != sin.shape:
+        raise ValueError(
+            f"rope_pairs: tables {tuple(cos.shape)} for {rows} rows of {rope_dim} rotated values"
+        )
+    if weight is not None and (int(weight.numel()) != dim or not weight.is_contiguous()):
+        raise ValueError(f"rope_pairs: a norm weight of {int(weight.numel())} values for heads of {dim}")
+    _native().rope_pairs_rows(
+        x.data_ptr(), rows, heads * dim, heads, dim, dim, rope_dim, cos.data_ptr(), sin.data_ptr(), inverse, norm,
+        0 if weight is None else weight.data_ptr(), eps,
+    )  # fmt: skip
+
+
 # --- DeepSeek V4 decode attention ---------------------------------------------------------------
 
 
