@@ -20,6 +20,7 @@ layers/attention.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers import compressed_native
+from agent_infer.model.layers import compressed_native, native_ops
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
@@ -123,6 +124,13 @@ class CompressedAttention(nn.Module):
             torch.empty(self.heads, device=device, dtype=torch.float32), requires_grad=False
         )
         self.scale = self.dim**-0.5
+        #: ``wo_a``'s groups on the native kernel once :meth:`pack_native` ran (float32 CPU models).
+        self.wo_a_packed: list[native_ops.PackedWeight] | None = None
+
+    def pack_native(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Run the grouped output projection on the native kernel (one row-independent call per
+        group) over ``pack`` of each group's ``wo_a`` rows from now on."""
+        self.wo_a_packed = [pack(w) for w in self.wo_a.view(self.groups, self.o_lora, -1)]
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
         """HF names of every tensor of the layer."""
@@ -218,7 +226,10 @@ class CompressedAttention(nn.Module):
                 ring_slots = compressed.state_slots(slots, bs)
                 compressed.positions.index_copy_(0, ring_slots, pos[kept].to(torch.int32))
             compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
-        out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
+        out = self.rotary.apply(out, tables, inverse=True)
+        if self.wo_a_packed is not None:
+            return self.wo_b.project(native_ops.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
+        out = out.reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(
             lambda o: torch.bmm(o.transpose(0, 1), w).transpose(0, 1).reshape(int(o.shape[0]), -1), out

@@ -26,6 +26,7 @@ from torch import nn
 from agent_infer.errors import EngineError
 from agent_infer.model.layers import native_ops
 from agent_infer.model.layers.attention import PagedAttention
+from agent_infer.model.layers.compressed_attention import CompressedAttention
 from agent_infer.model.layers.kernels import Kernels
 from agent_infer.model.layers.linear import ROW_MULTIPLE, Linear, WeightPart
 from agent_infer.model.layers.moe import MoE
@@ -138,9 +139,12 @@ def packed_float_kernels() -> Kernels:
 
 
 def pack_loaded(model: nn.Module) -> None:
-    """Pack every :class:`FloatPackedLinear` and the routed experts of every MoE of a loaded model."""
+    """Pack every :class:`FloatPackedLinear`, the router and experts of every MoE and the grouped
+    output projection of every DeepSeek V4 attention of a loaded model."""
     for module in model.modules():
         if isinstance(module, FloatPackedLinear):
             module.pack()
         elif isinstance(module, MoE):
             module.pack_experts(pack_float32)
+        elif isinstance(module, CompressedAttention):
+            module.pack_native(pack_float32)

@@ -111,8 +111,9 @@ class PackedWeight(Protocol):
         """``out = x @ W^T``."""
         ...
 
-    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1) -> None:
-        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32, contiguous)."""
+    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1, ldx: int = 0, ldy: int = 0) -> None:
+        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32; rows ``ldx`` and
+        ``ldy`` floats apart, 0 for contiguous)."""
         ...
 
     def forward_raw_norm(
@@ -127,6 +128,32 @@ class PackedWeight(Protocol):
     ) -> int:
         """``out = x @ W^T`` for the column groups ``allowed`` selects; ``-inf`` elsewhere."""
         ...
+
+
+def grouped_linear(packs: list[PackedWeight], x: torch.Tensor) -> torch.Tensor:
+    """Float32 ``[M, G * N]``: group ``g`` of ``x`` (``[M, G * K]`` float32 CPU, the ``K`` columns
+    from ``g * K``) through ``packs[g]`` (``[N, K]`` each), read and written in place by stride."""
+    x = x.contiguous()
+    groups = len(packs)
+    m, k, n = int(x.shape[0]), packs[0].k, packs[0].n
+    if (
+        x.dtype is not torch.float32
+        or x.device.type != "cpu"
+        or x.dim() != 2
+        or int(x.shape[1]) != groups * k
+    ):
+        raise ValueError(
+            f"grouped_linear: x {tuple(x.shape)} {x.dtype} is not [rows, {groups} x {k}] float32 CPU"
+        )
+    if any(p.k != k or p.n != n for p in packs):
+        raise ValueError("grouped_linear: the groups' weights differ in shape")
+    out = torch.empty(m, groups * n)
+    threads = get_num_threads()
+    for g, p in enumerate(packs):
+        p.forward_raw(
+            x.data_ptr() + 4 * g * k, m, out.data_ptr() + 4 * g * n, threads, groups * k, groups * n
+        )
+    return out
 
 
 def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:

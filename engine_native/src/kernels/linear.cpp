@@ -42,9 +42,9 @@ void register_linear(nb::module_& m) {
       .def("forward", &PackedLinear::forward, nb::arg("x"), nb::arg("out"), nb::arg("num_threads") = 1,
            "out[M, N] = x[M, K] @ W^T (float32, C-contiguous); the GIL is released.")
       .def("forward_raw", &PackedLinear::forward_raw, nb::arg("x"), nb::arg("m"), nb::arg("out"),
-           nb::arg("num_threads") = 1,
-           "forward() on raw addresses (x [m, K], out [m, N], float32, C-contiguous; the caller "
-           "checks and keeps both alive); the GIL is released.")
+           nb::arg("num_threads") = 1, nb::arg("ldx") = 0, nb::arg("ldy") = 0,
+           "forward() on raw addresses (x [m, K], out [m, N], float32, rows ``ldx`` and ``ldy`` floats apart, "
+           "0 for contiguous; the caller checks and keeps both alive); the GIL is released.")
       .def("forward_raw_norm", &PackedLinear::forward_raw_norm, nb::arg("x"), nb::arg("m"), nb::arg("out"),
            nb::arg("weight"), nb::arg("eps"), nb::arg("num_threads") = 1, nb::arg("ldx") = 0,
            "forward_raw() of rms_norm(x) * weight (``weight``: K float32 at that address; row r of x at "

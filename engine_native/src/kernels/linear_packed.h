@@ -106,10 +106,10 @@ class PackedLinear {
   // forward() on raw addresses: the caller guarantees x is [m, K] and out [m, N], float32,
   // C-contiguous and alive for the call. A decode step makes ~120 of these calls; converting two
   // tensors per call costs more than a one-row Q4 group's compute.
-  void forward_raw(uintptr_t x, size_t m, uintptr_t out, int num_threads) const {
+  void forward_raw(uintptr_t x, size_t m, uintptr_t out, int num_threads, size_t ldx, size_t ldy) const {
     if (m == 0) return;
     if (x == 0 || out == 0) throw std::invalid_argument("PackedLinear.forward_raw: null address");
-    run(reinterpret_cast<const float*>(x), m, reinterpret_cast<float*>(out), num_threads);
+    run(reinterpret_cast<const float*>(x), m, reinterpret_cast<float*>(out), num_threads, ldx, ldy);
   }
 
   // forward_raw() of rms_norm(x) * weight (weight: K float32 at `w`): the decoder's norm before
@@ -129,8 +129,13 @@ class PackedLinear {
     run(h.data(), m, reinterpret_cast<float*>(out), num_threads);
   }
 
-  void run(const float* xp, size_t m, float* yp, int num_threads) const {
+  // Rows of x `ldx` floats apart (0: K), of y `ldy` apart (0: N); strided rows need float activations.
+  void run(const float* xp, size_t m, float* yp, int num_threads, size_t ldx = 0, size_t ldy = 0) const {
     if (m == 0) return;
+    ldx = ldx ? ldx : k_;
+    ldy = ldy ? ldy : n_;
+    if (ldx < k_ || ldy < n_) throw std::invalid_argument("PackedLinear: row strides below K or N");
+    if (q8_ && ldx != k_) throw std::invalid_argument("PackedLinear: int8 activations need contiguous rows of x");
     const View v{data_.get(), gstride_, k_, n_};
     const int isa = g_isa.load(std::memory_order_relaxed);
     const size_t ng = groups_;
@@ -144,7 +149,7 @@ class PackedLinear {
     const QAct* qa = q8_ ? quantize(xp, m) : nullptr;
     parallel_for(threads, chunks, [&](size_t c) {
       const size_t gb = c * kGroupChunk;
-      run_any(fmt, isa, v, gb, std::min(ng, gb + kGroupChunk), xp, qa, m, yp);
+      run_any(fmt, isa, v, gb, std::min(ng, gb + kGroupChunk), xp, qa, m, yp, ldx, ldy);
     });
   }
 
@@ -153,7 +158,7 @@ class PackedLinear {
   void run_serial(const float* xp, size_t m, float* yp) const {
     if (m == 0) return;
     const View v{data_.get(), gstride_, k_, n_};
-    run_any(fmt_, g_isa.load(std::memory_order_relaxed), v, 0, groups_, xp, nullptr, m, yp);
+    run_any(fmt_, g_isa.load(std::memory_order_relaxed), v, 0, groups_, xp, nullptr, m, yp, k_, n_);
   }
 
   // forward() restricted to the column groups (16 columns each) in which some row of `allowed`
@@ -210,7 +215,7 @@ class PackedLinear {
     const QAct* qa = q8_ ? quantize(xp, m) : nullptr;
     const int threads = static_cast<int>(std::clamp<size_t>(num_threads < 1 ? 1 : num_threads, 1, chunks.size()));
     parallel_for(threads, chunks.size(), [&](size_t c) {
-      run_any(fmt, isa, v, chunks[c].first, chunks[c].second, xp, qa, m, yp);
+      run_any(fmt, isa, v, chunks[c].first, chunks[c].second, xp, qa, m, yp, k_, n_);
     });
     return computed;
   }
@@ -235,23 +240,23 @@ class PackedLinear {
   }
 
   static void run_any(int fmt, int isa, const View& v, size_t gb, size_t ge, const float* xp, const QAct* qa,
-                      size_t m, float* yp) {
+                      size_t m, float* yp, size_t ldx, size_t ldy) {
     if (qa) {
       const bool vnni = isa == kAvx512 && g_has_vnni;
       if (fmt == kQ8)
-        q8_run_range<kQ8>(isa, vnni, v, gb, ge, *qa, m, yp);
+        q8_run_range<kQ8>(isa, vnni, v, gb, ge, *qa, m, yp, ldy);
       else if (fmt == kQ6)
-        q8_run_range<kQ6>(isa, vnni, v, gb, ge, *qa, m, yp);
+        q8_run_range<kQ6>(isa, vnni, v, gb, ge, *qa, m, yp, ldy);
       else
-        q8_run_range<kQ4>(isa, vnni, v, gb, ge, *qa, m, yp);
+        q8_run_range<kQ4>(isa, vnni, v, gb, ge, *qa, m, yp, ldy);
     } else if (fmt == kF32)
-      run_range<kF32>(isa, v, gb, ge, xp, m, yp);
+      run_range<kF32>(isa, v, gb, ge, xp, m, yp, ldx, ldy);
     else if (fmt == kQ8)
-      run_range<kQ8>(isa, v, gb, ge, xp, m, yp);
+      run_range<kQ8>(isa, v, gb, ge, xp, m, yp, ldx, ldy);
     else if (fmt == kQ6)
-      run_range<kQ6>(isa, v, gb, ge, xp, m, yp);
+      run_range<kQ6>(isa, v, gb, ge, xp, m, yp, ldx, ldy);
     else
-      run_range<kQ4>(isa, v, gb, ge, xp, m, yp);
+      run_range<kQ4>(isa, v, gb, ge, xp, m, yp, ldx, ldy);
   }
 
   template <typename Array>  // nb::ndarray<> or nb::ndarray<nb::ro>
