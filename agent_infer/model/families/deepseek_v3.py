@@ -139,7 +139,9 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.prefix = p = f"model.layers.{index}."
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
-        self.attn = MultiHeadLatentAttention(c, p + "self_attn.", kernels.linears, device, dtype)
+        self.attn = MultiHeadLatentAttention(
+            c, p + "self_attn.", kernels.linears, device, dtype, native=kernels.name == PACKED_FLOAT
+        )
         spec = c.moe
         self.mlp: GatedMLP | None = None
         self.moe: MoE | None = None
