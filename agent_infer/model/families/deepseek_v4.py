@@ -125,7 +125,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         if pools is not None:
             ring, positions = cache.state_ring(self.index)
             comp = CompressorPools(pools[0], pools[1], ring, positions)
-        out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
+        out = self.attn.forward(collapsed, self.attn_norm, tables, window, comp, plan)
         streams = expand(post, comb, out, streams, self.native)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens

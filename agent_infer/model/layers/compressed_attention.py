@@ -159,20 +159,25 @@ class CompressedAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        norm: RMSNorm,
         tables: tuple[torch.Tensor, torch.Tensor],
         window: torch.Tensor,
         compressed: CompressorPools | None,
         plan: CompressedPlan,
     ) -> torch.Tensor:
-        """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` (rotated by ``tables``, this
+        """Output ``[R, hidden]`` for ``norm(x)`` (``x`` ``[R, hidden]``; rotated by ``tables``, this
         layer's rotary at the rows' positions); writes the new tokens' window entries, compressor
         states and completed windows' entries into the pools (``window`` ``[num_slots, head_dim]``,
         ``compressed`` the state and entry pools)."""
         rows, n = int(x.shape[0]), plan.num_tokens
         ql, d = self.q_lora, self.dim
-        h = self.down.project(x)
-        q_res = self.q_norm.forward(h[:, :ql])
-        q = self.rotary.norm_apply(self.q_up.project(q_res).view(rows, self.heads, d), tables, None, self.eps)
+        h = self.down.project_normed(x, norm)
+        # q_b and the indexer's wq_b share the normed query latent: each kernel call normalizes the
+        # slice itself (the torch path normalizes, then projects; the same values either way).
+        q_lat = h[:, :ql]
+        q = self.rotary.norm_apply(
+            self.q_up.project_normed(q_lat, self.q_norm).view(rows, self.heads, d), tables, None, self.eps
+        )
         kv = self.rotary.norm_apply(h[:, ql : ql + d], tables, self.kv_norm.weight, self.kv_norm.eps)
         window.index_copy_(0, plan.slot_mapping, kv[:n])
         iq = iw = None
@@ -182,7 +187,9 @@ class CompressedAttention(nn.Module):
             if self.indexer is not None:
                 width += self.indexer.compressor.state_width
                 ix = self.indexer
-                iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
+                iq = self.rotary.apply(
+                    ix.q_up.project_normed(q_lat, self.q_norm).view(rows, ix.heads, ix.dim), tables
+                )
                 iw = h[:, ql + d + width : ql + d + width + ix.heads]
             fresh = h[:n, ql + d : ql + d + width]
         compressing = compressed is not None and self.compressor is not None

@@ -2,8 +2,8 @@
 
 With the packed-float kernels (CPU, float32) a forward's single-token sequences have no per-sequence
 views; :class:`~agent_infer.model.layers.compressed_plan.NativeDecode` holds them as batched tensors.
-Per layer, :func:`close_windows` pools the entry of every window such a row completes (the torch
-compressor over all of them at once: a row's entry depends on its own window's states only), and
+Per layer, :func:`close_windows` pools the entry of every window such a row completes (one native
+call: a row's entry depends on its own window's states only), and
 :func:`attend` runs every row's attention in one native call
 (engine_native/src/kernels/attention_v4.cpp), which reads each row's own window, entries and
 indexer choice and nothing else, so a row's bits do not depend on the batch.
@@ -30,51 +30,53 @@ def close_windows(
     nd: NativeDecode,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write the entry of the window each decode row completes (rows at a multiple of the rate):
-    its ``rate`` (or, overlapping past window 0, ``2 * rate``) states, the earlier ones from the
-    state pool, the row's own from ``fresh`` (the layer's new states, by row)."""
+    """Write the entry of the window each decode row completes (rows at a multiple of the rate) in
+    one native call (engine_native/src/kernels/compressor.cpp): its ``rate`` (or, overlapping past
+    window 0, ``2 * rate``) states, the earlier ones from the state pool, the row's own from
+    ``fresh`` (the layer's new states, by row)."""
     comp = layer.compressor
     assert comp is not None
     rate = layer.rate
-    closing = (nd.ctx % rate == 0).nonzero().view(-1)
-    if not int(closing.numel()):
+    closing = nd.closing(rate)
+    if closing is None:
         return
-    windows = nd.ctx.index_select(0, closing) // rate - 1
     bs = nd.block_size
-    # Overlapping compressors pool the previous window too, except at window 0.
-    parts = (
-        [(0, windows == 0), (1, windows > 0)]
-        if comp.overlap
-        else [(0, torch.ones_like(windows, dtype=torch.bool))]
-    )
-    for lead, pick in parts:
-        members = closing[pick]
-        if not int(members.numel()):
-            continue
-        ctx = nd.ctx.index_select(0, members)
-        span = (1 + lead) * rate - 1  # earlier tokens pooled with each row's own
-        positions = ctx[:, None] - 1 - span + torch.arange(span)[None, :]
-        slots = pools.state_slots(nd.slots(members, positions), bs)
-        if pools.positions is not None and span:
-            held = pools.positions.index_select(0, slots.view(-1)).view_as(positions)
-            if not bool((held == positions).all()):
-                raise EngineError(
-                    f"{layer.prefix}: compressor states of a decode row's windows were overwritten: a draft "
-                    f"rolled back deeper than the {pools.ring}-token state ring allows (KVCache.allocate rollback)"
-                )
-        earlier = pools.states.index_select(0, slots.view(-1)).view(int(members.numel()), span, -1)
-        rows = nd.rows.index_select(0, members)
-        states = torch.cat((earlier, fresh.index_select(0, rows)[:, None].to(earlier.dtype)), dim=1)
-        won = windows[pick]
-        cw = comp.state_width
-        new = comp.pool_each(states[..., :cw], won, lead, layer.rotary)
-        if layer.indexer is not None:
-            ic = layer.indexer.compressor
-            new = torch.cat(
-                (new, ic.pool_each(states[..., cw : cw + ic.state_width], won, lead, layer.rotary)), 1
+    span = 2 * rate - 1
+    lead = closing.windows > 0 if comp.overlap else torch.zeros_like(closing.windows, dtype=torch.bool)
+    state_slots = pools.state_slots(closing.token_slots, bs)
+    if pools.positions is not None:
+        used = torch.where(lead, span, rate - 1)
+        read = torch.arange(span)[None, :] >= span - used[:, None]
+        held = pools.positions.index_select(0, state_slots.view(-1)).view_as(state_slots)
+        if not bool(((held == closing.positions) | ~read).all()):
+            raise EngineError(
+                f"{layer.prefix}: compressor states of a decode row's windows were overwritten: a draft "
+                f"rolled back deeper than the {pools.ring}-token state ring allows (KVCache.allocate rollback)"
             )
-        targets = slot_mapping.index_select(0, rows) // min(rate, bs)
-        pools.entries.index_copy_(0, targets, new.to(pools.entries.dtype))
+    key = id(layer.rotary)
+    if key not in closing.tables:
+        closing.tables[key] = layer.rotary.tables(closing.windows * rate)
+    cos, sin = closing.tables[key]
+    targets = slot_mapping.index_select(0, closing.rows) // min(rate, bs)
+    ix = layer.indexer.compressor if layer.indexer is not None else None
+    states, entries = pools.states, pools.entries
+    if not (
+        all(t.dtype is torch.float32 and t.is_contiguous() for t in (states, entries, comp.ape, comp.norm))
+        and fresh.dtype is torch.float32
+        and fresh.stride(-1) == 1
+        and (ix is None or (ix.ape.is_contiguous() and ix.norm.dtype is torch.float32))
+    ):
+        raise EngineError(f"{layer.prefix}: native window closes need contiguous float32 pools and weights")
+    lead_bytes = lead.to(torch.uint8)
+    slots = state_slots.contiguous()
+    native_ops.close_windows(
+        states.data_ptr(), int(states.shape[0]), int(states.shape[1]), slots.data_ptr(), int(slots.shape[0]),
+        span, fresh.data_ptr(), int(fresh.stride(0)), closing.rows.data_ptr(), lead_bytes.data_ptr(),
+        cos.data_ptr(), sin.data_ptr(), layer.rotary.rope_dim, targets.data_ptr(), entries.data_ptr(),
+        int(entries.shape[0]), int(entries.shape[1]), rate, comp.overlap, comp.eps, comp.ape.data_ptr(),
+        comp.norm.data_ptr(), comp.dim, 0 if ix is None else ix.ape.data_ptr(),
+        0 if ix is None else ix.norm.data_ptr(), 0 if ix is None else ix.dim,
+    )  # fmt: skip
 
 
 def attend(

@@ -9,7 +9,7 @@ of one compression rate.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -78,11 +78,46 @@ class NativeDecode:
     block_size: int
     #: Per compression rate (0: sliding-only layers) the kernel's checked view of the rows.
     batches: dict[int, native_ops.V4DecodeBatch]
+    #: :meth:`closing`'s results, per rate (every layer of a rate closes the same windows).
+    closings: dict[int, Closing | None] = field(default_factory=dict)
 
     def slots(self, members: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token slots ``[m, L]`` of ``positions`` ``[m, L]`` of the decode rows ``members`` ``[m]``."""
         bs = self.block_size
         return self.tables.index_select(0, members).gather(1, positions // bs) * bs + positions % bs
+
+    def closing(self, rate: int) -> Closing | None:
+        """The rows that complete a window of ``rate`` tokens in this step (None: no row does)."""
+        if rate not in self.closings:
+            members = (self.ctx % rate == 0).nonzero().view(-1)
+            found = None
+            if int(members.numel()):
+                ctx = self.ctx.index_select(0, members)
+                span = 2 * rate - 1  # the most an overlapping compressor pools besides the row's own
+                positions = (ctx[:, None] - 1 - span + torch.arange(span)[None, :]).clamp(min=0)
+                found = Closing(
+                    self.rows.index_select(0, members),
+                    ctx // rate - 1,
+                    positions,
+                    self.slots(members, positions),
+                )
+            self.closings[rate] = found
+        return self.closings[rate]
+
+
+@dataclass
+class Closing:
+    """Decode rows whose token completes a window at one rate."""
+
+    rows: torch.Tensor
+    #: The completed window of each (int64 ``[m]``).
+    windows: torch.Tensor
+    #: The ``2 * rate - 1`` positions before each row's own, oldest first (clamped at 0 where
+    #: a row has fewer; the kernel reads only the ones its compressor pools) and their token slots.
+    positions: torch.Tensor
+    token_slots: torch.Tensor
+    #: Rotary tables at each window's position, per rotary (filled by the first layer using them).
+    tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass

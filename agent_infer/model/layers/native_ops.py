@@ -351,6 +351,12 @@ def v4_decode_batch(
     return batch
 
 
+def close_windows(*args: object) -> None:
+    """DeepSeek V4's compressor for the windows decode rows complete, on raw addresses (see
+    ``engine_native/src/kernels/compressor.cpp`` and layers/compressed_native.py, its one caller)."""
+    _native().close_windows(*args, get_num_threads())
+
+
 # --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
 
 

@@ -22,4 +22,6 @@ void register_argmax(nanobind::module_& m);
 void register_hyper(nanobind::module_& m);
 // DeepSeek V4 decode attention over the compressed paged layout (kernels/attention_v4.cpp).
 void register_attention_v4(nanobind::module_& m);
+// DeepSeek V4's KV compressor for the windows decode rows complete (kernels/compressor.cpp).
+void register_compressor(nanobind::module_& m);
 }  // namespace agent_infer
