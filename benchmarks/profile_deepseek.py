@@ -84,11 +84,12 @@ def instrument(clock: PhaseClock) -> None:
     from agent_infer.model.layers import (
         attention,
         compressed_attention,
-        compressed_plan,
         hyper_connections,
+        interleaved_rotary,
         linear,
         mla,
         moe,
+        norm,
         qlinear,
     )
 
@@ -103,12 +104,11 @@ def instrument(clock: PhaseClock) -> None:
     w(spec.Speculator, "verify", "sampling")
     w(model_runner.ModelRunner, "run", "runner prep")
     for fam in (deepseek_v3.DeepseekV3ForCausalLM, deepseek_v4.DeepseekV4ForCausalLM):
-        w(fam, "forward", "forward other (embed, norms, residuals)")
+        w(fam, "forward", "forward other (embed, residuals, layer loop)")
         w(fam, "compute_logits", "LM head")
     w(attention.PagedAttention, "plan", "attention plan")
-    w(compressed_plan, "plan_compressed", "attention plan")
     w(deepseek_v4, "plan_compressed", "attention plan")
-    w(mla.MultiHeadLatentAttention, "forward", "MLA (rope, cache, attend)")
+    w(mla.MultiHeadLatentAttention, "forward", "MLA (norms, RoPE, cache, attend)")
     w(compressed_attention.CompressedAttention, "forward", "V4 attention (all but projections)")
     w(compressed_attention.CompressedAttention, "_attend_decode", "V4 attention: decode rows attend")
     w(
@@ -117,8 +117,15 @@ def instrument(clock: PhaseClock) -> None:
         "V4 attention: windows closed by decode rows",
     )
     w(compressed_attention.CompressedAttention, "_attend", "V4 attention: chunks attend")
-    w(moe.MoE, "route", "MoE routing")
-    w(moe.MoE, "forward", "MoE grouping + experts")
+    # The packed path's decode rows (layers/compressed_native.py), as compressed_attention calls them.
+    w(compressed_attention.compressed_native, "attend", "V4 attention: decode rows attend")
+    w(compressed_attention.compressed_native, "close_windows", "V4 attention: windows closed by decode rows")
+    w(interleaved_rotary.InterleavedRotary, "tables", "V4 RoPE")
+    w(interleaved_rotary.InterleavedRotary, "apply", "V4 RoPE")
+    w(interleaved_rotary.InterleavedRotary, "norm_apply", "V4 RoPE")
+    w(norm.RMSNorm, "forward", "norms")
+    w(moe.MoE, "route", "MoE routing (torch path)")
+    w(moe.MoE, "forward", "MoE routing + grouping + experts")
     for fn in ("collapse",):
         w(hyper_connections.HyperConnection, fn, "hyper-connections")
     w(hyper_connections.HyperHead, "forward", "hyper-connections")
