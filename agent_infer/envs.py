@@ -96,7 +96,8 @@ def cp_prefill_threshold() -> int:
 
 def native_linear() -> bool:
     """``AGENT_INFER_NATIVE_LINEAR``: GGUF models on the CPU in float32 keep packed weights for the
-    native batch-invariant kernel (default on); off dequantizes to float32 torch matmuls."""
+    native batch-invariant kernel, and DeepSeek HF folders pack their float32 weights for it
+    (default on); off runs float32 torch matmuls."""
     return _flag("AGENT_INFER_NATIVE_LINEAR", True)
 
 

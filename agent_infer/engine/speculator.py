@@ -53,6 +53,7 @@ from agent_infer.engine.sampler import sample_row
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.spec_state import draft_pays_off
 from agent_infer.errors import InvalidRequestError
+from agent_infer.model.layers.native_ops import argmax_rows
 from agent_infer.sampling_params import SamplingParams
 
 
@@ -200,7 +201,7 @@ def verify_rows(
     """Choose each row's token as plain decoding would (arg-max, or one draw from ``generator``),
     stopping at the first that differs from the draft's; after a whole draft, choose the next row's
     only when ``bonus``. Returns the tokens and how many of them are accepted draft tokens."""
-    best: list[int] = rows.argmax(dim=-1).tolist() if params.greedy else []
+    best: list[int] = argmax_rows(rows) if params.greedy else []
     tokens: list[int] = []
     accepted = 0
     for j in range(len(draft) + 1):

@@ -40,10 +40,14 @@ def _run(model: CausalLM, prompt: list[int], block_size: int) -> tuple[list[int]
     return tokens, torch.stack(logits)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, CausalLM]:
+@pytest.fixture(scope="module", params=["torch", "packed"])
+def tiny(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[torch.nn.Module, CausalLM]:
+    """The model on the torch kernels, and on the packed-float ones ``load_model`` picks on the CPU
+    (native decode rows, hyper-connections and experts)."""
     d = tmp_path_factory.mktemp("v4")
-    return save_tiny_v4(d), load_ours(d)
+    return save_tiny_v4(d), load_ours(d, packed=request.param == "packed")
 
 
 @pytest.mark.parametrize(("block_size", "yarn"), [(16, False), (4, True)], ids=["bs16-plain", "bs4-yarn"])

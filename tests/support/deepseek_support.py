@@ -126,12 +126,19 @@ def save_tiny_v4(directory: Path, seed: int = 0, **config: Any) -> Any:
     return model
 
 
-def load_ours(directory: Path, fp8: str = "dequantize") -> CausalLM:
+def load_ours(directory: Path, fp8: str = "dequantize", packed: bool = False) -> CausalLM:
     """Our model from an HF folder on the CPU, without a tokenizer (``load_model`` needs one); ``fp8``
-    is the ``AGENT_INFER_FP8_WEIGHTS`` policy for an FP8 checkpoint (keep: FP8 projections)."""
+    is the ``AGENT_INFER_FP8_WEIGHTS`` policy for an FP8 checkpoint (keep: FP8 projections); with
+    ``packed`` on the packed-float kernels ``load_model`` picks on the CPU."""
+    from agent_infer.model.layers.float_linear import pack_loaded, packed_float_kernels
+
     kernels, kept = hf_kernels(directory, torch.device("cpu"), torch.float32, fp8)
+    if packed and kept is None:
+        kernels = packed_float_kernels()
     model = build_model(hf_config(directory), kernels=kernels)
     model.load_weights(hf_weights(directory, frozenset(kept.kept) if kept is not None else frozenset()))
+    if packed and kept is None:
+        pack_loaded(model)
     return model.eval()
 
 

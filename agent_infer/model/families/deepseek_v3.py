@@ -26,10 +26,16 @@ from agent_infer.model.config import MLASpec, ModelConfig, MoESpec, rope_scaling
 from agent_infer.model.families.base import CausalLM, Targets
 from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer, split_mtp_name
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.attention import (
+    AttentionMetadata,
+    AttentionPlan,
+    NativePagedAttention,
+    PagedAttention,
+)
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
 from agent_infer.model.layers.linear import Linear
-from agent_infer.model.layers.mla import MultiHeadLatentAttention
+from agent_infer.model.layers.mla import ABSORB_MAX_QUERY, MultiHeadLatentAttention
 from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.moe import MoE
 from agent_infer.model.layers.norm import RMSNorm
@@ -133,7 +139,9 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.prefix = p = f"model.layers.{index}."
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
-        self.attn = MultiHeadLatentAttention(c, p + "self_attn.", kernels.linears, device, dtype)
+        self.attn = MultiHeadLatentAttention(
+            c, p + "self_attn.", kernels.linears, device, dtype, native=kernels.name == PACKED_FLOAT
+        )
         spec = c.moe
         self.mlp: GatedMLP | None = None
         self.moe: MoE | None = None
@@ -222,12 +230,13 @@ class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
         dtype: torch.dtype = torch.float32,
         kernels: Kernels | None = None,
     ) -> None:
-        """``kernels`` defaults to the torch path; the packed native path reads GGUF files only."""
+        """``kernels`` defaults to the torch path; the loader gives HF folders on the CPU in float32
+        the packed-float kernels (layers/float_linear.py)."""
         super().__init__()
         if kernels is None:
             kernels = torch_kernels(device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V3 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V3 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         if config.mla is None:
             raise EngineError("a DeepSeek V3 config needs its MLA spec")
         c = config
@@ -257,8 +266,11 @@ class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
             for d in range(c.num_nextn_layers)
         )
         self._seen_mtp = True  # whether the checkpoint being loaded stores MTP tensors
-        # The latent cache needs the SDPA plan of every sequence (the native decode kernel reads K/V pools).
-        self.planner = PagedAttention()
+        # The torch path attends per sequence (SDPA plans); with packed kernels the rows of short
+        # chunks go to the native absorbed-MLA decode kernel in one call per layer.
+        self.planner = (
+            NativePagedAttention(ABSORB_MAX_QUERY) if kernels.name == PACKED_FLOAT else PagedAttention()
+        )
 
     def decoder_forward(
         self,

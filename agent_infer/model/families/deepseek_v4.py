@@ -35,6 +35,7 @@ from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.compressed_attention import CompressedAttention, CompressorPools
 from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.kernels import Kernels
@@ -43,8 +44,11 @@ from agent_infer.model.layers.moe import MoE, Scoring
 from agent_infer.model.layers.norm import RMSNorm
 
 
-def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedRotary, InterleavedRotary]:
-    """The rotations of the sliding-only layers and of the compressed ones."""
+def v4_rotaries(
+    config: ModelConfig, spec: DeepseekV4Spec, native: bool = False
+) -> tuple[InterleavedRotary, InterleavedRotary]:
+    """The rotations of the sliding-only layers and of the compressed ones (``native``: float32 CPU
+    rows rotate in native calls)."""
     base = dataclasses.replace(
         config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None
     )
@@ -54,7 +58,7 @@ def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedR
             base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling
         )
     )
-    return InterleavedRotary(main), InterleavedRotary(compress)
+    return InterleavedRotary(main, native), InterleavedRotary(compress, native)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -78,8 +82,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         self.ffn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         hc = (h, spec.hc_mult, spec.hc_sinkhorn_iters, spec.hc_eps, config.rms_norm_eps, device)
-        self.hc_attn = HyperConnection(*hc)
-        self.hc_ffn = HyperConnection(*hc)
+        #: Row-by-row native hyper-connections with the packed-float kernels (CPU, float32).
+        self.native = kernels.name == PACKED_FLOAT
+        self.hc_attn = HyperConnection(*hc, native=self.native)
+        self.hc_ffn = HyperConnection(*hc, native=self.native)
         self.attn = CompressedAttention(config, index, rotary, kernels.linears, device, dtype)
         self.hashed = spec.hash_layers[index]
         self.moe = MoE(
@@ -120,15 +126,15 @@ class DeepseekV4DecoderLayer(nn.Module):
         if pools is not None:
             ring, positions = cache.state_ring(self.index)
             comp = CompressorPools(pools[0], pools[1], ring, positions)
-        out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
-        streams = expand(post, comb, out, streams)
+        out = self.attn.forward(collapsed, self.attn_norm, tables, window, comp, plan)
+        streams = expand(post, comb, out, streams, self.native)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
         chosen = None if self.tid2eid is None else self.tid2eid.index_select(0, ids[:n])
         y = self.moe.forward(self.ffn_norm.forward(collapsed[:n]), chosen)
         if int(streams.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(streams.shape[0]) - n, int(y.shape[1]))))
-        return expand(post, comb, y, streams)
+        return expand(post, comb, y, streams, self.native)
 
     def load_targets(self) -> Targets:
         """HF names of the block's tensors."""
@@ -181,8 +187,8 @@ class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
         """``kernels`` defaults to the torch path (the only one this family runs)."""
         super().__init__()
         kernels = model_kernels(kernels, device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V4 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V4 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         spec = config.deepseek_v4
         if spec is None or config.moe is None:
             raise EngineError("a DeepSeek V4 config needs its DeepseekV4Spec and MoE spec")
@@ -193,13 +199,20 @@ class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
         self.embed = nn.Parameter(
             torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
         )
-        main, compress = v4_rotaries(c, spec)
+        main, compress = v4_rotaries(c, spec, native=kernels.name == PACKED_FLOAT)
         self.main_rotary, self.compress_rotary = main, compress
         self.layers = nn.ModuleList(
             DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)
             for i in range(c.num_layers)
         )
-        self.hc_head = HyperHead(c.hidden_size, spec.hc_mult, spec.hc_eps, c.rms_norm_eps, device)
+        self.hc_head = HyperHead(
+            c.hidden_size,
+            spec.hc_mult,
+            spec.hc_eps,
+            c.rms_norm_eps,
+            device,
+            native=kernels.name == PACKED_FLOAT,
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.lm_head: Linear = kernels.linears.head(
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
@@ -220,7 +233,15 @@ class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
         spec = c.deepseek_v4
         assert spec is not None
         rates = {r for r in spec.compress_rates if r}
-        views = plan_compressed(meta, n, kv_cache.num_slots, self.device, spec.sliding_window, rates)
+        views = plan_compressed(
+            meta,
+            n,
+            kv_cache.num_slots,
+            self.device,
+            spec.sliding_window,
+            rates,
+            native=self.kernels.name == PACKED_FLOAT,
+        )
         ids, pos = self.padded_inputs(input_ids, positions)
         x = F.embedding(ids, self.embed)
         tables = {False: self.main_rotary.tables(pos), True: self.compress_rotary.tables(pos)}

@@ -20,7 +20,7 @@ output does not depend on the other tokens of the batch on CPUs where that row-c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal, Protocol
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.model.layers import native_ops
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
@@ -149,6 +150,30 @@ class MoE(nn.Module):
             if shared_intermediate_size
             else None
         )
+        #: The experts and the router on the native kernel once :meth:`pack_experts` ran (float32 CPU models).
+        self.packed_experts: native_ops.PackedExpertSet | None = None
+        self.packed_router: native_ops.PackedRouterSet | None = None
+
+    def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Route and run the experts (routed and shared) on the native kernel over ``pack`` of each
+        weight matrix from now on: one call per layer, batch invariant without padding rows (see
+        ``engine_native/src/kernels/linear_router.h`` and ``linear_moe.h``; ties between equal scores
+        go to the lower expert). The torch weights stay (expert parallelism takes its slots from
+        them, and routes with :meth:`route`)."""
+        gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
+        down = [pack(self.down[e]) for e in range(self.num_experts)]
+        shared = (
+            (pack(self.shared_gate_up), pack(self.shared_down))
+            if self.shared_gate_up is not None and self.shared_down is not None
+            else (None, None)
+        )
+        self.packed_experts = native_ops.packed_experts(gate_up, down, *shared)
+        bias = None if self.score_bias is None else [float(b) for b in self.score_bias.float().tolist()]
+        self.packed_router = native_ops.packed_router(
+            pack(self.router), self.scoring, bias, self.num_groups, self.topk_groups if self.num_groups > 1 else 1,
+            self.top_k,
+            self.renormalize, self.routed_scaling_factor,
+        )  # fmt: skip
 
     def route(
         self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
@@ -216,6 +241,11 @@ class MoE(nn.Module):
         (int64) fixes each token's experts instead of the scores' top-k."""
         if self.expert_backend is not None:
             return self.expert_backend.forward(self, x, hash_experts)
+        if self.packed_experts is not None and self.packed_router is not None:
+            out = native_ops.run_routed_experts(
+                self.packed_experts, self.packed_router, x, hash_experts, self.swiglu_limit
+            )
+            return out.to(x.dtype)
         experts, weights = self.route(x, hash_experts)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each

@@ -18,7 +18,7 @@ from agent_infer.errors import NativeExtensionMissingError
 from agent_infer.native import load_native
 
 #: Extension attributes the native model path needs; a build without any of them takes the torch path.
-MODEL_KERNELS = ("PackedLinear", "decode_attention", "DecodeBatch", "rope_rows")
+MODEL_KERNELS = ("PackedLinear", "PackedExperts", "decode_attention", "DecodeBatch", "rope_rows")
 
 _ext: ModuleType | None = None
 
@@ -76,6 +76,25 @@ def thread_budget() -> Iterator[None]:
         _threads = prev_override
 
 
+# --- argmax --------------------------------------------------------------------------------------
+
+_argmax: bool | None = None
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """``x.argmax(dim=-1).tolist()`` of a 2-D tensor (the same indices, NaN rule included); float32
+    CPU C-contiguous rows take the native scan (kernels/argmax.cpp), anything else torch's."""
+    global _argmax
+    if _argmax is None:
+        _argmax = available() and hasattr(_native(), "argmax_rows")
+    native = _argmax and x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2
+    if native and x.is_contiguous() and int(x.shape[0]) and int(x.shape[1]):
+        rows: list[int] = _native().argmax_rows(x, get_num_threads())
+        return rows
+    result: list[int] = x.argmax(dim=-1).tolist()
+    return result
+
+
 # --- packed linear -----------------------------------------------------------------------------
 
 
@@ -92,14 +111,16 @@ class PackedWeight(Protocol):
         """``out = x @ W^T``."""
         ...
 
-    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1) -> None:
-        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32, contiguous)."""
+    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1, ldx: int = 0, ldy: int = 0) -> None:
+        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32; rows ``ldx`` and
+        ``ldy`` floats apart, 0 for contiguous)."""
         ...
 
     def forward_raw_norm(
-        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1
+        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1, ldx: int = 0
     ) -> None:
-        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address)."""
+        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address;
+        rows of ``x`` ``ldx`` floats apart, 0 for ``k``)."""
         ...
 
     def forward_allowed(
@@ -109,10 +130,278 @@ class PackedWeight(Protocol):
         ...
 
 
+def grouped_linear(packs: list[PackedWeight], x: torch.Tensor) -> torch.Tensor:
+    """Float32 ``[M, G * N]``: group ``g`` of ``x`` (``[M, G * K]`` float32 CPU, the ``K`` columns
+    from ``g * K``) through ``packs[g]`` (``[N, K]`` each), read and written in place by stride."""
+    x = x.contiguous()
+    groups = len(packs)
+    m, k, n = int(x.shape[0]), packs[0].k, packs[0].n
+    if (
+        x.dtype is not torch.float32
+        or x.device.type != "cpu"
+        or x.dim() != 2
+        or int(x.shape[1]) != groups * k
+    ):
+        raise ValueError(
+            f"grouped_linear: x {tuple(x.shape)} {x.dtype} is not [rows, {groups} x {k}] float32 CPU"
+        )
+    if any(p.k != k or p.n != n for p in packs):
+        raise ValueError("grouped_linear: the groups' weights differ in shape")
+    out = torch.empty(m, groups * n)
+    threads = get_num_threads()
+    for g, p in enumerate(packs):
+        p.forward_raw(
+            x.data_ptr() + 4 * g * k, m, out.data_ptr() + 4 * g * n, threads, groups * k, groups * n
+        )
+    return out
+
+
 def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:
     """Pack ``raw`` (uint8 bytes of ``n`` rows of ``k`` weights of ``ggml_type``) for the linear kernel."""
     packed: PackedWeight = _native().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
     return packed
+
+
+class PackedExpertSet(Protocol):
+    """What ``_native.PackedExperts`` offers: a MoE layer's experts over packed weights."""
+
+    num_experts: int
+    hidden: int
+
+    def forward(
+        self, x: int, t: int, experts: int, weights: int, k: int, out: int, limit: float, num_threads: int = 1
+    ) -> None:
+        """``out`` = the layer's routed (then shared) expert sum per token, on raw addresses."""
+        ...
+
+    def forward_routed(
+        self,
+        router: PackedRouterSet,
+        x: int,
+        t: int,
+        fixed: int,
+        out: int,
+        limit: float,
+        num_threads: int = 1,
+    ) -> None:
+        """:meth:`forward` over ``router``'s choice for ``x`` (``fixed``: hash-routed experts or 0)."""
+        ...
+
+
+class PackedRouterSet(Protocol):
+    """What ``_native.PackedRouter`` offers: a MoE layer's router over a packed gate."""
+
+    num_experts: int
+    top_k: int
+
+    def route(self, x: int, t: int, fixed: int, experts: int, weights: int) -> None:
+        """Experts ``[t, k]`` (int64) and weights ``[t, k]`` (float32) of ``x`` ``[t, H]``, raw addresses."""
+        ...
+
+
+def packed_router(
+    gate: PackedWeight, scoring: str, bias: list[float] | None, groups: int, topk_groups: int, top_k: int,
+    renormalize: bool, scaling: float,
+) -> PackedRouterSet:  # fmt: skip
+    """A MoE router over the packed ``gate`` ``[E, H]`` (engine_native/src/kernels/linear_router.h)."""
+    router: PackedRouterSet = _native().PackedRouter(
+        gate, scoring, bias or [], groups, topk_groups, top_k, renormalize, scaling
+    )
+    return router
+
+
+def _rows(x: torch.Tensor, width: int, what: str) -> torch.Tensor:
+    x = x.to(device="cpu", dtype=torch.float32).contiguous()
+    if x.dim() != 2 or int(x.shape[1]) != width:
+        raise ValueError(f"{what}: x has shape {tuple(x.shape)}, expected [tokens, {width}]")
+    return x
+
+
+def _fixed(fixed: torch.Tensor | None, t: int, k: int, what: str) -> torch.Tensor | None:
+    if fixed is None:
+        return None
+    fixed = fixed.to(device="cpu", dtype=torch.int64).contiguous()
+    if tuple(fixed.shape) != (t, k):
+        raise ValueError(f"{what}: fixed experts have shape {tuple(fixed.shape)}, expected {(t, k)}")
+    return fixed
+
+
+def route_packed(
+    router: PackedRouterSet, x: torch.Tensor, fixed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts ``[T, k]`` (int64) and float32 weights of ``x`` ``[T, H]`` (``fixed``: hash-routed experts)."""
+    x = _rows(x, int(x.shape[-1]), "route_packed")
+    t, k = int(x.shape[0]), router.top_k
+    fixed = _fixed(fixed, t, k, "route_packed")
+    experts = torch.empty(t, k, dtype=torch.int64)
+    weights = torch.empty(t, k)
+    router.route(
+        x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), experts.data_ptr(), weights.data_ptr()
+    )
+    return experts, weights
+
+
+def run_routed_experts(
+    packed: PackedExpertSet,
+    router: PackedRouterSet,
+    x: torch.Tensor,
+    fixed: torch.Tensor | None,
+    limit: float | None,
+) -> torch.Tensor:
+    """Float32 ``[T, H]``: :func:`run_experts` over the experts and weights ``router`` picks for ``x``."""
+    x = _rows(x, packed.hidden, "run_routed_experts")
+    t = int(x.shape[0])
+    fixed = _fixed(fixed, t, router.top_k, "run_routed_experts")
+    out = torch.empty(t, packed.hidden, dtype=torch.float32)
+    packed.forward_routed(
+        router, x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), out.data_ptr(),
+        float("nan") if limit is None else float(limit), get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def packed_experts(
+    gate_up: list[PackedWeight],
+    down: list[PackedWeight],
+    shared_gate_up: PackedWeight | None,
+    shared_down: PackedWeight | None,
+) -> PackedExpertSet:
+    """One MoE layer's experts (``gate_up[e]`` ``[2I, H]``, ``down[e]`` ``[H, I]``) for :func:`run_experts`."""
+    experts: PackedExpertSet = _native().PackedExperts(gate_up, down, shared_gate_up, shared_down)
+    return experts
+
+
+def run_experts(
+    packed: PackedExpertSet,
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float | None,
+) -> torch.Tensor:
+    """Float32 ``[T, H]``: per token of ``x`` ``[T, H]``, the sum over its ``experts`` ``[T, k]`` of
+    ``weights`` ``[T, k]`` times the expert's SwiGLU (clamped at ``limit`` when set), in ascending
+    expert order, plus the shared experts. Inputs are converted to the kernel's dtypes here."""
+    x = x.to(device="cpu", dtype=torch.float32).contiguous()
+    experts = experts.to(device="cpu", dtype=torch.int64).contiguous()
+    weights = weights.to(device="cpu", dtype=torch.float32).contiguous()
+    t, k = int(experts.shape[0]), int(experts.shape[1]) if experts.dim() == 2 else 0
+    if (
+        x.dim() != 2
+        or int(x.shape[0]) != t
+        or int(x.shape[1]) != packed.hidden
+        or tuple(weights.shape) != (t, k)
+    ):
+        raise ValueError(
+            f"run_experts: x {tuple(x.shape)}, experts {tuple(experts.shape)} and weights "
+            f"{tuple(weights.shape)} do not describe {t} tokens of width {packed.hidden}"
+        )
+    out = torch.empty(t, packed.hidden, dtype=torch.float32)
+    packed.forward(
+        x.data_ptr(), t, experts.data_ptr(), weights.data_ptr(), k, out.data_ptr(),
+        float("nan") if limit is None else float(limit), get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def rope_pairs(
+    x: torch.Tensor, rows: int, heads: int, dim: int, rope_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+    inverse: bool, norm: int, weight: torch.Tensor | None, eps: float,
+) -> None:  # fmt: skip
+    """DeepSeek V4's interleaved rotation of each head's trailing ``rope_dim`` values, in place on
+    contiguous float32 CPU ``x`` (``[rows, heads, dim]`` or ``[rows, dim]``) by per-row ``cos``/``sin``
+    ``[rows, rope_dim]``; ``norm`` 1 or 2 first RMS-normalizes each head (2: times ``weight``)."""
+    if int(cos.shape[0]) < rows or int(cos.shape[1]) != rope_dim or cos.shape != sin.shape:
+        raise ValueError(
+            f"rope_pairs: tables {tuple(cos.shape)} for {rows} rows of {rope_dim} rotated values"
+        )
+    if weight is not None and (int(weight.numel()) != dim or not weight.is_contiguous()):
+        raise ValueError(f"rope_pairs: a norm weight of {int(weight.numel())} values for heads of {dim}")
+    _native().rope_pairs_rows(
+        x.data_ptr(), rows, heads * dim, heads, dim, dim, rope_dim, cos.data_ptr(), sin.data_ptr(), inverse, norm,
+        0 if weight is None else weight.data_ptr(), eps,
+    )  # fmt: skip
+
+
+# --- DeepSeek V4 decode attention ---------------------------------------------------------------
+
+
+class V4DecodeBatch(Protocol):
+    """What ``_native.V4DecodeBatch`` offers: a step's decode rows at one compression rate."""
+
+    size: int
+
+    def run(
+        self, q: int, window: int, entries: int, sinks: int, out: int, heads: int, dim: int, entry_width: int,
+        scale: float, iq: int, iq_row: int, iw: int, iw_row: int, index_heads: int, index_dim: int,
+        index_topk: int, score_scale: float, weight_scale: float, num_threads: int = 1,
+    ) -> None:  # fmt: skip
+        """Attend every row on raw float32 addresses (engine_native/src/kernels/attention_v4.cpp)."""
+        ...
+
+
+def v4_decode_batch(
+    rows: torch.Tensor, window_slots: torch.Tensor, window_len: torch.Tensor, entry_slots: torch.Tensor,
+    entry_count: torch.Tensor, num_rows: int, num_window_slots: int, num_entry_slots: int,
+) -> V4DecodeBatch:  # fmt: skip
+    """Check a step's decode rows once (rows, window and entry slots inside their pools) for every layer."""
+    batch: V4DecodeBatch = _native().V4DecodeBatch(
+        rows.contiguous(), window_slots.contiguous(), window_len.contiguous(), entry_slots.contiguous(),
+        entry_count.contiguous(), num_rows, num_window_slots, num_entry_slots,
+    )  # fmt: skip
+    return batch
+
+
+def close_windows(*args: object) -> None:
+    """DeepSeek V4's compressor for the windows decode rows complete, on raw addresses (see
+    ``engine_native/src/kernels/compressor.cpp`` and layers/compressed_native.py, its one caller)."""
+    _native().close_windows(*args, get_num_threads())
+
+
+# --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
+
+
+def hc_collapse(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of float32 CPU ``streams`` ``[R, hc, H]``,
+    row by row (engine_native/src/kernels/hyper.cpp)."""
+    streams = streams.contiguous()
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    post = torch.empty(rows, hc)
+    comb = torch.empty(rows, hc, hc)
+    collapsed = torch.empty(rows, hidden)
+    _native().hc_collapse(
+        streams, fn, base, scale, iters, hc_eps, norm_eps, post, comb, collapsed, get_num_threads()
+    )
+    return post, comb, collapsed
+
+
+def hc_expand(
+    post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
+    """New float32 streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), row by row."""
+    streams = streams.contiguous()
+    out = torch.empty(streams.shape)
+    _native().hc_expand(
+        post.contiguous(), comb.contiguous(), output.contiguous(), streams, out, get_num_threads()
+    )
+    return out
+
+
+def hc_head(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    norm_eps: float,
+) -> torch.Tensor:
+    """The final collapse ``[R, H]`` of float32 CPU ``streams`` ``[R, hc, H]``, row by row."""
+    streams = streams.contiguous()
+    out = torch.empty(int(streams.shape[0]), int(streams.shape[2]))
+    _native().hc_head(streams, fn, base, scale, hc_eps, norm_eps, out, get_num_threads())
+    return out
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -126,6 +415,15 @@ class DecodeBatch(Protocol):
         scale: float, num_threads: int,
     ) -> None:  # fmt: skip
         """Attend every row of the batch (q ``[R, heads, dim]``, caches ``[num_slots, kv_heads, dim]``)."""
+        ...
+
+    def run_mla(
+        self, q_nope: int, q_rope: int, cache: int, kv_b: int, out: int, heads: int, nope: int, rope: int,
+        lora: int, v: int, scale: float, num_threads: int, qn_row: int, qn_head: int, qr_row: int, qr_head: int,
+    ) -> None:  # fmt: skip
+        """Multi-head latent attention decode, weight-absorbed, for every row of the batch (q_nope
+        and q_rope rows and heads at the given strides, latent cache ``[num_slots, lora + rope]``,
+        kv_b ``[heads * (nope + v), lora]``, out ``[R, heads * v]``)."""
         ...
 
 

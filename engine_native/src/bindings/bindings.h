@@ -16,4 +16,12 @@ void register_linear(nanobind::module_& m);
 void register_attention(nanobind::module_& m);
 // Rotary position embedding in place on raw addresses (kernels/rope.cpp).
 void register_rope(nanobind::module_& m);
+// Row-wise argmax of float32 logits, torch.argmax's rule (kernels/argmax.cpp).
+void register_argmax(nanobind::module_& m);
+// DeepSeek V4 hyper-connections per row: collapse, expand, final head (kernels/hyper.cpp).
+void register_hyper(nanobind::module_& m);
+// DeepSeek V4 decode attention over the compressed paged layout (kernels/attention_v4.cpp).
+void register_attention_v4(nanobind::module_& m);
+// DeepSeek V4's KV compressor for the windows decode rows complete (kernels/compressor.cpp).
+void register_compressor(nanobind::module_& m);
 }  // namespace agent_infer

@@ -16,4 +16,8 @@ NB_MODULE(_native, m) {
   agent_infer::register_linear(m);
   agent_infer::register_attention(m);
   agent_infer::register_rope(m);
+  agent_infer::register_argmax(m);
+  agent_infer::register_hyper(m);
+  agent_infer::register_attention_v4(m);
+  agent_infer::register_compressor(m);
 }

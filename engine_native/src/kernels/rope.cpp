@@ -4,6 +4,7 @@
 // output is fl(fl(a*c) -+ fl(b*s)): the same roundings as torch's elementwise x1*cos - x2*sin.
 #include <nanobind/nanobind.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -44,9 +45,56 @@ void rope_rows(uintptr_t x, size_t rows, size_t row_stride, size_t heads, size_t
   }
 }
 
+// DeepSeek V4's rotation (layers/interleaved_rotary.py) in place: each head's trailing rope_dim
+// values rotate as interleaved pairs (x0, x1) -> (x0 c - x1 s, x1 c + x0 s) by the row's own cos/sin
+// ([rows, rope_dim], each angle repeated for its pair; s negated when `inverse`), optionally after
+// normalizing the head (norm 1: x / rms(x); norm 2: x / rms(x) * weight) with the sum of squares in
+// double over 8 interleaved partial sums combined in a fixed tree. Row by row, so batch invariant.
+void rope_pairs_rows(uintptr_t x, size_t rows, size_t row_stride, size_t heads, size_t head_stride, size_t dim,
+                     size_t rope_dim, uintptr_t cos_rows, uintptr_t sin_rows, bool inverse, int norm, uintptr_t weight,
+                     double eps) {
+  if (rows == 0) return;
+  if (!x || !cos_rows || !sin_rows || (norm == 2 && !weight)) throw std::invalid_argument("rope_pairs_rows: null address");
+  if (rope_dim % 2 || rope_dim > dim || dim > head_stride || (heads - 1) * head_stride + dim > row_stride)
+    throw std::invalid_argument("rope_pairs_rows: need an even rope_dim <= dim and heads inside the row");
+  if (norm < 0 || norm > 2) throw std::invalid_argument("rope_pairs_rows: norm must be 0, 1 or 2");
+  float* base = reinterpret_cast<float*>(x);
+  const float* ct = reinterpret_cast<const float*>(cos_rows);
+  const float* st = reinterpret_cast<const float*>(sin_rows);
+  const float* w = reinterpret_cast<const float*>(weight);
+  const size_t nope = dim - rope_dim;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* c = ct + r * rope_dim;
+    const float* sn = st + r * rope_dim;
+    for (size_t h = 0; h < heads; ++h) {
+      float* v = base + r * row_stride + h * head_stride;
+      if (norm) {
+        double acc[8] = {};
+        for (size_t i = 0; i < dim; ++i) acc[i % 8] += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+        const double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        const float inv = static_cast<float>(1.0 / std::sqrt(total / static_cast<double>(dim) + eps));
+        for (size_t i = 0; i < dim; ++i) v[i] = norm == 2 ? (v[i] * inv) * w[i] : v[i] * inv;
+      }
+      float* p = v + nope;
+      for (size_t i = 0; i < rope_dim; i += 2) {
+        const float a = p[i], b = p[i + 1];
+        const float s0 = inverse ? -sn[i] : sn[i], s1 = inverse ? -sn[i + 1] : sn[i + 1];
+        p[i] = a * c[i] + (-b) * s0;
+        p[i + 1] = b * c[i + 1] + a * s1;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void register_rope(nb::module_& m) {
+  m.def("rope_pairs_rows", &rope_pairs_rows, nb::arg("x"), nb::arg("rows"), nb::arg("row_stride"), nb::arg("heads"),
+        nb::arg("head_stride"), nb::arg("dim"), nb::arg("rope_dim"), nb::arg("cos_rows"), nb::arg("sin_rows"),
+        nb::arg("inverse"), nb::arg("norm"), nb::arg("weight"), nb::arg("eps"),
+        "DeepSeek V4's interleaved-pair rotation of each head's trailing rope_dim values, in place on raw float32 "
+        "addresses (row r, head h at x + 4 * (r * row_stride + h * head_stride)), by per-row cos/sin "
+        "[rows, rope_dim]; optionally after an RMS norm of the head (norm 1: unweighted, 2: times weight).");
   m.def("rope_rows", &rope_rows, nb::arg("x"), nb::arg("rows"), nb::arg("row_stride"), nb::arg("heads"),
         nb::arg("dim"), nb::arg("cos_table"), nb::arg("sin_table"), nb::arg("table_rows"), nb::arg("positions"),
         "Rotate the first ``heads`` heads (``dim`` floats each) of every row of a float32 matrix in place "
