@@ -1,7 +1,8 @@
 """The mask path's own cost: constrained vs unconstrained decoding of the same length.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_mask_overhead.py            # ~2 min here
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_mask_overhead.py --passes 7 --tokens 192
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_mask_overhead.py            # ~1.5 min
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_mask_overhead.py --passes 7 --tokens 128
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_mask_overhead.py --configs masked-overlap --passes 15
 
 Workload: ``--concurrency`` requests (default 4) submitted together, greedy, default model, forced
 tokens and prompt-lookup drafts off, prefix caching off. Constrained: the schema
@@ -11,14 +12,15 @@ the same prompts with ``ignore_eos`` and ``max_tokens`` set per request to the c
 token count, so both decode exactly the same number of tokens at the same batch sizes.
 
 Order: each pass runs every configuration once, rotated per pass, so load from other processes on
-a shared machine hits them alike; medians over passes are reported. Clocks: process CPU time
-(``time.process_time``: every thread of this process, torch's and the fill thread included; on a
-shared machine the trustworthy one) and wall time. The ratio is tokens per CPU second constrained
-over unconstrained (1.0 = free; the goal is >= 0.98).
+a shared machine hits them alike. Clocks: process CPU time (``time.process_time``: every thread of
+this process, torch's and the fill thread included; on a shared machine the trustworthy one) and
+wall time. Ratios are tokens per second constrained over unconstrained (1.0 = free; the goal is
+>= 0.98), taken per pass between the two runs of that pass and reported as the median over
+passes, with every pass's pair listed below the table.
 
 Where the time goes: per configuration, the stepping thread's CPU time (``time.thread_time``) in
 the step's phases (forward + head, mask join + apply, sampling, postprocess with accept_token),
-and the fill thread's seconds, per generated token.
+and the fill's own seconds (on the fill thread with overlap), per generated token.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ PROMPTS = [
     "Write a JSON array of strings naming dishes from Italy with a short description each.",
     "Return a JSON array of strings: tips for writing clear documentation.",
 ]
+
+
+# --configs key -> (row label, EngineConfig fields); the first is the engine's default.
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "masked-overlap": ("masked head, overlap", {"masked_head": True, "async_scheduling": True}),
+    "full-overlap": ("full head, overlap", {"masked_head": False, "async_scheduling": True}),
+    "full-inline": ("full head, no overlap", {"masked_head": False, "async_scheduling": False}),
+}
 
 
 def _conversations(n: int) -> list[list[dict[str, str]]]:
@@ -110,15 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens of the constrained requests")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated constrained configurations to run (of {', '.join(CONFIGS)})",
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CONFIGS]
+    if unknown or not chosen:
+        parser.error(f"--configs: unknown {unknown} (choose from {', '.join(CONFIGS)})")
     torch.set_num_threads(args.threads)
     loaded = load_model()
-    configs: dict[str, dict[str, Any]] = {
-        "masked head, overlap": {"masked_head": True, "async_scheduling": True},
-        "full head, overlap": {"masked_head": False, "async_scheduling": True},
-        "full head, no overlap": {"masked_head": False, "async_scheduling": False},
-    }
+    configs = {CONFIGS[c][0]: CONFIGS[c][1] for c in chosen}
     base = {
         "forced_tokens": False,
         "boundary_drafts": False,
@@ -157,31 +172,41 @@ def main(argv: list[str] | None = None) -> int:
                 )
             runs[name].append((cpu, wall))
             fills[name] += fill
-    ref_cpu = statistics.median(c for c, _ in runs["unconstrained"])
-    ref_wall = statistics.median(w for _, w in runs["unconstrained"])
+    # Paired ratios: each pass's constrained run against the same pass's unconstrained run, which
+    # ran next to it in time (a drift in the machine's load cancels out of the pair).
+    ref = runs["unconstrained"]
+    paired = {name: [(rc / c, rw / w) for (c, w), (rc, rw) in zip(runs[name], ref)] for name in configs}
     report: dict[str, Any] = {"tokens_per_pass": tokens, "passes": args.passes, "rows": {}}
     print(f"{tokens} tokens per pass ({args.concurrency} requests), {args.passes} passes, medians")
     print(
-        "| config | CPU s | wall s | tok/CPU-s ratio | tok/s ratio | ms/token: forward+head, mask join+apply, sampling, postprocess, fill thread |"
+        "| config | CPU s | wall s | tok/CPU-s ratio | tok/s ratio | ms/token: forward+head, mask join+apply, sampling, postprocess, fill |"
     )
     print("|---|---|---|---|---|---|")
     for name in [*configs, "unconstrained"]:
         cpu = statistics.median(c for c, _ in runs[name])
         wall = statistics.median(w for _, w in runs[name])
+        cpu_ratio = statistics.median(r for r, _ in paired[name]) if name in paired else 1.0
+        wall_ratio = statistics.median(r for _, r in paired[name]) if name in paired else 1.0
         per_token = {k: 1000 * v / (tokens * args.passes) for k, v in phases[name].seconds.items()}
-        per_token["fill thread"] = 1000 * fills[name] / (tokens * args.passes)
+        per_token["fill"] = 1000 * fills[name] / (tokens * args.passes)
         report["rows"][name] = {
             "cpu_s": cpu,
             "wall_s": wall,
-            "cpu_ratio": ref_cpu / cpu,
-            "wall_ratio": ref_wall / wall,
+            "cpu_ratio": cpu_ratio,
+            "wall_ratio": wall_ratio,
+            "runs": [{"cpu_s": c, "wall_s": w} for c, w in runs[name]],
+            "paired_ratios": [{"cpu": rc, "wall": rw} for rc, rw in paired.get(name, [])],
             "ms_per_token": per_token,
         }
         cells = ", ".join(
             f"{per_token.get(k, 0.0):.2f}"
-            for k in ("forward+head", "mask join+apply", "sampling", "postprocess", "fill thread")
+            for k in ("forward+head", "mask join+apply", "sampling", "postprocess", "fill")
         )
-        print(f"| {name} | {cpu:.2f} | {wall:.2f} | {ref_cpu / cpu:.3f} | {ref_wall / wall:.3f} | {cells} |")
+        print(f"| {name} | {cpu:.2f} | {wall:.2f} | {cpu_ratio:.3f} | {wall_ratio:.3f} | {cells} |")
+    print("\nEvery pass, constrained over unconstrained (CPU / wall):")
+    for name in configs:
+        cells = "  ".join(f"{rc:.3f}/{rw:.3f}" for rc, rw in paired[name])
+        print(f"  {name:<24} {cells}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
