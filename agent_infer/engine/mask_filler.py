@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent_infer.grammar.runtime.step_fill import FillThread, StepFill
+
 if TYPE_CHECKING:
     from agent_infer.grammar.runtime.matcher import GrammarMatcher
-    from agent_infer.grammar.runtime.step_fill import FillThread, StepFill
 
 
 class PendingMasks:
@@ -31,10 +32,13 @@ class PendingMasks:
         # Bitmask rows in the order the fill reports them (plain rows, then each draft's rows).
         self._order = order
         self._background = background
-        #: Every masked row, sorted.
-        self.rows = sorted(order)
         self._restricting: list[int] | None = None
         self._done = False
+
+    @property
+    def rows(self) -> list[int]:
+        """Every masked row, sorted."""
+        return sorted(self._order)
 
     @property
     def bitmask(self) -> torch.Tensor:
@@ -92,6 +96,7 @@ class MaskFiller:
         self._stopped = False
         self._lock = threading.Lock()
         self._pool_size: int | None = None  # read from the environment by the first fill
+        self._buffer: torch.Tensor | None = None
 
     def start(
         self, matchers: list[GrammarMatcher | None], drafts: list[tuple[int, ...]] | None = None
@@ -119,27 +124,38 @@ class MaskFiller:
                 num_rows += 1 + len(draft)
         if not plain and not chains:
             return None
-        from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
-        from agent_infer.grammar.runtime.matcher import pool_settings
-        from agent_infer.grammar.runtime.step_fill import StepFill
-
         if self._pool_size is None:
+            from agent_infer.grammar.runtime.matcher import pool_settings
+
             self._pool_size = pool_settings()
-        bitmask = allocate_token_bitmask(num_rows, self.vocab_size)
-        order = rows + [first + j for _, first, draft in chains for j in range(len(draft) + 1)]
+        bitmask = self._bitmask(num_rows)
+        order = (
+            rows + [first + j for _, first, draft in chains for j in range(len(draft) + 1)]
+            if chains
+            else rows
+        )
         # A fill whose grammar states are all cached costs microseconds per row: it stays on one
         # thread, since waking pool threads costs more than that (and, overlapped, takes cores from
         # the forward pass). First visits of states spread over the pool.
         fill = StepFill(plain, rows, chains, bitmask, cached_threads=1, pool_size=self._pool_size)
-        thread = self._fill_thread() if self.overlap else None
+        thread = (self._thread or self._fill_thread()) if self.overlap else None
         background = thread is not None and thread.submit(fill)
         return PendingMasks(fill, order, background)
+
+    def _bitmask(self, num_rows: int) -> torch.Tensor:
+        """``num_rows`` rows of one bitmask reused step after step (allocating and filling a fresh
+        tensor costs more than a cached fill); the step's fill writes every row of it. A step's
+        bitmask is dead once the step has sampled, before the next step starts."""
+        if self._buffer is None or self._buffer.shape[0] < num_rows:
+            from agent_infer.grammar.runtime.bitmask import bitmask_words
+
+            capacity = max(num_rows, 2 * (self._buffer.shape[0] if self._buffer is not None else 4))
+            self._buffer = torch.empty((capacity, bitmask_words(self.vocab_size)), dtype=torch.int32)
+        return self._buffer[:num_rows]
 
     def _fill_thread(self) -> FillThread | None:
         with self._lock:
             if self._thread is None and not self._stopped:
-                from agent_infer.grammar.runtime.step_fill import FillThread
-
                 self._thread = FillThread()
             return self._thread
 

@@ -80,6 +80,27 @@ def test_rows_and_draft_rows_equal_single_fills(overlap: bool) -> None:
         filler.shutdown()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_reused_bitmask_row_without_a_matcher_allows_everything(overlap: bool) -> None:
+    filler = MaskFiller(_vocab(), overlap=overlap)
+    try:
+        a, b = _matcher(5), _matcher(9)
+        first = filler.start([a, b])
+        assert first is not None
+        assert not bool((first.result()[0] == -1).all())  # row 0 restricted in this step
+        second = filler.start([None, b, None, a, *([None] * 6)])  # 10 rows: the bitmask grows
+        assert second is not None
+        bitmask = second.result()
+        assert bitmask.shape[0] == 10
+        assert all(bool((bitmask[r] == -1).all()) for r in (0, 2, 4, 5, 6, 7, 8, 9))
+        assert torch.equal(bitmask[1], _single(b)) and torch.equal(bitmask[3], _single(a))
+        third = filler.start([None, a])  # fewer rows again, reusing the grown bitmask
+        assert third is not None
+        assert bool((third.result()[0] == -1).all()) and torch.equal(third.result()[1], _single(a))
+    finally:
+        filler.shutdown()
+
+
 def test_nothing_constrained_starts_nothing() -> None:
     filler = MaskFiller(_vocab(), overlap=True)
     assert filler.start([None, None]) is None

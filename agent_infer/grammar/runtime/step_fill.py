@@ -23,7 +23,8 @@ Chain = tuple[GrammarMatcher, int, Sequence[int]]
 
 
 class StepFill:
-    """The fill of ``plain[i]`` into row ``rows[i]`` and of each chain's rows, into ``bitmask``.
+    """The fill of ``plain[i]`` into row ``rows[i]`` and of each chain's rows, into ``bitmask``; its
+    other rows are set to allow every token.
 
     ``bitmask`` is a C-contiguous int32 CPU tensor torch allocated (``allocate_token_bitmask``).
     ``threads`` caps the batch's threads (0: the whole pool) when some row meets a grammar state for
@@ -58,17 +59,25 @@ class StepFill:
                 "a step's fill writes into a C-contiguous 2-D int32 CPU tensor torch allocated "
                 "(allocate_token_bitmask)"
             )
-        for i, m in enumerate([*plain, *(c[0] for c in chains)]):
-            if not isinstance(m, GrammarMatcher):
-                raise MatcherUsageError(
-                    f"matchers[{i}] is a {type(m).__name__}, not a GrammarMatcher", argument="matchers"
-                )
+        try:
+            handles = [m._m for m in plain if type(m) is GrammarMatcher]
+            links = [(m._m, first, list(draft)) for m, first, draft in chains if type(m) is GrammarMatcher]
+        except AttributeError:  # a subclass without a native matcher
+            handles = links = []
+        if len(handles) != len(plain) or len(links) != len(chains):
+            for i, m in enumerate([*plain, *(c[0] for c in chains)]):
+                if not isinstance(m, GrammarMatcher) or not hasattr(m, "_m"):
+                    raise MatcherUsageError(
+                        f"matchers[{i}] is a {type(m).__name__}, not a GrammarMatcher", argument="matchers"
+                    )
+            handles = [m._m for m in plain]
+            links = [(m._m, first, list(draft)) for m, first, draft in chains]
         num_rows, words = bitmask.shape
         self.bitmask = bitmask
         self._native = load_native().StepFill(
-            [m._m for m in plain],
+            handles,
             list(rows),
-            [(m._m, first, list(draft)) for m, first, draft in chains],
+            links,
             bitmask,
             bitmask.data_ptr(),
             num_rows,

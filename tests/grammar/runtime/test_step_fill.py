@@ -65,8 +65,8 @@ def _rejected(m: GrammarMatcher) -> int:
 @pytest.mark.parametrize("threaded", [False, True])
 def test_rows_equal_single_fills(threaded: bool) -> None:
     matchers = _matchers(6)
-    rows = [5, 0, 3, 7, 1, 6]  # rows 2 and 4 have no matcher: they stay all ones
-    bitmask = allocate_token_bitmask(8, _vocab())
+    rows = [5, 0, 3, 7, 1, 6]  # rows 2 and 4 have no matcher: set to allow everything
+    bitmask = torch.zeros((8, allocate_token_bitmask(1, _vocab()).shape[1]), dtype=torch.int32)
     fill = StepFill(matchers, rows, [], bitmask, cached_threads=1)
     thread = FillThread()
     try:

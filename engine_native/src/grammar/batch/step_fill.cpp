@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "grammar/batch/batch.h"
@@ -63,6 +64,13 @@ StepFill::StepFill(std::vector<Matcher*> plain, std::vector<int64_t> rows, std::
   if (std::adjacent_find(targets.begin(), targets.end()) != targets.end()) {
     throw BitmaskError("two matchers of one step's fill write the same bitmask row");
   }
+  for (int64_t r = 0, k = 0; r < num_rows; ++r) {
+    if (k < static_cast<int64_t>(targets.size()) && targets[static_cast<size_t>(k)] == r) {
+      ++k;
+    } else {
+      others_.push_back(r);
+    }
+  }
   uses_.reserve(matchers.size());
   for (const Matcher* m : matchers) uses_.push_back(std::make_unique<Matcher::Use>(*m, "fill (engine step)"));
   results_.assign(targets.size(), 0);
@@ -92,6 +100,7 @@ void StepFill::fill_chain(const Chain& c, uint8_t* results) {
 
 void StepFill::run() {
   const auto start = std::chrono::steady_clock::now();
+  for (int64_t r : others_) std::memset(data_ + r * words_, 0xFF, static_cast<size_t>(words_) * 4);
   try {
     if (!plain_.empty()) {
       size_t team = threads_;

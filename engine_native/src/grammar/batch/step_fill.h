@@ -20,7 +20,8 @@ namespace grammar {
 
 // The rows of distinct matchers, filled as one batch (grammar/batch/pool.cpp), then draft chains:
 // a matcher's mask after each prefix of its draft (rows first_row .. first_row + draft size), the
-// matcher walked along the draft and rolled back. Construction checks the arguments and holds
+// matcher walked along the draft and rolled back. The bitmask's other rows are set to allow
+// every token, so a reused bitmask needs no reset. Construction checks the arguments and holds
 // every matcher busy (Matcher::Use) until the fill has run, so a concurrent call on one of them
 // raises BusyError instead of racing the fill.
 class StepFill {
@@ -61,7 +62,8 @@ class StepFill {
   std::vector<Matcher*> plain_;
   std::vector<int64_t> rows_;
   std::vector<Chain> chains_;
-  std::vector<int64_t> order_;  // every row in results() order
+  std::vector<int64_t> order_;   // every filled row in results() order
+  std::vector<int64_t> others_;  // the bitmask's other rows: set to allow everything
   int32_t* data_;
   int64_t num_rows_ = 0;
   int64_t words_;
