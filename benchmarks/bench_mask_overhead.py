@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens of the constrained requests")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument(
-        "--profile-passes", type=int, default=2, help="extra passes that time the step's phases"
+        "--profile-passes", type=int, default=1, help="extra passes that time the step's phases"
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
