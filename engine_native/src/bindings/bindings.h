@@ -6,6 +6,8 @@ namespace agent_infer {
 void register_bitmask(nanobind::module_& m);
 // Grammar compiler and matcher.
 void register_grammar(nanobind::module_& m);
+// The engine step's mask fill on a native thread (grammar/batch/step_fill.h).
+void register_step_fill(nanobind::module_& m);
 // Opt-in mask-time profile of the grammar core (grammar/mask/profile.cpp).
 void register_grammar_profile(nanobind::module_& m);
 // IR grammar -> flat rule programs, the fast path of compiler.serialize_grammar (bindings/serialize_bindings.cpp).
