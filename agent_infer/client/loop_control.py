@@ -1,5 +1,5 @@
-"""Loop control for SDK calls: the DRY penalty settings a call decodes with, and how a retry after
-a ``length`` failure changes them.
+"""Loop control for SDK calls: the DRY penalty, value-loop and closing-pressure settings a call
+decodes with, and how a retry after a ``length`` failure changes them.
 
 ``loop_control=None`` (every method's default) means: on for constrained local calls (a schema,
 regex, choice, grammar or tools) with :data:`STRUCTURED_LOOP_CONTROL`, off for free text, and
@@ -19,8 +19,10 @@ from agent_infer.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class LoopControl:
-    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``), and
-    the value-loop closing bias (``value_close_*``, ``engine/value_loops.py``)."""
+    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``), the
+    value-loop closing bias (``value_close_multiplier``/``_allowed``, ``engine/value_loops.py``) and
+    the closing pressure near ``max_tokens`` (``value_close_budget``/``_bias``,
+    ``engine/budget_close.py``), which applies only to calls no retry follows (see :func:`resolve`)."""
 
     dry_multiplier: float = 0.8
     dry_base: float = 1.75

@@ -17,6 +17,7 @@ from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.value_loops import ClosingTokens
 from agent_infer.errors import InvalidRequestError
+from agent_infer.structured import StructuredOutput
 
 CHARS = TokenTexts(lambda ids: "".join(map(chr, ids)))
 EOS = 0
@@ -142,3 +143,19 @@ def test_drafts_keep_the_tokens(make_llm: Callable[..., Any]) -> None:
     assert drafted.metrics.num_draft_tokens > 0
     assert drafted.outputs[0].token_ids == x.token_ids and x.finish_reason == "stop"
     assert _out(plain, prompt, schema, 60).finish_reason == "length"  # the pressure did act
+
+
+def test_a_likely_token_that_cannot_be_closed_in_time_is_masked(engine: Any) -> None:
+    # After "a" the grammar allows the end or thirty "b"s; logit_bias makes the "b"s the model's
+    # choice. With 9 tokens left the "b"s cannot be finished, so the mask takes them out and the
+    # output ends after "a". The ramp's own bias (0.01) is far too small to do that.
+    tok = engine.tokenizer
+    only_b = {t: 50.0 for t in range(tok.vocab_size) if tok.decode([t]) and set(tok.decode([t])) == {"b"}}
+    grammar = StructuredOutput.regex("a(b{30})?")
+    ask = {"temperature": 0.0, "max_tokens": 10, "structured": grammar, "logit_bias": only_b}
+    prompt = [[{"role": "user", "content": "Write a."}]]
+    plain = engine.chat(prompt, SamplingParams(**ask))[0].outputs[0]
+    assert plain.finish_reason == "length" and plain.text.startswith("ab")
+    masked = SamplingParams(**ask, value_close_budget=1.0, value_close_budget_bias=0.01)
+    out = engine.chat(prompt, masked)[0].outputs[0]
+    assert (out.finish_reason, out.text) == ("stop", "a")
