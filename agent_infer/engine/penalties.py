@@ -1,5 +1,7 @@
 """Logit adjustments before sampling: repetition, presence and frequency penalties, ``logit_bias``
-and ``min_tokens`` (vLLM / OpenAI semantics), and the DRY penalty (llama.cpp's, see ``dry.py``).
+and ``min_tokens`` (vLLM / OpenAI semantics), the DRY penalty (llama.cpp's, see ``dry.py``), the
+value-loop closing bias (``value_loops.py``) and the closing pressure near ``max_tokens``
+(``budget_close.py``).
 
 A penalty changes which token is chosen, never what the model reports: the sampler applies it to
 a copy of the rows that need it, and log-probabilities still come from the unpenalized logits.
@@ -8,7 +10,8 @@ hold. ``min_tokens`` bans EOS and the stop ids only while some other token remai
 grammar allows nothing but the end, the end is kept (a row of ``-inf`` has nothing to sample).
 
 Cost is proportional to the sequence length, not the vocabulary: each penalized row gathers and
-scatters only the ids that occur in its prompt/output.
+scatters only the ids that occur in its prompt/output (the closing pressure adds one top-k over the
+row in the last stretch of a budget).
 """
 
 from __future__ import annotations
