@@ -287,11 +287,17 @@ class LlamaCpp:
 def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]:
     """Lines comparing KV-cache bytes per token: our engine's cache, transformers' cache of the same
     model (DeepSeek V3: MLA expanded to per-head K and V), and a same-width 4:1 GQA model."""
+    from agent_infer.engine.config import EngineConfig
+    from agent_infer.errors import ConfigError
     from agent_infer.model.kv_cache import KVCache
 
     c = loaded.config
     size = torch.finfo(dtype).bits // 8
-    ours = KVCache.values_per_token(c) * size
+    try:
+        ours: float = KVCache.values_per_token(c) * size
+    except ConfigError:  # DeepSeek V4's compressed layout: its per-token share at the engine's block size
+        block = EngineConfig().block_size
+        ours = KVCache.bytes_per_block(c, block, dtype) / block
     heads = c.num_heads
     gqa = 2 * c.num_layers * max(1, heads // 4) * (c.hidden_size // heads) * size
     rows = [("agent-infer cache", ours)]
@@ -302,7 +308,7 @@ def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]
     rows.append((f"GQA, {c.num_layers} layers, {max(1, heads // 4)} of {heads} heads as K/V", gqa))
     rows.append((f"MHA, {c.num_layers} layers, {heads} K/V heads", gqa * heads // max(1, heads // 4)))
     lines = [f"{'KV cache (' + str(dtype).removeprefix('torch.') + ')':<52}{'bytes/token':>12}{'vs ours':>9}"]
-    lines += [f"{name:<52}{value:>12,}{value / ours:>8.2f}x" for name, value in rows]
+    lines += [f"{name:<52}{value:>12,.1f}{value / ours:>8.2f}x" for name, value in rows]
     return lines
 
 
