@@ -360,20 +360,42 @@ def close_windows(*args: object) -> None:
 # --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
 
 
+def _hc_inputs(streams: torch.Tensor, *params: tuple[torch.Tensor, tuple[int, ...]]) -> torch.Tensor:
+    """``streams`` as contiguous float32 CPU ``[R, hc, H]``; each parameter checked against its shape."""
+    streams = streams.contiguous()
+    if streams.dtype is not torch.float32 or streams.device.type != "cpu" or streams.dim() != 3:
+        raise ValueError(
+            f"hyper_connections: streams {tuple(streams.shape)} {streams.dtype} are not float32 CPU [R, hc, H]"
+        )
+    for t, shape in params:
+        if (
+            t.dtype is not torch.float32
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+            or tuple(t.shape) != shape
+        ):
+            raise ValueError(
+                f"hyper_connections: a weight {tuple(t.shape)} {t.dtype} is not float32 CPU {shape}"
+            )
+    return streams
+
+
 def hc_collapse(
     streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
     norm_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of float32 CPU ``streams`` ``[R, hc, H]``,
     row by row (engine_native/src/kernels/hyper.cpp)."""
-    streams = streams.contiguous()
     rows, hc, hidden = (int(d) for d in streams.shape)
+    width = (2 + hc) * hc
+    streams = _hc_inputs(streams, (fn, (width, hc * hidden)), (base, (width,)), (scale, (3,)))
     post = torch.empty(rows, hc)
     comb = torch.empty(rows, hc, hc)
     collapsed = torch.empty(rows, hidden)
     _native().hc_collapse(
-        streams, fn, base, scale, iters, hc_eps, norm_eps, post, comb, collapsed, get_num_threads()
-    )
+        streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), iters, hc_eps,
+        norm_eps, post.data_ptr(), comb.data_ptr(), collapsed.data_ptr(), get_num_threads(),
+    )  # fmt: skip
     return post, comb, collapsed
 
 
@@ -381,11 +403,14 @@ def hc_expand(
     post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
 ) -> torch.Tensor:
     """New float32 streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), row by row."""
-    streams = streams.contiguous()
-    out = torch.empty(streams.shape)
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    post, comb, output = post.contiguous(), comb.contiguous(), output.contiguous()
+    streams = _hc_inputs(streams, (post, (rows, hc)), (comb, (rows, hc, hc)), (output, (rows, hidden)))
+    out = torch.empty(rows, hc, hidden)
     _native().hc_expand(
-        post.contiguous(), comb.contiguous(), output.contiguous(), streams, out, get_num_threads()
-    )
+        post.data_ptr(), comb.data_ptr(), output.data_ptr(), streams.data_ptr(), out.data_ptr(), rows, hc, hidden,
+        get_num_threads(),
+    )  # fmt: skip
     return out
 
 
@@ -398,9 +423,13 @@ def hc_head(
     norm_eps: float,
 ) -> torch.Tensor:
     """The final collapse ``[R, H]`` of float32 CPU ``streams`` ``[R, hc, H]``, row by row."""
-    streams = streams.contiguous()
-    out = torch.empty(int(streams.shape[0]), int(streams.shape[2]))
-    _native().hc_head(streams, fn, base, scale, hc_eps, norm_eps, out, get_num_threads())
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    streams = _hc_inputs(streams, (fn, (hc, hc * hidden)), (base, (hc,)), (scale, (1,)))
+    out = torch.empty(rows, hidden)
+    _native().hc_head(
+        streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), hc_eps, norm_eps,
+        out.data_ptr(), get_num_threads(),
+    )  # fmt: skip
     return out
 
 
