@@ -340,14 +340,21 @@ class V4DecodeBatch(Protocol):
 
 
 def v4_decode_batch(
-    rows: torch.Tensor, window_slots: torch.Tensor, window_len: torch.Tensor, entry_slots: torch.Tensor,
-    entry_count: torch.Tensor, num_rows: int, num_window_slots: int, num_entry_slots: int,
+    rows: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor, block_size: int, window: int, rate: int,
+    num_rows: int, num_slots: int,
 ) -> V4DecodeBatch:  # fmt: skip
-    """Check a step's decode rows once (rows, window and entry slots inside their pools) for every layer."""
+    """A step's decode rows at one compression rate (0: sliding window only), their window and entry
+    slots derived from the block tables and checked once for every layer of the rate."""
     batch: V4DecodeBatch = _native().V4DecodeBatch(
-        rows.contiguous(), window_slots.contiguous(), window_len.contiguous(), entry_slots.contiguous(),
-        entry_count.contiguous(), num_rows, num_window_slots, num_entry_slots,
-    )  # fmt: skip
+        rows.contiguous(),
+        tables.contiguous(),
+        ctx.contiguous(),
+        block_size,
+        window,
+        rate,
+        num_rows,
+        num_slots,
+    )
     return batch
 
 
