@@ -148,11 +148,11 @@ class MultiHeadLatentAttention(nn.Module):
         if self.q_up is not None and self.q_norm is not None:
             q = self.q_up.project_normed(q, self.q_norm)
         q = q.reshape(rows, heads, m.qk_head_dim)
-        tables = native_tables(rotation) if self.native else None
-        if tables is not None:
+        rope_tables = native_tables(rotation) if self.native else None
+        if rope_tables is not None:
             # One native call: the latent norm, both rotations and the cache rows.
             q_rope = native_ops.mla_prep(
-                q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, tables,
+                q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
                 self.rope_order is not None, cache, plan.slot_mapping, n,
             )  # fmt: skip
             q_nope = q[:, :, :nope]
