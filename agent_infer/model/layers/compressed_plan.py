@@ -244,23 +244,11 @@ def _native_decode(
     tables = torch.tensor([t + [0] * (width - len(t)) for t in used], dtype=torch.int64)
     ctx = torch.tensor(ctx_list, dtype=torch.int64)
     rows = torch.tensor([meta.query_start_loc[i] for i in single], dtype=torch.int64)
-    wlen = ctx.clamp(max=window)
-    # Window keys, oldest first: positions ctx - wlen + j for j < wlen (position 0 past them).
-    j = torch.arange(window)[None, :]
-    wpos = (ctx[:, None] - wlen[:, None] + j).where(j < wlen[:, None], 0)
-    wslots = tables.gather(1, wpos // bs) * bs + wpos % bs
-    empty = torch.zeros(len(single), 0, dtype=torch.int64)
-    zero = torch.zeros(len(single), dtype=torch.int64)
-    batches = {0: native_ops.v4_decode_batch(rows, wslots, wlen, empty, zero, num_tokens, num_slots, 0)}
-    for rate in rates:
-        stride = min(rate, bs)
-        count = ctx // rate
-        w = torch.arange(int(count.max()))[None, :]
-        epos = (w * rate + rate - 1).where(w < count[:, None], 0)
-        eslots = (tables.gather(1, epos // bs) * bs + epos % bs) // stride
-        batches[rate] = native_ops.v4_decode_batch(
-            rows, wslots, wlen, eslots, count, num_tokens, num_slots, num_slots // bs * (bs // stride)
-        )
+    # The kernel derives each row's window and entry slots from its table (checked there).
+    batches = {
+        rate: native_ops.v4_decode_batch(rows, tables, ctx, bs, window, rate, num_tokens, num_slots)
+        for rate in (0, *rates)
+    }
     return NativeDecode(rows, ctx, tables, bs, batches)
 
 

@@ -30,7 +30,7 @@ from agent_infer.model.layers import native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
-from agent_infer.model.layers.rotary import Rotation
+from agent_infer.model.layers.rotary import Rotation, native_tables
 
 #: Longest chunk of new tokens that attends in the absorbed form.
 ABSORB_MAX_QUERY = 16
@@ -148,13 +148,22 @@ class MultiHeadLatentAttention(nn.Module):
         if self.q_up is not None and self.q_norm is not None:
             q = self.q_up.project_normed(q, self.q_norm)
         q = q.reshape(rows, heads, m.qk_head_dim)
-        latent = self.kv_norm.forward(h[:, self.q_width : self.q_width + lora])
-        ropes = torch.cat((q[:, :, nope:], h[:, None, self.q_width + lora :]), dim=1)
-        if self.rope_order is not None:
-            ropes = ropes.index_select(2, self.rope_order)
-        ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
-        q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
-        cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
+        rope_tables = native_tables(rotation) if self.native else None
+        if rope_tables is not None:
+            # One native call: the latent norm, both rotations and the cache rows.
+            q_rope = native_ops.mla_prep(
+                q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
+                self.rope_order is not None, cache, plan.slot_mapping, n,
+            )  # fmt: skip
+            q_nope = q[:, :, :nope]
+        else:
+            latent = self.kv_norm.forward(h[:, self.q_width : self.q_width + lora])
+            ropes = torch.cat((q[:, :, nope:], h[:, None, self.q_width + lora :]), dim=1)
+            if self.rope_order is not None:
+                ropes = ropes.index_select(2, self.rope_order)
+            ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
+            q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
+            cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
         if plan.decode is not None:
             return self.o.project(
                 self._with_native_decode(

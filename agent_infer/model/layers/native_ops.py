@@ -322,6 +322,47 @@ def rope_pairs(
     )  # fmt: skip
 
 
+def mla_prep(
+    q: torch.Tensor, h: torch.Tensor, lat_off: int, lora: int, norm_weight: torch.Tensor, eps: float,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor], interleave: bool, cache: torch.Tensor,
+    slots: torch.Tensor, n: int,
+) -> torch.Tensor:  # fmt: skip
+    """DeepSeek V3's MLA inputs of one layer: writes the ``n`` new tokens' latent cache rows (normed
+    latent, rotated key, from ``h``'s columns ``lat_off ..``) at ``slots`` and returns the rotated
+    rope parts of ``q`` (``[R, heads, nope + rope]``) as ``[R, heads, rope]``
+    (engine_native/src/kernels/rope.cpp)."""
+    rows, heads, width = (int(d) for d in q.shape)
+    rope = int(cache.shape[1]) - lora
+    cos, sin, pos = tables
+    ok = (
+        all(t.dtype is torch.float32 and t.device.type == "cpu" for t in (q, h, norm_weight, cache, cos, sin))
+        and q.stride(2) == 1
+        and h.stride(1) == 1
+        and cache.is_contiguous()
+        and cos.is_contiguous()
+        and sin.is_contiguous()
+        and norm_weight.is_contiguous()
+        and int(norm_weight.numel()) == lora
+        and pos.dtype is torch.int64
+        and pos.is_contiguous()
+        and int(pos.shape[0]) >= rows
+        and slots.dtype is torch.int64
+        and int(slots.shape[0]) == n
+    )
+    if not ok:
+        raise ValueError(
+            "mla_prep: inputs must be float32 CPU rows with contiguous tables, int64 positions and slots"
+        )
+    slots = slots.contiguous()
+    qr = torch.empty(rows, heads, rope)
+    _native().mla_prep(
+        q.data_ptr(), int(q.stride(0)), int(q.stride(1)), heads, width - rope, rope, h.data_ptr(), int(h.stride(0)),
+        lat_off, lora, norm_weight.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), int(cos.shape[0]),
+        pos.data_ptr(), interleave, cache.data_ptr(), int(cache.shape[0]), slots.data_ptr(), rows, n, qr.data_ptr(),
+    )  # fmt: skip
+    return qr
+
+
 # --- DeepSeek V4 decode attention ---------------------------------------------------------------
 
 
@@ -340,14 +381,21 @@ class V4DecodeBatch(Protocol):
 
 
 def v4_decode_batch(
-    rows: torch.Tensor, window_slots: torch.Tensor, window_len: torch.Tensor, entry_slots: torch.Tensor,
-    entry_count: torch.Tensor, num_rows: int, num_window_slots: int, num_entry_slots: int,
+    rows: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor, block_size: int, window: int, rate: int,
+    num_rows: int, num_slots: int,
 ) -> V4DecodeBatch:  # fmt: skip
-    """Check a step's decode rows once (rows, window and entry slots inside their pools) for every layer."""
+    """A step's decode rows at one compression rate (0: sliding window only), their window and entry
+    slots derived from the block tables and checked once for every layer of the rate."""
     batch: V4DecodeBatch = _native().V4DecodeBatch(
-        rows.contiguous(), window_slots.contiguous(), window_len.contiguous(), entry_slots.contiguous(),
-        entry_count.contiguous(), num_rows, num_window_slots, num_entry_slots,
-    )  # fmt: skip
+        rows.contiguous(),
+        tables.contiguous(),
+        ctx.contiguous(),
+        block_size,
+        window,
+        rate,
+        num_rows,
+        num_slots,
+    )
     return batch
 
 
@@ -360,20 +408,42 @@ def close_windows(*args: object) -> None:
 # --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
 
 
+def _hc_inputs(streams: torch.Tensor, *params: tuple[torch.Tensor, tuple[int, ...]]) -> torch.Tensor:
+    """``streams`` as contiguous float32 CPU ``[R, hc, H]``; each parameter checked against its shape."""
+    streams = streams.contiguous()
+    if streams.dtype is not torch.float32 or streams.device.type != "cpu" or streams.dim() != 3:
+        raise ValueError(
+            f"hyper_connections: streams {tuple(streams.shape)} {streams.dtype} are not float32 CPU [R, hc, H]"
+        )
+    for t, shape in params:
+        if (
+            t.dtype is not torch.float32
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+            or tuple(t.shape) != shape
+        ):
+            raise ValueError(
+                f"hyper_connections: a weight {tuple(t.shape)} {t.dtype} is not float32 CPU {shape}"
+            )
+    return streams
+
+
 def hc_collapse(
     streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, hc_eps: float,
     norm_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of float32 CPU ``streams`` ``[R, hc, H]``,
     row by row (engine_native/src/kernels/hyper.cpp)."""
-    streams = streams.contiguous()
     rows, hc, hidden = (int(d) for d in streams.shape)
+    width = (2 + hc) * hc
+    streams = _hc_inputs(streams, (fn, (width, hc * hidden)), (base, (width,)), (scale, (3,)))
     post = torch.empty(rows, hc)
     comb = torch.empty(rows, hc, hc)
     collapsed = torch.empty(rows, hidden)
     _native().hc_collapse(
-        streams, fn, base, scale, iters, hc_eps, norm_eps, post, comb, collapsed, get_num_threads()
-    )
+        streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), iters, hc_eps,
+        norm_eps, post.data_ptr(), comb.data_ptr(), collapsed.data_ptr(), get_num_threads(),
+    )  # fmt: skip
     return post, comb, collapsed
 
 
@@ -381,11 +451,14 @@ def hc_expand(
     post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
 ) -> torch.Tensor:
     """New float32 streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), row by row."""
-    streams = streams.contiguous()
-    out = torch.empty(streams.shape)
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    post, comb, output = post.contiguous(), comb.contiguous(), output.contiguous()
+    streams = _hc_inputs(streams, (post, (rows, hc)), (comb, (rows, hc, hc)), (output, (rows, hidden)))
+    out = torch.empty(rows, hc, hidden)
     _native().hc_expand(
-        post.contiguous(), comb.contiguous(), output.contiguous(), streams, out, get_num_threads()
-    )
+        post.data_ptr(), comb.data_ptr(), output.data_ptr(), streams.data_ptr(), out.data_ptr(), rows, hc, hidden,
+        get_num_threads(),
+    )  # fmt: skip
     return out
 
 
@@ -398,9 +471,13 @@ def hc_head(
     norm_eps: float,
 ) -> torch.Tensor:
     """The final collapse ``[R, H]`` of float32 CPU ``streams`` ``[R, hc, H]``, row by row."""
-    streams = streams.contiguous()
-    out = torch.empty(int(streams.shape[0]), int(streams.shape[2]))
-    _native().hc_head(streams, fn, base, scale, hc_eps, norm_eps, out, get_num_threads())
+    rows, hc, hidden = (int(d) for d in streams.shape)
+    streams = _hc_inputs(streams, (fn, (hc, hc * hidden)), (base, (hc,)), (scale, (1,)))
+    out = torch.empty(rows, hidden)
+    _native().hc_head(
+        streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), hc_eps, norm_eps,
+        out.data_ptr(), get_num_threads(),
+    )  # fmt: skip
     return out
 
 

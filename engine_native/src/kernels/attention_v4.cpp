@@ -67,40 +67,50 @@ const T* array_of(const nb::ndarray<nb::ro>& a, const char* name, size_t ndim) {
 
 class V4DecodeBatch {
  public:
-  // rows [b]: query rows (< num_rows); window_slots [b, W] with window_len [b] valid leading
-  // columns (oldest first, < num_window_slots); entry_slots [b, E] with entry_count [b] valid
-  // leading columns (< num_entry_slots; E may be 0).
-  V4DecodeBatch(nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> window_slots, nb::ndarray<nb::ro> window_len,
-                nb::ndarray<nb::ro> entry_slots, nb::ndarray<nb::ro> entry_count, int64_t num_rows,
-                int64_t num_window_slots, int64_t num_entry_slots) {
+  // rows [b]: query rows (< num_rows); tables [b, max_blocks]: block tables (block_size tokens each,
+  // < num_slots / block_size where used); ctx [b]: context lengths after the step (the row's
+  // position + 1). Each row's window is its last min(ctx, window) positions (oldest first) and,
+  // with a rate, its entries those of windows 0 .. ctx / rate - 1, entry w at the slot of position
+  // w * rate + rate - 1 divided by min(rate, block_size).
+  V4DecodeBatch(nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> tables, nb::ndarray<nb::ro> ctx, int64_t block_size,
+                int64_t window, int64_t rate, int64_t num_rows, int64_t num_slots) {
     const int64_t* r = array_of<int64_t>(rows, "rows", 1);
-    const int64_t* ws = array_of<int64_t>(window_slots, "window_slots", 2);
-    const int64_t* wl = array_of<int64_t>(window_len, "window_len", 1);
-    const int64_t* es = array_of<int64_t>(entry_slots, "entry_slots", 2);
-    const int64_t* ec = array_of<int64_t>(entry_count, "entry_count", 1);
+    const int64_t* t = array_of<int64_t>(tables, "tables", 2);
+    const int64_t* c = array_of<int64_t>(ctx, "ctx", 1);
     b_ = rows.shape(0);
-    w_ = window_slots.shape(1);
-    e_ = entry_slots.shape(1);
-    if (window_slots.shape(0) != b_ || window_len.shape(0) != b_ || entry_slots.shape(0) != b_ ||
-        entry_count.shape(0) != b_)
-      throw std::invalid_argument("V4DecodeBatch: rows, window and entry arrays disagree on the batch");
+    if (tables.shape(0) != b_ || ctx.shape(0) != b_)
+      throw std::invalid_argument("V4DecodeBatch: rows, tables and ctx disagree on the batch");
+    if (block_size < 1 || window < 1 || rate < 0 || num_slots < 0)
+      throw std::invalid_argument("V4DecodeBatch: block_size and window must be positive, rate >= 0");
+    const size_t bs = static_cast<size_t>(block_size), mb = tables.shape(1);
+    const size_t stride = rate ? std::min<size_t>(static_cast<size_t>(rate), bs) : 1;
+    w_ = static_cast<size_t>(window);
+    size_t most = 0;
+    for (size_t i = 0; i < b_; ++i) most = std::max<size_t>(most, c[i] > 0 ? static_cast<size_t>(c[i]) : 0);
+    e_ = rate ? most / static_cast<size_t>(rate) : 0;
     rows_.assign(r, r + b_);
-    wslots_.assign(ws, ws + b_ * w_);
-    wlen_.assign(wl, wl + b_);
-    eslots_.assign(es, es + b_ * e_);
-    ecount_.assign(ec, ec + b_);
+    wslots_.assign(b_ * w_, 0);
+    wlen_.assign(b_, 0);
+    eslots_.assign(b_ * e_, 0);
+    ecount_.assign(b_, 0);
     for (size_t i = 0; i < b_; ++i) {
       const std::string who = "V4DecodeBatch: row " + std::to_string(i);
       if (rows_[i] < 0 || rows_[i] >= num_rows) throw std::out_of_range(who + " is outside the batch's rows");
-      if (wlen_[i] < 1 || static_cast<size_t>(wlen_[i]) > w_) throw std::invalid_argument(who + ": bad window length");
-      if (ecount_[i] < 0 || static_cast<size_t>(ecount_[i]) > e_)
-        throw std::invalid_argument(who + ": bad entry count");
-      for (int64_t j = 0; j < wlen_[i]; ++j)
-        if (wslots_[i * w_ + j] < 0 || wslots_[i * w_ + j] >= num_window_slots)
-          throw std::out_of_range(who + " reads a window slot outside the pool");
-      for (int64_t j = 0; j < ecount_[i]; ++j)
-        if (eslots_[i * e_ + j] < 0 || eslots_[i * e_ + j] >= num_entry_slots)
-          throw std::out_of_range(who + " reads an entry slot outside the pool");
+      if (c[i] < 1 || static_cast<size_t>(c[i]) > mb * bs) throw std::invalid_argument(who + ": bad context length");
+      const size_t n = static_cast<size_t>(c[i]);
+      for (size_t k = 0; k < (n + bs - 1) / bs; ++k)
+        if (t[i * mb + k] < 0 || static_cast<size_t>(t[i * mb + k] + 1) * bs > static_cast<size_t>(num_slots))
+          throw std::out_of_range(who + ": its block table references a block outside the cache");
+      auto slot = [&](size_t pos) { return t[i * mb + pos / bs] * static_cast<int64_t>(bs) + static_cast<int64_t>(pos % bs); };
+      const size_t len = std::min(n, w_);
+      wlen_[i] = static_cast<int64_t>(len);
+      for (size_t j = 0; j < len; ++j) wslots_[i * w_ + j] = slot(n - len + j);
+      if (rate) {
+        const size_t count = n / static_cast<size_t>(rate);
+        ecount_[i] = static_cast<int64_t>(count);
+        for (size_t w = 0; w < count; ++w)
+          eslots_[i * e_ + w] = slot(w * static_cast<size_t>(rate) + static_cast<size_t>(rate) - 1) / static_cast<int64_t>(stride);
+      }
     }
   }
 
@@ -211,10 +221,12 @@ void register_attention_v4(nb::module_& m) {
   nb::class_<V4DecodeBatch>(m, "V4DecodeBatch",
                             "A step's single-token rows for DeepSeek V4 decode attention at one compression rate, "
                             "checked once and run per layer on raw addresses (kernels/attention_v4.cpp).")
-      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>,
-                    nb::ndarray<nb::ro>, int64_t, int64_t, int64_t>(),
-           nb::arg("rows"), nb::arg("window_slots"), nb::arg("window_len"), nb::arg("entry_slots"),
-           nb::arg("entry_count"), nb::arg("num_rows"), nb::arg("num_window_slots"), nb::arg("num_entry_slots"))
+      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t, int64_t,
+                    int64_t>(),
+           nb::arg("rows"), nb::arg("tables"), nb::arg("ctx"), nb::arg("block_size"), nb::arg("window"),
+           nb::arg("rate"), nb::arg("num_rows"), nb::arg("num_slots"),
+           "rows [b], block tables [b, max_blocks] and context lengths [b] (int64): each row's window and, with "
+           "a rate, its compressed entries' slots, checked against the cache of num_slots token slots.")
       .def("run", &V4DecodeBatch::run, nb::arg("q"), nb::arg("window"), nb::arg("entries"), nb::arg("sinks"),
            nb::arg("out"), nb::arg("heads"), nb::arg("dim"), nb::arg("entry_width"), nb::arg("scale"), nb::arg("iq"),
            nb::arg("iq_row"), nb::arg("iw"), nb::arg("iw_row"), nb::arg("index_heads"), nb::arg("index_dim"),

@@ -9,7 +9,6 @@
 // chunks. Built with -ffp-contract=off so the vectorized body and the scalar tail of a loop round
 // alike.
 #include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
 
 #include <algorithm>
 #include <cmath>
@@ -122,45 +121,23 @@ void collapse_row(const Collapse& a, size_t r, std::vector<float>& buf) {
   weighted_sum(pre, s, hc, a.h, a.collapsed + r * a.h);
 }
 
-template <typename T>
-T* data_of(const nb::ndarray<>& a, const char* name, std::initializer_list<size_t> shape) {
-  if (a.dtype() != nb::dtype<T>()) throw nb::type_error((std::string("hyper_connections: ") + name + " has the wrong dtype").c_str());
-  if (a.device_type() != nb::device::cpu::value || a.ndim() != shape.size())
-    throw std::invalid_argument(std::string("hyper_connections: ") + name + " must be a " +
-                                std::to_string(shape.size()) + "-D CPU array");
-  size_t i = 0;
-  int64_t expect = 1;
-  for (size_t d : shape)
-    if (a.shape(i++) != d)
-      throw std::invalid_argument(std::string("hyper_connections: ") + name + " has the wrong shape");
-  for (size_t d = shape.size(); d-- > 0;) {
-    if (a.shape(d) > 1 && a.stride(d) != expect)
-      throw std::invalid_argument(std::string("hyper_connections: ") + name + " must be C-contiguous");
-    expect *= static_cast<int64_t>(a.shape(d));
-  }
-  return static_cast<T*>(a.data());
+const float* f32(uintptr_t a) {
+  if (a == 0) throw std::invalid_argument("hyper_connections: null address");
+  return reinterpret_cast<const float*>(a);
 }
 
-// post [R, hc], comb [R, hc, hc] and collapsed [R, H] of streams [R, hc, H].
-void hc_collapse(nb::ndarray<> streams, nb::ndarray<> fn, nb::ndarray<> base, nb::ndarray<> scale, int64_t iters,
-                 double hc_eps, double norm_eps, nb::ndarray<> post, nb::ndarray<> comb, nb::ndarray<> collapsed,
+float* f32_out(uintptr_t a) { return const_cast<float*>(f32(a)); }
+
+// post [R, hc], comb [R, hc, hc] and collapsed [R, H] of streams [R, hc, H]; fn [(2 + hc) hc, hc H],
+// base [(2 + hc) hc], scale [3]. Raw float32 C-contiguous addresses the caller checked.
+void hc_collapse(uintptr_t streams, size_t rows, size_t hc, size_t h, uintptr_t fn, uintptr_t base, uintptr_t scale,
+                 int64_t iters, double hc_eps, double norm_eps, uintptr_t post, uintptr_t comb, uintptr_t collapsed,
                  int num_threads) {
-  if (streams.ndim() != 3) throw std::invalid_argument("hyper_connections: streams must be [rows, hc, hidden]");
-  const size_t rows = streams.shape(0), hc = streams.shape(1), h = streams.shape(2);
-  if (iters < 1) throw std::invalid_argument("hyper_connections: sinkhorn iterations must be >= 1");
-  Collapse a{};
-  a.streams = data_of<float>(streams, "streams", {rows, hc, h});
-  a.fn = data_of<float>(fn, "fn", {(2 + hc) * hc, hc * h});
-  a.base = data_of<float>(base, "base", {(2 + hc) * hc});
-  a.scale = data_of<float>(scale, "scale", {3});
-  a.post = data_of<float>(post, "post", {rows, hc});
-  a.comb = data_of<float>(comb, "comb", {rows, hc, hc});
-  a.collapsed = data_of<float>(collapsed, "collapsed", {rows, h});
-  a.hc = hc;
-  a.h = h;
-  a.iters = static_cast<size_t>(iters);
-  a.hc_eps = static_cast<float>(hc_eps);
-  a.norm_eps = static_cast<float>(norm_eps);
+  if (rows == 0) return;
+  if (iters < 1 || hc < 1 || h < 1)
+    throw std::invalid_argument("hyper_connections: need hc, hidden and sinkhorn iterations >= 1");
+  Collapse a{f32(streams), f32(fn), f32(base), f32(scale), f32_out(post), f32_out(comb), f32_out(collapsed),
+             hc, h, static_cast<size_t>(iters), static_cast<float>(hc_eps), static_cast<float>(norm_eps)};
   nb::gil_scoped_release release;
   parallel_for(num_threads, rows, [&](size_t r) {
     thread_local std::vector<float> buf;
@@ -169,15 +146,14 @@ void hc_collapse(nb::ndarray<> streams, nb::ndarray<> fn, nb::ndarray<> base, nb
 }
 
 // out [R, hc, H]: out[r, j] = post[r, j] * output[r] + sum_i comb[r, i, j] * streams[r, i].
-void hc_expand(nb::ndarray<> post, nb::ndarray<> comb, nb::ndarray<> output, nb::ndarray<> streams,
-               nb::ndarray<> out, int num_threads) {
-  if (streams.ndim() != 3) throw std::invalid_argument("hyper_connections: streams must be [rows, hc, hidden]");
-  const size_t rows = streams.shape(0), hc = streams.shape(1), h = streams.shape(2);
-  const float* s = data_of<float>(streams, "streams", {rows, hc, h});
-  const float* p = data_of<float>(post, "post", {rows, hc});
-  const float* c = data_of<float>(comb, "comb", {rows, hc, hc});
-  const float* o = data_of<float>(output, "output", {rows, h});
-  float* y = data_of<float>(out, "out", {rows, hc, h});
+void hc_expand(uintptr_t post, uintptr_t comb, uintptr_t output, uintptr_t streams, uintptr_t out, size_t rows,
+               size_t hc, size_t h, int num_threads) {
+  if (rows == 0) return;
+  const float* s = f32(streams);
+  const float* p = f32(post);
+  const float* c = f32(comb);
+  const float* o = f32(output);
+  float* y = f32_out(out);
   nb::gil_scoped_release release;
   parallel_for(num_threads, rows, [&](size_t r) {
     thread_local std::vector<float> w;
@@ -193,16 +169,16 @@ void hc_expand(nb::ndarray<> post, nb::ndarray<> comb, nb::ndarray<> output, nb:
   });
 }
 
-// out [R, H]: the final collapse, sum_i (sigmoid(mixes_i * scale + base_i) + hc_eps) * streams[r, i].
-void hc_head(nb::ndarray<> streams, nb::ndarray<> fn, nb::ndarray<> base, nb::ndarray<> scale, double hc_eps,
-             double norm_eps, nb::ndarray<> out, int num_threads) {
-  if (streams.ndim() != 3) throw std::invalid_argument("hyper_connections: streams must be [rows, hc, hidden]");
-  const size_t rows = streams.shape(0), hc = streams.shape(1), h = streams.shape(2);
-  const float* s = data_of<float>(streams, "streams", {rows, hc, h});
-  const float* f = data_of<float>(fn, "fn", {hc, hc * h});
-  const float* b = data_of<float>(base, "base", {hc});
-  const float* sc = data_of<float>(scale, "scale", {1});
-  float* y = data_of<float>(out, "out", {rows, h});
+// out [R, H]: the final collapse, sum_i (sigmoid(mixes_i * scale + base_i) + hc_eps) * streams[r, i];
+// fn [hc, hc H], base [hc], scale [1].
+void hc_head(uintptr_t streams, size_t rows, size_t hc, size_t h, uintptr_t fn, uintptr_t base, uintptr_t scale,
+             double hc_eps, double norm_eps, uintptr_t out, int num_threads) {
+  if (rows == 0) return;
+  const float* s = f32(streams);
+  const float* f = f32(fn);
+  const float* b = f32(base);
+  const float* sc = f32(scale);
+  float* y = f32_out(out);
   const float eps = static_cast<float>(hc_eps), neps = static_cast<float>(norm_eps);
   nb::gil_scoped_release release;
   parallel_for(num_threads, rows, [&](size_t r) {
@@ -219,17 +195,20 @@ void hc_head(nb::ndarray<> streams, nb::ndarray<> fn, nb::ndarray<> base, nb::nd
 }  // namespace
 
 void register_hyper(nb::module_& m) {
-  m.def("hc_collapse", &hc_collapse, nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"),
-        nb::arg("iters"), nb::arg("hc_eps"), nb::arg("norm_eps"), nb::arg("post"), nb::arg("comb"),
-        nb::arg("collapsed"), nb::arg("num_threads") = 1,
-        "Hyper-connection collapse per row of float32 streams [R, hc, H]: writes post [R, hc], the "
-        "Sinkhorn-normalized comb [R, hc, hc] and the collapsed input [R, H]; the GIL is released.");
+  m.def("hc_collapse", &hc_collapse, nb::arg("streams"), nb::arg("rows"), nb::arg("hc"), nb::arg("hidden"),
+        nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::arg("iters"), nb::arg("hc_eps"), nb::arg("norm_eps"),
+        nb::arg("post"), nb::arg("comb"), nb::arg("collapsed"), nb::arg("num_threads") = 1,
+        "Hyper-connection collapse per row of float32 streams [R, hc, H] (raw C-contiguous addresses the caller "
+        "checked): writes post [R, hc], the Sinkhorn-normalized comb [R, hc, hc] and the collapsed input [R, H]; "
+        "the GIL is released.");
   m.def("hc_expand", &hc_expand, nb::arg("post"), nb::arg("comb"), nb::arg("output"), nb::arg("streams"),
-        nb::arg("out"), nb::arg("num_threads") = 1,
-        "New streams out [R, hc, H] = post * output + comb^T @ streams per row (float32); the GIL is released.");
-  m.def("hc_head", &hc_head, nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::arg("hc_eps"),
-        nb::arg("norm_eps"), nb::arg("out"), nb::arg("num_threads") = 1,
-        "The final collapse of float32 streams [R, hc, H] into out [R, H]; the GIL is released.");
+        nb::arg("out"), nb::arg("rows"), nb::arg("hc"), nb::arg("hidden"), nb::arg("num_threads") = 1,
+        "New streams out [R, hc, H] = post * output + comb^T @ streams per row (raw float32 addresses); the GIL "
+        "is released.");
+  m.def("hc_head", &hc_head, nb::arg("streams"), nb::arg("rows"), nb::arg("hc"), nb::arg("hidden"), nb::arg("fn"),
+        nb::arg("base"), nb::arg("scale"), nb::arg("hc_eps"), nb::arg("norm_eps"), nb::arg("out"),
+        nb::arg("num_threads") = 1,
+        "The final collapse of float32 streams [R, hc, H] into out [R, H] (raw addresses); the GIL is released.");
 }
 
 }  // namespace agent_infer
