@@ -27,6 +27,7 @@ from agent_infer.engine.speculator import Speculator
 from agent_infer.errors import ConfigError, EngineError, InvalidRequestError, PromptTooLongError
 from agent_infer.model.families.deepseek_mtp import MTPStack
 from agent_infer.model.families.deepseek_v3 import DeepseekV3ForCausalLM
+from agent_infer.model.families.deepseek_v4 import DeepseekV4ForCausalLM
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -145,11 +146,17 @@ class LLMEngine:
         drafts). ``"mtp"`` on a model without MTP layers raises :class:`ConfigError`."""
         source = self.config.speculative_source_resolved
         model = loaded.model
-        stack = model.mtp_stack() if isinstance(model, DeepseekV3ForCausalLM) else None
+        stack: MTPStack | None = None
+        skipped: str | None = None
+        if isinstance(model, DeepseekV3ForCausalLM):
+            stack = model.mtp_stack()
+        elif isinstance(model, DeepseekV4ForCausalLM):
+            stack, skipped = model.mtp_stack(), model.mtp_skipped
         has_mtp = stack is not None
         if source == "mtp" and not has_mtp:
+            why = f"its MTP layers were not loaded: {skipped}" if skipped else "none"
             raise ConfigError(
-                f"speculative_source='mtp' needs a checkpoint with MTP layers; {loaded.path} has none "
+                f"speculative_source='mtp' needs a checkpoint with MTP layers; {loaded.path} has {why} "
                 "(use 'auto' or 'ngram')"
             )
         use = has_mtp and source in ("auto", "mtp") and self.config.speculative_tokens > 0

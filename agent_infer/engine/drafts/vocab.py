@@ -10,9 +10,10 @@ model picks it.
 
 The ``K`` ids are the highest ranked by, first found:
 
-1. ``draft_vocab.safetensors`` beside the checkpoint: an int32 tensor ``token_ids``, most frequent
-   first (``scripts/draft_vocab.py`` counts them in text; an optional ``counts`` tensor is read
-   past). Ids outside the vocabulary or repeated raise :class:`ModelLoadError`.
+1. ``draft_vocab.json`` beside the checkpoint: ``{"token_ids": [...]}``, most frequent first
+   (``scripts/draft_vocab.py`` counts them in text; other keys are read past). A file that is not
+   such a JSON object, or lists an id outside the vocabulary or twice, raises
+   :class:`ModelLoadError` naming it.
 2. The tokenizer's BPE merge order: tokens no merge produces (bytes) first, then by the rank of
    the merge that produces them (BPE learns merges in order of pair frequency in its corpus).
 3. Token id order (tokenizers without BPE merges).
@@ -37,9 +38,9 @@ import torch
 from agent_infer.errors import ModelLoadError
 from agent_infer.model.tokenizer import Tokenizer
 
-#: The ranking file beside a checkpoint, and its tensor of ids (most frequent first).
-RANKING_FILE = "draft_vocab.safetensors"
-RANKING_TENSOR = "token_ids"
+#: The ranking file beside a checkpoint, and its list of ids (most frequent first).
+RANKING_FILE = "draft_vocab.json"
+RANKING_KEY = "token_ids"
 
 
 @dataclass(frozen=True)
@@ -112,28 +113,24 @@ def build_draft_vocab(
 
 def read_ranking(path: Path, vocab_size: int) -> list[int]:
     """The ids of a ranking file, most frequent first; :class:`ModelLoadError` naming the file when
-    it lacks ``token_ids``, has ids outside ``[0, vocab_size)`` or repeats one."""
-    from safetensors import SafetensorError, safe_open
-
+    it is not a JSON object with a list of ids in ``[0, vocab_size)``, or repeats one."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            if RANKING_TENSOR not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                raise ModelLoadError(f"{path}: no {RANKING_TENSOR!r} tensor (the draft vocabulary's ranking)")
-            ids = f.get_tensor(RANKING_TENSOR)
-    except SafetensorError as exc:
-        raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from exc
-    if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not a readable JSON file ({exc})") from exc
+    ids = data.get(RANKING_KEY) if isinstance(data, dict) else None
+    if not isinstance(ids, list):
         raise ModelLoadError(
-            f"{path}: {RANKING_TENSOR!r} must be a 1-D integer tensor, got {ids.dtype} {tuple(ids.shape)}"
+            f"{path}: expected an object with a list {RANKING_KEY!r} (the draft vocabulary's ranking)"
         )
-    values = ids.to(torch.int64)
-    if values.numel() and (int(values.min()) < 0 or int(values.max()) >= vocab_size):
-        raise ModelLoadError(
-            f"{path}: {RANKING_TENSOR!r} has ids outside the model's vocabulary [0, {vocab_size})"
-        )
-    if int(torch.unique(values).numel()) != int(values.numel()):
-        raise ModelLoadError(f"{path}: {RANKING_TENSOR!r} lists an id more than once")
-    return [int(t) for t in values.tolist()]
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise ModelLoadError(
+                f"{path}: {RANKING_KEY}[{i}] = {token!r} is not a token id of the model's vocabulary [0, {vocab_size})"
+            )
+    if len(set(ids)) != len(ids):
+        raise ModelLoadError(f"{path}: {RANKING_KEY!r} lists an id more than once")
+    return list(ids)
 
 
 def merge_order(tokenizer: Tokenizer | None, vocab_size: int) -> list[int] | None:
