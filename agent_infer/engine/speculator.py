@@ -101,7 +101,7 @@ class Speculator:
         self.splits = SplitMemory()
         self.policy = DraftPolicy(row_multiple)
         if mtp is not None:
-            mtp.on_pass = lambda requests, seconds: self.policy.cost.observe_pass(MTP, requests, seconds)
+            mtp.on_pass = lambda rows, seconds: self.policy.cost.observe_pass(MTP, rows, seconds)
 
     def configure(self, seq: Sequence) -> None:
         """Set which guessed sources ``seq`` may use and its longest draft, from its params and the

@@ -134,3 +134,16 @@ def test_a_forced_draft_is_cut_where_its_rows_stop_paying() -> None:
     # Among 16, a chunk of 4 rows costs the batch about 3 tokens: 4 certain tokens pay for it, 2 do not.
     assert policy.forced(forced, batch=16, rows=16).tokens == [1, 2, 3, 4]
     assert policy.forced(Draft("forced", [1, 2], [1.0, 1.0]), batch=16, rows=16).tokens == []
+
+
+def test_in_a_big_batch_sure_lookup_tokens_fill_a_chunk_together() -> None:
+    """Among 16, no request's tokens pay a 4-row chunk alone, but the batch's surest tokens do."""
+    policy = _policy(mtp_rate=0.5, ngram_rate=0.5, pass_seconds=0.001)
+    batch = [_candidate(mtp=False, lookup=2) for _ in range(16)]
+    for c in batch[:4]:
+        for _ in range(30):
+            policy.record(c.seq, NGRAM, 2, 2)
+    policy.survival[NGRAM] = Survival([1.0] * 5, [0.5] * 5)  # the other requests: even odds
+    policy.plan(batch, batch=16, rows=16, mtp=False)
+    assert [len(c.ngram) if c.ngram else 0 for c in batch] == [2] * 4 + [0] * 12
+    assert all(c.ngram_gain > 1.5 for c in batch[:4])

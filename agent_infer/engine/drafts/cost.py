@@ -16,9 +16,10 @@ machine's load and the batch as they change:
 * ``a`` and ``b``: a weighted least-squares line through recent decode steps' (padded rows,
   seconds), as the executor reports them. Until the rows have varied enough to fit a slope, ``b`` is
   the share of one row in a step whose fixed cost is :data:`PRIOR_FIXED_ROWS` rows.
-* a source's passes (MTP: one batched forward of its module): a line through (requests in the pass,
-  seconds), so a pass's fixed cost is shared by the requests it drafts for: with ``k`` requests
-  drafting, each pays ``c0 / k + c1`` per pass, and a draft of ``n`` tokens takes ``n`` passes.
+* a source's passes (MTP: one batched forward of a module, its head and the proposals): a line
+  ``c0 + c1·rows`` through recent passes' (rows, seconds). A draft of ``n`` tokens takes about
+  ``n`` passes of one row per request drafting, so with ``k`` requests drafting together each pays
+  ``c0 / k + c1`` per token: a pass's fixed cost is shared by the requests it drafts for.
 
 Before any step has been measured, a draft's gain is its ``E(n)`` (drafts are tried, which measures them).
 """
@@ -86,10 +87,10 @@ class CostModel:
         if rows > 0 and seconds >= 0.0:
             self.step.add(float(self.pad(rows)), seconds)
 
-    def observe_pass(self, source: str, requests: int, seconds: float) -> None:
-        """Account for one pass of ``source`` that drafted for ``requests`` requests."""
-        if requests > 0 and seconds >= 0.0:
-            self.passes.setdefault(source, _Line()).add(float(requests), seconds)
+    def observe_pass(self, source: str, rows: int, seconds: float) -> None:
+        """Account for one pass of ``source`` over ``rows`` rows that took ``seconds``."""
+        if rows > 0 and seconds >= 0.0:
+            self.passes.setdefault(source, _Line()).add(float(rows), seconds)
 
     def step_line(self) -> tuple[float, float] | None:
         """``(a, b)`` of the step line; None before any step was measured."""
@@ -101,8 +102,8 @@ class CostModel:
         return None if line is None else line[0] + line[1] * self.pad(rows)
 
     def pass_cost(self, source: str, requests: int) -> float:
-        """Seconds one pass of ``source`` costs each of ``requests`` requests drafting together (0
-        before it was measured, or for a source without passes)."""
+        """Seconds one pass of ``source`` (a row per request) costs each of ``requests`` requests
+        drafting together (0 before it was measured, or for a source without passes)."""
         line = self.passes.get(source)
         fit = line.fit(0.0) if line is not None else None
         if fit is None:

@@ -100,9 +100,8 @@ class _Rows:
 class MTPDrafter:
     """Owns the MTP modules' caches and drafts from them for a batch of requests.
 
-    ``on_pass`` (when set) hears of every pass: how many requests it ran for and its seconds
-    (module forward, head and proposals), which is what drafting costs
-    (:mod:`agent_infer.engine.drafts.cost`).
+    ``on_pass`` (when set) hears of every pass: how many rows it ran and its seconds (module
+    forward, head and proposals), which is what drafting costs (:mod:`agent_infer.engine.drafts.cost`).
     """
 
     def __init__(
@@ -169,9 +168,9 @@ class MTPDrafter:
         """Whether a queue of ``seq`` outgrew :data:`MAX_QUEUED` rows."""
         return any(q.queued > MAX_QUEUED for q in seq.spec.mtp)
 
-    def _timed(self, requests: int, started: float) -> None:
+    def _timed(self, rows: int, started: float) -> None:
         if self.on_pass is not None:
-            self.on_pass(requests, time.perf_counter() - started)
+            self.on_pass(rows, time.perf_counter() - started)
 
     @torch.inference_mode()
     def catch_up(self, seqs: list[Sequence], modules: int | None = None) -> None:
@@ -206,7 +205,7 @@ class MTPDrafter:
             for _, seq, first, n in fed:
                 self._committed(seq, depth, first, out[row : row + n])
                 row += n
-            self._timed(len(fed), started)
+            self._timed(sum(counts), started)
 
     def _committed(self, seq: Sequence, depth: int, first: int, rows: torch.Tensor) -> None:
         """Module ``depth`` ran committed positions ``first ..``: keep its newest output and queue
@@ -273,20 +272,22 @@ class MTPDrafter:
         started = time.perf_counter()
         while active:
             module = min(step, self.depth - 1)
+            rows = 0
             if step:
                 started = time.perf_counter()
-                active = self._advance(active, step, module)
+                active, rows = self._advance(active, step, module)
                 if not active:
                     return
             norm, weight = self.heads[module]
             logits = F.linear(norm.forward(torch.cat([c.last for c in active])), weight).float()
             count = len(active)
             active = [c for j, c in enumerate(active) if self._next_token(c, logits[j])]
-            self._timed(count, started)
+            self._timed(max(rows, count), started)
             step += 1
 
-    def _advance(self, chains: list[_Chain], step: int, module: int) -> list[_Chain]:
-        """Run ``module`` for chain step ``step`` (see the module docstring); the chains that could."""
+    def _advance(self, chains: list[_Chain], step: int, module: int) -> tuple[list[_Chain], int]:
+        """Run ``module`` for chain step ``step`` (see the module docstring); the chains that could,
+        and the rows the pass ran."""
         ready: list[_Chain] = []
         plans: list[_Rows] = []
         for c in chains:
@@ -297,7 +298,7 @@ class MTPDrafter:
             if rows.positions:
                 plans.append(rows)
         if not plans:
-            return ready
+            return ready, 0
         ids: list[int] = []
         gathers: list[torch.Tensor] = []
         slots: list[torch.Tensor] = []
@@ -332,7 +333,7 @@ class MTPDrafter:
                 previous = c.outputs[module]
                 c.outputs[module] = drafted if previous is None else torch.cat((previous, drafted))
             c.last, c.position = made[-1:], r.positions[-1]
-        return ready
+        return ready, row
 
     def _next_row(self, c: _Chain) -> _Rows:
         """The last module one position past its newest output, fed that output."""

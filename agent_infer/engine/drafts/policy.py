@@ -7,7 +7,11 @@ keep (:mod:`.survival`: the request's own record, leaning on the engine's) less 
 and the source's passes cost the batch. MTP runs only for the requests it is chosen for, capped at
 its best length, since its passes are the cost; prompt lookup's draft is cut to its best length.
 Rows are counted as the batch's drafts are chosen, so a draft that starts a new chunk of padded rows
-is charged for it. A grammar-forced draft (certain) is cut only where its rows stop paying.
+is charged for it. Prompt-lookup tokens of the requests not running MTP are then chosen across the
+batch, surest first (:meth:`DraftPolicy._fill`): the free rows of the last padded chunk take any,
+and a further chunk is fed only when the chances of its tokens add up to more than it costs, so in
+a big batch a few sure tokens still ride along. A grammar-forced draft (certain) is cut only where
+its rows stop paying.
 
 After MTP ran, its draft (maybe shorter: the confidence schedule stops it early) is fed unless the
 prompt-lookup draft gains more; the passes are spent by then and count no more.
@@ -64,9 +68,11 @@ class DraftPolicy:
         seq.spec.survival.setdefault(source, Survival()).record(drafted, accepted)
 
     def plan(self, candidates: list[Candidate], batch: int, rows: int, mtp: bool) -> None:
-        """Cut each candidate's prompt-lookup draft to its best length and decide which candidates
-        run MTP and how far (``mtp_limit``); ``rows`` is the step's rows before these drafts."""
+        """Decide which candidates run MTP and how far (``mtp_limit``), then choose the others'
+        prompt-lookup tokens batch-wide (:meth:`_fill`); ``rows`` is the step's rows before these
+        drafts."""
         drafting = sum(1 for c in candidates if mtp and c.seq.spec.use_mtp)
+        running = rows
         for _ in range(_ROUNDS):
             running = rows
             chosen = 0
@@ -80,15 +86,52 @@ class DraftPolicy:
                         self.curve(c.seq, MTP, c.limit), batch, running, per_token=per_pass
                     )
                     if n and gain > best:
-                        c.mtp_limit, best = n, gain
+                        c.mtp_limit = n
                         chosen += 1
                         running += n
-                        continue
-                if c.ngram is not None and c.ngram_gain > 0.0:
-                    running += len(c.ngram)
             if chosen == drafting or not chosen:
-                return
+                break
             drafting = chosen
+        self._fill([c for c in candidates if not c.mtp_limit], batch, running)
+
+    def _fill(self, candidates: list[Candidate], batch: int, rows: int) -> None:
+        """Choose the candidates' prompt-lookup tokens across the batch, surest first: the free rows
+        of the step's last padded chunk take any, a further chunk only tokens whose chances of being
+        kept add up to more than the chunk costs the batch (in tokens)."""
+        ranked: list[tuple[float, int, int]] = []
+        for j, c in enumerate(candidates):
+            c.ngram, c.ngram_gain = None, 0.0
+            if c.lookup is not None:
+                ranked += [(s, j, i) for i, s in enumerate(self.curve(c.seq, NGRAM, len(c.lookup)))]
+        if not ranked:
+            return
+        # Chances fall along a draft, so taking the surest tokens first keeps every draft a prefix.
+        ranked.sort(key=lambda t: (-t[0], t[1], t[2]))
+        taken = [0] * len(candidates)
+        gains = [0.0] * len(candidates)
+        line = self.cost.step_line()
+        step = self.cost.step_time(rows)
+        if line is None or step is None or step <= 0.0:
+            chosen = ranked
+        else:
+            width = self.cost.row_multiple
+            chunk = batch * line[1] * width / step
+            free = self.cost.pad(rows) - rows
+            chosen = ranked[:free]
+            k = free
+            while k < len(ranked):
+                group = ranked[k : k + width]
+                if sum(s for s, _, _ in group) <= chunk:
+                    break
+                chosen += group
+                k += width
+        for s, j, _ in chosen:
+            taken[j] += 1
+            gains[j] += s
+        for j, c in enumerate(candidates):
+            if taken[j] and c.lookup is not None:
+                n = taken[j]
+                c.ngram, c.ngram_gain = Draft(NGRAM, c.lookup.tokens[:n], c.lookup.probs[:n]), gains[j]
 
     def _ngram(self, c: Candidate, batch: int, rows: int) -> float:
         """Cut ``c``'s prompt-lookup draft to its best length; its gain (0 without one)."""
