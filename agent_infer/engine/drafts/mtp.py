@@ -388,23 +388,10 @@ class MTPDrafter:
             chain.fed.append(seq.token_ids[index])
             return True
         matcher = seq.matcher
-        if matcher is not None:
-            if matcher.is_terminated():
-                return False
-            from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
-
-            mask = allocate_token_bitmask(1, self.vocab.vocab_size)
-            matcher.fill_next_token_bitmask(mask, 0)
-            allowed = self.vocab.allowed(mask.to(logits.device))
-            if not bool(allowed.any()):
-                return False
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        best = int(probs.argmax())
-        prob = float(probs[best])
-        if not chain.schedule.extends(prob):
+        proposal = self.vocab.propose(logits, matcher)
+        if proposal is None or not chain.schedule.extends(proposal[1]):
             return False
-        token = self.vocab.token(best)
+        token, prob = proposal
         if matcher is not None:
             if not matcher.accept_token(token):
                 return False

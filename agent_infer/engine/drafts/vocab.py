@@ -32,11 +32,16 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from agent_infer.errors import ModelLoadError
+from agent_infer.grammar.runtime.bitmask import allocate_token_bitmask
 from agent_infer.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from agent_infer.grammar.runtime.matcher import GrammarMatcher
 
 #: The ranking file beside a checkpoint, and its list of ids (most frequent first).
 RANKING_FILE = "draft_vocab.json"
@@ -71,6 +76,23 @@ class DraftVocab:
     def token(self, index: int) -> int:
         """The token id of position ``index`` of a draft head's output."""
         return index if self.ids is None else int(self.ids[index])
+
+    def propose(self, logits: torch.Tensor, matcher: GrammarMatcher | None) -> tuple[int, float] | None:
+        """The arg-max token of a draft head's logits ``[size]`` among the ids ``matcher``'s grammar
+        allows next, and its probability under the softmax over them; None when the grammar has
+        ended or allows none of the draft's ids."""
+        if matcher is not None:
+            if matcher.is_terminated():
+                return None
+            mask = allocate_token_bitmask(1, self.vocab_size)
+            matcher.fill_next_token_bitmask(mask, 0)
+            allowed = self.allowed(mask.to(logits.device))
+            if not bool(allowed.any()):
+                return None
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(logits.float(), dim=-1)
+        best = int(probs.argmax())
+        return self.token(best), float(probs[best])
 
     def allowed(self, bitmask: torch.Tensor) -> torch.Tensor:
         """Bool ``[size]``: which of the draft's ids a one-row int32 grammar bitmask allows."""
