@@ -7,9 +7,10 @@ at position ``i`` reads the previous module's output there (the main model's fin
 ``k = 0``) and the token ``t_{i+k+1}``, and is trained on ``t_{i+k+2}`` with the shared head, each
 module's cross-entropy weighted alike. That is how the engine drafts from a checkpoint with several
 modules (``agent_infer/engine/drafts/mtp.py``): module ``k`` proposes the ``k + 1``-th draft token.
-The main model and the shared embedding and head stay exactly as they are (their stored tensors are
-copied byte for byte); module 0 starts from the checkpoint's MTP module and the others from copies
-of it. The corpus, its order and every batch come from ``--seed`` as in ``train_tiny_deepseek.py``,
+The main model, the shared embedding and head, and the checkpoint's own MTP module (module 0,
+trained with the main model, whose predictions it matches best) stay exactly as they are: their
+stored tensors are copied byte for byte. The new modules start from copies of module 0; with
+``--train-first`` module 0 is trained along (and re-exported). The corpus, its order and every batch come from ``--seed`` as in ``train_tiny_deepseek.py``,
 so a run with the same seed, data and ``--threads`` writes the same bytes.
 
 The folder gets the new modules (module 0 keeps DeepSeek's copy of the head, FP8 as before; the
@@ -73,7 +74,7 @@ def from_tensors(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> An
 class Stack:
     """The frozen main model and the ``depth`` MTP modules being trained."""
 
-    def __init__(self, folder: Path, depth: int, seed: int) -> None:
+    def __init__(self, folder: Path, depth: int, seed: int, train_first: bool) -> None:
         torch.manual_seed(seed)
         self.config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         self.arch = "v4" if self.config["model_type"] == "deepseek_v4" else "v3"
@@ -102,7 +103,13 @@ class Stack:
                 if not name.startswith("block."):
                     param.copy_(tensors[key])
         self.modules = torch.nn.ModuleList([first, *(copy.deepcopy(first) for _ in range(depth - 1))])
-        self.routers = [m for m in self.modules.modules() if hasattr(m, "e_score_correction_bias")]
+        #: The first module that trains (and is written back); the ones before keep their stored tensors.
+        self.trained = 0 if train_first else 1
+        for module in self.modules[: self.trained]:
+            for p in module.parameters():
+                p.requires_grad_(False)
+        trained = self.modules[self.trained :]
+        self.routers = [m for m in trained.modules() if hasattr(m, "e_score_correction_bias")]
         self.loads = [torch.zeros(self.config["n_routed_experts"]) for _ in self.routers]
         for router, load in zip(self.routers, self.loads):
             router.register_forward_hook(_counter(load))
@@ -127,7 +134,8 @@ class Stack:
         for k, module in enumerate(self.modules):
             tokens = window[:, k + 1 : k + 1 + length]
             kwargs = self._block_kwargs(hidden, embed(tokens), positions, tokens)
-            hidden = module.trunk(hidden, embed(tokens), **kwargs)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and k >= self.trained):
+                hidden = module.trunk(hidden, embed(tokens), **kwargs)
             logits = F.linear(module.head_norm(hidden).reshape(-1, int(hidden.shape[-1])), rows).float()
             pad = logits.new_full((int(logits.shape[0]), 1), unused)
             target = remap[window[:, k + 2 : k + 2 + length].reshape(-1)]
@@ -172,13 +180,14 @@ class Stack:
         """Every module's tensors by checkpoint name (blocks named like decoder layers)."""
         host = self.main.__class__(self.main.config.__class__(**widened(self.config, self.depth)))
         out: dict[str, torch.Tensor] = {}
-        for k, module in enumerate(self.modules):
+        for k in range(self.trained, self.depth):
+            module = self.modules[k]
             host.model.layers[self.n + k].load_state_dict(module.block.state_dict())
             prefix = f"model.layers.{self.n + k}."
             out.update({prefix + name: t.float().clone() for name, t in module.checkpoint_tensors().items()})
         wide, _ = export.saved_tensors(host)
         for name, t in wide.items():
-            if any(name.startswith(f"model.layers.{self.n + k}.") for k in range(self.depth)):
+            if any(name.startswith(f"model.layers.{self.n + k}.") for k in range(self.trained, self.depth)):
                 out[name] = t
         return out
 
@@ -207,7 +216,7 @@ def write(folder: Path, out: Path, stack: Stack, report: dict[str, Any]) -> None
     old = f"model.layers.{stack.n}."
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118
-            if not name.startswith(old) or name.startswith(stack.stored_head):
+            if not name.startswith(old) or name.startswith(stack.stored_head) or stack.trained > 0:
                 stored[name] = f.get_tensor(name)
     new, _ = export.to_checkpoint(stack.module_tensors())
     stored.update(new)
@@ -220,6 +229,9 @@ def write(folder: Path, out: Path, stack: Stack, report: dict[str, Any]) -> None
     training = json.loads((folder / "training.json").read_text(encoding="utf-8"))
     training["mtp_training"] = report
     (out / "training.json").write_text(json.dumps(training, indent=1) + "\n")
+    for extra in folder.iterdir():  # e.g. the draft vocabulary's ranking, a tokenizer.json
+        if extra.is_file() and not (out / extra.name).exists():
+            (out / extra.name).write_bytes(extra.read_bytes())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "maskbench-dev")
+    parser.add_argument("--train-first", action="store_true", help="train the checkpoint's module too")
     args = parser.parse_args(argv)
-    if args.depth < 1:
-        parser.error("--depth must be at least 1")
+    if args.depth < 1 or (args.depth == 1 and not args.train_first):
+        parser.error("--depth must be at least 1, and at least 2 unless --train-first")
     out = args.out or args.model
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -247,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     span = args.seq_len + args.depth + 1
     held_out = stream[-8 * span :].view(8, span)
     train = stream[: -8 * span]
-    stack = Stack(args.model, args.depth, args.seed)
+    stack = Stack(args.model, args.depth, args.seed, args.train_first)
     vocab = stack.config["vocab_size"]
     active = torch.unique(stream)
     remap = torch.full((vocab,), -1, dtype=torch.int64)
@@ -293,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     seconds = time.perf_counter() - t0
     report = {
-        "depth": args.depth, "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+        "depth": args.depth, "train_first": args.train_first, "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
         "lr": args.lr, "threads": args.threads, "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(time.process_time() - cpu0, 1), "curve": curve, "torch": torch.__version__,
     }  # fmt: skip
