@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         help="draft sources (default: AGENT_INFER_SPECULATIVE_SOURCE, else auto = MTP layers if any, plus prompt lookup)",
     )
     serve.add_argument(
+        "--speculative-draft-vocab",
+        type=int,
+        default=None,
+        help="token ids the MTP draft head chooses from, most frequent first (0 = all; default: "
+        "AGENT_INFER_SPECULATIVE_DRAFT_VOCAB, else 16384)",
+    )
+    serve.add_argument(
         "--disaggregation-mode",
         choices=["null", "prefill", "decode"],
         default="null",
@@ -200,6 +207,7 @@ def _serve(args: argparse.Namespace) -> int:
         speculative_tokens=args.speculative_tokens,
         host_kv_cache_bytes=args.host_kv_cache_bytes,
         speculative_source=args.speculative_source,
+        speculative_draft_vocab=args.speculative_draft_vocab,
     )
     parallel = ParallelConfig(
         data_parallel_size=args.data_parallel_size,

@@ -82,6 +82,17 @@ def speculative_source() -> str:
     return value
 
 
+#: Default size of the MTP draft vocabulary (``AGENT_INFER_SPECULATIVE_DRAFT_VOCAB``).
+DEFAULT_DRAFT_VOCAB = 16384
+
+
+def speculative_draft_vocab() -> int:
+    """``AGENT_INFER_SPECULATIVE_DRAFT_VOCAB``: how many of the most frequent token ids the MTP draft
+    head chooses from when ``EngineConfig.speculative_draft_vocab`` is None (default 16384; 0 = the
+    whole vocabulary)."""
+    return _int("AGENT_INFER_SPECULATIVE_DRAFT_VOCAB", DEFAULT_DRAFT_VOCAB)
+
+
 def num_threads() -> int:
     """``AGENT_INFER_NUM_THREADS``: torch intra-op threads; 0 keeps torch's default."""
     return _int("AGENT_INFER_NUM_THREADS", 0)

@@ -212,30 +212,41 @@ class ReferenceMTP(torch.nn.Module):
 
 
 def save_tiny_mtp(
-    directory: Path, seed: int = 0, with_embed_and_head: bool = True, predictable: bool = False, **config: Any
+    directory: Path,
+    seed: int = 0,
+    with_embed_and_head: bool = True,
+    predictable: bool = False,
+    depth: int = 1,
+    **config: Any,
 ) -> tuple[Any, ReferenceMTP]:
-    """:func:`save_tiny` plus one MTP module (random, unit scale; see :func:`make_predictable`)
-    stored under DeepSeek's names; returns the transformers model and the reference module."""
+    """:func:`save_tiny` plus ``depth`` MTP modules (random, unit scale; see :func:`make_predictable`)
+    stored under DeepSeek's names; returns the transformers model and the first reference module
+    (the others are :func:`reference_modules` of the folder)."""
     from safetensors.torch import load_file, save_file
 
-    hf = save_tiny(directory, seed, num_nextn_predict_layers=1, **config)
+    hf = save_tiny(directory, seed, num_nextn_predict_layers=depth, **config)
     cfg = hf.config
     cfg._attn_implementation = "eager"
-    ref = ReferenceMTP(cfg, cfg.num_hidden_layers).eval()
-    randomize(ref, seed + 1)
+    refs = []
+    for d in range(depth):
+        ref = ReferenceMTP(cfg, cfg.num_hidden_layers + d).eval()
+        randomize(ref, seed + 1 + d)
+        if predictable:
+            make_predictable(hf, ref, main=d == 0)
+        if not with_embed_and_head:
+            with torch.no_grad():
+                ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+                ref.shared_head.head.weight.copy_(hf.lm_head.weight)
+        refs.append(ref)
     if predictable:
-        make_predictable(hf, ref)
         hf.save_pretrained(directory)
-    if not with_embed_and_head:
-        with torch.no_grad():
-            ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
-            ref.shared_head.head.weight.copy_(hf.lm_head.weight)
     files = sorted(directory.glob("*.safetensors"))
     assert len(files) == 1
     tensors = load_file(str(files[0]))
-    tensors.update(ref.checkpoint_tensors(with_embed_and_head))
+    for ref in refs:
+        tensors.update(ref.checkpoint_tensors(with_embed_and_head))
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
-    return hf, ref
+    return hf, refs[0]
 
 
 BYTE_VOCAB = 258  # 256 byte tokens, <|endoftext|> (256) and <|pad|> (257)
@@ -279,20 +290,22 @@ def _byte_of(ch: str) -> int:
     return dict(zip(map(chr, cs), bs))[ch]
 
 
-def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05) -> None:
+def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05, main: bool = True) -> None:
     """Shrink every block's output (attention ``o_proj``, MLP and expert ``down_proj``) by ``scale``
     in the main model and the MTP module, and make the module's ``eh_proj`` pass the token's
     embedding through: the main model then mostly predicts the next token from the current one,
     and the module (same embedding and head) predicts the token after the one it is given. Its
     drafts are then accepted often but not always (the shrunk blocks still shift some arg-maxes),
-    which exercises both sides of verification without training."""
+    which exercises both sides of verification without training. ``main`` False leaves ``hf`` as
+    it is (a further module of a model already made predictable)."""
     h = hf.config.hidden_size
     with torch.no_grad():
-        for module in (hf, ref):
+        for module in (hf, ref) if main else (ref,):
             for name, p in module.named_parameters():
                 if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
                     p.mul_(scale)
-        hf.lm_head.weight.mul_(4.0)  # sharper distributions: the confidence schedule has drafts to keep
+        if main:
+            hf.lm_head.weight.mul_(4.0)  # sharper distributions: the confidence schedule has drafts to keep
         ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
         ref.shared_head.head.weight.copy_(hf.lm_head.weight)
         ref.eh_proj.weight.zero_()

@@ -24,7 +24,12 @@ from torch import nn
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import MLASpec, ModelConfig, MoESpec, rope_scaling_type
 from agent_infer.model.families.base import CausalLM, Targets
-from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer, split_mtp_name
+from agent_infer.model.families.deepseek_mtp import (
+    OPTIONAL_SUFFIXES,
+    DeepseekMTPStack,
+    MTPLayer,
+    split_mtp_name,
+)
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import (
     AttentionMetadata,
@@ -293,6 +298,13 @@ class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
     def mtp_layers(self) -> list[MTPLayer]:
         """The loaded MTP modules, typed (empty when the checkpoint has none)."""
         return cast(list[MTPLayer], list(self.mtp))
+
+    def mtp_stack(self) -> DeepseekMTPStack | None:
+        """The loaded MTP modules as the engine's drafter runs them (None without any)."""
+        layers = self.mtp_layers()
+        if not layers or self.config.mla is None:
+            return None
+        return DeepseekMTPStack(layers, self.embed, self.lm_head, self.rotary, self.config.mla.latent_dim)
 
     def weight_targets(self) -> Targets:
         """HF names of every tensor of the decoder and its MTP modules (their own embedding and head

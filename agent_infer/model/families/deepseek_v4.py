@@ -14,8 +14,9 @@ Sliding-only layers rotate with ``rope_theta``; compressed layers and their comp
 Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's module names
 under ``model.``: ``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``,
 ``head.weight``); DeepSeek's released files are renamed to them as they are read
-(families/deepseek_v4_checkpoint.py). The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
-read past: the MTP module loads them.
+(families/deepseek_v4_checkpoint.py). The MTP layers a checkpoint carries
+(``model.layers.{num_hidden_layers + i}.*``) are the engine's draft source (``deepseek_v4_mtp.py``);
+tensors under ``mtp.*`` (the released files' MTP naming) are read past.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from torch import nn
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
+from agent_infer.model.families.deepseek_v4_mtp import (
+    DeepseekV4MTPStack,
+    V4MTPLayer,
+    load_mtp,
+    mtp_config,
+    split_mtp_tensors,
+)
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.compressed_attention import CompressedAttention, CompressorPools
@@ -217,6 +225,20 @@ class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
         self.lm_head: Linear = kernels.linears.head(
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
         )
+        wide = mtp_config(c)
+        self.mtp = nn.ModuleList(
+            V4MTPLayer(
+                c,
+                d,
+                DeepseekV4DecoderLayer(wide, c.num_layers + d, main, kernels, device, dtype),
+                kernels,
+                device,
+                dtype,
+            )
+            for d in range(c.num_nextn_layers)
+        )
+        #: Why the checkpoint's MTP modules were not loaded (None: loaded, or none declared).
+        self.mtp_skipped: str | None = None
 
     def decoder_forward(
         self,
@@ -269,12 +291,42 @@ class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
         """A head tied to the embedding may still be stored."""
         return frozenset({"head.weight"}) if self.config.tie_word_embeddings else frozenset()
 
+    def mtp_layers(self) -> list[V4MTPLayer]:
+        """The loaded MTP modules, typed (empty when the checkpoint has none)."""
+        return cast(list[V4MTPLayer], list(self.mtp))
+
+    def mtp_stack(self) -> DeepseekV4MTPStack | None:
+        """The loaded MTP modules as the engine's drafter runs them (None without any)."""
+        layers = self.mtp_layers()
+        if not layers:
+            return None
+        return DeepseekV4MTPStack(layers, self.embed, self.lm_head, self.main_rotary, self.config)
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """:meth:`CausalLM.load_weights` past the MTP layers; a ``tid2eid`` entry outside the experts
-        raises :class:`ModelLoadError` naming the tensor."""
+        """:meth:`CausalLM.load_weights` of the decoder, then the MTP modules (dropped, with the reason
+        in ``mtp_skipped``, when the checkpoint's MTP tensors are not exactly theirs); a ``tid2eid``
+        entry outside the experts raises :class:`ModelLoadError` naming the tensor."""
         first = self.config.num_layers
-        mtp = ("mtp.", *(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers)))
-        super().load_weights((name, t) for name, t in named_tensors if not name.startswith(mtp))
+        mtp = tuple(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers))
+        found: dict[str, torch.Tensor] = {}
+        rest = ((name, t) for name, t in named_tensors if not name.startswith("mtp."))
+        super().load_weights(split_mtp_tensors(rest, mtp, found) if mtp else rest)
+        layers = self.mtp_layers()
+        if layers:
+            self.mtp_skipped = load_mtp(layers, found)
+            if self.mtp_skipped is not None:
+                self.mtp = nn.ModuleList()
+            for module in self.mtp_layers():
+                # DeepSeek stores copies of the main embedding and head: keep one of each in memory.
+                if module.embed is not None and torch.equal(module.embed, self.embed):
+                    module.embed = None
+                head = getattr(self.lm_head, "weight", None)
+                if (
+                    module.head is not None
+                    and isinstance(head, torch.Tensor)
+                    and torch.equal(module.head, head)
+                ):
+                    module.head = None
         assert self.config.moe is not None
         experts = self.config.moe.num_experts
         for layer in self.blocks():
