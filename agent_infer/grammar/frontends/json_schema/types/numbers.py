@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 
-def _bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+def number_bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+    """(lower bound, exclusive, upper bound, exclusive) of a number schema; None where open."""
     lo, lo_strict = number(flat, "minimum", pointer), False
     xlo = number(flat, "exclusiveMinimum", pointer)
     if xlo is not None and (lo is None or xlo >= lo):
@@ -45,7 +46,7 @@ def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bo
         return exact if _has_ref(exact) else policy.limit_number(c, exact, pointer)
     if "multipleOf" in flat:
         return _lower_number(c, flat, pointer, integer=True)
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     closed_lo, closed_hi = policy.close_integer_range(lo, hi)
     if closed_lo is None and closed_hi is None:
         return _lower_number(c, flat, pointer, integer=True)
@@ -60,7 +61,7 @@ def _has_ref(e: Expr) -> bool:
 
 
 def _lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bool) -> Expr:
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     step = number(flat, "multipleOf", pointer)
     if step is not None and step <= 0:
         raise InvalidSchemaError("multipleOf must be greater than 0", pointer=f"{pointer}/multipleOf")
@@ -130,7 +131,7 @@ def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     )
     if "multipleOf" in flat:
         c.unsupported("not", f"{pointer}/not", "non-integer numbers with multipleOf are not supported")
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     if lo is None and hi is None:
         return fractional if c.numbers == "exact" else policy.limit_number(c, fractional, pointer)
     bounded = num.bounded_number(lo, lo_strict, hi, hi_strict, False)
