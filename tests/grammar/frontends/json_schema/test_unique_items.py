@@ -40,13 +40,13 @@ RUNTIME: list[Any] = [
         "items": {"type": "object", "properties": {"a": {"type": "integer"}}},
         "uniqueItems": True,
     },
-    # A closed object: the member with few values comes before one with unboundedly many.
+    # A closed object whose members all have unboundedly many values.
     {
         "type": "array",
         "uniqueItems": True,
         "items": {
             "type": "object",
-            "properties": {"name": {"enum": ["a", "b"]}, "v": {"type": "string"}},
+            "properties": {"name": {"type": "string"}, "v": {"type": "integer"}},
             "required": ["name", "v"],
             "additionalProperties": False,
         },
@@ -62,6 +62,26 @@ RUNTIME: list[Any] = [
     {
         "type": "object",
         "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    },
+    # Positions with few values: the first takes anything, the second booleans (one left).
+    {"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "uniqueItems": True},
+    {
+        "type": "array",
+        "prefixItems": [{"const": "x"}, {"type": "boolean"}],
+        "items": False,
+        "uniqueItems": True,
+    },
+    # A closed object: the member with few values comes before members with unboundedly many, in
+    # declared order and in required-first order.
+    {
+        "type": "array",
+        "uniqueItems": True,
+        "items": {
+            "type": "object",
+            "properties": {"name": {"enum": ["a", "b"]}, **{k: {"type": "string"} for k in "vwxyzq"}},
+            "required": ["name", "v"],
+            "additionalProperties": False,
+        },
     },
 ]
 
@@ -79,10 +99,20 @@ CANDIDATES: list[Any] = [
     *([1, "1"], [[1], [1]], [[1], [1, 1]], [[], []], [{"a": 1}, {"a": 1}], [{}, {}], [{"a": 1}, {"a": 2}]),
     *([{"a": 1}, {"a": 1, "b": 2}], [{"a": 1, "b": 2}, {"a": 1, "b": 2}], [{"k": 1}, [1, 2], "x"]),
     *([{"name": "a", "v": "x"}, {"name": "a", "v": "x"}], [{"name": "a", "v": "x"}, {"name": "b", "v": "x"}]),
+    *([{"name": "a", "v": 1}, {"v": 1, "name": "a"}], [{"name": "a", "v": 1}, {"name": "a", "v": 2}]),
     *(["http", "https"], ["ws", "ws"], ["http", "https", "ws", "wss"], ["x", "x"], [1.5, 1.50], ["x", 1.5]),
     *(["ab", 1], [1, 1.0], ["ab", "abc"], [None, "ab"], ["é", "\u00e9"], ["a\nb", "a\nb"], ["A", "a"]),
     *({"tags": ["a", "b"]}, {"tags": ["a", "a"]}, {"tags": []}, {"other": [1, 1]}),
     *([2.5, 2], [2.5, 2.5], [3, 3.0], [[1, [2]], [1, [2]]], ["Z", "Zz", "zZ"]),
+    *(
+        [True, True],
+        [True, False],
+        [False, True, 1],
+        [True, False, True],
+        ["x", True],
+        ["x", "x"],
+        [True, "x"],
+    ),
 ]
 
 
@@ -170,7 +200,9 @@ DUPLICATE_TEXTS: list[tuple[int, str]] = [
     (4, "[0,-0.0,0e5]"),
     (7, '[1,"1",[1],{"a":1},null,true,[1]]'),
     (8, '[{"a":1},{"a":1}]'),
-    (9, '[{"name":"a","v":"x"},{"name":"a","v":"x"}]'),
+    (9, '[{"name":"a","v":1},{"name":"a","v":1}]'),
+    (17, '[{"name":"a","v":"x"},{"name":"a","v":"x"}]'),
+    (15, "[true,true]"),
     (11, '["x",1.5,1.50]'),
     (12, "[2.5,2,2.50]"),
     (13, "[[1],[1,[]],[1]]"),
@@ -237,7 +269,8 @@ def _completable(m: GrammarMatcher, vocab: int, depth: int, budget: list[int]) -
 REAL_VOCAB_CASES: list[tuple[int, str, list[str]]] = [
     (0, '["alpha","beta","alpha"]', ['["alpha",', '["alpha","beta",', '["alpha","beta","']),
     (2, '[null,"x",true,null]', ["[null,", '[null,"x",true,']),
-    (9, '[{"name":"a","v":"x"},{"name":"a","v":"x"}]', ['[{"name":"a","v":"x"},{"name":"a","v":"']),
+    (17, '[{"name":"a","v":"x"},{"name":"a","v":"x"}]', ['[{"name":"a","v":"x"},{"name":"a","v":"']),
+    (9, '[{"name":"a","v":1},{"name":"a","v":1}]', ['[{"name":"a","v":1},{"name":"a","v":']),
     (0, '["ab", "abc", "ab"]', ['["ab", "abc", "']),
 ]
 
@@ -289,6 +322,8 @@ REFUSED: list[tuple[Any, str]] = [
         {"type": "array", "items": {"type": "integer", "maximum": 9, "minimum": 0}, "uniqueItems": True},
         "/uniqueItems",
     ),
+    ({"type": "array", "items": {"type": "integer", "maximum": 15}, "uniqueItems": True}, "/uniqueItems"),
+    ({"type": "array", "items": {"type": "number", "minimum": -15}, "uniqueItems": True}, "/uniqueItems"),
     ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "/uniqueItems"),
     (
         {
@@ -310,8 +345,26 @@ REFUSED: list[tuple[Any, str]] = [
         },
         "/uniqueItems",
     ),
+    # In required-first order the member with few values comes last.
+    (
+        {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"enum": ["a", "b"]}, "v": {"type": "string"}},
+                "required": ["v", "name"],
+                "additionalProperties": False,
+            },
+        },
+        "/uniqueItems",
+    ),
     (
         {"type": "array", "items": {"type": "string"}, "contains": {"const": "a"}, "uniqueItems": True},
+        "/uniqueItems",
+    ),
+    (
+        {"type": "array", "prefixItems": [{"type": "string"}, {"enum": ["a", "b"]}], "uniqueItems": True},
         "/uniqueItems",
     ),
     (

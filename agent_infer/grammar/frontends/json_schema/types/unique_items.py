@@ -28,6 +28,7 @@ from agent_infer.grammar.automata.queries import live_states
 from agent_infer.grammar.frontends.json_schema.applicators.logic import pairwise_disjoint
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, type_set, values
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
+from agent_infer.grammar.frontends.json_schema.types.members import required_first
 from agent_infer.grammar.frontends.json_schema.types.numbers import number_bounds
 from agent_infer.grammar.frontends.json_schema.values.canon import canon
 from agent_infer.grammar.frontends.json_schema.values.enums import value_expr
@@ -210,14 +211,15 @@ def _string_kind(c: Compiler, flat: dict[str, Any], pointer: str) -> ItemKind:
 
 
 def _number_kind(c: Compiler, flat: dict[str, Any], t: str, pointer: str) -> ItemKind:
-    # A bound on one side only, with zero inside the range: every begun value can grow without
-    # end away from it. Anything else (two bounds, a bound past zero, a decimal multipleOf) can
-    # leave a begun value few completions.
+    # A bound on one side only that keeps out every value of the other sign (minimum >= 0,
+    # maximum <= 0): every begun value can grow without end away from zero. Anything else (a
+    # maximum above zero, a minimum below it, a decimal multipleOf) can leave a begun value few
+    # completions (`1` under maximum 15: 1 and 10 to 15).
     lo, _, hi, _ = number_bounds(flat, pointer)
     step = flat.get("multipleOf")
     unbounded = (
-        (lo is None or (hi is None and lo <= 0))
-        and (hi is None or (lo is None and hi >= 0))
+        (lo is None or (hi is None and lo >= 0))
+        and (hi is None or (lo is None and hi <= 0))
         and (step is None or (isinstance(step, int | float) and float(step).is_integer()))
     )
     if not unbounded:
@@ -245,24 +247,34 @@ def _object_kind(c: Compiler, flat: dict[str, Any], pointer: str, depth: int, bu
     props = flat.get("properties") or {}
     if not isinstance(props, dict):
         return _few("properties is not an object", "object")
-    # A member with few values must be followed by one with unboundedly many: after it the object
-    # could otherwise be complete but for a forced tail, or a few choices.
+    # A member with few values must be followed by one with unboundedly many in each order the
+    # object may take (objects.py): after it the object could otherwise be complete but for a
+    # forced tail, or a few choices.
+    names = list(props) + [r for r in flat.get("required", []) if r not in props]
+    kinds = {
+        name: item_kind(c, props[name], f"{pointer}/properties/{name}", depth + 1, busy) for name in props
+    }
+    orders = [list(props)]
+    again = required_first(names, flat.get("required", []))
+    if again is not None:
+        orders.append([names[i] for i in again if names[i] in props])
     limit: int | None = None
-    opened = False
-    for name in reversed(list(props)):
-        kind = item_kind(c, props[name], f"{pointer}/properties/{name}", depth + 1, busy)
-        if kind.open:
-            opened = True
-            if kind.limit is not None:
-                limit = kind.limit if limit is None else min(limit, kind.limit)
-        elif not opened:
-            return _few(
-                f"member {name!r} of an object item without additional members has few values "
-                "and no member after it has more",
-                "object",
-            )
-    if not opened:
-        return _few("an object item without additional members has finitely many values", "object")
+    for order in orders:
+        opened = False
+        for name in reversed(order):
+            kind = kinds[name]
+            if kind.open:
+                opened = True
+                if kind.limit is not None:
+                    limit = kind.limit if limit is None else min(limit, kind.limit)
+            elif not opened:
+                return _few(
+                    f"member {name!r} of an object item without additional members has few values "
+                    "and can come after every member that has more",
+                    "object",
+                )
+        if not opened:
+            return _few("an object item without additional members has finitely many values", "object")
     return ItemKind(open=True, limit=limit)
 
 
@@ -333,9 +345,16 @@ def unique_plan(
                 f"the items have {len(vals)} possible values, more than {MAX_LISTED_VALUES}",
             )
         return "listed", vals, None
-    for k in kinds:
+    for i, k in enumerate(kinds):
+        # The item at position i has at most i earlier ones (past the prefix: any number): the
+        # first may be anything, and null/true/false (decided by their first letter) have an
+        # unused one left while there are more of them than earlier items.
+        if i < len(prefix) and (
+            i == 0 or (k.values is not None and k.types <= {"literal"} and len(k.values) > i)
+        ):
+            continue
         if not k.open:
-            return "refused", None, k.reason or "prefixItems with few values beside uniqueItems"
+            return "refused", None, k.reason or f"prefixItems/{i} has few values beside uniqueItems"
         if k.limit is not None and (hi is None or hi > k.limit):
             return (
                 "refused",
