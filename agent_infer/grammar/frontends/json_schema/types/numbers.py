@@ -1,6 +1,7 @@
 """JSON numbers under ``minimum``/``maximum``/``exclusive*``/``multipleOf``: the bounds read from
-the schema and lowered to the exact numeral grammars of :mod:`.numerals`, or to a residue automaton
-for multiples of an integer."""
+the schema and lowered to the exact numeral grammars of :mod:`.numerals`, to a residue automaton
+for multiples of an integer, or to the digit automaton of :mod:`.multiples` intersected with the
+bounds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from agent_infer.grammar.frontends.json_schema.types import number_policy as pol
 from agent_infer.grammar.frontends.json_schema.types import numerals as num
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.bounds import number
+from agent_infer.grammar.frontends.json_schema.types.multiples import bounded_multiples_dfa
 from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
 
 if TYPE_CHECKING:
@@ -90,8 +92,17 @@ def _lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: b
     if step.numerator == 1 and not bounded and not integer and _is_power_of_ten(step.denominator):
         k = len(str(step.denominator)) - 1
         return seq(num.INTEGER, opt(seq(lit("."), Repeat(num.DIGIT, 1, k), star(lit("0")))))
-    c.unsupported("multipleOf", f"{pointer}/multipleOf", "multipleOf with these bounds is not supported")
-    return num.INTEGER if integer else num.NUMBER
+    dfa = bounded_multiples_dfa(step, lo, lo_strict, hi, hi_strict, integer)
+    if dfa is None:
+        c.unsupported(
+            "multipleOf", f"{pointer}/multipleOf", "multipleOf with a bound that is not a finite decimal"
+        )
+        return num.INTEGER if integer else num.NUMBER
+    prefix = c.fresh(f"{pointer}-mult")
+    start, rules = dfa_to_rules(dfa, prefix + "-")
+    c.rules.update(rules)
+    c.rules[prefix] = start
+    return Ref(prefix)
 
 
 def _is_power_of_ten(n: int) -> bool:
