@@ -33,6 +33,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
@@ -215,9 +216,15 @@ class _Generator:
     def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int, max_length: int) -> None:
         if max_length < 0:
             raise ConfigError(f"max_length must be non-negative, not {max_length}")
-        # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to.
+        # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to,
+        # a unique array item as its item: a drawn array may repeat an item of a uniqueItems array
+        # (the draw does not track an array's items), which the grammar then rejects.
         self.rules = {
-            name: Alt(body.expand()) if isinstance(body, KeySet | KeyNode) else body
+            name: Alt(body.expand())
+            if isinstance(body, KeySet | KeyNode)
+            else body.item
+            if isinstance(body, UniqueItem)
+            else body
             for name, body in grammar.rules
         }
         self.root = grammar.root
@@ -344,7 +351,9 @@ def strings(
     strings are drawn as without the bound. Likewise after :data:`MAX_DRAW_STEPS` expansion steps
     (nested repeats of items that may be empty). A grammar whose shortest string is longer than
     :data:`MAX_SHORTEST_STRING` raises ``GrammarLimitError``. Draws shrink toward the simplest alternative
-    (shallowest, then shortest), the fewest repetitions and printable ASCII.
+    (shallowest, then shortest), the fewest repetitions and printable ASCII. The one exception to
+    "accepts": an array whose items must be distinct (``uniqueItems``) may be drawn with a repeated
+    item, which the grammar rejects.
     """
     from hypothesis import strategies as st
 
@@ -367,8 +376,9 @@ def random_strings(
     max_depth: int = 8,
     max_length: int = DEFAULT_MAX_LENGTH,
 ) -> list[str]:
-    """``n`` pseudo-random strings ``grammar`` accepts, reproducible from ``seed`` (no Hypothesis);
-    ``max_length`` bounds them as in :func:`strings`."""
+    """``n`` pseudo-random strings ``grammar`` accepts (with :func:`strings`' exception for unique
+    array items), reproducible from ``seed`` (no Hypothesis); ``max_length`` bounds them as in
+    :func:`strings`."""
     gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth, max_length)
     rng = random.Random(seed)
     chooser = _Chooser(rng.randint)

@@ -3,7 +3,8 @@
 
 Every node kind is written as the native serializer writes it: a :class:`KeySet` rule body as one
 ``KEY_TRIE`` instruction, a :class:`KeyNode` (and a nested ``KeySet``) as the alternation it
-expands to, whose words the native serializer writes from the node's spec.
+expands to, whose words the native serializer writes from the node's spec, a :class:`UniqueItem`
+rule body as the ``UNIQUE`` marker word followed by its item's program.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 # Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
-_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE = range(8)
+_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, UNIQUE_OPCODE = range(9)
 _INT32_MAX = 2**31 - 1
 
 
@@ -167,6 +169,9 @@ class _Serializer:
         if type(expr) is KeySet:  # a whole key trie: one instruction (nested, the expansion below)
             code.extend(key_set_program(expr, self.index))
             return code
+        if type(expr) is UniqueItem:  # the marker word, then the item (only as a whole rule body)
+            code.append(UNIQUE_OPCODE)
+            expr = expr.item
         try:
             self.emit(expr, code)
         except RecursionError:

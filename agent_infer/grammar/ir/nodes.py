@@ -1,4 +1,4 @@
-"""The IR's node classes (:class:`Expr` and its nine kinds) and the code point range helpers
+"""The IR's node classes (:class:`Expr` and its ten kinds) and the code point range helpers
 :class:`CharClass` normalizes with. Re-exported by :mod:`agent_infer.grammar.ir`."""
 
 from __future__ import annotations
@@ -307,5 +307,35 @@ class KeyNode(_Expanded):
         return f"KeyNode(spec={self._spec!r})"
 
 
-NODE_KINDS: tuple[type[Expr], ...] = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref, KeyNode, KeySet)
+@dataclass(frozen=True)
+class UniqueItem(Expr):
+    """One item of a JSON array whose items must be distinct (``uniqueItems``): matches ``item``,
+    and a match whose JSON value equals the value of an earlier item of the same array is
+    rejected at the byte that completes it (the matcher compares values, not spellings).
+
+    Only as a whole rule body, and only for items written inside a JSON array (``[`` or ``,``
+    and blanks before the item): the earlier items are found by reading the text back from the
+    item's start."""
+
+    item: Expr
+
+    def __init__(self, item: Expr) -> None:
+        _set(self, "item", item)
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.item,)
+
+
+NODE_KINDS: tuple[type[Expr], ...] = (
+    Empty,
+    Literal,
+    CharClass,
+    Seq,
+    Alt,
+    Repeat,
+    Ref,
+    KeyNode,
+    KeySet,
+    UniqueItem,
+)
 """Every node kind, in the order the native serializer and reference walk take them."""

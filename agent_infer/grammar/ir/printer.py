@@ -4,8 +4,9 @@
 The two key-trie kinds print as what the compiler takes, not as their expansions:
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
-a name). llama.cpp does not read these two forms; our GBNF front end does, so every grammar
-prints as text it reads back to an equal grammar.
+a name). A :class:`UniqueItem` rule body prints as ``%unique(...)`` around its item. llama.cpp
+does not read these forms; our GBNF front end does, so every grammar prints as text it reads
+back to an equal grammar.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 
@@ -76,7 +78,7 @@ def _leaf(expr: Expr) -> str | None:
         return expr.name
     if isinstance(expr, Alt) and not expr.items:
         return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
-    if isinstance(expr, Seq | Alt | Repeat):
+    if isinstance(expr, Seq | Alt | Repeat | UniqueItem):
         return None
     raise TypeError(f"not an IR node: {expr!r}")
 
@@ -110,7 +112,9 @@ def _fmt(expr: Expr, prec: int) -> str:
                 done.append(text)
                 continue
             todo.append((node, p, True))
-            if isinstance(node, Repeat):
+            if isinstance(node, UniqueItem):
+                todo.append((node.item, 0, False))
+            elif isinstance(node, Repeat):
                 todo.append((node.item, 2, False))
             else:
                 assert isinstance(node, Seq | Alt)
@@ -122,6 +126,9 @@ def _fmt(expr: Expr, prec: int) -> str:
                             False,
                         )
                     )
+            continue
+        if isinstance(node, UniqueItem):
+            done.append(f"%unique({done.pop()})")
             continue
         if isinstance(node, Repeat):
             inner = done.pop()

@@ -25,8 +25,12 @@ end decides values by their type alone where it can.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from collections import defaultdict
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
 
 from agent_infer.grammar.ir.grammar import Grammar
 from agent_infer.grammar.ir.nodes import (
@@ -40,6 +44,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 _Item = tuple[int, int, int]  # (production index, dot, origin)
@@ -67,12 +72,17 @@ class _Lowering:
         self.terminals: list[_Terminal] = []
         self.n_nt = 0
         self.rule_nt = {name: self.new_nt() for name, _ in grammar.rules}
+        # Nonterminals of UniqueItem rule bodies: their completions are checked against the text.
+        self.unique: set[int] = {
+            self.rule_nt[name] for name, expr in grammar.rules if isinstance(expr, UniqueItem)
+        }
         self.memo: dict[Expr, int] = {}
         self.term_memo: dict[tuple[tuple[int, int], ...], int] = {}
         self.start = self.new_nt()
         self.prods.append((self.start, (self.rule_nt[grammar.root],)))
         for name, expr in grammar.rules:
-            self.prods.append((self.rule_nt[name], self.symbols(expr)))
+            body = expr.item if isinstance(expr, UniqueItem) else expr
+            self.prods.append((self.rule_nt[name], self.symbols(body)))
 
     def new_nt(self) -> int:
         self.n_nt += 1
@@ -97,6 +107,8 @@ class _Lowering:
             return tuple(s for item in expr.items for s in self.symbols(item))
         if isinstance(expr, Alt | Repeat | KeySet | KeyNode):
             return (self.nonterminal(expr),)
+        if isinstance(expr, UniqueItem):
+            raise TypeError("a UniqueItem is only allowed as a whole rule body")
         raise TypeError(f"not an IR node: {expr!r}")
 
     def nonterminal(self, expr: Alt | Repeat | KeySet | KeyNode) -> int:
@@ -144,6 +156,7 @@ class ReferenceRecognizer:
             self._by_lhs[lhs].append(k)
         self._nullable = self._nullable_set()
         self.empty_language = self._start not in productive
+        self._unique = low.unique
 
     def _productive(self, low: _Lowering) -> set[int]:
         done: set[int] = set()
@@ -170,9 +183,10 @@ class ReferenceRecognizer:
         return nullable
 
     def _closure(
-        self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]]
+        self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]], text: str = ""
     ) -> dict[int, list[_Item]]:
-        """Predict/complete from ``seed``; returns the set indexed by each item's next symbol."""
+        """Predict/complete from ``seed``; returns the set indexed by each item's next symbol.
+        ``text``: the input so far (a unique item's completion is checked against it)."""
         seen = set(seed)
         agenda = list(seed)
         waiting: dict[int, list[_Item]] = defaultdict(list)
@@ -191,7 +205,7 @@ class ReferenceRecognizer:
                         new.append((p, d + 1, o))
             else:
                 waiting[complete_key].append(item)
-                if o < i:
+                if o < i and not (lhs in self._unique and repeats_earlier_item(text, o, i)):
                     new.extend((p2, d2 + 1, o2) for p2, d2, o2 in sets[o].get(lhs, ()))
             for nxt in new:
                 if nxt not in seen:
@@ -214,7 +228,7 @@ class ReferenceRecognizer:
             ]
             if not scanned:
                 return i, sets[i]
-            sets.append(self._closure(scanned, i + 1, sets))
+            sets.append(self._closure(scanned, i + 1, sets, text))
         return len(text), sets[-1]
 
     def accepts(self, text: str) -> bool:
@@ -231,3 +245,89 @@ class ReferenceRecognizer:
     def viable_prefix_length(self, text: str) -> int:
         """Length of the longest prefix of ``text`` that is a viable prefix (where matching stops)."""
         return self._run(text)[0]
+
+
+# -- unique array items -------------------------------------------------------------------------
+
+
+def repeats_earlier_item(text: str, start: int, end: int) -> bool:
+    """Whether the JSON value ``text[start:end]``, an item of a JSON array, equals an earlier item
+    of that array (found by reading the text back from ``start``: ``,`` and the item before it,
+    until the ``[``)."""
+    current = _value_key(text[start:end])
+    i = start - 1
+    while True:
+        while i >= 0 and text[i] in " \t\n\r":
+            i -= 1
+        if i < 0 or text[i] != ",":
+            return False
+        i -= 1
+        while i >= 0 and text[i] in " \t\n\r":
+            i -= 1
+        first = _value_start(text, i)
+        if first < 0:
+            return False
+        if _value_key(text[first : i + 1]) == current:
+            return True
+        i = first - 1
+
+
+def _value_key(text: str) -> Any:
+    """A hashable key under JSON Schema's equality (numbers by exact value, objects by member set)."""
+    return _key(json.loads(text, parse_float=Decimal))
+
+
+def _key(v: Any) -> Any:
+    if isinstance(v, bool) or v is None:
+        return ("c", v)
+    if isinstance(v, int | Decimal):
+        return ("n", Fraction(v))
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(_key(x) for x in v))
+    return ("o", frozenset((k, _key(x)) for k, x in v.items()))
+
+
+def _escaped(text: str, q: int) -> bool:
+    n = 0
+    while q - 1 - n >= 0 and text[q - 1 - n] == "\\":
+        n += 1
+    return n % 2 == 1
+
+
+def _string_start(text: str, q: int) -> int:
+    for k in range(q - 1, -1, -1):
+        if text[k] == '"' and not _escaped(text, k):
+            return k
+    return -1
+
+
+def _value_start(text: str, last: int) -> int:
+    """The first index of the JSON value whose last character is ``text[last]`` (-1: none)."""
+    if last < 0:
+        return -1
+    c = text[last]
+    if c == '"':
+        return _string_start(text, last)
+    if c in "}]":
+        depth = 0
+        k = last
+        while k >= 0:
+            ch = text[k]
+            if ch == '"':
+                k = _string_start(text, k)
+                if k < 0:
+                    return -1
+            elif ch in "}]":
+                depth += 1
+            elif ch in "{[":
+                depth -= 1
+                if depth == 0:
+                    return k
+            k -= 1
+        return -1
+    k = last
+    while k > 0 and (text[k - 1].isalnum() or text[k - 1] in ".+-"):
+        k -= 1
+    return k

@@ -22,6 +22,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 _KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref)  # the order the native walk expects
@@ -149,4 +150,6 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             push(node.item)
         elif isinstance(node, KeySet | KeyNode):
             extend(node.expand())  # the rules its expansion calls
+        elif isinstance(node, UniqueItem):
+            push(node.item)
     return None

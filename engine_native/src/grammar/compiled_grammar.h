@@ -79,6 +79,10 @@ class CompiledGrammar {
   std::vector<ByteSet> escape;
   // reach_call[q]: a state with rule references is reachable from q through >= 1 byte edge.
   std::vector<uint8_t> reach_call;
+  // unique_rule[r]: rule r is an item of a JSON array whose items must be distinct (ir.UniqueItem):
+  // the matcher rejects its completions whose value equals an earlier item's (grammar/match/unique.cpp).
+  std::vector<uint8_t> unique_rule;
+  bool has_unique = false;
   // ORs into `set` the bytes state q has byte edges for.
   void add_live_bytes(int32_t q, ByteSet& set) const {
     const State& st = states[static_cast<size_t>(q)];

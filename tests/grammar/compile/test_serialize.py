@@ -28,6 +28,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
     chars,
     lit,
     seq,
@@ -49,6 +50,8 @@ SCHEMAS = [
     # Key tries: a KeySet rule (plain names) and KeyNode rules (a name with '/' and one with 'é').
     {"type": "object", "properties": {"apiVersion": {}, "kind": {}}},
     {"type": "object", "properties": {"a/b": {}, "é": {"type": "null"}, "ab": {}}},
+    # Unique array items: UniqueItem rules (the UNIQUE word before the item's program).
+    {"type": "array", "items": {"type": ["string", "integer"]}, "uniqueItems": True},
 ]
 
 
@@ -128,3 +131,15 @@ def test_a_nested_key_set_is_written_as_its_expansion() -> None:
     programs, _ = serialize_grammar(nested)
     assert (programs, 0) == serialize_grammar_python(nested)
     assert programs[[n for n, _ in g.rules].index(name)][:2] == [4, 2]  # an Alt, not KEY_TRIE
+
+
+def test_a_unique_item_is_a_marker_word_and_only_a_rule_body() -> None:
+    """A UniqueItem rule is the UNIQUE word, then its item's program; nested anywhere else it is
+    refused by both serializers' paths."""
+    g = Grammar.from_ebnf('root ::= "[" item ("," item)* "]"\nitem ::= %unique("a" | [0-9]+)\n')
+    programs, _ = serialize_grammar(g)
+    assert (programs, 0) == serialize_grammar_python(g)
+    assert programs[1][:3] == [8, 4, 2]  # UNIQUE, then an Alt of 2
+    nested = Grammar.unchecked((("root", Seq((lit("["), UniqueItem(lit("a"))))),), "root")
+    with pytest.raises(GrammarDefinitionError, match="whole rule body"):
+        serialize_grammar(nested)

@@ -5,7 +5,8 @@ newlines are allowed right after ``::=``, after ``|`` and anywhere inside parent
 starts a comment to the end of the line. Parenthesised groups stay separate IR nodes, so
 ``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors. Beyond llama.cpp's
 dialect it reads the printed forms of the IR's two key-trie kinds, ``%key-set("a" "b")`` and
-``%key-node(ends-name "a"->rule ...)``, so a JSON Schema grammar reads back to an equal grammar too.
+``%key-node(ends-name "a"->rule ...)``, and of a unique array item, ``%unique(...)``, so a JSON
+Schema grammar reads back to an equal grammar too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
     walk,
 )
 
@@ -135,6 +137,8 @@ class _Parser:
             elif c == ".":
                 self.i += 1
                 items.append(_ANY)
+            elif c == "%" and self.s.startswith("%unique(", pos):
+                items.append(self.unique_item(pos))
             elif c == "%":
                 items.append(self.key_trie())
             elif _is_word(c):
@@ -239,6 +243,23 @@ class _Parser:
     def literal(self, start: int) -> Expr:
         text = self.text(start)
         return Literal(text) if text else Empty()
+
+    def unique_item(self, start: int) -> Expr:
+        """``%unique(...)``: a :class:`UniqueItem` around the alternatives inside."""
+        self.i += len("%unique(")
+        self.space(True)
+        self.depth += 1
+        if self.depth > MAX_GROUP_NESTING:
+            line, column = self.where(start)
+            raise GrammarLimitError(
+                f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
+            )
+        item = self.alternates(nested=True)
+        self.depth -= 1
+        if self.peek() != ")":
+            raise self.error("expected ')' to close '%unique('", start)
+        self.i += 1
+        return UniqueItem(item)
 
     def key_trie(self) -> Expr:
         """``%key-set("name" ...)`` or ``%key-node([ends-name] "c"->rule ...)``."""

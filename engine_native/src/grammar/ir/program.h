@@ -19,7 +19,21 @@ namespace grammar {
 //     a plain character that continues no name is followed by rest_rule and free_rule reads a
 //     special character and the rest. Only as a rule's whole body; lowered straight to its
 //     automaton (grammar/lower/key_set.cpp).
-enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6, kKeyTrie = 7 };
+//   | UNIQUE (one word, then the rule's expression): the rule is an item of a JSON array whose
+//     items must be distinct (ir.UniqueItem). Only as a rule's first word; the lowering records
+//     the mark (CompiledGrammar::unique_rule) and removes the word before any other pass but the
+//     merging of equal rules, which keeps marked and unmarked rules apart through it.
+enum Op : int32_t {
+  kEmpty = 0,
+  kLiteral = 1,
+  kClass = 2,
+  kSeq = 3,
+  kAlt = 4,
+  kRepeat = 5,
+  kRef = 6,
+  kKeyTrie = 7,
+  kUnique = 8
+};
 
 
 // Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so
@@ -32,6 +46,7 @@ enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kR
 inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
   switch (code[pc]) {
     case kEmpty:
+    case kUnique:
       return 1;
     case kLiteral:
       return 2 + static_cast<size_t>(code.at(pc + 1));

@@ -78,12 +78,29 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<std::vector<int32_t>>& own_rules = *own;
   const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
   if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
+  // Unique-item marks: merging kept marked rules apart from unmarked ones (the word is part of
+  // the program it compares); every later pass reads plain programs and the mark.
+  unique_rule.assign(rules_ptr->size(), 0);
+  for (size_t r = 0; r < rules_ptr->size(); ++r) {
+    if ((*rules_ptr)[r].empty() || (*rules_ptr)[r][0] != kUnique) continue;
+    if (rules_ptr != &own_rules) {
+      own_rules = *rules_ptr;
+      rules_ptr = &own_rules;
+    }
+    own_rules[r].erase(own_rules[r].begin());
+    if (own_rules[r].empty()) throw DefinitionError("a unique array item rule has no expression");
+    unique_rule[r] = 1;
+    has_unique = true;
+  }
+  if (unique_rule[static_cast<size_t>(root)]) throw DefinitionError("the root rule cannot be a unique array item");
   if (hoist_repeat_items(*rules_ptr, &own_rules)) rules_ptr = &own_rules;
-  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);
+  unique_rule.resize(rules_ptr->size(), 0);
+  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root, unique_rule);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
   const size_t R = rules.size();  // outlined rules come after the grammar's own
-  inline_finite_chains(rules, root, &inl);
+  unique_rule.resize(R, 0);
+  inline_finite_chains(rules, root, unique_rule, &inl);
 
   // Build the automata of the rules reachable from the root through non-inlined references.
   ScratchLease lease;

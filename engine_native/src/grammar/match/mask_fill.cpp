@@ -58,7 +58,7 @@ void Matcher::check_uncertain(uint32_t* mask) {
         ++depth;
       }
       if (dead_at < 0) {
-        mask[id >> 5] |= 1u << (id & 31);
+        if (!unique_on_ || alive()) mask[id >> 5] |= 1u << (id & 31);
         ++k;
         continue;
       }
@@ -194,6 +194,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   } else if (!scratch_.empty()) {
     check_uncertain(mask);
   }
+  if (unique_on_) recheck_unique(mask, vw);
   if (!terminate_without_eos_ && last_set_can_end()) {
     for (int32_t e : t.eos_ids) {
       if (e < words * 32) mask[e >> 5] |= 1u << (e & 31);

@@ -26,6 +26,7 @@ inline uint64_t item_key(int32_t state, int32_t origin) {
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback)
     : g_(std::move(g)), terminate_without_eos_(terminate_without_eos), max_rollback_(max_rollback) {
+  unique_on_ = g_->has_unique;
   state_stamp_.assign(g_->states.size(), 0);
   reset();
 }
@@ -38,14 +39,26 @@ Matcher::Matcher(const Matcher& o)
       items_(o.items_),
       set_begin_(o.set_begin_),
       token_marks_(o.token_marks_),
-      state_stamp_(o.g_->states.size(), 0) {}
+      state_stamp_(o.g_->states.size(), 0),
+      hist_(o.hist_),
+      epoch_(o.epoch_),
+      epoch_next_(o.epoch_next_),
+      ulex_(o.ulex_) {
+  unique_on_ = o.unique_on_;
+}
 
 void Matcher::reset() {
   // Built beside the current state, which a throwing reset keeps.
   std::vector<Item> items;
   std::vector<uint32_t> sets(1, 0);
+  std::vector<uint8_t> hist;
+  std::vector<uint32_t> epoch;
+  std::vector<UniqueLex> ulex(unique_on_ ? 1 : 0);
   items_.swap(items);
   set_begin_.swap(sets);
+  hist_.swap(hist);
+  epoch_.swap(epoch);
+  ulex_.swap(ulex);
   try {
     seen_.clear();
     budget(false);
@@ -54,8 +67,12 @@ void Matcher::reset() {
   } catch (...) {
     items_.swap(items);
     set_begin_.swap(sets);
+    hist_.swap(hist);
+    epoch_.swap(epoch);
+    ulex_.swap(ulex);
     throw;
   }
+  siblings_.clear();
   token_marks_.clear();
   terminated_ = false;
 }
@@ -88,10 +105,13 @@ void Matcher::closure(uint32_t begin, int32_t pos) {
       const RefEdge& re = g.ref_edges[e];
       add(g.rule_start[re.rule], pos, pos);
       if (g.nullable[re.rule]) add(re.target, it.origin, pos);
+      if (unique_on_ && g.unique_rule[re.rule] && !ulex_.back().active) ulex_.back() = UniqueLex{1, 0, 0};
     }
     if (st.final) {
       const int32_t rule = st.rule;
       const int32_t o = it.origin;
+      // A unique array item equal to an earlier one does not complete (its callers stay put).
+      if (unique_on_ && g.unique_rule[rule] && repeats_earlier_item(o, pos)) continue;
       // Advance every item of the origin set waiting on `rule` (the current set may grow here).
       for (uint32_t j = set_begin_[o];; ++j) {
         uint32_t end = (o + 1 < static_cast<int32_t>(set_begin_.size())) ? set_begin_[o + 1]
@@ -114,6 +134,7 @@ bool Matcher::advance(uint8_t b) {
   const uint32_t prev_end = static_cast<uint32_t>(items_.size());
   const int32_t pos = static_cast<int32_t>(set_begin_.size());
   set_begin_.push_back(prev_end);
+  if (unique_on_) push_unique(b);
   try {
     seen_.clear();
     for (uint32_t k = prev_begin; k < prev_end; ++k) {
@@ -121,7 +142,7 @@ bool Matcher::advance(uint8_t b) {
       if (t >= 0) add(t, items_[k].origin, pos);
     }
     if (items_.size() == prev_end) {
-      set_begin_.pop_back();
+      pop_set();
       return false;
     }
     closure(prev_end, pos);
@@ -180,6 +201,10 @@ bool Matcher::accept_bytes(const std::string& bytes) {
         pop_to(base);
         return false;
       }
+    }
+    if (unique_on_ && !alive()) {
+      pop_to(base);
+      return false;
     }
     token_marks_.push_back({base, terminated_});
   } catch (...) {

@@ -83,6 +83,11 @@ class Matcher {
   void pop_set() {
     items_.resize(set_begin_.back());
     set_begin_.pop_back();
+    if (unique_on_) {
+      hist_.pop_back();
+      epoch_.pop_back();
+      ulex_.pop_back();
+    }
   }
   void add(int32_t state, int32_t origin, int32_t pos);
   void closure(uint32_t begin, int32_t pos);
@@ -113,6 +118,36 @@ class Matcher {
     return false;
   }
   bool any_byte_possible() const;
+  // Whether the text so far can still be completed, where a vetoed unique item may leave a set
+  // that cannot: inside a unique array, the bytes the grammar forces (blanks skipped outside
+  // strings) are read ahead until a choice or the end (grammar/match/unique.cpp).
+  bool alive();
+  bool zero_exponent(bool* needs_digit) const;
+
+  // Unique array items (grammar/match/unique.cpp); all of it only when the grammar has them.
+  // Per set, for the mask's recheck: whether a unique array may be open (from the first marked
+  // item predicted until its closing bracket), the JSON lexer context, and the bracket depth
+  // inside that array.
+  struct UniqueLex {
+    uint8_t active = 0;
+    uint8_t ctx = 0;
+    int32_t depth = 0;
+  };
+  // The item before the one starting at an offset: its first byte (-1: the item is its array's
+  // first) and the canonical form of its value; `epoch`: epoch_ of the byte before the offset when
+  // read (a rewrite of the text there since makes it stale).
+  struct SiblingLink {
+    uint32_t epoch;
+    int32_t prev;
+    std::string canon;
+  };
+  void push_unique(uint8_t b);
+  const SiblingLink* sibling_link(int32_t start);
+  // Whether the item spanning input offsets [origin, pos) equals an earlier item of its array.
+  bool repeats_earlier_item(int32_t origin, int32_t pos);
+  // Rechecks, with Earley steps that apply the veto, the allowed tokens in which a unique item
+  // may complete (JsonTokenClasses); the others keep the mask the automata gave them.
+  void recheck_unique(uint32_t* mask, int64_t vw);
   void check_uncertain(uint32_t* mask);
   // The same check as a memoized pushdown walk (grammar/match/check.cpp); false if it gave up.
   bool check_uncertain_walk(uint32_t* mask);
@@ -125,6 +160,7 @@ class Matcher {
   void first_visits_in_parallel(uint32_t pending);
 
   std::shared_ptr<const CompiledGrammar> g_;
+  bool unique_on_ = false;  // g_->has_unique
   bool terminate_without_eos_;
   int32_t max_rollback_;
   bool terminated_ = false;
@@ -143,6 +179,12 @@ class Matcher {
   std::vector<uint32_t> allowed_before_;
   std::vector<int32_t> ctx_sets_;
   std::unordered_map<int32_t, int32_t> ctx_ids_;
+  std::vector<uint8_t> hist_;    // hist_[i]: the input byte that made set i + 1
+  std::vector<uint32_t> epoch_;  // epoch_[i]: a stamp unique to the writing of hist_[i]
+  uint32_t epoch_next_ = 0;
+  std::vector<UniqueLex> ulex_;  // per set
+  std::unordered_map<int32_t, SiblingLink> siblings_;  // by item start offset
+  std::string canon_;
   int64_t work_left_ = 0;
   bool per_mask_ = false;
   uint32_t work_at_ = 0;  // the input position the budget was started at (for the error)

@@ -92,7 +92,7 @@ def test_invalid_schemas_name_the_pointer(schema: object, pointer: str) -> None:
     [
         ({"if": {"type": "string", "format": "email"}, "then": {"minLength": 3}}, "if", "/if"),
         (
-            {"properties": {"a": {"type": "array", "uniqueItems": True}}},
+            {"properties": {"a": {"type": "array", "items": {"maxLength": 3}, "uniqueItems": True}}},
             "uniqueItems",
             "/properties/a/uniqueItems",
         ),
@@ -112,7 +112,7 @@ def test_non_strict_records_warnings_and_compiles_the_rest() -> None:
     schema = {
         "type": "object",
         "properties": {
-            "a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+            "a": {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True},
             "b": {"type": "string", "format": "iri"},
         },
     }
