@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from deepseek_support import BYTE_VOCAB, load_ours, write_byte_tokenizer
-from deepseek_v4_support import save_tiny
+from deepseek_support import save_tiny_v4 as save_tiny
 from safetensors.torch import load_file, save_file
 
 from agent_infer import LLM, SamplingParams
