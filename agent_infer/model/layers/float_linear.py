@@ -83,12 +83,13 @@ class FloatPackedLinear(QuantLinear):
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         self.packed = _Unpacked(self.parts[0].name if self.parts else "?")  # type: ignore[assignment]
 
-    def pack(self) -> None:
-        """Repack the loaded weight for the kernel and drop the torch copy (kept when shared)."""
+    def pack(self, *, keep_weight: bool = False) -> None:
+        """Repack the loaded weight for the kernel and drop the torch copy (kept when shared, or
+        when ``keep_weight``: another reader needs the rows, such as MTP draft heads)."""
         if self.weight is None:
             raise EngineError(f"projection {self.parts[0].name!r} is packed already")
         self.packed = pack_float32(self.weight)
-        if not self.shared:
+        if not self.shared and not keep_weight:
             self.weight = None
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
@@ -138,12 +139,23 @@ def packed_float_kernels() -> Kernels:
     )
 
 
+def _draft_read_heads(model: nn.Module) -> list[nn.Module]:
+    """The heads whose torch rows MTP drafting reads (the main head of a model with MTP modules
+    that lack their own): the drafter slices them to its draft vocabulary."""
+    layers = getattr(model, "mtp_layers", None)
+    head = getattr(model, "lm_head", None)
+    if layers is None or head is None or not callable(layers):
+        return []
+    return [head] if any(getattr(m, "head", None) is None for m in layers()) else []
+
+
 def pack_loaded(model: nn.Module) -> None:
     """Pack every :class:`FloatPackedLinear`, the router and experts of every MoE and the grouped
     output projection of every DeepSeek V4 attention of a loaded model."""
+    kept = _draft_read_heads(model)
     for module in model.modules():
         if isinstance(module, FloatPackedLinear):
-            module.pack()
+            module.pack(keep_weight=any(module is k for k in kept))
         elif isinstance(module, MoE):
             module.pack_experts(pack_float32)
         elif isinstance(module, CompressedAttention):
