@@ -60,8 +60,12 @@ class Matcher {
   // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
   std::string forced_bytes(bool* must_end);
   // The shortest bytes that complete the text so far to a string of the grammar ("" when it can
-  // end now); false (out untouched) if the matcher is terminated. grammar/match/complete.cpp.
-  bool shortest_completion(std::string* out) const;
+  // end now); false (out untouched) if the matcher is terminated, or if that completion would
+  // close a unique array item equal to an earlier one. grammar/match/complete.cpp.
+  bool shortest_completion(std::string* out);
+  // Whether `data` is accepted from the current state and the grammar can end after it (the
+  // matcher is left as it was).
+  bool completes(const std::string& data);
   // The bytes that may come right after `data` (which must be accepted from the current state);
   // false if `data` is rejected. The matcher is left as it was. grammar/match/complete.cpp.
   bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
