@@ -23,6 +23,7 @@ from agent_infer.errors import (
 )
 from agent_infer.grammar.ir import (
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -217,13 +218,14 @@ class _Generator:
         if max_length < 0:
             raise ConfigError(f"max_length must be non-negative, not {max_length}")
         # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to,
-        # a unique array item as its item: a drawn array may repeat an item of a uniqueItems array
-        # (the draw does not track an array's items), which the grammar then rejects.
+        # a unique array item or a bounded string as its item: a drawn array may repeat an item of
+        # a uniqueItems array, a drawn string may pass its bound (the draw tracks neither), which
+        # the grammar then rejects.
         self.rules = {
             name: Alt(body.expand())
             if isinstance(body, KeySet | KeyNode)
             else body.item
-            if isinstance(body, UniqueItem)
+            if isinstance(body, UniqueItem | BoundedString)
             else body
             for name, body in grammar.rules
         }
@@ -351,9 +353,10 @@ def strings(
     strings are drawn as without the bound. Likewise after :data:`MAX_DRAW_STEPS` expansion steps
     (nested repeats of items that may be empty). A grammar whose shortest string is longer than
     :data:`MAX_SHORTEST_STRING` raises ``GrammarLimitError``. Draws shrink toward the simplest alternative
-    (shallowest, then shortest), the fewest repetitions and printable ASCII. The one exception to
+    (shallowest, then shortest), the fewest repetitions and printable ASCII. The exceptions to
     "accepts": an array whose items must be distinct (``uniqueItems``) may be drawn with a repeated
-    item, which the grammar rejects.
+    item, and a string the matcher counts (``BoundedString``) past its bound; the grammar rejects
+    both.
     """
     from hypothesis import strategies as st
 
@@ -376,9 +379,8 @@ def random_strings(
     max_depth: int = 8,
     max_length: int = DEFAULT_MAX_LENGTH,
 ) -> list[str]:
-    """``n`` pseudo-random strings ``grammar`` accepts (with :func:`strings`' exception for unique
-    array items), reproducible from ``seed`` (no Hypothesis); ``max_length`` bounds them as in
-    :func:`strings`."""
+    """``n`` pseudo-random strings ``grammar`` accepts (with :func:`strings`' exceptions), reproducible
+    from ``seed`` (no Hypothesis); ``max_length`` bounds them as in :func:`strings`."""
     gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth, max_length)
     rng = random.Random(seed)
     chooser = _Chooser(rng.randint)

@@ -221,9 +221,10 @@ bool Matcher::shortest_completion(std::string* out) {
   }
   std::string text;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) g.append_shortest(*it, text, 0);
-  // The shortest completion is the grammar's, blind to earlier unique array items: where it
-  // would close an item equal to one, there is no completion to offer.
-  if (unique_on_ && !completes(text)) return false;
+  // The shortest completion is the grammar's, blind to earlier unique array items and to the
+  // count of a max-length string (fewest bytes are not always fewest code points): where the
+  // matcher refuses it, there is no completion to offer.
+  if ((unique_on_ || bounded_on_) && !completes(text)) return false;
   *out = std::move(text);
   return true;
 }
@@ -271,6 +272,23 @@ bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>*
       const State& st = g.states[items_[k].state];
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
         for (int b = g.byte_edges[e].lo; b <= g.byte_edges[e].hi; ++b) (*out)[b >> 5] |= 1u << (b & 31);
+      }
+    }
+    if (bounded_on_) {
+      // An edge's byte may still be refused (a max-length string at its bound): each is tried.
+      try {
+        for (int b = 0; b < 256; ++b) {
+          if (!((*out)[b >> 5] >> (b & 31) & 1u)) continue;
+          budget(false);
+          if (advance(static_cast<uint8_t>(b))) {
+            pop_set();
+          } else {
+            (*out)[b >> 5] &= ~(1u << (b & 31));
+          }
+        }
+      } catch (...) {
+        pop_to(base);
+        throw;
       }
     }
   }
