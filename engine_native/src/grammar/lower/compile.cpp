@@ -396,7 +396,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
 size_t CompiledGrammar::memory_bytes() const {
   return sizeof(*this) + states.size() * (sizeof(State) + sizeof(void*) + sizeof(ByteSet)) +
          follow.size() * sizeof(ByteSet) + byte_edges.size() * sizeof(ByteEdge) +
-         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5;
+         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5 + (bounded ? bounded->table_bytes() : 0);
 }
 
 }  // namespace grammar

@@ -21,9 +21,9 @@ namespace grammar {
 
 namespace {
 constexpr int K = bounded::kLexStates;
-// Token ids the cached lists of one grammar hold at most (4 bytes each, twice): past this many,
-// a list is computed for the fill that needs it and not kept.
-constexpr size_t kMaxStoredTokens = size_t{1} << 23;
+// Token ids the cached lists of one grammar hold at most (8 bytes each with their needs, 16 MiB):
+// past this many, a list is computed for the fill that needs it and not kept.
+constexpr size_t kMaxStoredTokens = size_t{1} << 21;
 
 // Calls fn(b_lo, b_hi, target, next_lex, counted) for each run of bytes of state s's edges that
 // take context `lex` to the same (next context, code points counted).

@@ -138,6 +138,11 @@ class BoundedTables {
   // rule has to spare after its dmax (every token with a quote, where no string fits a rule).
   const std::vector<int32_t>& quote_tokens() const { return quote_tokens_; }
   std::shared_ptr<const BoundedTokens> tokens(const CompiledGrammar& g, int32_t s, uint8_t lex) const;
+  // The tables built with the grammar (the token lists, built later and bounded by
+  // kMaxStoredTokens, are left out like the state masks).
+  size_t table_bytes() const {
+    return (row_.size() + dmin_.size() + dmax_.size() + quote_tokens_.size()) * sizeof(int32_t) + dead_.size();
+  }
 
  private:
   std::vector<int32_t> row_;   // per state: its row of dmin_, -1 outside max-length rules
