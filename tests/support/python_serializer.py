@@ -4,7 +4,8 @@
 Every node kind is written as the native serializer writes it: a :class:`KeySet` rule body as one
 ``KEY_TRIE`` instruction, a :class:`KeyNode` (and a nested ``KeySet``) as the alternation it
 expands to, whose words the native serializer writes from the node's spec, a :class:`UniqueItem`
-rule body as the ``UNIQUE`` marker word followed by its item's program.
+rule body as the ``UNIQUE`` marker word followed by its item's program, a :class:`BoundedString`
+as ``MAX_LENGTH n`` then its item's program.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from array import array
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.ir import (
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -29,7 +31,9 @@ from agent_infer.grammar.ir import (
 )
 
 # Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
-_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, UNIQUE_OPCODE = range(9)
+_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, UNIQUE_OPCODE, MAX_LENGTH_OPCODE = (
+    range(10)
+)
 _INT32_MAX = 2**31 - 1
 
 
@@ -171,6 +175,9 @@ class _Serializer:
             return code
         if type(expr) is UniqueItem:  # the marker word, then the item (only as a whole rule body)
             code.append(UNIQUE_OPCODE)
+            expr = expr.item
+        elif type(expr) is BoundedString:  # the marker and its bound, then the item
+            code.extend((MAX_LENGTH_OPCODE, expr.max_length))
             expr = expr.item
         try:
             self.emit(expr, code)

@@ -19,7 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir.constructors import alt, lit, seq
-from agent_infer.grammar.ir.nodes import Alt, Expr, KeyNode, KeySet, Ref, Repeat, Seq, UniqueItem, _set
+from agent_infer.grammar.ir.nodes import (
+    Alt,
+    BoundedString,
+    Expr,
+    KeyNode,
+    KeySet,
+    Ref,
+    Repeat,
+    Seq,
+    UniqueItem,
+    _set,
+)
 from agent_infer.grammar.ir.printer import _fmt
 from agent_infer.grammar.ir.references import first_undefined_ref
 
@@ -242,6 +253,8 @@ def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
         return Repeat(_rename(expr.item, mapping), expr.min, expr.max)
     if isinstance(expr, UniqueItem):
         return UniqueItem(_rename(expr.item, mapping))
+    if isinstance(expr, BoundedString):
+        return BoundedString(_rename(expr.item, mapping), expr.max_length)
     return expr
 
 

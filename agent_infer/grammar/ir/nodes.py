@@ -1,4 +1,4 @@
-"""The IR's node classes (:class:`Expr` and its ten kinds) and the code point range helpers
+"""The IR's node classes (:class:`Expr` and its eleven kinds) and the code point range helpers
 :class:`CharClass` normalizes with. Re-exported by :mod:`agent_infer.grammar.ir`."""
 
 from __future__ import annotations
@@ -326,6 +326,27 @@ class UniqueItem(Expr):
         return (self.item,)
 
 
+@dataclass(frozen=True)
+class BoundedString(Expr):
+    """A JSON string (``item`` matches its text, quotes included) of at most ``max_length`` code
+    points once decoded (each escape one, a surrogate pair one): the matcher counts them as the
+    string is read, for bounds whose automaton product would be too large to build.
+
+    Only as a whole rule body."""
+
+    item: Expr
+    max_length: int
+
+    def __init__(self, item: Expr, max_length: int) -> None:
+        _set(self, "item", item)
+        _set(self, "max_length", max_length)
+        if max_length < 0:
+            raise GrammarDefinitionError(f"a bounded string's max_length must be >= 0, got {max_length}")
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.item,)
+
+
 NODE_KINDS: tuple[type[Expr], ...] = (
     Empty,
     Literal,
@@ -337,5 +358,6 @@ NODE_KINDS: tuple[type[Expr], ...] = (
     KeyNode,
     KeySet,
     UniqueItem,
+    BoundedString,
 )
 """Every node kind, in the order the native serializer and reference walk take them."""

@@ -4,7 +4,8 @@
 The two key-trie kinds print as what the compiler takes, not as their expansions:
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
-a name). A :class:`UniqueItem` rule body prints as ``%unique(...)`` around its item. llama.cpp
+a name). A :class:`UniqueItem` rule body prints as ``%unique(...)`` around its item, a
+:class:`BoundedString` as ``%max-length(N ...)``. llama.cpp
 does not read these forms; our GBNF front end does, so every grammar prints as text it reads
 back to an equal grammar.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -78,7 +80,7 @@ def _leaf(expr: Expr) -> str | None:
         return expr.name
     if isinstance(expr, Alt) and not expr.items:
         return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
-    if isinstance(expr, Seq | Alt | Repeat | UniqueItem):
+    if isinstance(expr, Seq | Alt | Repeat | UniqueItem | BoundedString):
         return None
     raise TypeError(f"not an IR node: {expr!r}")
 
@@ -112,7 +114,7 @@ def _fmt(expr: Expr, prec: int) -> str:
                 done.append(text)
                 continue
             todo.append((node, p, True))
-            if isinstance(node, UniqueItem):
+            if isinstance(node, UniqueItem | BoundedString):
                 todo.append((node.item, 0, False))
             elif isinstance(node, Repeat):
                 todo.append((node.item, 2, False))
@@ -129,6 +131,9 @@ def _fmt(expr: Expr, prec: int) -> str:
             continue
         if isinstance(node, UniqueItem):
             done.append(f"%unique({done.pop()})")
+            continue
+        if isinstance(node, BoundedString):
+            done.append(f"%max-length({node.max_length} {done.pop()})")
             continue
         if isinstance(node, Repeat):
             inner = done.pop()

@@ -35,6 +35,7 @@ from typing import Any
 from agent_infer.grammar.ir.grammar import Grammar
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -76,12 +77,18 @@ class _Lowering:
         self.unique: set[int] = {
             self.rule_nt[name] for name, expr in grammar.rules if isinstance(expr, UniqueItem)
         }
+        # Nonterminals of BoundedString rule bodies: their completions decode to at most n characters.
+        self.bounded: dict[int, int] = {
+            self.rule_nt[name]: expr.max_length
+            for name, expr in grammar.rules
+            if isinstance(expr, BoundedString)
+        }
         self.memo: dict[Expr, int] = {}
         self.term_memo: dict[tuple[tuple[int, int], ...], int] = {}
         self.start = self.new_nt()
         self.prods.append((self.start, (self.rule_nt[grammar.root],)))
         for name, expr in grammar.rules:
-            body = expr.item if isinstance(expr, UniqueItem) else expr
+            body = expr.item if isinstance(expr, UniqueItem | BoundedString) else expr
             self.prods.append((self.rule_nt[name], self.symbols(body)))
 
     def new_nt(self) -> int:
@@ -107,8 +114,8 @@ class _Lowering:
             return tuple(s for item in expr.items for s in self.symbols(item))
         if isinstance(expr, Alt | Repeat | KeySet | KeyNode):
             return (self.nonterminal(expr),)
-        if isinstance(expr, UniqueItem):
-            raise TypeError("a UniqueItem is only allowed as a whole rule body")
+        if isinstance(expr, UniqueItem | BoundedString):
+            raise TypeError(f"a {type(expr).__name__} is only allowed as a whole rule body")
         raise TypeError(f"not an IR node: {expr!r}")
 
     def nonterminal(self, expr: Alt | Repeat | KeySet | KeyNode) -> int:
@@ -157,6 +164,7 @@ class ReferenceRecognizer:
         self._nullable = self._nullable_set()
         self.empty_language = self._start not in productive
         self._unique = low.unique
+        self._bounded = low.bounded
 
     def _productive(self, low: _Lowering) -> set[int]:
         done: set[int] = set()
@@ -205,7 +213,10 @@ class ReferenceRecognizer:
                         new.append((p, d + 1, o))
             else:
                 waiting[complete_key].append(item)
-                if o < i and not (lhs in self._unique and repeats_earlier_item(text, o, i)):
+                if o < i and not (
+                    (lhs in self._unique and repeats_earlier_item(text, o, i))
+                    or (lhs in self._bounded and len(json.loads(text[o:i])) > self._bounded[lhs])
+                ):
                     new.extend((p2, d2 + 1, o2) for p2, d2, o2 in sets[o].get(lhs, ()))
             for nxt in new:
                 if nxt not in seen:

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -150,6 +151,6 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             push(node.item)
         elif isinstance(node, KeySet | KeyNode):
             extend(node.expand())  # the rules its expansion calls
-        elif isinstance(node, UniqueItem):
+        elif isinstance(node, UniqueItem | BoundedString):
             push(node.item)
     return None

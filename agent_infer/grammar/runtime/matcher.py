@@ -184,7 +184,10 @@ class GrammarMatcher:
     def shortest_completion(self) -> bytes | None:
         """The fewest bytes that complete the text so far to a string of the grammar.
 
-        ``b""`` when the grammar can end now; None once the matcher has terminated. Where the
+        ``b""`` when the grammar can end now; None once the matcher has terminated, or where that
+        completion would close an item of a ``uniqueItems`` array equal to an earlier one, or
+        take a string whose ``maxLength`` is counted at run time past it (the shortest completion
+        is the grammar's, which sees neither the earlier items nor the count). Where the
         grammar leaves a choice of byte, readable ASCII (``a``, ``0``, ``A``, then the lowest
         printable) is preferred.
         """

@@ -337,7 +337,7 @@ void register_grammar(nb::module_& m) {
              }
              return nb::cast(out);
            })
-      .def("shortest_completion", [](const Matcher& mt) -> nb::object {
+      .def("shortest_completion", [](Matcher& mt) -> nb::object {
         Matcher::Use use(mt, "shortest_completion");
         std::string s;
         if (!mt.shortest_completion(&s)) return nb::none();

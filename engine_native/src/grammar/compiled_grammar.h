@@ -20,6 +20,8 @@
 namespace agent_infer {
 namespace grammar {
 
+class BoundedTables;  // grammar/match/bounded.h
+
 struct Limits {
   int64_t max_nfa_states = 2000000;
   int64_t max_dfa_states = 500000;
@@ -83,6 +85,12 @@ class CompiledGrammar {
   // the matcher rejects its completions whose value equals an earlier item's (grammar/match/unique.cpp).
   std::vector<uint8_t> unique_rule;
   bool has_unique = false;
+  // max_length[r] >= 0: rule r is a JSON string of at most that many code points once decoded
+  // (ir.BoundedString); the matcher counts them and drops the rule's items that cannot finish in
+  // time (grammar/match/bounded.cpp, whose tables `bounded` holds). -1: no bound.
+  std::vector<int32_t> max_length;
+  bool has_bounded = false;
+  std::shared_ptr<const BoundedTables> bounded;
   // ORs into `set` the bytes state q has byte edges for.
   void add_live_bytes(int32_t q, ByteSet& set) const {
     const State& st = states[static_cast<size_t>(q)];

@@ -23,6 +23,9 @@ namespace grammar {
 //     items must be distinct (ir.UniqueItem). Only as a rule's first word; the lowering records
 //     the mark (CompiledGrammar::unique_rule) and removes the word before any other pass but the
 //     merging of equal rules, which keeps marked and unmarked rules apart through it.
+//   | MAX_LENGTH n (two words, then the rule's expression): the rule is a JSON string of at most n
+//     code points once decoded (ir.BoundedString); like UNIQUE, only as a rule's first word, recorded
+//     (CompiledGrammar::max_length) and removed after the merging of equal rules.
 enum Op : int32_t {
   kEmpty = 0,
   kLiteral = 1,
@@ -32,7 +35,8 @@ enum Op : int32_t {
   kRepeat = 5,
   kRef = 6,
   kKeyTrie = 7,
-  kUnique = 8
+  kUnique = 8,
+  kMaxLength = 9
 };
 
 
@@ -55,6 +59,7 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
     case kSeq:
     case kAlt:
     case kRef:
+    case kMaxLength:
       return 2;
     case kRepeat:
       return 3;

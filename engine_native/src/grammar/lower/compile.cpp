@@ -24,6 +24,7 @@
 #include "grammar/lower/nfa_builder.h"
 #include "grammar/lower/rule_passes.h"
 #include "grammar/lower/scratch.h"
+#include "grammar/match/bounded.h"
 #include "grammar/mask/state_mask.h"
 #include "grammar/mask/tokenizer_info.h"
 
@@ -78,29 +79,44 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<std::vector<int32_t>>& own_rules = *own;
   const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
   if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
-  // Unique-item marks: merging kept marked rules apart from unmarked ones (the word is part of
-  // the program it compares); every later pass reads plain programs and the mark.
+  // Unique-item and max-length marks: merging kept marked rules apart from unmarked ones (the
+  // words are part of the program it compares); every later pass reads plain programs and the marks.
   unique_rule.assign(rules_ptr->size(), 0);
+  max_length.assign(rules_ptr->size(), -1);
   for (size_t r = 0; r < rules_ptr->size(); ++r) {
-    if ((*rules_ptr)[r].empty() || (*rules_ptr)[r][0] != kUnique) continue;
+    const std::vector<int32_t>& code = (*rules_ptr)[r];
+    if (code.empty() || (code[0] != kUnique && code[0] != kMaxLength)) continue;
     if (rules_ptr != &own_rules) {
       own_rules = *rules_ptr;
       rules_ptr = &own_rules;
     }
-    own_rules[r].erase(own_rules[r].begin());
-    if (own_rules[r].empty()) throw DefinitionError("a unique array item rule has no expression");
-    unique_rule[r] = 1;
-    has_unique = true;
+    std::vector<int32_t>& body = own_rules[r];
+    if (body[0] == kUnique) {
+      body.erase(body.begin());
+      if (body.empty()) throw DefinitionError("a unique array item rule has no expression");
+      unique_rule[r] = 1;
+      has_unique = true;
+    } else {
+      if (body.size() < 3 || body[1] < 0) throw DefinitionError("a max-length string rule has no bound or no expression");
+      max_length[r] = body[1];
+      body.erase(body.begin(), body.begin() + 2);
+      has_bounded = true;
+    }
   }
   if (unique_rule[static_cast<size_t>(root)]) throw DefinitionError("the root rule cannot be a unique array item");
+  if (max_length[static_cast<size_t>(root)] >= 0) throw DefinitionError("the root rule cannot be a max-length string");
   if (hoist_repeat_items(*rules_ptr, &own_rules)) rules_ptr = &own_rules;
-  unique_rule.resize(rules_ptr->size(), 0);
-  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root, unique_rule);
+  // Marked rules stay rules of their own: the matcher reads their items' origins.
+  std::vector<uint8_t> keep(rules_ptr->size(), 0);
+  for (size_t r = 0; r < unique_rule.size(); ++r) keep[r] = unique_rule[r] || max_length[r] >= 0;
+  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root, keep);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
   const size_t R = rules.size();  // outlined rules come after the grammar's own
   unique_rule.resize(R, 0);
-  inline_finite_chains(rules, root, unique_rule, &inl);
+  max_length.resize(R, -1);
+  keep.resize(R, 0);
+  inline_finite_chains(rules, root, keep, &inl);
 
   // Build the automata of the rules reachable from the root through non-inlined references.
   ScratchLease lease;
@@ -374,12 +390,13 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
 
   compute_follow_sets(limits);
   masks_.reset(states.size());
+  if (has_bounded) bounded = BoundedTables::build(*this);
 }
 
 size_t CompiledGrammar::memory_bytes() const {
   return sizeof(*this) + states.size() * (sizeof(State) + sizeof(void*) + sizeof(ByteSet)) +
          follow.size() * sizeof(ByteSet) + byte_edges.size() * sizeof(ByteEdge) +
-         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5;
+         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5 + (bounded ? bounded->table_bytes() : 0);
 }
 
 }  // namespace grammar

@@ -165,7 +165,9 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   if (contributors > 1) {
     scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   }
-  if (scratch_.size() >= kMemoUncertain) {
+  // Near a max-length string's bound the Earley check drops items by the string's count, which
+  // the parse context's key does not hold: no memo there.
+  if (scratch_.size() >= kMemoUncertain && !(bounded_on_ && bounded_near())) {
     // Large uncertain sets recur with the same parse context (every test decoding a schema,
     // every request reusing it), and checking them costs milliseconds: memoize the outcome.
     std::string key;
@@ -194,6 +196,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   } else if (!scratch_.empty()) {
     check_uncertain(mask);
   }
+  if (bounded_on_) recheck_bounded(mask, vw);
   if (unique_on_) recheck_unique(mask, vw);
   if (!terminate_without_eos_ && last_set_can_end()) {
     for (int32_t e : t.eos_ids) {

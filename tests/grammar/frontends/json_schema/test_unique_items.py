@@ -409,3 +409,13 @@ def test_run_time_limits_raise_grammar_limit_error(byte_compiler: GrammarCompile
     m = GrammarMatcher(compiled)
     with pytest.raises(GrammarLimitError, match="exponent"):
         m.accept_string("[1,1e9999999999999999,")
+
+
+def test_the_shortest_completion_never_repeats_an_item(byte_compiler: GrammarCompiler) -> None:
+    """The grammar's shortest completion of `["a",` is `""]`; after `["",` it would repeat "",
+    so there is none to offer (closing on max_tokens then does not apply)."""
+    compiled = byte_compiler.compile(Grammar.from_json_schema(RUNTIME[0], whitespace="compact"))
+    m = GrammarMatcher(compiled)
+    assert m.accept_string('["a",') and m.shortest_completion() == b'""]'
+    m = GrammarMatcher(compiled)
+    assert m.accept_string('["",') and m.shortest_completion() is None
