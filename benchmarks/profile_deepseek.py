@@ -84,6 +84,7 @@ def instrument(clock: PhaseClock) -> None:
     from agent_infer.model.layers import (
         attention,
         compressed_attention,
+        float_linear,
         hyper_connections,
         interleaved_rotary,
         linear,
@@ -130,19 +131,10 @@ def instrument(clock: PhaseClock) -> None:
         w(hyper_connections.HyperConnection, fn, "hyper-connections")
     w(hyper_connections.HyperHead, "forward", "hyper-connections")
     w(deepseek_v4, "expand", "hyper-connections")
-    for cls in (linear.TorchLinear, qlinear.QuantLinear, *extra_linear_classes()):
+    for cls in (linear.TorchLinear, qlinear.QuantLinear, float_linear.FloatPackedLinear):
         w(cls, "project", "projections")
         w(cls, "project_normed", "projections")
         w(cls, "logits", "LM head")
-
-
-def extra_linear_classes() -> list[type]:
-    """Linear classes beyond the torch and GGUF ones, where the tree has them."""
-    try:
-        from agent_infer.model.layers import float_linear
-    except ImportError:
-        return []
-    return [float_linear.FloatPackedLinear]
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from deepseek_v4_support import save_tiny as save_v4
 
 from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.float_linear import PACKED_FLOAT, FloatPackedLinear, pack_float32
 from agent_infer.model.layers.linear import WeightPart
 from agent_infer.model.layers.moe import MoE
@@ -142,14 +142,16 @@ def test_packed_experts_reject_bad_input() -> None:
     assert moe.packed_experts is not None
     x = torch.randn(2, 64)
     with pytest.raises(IndexError, match="routes to expert 8"):
-        native_ops.run_experts(moe.packed_experts, x, torch.tensor([[0, 8], [1, 2]]), torch.ones(2, 2), None)
+        native_deepseek.run_experts(
+            moe.packed_experts, x, torch.tensor([[0, 8], [1, 2]]), torch.ones(2, 2), None
+        )
     with pytest.raises(ValueError, match="do not describe"):
-        native_ops.run_experts(
+        native_deepseek.run_experts(
             moe.packed_experts, x, torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2), None
         )
     gate_up = [pack_float32(torch.randn(48, 64))]
     with pytest.raises(ValueError, match="expert 0 has gate_up"):
-        native_ops.packed_experts(gate_up, [pack_float32(torch.randn(64, 20))], None, None)
+        native_deepseek.packed_experts(gate_up, [pack_float32(torch.randn(64, 20))], None, None)
 
 
 def test_float_packed_linear_rows_are_batch_invariant_and_exact() -> None:
@@ -228,11 +230,11 @@ def test_native_hyper_connections_match_torch_row_by_row(hc: int, hidden: int) -
 
 def test_native_hyper_connections_reject_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"a weight \(8, 15\)"):
-        native_ops.hc_collapse(
+        native_deepseek.hc_collapse(
             torch.zeros(2, 2, 8), torch.zeros(8, 15), torch.zeros(8), torch.zeros(3), 4, 1e-6, 1e-6
         )
     with pytest.raises(ValueError, match="streams"):
-        native_ops.hc_head(
+        native_deepseek.hc_head(
             torch.zeros(2, 2, 8, dtype=torch.float64),
             torch.zeros(2, 16),
             torch.zeros(2),
@@ -261,7 +263,7 @@ def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: 
     want = moe(x, fixed)
     moe.pack_experts(pack_float32)
     assert moe.packed_router is not None
-    got_e, got_w = native_ops.route_packed(moe.packed_router, x, fixed)
+    got_e, got_w = native_deepseek.route_packed(moe.packed_router, x, fixed)
     order_w, order_g = want_e.argsort(dim=-1), got_e.argsort(dim=-1)
     assert torch.equal(want_e.gather(1, order_w), got_e.gather(1, order_g))
     assert torch.allclose(want_w.gather(1, order_w), got_w.gather(1, order_g), atol=1e-6)
@@ -271,4 +273,4 @@ def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: 
         assert torch.equal(moe(x[i : i + 1], None if fixed is None else fixed[i : i + 1])[0], out[i])
     if hashed:
         with pytest.raises(IndexError, match="hashed to expert 16"):
-            native_ops.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))
+            native_deepseek.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))

@@ -28,7 +28,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers import compressed_native, native_ops
+from agent_infer.model.layers import compressed_native, native_deepseek, native_ops
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
@@ -235,7 +235,7 @@ class CompressedAttention(nn.Module):
             compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
         out = self.rotary.apply(out, tables, inverse=True)
         if self.wo_a_packed is not None:
-            return self.wo_b.project(native_ops.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
+            return self.wo_b.project(native_deepseek.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
         out = out.reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(

@@ -26,7 +26,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
@@ -151,7 +151,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_tables = native_tables(rotation) if self.native else None
         if rope_tables is not None:
             # One native call: the latent norm, both rotations and the cache rows.
-            q_rope = native_ops.mla_prep(
+            q_rope = native_deepseek.mla_prep(
                 q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
                 self.rope_order is not None, cache, plan.slot_mapping, n,
             )  # fmt: skip
