@@ -52,6 +52,8 @@ class PhaseClock:
     def wrap(self, owner: Any, attr: str, phase: str, inclusive: bool = False) -> None:
         """Replace ``owner.attr`` by a timed version charging ``phase``."""
         fn: Callable[..., Any] = getattr(owner, attr)
+        if getattr(fn, "__phase__", None) == phase:  # inherited from a class wrapped already
+            return
         clock = self
 
         @functools.wraps(fn)
@@ -72,6 +74,7 @@ class PhaseClock:
                     inc[0] += time.perf_counter() - start[0]
                     inc[1] += time.process_time() - start[1]
 
+        timed.__phase__ = phase  # type: ignore[attr-defined]
         setattr(owner, attr, timed)
 
 
