@@ -274,3 +274,21 @@ def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: 
     if hashed:
         with pytest.raises(IndexError, match="hashed to expert 16"):
             native_deepseek.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))
+
+
+def test_moe_with_its_norm_fused_matches_the_separate_norm() -> None:
+    from agent_infer.model.layers.norm import RMSNorm
+
+    moe = _moe(0.5, 24)
+    norm = RMSNorm(64, 1e-6, None, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64) + 0.5)
+    wide = torch.randn(19, 80)
+    x = wide[:, :64]  # rows 80 floats apart: the fused norm reads them in place
+    want = moe(norm(x))
+    moe.pack_experts(pack_float32)
+    got = moe.forward_normed(x, norm)
+    assert (got - want).abs().max().item() <= 1e-5
+    assert torch.equal(moe.forward_normed(x.contiguous(), norm), got)
+    for i in range(19):
+        assert torch.equal(moe.forward_normed(x[i : i + 1], norm)[0], got[i])

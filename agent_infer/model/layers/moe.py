@@ -30,6 +30,7 @@ from torch import nn
 from agent_infer.errors import ConfigError
 from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
+from agent_infer.model.layers.norm import RMSNorm
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
@@ -213,6 +214,22 @@ class MoE(nn.Module):
         best = group_scores.topk(self.topk_groups, dim=-1).indices
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(tokens, -1)
+
+    def forward_normed(
+        self, x: torch.Tensor, norm: RMSNorm, hash_experts: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`forward` of ``norm(x)``; the packed path normalizes inside its kernel call."""
+        if self.expert_backend is None and self.packed_experts is not None and self.packed_router is not None:
+            out = native_deepseek.run_routed_experts(
+                self.packed_experts,
+                self.packed_router,
+                x,
+                hash_experts,
+                self.swiglu_limit,
+                (norm.weight, norm.eps),
+            )
+            return out.to(x.dtype)
+        return self.forward(norm.forward(x), hash_experts)
 
     def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``

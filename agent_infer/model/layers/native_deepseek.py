@@ -30,16 +30,11 @@ class PackedExpertSet(Protocol):
         ...
 
     def forward_routed(
-        self,
-        router: PackedRouterSet,
-        x: int,
-        t: int,
-        fixed: int,
-        out: int,
-        limit: float,
-        num_threads: int = 1,
-    ) -> None:
-        """:meth:`forward` over ``router``'s choice for ``x`` (``fixed``: hash-routed experts or 0)."""
+        self, router: PackedRouterSet, x: int, t: int, fixed: int, out: int, limit: float, num_threads: int = 1,
+        norm: int = 0, eps: float = 0.0, ldx: int = 0,
+    ) -> None:  # fmt: skip
+        """:meth:`forward` over ``router``'s choice for ``x`` (``fixed``: hash-routed experts or 0),
+        its rows first RMS-normalized with the weights at ``norm`` when nonzero."""
         ...
 
 
@@ -102,17 +97,45 @@ def run_routed_experts(
     x: torch.Tensor,
     fixed: torch.Tensor | None,
     limit: float | None,
+    norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """Float32 ``[T, H]``: :func:`run_experts` over the experts and weights ``router`` picks for ``x``."""
-    x = _rows(x, packed.hidden, "run_routed_experts")
+    """Float32 ``[T, H]``: :func:`run_experts` over the experts and weights ``router`` picks for ``x``,
+    or for ``rms_norm(x) * weight`` with ``norm`` = ``(weight, eps)`` (then ``x``'s rows may lie
+    apart: a row slice of a wider tensor is read in place)."""
+    ldx = 0
+    if (
+        norm is not None
+        and _normable(x, packed.hidden)
+        and norm[0].dtype is torch.float32
+        and norm[0].is_contiguous()
+    ):
+        ldx = int(x.stride(0))
+    else:
+        if norm is not None:
+            x = torch.nn.functional.rms_norm(x, (int(x.shape[-1]),), norm[0], norm[1])
+            norm = None
+        x = _rows(x, packed.hidden, "run_routed_experts")
     t = int(x.shape[0])
     fixed = _fixed(fixed, t, router.top_k, "run_routed_experts")
     out = torch.empty(t, packed.hidden, dtype=torch.float32)
     packed.forward_routed(
         router, x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), out.data_ptr(),
         float("nan") if limit is None else float(limit), get_num_threads(),
+        0 if norm is None else norm[0].data_ptr(), 0.0 if norm is None else float(norm[1]), ldx,
     )  # fmt: skip
     return out
+
+
+def _normable(x: torch.Tensor, width: int) -> bool:
+    """Float32 CPU rows of ``width`` contiguous values each, possibly apart (the fused norm reads them)."""
+    return (
+        x.dtype is torch.float32
+        and x.device.type == "cpu"
+        and x.dim() == 2
+        and int(x.shape[1]) == width
+        and x.stride(1) == 1
+        and int(x.stride(0)) >= width
+    )
 
 
 def packed_experts(
