@@ -130,6 +130,7 @@ def instrument(clock: PhaseClock) -> None:
     w(norm.RMSNorm, "forward", "norms")
     w(moe.MoE, "route", "MoE routing (torch path)")
     w(moe.MoE, "forward", "MoE routing + grouping + experts")
+    w(moe.MoE, "forward_normed", "MoE routing + grouping + experts")
     for fn in ("collapse",):
         w(hyper_connections.HyperConnection, fn, "hyper-connections")
     w(hyper_connections.HyperHead, "forward", "hyper-connections")
