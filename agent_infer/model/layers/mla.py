@@ -16,6 +16,11 @@ Head ``h``'s key is ``[W_UK[h] c, k_r]`` and its value ``W_UV[h] c``, where ``kv
 Sequences with at most :data:`ABSORB_MAX_QUERY` new tokens (decode steps, drafts, forced tokens)
 take the absorbed form, longer chunks the expanded one; the choice depends only on the sequence,
 so batch invariance holds as in layers/attention.py.
+
+With ``native`` (the packed-float kernels: CPU, float32) the absorbed rows of a step run in one
+native call per layer (``DecodeBatch.run_mla``, engine_native/src/kernels/attention_mla.h: each
+row's arithmetic is its own, in a fixed order), and the latent norm, both rotations and the new
+cache rows in another (``native_deepseek.mla_prep``); longer chunks stay in torch.
 """
 
 from __future__ import annotations
