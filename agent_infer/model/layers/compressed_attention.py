@@ -172,8 +172,8 @@ class CompressedAttention(nn.Module):
         rows, n = int(x.shape[0]), plan.num_tokens
         ql, d = self.q_lora, self.dim
         h = self.down.project_normed(x, norm)
-        # q_b and the indexer's wq_b share the normed query latent: each kernel call normalizes the
-        # slice itself (the torch path normalizes, then projects; the same values either way).
+        # q_b and the indexer's wq_b share the normed query latent: each packed call normalizes the
+        # slice itself, which costs less than a separate torch norm (the torch path runs one).
         q_lat = h[:, :ql]
         q = self.rotary.norm_apply(
             self.q_up.project_normed(q_lat, self.q_norm).view(rows, self.heads, d), tables, None, self.eps
