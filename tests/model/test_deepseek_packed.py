@@ -292,3 +292,31 @@ def test_moe_with_its_norm_fused_matches_the_separate_norm() -> None:
     assert torch.equal(moe.forward_normed(x.contiguous(), norm), got)
     for i in range(19):
         assert torch.equal(moe.forward_normed(x[i : i + 1], norm)[0], got[i])
+
+
+def test_packed_linear_reads_and_writes_strided_rows_bit_identically() -> None:
+    """Row strides (a column slice of a wider matrix in, a column block of a wider output out)
+    change where rows lie, not the FMA chain: the same bits as contiguous rows."""
+    from agent_infer.model.layers.norm import RMSNorm
+    from agent_infer.model.layers.qlinear import QuantLinear
+
+    torch.manual_seed(5)
+    layer = QuantLinear.from_float(torch.randn(40, 24))
+    wide = torch.randn(9, 60)
+    x = wide[:, 10:34]
+    want = layer.project(x.contiguous())
+    out = torch.full((9, 100), float("nan"))
+    layer.packed.forward_raw(x.data_ptr(), 9, out.data_ptr() + 4 * 30, 1, 60, 100)
+    assert torch.equal(out[:, 30:70], want)
+    assert out[:, :30].isnan().all() and out[:, 70:].isnan().all()
+    norm = RMSNorm(24, 1e-6, None, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(24) + 0.5)
+    assert torch.equal(layer.project_normed(x, norm), layer.project_normed(x.contiguous(), norm))
+    groups = [pack_float32(torch.randn(16, 12)) for _ in range(2)]
+    y = torch.randn(7, 24)
+    got = native_deepseek.grouped_linear(groups, y)
+    for g, p in enumerate(groups):
+        part, piece = torch.empty(7, 16), y[:, 12 * g : 12 * g + 12].contiguous()
+        p.forward_raw(piece.data_ptr(), 7, part.data_ptr(), 1)
+        assert torch.equal(got[:, 16 * g : 16 * g + 16], part)
