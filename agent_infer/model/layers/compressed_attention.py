@@ -15,7 +15,8 @@ weights) run as one fused matmul; the compressors' per-token projections go to t
 so a window closed in a later step (or by another sequence sharing the prefix) finds them there.
 
 Each sequence attends on its own with the same shapes alone or in a batch (batch invariance, as in
-layers/attention.py).
+layers/attention.py). On the packed-float kernels the single-token sequences run natively instead
+(:mod:`.compressed_native`), and so do RoPE with its norms and the grouped projection.
 """
 
 from __future__ import annotations
