@@ -10,7 +10,9 @@ waiting for a core, CPU time does not.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/profile_deepseek.py --model checkpoints/tiny-deepseek-v3
 
-``--speculative 0`` turns speculative decoding off (plain one-token steps).
+``--speculative 0`` turns speculative decoding off (plain one-token steps). ``--prefill 32 256 1024``
+instead times one request's prefill (time to the first token, wall and CPU, median of 3 after a
+warm-up) per prompt length; with ``AGENT_INFER_NATIVE_LINEAR=0`` the same on the torch path.
 """
 
 from __future__ import annotations
@@ -141,6 +143,29 @@ def instrument(clock: PhaseClock) -> None:
         w(cls, "logits", "LM head")
 
 
+def prefill(engine: Any, lengths: list[int], vocab: int) -> None:
+    """Print the median time to the first token of one request per prompt length."""
+    import statistics
+
+    from agent_infer.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    print(f"kernels {engine.runner.model.kernels.name}; one request; median of 3 after a warm-up")
+    print(f"{'prompt tokens':>14}{'TTFT wall ms':>14}{'TTFT CPU ms':>13}")
+    for length in lengths:
+        wall, cpu = [], []
+        for rep in range(4):
+            prompt = torch.randint(2, vocab, (length,), generator=gen).tolist()
+            start = (time.perf_counter(), time.process_time())
+            engine.add_request(f"p{length}-{rep}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
+            while engine.has_unfinished_requests():
+                engine.step()
+            if rep:
+                wall.append(time.perf_counter() - start[0])
+                cpu.append(time.process_time() - start[1])
+        print(f"{length:>14}{statistics.median(wall) * 1e3:>14.1f}{statistics.median(cpu) * 1e3:>13.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -150,6 +175,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--speculative", type=int, default=None, help="speculative_tokens (default: the engine's)"
+    )
+    ap.add_argument(
+        "--prefill", type=int, nargs="*", default=None, help="time the prefill of these prompt lengths"
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -165,6 +193,9 @@ def main() -> None:
     if args.speculative is not None:
         kw["speculative_tokens"] = args.speculative
     engine = LLMEngine(config=EngineConfig(**kw), loaded=loaded)
+    if args.prefill:
+        prefill(engine, args.prefill, loaded.config.vocab_size)
+        return
     clock = PhaseClock()
     instrument(clock)
     gen = torch.Generator().manual_seed(0)
