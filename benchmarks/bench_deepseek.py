@@ -1,10 +1,12 @@
-"""DeepSeek V4 decode speed and cache size: agent-infer vs transformers on the same HF folder.
+"""DeepSeek decode speed and cache size: agent-infer vs transformers on the same HF folder.
 
-Both engines load the same ``DeepseekV4ForCausalLM`` folder (``--model``; by default the tiny random
-5-layer checkpoint of the tests, written to a temporary folder) in float32 on the CPU with
-``--threads`` torch threads and ``OMP_WAIT_POLICY=PASSIVE``, get the same prompt token ids, and
-decode greedily with EOS ignored. Engines alternate within every repeat (a change in machine load
-hits both alike); the table shows medians over ``--repeats`` after one warm-up.
+Both engines load the same DeepSeek folder (``--model``; by default the tiny random 5-layer
+``DeepseekV4ForCausalLM`` checkpoint of the tests, written to a temporary folder; an FP8 checkpoint
+such as ``checkpoints/tiny-deepseek-v3`` reaches transformers dequantized, as bench_engine.py does
+it) in float32 on the CPU with ``--threads`` torch threads and ``OMP_WAIT_POLICY=PASSIVE``, get the
+same prompt token ids, and decode greedily with EOS ignored. Engines alternate within every repeat
+(a change in machine load hits both alike); the table shows medians over ``--repeats`` after one
+warm-up. ``--speculative-tokens N`` adds an agent-infer row with that setting (0: speculation off).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_deepseek.py
 
@@ -13,6 +15,8 @@ Metrics:
 * decode tok/s (batch 1): tokens after the first / time after the first.
 * N-way tok/s: every generated token / wall time from submitting N prompts to the last token
   (ours: N requests through ``LLMEngine.step``; transformers: one left-padded batched ``generate``).
+* tok/CPU-s: the same runs' tokens per second of process CPU time (all threads); the batch-1 run's
+  includes its prefill.
 * KV bytes/token: ours as ``ModelRunner.kv_bytes_per_token`` reports it (the compressed layout at
   the engine's block size), next to a GQA layout of the same width (``2 * heads * head_dim`` per
   layer, one KV head per 4 query heads) for scale.
