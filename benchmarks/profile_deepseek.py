@@ -10,7 +10,9 @@ waiting for a core, CPU time does not.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/profile_deepseek.py --model checkpoints/tiny-deepseek-v3
 
-``--speculative 0`` turns speculative decoding off (plain one-token steps).
+``--speculative 0`` turns speculative decoding off (plain one-token steps). ``--prefill 32 256 1024``
+instead times one request's prefill (time to the first token, wall and CPU, median of 3 after a
+warm-up) per prompt length; with ``AGENT_INFER_NATIVE_LINEAR=0`` the same on the torch path.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class PhaseClock:
     def wrap(self, owner: Any, attr: str, phase: str, inclusive: bool = False) -> None:
         """Replace ``owner.attr`` by a timed version charging ``phase``."""
         fn: Callable[..., Any] = getattr(owner, attr)
+        if getattr(fn, "__phase__", None) == phase:  # inherited from a class wrapped already
+            return
         clock = self
 
         @functools.wraps(fn)
@@ -72,6 +76,7 @@ class PhaseClock:
                     inc[0] += time.perf_counter() - start[0]
                     inc[1] += time.process_time() - start[1]
 
+        timed.__phase__ = phase  # type: ignore[attr-defined]
         setattr(owner, attr, timed)
 
 
@@ -84,6 +89,7 @@ def instrument(clock: PhaseClock) -> None:
     from agent_infer.model.layers import (
         attention,
         compressed_attention,
+        float_linear,
         hyper_connections,
         interleaved_rotary,
         linear,
@@ -126,23 +132,38 @@ def instrument(clock: PhaseClock) -> None:
     w(norm.RMSNorm, "forward", "norms")
     w(moe.MoE, "route", "MoE routing (torch path)")
     w(moe.MoE, "forward", "MoE routing + grouping + experts")
+    w(moe.MoE, "forward_normed", "MoE routing + grouping + experts")
     for fn in ("collapse",):
         w(hyper_connections.HyperConnection, fn, "hyper-connections")
     w(hyper_connections.HyperHead, "forward", "hyper-connections")
     w(deepseek_v4, "expand", "hyper-connections")
-    for cls in (linear.TorchLinear, qlinear.QuantLinear, *extra_linear_classes()):
+    for cls in (linear.TorchLinear, qlinear.QuantLinear, float_linear.FloatPackedLinear):
         w(cls, "project", "projections")
         w(cls, "project_normed", "projections")
         w(cls, "logits", "LM head")
 
 
-def extra_linear_classes() -> list[type]:
-    """Linear classes beyond the torch and GGUF ones, where the tree has them."""
-    try:
-        from agent_infer.model.layers import float_linear
-    except ImportError:
-        return []
-    return [float_linear.FloatPackedLinear]
+def prefill(engine: Any, lengths: list[int], vocab: int) -> None:
+    """Print the median time to the first token of one request per prompt length."""
+    import statistics
+
+    from agent_infer.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    print(f"kernels {engine.runner.model.kernels.name}; one request; median of 3 after a warm-up")
+    print(f"{'prompt tokens':>14}{'TTFT wall ms':>14}{'TTFT CPU ms':>13}")
+    for length in lengths:
+        wall, cpu = [], []
+        for rep in range(4):
+            prompt = torch.randint(2, vocab, (length,), generator=gen).tolist()
+            start = (time.perf_counter(), time.process_time())
+            engine.add_request(f"p{length}-{rep}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
+            while engine.has_unfinished_requests():
+                engine.step()
+            if rep:
+                wall.append(time.perf_counter() - start[0])
+                cpu.append(time.process_time() - start[1])
+        print(f"{length:>14}{statistics.median(wall) * 1e3:>14.1f}{statistics.median(cpu) * 1e3:>13.1f}")
 
 
 def main() -> None:
@@ -154,6 +175,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--speculative", type=int, default=None, help="speculative_tokens (default: the engine's)"
+    )
+    ap.add_argument(
+        "--prefill", type=int, nargs="*", default=None, help="time the prefill of these prompt lengths"
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -169,6 +193,9 @@ def main() -> None:
     if args.speculative is not None:
         kw["speculative_tokens"] = args.speculative
     engine = LLMEngine(config=EngineConfig(**kw), loaded=loaded)
+    if args.prefill:
+        prefill(engine, args.prefill, loaded.config.vocab_size)
+        return
     clock = PhaseClock()
     instrument(clock)
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ from deepseek_support import save_tiny_v4 as save_v4
 
 from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.float_linear import PACKED_FLOAT, FloatPackedLinear, pack_float32
 from agent_infer.model.layers.linear import WeightPart
 from agent_infer.model.layers.moe import MoE
@@ -142,14 +142,16 @@ def test_packed_experts_reject_bad_input() -> None:
     assert moe.packed_experts is not None
     x = torch.randn(2, 64)
     with pytest.raises(IndexError, match="routes to expert 8"):
-        native_ops.run_experts(moe.packed_experts, x, torch.tensor([[0, 8], [1, 2]]), torch.ones(2, 2), None)
+        native_deepseek.run_experts(
+            moe.packed_experts, x, torch.tensor([[0, 8], [1, 2]]), torch.ones(2, 2), None
+        )
     with pytest.raises(ValueError, match="do not describe"):
-        native_ops.run_experts(
+        native_deepseek.run_experts(
             moe.packed_experts, x, torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2), None
         )
     gate_up = [pack_float32(torch.randn(48, 64))]
     with pytest.raises(ValueError, match="expert 0 has gate_up"):
-        native_ops.packed_experts(gate_up, [pack_float32(torch.randn(64, 20))], None, None)
+        native_deepseek.packed_experts(gate_up, [pack_float32(torch.randn(64, 20))], None, None)
 
 
 def test_float_packed_linear_rows_are_batch_invariant_and_exact() -> None:
@@ -228,11 +230,11 @@ def test_native_hyper_connections_match_torch_row_by_row(hc: int, hidden: int) -
 
 def test_native_hyper_connections_reject_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"a weight \(8, 15\)"):
-        native_ops.hc_collapse(
+        native_deepseek.hc_collapse(
             torch.zeros(2, 2, 8), torch.zeros(8, 15), torch.zeros(8), torch.zeros(3), 4, 1e-6, 1e-6
         )
     with pytest.raises(ValueError, match="streams"):
-        native_ops.hc_head(
+        native_deepseek.hc_head(
             torch.zeros(2, 2, 8, dtype=torch.float64),
             torch.zeros(2, 16),
             torch.zeros(2),
@@ -261,7 +263,7 @@ def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: 
     want = moe(x, fixed)
     moe.pack_experts(pack_float32)
     assert moe.packed_router is not None
-    got_e, got_w = native_ops.route_packed(moe.packed_router, x, fixed)
+    got_e, got_w = native_deepseek.route_packed(moe.packed_router, x, fixed)
     order_w, order_g = want_e.argsort(dim=-1), got_e.argsort(dim=-1)
     assert torch.equal(want_e.gather(1, order_w), got_e.gather(1, order_g))
     assert torch.allclose(want_w.gather(1, order_w), got_w.gather(1, order_g), atol=1e-6)
@@ -271,4 +273,50 @@ def test_native_router_matches_torch_routing(scoring: str, groups: int, hashed: 
         assert torch.equal(moe(x[i : i + 1], None if fixed is None else fixed[i : i + 1])[0], out[i])
     if hashed:
         with pytest.raises(IndexError, match="hashed to expert 16"):
-            native_ops.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))
+            native_deepseek.route_packed(moe.packed_router, x[:1], torch.tensor([[0, 1, 16]]))
+
+
+def test_moe_with_its_norm_fused_matches_the_separate_norm() -> None:
+    from agent_infer.model.layers.norm import RMSNorm
+
+    moe = _moe(0.5, 24)
+    norm = RMSNorm(64, 1e-6, None, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64) + 0.5)
+    wide = torch.randn(19, 80)
+    x = wide[:, :64]  # rows 80 floats apart: the fused norm reads them in place
+    want = moe(norm(x))
+    moe.pack_experts(pack_float32)
+    got = moe.forward_normed(x, norm)
+    assert (got - want).abs().max().item() <= 1e-5
+    assert torch.equal(moe.forward_normed(x.contiguous(), norm), got)
+    for i in range(19):
+        assert torch.equal(moe.forward_normed(x[i : i + 1], norm)[0], got[i])
+
+
+def test_packed_linear_reads_and_writes_strided_rows_bit_identically() -> None:
+    """Row strides (a column slice of a wider matrix in, a column block of a wider output out)
+    change where rows lie, not the FMA chain: the same bits as contiguous rows."""
+    from agent_infer.model.layers.norm import RMSNorm
+    from agent_infer.model.layers.qlinear import QuantLinear
+
+    torch.manual_seed(5)
+    layer = QuantLinear.from_float(torch.randn(40, 24))
+    wide = torch.randn(9, 60)
+    x = wide[:, 10:34]
+    want = layer.project(x.contiguous())
+    out = torch.full((9, 100), float("nan"))
+    layer.packed.forward_raw(x.data_ptr(), 9, out.data_ptr() + 4 * 30, 1, 60, 100)
+    assert torch.equal(out[:, 30:70], want)
+    assert out[:, :30].isnan().all() and out[:, 70:].isnan().all()
+    norm = RMSNorm(24, 1e-6, None, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(24) + 0.5)
+    assert torch.equal(layer.project_normed(x, norm), layer.project_normed(x.contiguous(), norm))
+    groups = [pack_float32(torch.randn(16, 12)) for _ in range(2)]
+    y = torch.randn(7, 24)
+    got = native_deepseek.grouped_linear(groups, y)
+    for g, p in enumerate(groups):
+        part, piece = torch.empty(7, 16), y[:, 12 * g : 12 * g + 12].contiguous()
+        p.forward_raw(piece.data_ptr(), 7, part.data_ptr(), 1)
+        assert torch.equal(got[:, 16 * g : 16 * g + 16], part)

@@ -178,7 +178,7 @@ class DeepseekV3DecoderLayer(nn.Module):
             return x + self.mlp.forward(x, self.post_norm)
         assert self.moe is not None
         n = plan.num_tokens
-        y = self.moe.forward(self.post_norm.forward(x[:n]))  # padding rows would only add expert work
+        y = self.moe.forward_normed(x[:n], self.post_norm)  # padding rows would only add expert work
         if int(x.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(x.shape[0]) - n, int(y.shape[1]))))
         return x + y

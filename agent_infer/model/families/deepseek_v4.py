@@ -139,7 +139,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
         chosen = None if self.tid2eid is None else self.tid2eid.index_select(0, ids[:n])
-        y = self.moe.forward(self.ffn_norm.forward(collapsed[:n]), chosen)
+        y = self.moe.forward_normed(collapsed[:n], self.ffn_norm, chosen)
         if int(streams.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(streams.shape[0]) - n, int(y.shape[1]))))
         return expand(post, comb, y, streams, self.native)

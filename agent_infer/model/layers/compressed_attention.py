@@ -15,7 +15,8 @@ weights) run as one fused matmul; the compressors' per-token projections go to t
 so a window closed in a later step (or by another sequence sharing the prefix) finds them there.
 
 Each sequence attends on its own with the same shapes alone or in a batch (batch invariance, as in
-layers/attention.py).
+layers/attention.py). On the packed-float kernels the single-token sequences run natively instead
+(:mod:`.compressed_native`), and so do RoPE with its norms and the grouped projection.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
-from agent_infer.model.layers import compressed_native, native_ops
+from agent_infer.model.layers import compressed_native, native_deepseek, native_ops
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
@@ -172,8 +173,8 @@ class CompressedAttention(nn.Module):
         rows, n = int(x.shape[0]), plan.num_tokens
         ql, d = self.q_lora, self.dim
         h = self.down.project_normed(x, norm)
-        # q_b and the indexer's wq_b share the normed query latent: each kernel call normalizes the
-        # slice itself (the torch path normalizes, then projects; the same values either way).
+        # q_b and the indexer's wq_b share the normed query latent: each packed call normalizes the
+        # slice itself, which costs less than a separate torch norm (the torch path runs one).
         q_lat = h[:, :ql]
         q = self.rotary.norm_apply(
             self.q_up.project_normed(q_lat, self.q_norm).view(rows, self.heads, d), tables, None, self.eps
@@ -235,7 +236,7 @@ class CompressedAttention(nn.Module):
             compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
         out = self.rotary.apply(out, tables, inverse=True)
         if self.wo_a_packed is not None:
-            return self.wo_b.project(native_ops.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
+            return self.wo_b.project(native_deepseek.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
         out = out.reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agent_infer.errors import EngineError
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.compressed_plan import NativeDecode
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def close_windows(
         raise EngineError(f"{layer.prefix}: native window closes need contiguous float32 pools and weights")
     lead_bytes = lead.to(torch.uint8)
     slots = state_slots.contiguous()
-    native_ops.close_windows(
+    native_deepseek.close_windows(
         states.data_ptr(), int(states.shape[0]), int(states.shape[1]), slots.data_ptr(), int(slots.shape[0]),
         span, fresh.data_ptr(), int(fresh.stride(0)), closing.rows.data_ptr(), lead_bytes.data_ptr(),
         cos.data_ptr(), sin.data_ptr(), layer.rotary.rope_dim, targets.data_ptr(), entries.data_ptr(),
@@ -81,7 +81,7 @@ def close_windows(
 
 def attend(
     layer: CompressedAttention,
-    batch: native_ops.V4DecodeBatch,
+    batch: native_deepseek.V4DecodeBatch,
     q: torch.Tensor,
     window: torch.Tensor,
     entries: torch.Tensor | None,

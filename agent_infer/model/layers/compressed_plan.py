@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agent_infer.errors import EngineError
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek
 from agent_infer.model.layers.attention import AttentionMetadata
 
 
@@ -77,7 +77,7 @@ class NativeDecode:
     tables: torch.Tensor
     block_size: int
     #: Per compression rate (0: sliding-only layers) the kernel's checked view of the rows.
-    batches: dict[int, native_ops.V4DecodeBatch]
+    batches: dict[int, native_deepseek.V4DecodeBatch]
     #: :meth:`closing`'s results, per rate (every layer of a rate closes the same windows).
     closings: dict[int, Closing | None] = field(default_factory=dict)
 
@@ -246,7 +246,7 @@ def _native_decode(
     rows = torch.tensor([meta.query_start_loc[i] for i in single], dtype=torch.int64)
     # The kernel derives each row's window and entry slots from its table (checked there).
     batches = {
-        rate: native_ops.v4_decode_batch(rows, tables, ctx, bs, window, rate, num_tokens, num_slots)
+        rate: native_deepseek.v4_decode_batch(rows, tables, ctx, bs, window, rate, num_tokens, num_slots)
         for rate in (0, *rates)
     }
     return NativeDecode(rows, ctx, tables, bs, batches)

@@ -10,10 +10,11 @@ on how many rows share the call, so a 16-row decode step reads each weight (and 
 head) once instead of once per 4-row chunk of the torch path (layers/linear.py).
 
 :func:`packed_float_kernels` is the load-time choice for the families that accept it (the
-registry's ``hf_packed_linears``): CPU, float32, the extension present. Everything that is not a
-projection (norms, RoPE, routing, attention) stays in torch and keeps the torch path's 4-row
-padding, which is what makes those ops batch invariant; MoE experts are packed the same way
-(:meth:`~agent_infer.model.layers.moe.MoE.pack_experts`).
+registry's ``hf_packed_linears``): CPU, float32, the extension present. With these kernels the
+DeepSeek families also run MoE routing and experts (:meth:`~agent_infer.model.layers.moe.MoE.pack_experts`),
+decode attention, RoPE and V4's hyper-connections and grouped output projection natively, each
+row in a fixed order; the few torch ops left (norms, residual adds, the embedding) keep the torch
+path's 4-row padding of a forward's rows.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek
 from agent_infer.model.layers.linear import ROW_MULTIPLE, in_row_chunks
 
 
@@ -58,7 +58,7 @@ class HyperConnection(nn.Module):
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of ``streams`` ``[R, hc, H]``."""
         if self.native:
-            return native_ops.hc_collapse(
+            return native_deepseek.hc_collapse(
                 streams, self.fn, self.base, self.scale, self.iters, self.hc_eps, self.norm_eps
             )
         hc, rows = self.hc, int(streams.shape[0])
@@ -137,7 +137,7 @@ def expand(
     """New streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), in fixed row chunks, or
     row by row natively (float32 CPU) with ``native``."""
     if native:
-        return native_ops.hc_expand(post, comb, output, streams)
+        return native_deepseek.hc_expand(post, comb, output, streams)
 
     def mix(p: torch.Tensor, c: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return p.unsqueeze(-1) * o.unsqueeze(-2) + torch.matmul(c.transpose(-1, -2), s)
@@ -169,7 +169,9 @@ class HyperHead(nn.Module):
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
         """``[R, H]`` from ``streams`` ``[R, hc, H]``."""
         if self.native:
-            return native_ops.hc_head(streams, self.fn, self.base, self.scale, self.hc_eps, self.norm_eps)
+            return native_deepseek.hc_head(
+                streams, self.fn, self.base, self.scale, self.hc_eps, self.norm_eps
+            )
 
         def head(s: torch.Tensor) -> torch.Tensor:
             mixes = F.linear(_unit_rms(s.reshape(int(s.shape[0]), -1).float(), self.norm_eps), self.fn)

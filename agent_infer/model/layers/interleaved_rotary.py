@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek
 
 
 class InterleavedRotary:
@@ -71,7 +71,7 @@ class InterleavedRotary:
         y = x.clone(memory_format=torch.contiguous_format)
         rows, width = int(y.shape[0]), int(y.shape[-1])
         heads = int(y.shape[1]) if y.dim() == 3 else 1
-        native_ops.rope_pairs(
+        native_deepseek.rope_pairs(
             y, rows, heads, width, self.rope_dim, tables[0], tables[1], inverse, norm, weight, eps
         )
         return y

@@ -16,6 +16,11 @@ Head ``h``'s key is ``[W_UK[h] c, k_r]`` and its value ``W_UV[h] c``, where ``kv
 Sequences with at most :data:`ABSORB_MAX_QUERY` new tokens (decode steps, drafts, forced tokens)
 take the absorbed form, longer chunks the expanded one; the choice depends only on the sequence,
 so batch invariance holds as in layers/attention.py.
+
+With ``native`` (the packed-float kernels: CPU, float32) the absorbed rows of a step run in one
+native call per layer (``DecodeBatch.run_mla``, engine_native/src/kernels/attention_mla.h: each
+row's arithmetic is its own, in a fixed order), and the latent norm, both rotations and the new
+cache rows in another (``native_deepseek.mla_prep``); longer chunks stay in torch.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
@@ -151,7 +156,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_tables = native_tables(rotation) if self.native else None
         if rope_tables is not None:
             # One native call: the latent norm, both rotations and the cache rows.
-            q_rope = native_ops.mla_prep(
+            q_rope = native_deepseek.mla_prep(
                 q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
                 self.rope_order is not None, cache, plan.slot_mapping, n,
             )  # fmt: skip

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.model.layers import native_ops
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
+from agent_infer.model.layers.norm import RMSNorm
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
@@ -151,8 +152,8 @@ class MoE(nn.Module):
             else None
         )
         #: The experts and the router on the native kernel once :meth:`pack_experts` ran (float32 CPU models).
-        self.packed_experts: native_ops.PackedExpertSet | None = None
-        self.packed_router: native_ops.PackedRouterSet | None = None
+        self.packed_experts: native_deepseek.PackedExpertSet | None = None
+        self.packed_router: native_deepseek.PackedRouterSet | None = None
 
     def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
         """Route and run the experts (routed and shared) on the native kernel over ``pack`` of each
@@ -167,9 +168,9 @@ class MoE(nn.Module):
             if self.shared_gate_up is not None and self.shared_down is not None
             else (None, None)
         )
-        self.packed_experts = native_ops.packed_experts(gate_up, down, *shared)
+        self.packed_experts = native_deepseek.packed_experts(gate_up, down, *shared)
         bias = None if self.score_bias is None else [float(b) for b in self.score_bias.float().tolist()]
-        self.packed_router = native_ops.packed_router(
+        self.packed_router = native_deepseek.packed_router(
             pack(self.router), self.scoring, bias, self.num_groups, self.topk_groups if self.num_groups > 1 else 1,
             self.top_k,
             self.renormalize, self.routed_scaling_factor,
@@ -236,13 +237,29 @@ class MoE(nn.Module):
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(tokens, -1)
 
+    def forward_normed(
+        self, x: torch.Tensor, norm: RMSNorm, hash_experts: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`forward` of ``norm(x)``; the packed path normalizes inside its kernel call."""
+        if self.expert_backend is None and self.packed_experts is not None and self.packed_router is not None:
+            out = native_deepseek.run_routed_experts(
+                self.packed_experts,
+                self.packed_router,
+                x,
+                hash_experts,
+                self.swiglu_limit,
+                (norm.weight, norm.eps),
+            )
+            return out.to(x.dtype)
+        return self.forward(norm.forward(x), hash_experts)
+
     def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``
         (int64) fixes each token's experts instead of the scores' top-k."""
         if self.expert_backend is not None:
             return self.expert_backend.forward(self, x, hash_experts)
         if self.packed_experts is not None and self.packed_router is not None:
-            out = native_ops.run_routed_experts(
+            out = native_deepseek.run_routed_experts(
                 self.packed_experts, self.packed_router, x, hash_experts, self.swiglu_limit
             )
             return out.to(x.dtype)

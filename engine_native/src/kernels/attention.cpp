@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "kernels/vexp.h"
 #include "kernels/attention_mla.h"
 #include "kernels/parallel.h"
 
@@ -94,24 +95,6 @@ struct Args {
   float scale;
   bool simd;
 };
-
-// exp(x) for x <= 0 (softmax arguments), 16 lanes: Cody-Waite range reduction and a degree-6
-// polynomial (Cephes expf), ~1 ulp; the same instructions for every lane, row and batch.
-__attribute__((target("avx512f"))) __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
-}
 
 // The AVX-512 path for head dims of 16*NV: each head's query and output accumulator stay in
 // registers, scores are reduced with one fixed shuffle tree per position, and the softmax runs 16

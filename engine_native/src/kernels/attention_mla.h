@@ -9,14 +9,16 @@
 // where kv_b_proj stacks W_UK[h] (qk_nope rows) and W_UV[h] (v_head_dim rows) per head. A work
 // item is one head over every row of the batch (its weights are read once per step); each row's
 // arithmetic is a fixed sequence (16-lane FMA chains reduced by one fixed tree, positions
-// ascending) that depends on nothing but that row, so rows are batch invariant by construction,
-// and the scalar build computes the same lanes in the same order as the AVX-512 one. Included by
-// kernels/attention.cpp only.
+// ascending) that depends on nothing but that row, so rows are batch invariant by construction;
+// the softmax's exp is the 16-lane polynomial of kernels/vexp.h on AVX-512 machines and std::exp
+// elsewhere (chosen once per process). Included by kernels/attention.cpp only.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "kernels/vexp.h"
 
 namespace agent_infer {
 namespace {
@@ -54,6 +56,7 @@ __attribute__((always_inline)) inline void mla_axpy(float* y, float a, const flo
   for (size_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
+template <bool kSimdExp>
 __attribute__((always_inline)) inline void mla_head_impl(const MlaArgs& a, size_t h, std::vector<float>& buf) {
   const size_t dim = a.lora + a.rope;
   const float* wk = a.w + h * (a.nope + a.v) * a.lora;
@@ -79,11 +82,9 @@ __attribute__((always_inline)) inline void mla_head_impl(const MlaArgs& a, size_
       s[j] = mla_dot(q, a.cache + slot * dim, dim);
       mx = std::max(mx, s[j]);
     }
+    exp_shift(s, ctx, mx, kSimdExp);
     float sum = 0.0f;
-    for (size_t j = 0; j < ctx; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
-    }
+    for (size_t j = 0; j < ctx; ++j) sum += s[j];
     std::fill(o, o + a.lora, 0.0f);
     for (size_t j = 0; j < ctx; ++j) {
       const size_t slot = static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
@@ -97,14 +98,14 @@ __attribute__((always_inline)) inline void mla_head_impl(const MlaArgs& a, size_
 }
 
 __attribute__((target("avx512f,fma"))) void mla_head_avx512(const MlaArgs& a, size_t h, std::vector<float>& buf) {
-  mla_head_impl(a, h, buf);
+  mla_head_impl<true>(a, h, buf);
 }
 
 __attribute__((target("avx2,fma"))) void mla_head_avx2(const MlaArgs& a, size_t h, std::vector<float>& buf) {
-  mla_head_impl(a, h, buf);
+  mla_head_impl<false>(a, h, buf);
 }
 
-void mla_head_portable(const MlaArgs& a, size_t h, std::vector<float>& buf) { mla_head_impl(a, h, buf); }
+void mla_head_portable(const MlaArgs& a, size_t h, std::vector<float>& buf) { mla_head_impl<false>(a, h, buf); }
 
 }  // namespace
 }  // namespace agent_infer

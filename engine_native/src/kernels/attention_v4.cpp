@@ -20,6 +20,7 @@
 
 #include "bindings/bindings.h"
 #include "kernels/parallel.h"
+#include "kernels/vexp.h"
 
 namespace nb = nanobind;
 
@@ -27,6 +28,9 @@ namespace agent_infer {
 namespace {
 
 constexpr size_t kLanesV4 = 16;
+
+// The softmax's exp: kernels/vexp.h's 16-lane polynomial where AVX-512 exists (once per process).
+const bool g_v4_simd_exp = cpu_has_avx512f();
 
 #define AI_V4_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -202,8 +206,9 @@ class V4DecodeBatch {
         logits[k] = dot_v4(qh, keys[k], a.dim) * a.scale;
         mx = std::max(mx, logits[k]);
       }
+      exp_shift(logits.data(), nk, mx, g_v4_simd_exp);
       float sum = std::exp(sink - mx);
-      for (size_t k = 0; k < nk; ++k) sum += logits[k] = std::exp(logits[k] - mx);
+      for (size_t k = 0; k < nk; ++k) sum += logits[k];
       float* o = a.out + (row * a.heads + h) * a.dim;
       std::fill(o, o + a.dim, 0.0f);
       const float inv = 1.0f / sum;

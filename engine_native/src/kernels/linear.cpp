@@ -74,9 +74,11 @@ void register_linear(nb::module_& m) {
            "and out [t, H] float32, all C-contiguous (the caller checks them and keeps them alive). "
            "``limit``: the SwiGLU clamp, NaN for none. Raises IndexError for an expert id out of range.")
       .def("forward_routed", &PackedExperts::forward_routed, nb::arg("router"), nb::arg("x"), nb::arg("t"),
-           nb::arg("fixed"), nb::arg("out"), nb::arg("limit"), nb::arg("num_threads") = 1,
+           nb::arg("fixed"), nb::arg("out"), nb::arg("limit"), nb::arg("num_threads") = 1, nb::arg("norm") = 0,
+           nb::arg("eps") = 0.0f, nb::arg("ldx") = 0,
            "forward() over the experts and weights ``router`` picks for x [t, H] (``fixed``: the address of a "
-           "hash-routed layer's experts [t, k] int64, or 0); raw addresses as for forward().")
+           "hash-routed layer's experts [t, k] int64, or 0); with ``norm`` (the address of H float32 weights) "
+           "x's rows (``ldx`` floats apart, 0 for H) are RMS-normalized first; raw addresses as for forward().")
       .def_prop_ro("num_experts", &PackedExperts::num_experts)
       .def_prop_ro("hidden", &PackedExperts::hidden);
   nb::class_<PackedRouter>(m, "PackedRouter",

@@ -151,9 +151,11 @@ class PackedExperts {
   }
 
   // forward() of the experts and weights `router` picks for x (`fixed`: a hash-routed layer's
-  // experts [t, k] int64, or 0).
+  // experts [t, k] int64, or 0); with `norm` (the address of H float32 weights, or 0) x's rows are
+  // first RMS-normalized and scaled by them (rms_norm_rows: a fixed order per row), and x's rows
+  // may then lie `ldx` floats apart (0: H).
   void forward_routed(const PackedRouter* router, uintptr_t xa, size_t t, uintptr_t fixed, uintptr_t oa,
-                      float limit, int num_threads) const {
+                      float limit, int num_threads, uintptr_t norm, float eps, size_t ldx) const {
     if (router == nullptr) throw std::invalid_argument("PackedExperts.forward_routed: the router is None");
     if (router->hidden() != h_ || router->num_experts() != gate_up_.size())
       throw std::invalid_argument("PackedExperts.forward_routed: the router scores " +
@@ -162,6 +164,15 @@ class PackedExperts {
                                   std::to_string(gate_up_.size()) + " of width " + std::to_string(h_));
     if (t == 0) return;
     if (xa == 0) throw std::invalid_argument("PackedExperts.forward_routed: null address");
+    if (norm) {
+      thread_local std::vector<float> normed;
+      normed.resize(t * h_);
+      rms_norm_rows(reinterpret_cast<const float*>(xa), t, h_, ldx ? ldx : h_, reinterpret_cast<const float*>(norm),
+                    eps, normed.data());
+      xa = reinterpret_cast<uintptr_t>(normed.data());
+    } else if (ldx && ldx != h_) {
+      throw std::invalid_argument("PackedExperts.forward_routed: strided rows need the norm");
+    }
     const size_t k = router->top_k();
     thread_local std::vector<int64_t> experts;
     thread_local std::vector<float> weights;
