@@ -5,8 +5,9 @@
 
 ``--model`` is any model folder the engine loads; MTP rows need a DeepSeek V3 or V4 checkpoint with
 MTP layers (``model.layers.{num_hidden_layers + i}.*``) and read ``n/a`` elsewhere. Every source runs
-on the same loaded weights, greedy, prefix caching off, ``--threads`` CPU threads; ``--draft-vocab``
-and ``--confidence`` set the MTP draft vocabulary and confidence base (default: the engine's).
+on the same loaded weights, greedy, prefix caching off, ``--threads`` CPU threads; ``--draft-vocab``,
+``--confidence`` and ``--speculative-tokens`` set the MTP draft vocabulary, the confidence base and
+the longest draft (default: the engine's).
 
 Workloads: ``text``, free continuation of prose (docstrings of the Python standard library, which
 any machine has); ``json``, extraction of a small record into a JSON Schema (structured output, so
@@ -155,6 +156,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="text,json")
     ap.add_argument("--draft-vocab", type=int, default=None, help="MTP draft vocabulary (0 = whole)")
     ap.add_argument("--confidence", type=float, default=None, help="MTP confidence base")
+    ap.add_argument("--speculative-tokens", type=int, default=None, help="longest draft (engine default 5)")
     ap.add_argument("--quick", action="store_true", help="4 requests, 32 tokens, one pass")
     args = ap.parse_args()
     if args.quick:
@@ -169,6 +171,8 @@ def main() -> None:
         extra["speculative_draft_vocab"] = args.draft_vocab
     if args.confidence is not None:
         extra["speculative_confidence"] = args.confidence
+    if args.speculative_tokens is not None:
+        extra["speculative_tokens"] = args.speculative_tokens
     for name, source in SOURCES.items():
         try:
             config = EngineConfig(

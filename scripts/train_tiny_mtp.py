@@ -121,15 +121,27 @@ class Stack:
         return v4.DeepseekV4HyperHead(self.main.config)
 
     def losses(
-        self, window: torch.Tensor, active: torch.Tensor, remap: torch.Tensor, unused: float
+        self,
+        window: torch.Tensor,
+        active: torch.Tensor,
+        remap: torch.Tensor,
+        unused: float,
+        distill: bool = False,
     ) -> list[torch.Tensor]:
-        """Each module's cross-entropy on windows ``[B, L + depth + 1]``."""
+        """Each module's cross-entropy on windows ``[B, L + depth + 1]``: against the text's token,
+        or (``distill``) against the main model's own distribution of that token."""
         length = int(window.shape[1]) - self.depth - 1
-        with torch.no_grad():
-            hidden = self.main.model(input_ids=window[:, :length]).last_hidden_state
-        positions = torch.arange(length).unsqueeze(0).expand(int(window.shape[0]), -1)
         embed = self.main.model.embed_tokens
         rows = embed.weight[active]
+        with torch.no_grad():
+            states = self.main.model(input_ids=window[:, : length + self.depth]).last_hidden_state
+            hidden = states[:, :length]
+            teacher = None
+            if distill:
+                teacher = F.linear(states.reshape(-1, int(states.shape[-1])), rows).float()
+                pad = teacher.new_full((int(teacher.shape[0]), 1), unused)
+                teacher = torch.softmax(torch.cat((teacher, pad), dim=1), dim=1).view(*states.shape[:2], -1)
+        positions = torch.arange(length).unsqueeze(0).expand(int(window.shape[0]), -1)
         out = []
         for k, module in enumerate(self.modules):
             tokens = window[:, k + 1 : k + 1 + length]
@@ -138,8 +150,13 @@ class Stack:
                 hidden = module.trunk(hidden, embed(tokens), **kwargs)
             logits = F.linear(module.head_norm(hidden).reshape(-1, int(hidden.shape[-1])), rows).float()
             pad = logits.new_full((int(logits.shape[0]), 1), unused)
-            target = remap[window[:, k + 2 : k + 2 + length].reshape(-1)]
-            out.append(F.cross_entropy(torch.cat((logits, pad), dim=1), target))
+            logits = torch.cat((logits, pad), dim=1)
+            if teacher is not None:
+                # The main model at position i + k + 1 scores exactly what verification compares with.
+                soft = teacher[:, k + 1 : k + 1 + length].reshape(int(logits.shape[0]), -1)
+                out.append(-(soft * F.log_softmax(logits, dim=1)).sum(dim=1).mean())
+            else:
+                out.append(F.cross_entropy(logits, remap[window[:, k + 2 : k + 2 + length].reshape(-1)]))
         return out
 
     def _block_kwargs(
@@ -248,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "maskbench-dev")
     parser.add_argument("--train-first", action="store_true", help="train the checkpoint's module too")
+    parser.add_argument(
+        "--distill",
+        action="store_true",
+        help="targets: the main model's distributions, not the text's tokens",
+    )
     args = parser.parse_args(argv)
     if args.depth < 1 or (args.depth == 1 and not args.train_first):
         parser.error("--depth must be at least 1, and at least 2 unless --train-first")
@@ -283,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             group["lr"] = lr_at(step, args.steps, args.lr)
         starts = torch.randint(0, len(train) - span, (args.batch,), generator=gen)
         window = torch.stack([train[s : s + span] for s in starts.tolist()])
-        losses = stack.losses(window, active, remap, unused)
+        losses = stack.losses(window, active, remap, unused, args.distill)
         opt.zero_grad(set_to_none=True)
         sum(losses).backward()  # type: ignore[union-attr]
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -291,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.balance()
         if step % args.eval_every == 0 or step == args.steps - 1:
             with torch.no_grad():
-                evals = stack.losses(held_out, active, remap, unused)
+                evals = stack.losses(held_out, active, remap, unused, args.distill)
             rate = (step + 1) / (time.perf_counter() - t0)
             curve.append(
                 {
@@ -306,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     seconds = time.perf_counter() - t0
     report = {
-        "depth": args.depth, "train_first": args.train_first, "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+        "depth": args.depth, "train_first": args.train_first, "distill": args.distill, "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
         "lr": args.lr, "threads": args.threads, "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(time.process_time() - cpu0, 1), "curve": curve, "torch": torch.__version__,
     }  # fmt: skip

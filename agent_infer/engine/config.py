@@ -70,7 +70,7 @@ class EngineConfig:
     speculative_tokens: int = 5
     host_kv_cache_bytes: int = 0
     speculative_source: str | None = None
-    speculative_confidence: float = 0.3
+    speculative_confidence: float = 0.05
     speculative_draft_vocab: int | None = None
 
     def __post_init__(self) -> None:

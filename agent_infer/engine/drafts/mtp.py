@@ -24,18 +24,15 @@ passes through every module once:
   position (grammar-forced ones appended by jump-forward) are fed instead of proposals, so a draft
   can follow forced text.
 
-Each proposal is the arg-max of the module's head over the draft vocabulary
-(:mod:`agent_infer.engine.drafts.vocab`, a gathered slice of the head) under the request's grammar
-mask at that position; its probability is the softmax over that vocabulary. The draft stops when a
-proposal's probability falls below the request's confidence threshold (:mod:`.schedule`), when the
-grammar allows nothing in the draft vocabulary, or at the request's draft length. Chained positions
-are not committed: their cache entries go to scratch slots past the pool (one run per module and
-request in the round), and the next catch-up writes the real entries into the paged pool.
+Each proposal is the grammar-masked arg-max over the draft vocabulary (:mod:`.vocab`). The draft
+stops when a proposal's probability falls below the request's confidence threshold
+(:mod:`.schedule`), when the grammar allows nothing in the draft vocabulary, or at the request's
+draft length. Drafted positions' cache entries go to scratch slots past the pool (one run per
+module and request in the round); the next catch-up writes the real entries into the paged pool.
 
-The modules' cache entries in prefix-cached blocks are reused as another request wrote them; the
-entry of a block's last positions depends on the tokens after the block, so a request that diverges
-right there sees a slightly different MTP context. That changes only how good its drafts are:
-verification decides every output token.
+Cache entries in prefix-cached blocks are reused as another request wrote them; the entries of a
+block's last positions depend on the tokens after it, so a request diverging right there sees a
+slightly different MTP context: only draft quality changes, verification decides every token.
 """
 
 from __future__ import annotations
@@ -237,7 +234,10 @@ class MTPDrafter:
         """MTP drafts for ``(seq, limit)`` pairs, at most ``limit`` tokens each (after catching the
         first module up); an empty draft where a request has no module output to start from or
         its first proposal is not confident enough."""
-        self.catch_up([seq for seq, _ in requests], modules=1)
+        seqs = [seq for seq, _ in requests]
+        # A module the chains seldom reach catches up in a pass of its own once its queue is long.
+        self.catch_up([seq for seq in seqs if self.needs_catch_up(seq)])
+        self.catch_up(seqs, modules=1)
         drafts = [Draft(MTP) for _ in requests]
         chains: list[tuple[int, _Chain]] = []
         for i, (seq, limit) in enumerate(requests[: self.max_seqs]):

@@ -93,6 +93,28 @@ class DraftPolicy:
                 break
             drafting = chosen
         self._fill([c for c in candidates if not c.mtp_limit], batch, running)
+        self._fade(candidates, mtp)
+
+    def _fade(self, candidates: list[Candidate], mtp: bool) -> None:
+        """Fade the records of the sources a candidate could have drafted from but was not fed
+        (the engine's too, when no candidate fed it)."""
+        could = {MTP: False, NGRAM: False}
+        fed = {MTP: False, NGRAM: False}
+        for c in candidates:
+            spec = c.seq.spec
+            for source, possible, used in (
+                (MTP, mtp and spec.use_mtp, bool(c.mtp_limit)),
+                (NGRAM, c.lookup is not None, c.ngram is not None),
+            ):
+                if not possible:
+                    continue
+                could[source] = True
+                fed[source] = fed[source] or used
+                if not used and source in spec.survival:
+                    spec.survival[source].forget()
+        for source in (MTP, NGRAM):
+            if could[source] and not fed[source]:
+                self.survival[source].forget()
 
     def _fill(self, candidates: list[Candidate], batch: int, rows: int) -> None:
         """Choose the candidates' prompt-lookup tokens across the batch, surest first: the free rows

@@ -8,7 +8,9 @@ which ``A`` were kept counts one trial at each position ``i <= min(D, A + 1)`` a
 ``i <= A``. Counts decay by :data:`DECAY` per draft, so the estimate follows the text being written.
 
 A request's estimate leans on its engine's (the prior, worth :data:`PRIOR_WEIGHT` drafts) until it
-has verified drafts of its own.
+has verified drafts of its own. A record also fades while its source is not fed (:meth:`Survival.forget`,
+:data:`IDLE_DECAY` per step), so an estimate that once turned a source off drifts back to the prior
+and the source is tried again: what is never tried cannot show it got better.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ DECAY = 0.9
 PRIOR_WEIGHT = 2.0
 #: The chance assumed at a position nothing was verified at yet.
 UNSEEN = 0.5
+#: Weight a record keeps per step its source could draft but was not fed.
+IDLE_DECAY = 0.97
 
 
 @dataclass
@@ -45,6 +49,11 @@ class Survival:
             self.trials[i] += 1.0
             if i < accepted:
                 self.kept[i] += 1.0
+
+    def forget(self, factor: float = IDLE_DECAY) -> None:
+        """Fade the record by ``factor`` (a step its source was not fed)."""
+        self.trials = [t * factor for t in self.trials]
+        self.kept = [k * factor for k in self.kept]
 
     def chances(self, length: int, prior: Survival | None = None) -> list[float]:
         """``p_1 .. p_length``, each blended with ``prior``'s (itself at :data:`UNSEEN` where it has
