@@ -135,23 +135,31 @@ def _hf_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer]:
     return config, tokenizer
 
 
-def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def build_hf_model(
+    path: Path, device: torch.device, dtype: torch.dtype, *, packed_float: bool = False
+) -> LoadedModel:
     """A Hugging Face folder's config, tokenizer and model on the torch kernels, its weights not
     loaded yet (a caller that reads only part of the files, such as an expert-parallel rank,
-    loads them itself and dequantizes every FP8 tensor)."""
+    loads them itself and dequantizes every FP8 tensor). With ``packed_float``, on the packed-float
+    kernels where :func:`load_model` takes them (``model.kernels.name`` says; the caller then
+    packs the loaded weights with :func:`~agent_infer.model.layers.float_linear.pack_loaded`)."""
     config, tokenizer = _hf_config_and_tokenizer(path)
-    model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
+    kernels = torch_kernels(device, dtype)
+    if packed_float and _packs_float(config, device, dtype, hf_kernels(path, device, dtype)[1] is None):
+        kernels = packed_float_kernels()
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
+
+
+def _packs_float(config: ModelConfig, device: torch.device, dtype: torch.dtype, dequantized: bool) -> bool:
+    """Whether an HF folder's float (or dequantized FP8) weights go on the packed-float kernels."""
+    return dequantized and architecture(config.architecture).hf_packed_linears and native_kernels_usable(device, dtype)
 
 
 def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     config, tokenizer = _hf_config_and_tokenizer(path)
     kernels, fp8 = hf_kernels(path, device, dtype)
-    packed = (
-        fp8 is None
-        and architecture(config.architecture).hf_packed_linears
-        and native_kernels_usable(device, dtype)
-    )
+    packed = _packs_float(config, device, dtype, fp8 is None)
     if packed:
         kernels = packed_float_kernels()
     model = build_model(config, device=device, dtype=dtype, kernels=kernels)

@@ -30,6 +30,7 @@ from torch import nn
 
 from agent_infer.errors import ConfigError, ModelLoadError
 from agent_infer.model.families.base import CausalLM
+from agent_infer.model.layers.float_linear import PACKED_FLOAT, pack_loaded
 from agent_infer.model.layers.moe import MoE, routed_experts_on
 from agent_infer.model.loader import LoadedModel, build_hf_model, load_model, resolve_model_path
 from agent_infer.model.loading.fp8 import SCALE_SUFFIX, dequantize_block_fp8
@@ -246,7 +247,7 @@ def load_rank_weights(
         slots = [ExpertSlots.cut(m, p.rank_slots(rank)) for m, p in zip(moes, placements)]
         return RankWeights(loaded, moes, placements, slots, None)
     with routed_experts_on(torch.device("meta")):
-        loaded = build_hf_model(path, device, dtype)
+        loaded = build_hf_model(path, device, dtype, packed_float=True)
     moes = _moes_of(loaded)
     for module in loaded.model.modules():
         if isinstance(module, MoE) and module.gate_up.is_meta and all(module is not m for m in moes):
@@ -259,6 +260,9 @@ def load_rank_weights(
     slots = [ExpertSlots.empty(m, p.rank_slots(rank), device) for m, p in zip(moes, placements)]
     checkpoint = CheckpointExperts(path, loaded.model, moes)
     loaded.model.load_weights(checkpoint.weights(slots))
+    if loaded.model.kernels.name == PACKED_FLOAT:
+        # the one-process default's kernels; the split layers' slots are packed by ExpertParallel
+        pack_loaded(loaded.model, split=moes)
     loaded.model.eval()
     return RankWeights(loaded, moes, placements, slots, checkpoint)
 

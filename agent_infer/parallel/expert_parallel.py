@@ -14,9 +14,16 @@ of one layer on one rank:
    in ascending logical-expert order, as the single-process layer does. Combining on the expert's
    rank instead would halve the return traffic but change the order of the float additions.
 
-The expert matmuls are row-invariant (fixed row chunks, ``layers/linear.py``) and the sum order per
-token is the single-process one, so a token's output is bit-identical to one process whatever rank
-and batch it ran in. A rank with no tokens still joins every exchange (an idle step).
+A rank runs the kernels of the one-process model. On the torch kernels the slots' matmuls take
+fixed row chunks (``layers/linear.py``). With the layer's router packed (the packed-float model,
+the CPU default for float32 DeepSeek folders) the rank normalizes and routes with the native code
+the packed layer fuses (``native_deepseek.normed_rows``, ``route_packed``), and its slots and the
+shared experts run in native ``PackedExperts`` of their own (one pair per row, weight 1: the row is
+the expert's output exactly); a rebalance packs only the slots that receive an expert new to the
+rank. Either way an expert's output row ignores the rows beside it and each token's sum is the
+one-process arithmetic (weight times output, rounded, added in ascending expert order, shared
+experts last), so a token's output is bit-identical to one process whatever rank and batch it ran
+in. A rank with no tokens still joins every exchange (an idle step).
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ import torch.distributed as dist
 from torch import nn
 
 from agent_infer.errors import ConfigError, EngineError
+from agent_infer.model.layers import native_deepseek
 from agent_infer.model.layers.moe import MoE, expert_mlp
 from agent_infer.parallel.eplb import Placement
 from agent_infer.parallel.expert_loading import ExpertSlots
 from agent_infer.parallel.load_stats import ExpertLoad
+from agent_infer.parallel.native_slots import NativeSlots
 
 
 @dataclass
@@ -49,6 +58,9 @@ class TrafficStats:
     expert_seconds: float = 0.0
     rebalance_bytes: int = 0
     idle_layers: int = 0
+    #: Slots packed for the native expert kernel: every slot at start, then only those a
+    #: rebalance fills with an expert the rank did not hold.
+    packed_slots: int = 0
     per_rank_pairs: list[int] = field(default_factory=list)
 
 
@@ -72,10 +84,20 @@ class _LayerExperts:
                 f"MoE layer {index}: the loaded slots hold {slots.experts}, the placement {mine}"
             )
         self.gate_up, self.down = slots.gate_up, slots.down
-        # The model's [E, ...] tensors (loaded or meta) are no longer used.
+        # The model's [E, ...] tensors (loaded or meta) are no longer used, nor its packed experts.
         empty = torch.empty(0, device=owner.device, dtype=slots.gate_up.dtype)
         moe.gate_up = nn.Parameter(empty, requires_grad=False)
         moe.down = nn.Parameter(empty.clone(), requires_grad=False)
+        moe.packed_experts = None
+        #: With the layer's router packed (the one-process model's packed-float kernels), the
+        #: slots and the shared experts run on the native kernel too.
+        self.native = NativeSlots(moe) if moe.packed_router is not None else None
+        self._pack()
+
+    def _pack(self) -> None:
+        if self.native is not None:
+            mine = self.placement.rank_slots(self.owner.rank)
+            self.owner.stats.packed_slots += self.native.pack(mine, self.gate_up, self.down)
 
     def _tables(self) -> None:
         physical = self.placement.physical_of()
@@ -105,7 +127,10 @@ class _LayerExperts:
         k = moe.top_k
         if tokens:
             # A hash-routed layer's table only replaces the top-k choice: dispatch is the same.
-            experts, weights = moe.route(x, hash_experts)
+            if moe.packed_router is not None:
+                experts, weights = native_deepseek.route_packed(moe.packed_router, x, hash_experts)
+            else:
+                experts, weights = moe.route(x, hash_experts)
             owner.load.record(self.index, experts)
             flat = experts.reshape(-1).cpu()
             token_of = torch.arange(tokens).repeat_interleave(k)
@@ -175,6 +200,8 @@ class _LayerExperts:
         out = rows.new_empty(int(slots.shape[0]), int(rows.shape[1]))
         if not int(slots.shape[0]):
             return out
+        if self.native is not None:
+            return self.native.run(rows.index_select(0, row_idx), slots).to(rows.dtype)
         order = slots.argsort(stable=True)
         counts = torch.bincount(slots, minlength=self.placement.slots_per_rank).tolist()
         start = 0
@@ -207,7 +234,10 @@ class _LayerExperts:
                     pair_out[seg].float() * pair_weights[start : start + count, None],
                 )
             start += count
-        if moe.shared_gate_up is not None and moe.shared_down is not None:
+        shared = self.native.run_shared(x) if self.native is not None else None
+        if shared is not None:
+            out += shared.to(device)
+        elif moe.shared_gate_up is not None and moe.shared_down is not None:
             out += expert_mlp(x, moe.shared_gate_up, moe.shared_down, moe.swiglu_limit).float()
         return out.to(x.dtype)
 
@@ -256,6 +286,7 @@ class _LayerExperts:
         self.down = new_w[:, split:].reshape(self.down.shape).contiguous()
         self.placement = new
         self._tables()
+        self._pack()
         return int(send.numel()) * send.element_size()
 
     def _refill_from_files(self, new: Placement) -> None:
@@ -273,6 +304,7 @@ class _LayerExperts:
         self.gate_up, self.down = gate_up, down
         self.placement = new
         self._tables()
+        self._pack()
 
 
 class ExpertParallel:

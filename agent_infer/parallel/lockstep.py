@@ -61,6 +61,9 @@ class ParallelMetrics:
     #: (loaded whole).
     experts_read: list[list[int]] = field(default_factory=list)
     expert_bytes_read: int = 0
+    #: Expert slots this rank packed for the native kernel (0 on the torch kernels): all of them at
+    #: start, then the slots a rebalance filled with experts new to the rank.
+    packed_slots: int = 0
 
     @property
     def dispatch_bytes_per_step(self) -> float:
@@ -142,6 +145,7 @@ class LockStep:
         m.dispatch_bytes = stats.dispatch_bytes
         m.wait_seconds, m.transfer_seconds = stats.wait_seconds, stats.transfer_seconds
         m.expert_seconds = stats.expert_seconds
+        m.packed_slots = stats.packed_slots
 
     def rebalance(self) -> None:
         """Compute the EPLB placement of the window's summed loads and move the weights to it."""
@@ -167,6 +171,7 @@ class LockStep:
         self.record_reads()
         m.rebalances += 1
         m.rebalance_bytes = self.ep.stats.rebalance_bytes
+        m.packed_slots = self.ep.stats.packed_slots
         m.rebalance_seconds += time.perf_counter() - start
 
     def record_reads(self) -> None:

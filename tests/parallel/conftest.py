@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from deepseek_support import save_tiny, write_tokenizer
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _torch_kernels() -> Iterator[None]:
-    """Expert-parallel ranks and context-parallel prefill run the torch kernels (the packed float
-    kernel is not split over ranks), so the one-process references here run them too: the tests
-    compare bits, and the two kernels round differently."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
-        yield
 
 
 def _checkpoint(directory: Path) -> Path:

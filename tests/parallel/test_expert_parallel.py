@@ -1,7 +1,9 @@
 """Expert parallelism over 2 real gloo ranks: a DeepSeek-V3-style MoE layer (sigmoid routing,
 correction bias, group-limited top-k, shared experts) split by expert gives bit-identical outputs
 to the single-process layer, before and after a rebalance that moves expert weights; so do
-DeepSeek-V4-style layers, hash-routed and clamped by swiglu_limit."""
+DeepSeek-V4-style layers, hash-routed and clamped by swiglu_limit. Each on the torch kernels and
+on the packed native ones (the one-process default for float32 DeepSeek models on the CPU), the
+latter through the fused norm too."""
 
 from __future__ import annotations
 
@@ -9,14 +11,16 @@ import torch
 import torch.distributed as dist
 from parallel_support import run_ranks
 
+from agent_infer.model.layers.float_linear import pack_float32
 from agent_infer.model.layers.moe import MoE
+from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.parallel.eplb import balanced_placement, contiguous_placement
 from agent_infer.parallel.expert_parallel import ExpertParallel
 
 HIDDEN, INTER, EXPERTS = 32, 16, 8
 
 
-def _layer(seed: int) -> MoE:
+def _layer(seed: int, packed: bool = False) -> MoE:
     torch.manual_seed(seed)
     layer = MoE(
         HIDDEN, INTER, EXPERTS, 3, scoring="sigmoid", routed_scaling_factor=2.5, score_bias=True,
@@ -26,26 +30,46 @@ def _layer(seed: int) -> MoE:
         p.data.normal_(0, 0.3)
     assert layer.score_bias is not None
     layer.score_bias.data[:2] += 1.0  # experts 0 and 1 are hot: the rebalance has work to do
+    if packed:
+        layer.pack_experts(pack_float32)
     return layer
+
+
+def _norm() -> RMSNorm:
+    norm = RMSNorm(HIDDEN, 1e-6, None, torch.float32)
+    norm.weight.data = torch.linspace(0.5, 1.5, HIDDEN)
+    return norm
 
 
 def _tokens(rank: int, n: int) -> torch.Tensor:
     return torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(100 + rank))
 
 
-def _ep_rank(rank: int, world: int, slots: int, sizes: list[int]) -> dict:
-    moes = [_layer(0), _layer(1)]
-    refs = [_layer(0), _layer(1)]
+def _ep_rank(rank: int, world: int, slots: int, sizes: list[int]) -> list[dict]:
+    """The case on the torch kernels, then on the packed native ones."""
+    return [_ep_case(rank, world, slots, sizes, packed) for packed in (False, True)]
+
+
+def _ep_case(rank: int, world: int, slots: int, sizes: list[int], packed: bool) -> dict:
+    moes = [_layer(0, packed), _layer(1, packed)]
+    refs = [_layer(0, packed), _layer(1, packed)]
+    norm = _norm()
     x = _tokens(rank, sizes[rank])
-    want = [ref(x) if len(x) else x.clone() for ref in refs]
+    # layer 0 takes normalized rows, layer 1 normalizes them itself (the packed path's fused norm)
+    want = [refs[0](norm(x)), refs[1].forward_normed(x, norm)] if len(x) else [x.clone(), x.clone()]
     start = [contiguous_placement(EXPERTS, world, slots) for _ in moes]
     ep = ExpertParallel(moes, start, rank=rank, world_size=world)
-    got = [m(x) if len(x) else ep.layers[i].forward(m, x) for i, m in enumerate(moes)]
+    got = [moes[0](norm(x)), moes[1].forward_normed(x, norm)]
     load = ep.global_load()
     new = [balanced_placement(load[i].tolist(), world, slots, num_groups=4) for i in range(len(moes))]
+    packed_at_start = ep.stats.packed_slots
     moved = ep.rebalance(new)
-    after = [m(x) if len(x) else ep.layers[i].forward(m, x) for i, m in enumerate(moes)]
+    after = [moes[0](norm(x)), moes[1].forward_normed(x, norm)]
+    mine = [(p.rank_slots(rank), q.rank_slots(rank)) for p, q in zip(start, new)]
     return {
+        "packed_at_start": packed_at_start,
+        "repacked": ep.stats.packed_slots - packed_at_start,
+        "new_experts": sum(len(set(b) - set(a)) for a, b in mine),
         "equal_before": all(torch.equal(g, w) for g, w in zip(got, want)),
         "equal_after": all(torch.equal(g, w) for g, w in zip(after, want)),
         "moved": moved,
@@ -53,25 +77,35 @@ def _ep_rank(rank: int, world: int, slots: int, sizes: list[int]) -> dict:
             (start[i].imbalance(load[i].tolist()), new[i].imbalance(load[i].tolist())) for i in range(2)
         ],
         "bytes": ep.stats.dispatch_bytes,
+        "want": want,
     }
 
 
 def test_split_experts_bit_identical_and_rebalance_moves_weights() -> None:
-    results = run_ranks(_ep_rank, 2, 5, [13, 6], timeout=120)  # 10 slots: 2 redundant experts
-    for r in results:
-        assert r["equal_before"] and r["equal_after"]
-        assert r["bytes"] > 0
-        for before, after in r["imbalance"]:
-            assert after <= before
-    assert sum(r["moved"] for r in results) > 0
+    ranks = run_ranks(_ep_rank, 2, 5, [13, 6], timeout=120)  # 10 slots: 2 redundant experts
+    for packed in (False, True):
+        results = [cases[packed] for cases in ranks]
+        for r in results:
+            assert r["equal_before"] and r["equal_after"]
+            assert r["bytes"] > 0
+            for before, after in r["imbalance"]:
+                assert after <= before
+            # packed: every slot at start; a rebalance packs only the slots of experts new to the rank
+            assert r["packed_at_start"] == (5 * 2 if packed else 0)
+            assert r["repacked"] == (r["new_experts"] if packed else 0)
+        assert sum(r["moved"] for r in results) > 0
+        assert not packed or sum(r["repacked"] for r in results) > 0
+    # the two kernels round differently: each is matched by its own split layer, not by luck
+    torch_want, packed_want = ranks[0][0]["want"], ranks[0][1]["want"]
+    assert any(not torch.equal(a, b) for a, b in zip(torch_want, packed_want))
 
 
 def test_an_idle_rank_joins_the_exchange() -> None:
-    results = run_ranks(_ep_rank, 2, 4, [9, 0], timeout=120)
-    assert all(r["equal_before"] and r["equal_after"] for r in results)
+    ranks = run_ranks(_ep_rank, 2, 4, [9, 0], timeout=120)
+    assert all(r["equal_before"] and r["equal_after"] for cases in ranks for r in cases)
 
 
-def _v4_layer(seed: int, limit: float | None) -> MoE:
+def _v4_layer(seed: int, limit: float | None, packed: bool = False) -> MoE:
     """A DeepSeek-V4-style layer: sqrtsoftplus scores, one shared expert, swiglu_limit clamping."""
     torch.manual_seed(seed)
     layer = MoE(
@@ -80,6 +114,8 @@ def _v4_layer(seed: int, limit: float | None) -> MoE:
     )  # fmt: skip
     for p in layer.parameters():
         p.data.normal_(0, 0.5)
+    if packed:
+        layer.pack_experts(pack_float32)
     return layer
 
 
@@ -89,12 +125,16 @@ def _hash_table(n: int, rank: int) -> torch.Tensor:
     return torch.stack((ids % EXPERTS, (ids // 2 + 1) % EXPERTS), dim=1)
 
 
-def _v4_rank(rank: int, world: int, sizes: list[int]) -> dict:
+def _v4_rank(rank: int, world: int, sizes: list[int]) -> list[dict]:
+    return [_v4_case(rank, world, sizes, packed) for packed in (False, True)]
+
+
+def _v4_case(rank: int, world: int, sizes: list[int], packed: bool) -> dict:
     x = 3.0 * _tokens(rank, sizes[rank])  # large enough for the clamp to act
     table = _hash_table(len(x), rank)
-    moes = [_v4_layer(0, 0.5), _v4_layer(1, 0.5)]
-    refs = [_v4_layer(0, 0.5), _v4_layer(1, 0.5)]
-    unclamped = _v4_layer(0, None)
+    moes = [_v4_layer(0, 0.5, packed), _v4_layer(1, 0.5, packed)]
+    refs = [_v4_layer(0, 0.5, packed), _v4_layer(1, 0.5, packed)]
+    unclamped = _v4_layer(0, None, packed)
     want = [refs[0](x, table), refs[1](x)]  # layer 0 hash-routed, layer 1 score-routed
     ep = ExpertParallel(
         moes, [contiguous_placement(EXPERTS, world, 5) for _ in moes], rank=rank, world_size=world
@@ -110,7 +150,7 @@ def _v4_rank(rank: int, world: int, sizes: list[int]) -> dict:
 
 
 def test_hash_routed_and_clamped_layers_split_over_ranks_bit_identical() -> None:
-    results = run_ranks(_v4_rank, 2, [11, 6], timeout=120)
+    results = [r for cases in run_ranks(_v4_rank, 2, [11, 6], timeout=120) for r in cases]
     for r in results:
         assert r["equal"] and r["clamp_acts"] and r["hash_matters"] and r["dispatched"]
         assert r["backend"] == "gloo"  # the CPU accelerator's backend

@@ -150,13 +150,16 @@ def _draft_read_heads(model: nn.Module) -> list[nn.Module]:
     return [head] if any(getattr(m, "head", None) is None for m in layers()) else []
 
 
-def pack_loaded(model: nn.Module) -> None:
+def pack_loaded(model: nn.Module, split: Sequence[MoE] = ()) -> None:
     """Pack every :class:`FloatPackedLinear`, the router and experts of every MoE and the grouped
-    output projection of every DeepSeek V4 attention of a loaded model."""
+    output projection of every DeepSeek V4 attention of a loaded model; of the MoE layers in
+    ``split`` (expert parallelism: their experts live in a rank's slots) only the router."""
     kept = _draft_read_heads(model)
     for module in model.modules():
         if isinstance(module, FloatPackedLinear):
             module.pack(keep_weight=any(module is k for k in kept))
+        elif isinstance(module, MoE) and any(module is m for m in split):
+            module.pack_router(pack_float32)
         elif isinstance(module, MoE):
             module.pack_experts(pack_float32)
         elif isinstance(module, CompressedAttention):

@@ -169,6 +169,11 @@ class MoE(nn.Module):
             else (None, None)
         )
         self.packed_experts = native_deepseek.packed_experts(gate_up, down, *shared)
+        self.pack_router(pack)
+
+    def pack_router(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Route on the native kernel over ``pack`` of the router (:meth:`pack_experts` without the
+        experts: an expert-parallel rank packs its own slots)."""
         bias = None if self.score_bias is None else [float(b) for b in self.score_bias.float().tolist()]
         self.packed_router = native_deepseek.packed_router(
             pack(self.router), self.scoring, bias, self.num_groups, self.topk_groups if self.num_groups > 1 else 1,
@@ -251,6 +256,10 @@ class MoE(nn.Module):
                 (norm.weight, norm.eps),
             )
             return out.to(x.dtype)
+        if self.expert_backend is not None and self.packed_router is not None:
+            # the rows the packed layer would route on (its fused norm), wherever the experts run
+            normed = native_deepseek.normed_rows(x, int(self.router.shape[1]), (norm.weight, norm.eps))
+            return self.expert_backend.forward(self, normed, hash_experts).to(x.dtype)
         return self.forward(norm.forward(x), hash_experts)
 
     def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:

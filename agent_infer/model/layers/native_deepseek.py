@@ -126,6 +126,20 @@ def run_routed_experts(
     return out
 
 
+def normed_rows(x: torch.Tensor, width: int, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """Float32 ``rms_norm(x) * weight`` (``norm`` = ``(weight, eps)``) with the bits
+    :func:`run_routed_experts` routes on: the native fused norm where it takes ``x``, else torch's.
+    An expert-parallel rank normalizes here, then routes and sends the rows."""
+    weight, eps = norm
+    if _normable(x, width) and weight.dtype is torch.float32 and weight.is_contiguous():
+        t = int(x.shape[0])
+        out = torch.empty(t, width, dtype=torch.float32)
+        extension().rms_norm_rows(x.data_ptr(), t, width, int(x.stride(0)), weight.data_ptr(), float(eps), out.data_ptr())
+        return out
+    x = torch.nn.functional.rms_norm(x, (int(x.shape[-1]),), weight, eps)
+    return _rows(x, width, "normed_rows")
+
+
 def _normable(x: torch.Tensor, width: int) -> bool:
     """Float32 CPU rows of ``width`` contiguous values each, possibly apart (the fused norm reads them)."""
     return (

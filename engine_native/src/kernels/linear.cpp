@@ -101,6 +101,20 @@ void register_linear(nb::module_& m) {
           "``fixed``: hash-routed experts [t, k] int64, or 0).")
       .def_prop_ro("num_experts", &PackedRouter::num_experts)
       .def_prop_ro("top_k", &PackedRouter::top_k);
+  m.def(
+      "rms_norm_rows",
+      [](uintptr_t x, size_t m, size_t k, size_t ldx, uintptr_t w, float eps, uintptr_t out) {
+        if (m == 0) return;
+        if (!x || !w || !out) throw std::invalid_argument("rms_norm_rows: null address");
+        if (ldx == 0) ldx = k;
+        if (ldx < k) throw std::invalid_argument("rms_norm_rows: row stride below K");
+        rms_norm_rows(reinterpret_cast<const float*>(x), m, k, ldx, reinterpret_cast<const float*>(w), eps,
+                      reinterpret_cast<float*>(out));
+      },
+      nb::arg("x"), nb::arg("m"), nb::arg("k"), nb::arg("ldx"), nb::arg("weight"), nb::arg("eps"), nb::arg("out"),
+      "out [m, k] = rms_norm(x) * weight, the fused norm of forward_raw_norm and PackedExperts.forward_routed "
+      "(raw float32 addresses; x's rows ``ldx`` floats apart, 0 for k): a rank that routes its tokens "
+      "elsewhere normalizes them with the same bits.");
   m.def("linear_isa", [] { return std::string(isa_name(g_isa.load())); },
         "The instruction set PackedLinear uses now: 'avx512', 'avx2' or 'scalar'.");
   m.def(
