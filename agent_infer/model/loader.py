@@ -153,7 +153,11 @@ def build_hf_model(
 
 def _packs_float(config: ModelConfig, device: torch.device, dtype: torch.dtype, dequantized: bool) -> bool:
     """Whether an HF folder's float (or dequantized FP8) weights go on the packed-float kernels."""
-    return dequantized and architecture(config.architecture).hf_packed_linears and native_kernels_usable(device, dtype)
+    return (
+        dequantized
+        and architecture(config.architecture).hf_packed_linears
+        and native_kernels_usable(device, dtype)
+    )
 
 
 def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -39,8 +39,8 @@ class Person(BaseModel):
 
 def _params() -> list[SamplingParams]:
     return [
-        SamplingParams(temperature=0.0, max_tokens=24),
-        SamplingParams(temperature=0.9, seed=7, max_tokens=24),
+        SamplingParams(temperature=0.0, max_tokens=24, logprobs=2),
+        SamplingParams(temperature=0.9, seed=7, max_tokens=24, logprobs=2),
         SamplingParams(temperature=0.0, max_tokens=40, structured=Person, close_on_length=True),
         SamplingParams(temperature=0.7, seed=3, max_tokens=20, structured={"enum": ["red", "green", "blue"]}),
         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
@@ -79,6 +79,8 @@ def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
     for want, out in zip(single, got):
         assert out.outputs[0].token_ids == want.outputs[0].token_ids
         assert out.outputs[0].text == want.outputs[0].text
+        assert out.outputs[0].logprobs == want.outputs[0].logprobs  # the float bits, not only the choice
+    assert got[0].outputs[0].logprobs
     assert isinstance(got[2].outputs[0].parsed, Person) or got[2].outputs[0].finish_reason == "length"
     json.loads(got[3].outputs[0].text)
     m0 = metrics[0]
@@ -88,6 +90,37 @@ def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
     assert min(m0.total_tokens_per_rank) > 0  # both ranks served requests
     assert engine.generated_tokens[0] > 0 and engine.generated_tokens[1] > 0
     assert m0.dispatch_bytes > 0
+    assert m0.packed_slots >= 5 * len(m0.placements)  # the ranks run the packed native kernels
+
+
+def test_dp2_expert_parallel_on_the_torch_kernels_is_bit_identical(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AGENT_INFER_NATIVE_LINEAR=0``: one process and every rank (which inherit the setting) on the
+    torch kernels."""
+    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", "0")
+    one = LLM(model=model_dir, kv_cache_memory_bytes=32 * 1024 * 1024)
+    assert one.engine.runner.model.kernels.name != "packed-float"
+    want = one.generate(PROMPTS[:4], _params()[:4])
+    llm = LLM(
+        model=model_dir,
+        kv_cache_memory_bytes=32 * 1024 * 1024,
+        data_parallel_size=2,
+        expert_parallel=True,
+        redundant_experts=2,
+        eplb_interval=4,
+        eplb_window=64,
+        collective_timeout_s=60.0,
+    )
+    try:
+        got = llm.generate(PROMPTS[:4], _params()[:4])
+        metrics = llm.engine.collect_metrics()  # type: ignore[attr-defined]
+    finally:
+        llm.close()
+    for w, out in zip(want, got):
+        assert out.outputs[0].token_ids == w.outputs[0].token_ids
+        assert out.outputs[0].logprobs == w.outputs[0].logprobs
+    assert all(m is not None and m.rebalances >= 1 and m.packed_slots == 0 for m in metrics.values())
 
 
 def test_data_parallel_without_expert_parallel_matches(model_dir: str, single: list) -> None:

@@ -134,7 +134,9 @@ def normed_rows(x: torch.Tensor, width: int, norm: tuple[torch.Tensor, float]) -
     if _normable(x, width) and weight.dtype is torch.float32 and weight.is_contiguous():
         t = int(x.shape[0])
         out = torch.empty(t, width, dtype=torch.float32)
-        extension().rms_norm_rows(x.data_ptr(), t, width, int(x.stride(0)), weight.data_ptr(), float(eps), out.data_ptr())
+        extension().rms_norm_rows(
+            x.data_ptr(), t, width, int(x.stride(0)), weight.data_ptr(), float(eps), out.data_ptr()
+        )
         return out
     x = torch.nn.functional.rms_norm(x, (int(x.shape[-1]),), weight, eps)
     return _rows(x, width, "normed_rows")
