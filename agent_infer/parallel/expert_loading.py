@@ -30,7 +30,7 @@ from torch import nn
 
 from agent_infer.errors import ConfigError, ModelLoadError
 from agent_infer.model.families.base import CausalLM
-from agent_infer.model.layers.float_linear import PACKED_FLOAT, pack_loaded
+from agent_infer.model.layers.float_linear import PACKED_FLOAT, FloatPackedLinear, pack_loaded
 from agent_infer.model.layers.moe import MoE, routed_experts_on
 from agent_infer.model.loader import LoadedModel, build_hf_model, load_model, resolve_model_path
 from agent_infer.model.loading.fp8 import SCALE_SUFFIX, dequantize_block_fp8
@@ -278,9 +278,13 @@ def _moes_of(loaded: LoadedModel) -> list[MoE]:
 
 def resident_weight_bytes(model: nn.Module, slots: Iterable[ExpertSlots] = ()) -> int:
     """Bytes of weights a rank holds: the model's non-``meta`` parameters and buffers (each storage
-    once: a tied head shares the embedding's) plus its expert slots."""
+    once: a tied head shares the embedding's), the native copies of projections whose torch rows
+    were dropped after packing, plus its expert slots (native copies of torch weights that stay,
+    such as packed experts, are not counted again)."""
     seen: set[tuple[int, int]] = set()
-    total = 0
+    total = sum(
+        int(m.packed.nbytes) for m in model.modules() if isinstance(m, FloatPackedLinear) and m.weight is None
+    )
     for t in (*model.parameters(), *model.buffers()):
         if t.is_meta or not t.numel():
             continue
