@@ -15,6 +15,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,27 @@ def backend_for(accelerator: Accelerator) -> str:
             f"the nccl backend is not in this torch build ({torch.__version__}); install a CUDA build of torch"
         )
     return name
+
+
+def rank_device_index(rank: int, world_size: int, device_count: int) -> int:
+    """The accelerator device of ``rank``: its own, ``rank`` (NCCL and HCCL take one device per
+    rank). Raises :class:`ConfigError` when fewer devices are visible than ranks."""
+    if device_count < world_size:
+        raise ConfigError(
+            f"{world_size} ranks need one accelerator device each; {device_count} visible "
+            "(CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES)"
+        )
+    return rank
+
+
+def pin_rank_device(accelerator: Accelerator, rank: int, world_size: int) -> None:
+    """Make device ``rank`` current on NVIDIA or Ascend, before the rank's engine picks its device
+    (the current one); nothing on the CPU."""
+    if accelerator.name == "nvidia":
+        torch.cuda.set_device(rank_device_index(rank, world_size, torch.cuda.device_count()))
+    elif accelerator.name == "ascend":
+        npu: Any = getattr(torch, "npu")  # noqa: B009 - registered by torch_npu
+        npu.set_device(rank_device_index(rank, world_size, int(npu.device_count())))
 
 
 def init_group(spec: GroupSpec, rank: int, accelerator: Accelerator) -> None:

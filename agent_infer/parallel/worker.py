@@ -33,7 +33,7 @@ from agent_infer.parallel.cp_engine import ContextParallelPrefill
 from agent_infer.parallel.eplb import Placement, balanced_placement, contiguous_placement
 from agent_infer.parallel.expert_loading import RankWeights, load_rank_weights, resident_weight_bytes
 from agent_infer.parallel.expert_parallel import ExpertParallel
-from agent_infer.parallel.group import GroupSpec, close_group, init_group
+from agent_infer.parallel.group import GroupSpec, close_group, init_group, pin_rank_device
 from agent_infer.parallel.load_stats import load_profile
 from agent_infer.parallel.lockstep import LockStep, StopLockStep
 
@@ -59,6 +59,7 @@ def rank_main(
     try:
         if not envs.num_threads():
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        pin_rank_device(get_accelerator(engine_config.accelerator), rank, spec.world_size)
         lock: LockStep | None = None
         if config.expert_parallel:
             accelerator = get_accelerator(engine_config.accelerator)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from agent_infer.accelerator import Accelerator, get_accelerator
 from agent_infer.errors import AcceleratorUnavailableError, ConfigError
-from agent_infer.parallel.group import backend_for
+from agent_infer.parallel.group import backend_for, pin_rank_device, rank_device_index
 
 
 def _accelerator(name: str) -> Accelerator:
@@ -38,3 +38,10 @@ def test_a_missing_backend_runtime_is_a_typed_error(monkeypatch: pytest.MonkeyPa
         backend_for(_accelerator("ascend"))
     with pytest.raises(ConfigError, match="no collective backend for accelerator 'tpu'"):
         backend_for(_accelerator("tpu"))
+
+
+def test_each_rank_takes_its_own_device() -> None:
+    assert [rank_device_index(r, 2, 8) for r in range(2)] == [0, 1]
+    with pytest.raises(ConfigError, match="2 ranks need one accelerator device each; 1 visible"):
+        rank_device_index(1, 2, 1)
+    pin_rank_device(get_accelerator("cpu"), 1, 2)  # nothing to pin on the CPU
