@@ -160,7 +160,7 @@ class MoE(nn.Module):
         weight matrix from now on: one call per layer, batch invariant without padding rows (see
         ``engine_native/src/kernels/linear_router.h`` and ``linear_moe.h``; ties between equal scores
         go to the lower expert). The torch weights stay (expert parallelism takes its slots from
-        them, and routes with :meth:`route`)."""
+        them)."""
         gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
         down = [pack(self.down[e]) for e in range(self.num_experts)]
         shared = (
