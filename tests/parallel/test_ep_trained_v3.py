@@ -1,14 +1,15 @@
 """DP=2 + expert parallelism on the trained tiny DeepSeek V3 (block FP8 dequantized at load, an MTP
 layer, a 129k vocabulary), 2 real rank processes: greedy, seeded and schema-constrained outputs and
 tool calls are bit-identical to one process, across EPLB rebalances in mid-generation, with the
-default settings (the packed native kernels, on every rank too) and on the torch kernels
-(``AGENT_INFER_NATIVE_LINEAR=0``)."""
+default settings (the packed native kernels, on every rank too). The torch kernels
+(``AGENT_INFER_NATIVE_LINEAR=0``) are checked on the random tiny V3 (``test_data_parallel.py``):
+on this checkpoint one process on them is not batch invariant for every request (see
+docs/parallel.md), so no split of the batch over ranks could match it bit for bit."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from pydantic import BaseModel, Field
 
 from agent_infer import LLM, SamplingParams
@@ -77,15 +78,9 @@ def _tool_turns(engine: Any) -> list[tuple[Any, list[tuple[str, str]]]]:
         client.close()
 
 
-@pytest.mark.parametrize(
-    "native", ["1", pytest.param("0", marks=pytest.mark.slow)], ids=["packed", "torch"]
-)  # the torch kernels are covered in make test on the tiny random V3 (test_data_parallel.py)
-def test_trained_v3_dp2_expert_parallel_is_bit_identical(
-    trained_v3: str, native: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AGENT_INFER_NATIVE_LINEAR", native)  # the spawned ranks inherit it
+def test_trained_v3_dp2_expert_parallel_is_bit_identical(trained_v3: str) -> None:
     one = LLM(model=trained_v3, kv_cache_memory_bytes=32 * 1024 * 1024)
-    assert (one.engine.runner.model.kernels.name == "packed-float") == (native == "1")
+    assert one.engine.runner.model.kernels.name == "packed-float"
     single = one.generate(PROMPTS, _params())
     single_tools = _tool_turns(one.engine)
     llm = LLM(
@@ -117,4 +112,4 @@ def test_trained_v3_dp2_expert_parallel_is_bit_identical(
         assert m is not None and m.rebalances >= 2, rank
         # every rank packed its slots for the native kernel, and again what rebalances brought
         slots = (8 + 2) // 2 * len(m.placements)
-        assert m.packed_slots >= slots if native == "1" else m.packed_slots == 0
+        assert m.packed_slots >= slots
