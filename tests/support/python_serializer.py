@@ -3,7 +3,8 @@
 
 Every node kind is written as the native serializer writes it: a :class:`KeySet` rule body as one
 ``KEY_TRIE`` instruction, a :class:`KeyNode` (and a nested ``KeySet``) as the alternation it
-expands to, whose words the native serializer writes from the node's spec.
+expands to, whose words the native serializer writes from the node's spec, and a :class:`Check`
+rule body as one ``CHECK`` instruction.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.ir import (
     Alt,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -27,7 +29,7 @@ from agent_infer.grammar.ir import (
 )
 
 # Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
-_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE = range(8)
+_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, CHECK_OPCODE = range(9)
 _INT32_MAX = 2**31 - 1
 
 
@@ -38,6 +40,18 @@ def key_set_program(node: KeySet, index: dict[str, int]) -> list[int]:
         words.append(len(name))
         words.extend(map(ord, name))
     return [KEY_TRIE_OPCODE, len(words), *words]
+
+
+def check_program(node: Check, index: dict[str, int]) -> list[int]:
+    """The ``CHECK`` instruction (the whole rule program) of ``node``, given the rule index."""
+    words = [
+        len(node.items),
+        node.carriers,
+        len(node.accept),
+        *node.accept,
+        *(index[r.name] for r in node.items),
+    ]
+    return [CHECK_OPCODE, len(words), *words]
 
 
 def program_bytes(programs: list[list[int]]) -> bytes:
@@ -166,6 +180,9 @@ class _Serializer:
         self.programs.append(code)
         if type(expr) is KeySet:  # a whole key trie: one instruction (nested, the expansion below)
             code.extend(key_set_program(expr, self.index))
+            return code
+        if type(expr) is Check:  # only a whole rule body
+            code.extend(check_program(expr, self.index))
             return code
         try:
             self.emit(expr, code)

@@ -1,7 +1,7 @@
 """The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
 
 A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
-code points. The tree has nine node kinds (:data:`NODE_KINDS`) and nothing else:
+code points. The tree has ten node kinds (:data:`NODE_KINDS`) and nothing else:
 
 * :class:`Empty` -- the empty string.
 * :class:`Literal` -- a fixed, non-empty string.
@@ -12,6 +12,9 @@ code points. The tree has nine node kinds (:data:`NODE_KINDS`) and nothing else:
 * :class:`KeySet` / :class:`KeyNode` -- "any JSON object key but these names" as a whole trie
   (one ``KEY_TRIE`` instruction) or one trie node, compiled from their compact source; their
   alternation (:meth:`KeySet.expand`) is built by the JSON Schema front end, on first use.
+* :class:`Check` -- a span the first of its rule references scan, kept only when the set of
+  references whose language holds it is one of the accepted sets (``oneOf``, ``not``, ``allOf``
+  decided by the matcher at the span's end); only a rule's whole body.
 
 ``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names; key tries print as
 ``%key-set(...)`` / ``%key-node(...)``), which our GBNF front end reads back to an equal grammar,
@@ -43,10 +46,12 @@ from agent_infer.grammar.ir.grammar import (
 )
 from agent_infer.grammar.ir.grammar import _rename as _rename
 from agent_infer.grammar.ir.nodes import (
+    MAX_CHECK_ITEMS,
     MAX_CODEPOINT,
     NODE_KINDS,
     Alt,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -62,10 +67,12 @@ from agent_infer.grammar.ir.nodes import (
 
 __all__ = [
     "FRONTENDS",
+    "MAX_CHECK_ITEMS",
     "MAX_CODEPOINT",
     "NODE_KINDS",
     "Alt",
     "CharClass",
+    "Check",
     "Empty",
     "Expr",
     "Grammar",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir.constructors import alt, lit, seq
-from agent_infer.grammar.ir.nodes import Alt, Expr, KeyNode, KeySet, Ref, Repeat, Seq, _set
+from agent_infer.grammar.ir.nodes import Alt, Check, Expr, KeyNode, KeySet, Ref, Repeat, Seq, _set
 from agent_infer.grammar.ir.printer import _fmt
 from agent_infer.grammar.ir.references import first_undefined_ref
 
@@ -234,6 +234,8 @@ def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
         return Alt(tuple(_rename(e, mapping) for e in expr.expand()))
     if isinstance(expr, Ref):
         return Ref(mapping[expr.name])
+    if isinstance(expr, Check):
+        return Check(tuple(Ref(mapping[r.name]) for r in expr.items), expr.carriers, expr.accept)
     if isinstance(expr, Seq):
         return Seq(tuple(_rename(e, mapping) for e in expr.items))
     if isinstance(expr, Alt):

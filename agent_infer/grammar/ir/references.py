@@ -14,6 +14,7 @@ from typing import Any
 from agent_infer.grammar.ir.nodes import (
     Alt,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -149,4 +150,6 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             push(node.item)
         elif isinstance(node, KeySet | KeyNode):
             extend(node.expand())  # the rules its expansion calls
+        elif isinstance(node, Check):
+            extend(node.items)
     return None

@@ -16,9 +16,12 @@
 #include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/state_mask.h"
 #include "grammar/mask/tokenizer_info.h"
+#include "grammar/runtime_checks.h"
 
 namespace agent_infer {
 namespace grammar {
+
+struct CheckSpec;
 
 struct Limits {
   int64_t max_nfa_states = 2000000;
@@ -79,6 +82,10 @@ class CompiledGrammar {
   std::vector<ByteSet> escape;
   // reach_call[q]: a state with rule references is reachable from q through >= 1 byte edge.
   std::vector<uint8_t> reach_call;
+  // The grammar's run-time checks and their tables (grammar/runtime_checks.h); empty without any.
+  RuntimeChecks checks;
+  // Whether state q's Earley items are only a shadow parse of a run-time check's item.
+  bool shadow_state(int32_t q) const { return !checks.shadow.empty() && checks.shadow[static_cast<size_t>(q)]; }
   // ORs into `set` the bytes state q has byte edges for.
   void add_live_bytes(int32_t q, ByteSet& set) const {
     const State& st = states[static_cast<size_t>(q)];
@@ -121,6 +128,8 @@ class CompiledGrammar {
   mutable std::once_flag completion_once_;
   mutable std::unique_ptr<Completion> completion_;
   void compute_follow_sets(const Limits& limits);
+  // The run-time check tables (grammar/lower/runtime_checks.cpp), once the automata are laid out.
+  void finish_runtime_checks(const std::vector<CheckSpec>& specs, int32_t first_shadow_rule);
   // The constructors' work; ``own`` holds rewritten programs (it may be ``&rules_in`` itself).
   void lower_rules(const std::vector<std::vector<int32_t>>& rules_in, std::vector<std::vector<int32_t>>* own,
                    const Limits& limits);

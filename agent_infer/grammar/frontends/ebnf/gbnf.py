@@ -5,7 +5,8 @@ newlines are allowed right after ``::=``, after ``|`` and anywhere inside parent
 starts a comment to the end of the line. Parenthesised groups stay separate IR nodes, so
 ``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors. Beyond llama.cpp's
 dialect it reads the printed forms of the IR's two key-trie kinds, ``%key-set("a" "b")`` and
-``%key-node(ends-name "a"->rule ...)``, so a JSON Schema grammar reads back to an equal grammar too.
+``%key-node(ends-name "a"->rule ...)``, and of its run-time checks, ``%check(carriers=2 accept=1,2
+a b)``, so a JSON Schema grammar reads back to an equal grammar too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agent_infer.grammar.ir import (
     MAX_CODEPOINT,
     Alt,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -136,7 +138,7 @@ class _Parser:
                 self.i += 1
                 items.append(_ANY)
             elif c == "%":
-                items.append(self.key_trie())
+                items.append(self.check() if self.s.startswith("%check(", self.i) else self.key_trie())
             elif _is_word(c):
                 name = self.name()
                 self.refs.append((name, pos))
@@ -273,6 +275,38 @@ class _Parser:
             raise self.error(f"expected ')' to close '%key-{kind}('", start)
         self.i += 1
         return KeySet(tuple(spec)) if kind == "set" else KeyNode(tuple(spec))  # type: ignore[arg-type]
+
+    def check(self) -> Expr:
+        """``%check(carriers=N accept=M,... rule ...)``."""
+        start = self.i
+        self.i += len("%check(")
+        self.space(True)
+        fields: dict[str, list[int]] = {}
+        for field in ("carriers", "accept"):
+            if not self.s.startswith(f"{field}=", self.i):
+                raise self.error(f"expected '{field}=' in '%check('", self.i)
+            self.i += len(field) + 1
+            # An empty accept list (nothing passes) prints as "accept=" followed by the rules.
+            numbers = [self.integer()] if field == "carriers" or self.peek().isdigit() else []
+            while numbers and field == "accept" and self.peek() == ",":
+                self.i += 1
+                numbers.append(self.integer())
+            fields[field] = numbers
+            self.space(True)
+        items: list[Ref] = []
+        while self.peek() and self.peek() != ")":
+            at = self.i
+            rule = self.name()
+            self.refs.append((rule, at))
+            items.append(Ref(rule))
+            self.space(True)
+        if self.peek() != ")":
+            raise self.error("expected ')' to close '%check('", start)
+        self.i += 1
+        try:
+            return Check(tuple(items), fields["carriers"][0], tuple(fields["accept"]))
+        except GrammarDefinitionError as exc:
+            raise self.error(str(exc), start) from None
 
     def char_class(self, start: int) -> Expr:
         negated = self.peek() == "^"

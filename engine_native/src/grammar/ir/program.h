@@ -19,7 +19,22 @@ namespace grammar {
 //     a plain character that continues no name is followed by rest_rule and free_rule reads a
 //     special character and the rest. Only as a rule's whole body; lowered straight to its
 //     automaton (grammar/lower/key_set.cpp).
-enum Op : int32_t { kEmpty = 0, kLiteral = 1, kClass = 2, kSeq = 3, kAlt = 4, kRepeat = 5, kRef = 6, kKeyTrie = 7 };
+//   | CHECK n items carriers count sig0..sig(count-1) rule0..rule(items-1): n payload words; a run-
+//     time check (ir.nodes.Check): a span the first `carriers` rules scan, kept when the set of
+//     item rules whose language holds it (bit i: rule i) is one of the `count` sorted signatures.
+//     Only as a rule's whole body; its automaton is start -> each carrier -> final
+//     (grammar/lower/runtime_checks.cpp), and the matcher decides it (grammar/match/verdicts.cpp).
+enum Op : int32_t {
+  kEmpty = 0,
+  kLiteral = 1,
+  kClass = 2,
+  kSeq = 3,
+  kAlt = 4,
+  kRepeat = 5,
+  kRef = 6,
+  kKeyTrie = 7,
+  kCheck = 8
+};
 
 
 // Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so
@@ -44,6 +59,7 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
     case kRepeat:
       return 3;
     case kKeyTrie:
+    case kCheck:
       return 2 + static_cast<size_t>(code.at(pc + 1));
     default:
       throw_unknown_opcode();
@@ -52,6 +68,12 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
 
 // A key-trie rule (its body is one KEY_TRIE instruction, see enum Op).
 inline bool is_key_trie(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kKeyTrie; }
+// A run-time check rule (its body is one CHECK instruction, see enum Op).
+inline bool is_check(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kCheck; }
+// Where a CHECK instruction's item rules begin (its payload: items, carriers, count, signatures).
+inline size_t check_items_at(const std::vector<int32_t>& code, size_t pc) {
+  return pc + 5 + static_cast<size_t>(code.at(pc + 4));
+}
 
 
 // The position after the expression at `pc`.

@@ -29,17 +29,22 @@ struct Kinds {
   PyObject* ref;
   PyObject* key_node = nullptr;  // ir.nodes.KeyNode, when the caller passes it
   PyObject* key_set = nullptr;   // ir.nodes.KeySet (a whole key trie), likewise
+  PyObject* check = nullptr;     // ir.nodes.Check (a run-time check), likewise
 };
 
-// The IR node classes in the order compiler._KINDS lists them (7, 8 with KeyNode, 9 with KeySet).
+// The IR node classes in the order NODE_KINDS lists them (7, 8 with KeyNode, 9 with KeySet, 10
+// with Check).
 inline Kinds kinds_from(const nb::tuple& kinds, const char* who) {
   const size_t n = kinds.size();
-  if (n < 7 || n > 9) throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode, KeySet)");
+  if (n < 7 || n > 10) {
+    throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode, KeySet, Check)");
+  }
   PyObject* t = kinds.ptr();
   Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
           PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
   if (n >= 8) k.key_node = PyTuple_GET_ITEM(t, 7);
-  if (n == 9) k.key_set = PyTuple_GET_ITEM(t, 8);
+  if (n >= 9) k.key_set = PyTuple_GET_ITEM(t, 8);
+  if (n == 10) k.check = PyTuple_GET_ITEM(t, 9);
   return k;
 }
 
@@ -59,6 +64,8 @@ struct Names {
   PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
   // json_schema.keys.complement_keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
   PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
+  PyObject* carriers = PyUnicode_InternFromString("carriers");
+  PyObject* accept = PyUnicode_InternFromString("accept");
 };
 
 inline const Names& names() {

@@ -20,6 +20,7 @@
 #include "grammar/errors.h"
 #include "grammar/ir/program.h"
 #include "grammar/lower/automata.h"
+#include "grammar/lower/check_lowering.h"
 #include "grammar/lower/determinizer.h"
 #include "grammar/lower/nfa_builder.h"
 #include "grammar/lower/rule_passes.h"
@@ -82,7 +83,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
-  const size_t R = rules.size();  // outlined rules come after the grammar's own
+  size_t R = rules.size();  // outlined rules come after the grammar's own (shadow copies after those)
   inline_finite_chains(rules, root, &inl);
 
   // Build the automata of the rules reachable from the root through non-inlined references.
@@ -104,9 +105,25 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   stored.assign(R, 0);
   work.assign(1, root);
   base[root] = 0;  // marks "queued"; the real base is set when built
+  std::vector<CheckSpec> check_specs;
   while (!work.empty()) {
     const int32_t r = work.back();
     work.pop_back();
+    if (is_check(rules[r])) {
+      // Start -> each carrier -> final (grammar/lower/runtime_checks.cpp); the shadow items are
+      // built too, to be copied once every rule is.
+      check_specs.push_back(read_check(rules[r], r, R));
+      base[r] = lower_check(check_specs.back(), &pool);
+      count[r] = static_cast<uint32_t>(pool.size()) - static_cast<uint32_t>(base[r]);
+      order.push_back(r);
+      for (int32_t q : check_specs.back().items) {
+        if (base[q] < 0) {
+          base[q] = 0;
+          work.push_back(q);
+        }
+      }
+      continue;
+    }
     // A key trie's automaton is written directly: minimal, like the store's (grammar/lower/key_set.cpp).
     base[r] = is_key_trie(rules[r]) ? lower_key_trie(rules[r], R, &pool) : nfa_builder.lower_in_store(r, &pool);
     stored[r] = base[r] >= 0;
@@ -125,9 +142,47 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
       }
     }
   }
+  int32_t first_shadow_rule = static_cast<int32_t>(R);
+  if (!check_specs.empty()) {
+    // Shadow copies of what the checks' non-carrier items reach, appended as rules R, R + 1, ...
+    first_shadow_rule = copy_shadow_rules(&check_specs, &pool, &base, &count);
+    const size_t copies = base.size() - R;
+    stored.resize(R + copies, 0);
+    for (size_t k = 0; k < copies; ++k) {
+      if (base[R + k] >= 0) order.push_back(static_cast<int32_t>(R + k));
+    }
+    R += copies;
+  }
   std::vector<uint8_t>& built = scratch.built;
   built.assign(R, 0);
   for (int32_t r : order) built[r] = 1;
+  if (!check_specs.empty()) {
+    // Rules reached only through shadow items were built for their copies: left out of the
+    // grammar, as if never reached.
+    std::vector<uint8_t> reached(R, 0);
+    std::vector<int32_t> stack{root};
+    reached[root] = 1;
+    std::vector<int32_t> check_at(R, -1);
+    for (size_t k = 0; k < check_specs.size(); ++k) check_at[check_specs[k].rule] = static_cast<int32_t>(k);
+    while (!stack.empty()) {
+      const int32_t r = stack.back();
+      stack.pop_back();
+      auto visit = [&](int32_t q) {
+        if (!reached[q]) {
+          reached[q] = 1;
+          stack.push_back(q);
+        }
+      };
+      if (built[r]) {
+        for (uint32_t e = pool.ref_begin[base[r]]; e < pool.ref_begin[base[r] + count[r]]; ++e) visit(pool.refs[e].rule);
+      }
+      if (check_at[r] >= 0) {
+        for (int32_t item : check_specs[static_cast<size_t>(check_at[r])].items) visit(item);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) built[r] = built[r] && reached[r];
+    order.erase(std::remove_if(order.begin(), order.end(), [&](int32_t r) { return !built[r]; }), order.end());
+  }
 
   // Productive rules (non-empty language), by a worklist: a rule is re-checked only when one of
   // its callees turns productive, and callees (built later) are checked first.
@@ -356,6 +411,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   }
 
   compute_follow_sets(limits);
+  if (!check_specs.empty()) finish_runtime_checks(check_specs, first_shadow_rule);
   masks_.reset(states.size());
 }
 

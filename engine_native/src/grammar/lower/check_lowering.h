@@ -1,0 +1,39 @@
+// The lowering's part of run-time checks (grammar/runtime_checks.h): a check rule's automaton, the
+// shadow copies of the rules its non-carrier items reach, and the tables the matcher and the
+// token walks read (grammar/lower/runtime_checks.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "grammar/lower/automata.h"
+
+namespace agent_infer {
+namespace grammar {
+
+// A check as its CHECK instruction states it, with rule indices as the lowering knows them.
+struct CheckSpec {
+  int32_t rule = -1;
+  int32_t carriers = 0;
+  std::vector<int32_t> items;
+  std::vector<uint32_t> accept;
+};
+
+// Reads the CHECK instruction that is `code`'s whole body; throws DefinitionError when it is
+// malformed or names a rule outside [0, num_rules).
+CheckSpec read_check(const std::vector<int32_t>& code, int32_t rule, size_t num_rules);
+
+// Appends the automaton of a check rule (start, a reference to each carrier, one final state)
+// to `pool` and returns its start state.
+int32_t lower_check(const CheckSpec& spec, DfaPool* pool);
+
+// Copies, after the rules in [0, base.size()) are built, every rule the shadow items of `checks`
+// reach (through references, and through the items of checks they reach) to a new rule past the
+// others, its references renamed to the copies; the checks' shadow items (and those of copied
+// checks, appended to `checks`) then name the copies. `base`/`count` give each rule's states in
+// `pool` (base -1: not built) and grow with the copies; returns the index of the first copy.
+int32_t copy_shadow_rules(std::vector<CheckSpec>* checks, DfaPool* pool, std::vector<int32_t>* base,
+                          std::vector<uint32_t>* count);
+
+}  // namespace grammar
+}  // namespace agent_infer
