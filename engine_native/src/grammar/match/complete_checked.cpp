@@ -7,12 +7,15 @@
 // copy of the matcher: depth-first with the bound raised to the least length that exceeded it,
 // trying first the byte the unchecked completion starts with, then the others in the readable
 // order complete.cpp prefers. Each step is an Earley step with the checks decided, so the first
-// completion found is the shortest that passes. The search is bounded (kMaxSteps Earley steps per
+// completion found is the shortest that passes. Paths that reach one parse context (the digest
+// the mask fill memoizes by, Matcher::context_key: `1` and `2` inside a number lead to one) are
+// searched once per round, from the shortest. The search is bounded (kMaxSteps Earley steps per
 // call) and reports a GrammarLimitError past it.
 #include <algorithm>
 #include <array>
 #include <limits>
 #include <string>
+#include <unordered_map>
 
 #include "grammar/compiled_grammar.h"
 #include "grammar/errors.h"
@@ -49,6 +52,8 @@ bool Matcher::checked_completion(std::string* out) const {
   Matcher m(*this);
   std::string path;
   int64_t steps = 0;
+  // Per round: the shortest path length each parse context was reached at.
+  std::unordered_map<std::string, size_t> reached;
   // Returns -1 when a completion is found (in `path`), else the least bound that would let the
   // search go further (kNone: no completion below this node).
   auto search = [&](auto&& self, int64_t bound) -> int64_t {
@@ -58,6 +63,13 @@ bool Matcher::checked_completion(std::string* out) const {
     const int64_t f = static_cast<int64_t>(path.size()) + h;
     if (f > bound) return f;
     if (m.last_set_can_end()) return -1;
+    {
+      auto [at, fresh] = reached.emplace(m.context_key(), path.size());
+      if (!fresh) {
+        if (at->second <= path.size()) return kNone;  // searched already, from no further
+        at->second = path.size();
+      }
+    }
     if (path.size() >= kMaxLength) {
       throw LimitError("shortest completion under run-time checks is longer than " + std::to_string(kMaxLength) +
                        " bytes");
@@ -100,6 +112,7 @@ bool Matcher::checked_completion(std::string* out) const {
   int64_t bound = 0;
   if (!m.unchecked_completion(&hint, &bound)) return false;
   while (true) {
+    reached.clear();
     const int64_t t = search(search, bound);
     if (t < 0) {
       *out = path;
