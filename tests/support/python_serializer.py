@@ -44,9 +44,10 @@ def key_set_program(node: KeySet, index: dict[str, int]) -> list[int]:
 
 def check_program(node: Check, index: dict[str, int]) -> list[int]:
     """The ``CHECK`` instruction (the whole rule program) of ``node``, given the rule index."""
+    # The carriers word holds the product flag at bit 12 (grammar/ir/program.h).
     words = [
         len(node.items),
-        node.carriers,
+        node.carriers | (4096 if node.product else 0),
         len(node.accept),
         *node.accept,
         *(index[r.name] for r in node.items),

@@ -103,7 +103,12 @@ def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int,
         for item in expr.items:
             if item.name not in index:
                 raise GrammarDefinitionError(f"rule {rule!r} refers to undefined rule {item.name!r}")
-        return Check(tuple(Ref(str(r.name)) for r in expr.items), int(expr.carriers), tuple(expr.accept))
+        return Check(
+            tuple(Ref(str(r.name)) for r in expr.items),
+            int(expr.carriers),
+            tuple(expr.accept),
+            bool(expr.product),
+        )
     # Work items: (node, None) visits a node; (node, kids) builds it from its last kids results.
     done: list[Expr] = []
     todo: list[tuple[Any, int | None]] = [(expr, None)]

@@ -235,7 +235,9 @@ def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
     if isinstance(expr, Ref):
         return Ref(mapping[expr.name])
     if isinstance(expr, Check):
-        return Check(tuple(Ref(mapping[r.name]) for r in expr.items), expr.carriers, expr.accept)
+        return Check(
+            tuple(Ref(mapping[r.name]) for r in expr.items), expr.carriers, expr.accept, expr.product
+        )
     if isinstance(expr, Seq):
         return Seq(tuple(_rename(e, mapping) for e in expr.items))
     if isinstance(expr, Alt):

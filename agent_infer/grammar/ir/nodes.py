@@ -189,17 +189,26 @@ class Check(Expr):
     shadow it: they decide, they never let a byte through) and decides when a carrier finishes,
     so ``oneOf [A, B]`` is ``Check((A, B), 2, (0b01, 0b10))``, ``S and not N`` is
     ``Check((S, N), 1, (0b01,))`` and ``A and B`` is ``Check((A, B), 1, (0b11,))``. Only a
-    rule's whole body; items must not match the empty string (docs/grammar_engine.md,
-    "Run-time checks")."""
+    rule's whole body; items must not match the empty string.
+
+    Decided at run time (``product`` false), masks are exact only if every prefix the carriers
+    can still extend has a completion the check accepts (the front end proves it). With
+    ``product`` the compiler instead builds one automaton of the items' languages combined,
+    without the prefixes no completion passes, and raises GrammarLimitError when the items
+    recurse or the automaton would be too large (docs/grammar_engine.md, "Run-time checks")."""
 
     items: tuple[Ref, ...]
     carriers: int
     accept: tuple[int, ...]
+    product: bool = False
 
-    def __init__(self, items: tuple[Ref, ...], carriers: int, accept: tuple[int, ...]) -> None:
+    def __init__(
+        self, items: tuple[Ref, ...], carriers: int, accept: tuple[int, ...], product: bool = False
+    ) -> None:
         _set(self, "items", items)
         _set(self, "carriers", carriers)
         _set(self, "accept", accept)
+        _set(self, "product", product)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -217,6 +226,8 @@ class Check(Expr):
             raise GrammarDefinitionError(
                 f"a Check's accept must be sorted, distinct bitmasks over its {n} items, got {accept!r}"
             )
+        if type(self.product) is not bool:
+            raise GrammarDefinitionError(f"a Check's product must be a bool, got {self.product!r}")
 
     def children(self) -> tuple[Expr, ...]:
         return self.items

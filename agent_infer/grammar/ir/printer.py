@@ -5,7 +5,8 @@ The two key-trie kinds print as what the compiler takes, not as their expansions
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
 a name); a run-time check prints as ``%check(carriers=2 accept=1,2 a b)`` (its carriers, its
-accepted membership sets as decimal bitmasks, its rule references). llama.cpp does not read these
+accepted membership sets as decimal bitmasks, ``product`` when it is compiled to one automaton,
+its rule references). llama.cpp does not read these
 three forms; our GBNF front end does, so every grammar prints as text it reads back to an equal
 grammar.
 """
@@ -61,7 +62,8 @@ def _key_node(node: KeyNode) -> str:
 
 def _check(node: Check) -> str:
     accept = ",".join(str(a) for a in node.accept)
-    return f"%check(carriers={node.carriers} accept={accept} " + " ".join(r.name for r in node.items) + ")"
+    head = f"%check(carriers={node.carriers} accept={accept} " + ("product " if node.product else "")
+    return head + " ".join(r.name for r in node.items) + ")"
 
 
 def _leaf(expr: Expr) -> str | None:

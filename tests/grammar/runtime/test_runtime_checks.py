@@ -284,3 +284,67 @@ def test_check_work_is_bounded() -> None:
     n = m.num_tokens if hasattr(m, "num_tokens") else None
     assert m.accept_string("y")  # the failed call left the matcher as it was
     del n
+
+
+def _as_products(rules: dict[str, Expr]) -> dict[str, Expr]:
+    return {
+        name: Check(body.items, body.carriers, body.accept, True) if isinstance(body, Check) else body
+        for name, body in rules.items()
+    }
+
+
+# Checks compiled to one automaton: the cases above without recursion, and one no run-time
+# verdict could keep exact (A and B where B dies on a prefix A keeps: "[2" has no completion).
+PRODUCTS: dict[str, tuple[dict[str, Expr], str, list[str]]] = {
+    name: (_as_products(rules), alphabet, texts)
+    for name, (rules, alphabet, texts) in CASES.items()
+    if name != "recursive"
+}
+PRODUCTS["dead_prefixes"] = (
+    {
+        "root": _list(Ref("c")),
+        "c": Check((Ref("a"), Ref("b")), 1, (0b11,), True),
+        "a": seq(star(chars("0-9")), chars("02468")),
+        "b": seq(lit("1"), star(chars("0-9"))),
+    },
+    "[0123,]",
+    ["[12]", "[2]", "[13]", "[10,102]", "[1]"],
+)
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+def test_products_agree_with_brute_force(name: str) -> None:
+    rules, alphabet, texts = PRODUCTS[name]
+    g = Grammar.from_rules(rules)
+    assert parse_gbnf(str(g)) == g
+    rec = ReferenceRecognizer(g)
+    compiled = GrammarCompiler(tokenizer_info("bytes")).compile(g)
+    seen: set[str] = set()
+    candidates = [t[:cut] for t in texts for cut in range(len(t) + 1)]
+    candidates += ["".join(p) for n in range(1, 4) for p in itertools.product(alphabet, repeat=n)][:1500]
+    for text in candidates:
+        if text in seen:
+            continue
+        seen.add(text)
+        m = GrammarMatcher(compiled)
+        viable = m.accept_string(text)
+        assert (viable and m.can_terminate()) == rec.accepts(text), text
+        if viable:
+            assert _completion_found(compiled, rec, text), text
+        else:
+            assert _no_completion(rec, text, alphabet), text
+    m = GrammarMatcher(compiled)
+    valid = next(t for t in texts if rec.accepts(t))
+    for pos, b in enumerate(valid.encode()):
+        assert_mask_exact(m, pos)
+        assert m.accept_token(b)
+    assert m.can_terminate()
+
+
+def test_product_of_recursive_items_is_a_limit_error() -> None:
+    rules = _as_products(CASES["recursive"][0])
+    with pytest.raises(
+        GrammarLimitError,
+        match=r"rule .v. cannot be compiled to one automaton: an item contains the check itself",
+    ):
+        GrammarCompiler(tokenizer_info("bytes")).compile(Grammar.from_rules(rules))

@@ -277,7 +277,7 @@ class _Parser:
         return KeySet(tuple(spec)) if kind == "set" else KeyNode(tuple(spec))  # type: ignore[arg-type]
 
     def check(self) -> Expr:
-        """``%check(carriers=N accept=M,... rule ...)``."""
+        """``%check(carriers=N accept=M,... [product] rule ...)``."""
         start = self.i
         self.i += len("%check(")
         self.space(True)
@@ -293,6 +293,10 @@ class _Parser:
                 numbers.append(self.integer())
             fields[field] = numbers
             self.space(True)
+        product = self.s.startswith("product ", self.i) or self.s.startswith("product)", self.i)
+        if product:
+            self.i += len("product")
+            self.space(True)
         items: list[Ref] = []
         while self.peek() and self.peek() != ")":
             at = self.i
@@ -304,7 +308,7 @@ class _Parser:
             raise self.error("expected ')' to close '%check('", start)
         self.i += 1
         try:
-            return Check(tuple(items), fields["carriers"][0], tuple(fields["accept"]))
+            return Check(tuple(items), fields["carriers"][0], tuple(fields["accept"]), product)
         except GrammarDefinitionError as exc:
             raise self.error(str(exc), start) from None
 

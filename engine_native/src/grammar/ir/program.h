@@ -21,9 +21,11 @@ namespace grammar {
 //     automaton (grammar/lower/key_set.cpp).
 //   | CHECK n items carriers count sig0..sig(count-1) rule0..rule(items-1): n payload words; a run-
 //     time check (ir.nodes.Check): a span the first `carriers` rules scan, kept when the set of
-//     item rules whose language holds it (bit i: rule i) is one of the `count` sorted signatures.
-//     Only as a rule's whole body; its automaton is start -> each carrier -> final
-//     (grammar/lower/runtime_checks.cpp), and the matcher decides it (grammar/match/verdicts.cpp).
+//     item rules whose language holds it (bit i: rule i) is one of the `count` sorted signatures;
+//     the carriers word also holds kCheckProduct (ir.nodes.Check.product). Only as a rule's whole
+//     body; its automaton is start -> each carrier -> final, which the matcher decides
+//     (grammar/lower/runtime_checks.cpp, grammar/match/verdicts.cpp), or, with kCheckProduct, the
+//     exact product of its items (grammar/lower/check_product.cpp).
 enum Op : int32_t {
   kEmpty = 0,
   kLiteral = 1,
@@ -35,6 +37,7 @@ enum Op : int32_t {
   kKeyTrie = 7,
   kCheck = 8
 };
+constexpr int32_t kCheckProduct = 1 << 12;
 
 
 // Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so

@@ -330,8 +330,10 @@ class Serializer {
     Owned items(PyObject_GetAttr(node, nm.items));
     Owned carriers(PyObject_GetAttr(node, nm.carriers));
     Owned accept(PyObject_GetAttr(node, nm.accept));
-    if (items.p == nullptr || carriers.p == nullptr || accept.p == nullptr || !PyTuple_CheckExact(items.p) ||
-        !PyTuple_CheckExact(accept.p) || !PyLong_CheckExact(carriers.p)) {
+    Owned product(PyObject_GetAttr(node, nm.product));
+    if (items.p == nullptr || carriers.p == nullptr || accept.p == nullptr || product.p == nullptr ||
+        !PyTuple_CheckExact(items.p) || !PyTuple_CheckExact(accept.p) || !PyLong_CheckExact(carriers.p) ||
+        !PyBool_Check(product.p)) {
       return false;
     }
     if (record_) walked_.push_back(items.p);
@@ -339,8 +341,9 @@ class Serializer {
     const long c = PyLong_AsLong(carriers.p);
     if (n < 1 || n > 16 || c < 1 || c > n) return false;
     const Py_ssize_t count = PyTuple_GET_SIZE(accept.p);
+    const int32_t flags = product.p == Py_True ? grammar::kCheckProduct : 0;
     out.insert(out.end(), {grammar::kCheck, static_cast<int32_t>(3 + count + n), static_cast<int32_t>(n),
-                           static_cast<int32_t>(c), static_cast<int32_t>(count)});
+                           static_cast<int32_t>(c) | flags, static_cast<int32_t>(count)});
     long prev = -1;
     for (Py_ssize_t i = 0; i < count; ++i) {
       PyObject* v = PyTuple_GET_ITEM(accept.p, i);

@@ -66,6 +66,7 @@ struct Names {
   PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
   PyObject* carriers = PyUnicode_InternFromString("carriers");
   PyObject* accept = PyUnicode_InternFromString("accept");
+  PyObject* product = PyUnicode_InternFromString("product");
 };
 
 inline const Names& names() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "grammar/lower/automata.h"
@@ -15,6 +16,7 @@ namespace grammar {
 struct CheckSpec {
   int32_t rule = -1;
   int32_t carriers = 0;
+  bool product = false;  // compiled to one automaton (build_check_product), never decided at run time
   std::vector<int32_t> items;
   std::vector<uint32_t> accept;
 };
@@ -26,6 +28,16 @@ CheckSpec read_check(const std::vector<int32_t>& code, int32_t rule, size_t num_
 // Appends the automaton of a check rule (start, a reference to each carrier, one final state)
 // to `pool` and returns its start state.
 int32_t lower_check(const CheckSpec& spec, DfaPool* pool);
+
+// Appends to `pool` one automaton over bytes for the check `spec`: the product of its items'
+// automata (the rules they call expanded, as a pushdown walk would), whose final states are the
+// ends where the carriers' span is accepted, less the states from which no such end is reachable.
+// Returns its start state, or -1 when an item recurses (calls past kMaxProductDepth) or reaches an
+// undecided check, or the product passes kMaxProductStates (`why` says which). `base`/`count`:
+// the rules' states in `pool`; `undecided[r]`: rule r is a check decided at run time (1) or a
+// product not built yet (2).
+int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& base, const std::vector<uint32_t>& count,
+                            const std::vector<uint8_t>& undecided, DfaPool* pool, std::string* why);
 
 // Copies, after the rules in [0, base.size()) are built, every rule the shadow items of `checks`
 // reach (through references, and through the items of checks they reach) to a new rule past the

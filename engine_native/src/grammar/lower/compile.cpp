@@ -40,6 +40,43 @@ namespace {
   throw LimitError("grammar is too large: compiling it ran out of memory");
 }
 
+// Turns every check with kCheckProduct into its product automaton (grammar/lower/check_product.cpp),
+// inner checks first (an item reaching a check still to be built waits for it), and removes it
+// from `specs`: it is an ordinary rule from then on. A product that cannot be built is a
+// LimitError naming the check's rule index (the compiler names the rule).
+void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<int32_t>* base,
+                     std::vector<uint32_t>* count, size_t num_rules) {
+  std::vector<uint8_t> undecided(num_rules, 0);  // 1 decided at run time, 2 a product not built yet
+  for (const CheckSpec& c : *specs) undecided[static_cast<size_t>(c.rule)] = c.product ? 2 : 1;
+  std::string why;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t k = 0; k < specs->size();) {
+      CheckSpec& c = (*specs)[k];
+      if (!c.product) {
+        ++k;
+        continue;
+      }
+      const int32_t start = build_check_product(c, *base, *count, undecided, pool, &why);
+      if (start < 0) {
+        ++k;
+        continue;
+      }
+      (*base)[static_cast<size_t>(c.rule)] = start;
+      (*count)[static_cast<size_t>(c.rule)] = static_cast<uint32_t>(pool->size()) - static_cast<uint32_t>(start);
+      undecided[static_cast<size_t>(c.rule)] = 0;
+      specs->erase(specs->begin() + static_cast<long>(k));
+      progress = true;
+    }
+  }
+  for (const CheckSpec& c : *specs) {
+    if (c.product) {
+      build_check_product(c, *base, *count, undecided, pool, &why);
+      throw LimitError("the check of rule #" + std::to_string(c.rule) + " cannot be compiled to one automaton: " + why);
+    }
+  }
+}
+
 }  // namespace
 
 CompiledGrammar::CompiledGrammar(std::shared_ptr<TokenizerInfo> tok_, const std::vector<std::vector<int32_t>>& rules_in,
@@ -142,6 +179,8 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
       }
     }
   }
+  const bool had_checks = !check_specs.empty();
+  if (had_checks) decide_products(&check_specs, &pool, &base, &count, R);
   int32_t first_shadow_rule = static_cast<int32_t>(R);
   if (!check_specs.empty()) {
     // Shadow copies of what the checks' non-carrier items reach, appended as rules R, R + 1, ...
@@ -156,9 +195,9 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<uint8_t>& built = scratch.built;
   built.assign(R, 0);
   for (int32_t r : order) built[r] = 1;
-  if (!check_specs.empty()) {
-    // Rules reached only through shadow items were built for their copies: left out of the
-    // grammar, as if never reached.
+  if (had_checks) {
+    // Rules reached only through shadow items (or only through checks now products) were built
+    // for their copies or the products: left out of the grammar, as if never reached.
     std::vector<uint8_t> reached(R, 0);
     std::vector<int32_t> stack{root};
     reached[root] = 1;

@@ -27,7 +27,8 @@ CheckSpec read_check(const std::vector<int32_t>& code, int32_t rule, size_t num_
   CheckSpec spec;
   spec.rule = rule;
   const int32_t n = code[2];
-  spec.carriers = code[3];
+  spec.product = (code[3] & kCheckProduct) != 0;
+  spec.carriers = code[3] & ~kCheckProduct;
   const int32_t count = code[4];
   if (n < 1 || n > 16 || spec.carriers < 1 || spec.carriers > n || count < 0 ||
       code.size() != 5 + static_cast<size_t>(count) + static_cast<size_t>(n)) {
