@@ -19,6 +19,7 @@ from agent_infer.grammar.frontends.json_schema.applicators.logic import (
     check_conditionals,
     lower_branches,
     lower_dependencies,
+    not_as_check,
     rewrite_logic,
 )
 from agent_infer.grammar.frontends.json_schema.applicators.merge import Merger
@@ -268,6 +269,9 @@ class Compiler(RuleWriter, Layout, Reporter):
         rewritten = rewrite_logic(self, flat, pointer)
         if rewritten is not None:
             return self.lower_body(rewritten, pointer, depth)
+        checked = not_as_check(self, flat, pointer, depth)
+        if checked is not None:
+            return checked
         flat = apply_not(self, flat, pointer)
         check_conditionals(self, flat, pointer)
         types = self.allowed_types(flat, pointer)

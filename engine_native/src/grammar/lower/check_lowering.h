@@ -37,7 +37,8 @@ int32_t lower_check(const CheckSpec& spec, DfaPool* pool);
 // the rules' states in `pool`; `undecided[r]`: rule r is a check decided at run time (1) or a
 // product not built yet (2).
 int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& base, const std::vector<uint32_t>& count,
-                            const std::vector<uint8_t>& undecided, DfaPool* pool, std::string* why);
+                            const std::vector<uint8_t>& undecided, DfaPool* pool, Deadline* deadline,
+                            std::string* why);
 
 // Copies, after the rules in [0, base.size()) are built, every rule the shadow items of `checks`
 // reach (through references, and through the items of checks they reach) to a new rule past the

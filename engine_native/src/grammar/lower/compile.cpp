@@ -45,7 +45,7 @@ namespace {
 // from `specs`: it is an ordinary rule from then on. A product that cannot be built is a
 // LimitError naming the check's rule index (the compiler names the rule).
 void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<int32_t>* base,
-                     std::vector<uint32_t>* count, size_t num_rules) {
+                     std::vector<uint32_t>* count, size_t num_rules, Deadline* deadline) {
   std::vector<uint8_t> undecided(num_rules, 0);  // 1 decided at run time, 2 a product not built yet
   for (const CheckSpec& c : *specs) undecided[static_cast<size_t>(c.rule)] = c.product ? 2 : 1;
   std::string why;
@@ -57,7 +57,7 @@ void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<i
         ++k;
         continue;
       }
-      const int32_t start = build_check_product(c, *base, *count, undecided, pool, &why);
+      const int32_t start = build_check_product(c, *base, *count, undecided, pool, deadline, &why);
       if (start < 0) {
         ++k;
         continue;
@@ -71,7 +71,7 @@ void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<i
   }
   for (const CheckSpec& c : *specs) {
     if (c.product) {
-      build_check_product(c, *base, *count, undecided, pool, &why);
+      build_check_product(c, *base, *count, undecided, pool, deadline, &why);
       throw LimitError("the check of rule #" + std::to_string(c.rule) + " cannot be compiled to one automaton: " + why);
     }
   }
@@ -180,7 +180,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
     }
   }
   const bool had_checks = !check_specs.empty();
-  if (had_checks) decide_products(&check_specs, &pool, &base, &count, R);
+  if (had_checks) decide_products(&check_specs, &pool, &base, &count, R, &deadline);
   int32_t first_shadow_rule = static_cast<int32_t>(R);
   if (!check_specs.empty()) {
     // Shadow copies of what the checks' non-carrier items reach, appended as rules R, R + 1, ...

@@ -328,8 +328,8 @@ def test_indent_layout_agrees(byte_compiler: GrammarCompiler) -> None:
                 {"type": "array", "contains": {"const": 1}},
             ]
         },
-        # Nine overlapping branches: past the branch bound.
-        {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(9)]},
+        # Seventeen overlapping branches: past the complements' bound and a check's 16 items.
+        {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(17)]},
     ],
 )
 def test_still_refused_with_pointer(schema: Any) -> None:

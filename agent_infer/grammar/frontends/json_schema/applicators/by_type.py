@@ -5,8 +5,8 @@ union over the types t of ``oneOf [B1 & t, .., Bn & t]``. Each type is then deci
 no branch or one branch of that type is its own answer; branches of that type proved pairwise
 disjoint are an alternation; ``null`` and ``boolean`` are finite, so their values are listed
 when exactly one branch accepts them; for the other types the branches are made disjoint with
-complements (as for the whole ``oneOf``). A type none of these decide keeps the ``oneOf``
-unsupported. Used only where the whole ``oneOf`` has no such lowering, so every grammar that
+complements (as for the whole ``oneOf``), else by a check compiled to one automaton
+(:mod:`.checks`). A type none of these decide keeps the ``oneOf`` unsupported. Used only where the whole ``oneOf`` has no such lowering, so every grammar that
 compiled before is unchanged.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
+from agent_infer.grammar.frontends.json_schema.applicators.checks import one_of_check
 from agent_infer.grammar.frontends.json_schema.applicators.exclusivity import (
     exclusive_branches,
     pairwise_disjoint,
@@ -61,9 +62,13 @@ def one_of_by_type(c: Compiler, branches: list[Any], raw: list[Any], pointer: st
                 parts.append(lower_values(c, vals, {}, pointer, depth))
             continue
         exclusive = exclusive_branches(c, narrowed, kept_raw, pointer)
-        if exclusive is None:
+        if exclusive is not None:
+            parts.extend(c.lower(b, pointer, depth) for b in exclusive)
+            continue
+        checked = one_of_check(c, narrowed, pointer, depth)
+        if checked is None:
             return None
-        parts.extend(c.lower(b, pointer, depth) for b in exclusive)
+        parts.append(checked)
     return alt(*parts)
 
 

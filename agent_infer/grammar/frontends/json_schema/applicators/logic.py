@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import InvalidSchemaError
 from agent_infer.grammar.frontends.json_schema.applicators.by_type import one_of_by_type
+from agent_infer.grammar.frontends.json_schema.applicators.checks import not_check
 from agent_infer.grammar.frontends.json_schema.applicators.exclusivity import exclusive_branches
 from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
@@ -42,6 +43,19 @@ def apply_not(c: Compiler, flat: dict[str, Any], pointer: str) -> dict[str, Any]
         return out
     c.unsupported("not", f"{pointer}/not", "this `not` has no expressible complement")
     return out
+
+
+def not_as_check(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr | None:
+    """``not`` with no written complement as a check compiled to one automaton (:mod:`.checks`);
+    None where :func:`apply_not` or :func:`rewrite_logic` lowers it, or the check cannot be exact."""
+    if "not" not in flat or flat.get("__conditionals") or any(k.startswith("unevaluated") for k in flat):
+        return None
+    target = c.flatten(flat["not"], f"{pointer}/not")
+    if isinstance(target, bool) or target == {} or banned_types(c, target) is not None:
+        return None
+    # Called where rewrite_logic found no complement for it (the lowering's order).
+    base = {k: v for k, v in flat.items() if k != "not"}
+    return not_check(c, base, target, pointer, depth)
 
 
 def banned_types(c: Compiler, neg: Any) -> list[str] | None:
