@@ -33,12 +33,13 @@ int32_t lower_check(const CheckSpec& spec, DfaPool* pool);
 // automata (the rules they call expanded, as a pushdown walk would), whose final states are the
 // ends where the carriers' span is accepted, less the states from which no such end is reachable.
 // Returns its start state, or -1 when an item recurses (calls past kMaxProductDepth) or reaches an
-// undecided check, or the product passes kMaxProductStates (`why` says which). `base`/`count`:
+// undecided check, or the product passes kMaxProductStates (`why` says which; `blocked`: only
+// because an item reaches a product not built yet, so it may be built once that one is). `base`/`count`:
 // the rules' states in `pool`; `undecided[r]`: rule r is a check decided at run time (1) or a
 // product not built yet (2).
 int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& base, const std::vector<uint32_t>& count,
                             const std::vector<uint8_t>& undecided, DfaPool* pool, Deadline* deadline,
-                            std::string* why);
+                            std::string* why, bool* blocked);
 
 // Copies, after the rules in [0, base.size()) are built, every rule the shadow items of `checks`
 // reach (through references, and through the items of checks they reach) to a new rule past the

@@ -25,7 +25,7 @@
 //
 // It fails (the caller reports why) when a stack passes kMaxProductDepth (items recursing in step
 // through rules that differ), when an item reaches a check still decided at run time, or when the
-// product passes kMaxProductStates states.
+// product passes kMaxProductStates states or kMaxProductWork steps.
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "grammar/automaton.h"
+#include "grammar/item_map.h"
 #include "grammar/lower/check_lowering.h"
 
 namespace agent_infer {
@@ -43,6 +44,8 @@ namespace {
 constexpr int32_t kMaxProductDepth = 64;
 constexpr size_t kMaxProductStates = 100000;
 constexpr size_t kMaxItemConfigs = 4096;
+// Configurations closed plus intervals stepped, over the whole construction (about 2 s).
+constexpr size_t kMaxProductWork = 8000000;
 
 struct Config {
   int32_t state, stack;  // stack: a return node, or -1 for the item's own level
@@ -59,6 +62,15 @@ struct Call {
     return ret != o.ret ? ret < o.ret : stack < o.stack;
   }
 };
+
+// Sets bits lo..hi of a byte set, a word at a time (edges span up to 256 bytes).
+void add_range(ByteSet& set, int lo, int hi) {
+  for (int w = lo >> 5; w <= hi >> 5; ++w) {
+    const int a = std::max(lo, w * 32) - w * 32, b = std::min(hi, w * 32 + 31) - w * 32;
+    const uint32_t bits = b - a == 31 ? 0xFFFFFFFFu : ((1u << (b - a + 1)) - 1u) << a;
+    set[static_cast<size_t>(w)] |= bits;
+  }
+}
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -97,6 +109,7 @@ class Product {
   }
 
   const std::string& why() const { return why_; }
+  bool blocked() const { return blocked_; }
 
  private:
   // Per-item configuration sets, interned: the byte-reading configurations, and whether the item
@@ -119,7 +132,7 @@ class Product {
         const ByteEdge& be = pool.bytes[e];
         set.cuts.push_back(be.lo);
         set.cuts.push_back(be.hi + 1);
-        for (int x = be.lo; x <= be.hi; ++x) set.reads[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
+        add_range(set.reads, be.lo, be.hi);
       }
     }
     std::sort(set.cuts.begin(), set.cuts.end());
@@ -172,7 +185,7 @@ class Product {
           todo.pop_back();
           if (pool_.final[q]) empty = true;
           for (uint32_t e = pool_.byte_begin[q]; e < pool_.byte_begin[q + 1]; ++e) {
-            for (int x = pool_.bytes[e].lo; x <= pool_.bytes[e].hi; ++x) first[static_cast<size_t>(x) >> 5] |= 1u << (x & 31);
+            add_range(first, pool_.bytes[e].lo, pool_.bytes[e].hi);
           }
           for (uint32_t e = pool_.ref_begin[q]; e < pool_.ref_begin[q + 1]; ++e) {
             const RefEdge& re = pool_.refs[e];
@@ -226,17 +239,19 @@ class Product {
   // Closes cfg_ (calls pushed, finishes popped) and interns the byte-reading part; -1 if empty.
   int32_t close() {
     seen_.clear();
-    std::vector<Config> work;
+    std::vector<Config>& work = work_;
     work.swap(cfg_);
     cfg_.clear();
     calls_.clear();
     bool done = false;
+    closed_ = 0;
+    work_done_ += work.size();
     for (size_t k = 0; k < work.size() && !failed_; ++k) {
       const Config c = work[k];
       const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(c.state)) << 32) |
                            static_cast<uint32_t>(c.stack + 1);
-      if (!seen_.emplace(key, 0).second) continue;
-      if (seen_.size() > kMaxItemConfigs) {
+      if (!seen_.insert(key)) continue;
+      if (++closed_ > kMaxItemConfigs) {
         fail("an item's parse holds more than " + std::to_string(kMaxItemConfigs) + " configurations");
         break;
       }
@@ -245,9 +260,10 @@ class Product {
       for (uint32_t e = pool_.ref_begin[s]; e < pool_.ref_begin[s + 1]; ++e) {
         const RefEdge& re = pool_.refs[e];
         if (const uint8_t u = undecided_[static_cast<size_t>(re.rule)]) {
+          blocked_ = u == 2 && re.rule != spec_.rule;
           fail(re.rule == spec_.rule ? "an item contains the check itself (it recurses)"
                : u == 1              ? "an item reaches a check decided at run time"
-                                     : "an item reaches another such check that cannot be built first (they recurse)");
+                                     : "an item reaches another such check not built yet");
           break;
         }
         const int32_t b = base_[static_cast<size_t>(re.rule)];
@@ -446,6 +462,8 @@ class Product {
       }
       if (failed_) return false;
     }
+    // Decided here, on the expanded sets: a call expanded for a nullable rule may finish an item.
+    finals_.push_back(is_final(t.data()) ? 1 : 0);
     // Cut points: every edge boundary of every configuration of every item; the bytes they read.
     std::vector<int>& cuts = cuts_;
     cuts.clear();
@@ -473,6 +491,10 @@ class Product {
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     std::vector<int32_t> next(t.size());
+    work_done_ += cuts.size() * t.size();
+    if (work_done_ > kMaxProductWork) {
+      return fail("building the product of its items takes more than " + std::to_string(kMaxProductWork) + " steps");
+    }
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       const int lo = cuts[k], hi = cuts[k + 1] - 1;
       for (size_t i = 0; i < t.size(); ++i) next[i] = t[i] < 0 ? -1 : step(t[i], static_cast<uint8_t>(lo));
@@ -504,7 +526,7 @@ class Product {
     for (size_t p = 0; p < S; ++p) {
       for (auto [e, end] = bytes_of(p); e != end; ++e) rev[static_cast<size_t>(e->target)].push_back(static_cast<int32_t>(p));
       for (auto [e, end] = refs_of(p); e != end; ++e) rev[static_cast<size_t>(e->target)].push_back(static_cast<int32_t>(p));
-      if (is_final(tuple(p))) {
+      if (finals_[p]) {
         live[p] = 1;
         work.push_back(static_cast<int32_t>(p));
       }
@@ -528,7 +550,7 @@ class Product {
     }
     for (size_t p = 0; p < S; ++p) {
       if (at[p] < 0) continue;
-      out->final.push_back(live[p] && is_final(tuple(p)) ? 1 : 0);
+      out->final.push_back(live[p] && finals_[p] ? 1 : 0);
       if (live[p]) {
         for (auto [e, end] = bytes_of(p); e != end; ++e) {
           const int32_t to = at[static_cast<size_t>(e->target)];
@@ -566,7 +588,10 @@ class Product {
   std::vector<Call> extra_calls_;
   bool extra_done_ = false;
   std::unordered_map<uint64_t, int32_t> expansions_;
-  std::unordered_map<uint64_t, int> seen_;
+  std::vector<Config> work_;
+  ItemMap seen_;  // the configurations one close() has met
+  size_t closed_ = 0;
+  size_t work_done_ = 0;
   std::vector<uint8_t> nullable_;
   std::vector<ByteSet> first_;
   std::unordered_map<uint64_t, int32_t> returns_;
@@ -574,6 +599,7 @@ class Product {
   std::vector<ByteEdge> byte_out_;
   std::vector<RefEdge> ref_out_;
   std::vector<uint32_t> byte_at_, ref_at_;
+  std::vector<uint8_t> finals_;  // per tuple, whether it is final (set by expand)
   std::vector<Set> sets_;
   std::unordered_map<uint64_t, int32_t> set_ids_;  // hash -> newest set, chained by set_next_
   std::vector<int32_t> set_next_;
@@ -583,6 +609,7 @@ class Product {
   std::vector<int32_t> arena_;  // tuples, width_ set ids each
   std::vector<int32_t> slots_;  // open addressing: tuple ids, -1 free
   bool failed_ = false;
+  bool blocked_ = false;
   std::string why_;
 };
 
@@ -590,13 +617,14 @@ class Product {
 
 int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& base, const std::vector<uint32_t>& count,
                             const std::vector<uint8_t>& undecided, DfaPool* pool, Deadline* deadline,
-                            std::string* why) {
+                            std::string* why, bool* blocked) {
   // Built into a separate pool first: the source automata are read while the product is made.
   DfaPool out;
   out.reset();
   Product product(spec, base, count, undecided, *pool, deadline);
   if (product.build(&out) < 0) {
     *why = product.why();
+    *blocked = product.blocked();
     return -1;
   }
   const int32_t shift = static_cast<int32_t>(pool->size());

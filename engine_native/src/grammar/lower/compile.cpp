@@ -57,9 +57,13 @@ void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<i
         ++k;
         continue;
       }
-      const int32_t start = build_check_product(c, *base, *count, undecided, pool, deadline, &why);
+      bool blocked = false;
+      const int32_t start = build_check_product(c, *base, *count, undecided, pool, deadline, &why, &blocked);
+      if (start < 0 && !blocked) {
+        throw LimitError("the check of rule #" + std::to_string(c.rule) + " cannot be compiled to one automaton: " + why);
+      }
       if (start < 0) {
-        ++k;
+        ++k;  // waits for a check its items reach
         continue;
       }
       (*base)[static_cast<size_t>(c.rule)] = start;
@@ -71,8 +75,8 @@ void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<i
   }
   for (const CheckSpec& c : *specs) {
     if (c.product) {
-      build_check_product(c, *base, *count, undecided, pool, deadline, &why);
-      throw LimitError("the check of rule #" + std::to_string(c.rule) + " cannot be compiled to one automaton: " + why);
+      throw LimitError("the check of rule #" + std::to_string(c.rule) +
+                       " cannot be compiled to one automaton: its items reach checks that reach it (they recurse)");
     }
   }
 }

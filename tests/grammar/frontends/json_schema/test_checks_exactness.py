@@ -1,8 +1,8 @@
-"""``oneOf`` and ``not`` lowered to checks compiled to one automaton (applicators/checks.py), against
-jsonschema.
+"""``oneOf``, ``not`` and ``allOf`` lowered to checks compiled to one automaton
+(applicators/checks.py), against jsonschema.
 
-These are the schemas no complement can be written for (formats, ``multipleOf``, more than eight
-overlapping branches): each must compile in strict mode to a grammar holding a check, agree with
+These are the schemas no complement or merge can be written for (formats, ``multipleOf``, more than
+eight overlapping branches, two ``contains``, anyOf products past 64): each must compile in strict mode to a grammar holding a check, agree with
 jsonschema on every candidate (up to the documented false negatives: member order, ``3.0`` for an
 integer, escaped ASCII in constrained strings), keep no prefix that no accepted value completes,
 and have exact masks over the DeepSeek-V4 vocabulary along accepted documents.
@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from grammar_support import assert_mask_exact, hf_tokenizer, tokenizer_info
 
-from agent_infer.errors import UnsupportedSchemaError
+from agent_infer.errors import GrammarLimitError, UnsupportedSchemaError
 from agent_infer.grammar import Grammar, GrammarCompiler, GrammarMatcher, TokenizerInfo
 from agent_infer.grammar.ir import Check
 
@@ -46,6 +46,16 @@ CHECKED: list[Any] = [
     },
     # not, with an exact format inside: strings under 8 characters that are no dotted quad.
     {"type": "string", "maxLength": 8, "not": {"format": "ipv4"}},
+    # allOf of two contains (no keyword merge joins them): both must hold.
+    {"type": "array", "allOf": [{"contains": {"const": 1}}, {"contains": {"const": 2}}]},
+    # allOf of anyOf products past 64 combinations: decided together instead of multiplied out.
+    {
+        "type": "integer",
+        "allOf": [
+            {"anyOf": [{"minimum": 10 * i, "maximum": 10 * i + 5} for i in range(9)]},
+            {"anyOf": [{"multipleOf": k} for k in range(2, 11)]},
+        ],
+    },
     # not of a oneOf that itself needs a check, under an array.
     {
         "type": "array",
@@ -57,7 +67,7 @@ CHECKED: list[Any] = [
 ]
 
 CANDIDATES: list[Any] = [
-    *(0, 1, 2, 3, 4, 5, 6, 9, 10, 12, 15, 30, -3, -5, 7, 1.5, True, None),
+    *(0, 1, 2, 3, 4, 5, 6, 9, 10, 12, 15, 30, -3, -5, 7, 1.5, True, None, 11, 13, 37, 80, 83, 85),
     *(
         "",
         "x",
@@ -75,7 +85,8 @@ CANDIDATES: list[Any] = [
     *("123e4567-e89b-12d3-a456-426614174000", "xyz", "x1", "ABCDEF"),
     *({}, {"a": 2}, {"a": 3}, {"a": 6}, {"c": 1}, {"a": 2, "c": 1}, {"a": 3, "c": 1}, {"b": "s", "a": 2}),
     *({"a": 4, "b": "s", "c": 1}, {"k0": 1}, {"k0": 1, "k3": 2}, {"k8": []}, {"k2": {"k3": 1}}, {"z": 1}),
-    *([], [1], [2], [6], [1, 5], [1, 6], [7, 11, 13], [3]),
+    *([], [1], [2], [6], [1, 5], [1, 6], [7, 11, 13], [3], [1, 2], [2, 3, 1], [2, 2]),
+    *({"a1": 0}, {"b2": 0}, {"a1": 0, "b2": 0}, {"b8": 1, "a0": [1]}, {"a3": 1, "a4": 2}),
 ]
 
 
@@ -190,3 +201,18 @@ def test_checks_that_cannot_be_exact_stay_refused(schema: Any) -> None:
     with pytest.raises(UnsupportedSchemaError) as info:
         Grammar.from_json_schema(schema)
     assert info.value.pointer is not None
+
+
+def test_a_product_past_its_limit_is_a_limit_error_naming_the_rule() -> None:
+    # 9 x 9 alternatives of required names: each item's branches die at their own names, and the
+    # product follows every subset of them.
+    schema = {
+        "type": "object",
+        "allOf": [
+            {"anyOf": [{"required": [f"a{i}"]} for i in range(9)]},
+            {"anyOf": [{"required": [f"b{i}"]} for i in range(9)]},
+        ],
+    }
+    grammar = Grammar.from_json_schema(schema, whitespace="compact")
+    with pytest.raises(GrammarLimitError, match="rule 'allOf' cannot be compiled to one automaton"):
+        GrammarCompiler(TokenizerInfo.bytes_only(), cache_enabled=False).compile(grammar)

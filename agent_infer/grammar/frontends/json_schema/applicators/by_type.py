@@ -46,7 +46,10 @@ def one_of_by_type(c: Compiler, branches: list[Any], raw: list[Any], pointer: st
                 kept_raw.append(r)
         if not narrowed:
             continue
-        if len(narrowed) == 1 or pairwise_disjoint(c, narrowed):
+        narrowed, kept_raw, single = _equal_groups(c, narrowed, kept_raw, t)
+        if not any(single):
+            continue  # every value of this type is in two branches (or none)
+        if len(narrowed) == 1 or (all(single) and pairwise_disjoint(c, narrowed)):
             parts.extend(c.lower(b, pointer, depth) for b in narrowed)
             continue
         if t in FINITE:
@@ -61,15 +64,95 @@ def one_of_by_type(c: Compiler, branches: list[Any], raw: list[Any], pointer: st
             if vals:
                 parts.append(lower_values(c, vals, {}, pointer, depth))
             continue
-        exclusive = exclusive_branches(c, narrowed, kept_raw, pointer)
-        if exclusive is not None:
-            parts.extend(c.lower(b, pointer, depth) for b in exclusive)
-            continue
-        checked = one_of_check(c, narrowed, pointer, depth)
+        if all(single):
+            exclusive = exclusive_branches(c, narrowed, kept_raw, pointer)
+            if exclusive is not None:
+                parts.extend(c.lower(b, pointer, depth) for b in exclusive)
+                continue
+        checked = one_of_check(c, narrowed, pointer, depth, single)
         if checked is None:
             return None
         parts.append(checked)
     return alt(*parts)
+
+
+def _equal_groups(
+    c: Compiler, narrowed: list[Any], raw: list[Any], t: str
+) -> tuple[list[Any], list[Any], list[bool]]:
+    """The branches of type ``t`` with equal ones kept once (equal schemas, or any two that every
+    value of the type satisfies), and for each whether it stood alone: a value of a group that
+    stood twice is in two branches, so only the lone groups can make a value valid."""
+    keys: list[Any] = []
+    out: list[Any] = []
+    out_raw: list[Any] = []
+    count: list[int] = []
+    for b, r in zip(narrowed, raw):
+        key = "universal" if _universal(b, t) else c.schema_keys.key(b)
+        if key in keys:
+            count[keys.index(key)] += 1
+            continue
+        keys.append(key)
+        out.append(b)
+        out_raw.append(r)
+        count.append(1)
+    return out, out_raw, [n == 1 for n in count]
+
+
+# Keywords that constrain values of each type (any other keyword leaves them all valid).
+_CONSTRAINS = {
+    "null": (),
+    "boolean": (),
+    "string": ("minLength", "maxLength", "pattern", "format", "__not_values", "__not_patterns"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "object": (
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedProperties",
+        "__some_members",
+    ),
+    "array": (
+        "items",
+        "prefixItems",
+        "contains",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minContains",
+        "maxContains",
+        "unevaluatedItems",
+    ),
+}
+_ANY_TYPE = (
+    "enum",
+    "const",
+    "not",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "__conditionals",
+    "__not_types",
+    "__more_one_of",
+)
+
+
+def _universal(narrowed: Any, t: str) -> bool:
+    """Whether every value of type ``t`` satisfies ``narrowed`` (a branch narrowed to ``t``)."""
+    if narrowed is True:
+        return True
+    if not isinstance(narrowed, dict):
+        return False
+    if any(k in narrowed for k in (*_CONSTRAINS[t], *_ANY_TYPE)):
+        return False
+    types = narrowed.get("type")
+    names = set(types) if isinstance(types, list) else {types}
+    return t in names or (t == "number" and "number" in names)
 
 
 def _narrow(c: Compiler, branch: Any, t: str, pointer: str) -> Any:

@@ -25,10 +25,13 @@ wrote rejects it exactly when the schema does. Two conditions make sure of that
 Where items differ in nothing, they lower to one rule and agree by construction. Duplicate keys
 are outside the contract here as everywhere (docs/json_schema.md, "Policies").
 
-The check is compiled to one automaton of its items (``product``): each item must be free of
-recursion (:func:`recursive`), and the compiler raises GrammarLimitError when the automaton would
-pass its state limit. It then never keeps a prefix no accepted value completes, whatever the
-overlap, so no proof about dead prefixes is needed (docs/grammar_engine.md, "Run-time checks").
+The check is compiled to one automaton of its items (``product``), which never keeps a prefix no
+accepted value completes, whatever the overlap, so no proof about dead prefixes is needed. Parts
+the items share (one rule: a free JSON value, a common definition, recursive or not) stay
+references in it; parts that differ are followed to at most MAX_ALIGN_DEPTH levels here (so a
+recursion through differing schemas is refused), and the compiler raises GrammarLimitError,
+naming the check's rule, when the automaton passes its state limit (docs/grammar_engine.md,
+"Run-time checks").
 """
 
 from __future__ import annotations
@@ -36,22 +39,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.keywords import (
-    LIST_KEYWORDS,
-    MAP_KEYWORDS,
-    SCHEMA_KEYWORDS,
-    is_annotation,
-)
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
-from agent_infer.grammar.ir import MAX_CHECK_ITEMS, Check, Expr, Ref
+from agent_infer.grammar.ir import MAX_CHECK_ITEMS, Alt, Check, Expr, Ref
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 # Nesting of differing object/array schemas the alignment follows.
 MAX_ALIGN_DEPTH = 8
-# Subschemas a recursion search visits before it counts the schema as recursive.
-MAX_WALK = 20000
 
 _STRING_CONSTRAINTS = ("pattern", "format", "enum", "const", "__not_values", "__not_patterns")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -68,23 +63,48 @@ _TYPES = ("null", "boolean", "object", "array", "string", "number")
 EXACT_FORMATS = frozenset({"uuid", "ipv4"})
 
 
-def one_of_check(c: Compiler, branches: list[Any], pointer: str, depth: int) -> Expr | None:
+def one_of_check(
+    c: Compiler, branches: list[Any], pointer: str, depth: int, single: list[bool] | None = None
+) -> Expr | None:
     """``oneOf`` of the flattened ``branches`` as a product check, or None when it cannot be made
-    exact (too many branches, a recursive branch, items that would not judge each other's texts)."""
-    live = [b for b in branches if b is not False]
-    if not 2 <= len(live) <= MAX_CHECK_ITEMS or any(recursive(c, b, pointer) for b in live):
+    exact (too many branches, items that would not judge each other's texts). ``single[i]``
+    false: branch i stood for two equal branches, so a value in it is in two and never valid."""
+    if single is None:
+        single = [True] * len(branches)
+    if not 2 <= len(branches) <= MAX_CHECK_ITEMS or False in branches:
         return None
-    aligned = align_family(c, live, pointer, 0)
+    aligned = align_family(c, branches, pointer, 0)
     if aligned is None:
         return None
-    n = len(aligned)
-    return _check(c, aligned, n, tuple(1 << i for i in range(n)), pointer, depth, "oneOf")
+    accept = tuple(1 << i for i, alone in enumerate(single) if alone)
+    return _check(c, aligned, len(aligned), accept, pointer, depth, "oneOf")
+
+
+def all_of_check(c: Compiler, parts: list[Any], pointer: str, depth: int) -> Expr | None:
+    """``allOf`` of ``parts`` that no keyword-by-keyword merge joins (``{"__all_of": parts}``,
+    Compiler.merge) as a product check: the first part scans, every part must hold. Every grammar
+    only accepts here, and accepts only valid texts, so the check is sound as it is; the parts are
+    still aligned where they can be (one member order), or parts that order the same members
+    differently would share no text at all. None past MAX_CHECK_ITEMS parts."""
+    live = [p for p in parts if p is not True and p != {}]
+    if any(p is False for p in live):
+        return _empty(c, pointer)
+    if not live or len(live) > MAX_CHECK_ITEMS:
+        return None
+    if len(live) == 1:
+        return c.lower(live[0], pointer, depth)
+    aligned = align_family(c, live, pointer, 0) or live
+    return _check(c, aligned, 1, ((1 << len(aligned)) - 1,), pointer, depth, "allOf")
+
+
+def _empty(c: Compiler, pointer: str) -> Ref:
+    name = c.fresh(f"{pointer}-empty")
+    c.rules[name] = Alt(())
+    return Ref(name)
 
 
 def not_check(c: Compiler, base: Any, negated: Any, pointer: str, depth: int) -> Expr | None:
     """``base and not negated`` as a product check, or None (as :func:`one_of_check`)."""
-    if recursive(c, base, pointer) or recursive(c, negated, pointer):
-        return None
     aligned = align_family(c, [base, c.flatten(negated, f"{pointer}/not")], pointer, 0)
     if aligned is None:
         return None
@@ -97,65 +117,11 @@ def _check(
     refs: list[Ref] = []
     for i, item in enumerate(items):
         lowered = c.lower(item, f"{pointer}/{what}/{i}" if what == "oneOf" else pointer, depth)
-        if not isinstance(lowered, Ref):  # an empty branch: a rule matching nothing
-            name = c.fresh(f"{pointer}-empty")
-            c.rules[name] = lowered
-            lowered = Ref(name)
-        refs.append(lowered)
+        # An empty branch (Alt(())): a rule matching nothing.
+        refs.append(lowered if isinstance(lowered, Ref) else _empty(c, pointer))
     name = c.fresh(f"{pointer}-{what}")
     c.rules[name] = Check(tuple(refs), carriers, accept, True)
     return Ref(name)
-
-
-# -- recursion ----------------------------------------------------------------------------------
-
-
-def recursive(c: Compiler, schema: Any, pointer: str) -> bool:
-    """Whether ``schema`` reaches itself through ``$ref`` (or is too large to tell)."""
-    path: set[int] = set()
-    done: set[int] = set()
-    budget = [MAX_WALK]
-
-    def walk(s: Any) -> bool:
-        if not isinstance(s, dict):
-            return False
-        budget[0] -= 1
-        if budget[0] < 0:
-            return True
-        try:
-            flat = c.flatten(s, pointer)
-        except (UnsupportedSchemaError, InvalidSchemaError, GrammarLimitError):
-            return True
-        if not isinstance(flat, dict) or id(flat) in done:
-            return False
-        if id(flat) in path or id(s) in path:
-            return True
-        path.add(id(flat))
-        path.add(id(s))
-        found = any(walk(sub) for sub in _subschemas(flat))
-        path.discard(id(flat))
-        path.discard(id(s))
-        if not found:
-            done.add(id(flat))
-        return found
-
-    return walk(schema)
-
-
-def _subschemas(flat: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
-    for key, v in flat.items():
-        if is_annotation(key) or key in ("$defs", "definitions"):
-            continue
-        if key in SCHEMA_KEYWORDS or key == "__more_one_of":
-            out.extend(v if isinstance(v, list) else [v])
-        elif key in MAP_KEYWORDS and isinstance(v, dict):
-            out.extend(v.values())
-        elif key in LIST_KEYWORDS and isinstance(v, list):
-            out.extend(v)
-        elif key == "__conditionals" and isinstance(v, list):
-            out.extend(x for cond in v if isinstance(cond, dict) for x in cond.values())
-    return out
 
 
 # -- alignment ----------------------------------------------------------------------------------
@@ -259,7 +225,10 @@ def _shape(flat: Any) -> set[str] | None:
         return set()
     if not isinstance(flat, dict):
         return None
-    if any(k in flat for k in ("anyOf", "oneOf", "not", "__conditionals", "__more_one_of", "__not_types")):
+    if any(
+        k in flat
+        for k in ("anyOf", "oneOf", "not", "__conditionals", "__more_one_of", "__not_types", "__all_of")
+    ):
         return None
     t = flat.get("type")
     if t is None:
