@@ -56,6 +56,9 @@ CHECKED: list[Any] = [
             {"anyOf": [{"multipleOf": k} for k in range(2, 11)]},
         ],
     },
+    # oneOf of items and contains: the complement of items is a contains, which no merge joins
+    # with the other one (an allOf check inside the complemented branch).
+    {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array", "contains": {"const": 1}}]},
     # not of a oneOf that itself needs a check, under an array.
     {
         "type": "array",
@@ -85,7 +88,7 @@ CANDIDATES: list[Any] = [
     *("123e4567-e89b-12d3-a456-426614174000", "xyz", "x1", "ABCDEF"),
     *({}, {"a": 2}, {"a": 3}, {"a": 6}, {"c": 1}, {"a": 2, "c": 1}, {"a": 3, "c": 1}, {"b": "s", "a": 2}),
     *({"a": 4, "b": "s", "c": 1}, {"k0": 1}, {"k0": 1, "k3": 2}, {"k8": []}, {"k2": {"k3": 1}}, {"z": 1}),
-    *([], [1], [2], [6], [1, 5], [1, 6], [7, 11, 13], [3], [1, 2], [2, 3, 1], [2, 2]),
+    *([], [1], [2], [6], [1, 5], [1, 6], [7, 11, 13], [3], [1, 2], [2, 3, 1], [2, 2], ["a", 1], [1.5, 1], [None]),
     *({"a1": 0}, {"b2": 0}, {"a1": 0, "b2": 0}, {"b8": 1, "a0": [1]}, {"a3": 1, "a4": 2}),
 ]
 
