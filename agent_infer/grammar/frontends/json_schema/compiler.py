@@ -14,7 +14,12 @@ from typing import Any
 from agent_infer import envs
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.automata import DFA, dfa_accepts, expr_to_dfa
-from agent_infer.grammar.frontends.json_schema.applicators.checks import all_of_check
+from agent_infer.grammar.frontends.json_schema.applicators.alignment import ALIGNED_KEY
+from agent_infer.grammar.frontends.json_schema.applicators.canonical_numbers import (
+    CANONICAL_KEY,
+    lower_canonical_number,
+)
+from agent_infer.grammar.frontends.json_schema.applicators.checks import all_of_check, lower_aligned
 from agent_infer.grammar.frontends.json_schema.applicators.logic import (
     apply_not,
     check_conditionals,
@@ -270,6 +275,8 @@ class Compiler(RuleWriter, Layout, Reporter):
                     pointer=pointer,
                 )
             return checked
+        if flat.get(ALIGNED_KEY):
+            return lower_aligned(self, flat, pointer, depth)
         vals = values(flat)
         if vals is not None:
             # A finite list: every other keyword just filters it, decided exactly per value.
@@ -308,6 +315,8 @@ class Compiler(RuleWriter, Layout, Reporter):
                 out.append(lower_string(self, flat, pointer))
             elif t == "number-not-integer":
                 out.append(lower_non_integer(self, flat, pointer))
+            elif t == "number" and flat.get(CANONICAL_KEY):
+                out.append(lower_canonical_number(self, flat, pointer))
             else:
                 out.append(lower_number(self, flat, pointer, integer=(t == "integer")))
         # Each type's texts start differently (n, t/f, {, [, ", digit or -): disjoint languages.

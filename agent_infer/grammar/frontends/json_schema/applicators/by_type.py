@@ -54,10 +54,15 @@ def one_of_by_type(c: Compiler, branches: list[Any], raw: list[Any], pointer: st
             continue
         if t in FINITE:
             try:
+                # A group that stood twice holds each of its values twice.
                 vals = [
                     v
                     for v in FINITE[t]
-                    if sum(value_valid(c, b, v, f"{pointer}/oneOf") for b in narrowed) == 1
+                    if sum(
+                        (1 if alone else 2) * value_valid(c, b, v, f"{pointer}/oneOf")
+                        for b, alone in zip(narrowed, single)
+                    )
+                    == 1
                 ]
             except (UnsupportedSchemaError, GrammarLimitError):
                 return None  # a value check this front end cannot run (a recursive schema)
