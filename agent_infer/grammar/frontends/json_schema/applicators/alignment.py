@@ -69,10 +69,13 @@ _TYPES = ("null", "boolean", "object", "array", "string", "number")
 EXACT_FORMATS = frozenset({"uuid", "ipv4"})
 
 
-def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> list[Any] | None:
+def align_family(
+    c: Compiler, family: list[Any], pointer: str, depth: int, *, exact: bool = True
+) -> list[Any] | None:
     """``family`` (schemas at one position, each judging the texts of the others) rewritten so
     that each item's grammar rejects another's text exactly when its schema rejects the value;
-    None when this cannot be ensured."""
+    None when this cannot be ensured. ``exact=False`` (the parts of an ``allOf``, where a grammar
+    that rejects more is still sound): members in one order only, no spelling rewritten."""
     if depth > MAX_ALIGN_DEPTH:
         return None
     try:
@@ -82,7 +85,7 @@ def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> li
     keys = {c.schema_keys.key(f) for f in flats}
     if len(keys) == 1:
         return list(family)  # one rule: the same grammar judges
-    spread = _spread_branches(c, flats, pointer)
+    spread = _spread_branches(c, flats, pointer, exact)
     if spread is None:
         return None
     if spread:
@@ -90,7 +93,7 @@ def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> li
         wide: list[Any] = []
         for i, f in enumerate(flats):
             wide.extend(spread[i][1] if i in spread else [f])
-        aligned = align_family(c, wide, pointer, depth + 1)
+        aligned = align_family(c, wide, pointer, depth + 1, exact=exact)
         if aligned is None:
             return None
         out: list[Any] = []
@@ -98,17 +101,17 @@ def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> li
         for i in range(len(flats)):
             if i in spread:
                 key, branches = spread[i]
-                out.append(_rebuilt(key, aligned[at : at + len(branches)]))
+                out.append(_rebuilt(key, aligned[at : at + len(branches)], exact))
                 at += len(branches)
             else:
                 out.append(aligned[at])
                 at += 1
         return out
     shapes = [_shape(f) for f in flats]
-    if any(s is None for s in shapes) or _listed_containers_judged(flats, shapes):
+    if any(s is None for s in shapes) or (exact and _listed_containers_judged(flats, shapes)):
         return None
     out = list(flats)
-    for t in _TYPES:
+    for t in _TYPES if exact else ():
         having = [i for i, shape in enumerate(shapes) if shape is not None and t in shape]
         if len(having) < 2:
             continue  # a grammar without the type rejects its values, as the schema does
@@ -127,14 +130,14 @@ def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> li
                 out[i] = canonicalized(out[i])
     objects = [i for i, shape in enumerate(shapes) if shape is not None and "object" in shape]
     if len(objects) >= 2:
-        rewritten = _align_objects(c, [out[i] for i in objects], pointer, depth)
+        rewritten = _align_objects(c, [out[i] for i in objects], pointer, depth, exact)
         if rewritten is None:
             return None
         for i, r in zip(objects, rewritten):
             out[i] = r
     arrays = [i for i, shape in enumerate(shapes) if shape is not None and "array" in shape]
     if len(arrays) >= 2:
-        rewritten = _align_arrays(c, [out[i] for i in arrays], pointer, depth)
+        rewritten = _align_arrays(c, [out[i] for i in arrays], pointer, depth, exact)
         if rewritten is None:
             return None
         for i, r in zip(arrays, rewritten):
@@ -142,12 +145,12 @@ def align_family(c: Compiler, family: list[Any], pointer: str, depth: int) -> li
     return out
 
 
-def _rebuilt(key: str, parts: list[Any]) -> Any:
+def _rebuilt(key: str, parts: list[Any], exact: bool) -> Any:
     """A member spread by :func:`_spread_branches`, from its aligned parts. A ``oneOf`` or a
     ``not`` is marked aligned: lowered by a check of its parts as they are (:func:`lower_aligned`),
     never by a complement, whose grammar would be written from keywords, in other spellings."""
-    if key == "anyOf":
-        return {"anyOf": parts}
+    if key == "anyOf" or not exact:
+        return {key: parts}
     if key == "oneOf":
         return {"oneOf": parts, ALIGNED_KEY: True}
     base, negated = parts
@@ -156,7 +159,9 @@ def _rebuilt(key: str, parts: list[Any]) -> Any:
     return {**(base if isinstance(base, dict) else {}), "not": negated, ALIGNED_KEY: True}
 
 
-def _spread_branches(c: Compiler, flats: list[Any], pointer: str) -> dict[int, tuple[str, list[Any]]] | None:
+def _spread_branches(
+    c: Compiler, flats: list[Any], pointer: str, exact: bool
+) -> dict[int, tuple[str, list[Any]]] | None:
     """For each member that is an ``anyOf`` or a ``oneOf`` (its siblings merged into each branch):
     the keyword and the branches; for each ``not`` member, ``("not", [the rest, the negated])``.
     None when a branch cannot be merged with its siblings."""
@@ -164,7 +169,7 @@ def _spread_branches(c: Compiler, flats: list[Any], pointer: str) -> dict[int, t
     for i, f in enumerate(flats):
         if not isinstance(f, dict) or any(k in f for k in ("__conditionals", "__more_one_of", ALIGNED_KEY)):
             continue
-        if "not" in f and "anyOf" not in f and "oneOf" not in f:
+        if exact and "not" in f and "anyOf" not in f and "oneOf" not in f:
             try:
                 negated = c.flatten(f["not"], pointer)
             except (UnsupportedSchemaError, InvalidSchemaError, GrammarLimitError):
@@ -304,7 +309,7 @@ def _numeric(flat: Any, numbers: str) -> tuple[Any, ...]:
     return (integer, kw, listed)
 
 
-def _align_objects(c: Compiler, objs: list[Any], pointer: str, depth: int) -> list[Any] | None:
+def _align_objects(c: Compiler, objs: list[Any], pointer: str, depth: int, exact: bool) -> list[Any] | None:
     if any(isinstance(o, dict) and any(k in o for k in _OBJECT_BLOCKERS) for o in objs):
         return None
     # Declared names and required ones (an object grammar writes required undeclared names right
@@ -317,18 +322,18 @@ def _align_objects(c: Compiler, objs: list[Any], pointer: str, depth: int) -> li
             if isinstance(n, str) and n not in names:
                 names.append(n)
     if any(isinstance(o, dict) and o.get("patternProperties") for o in objs):
-        return _align_patterned(c, objs, names, pointer, depth)
+        return _align_patterned(c, objs, names, pointer, depth, exact)
     extra = [o.get("additionalProperties", True) if isinstance(o, dict) else True for o in objs]
     columns: dict[str, list[Any]] = {}
     for n in names:
         col = [
             (o.get("properties", {}).get(n, e) if isinstance(o, dict) else True) for o, e in zip(objs, extra)
         ]
-        aligned = align_family(c, col, f"{pointer}/properties/{n}", depth + 1)
+        aligned = align_family(c, col, f"{pointer}/properties/{n}", depth + 1, exact=exact)
         if aligned is None:
             return None
         columns[n] = aligned
-    aligned_extra = align_family(c, extra, f"{pointer}/additionalProperties", depth + 1)
+    aligned_extra = align_family(c, extra, f"{pointer}/additionalProperties", depth + 1, exact=exact)
     if aligned_extra is None:
         return None
     out = []
@@ -343,7 +348,7 @@ def _align_objects(c: Compiler, objs: list[Any], pointer: str, depth: int) -> li
 
 
 def _align_patterned(
-    c: Compiler, objs: list[Any], names: list[str], pointer: str, depth: int
+    c: Compiler, objs: list[Any], names: list[str], pointer: str, depth: int, exact: bool
 ) -> list[Any] | None:
     """Objects some of which have ``patternProperties``. A member's value is judged under the
     merge of every schema that applies to its name (the declared one, the matching patterns'),
@@ -366,7 +371,7 @@ def _align_patterned(
             slots.append((k, "patternProperties", p))
         family.append(extra)
         slots.append((k, "", ""))
-    aligned = align_family(c, family, f"{pointer}/patternProperties", depth + 1)
+    aligned = align_family(c, family, f"{pointer}/patternProperties", depth + 1, exact=exact)
     if aligned is None:
         return None
     out = [dict(o) if isinstance(o, dict) else {} for o in objs]
@@ -378,14 +383,14 @@ def _align_patterned(
     for o in out:
         if names:
             o["properties"] = {n: o["properties"][n] for n in names}  # one order for every item
-        else:
+        elif exact:
             # A key automaton reads printable ASCII unescaped, the free key any escape; with no
             # declared name (whose complement is an automaton too) every item reads keys by one.
             o["propertyNames"] = {"pattern": ""}
     return out
 
 
-def _align_arrays(c: Compiler, arrs: list[Any], pointer: str, depth: int) -> list[Any] | None:
+def _align_arrays(c: Compiler, arrs: list[Any], pointer: str, depth: int, exact: bool) -> list[Any] | None:
     if any(
         isinstance(a, dict) and any(k in a for k in ("uniqueItems", "unevaluatedItems", "minContains"))
         for a in arrs
@@ -403,8 +408,8 @@ def _align_arrays(c: Compiler, arrs: list[Any], pointer: str, depth: int) -> lis
         return None  # a contains schema judges items too, and is not rewritten with them
     columns = [[at(a, i) for a in arrs] for i in range(width)]
     rest = [a.get("items", True) if isinstance(a, dict) else True for a in arrs]
-    aligned_cols = [align_family(c, col, f"{pointer}/prefixItems", depth + 1) for col in columns]
-    aligned_rest = align_family(c, rest, f"{pointer}/items", depth + 1)
+    aligned_cols = [align_family(c, col, f"{pointer}/prefixItems", depth + 1, exact=exact) for col in columns]
+    aligned_rest = align_family(c, rest, f"{pointer}/items", depth + 1, exact=exact)
     if aligned_rest is None or any(col is None for col in aligned_cols):
         return None
     out = []

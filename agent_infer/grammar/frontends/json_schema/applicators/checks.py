@@ -58,7 +58,7 @@ def all_of_check(c: Compiler, parts: list[Any], pointer: str, depth: int) -> Exp
         return None
     if len(live) == 1:
         return c.lower(live[0], pointer, depth)
-    aligned = align_family(c, live, pointer, 0) or live
+    aligned = align_family(c, live, pointer, 0, exact=False) or live
     return _check(c, aligned, 1, ((1 << len(aligned)) - 1,), pointer, depth, "allOf")
 
 
