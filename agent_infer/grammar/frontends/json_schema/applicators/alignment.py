@@ -12,9 +12,11 @@ write only normal texts and judge every normal text exactly:
   (``additionalProperties``), so every item writes and reads members in the same order. Where
   an item has ``patternProperties``, a member's value is judged under the merge of the schemas
   that apply to its name, so all the schemas that can apply at that position are aligned as one
-  family (:func:`_align_patterned`), and keys are read by automata in every item (printable
-  ASCII unescaped). ``propertyNames`` and dependencies are not rewritten: where they appear at a
-  differing position the check is refused.
+  family (:func:`_align_patterned`); names ``dependentRequired`` mentions are declared too (the
+  branches dependencies lower to require them). Keys are read by automata in every item
+  (printable ASCII unescaped) where one reads them so (``patternProperties``,
+  ``propertyNames``). ``dependentSchemas`` and ``unevaluatedProperties`` are not rewritten: where
+  they appear at a differing position the check is refused.
 * **Spellings.** Where some items constrain strings (printable ASCII unescaped) and others do
   not, the others are written constrained too (``pattern: ""``, every string: only the documented
   escaped-ASCII false negative is added). Where the items' numbers differ, they are written in
@@ -58,8 +60,6 @@ ALIGNED_KEY = "__aligned"
 
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _OBJECT_BLOCKERS = (
-    "propertyNames",
-    "dependentRequired",
     "dependentSchemas",
     "unevaluatedProperties",
     "__some_members",
@@ -313,16 +313,43 @@ def _align_objects(c: Compiler, objs: list[Any], pointer: str, depth: int, exact
     if any(isinstance(o, dict) and any(k in o for k in _OBJECT_BLOCKERS) for o in objs):
         return None
     # Declared names and required ones (an object grammar writes required undeclared names right
-    # after the declared ones, in `required` order): all of them declared, in one order.
+    # after the declared ones, in `required` order, and so do the branches dependencies lower
+    # to): all of them declared, in one order.
     names: list[str] = []
     for o in objs:
         if not isinstance(o, dict):
             continue
-        for n in [*o.get("properties", {}), *o.get("required", [])]:
+        deps = o.get("dependentRequired", {})
+        for n in [
+            *o.get("properties", {}),
+            *o.get("required", []),
+            *deps,
+            *(d for v in deps.values() for d in v),
+        ]:
             if isinstance(n, str) and n not in names:
                 names.append(n)
     if any(isinstance(o, dict) and o.get("patternProperties") for o in objs):
-        return _align_patterned(c, objs, names, pointer, depth, exact)
+        out = _align_patterned(c, objs, names, pointer, depth, exact)
+    else:
+        out = _align_columns(c, objs, names, pointer, depth, exact)
+    if (
+        out is not None
+        and exact
+        and not names
+        and any("patternProperties" in o or "propertyNames" in o for o in out)
+    ):
+        # A key automaton reads printable ASCII unescaped, the free key any escape; with no
+        # declared name (whose complement is an automaton too) every item reads keys by one.
+        for o in out:
+            o.setdefault("propertyNames", {"pattern": ""})
+    return out
+
+
+def _align_columns(
+    c: Compiler, objs: list[Any], names: list[str], pointer: str, depth: int, exact: bool
+) -> list[Any] | None:
+    """Objects without ``patternProperties``: each declared name's schemas aligned as one family,
+    and ``additionalProperties``' as another."""
     extra = [o.get("additionalProperties", True) if isinstance(o, dict) else True for o in objs]
     columns: dict[str, list[Any]] = {}
     for n in names:
@@ -383,10 +410,6 @@ def _align_patterned(
     for o in out:
         if names:
             o["properties"] = {n: o["properties"][n] for n in names}  # one order for every item
-        elif exact:
-            # A key automaton reads printable ASCII unescaped, the free key any escape; with no
-            # declared name (whose complement is an automaton too) every item reads keys by one.
-            o["propertyNames"] = {"pattern": ""}
     return out
 
 
