@@ -95,6 +95,22 @@ CHECKED: list[Any] = [
         "properties": {"n": {"type": "integer"}},
         "not": {"patternProperties": {"^n": {"multipleOf": 3}}},
     },
+    # Property names against a declared name (keys read by automata in both items).
+    {
+        "type": "object",
+        "oneOf": [
+            {"propertyNames": {"pattern": "^a"}},
+            {"properties": {"ab": {"type": "integer", "multipleOf": 2}}, "required": ["ab"]},
+        ],
+    },
+    # A dependency against a declared name: its names are declared in the union order too.
+    {
+        "type": "object",
+        "oneOf": [
+            {"dependentRequired": {"a": ["b"]}},
+            {"properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]},
+        ],
+    },
     # Two branches every non-object satisfies: null and booleans are in both, so only objects
     # one of them rejects pass (a group that stands twice counts twice).
     {
@@ -153,7 +169,7 @@ CANDIDATES: list[Any] = [
     *({"a1": 0}, {"b2": 0}, {"a1": 0, "b2": 0}, {"b8": 1, "a0": [1]}, {"a3": 1, "a4": 2}),
     *({"x1": 2}, {"x1": 3}, {"x2": 1}, {"x1": 2, "y": 1}, {"x1": 4, "x2": "s"}, {"ba": "xy"}, {"ba": "xyz"}),
     *({"ba": "y"}, {"ab": "s"}, {"ab": 1}, {"n": 3}, {"n": 4}, {"n": 4, "n2": 6}, {"n": 4, "n2": 5}),
-    *({"n": "s"}, {"n": "st"}, {"nn": None}),
+    *({"n": "s"}, {"n": "st"}, {"nn": None}, {"ab": 2, "b": 1}, {"a": 3, "b": 1}, {"a": 4, "b": 1}, {"a": "x"}),
 ]
 
 
