@@ -59,7 +59,8 @@ ASAN_TESTS ?= tests/grammar/runtime/test_matcher.py tests/grammar/runtime/test_m
 	tests/grammar/compile/test_serialize_packed.py tests/grammar/compile/test_scratch.py \
 	tests/grammar/frontends/regex/test_parser.py tests/grammar/runtime/test_mask_cache.py \
 	tests/grammar/runtime/test_bounded_strings.py tests/grammar/test_fuzz.py tests/grammar/runtime/test_matcher_safety.py \
-	tests/grammar/runtime/test_matcher_misuse.py tests/grammar/compile/test_construction_limits.py
+	tests/grammar/runtime/test_matcher_misuse.py tests/grammar/compile/test_construction_limits.py \
+	tests/grammar/runtime/test_step_fill.py
 ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:strict_init_order=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

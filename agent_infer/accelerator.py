@@ -30,6 +30,13 @@ class Accelerator:
         elif self.name == "ascend":
             torch.npu.synchronize(self.device)  # type: ignore[attr-defined]
 
+    def set_device(self) -> None:
+        """Make ``device`` the process's current device (what NCCL/HCCL collectives use); a no-op on CPU."""
+        if self.name == "nvidia":
+            torch.cuda.set_device(self.device)
+        elif self.name == "ascend":
+            torch.npu.set_device(self.device)  # type: ignore[attr-defined]
+
     def memory_free_bytes(self) -> int | None:
         """Free device memory in bytes, or None where the backend cannot say (CPU)."""
         if self.name == "nvidia":
@@ -39,6 +46,21 @@ class Accelerator:
             free, _total = torch.npu.mem_get_info(self.device)  # type: ignore[attr-defined]
             return int(free)
         return None
+
+    def fp8_matmuls(self) -> tuple[str, ...]:
+        """The FP8 matmuls the device runs in hardware, fastest first (layers/fp8_linear.py): on NVIDIA,
+        ``per_group`` (row-wise scaled FP8) from sm_89, ``blockwise`` (1x128 / 128x128 scales) on
+        sm_90 with a torch that has it; none on the CPU and on Ascend."""
+        if self.name != "nvidia":
+            return ()
+        capability = torch.cuda.get_device_capability(self.device)
+        found: list[str] = []
+        scaling = getattr(torch.nn.functional, "ScalingType", None)
+        if capability == (9, 0) and hasattr(scaling, "BlockWise128x128"):
+            found.append("blockwise")
+        if capability >= (8, 9):
+            found.append("per_group")
+        return tuple(found)
 
     @property
     def is_cpu(self) -> bool:

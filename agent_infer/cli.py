@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         help="draft sources (default: AGENT_INFER_SPECULATIVE_SOURCE, else auto = MTP layers if any, plus prompt lookup)",
     )
     serve.add_argument(
+        "--speculative-draft-vocab",
+        type=int,
+        default=None,
+        help="token ids the MTP draft head chooses from, most frequent first (0 = all; default: "
+        "AGENT_INFER_SPECULATIVE_DRAFT_VOCAB, else 16384)",
+    )
+    serve.add_argument(
         "--disaggregation-mode",
         choices=["null", "prefill", "decode"],
         default="null",
@@ -119,6 +126,19 @@ def _parallel_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--eplb-window", type=int, default=1000, help="steps of expert load EPLB balances")
     group.add_argument("--eplb-profile", default=None, help="saved expert-load profile: starting placement")
     group.add_argument("--num-nodes", type=int, default=1, help="rank groups for hierarchical EPLB")
+    group.add_argument(
+        "--eplb-weight-source",
+        choices=("peer", "file"),
+        default="peer",
+        help="where an EPLB move gets an expert a rank lacks: a peer rank or the checkpoint files",
+    )
+    group.add_argument(
+        "--cp-prefill-threshold",
+        type=int,
+        default=None,
+        help="prefill prompts with at least this many tokens to compute over all ranks "
+        "(else AGENT_INFER_CP_PREFILL_THRESHOLD; 0 = never)",
+    )
 
 
 def _structured(args: argparse.Namespace) -> object:
@@ -187,6 +207,7 @@ def _serve(args: argparse.Namespace) -> int:
         speculative_tokens=args.speculative_tokens,
         host_kv_cache_bytes=args.host_kv_cache_bytes,
         speculative_source=args.speculative_source,
+        speculative_draft_vocab=args.speculative_draft_vocab,
     )
     parallel = ParallelConfig(
         data_parallel_size=args.data_parallel_size,
@@ -196,6 +217,8 @@ def _serve(args: argparse.Namespace) -> int:
         eplb_window=args.eplb_window,
         eplb_profile=args.eplb_profile,
         num_nodes=args.num_nodes,
+        eplb_weight_source=args.eplb_weight_source,
+        cp_prefill_threshold=args.cp_prefill_threshold,
     )
     if not parallel.enabled:
         serve(args.model, config, engine_config)

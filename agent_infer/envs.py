@@ -82,14 +82,33 @@ def speculative_source() -> str:
     return value
 
 
+#: Default size of the MTP draft vocabulary (``AGENT_INFER_SPECULATIVE_DRAFT_VOCAB``).
+DEFAULT_DRAFT_VOCAB = 16384
+
+
+def speculative_draft_vocab() -> int:
+    """``AGENT_INFER_SPECULATIVE_DRAFT_VOCAB``: how many of the most frequent token ids the MTP draft
+    head chooses from when ``EngineConfig.speculative_draft_vocab`` is None (default 16384; 0 = the
+    whole vocabulary)."""
+    return _int("AGENT_INFER_SPECULATIVE_DRAFT_VOCAB", DEFAULT_DRAFT_VOCAB)
+
+
 def num_threads() -> int:
     """``AGENT_INFER_NUM_THREADS``: torch intra-op threads; 0 keeps torch's default."""
     return _int("AGENT_INFER_NUM_THREADS", 0)
 
 
+def cp_prefill_threshold() -> int:
+    """``AGENT_INFER_CP_PREFILL_THRESHOLD``: a data-parallel engine prefills a prompt with at least
+    this many tokens still to compute over all its ranks (context parallelism); 0 (default) never.
+    ``ParallelConfig.cp_prefill_threshold`` overrides it."""
+    return _int("AGENT_INFER_CP_PREFILL_THRESHOLD", 0)
+
+
 def native_linear() -> bool:
     """``AGENT_INFER_NATIVE_LINEAR``: GGUF models on the CPU in float32 keep packed weights for the
-    native batch-invariant kernel (default on); off dequantizes to float32 torch matmuls."""
+    native batch-invariant kernel, and DeepSeek HF folders pack their float32 weights for it
+    (default on); off runs float32 torch matmuls."""
     return _flag("AGENT_INFER_NATIVE_LINEAR", True)
 
 
@@ -106,6 +125,20 @@ def linear_activations() -> str:
         raise ConfigError(
             f"AGENT_INFER_LINEAR_ACTIVATIONS={value!r}; expected one of {', '.join(_LINEAR_ACTIVATIONS)}"
         )
+    return value
+
+
+_FP8_WEIGHTS = ("auto", "dequantize", "keep")
+
+
+def fp8_weights() -> str:
+    """``AGENT_INFER_FP8_WEIGHTS``: auto | dequantize | keep (default auto). How a block-FP8 HF
+    checkpoint's projections are held: auto keeps them in FP8 where the accelerator runs FP8
+    matmuls (and dequantizes at load elsewhere, the CPU included); dequantize always converts them
+    at load; keep holds them in FP8 wherever an FP8 matmul runs, the CPU's slow torch kernel included."""
+    value = _get("AGENT_INFER_FP8_WEIGHTS", "auto").lower()
+    if value not in _FP8_WEIGHTS:
+        raise ConfigError(f"AGENT_INFER_FP8_WEIGHTS={value!r}; expected one of {', '.join(_FP8_WEIGHTS)}")
     return value
 
 

@@ -69,6 +69,11 @@ class EngineError(AgentInferError, RuntimeError):
     """The engine could not complete a request for a reason other than the request's input."""
 
 
+class ClientClosedError(EngineError):
+    """A local client's call ended because the client was closed while it ran, or was refused
+    because the client is closed to new calls (the interpreter is exiting)."""
+
+
 class RankFailedError(EngineError):
     """A rank process of a data/expert-parallel engine died or failed; ``rank`` names it. The
     engine is unhealthy from then on: the rank's requests (every rank's, under expert parallelism)

@@ -45,6 +45,10 @@ class SamplingParams:
     ``value_close_multiplier`` (> 0 turns it on; for JSON output, see ``engine/value_loops.py``)
     adds ``value_close_multiplier * (r - value_close_allowed)`` to the tokens that close the
     innermost open JSON value once it holds ``r > value_close_allowed`` repeated token bigrams.
+    ``value_close_budget`` (a fraction of ``max_tokens`` in (0, 1], 0 = off; see
+    ``engine/budget_close.py``) favours the grammar's way out (the first token of its shortest
+    completion, or EOS) over the last part of the budget: up to ``value_close_budget_bias`` once
+    the tokens left only just hold the closing.
     ``structured`` constrains the output to a grammar: a Pydantic model class, a JSON Schema dict,
     a list of choices, ``"json_object"``, a :class:`~agent_infer.grammar.Grammar`, or a
     :class:`~agent_infer.structured.StructuredOutput` (regex, EBNF, built-in grammars).
@@ -86,6 +90,8 @@ class SamplingParams:
     dry_skip_whitespace: bool = False
     value_close_multiplier: float = 0.0
     value_close_allowed: int = 4
+    value_close_budget: float = 0.0
+    value_close_budget_bias: float = 8.0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     speculative_source: str | None = None
@@ -195,7 +201,7 @@ class SamplingParams:
         """True when the sampler changes this request's logits: a repetition, presence or frequency
         penalty, ``logit_bias``, ``min_tokens`` or DRY (such requests draft only when DRY is the only
         one: see ``speculator.py``)."""
-        return self._adjusts_besides_dry or self.dry or self.value_close
+        return self._adjusts_besides_dry or self.dry or self.value_close or self.budget_close
 
     @property
     def _adjusts_besides_dry(self) -> bool:
@@ -213,12 +219,17 @@ class SamplingParams:
         that draft verification applies
         row by row (``penalties.apply_dry_to_draft_rows``), so such requests may still draft; the
         value-loop closing bias is applied there too."""
-        return (self.dry or self.value_close) and not self._adjusts_besides_dry
+        return (self.dry or self.value_close or self.budget_close) and not self._adjusts_besides_dry
 
     @property
     def value_close(self) -> bool:
         """True when the value-loop closing bias is on (``value_close_multiplier > 0``)."""
         return self.value_close_multiplier > 0.0
+
+    @property
+    def budget_close(self) -> bool:
+        """True when the closing pressure near ``max_tokens`` is on (``value_close_budget > 0``)."""
+        return self.value_close_budget > 0.0 and self.value_close_budget_bias > 0.0
 
     @property
     def dry(self) -> bool:
@@ -295,6 +306,18 @@ def _check_dry(p: SamplingParams) -> None:
     if p.value_close_allowed < 0:
         raise InvalidRequestError(
             f"value_close_allowed must be >= 0, got {p.value_close_allowed}", field="value_close_allowed"
+        )
+    _check_number(p.value_close_budget, "value_close_budget")
+    if not 0.0 <= p.value_close_budget <= 1.0:
+        raise InvalidRequestError(
+            f"value_close_budget must be in [0, 1] (a fraction of max_tokens, 0 = off), got {p.value_close_budget}",
+            field="value_close_budget",
+        )
+    _check_number(p.value_close_budget_bias, "value_close_budget_bias")
+    if not 0.0 <= p.value_close_budget_bias < float("inf"):
+        raise InvalidRequestError(
+            f"value_close_budget_bias must be >= 0 and finite, got {p.value_close_budget_bias}",
+            field="value_close_budget_bias",
         )
     _check_number(p.dry_multiplier, "dry_multiplier")
     if not 0.0 <= p.dry_multiplier < float("inf"):

@@ -11,6 +11,7 @@ same generator driven by ``random.Random`` for quick use without Hypothesis. A r
 
 from __future__ import annotations
 
+import json
 import random
 import textwrap
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from agent_infer.errors import (
 )
 from agent_infer.grammar.ir import (
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -36,6 +38,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
@@ -204,6 +207,18 @@ class _Chooser:
 
 
 _FIRST = _Chooser(lambda lo, hi: lo)  # every choice its simplest: completes a draw without drawing
+# Draws of a bounded string before its simplest expansion is taken.
+_BOUNDED_DRAWS = 8
+
+
+def _decoded_length(text: str) -> float:
+    """The code points of the JSON string ``text`` (quotes included) once decoded; infinite when
+    it does not decode."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return _INF
+    return len(value) if isinstance(value, str) else _INF
 
 
 class _Generator:
@@ -220,9 +235,19 @@ class _Generator:
     def __init__(self, grammar: Grammar, max_repeat: int, max_depth: int, max_length: int) -> None:
         if max_length < 0:
             raise ConfigError(f"max_length must be non-negative, not {max_length}")
-        # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to.
+        # Key tries (only ever whole rule bodies) are drawn from as the alternations they expand to,
+        # a unique array item or a bounded string as its item: a drawn array may repeat an item of
+        # a uniqueItems array (the draw does not track an array's items), which the grammar then
+        # rejects; a bounded string is drawn again while it passes its bound.
+        self.bounds = {
+            name: body.max_length for name, body in grammar.rules if isinstance(body, BoundedString)
+        }
         self.rules = {
-            name: Alt(body.expand()) if isinstance(body, KeySet | KeyNode) else body
+            name: Alt(body.expand())
+            if isinstance(body, KeySet | KeyNode)
+            else body.item
+            if isinstance(body, UniqueItem | BoundedString)
+            else body
             for name, body in grammar.rules
         }
         self.grammar = grammar
@@ -320,7 +345,19 @@ class _Generator:
         elif isinstance(expr, Ref) and isinstance(self.rules[expr.name], Check):
             self._expand_check(expr.name, budget - 1, chooser, out)
         elif isinstance(expr, Ref):
-            self._expand(self.rules[expr.name], budget - 1, chooser, out)
+            bound = self.bounds.get(expr.name)
+            if bound is None:
+                self._expand(self.rules[expr.name], budget - 1, chooser, out)
+                return
+            at, size = len(out), self.size
+            for attempt in range(_BOUNDED_DRAWS + 1):
+                del out[at:]
+                self.size = size
+                self._expand(
+                    self.rules[expr.name], budget - 1, chooser if attempt < _BOUNDED_DRAWS else _FIRST, out
+                )
+                if _decoded_length("".join(out[at:])) <= bound:
+                    break
         elif isinstance(expr, Seq):
             for item in expr.items:
                 self._expand(item, budget, chooser, out)
@@ -375,7 +412,11 @@ def strings(
     strings are drawn as without the bound. Likewise after :data:`MAX_DRAW_STEPS` expansion steps
     (nested repeats of items that may be empty). A grammar whose shortest string is longer than
     :data:`MAX_SHORTEST_STRING` raises ``GrammarLimitError``. Draws shrink toward the simplest alternative
-    (shallowest, then shortest), the fewest repetitions and printable ASCII.
+    (shallowest, then shortest), the fewest repetitions and printable ASCII. A string the matcher
+    counts (``BoundedString``) is drawn again while it passes its bound (8 times, then its simplest
+    expansion). The exceptions to "accepts": an array whose items must be distinct
+    (``uniqueItems``) may be drawn with a repeated item, and a bounded string whose simplest
+    expansion passes its bound is drawn anyway; the grammar rejects both.
     """
     from hypothesis import strategies as st
 
@@ -398,8 +439,8 @@ def random_strings(
     max_depth: int = 8,
     max_length: int = DEFAULT_MAX_LENGTH,
 ) -> list[str]:
-    """``n`` pseudo-random strings ``grammar`` accepts, reproducible from ``seed`` (no Hypothesis);
-    ``max_length`` bounds them as in :func:`strings`."""
+    """``n`` pseudo-random strings ``grammar`` accepts (with :func:`strings`' exceptions), reproducible
+    from ``seed`` (no Hypothesis); ``max_length`` bounds them as in :func:`strings`."""
     gen = _Generator(to_grammar(grammar, kind), max_repeat, max_depth, max_length)
     rng = random.Random(seed)
     chooser = _Chooser(rng.randint)

@@ -1,21 +1,16 @@
-"""DeepSeek V4 decode speed and cache size: agent-infer vs transformers on the same HF folder.
+"""DeepSeek V4 decode speed and cache size: ``bench_engine.py`` on a V4 folder, by default the tests'
+tiny random one.
 
-Both engines load the same ``DeepseekV4ForCausalLM`` folder (``--model``; by default the tiny random
-5-layer checkpoint of the tests, written to a temporary folder) in float32 on the CPU with
-``--threads`` torch threads and ``OMP_WAIT_POLICY=PASSIVE``, get the same prompt token ids, and
-decode greedily with EOS ignored. Engines alternate within every repeat (a change in machine load
-hits both alike); the table shows medians over ``--repeats`` after one warm-up.
+Without ``--model`` it writes the tiny random 5-layer V4 checkpoint of the tests (hidden 64, 8
+experts, vocabulary 49,152 with the SmolLM2 tokenizer and chat template) to a temporary folder; the
+rest is ``bench_engine.py``'s: agent-infer's ``LLMEngine`` against transformers' ``generate`` on the
+weights our loader reads, the same chat-formatted prompt ids, greedy decoding with EOS ignored,
+engines interleaved in every repeat, medians after a warm-up, and the KV bytes per token against a
+GQA model of the same width. Other arguments go to ``bench_engine.py`` unchanged. The compressed
+layout's bytes per token depend on the block size (entries are shared by the tokens of a window),
+so they are printed for a few block sizes after the table.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_deepseek.py
-
-Metrics:
-* TTFT: prompt submitted -> first token (batch 1).
-* decode tok/s (batch 1): tokens after the first / time after the first.
-* N-way tok/s: every generated token / wall time from submitting N prompts to the last token
-  (ours: N requests through ``LLMEngine.step``; transformers: one left-padded batched ``generate``).
-* KV bytes/token: ours as ``ModelRunner.kv_bytes_per_token`` reports it (the compressed layout at
-  the engine's block size), next to a GQA layout of the same width (``2 * heads * head_dim`` per
-  layer, one KV head per 4 query heads) for scale.
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_deepseek.py [--model FOLDER] [--skip bf16]
 """
 
 from __future__ import annotations
@@ -26,185 +21,55 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_engine  # noqa: E402 - after the path set-up above
+
+BLOCK_SIZES = (16, 64, 128)
 
 
-def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(2, vocab, (length + i % 5,), generator=gen).tolist() for i in range(n)]
+def tiny_v4_folder(directory: Path) -> Path:
+    """The tests' tiny random V4 checkpoint with a tokenizer, written to ``directory``."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from deepseek_support import save_tiny_v4, write_tokenizer
+
+    save_tiny_v4(directory, vocab_size=49152)
+    write_tokenizer(directory)
+    return directory
 
 
-class Ours:
-    """agent-infer's LLMEngine on the folder (prefix caching off: every repeat pays its prefill)."""
+def compressed_bytes(folder: Path) -> list[str]:
+    """Bytes per token of the folder's compressed layout (float32) at each of :data:`BLOCK_SIZES`."""
+    from agent_infer.model.kv_cache import KVCache
+    from agent_infer.model.loading.hf import hf_config
 
-    name = "agent-infer (fp32)"
-
-    def __init__(self, folder: Path) -> None:
-        from agent_infer.engine.config import EngineConfig
-        from agent_infer.engine.llm_engine import LLMEngine
-        from agent_infer.model.loader import load_model
-
-        loaded = load_model(str(folder), device=torch.device("cpu"), dtype=torch.float32)
-        self.engine = LLMEngine(config=EngineConfig(enable_prefix_caching=False), loaded=loaded)
-        self.ids = iter(range(10**9))
-
-    def kv_bytes_per_token(self) -> float:
-        return float(self.engine.runner.kv_bytes_per_token)
-
-    def _params(self, max_tokens: int) -> Any:
-        from agent_infer.sampling_params import SamplingParams
-
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        self.engine.add_request(f"r{next(self.ids)}", prompt, self._params(max_tokens))
-        first = None
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-            if first is None:
-                first = time.perf_counter()
-        end = time.perf_counter()
-        assert first is not None
-        return first - start, (max_tokens - 1) / (end - first)
-
-    def batched(self, prompts: list[list[int]], max_tokens: int) -> float:
-        start = time.perf_counter()
-        for p in prompts:
-            self.engine.add_request(f"r{next(self.ids)}", p, self._params(max_tokens))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-        return len(prompts) * max_tokens / (time.perf_counter() - start)
+    config = hf_config(folder)
+    return [
+        f"compressed layout, block {b}: {KVCache.bytes_per_token(config, b, torch.float32):,.1f} bytes/token"
+        for b in BLOCK_SIZES
+    ]
 
 
-class Transformers:
-    """transformers' ``DeepseekV4ForCausalLM.generate`` (float32, its own cache)."""
-
-    name = "transformers (fp32)"
-
-    def __init__(self, folder: Path) -> None:
-        import transformers
-        from transformers.generation.streamers import BaseStreamer
-
-        self.model = transformers.DeepseekV4ForCausalLM.from_pretrained(
-            str(folder), dtype=torch.float32
-        ).eval()
-        self.pad = 0
-
-        class Clock(BaseStreamer):  # type: ignore[misc]
-            """When generate hands out each token (the first put() is the prompt)."""
-
-            def __init__(self) -> None:
-                self.times: list[float] = []
-
-            def put(self, value: Any) -> None:
-                self.times.append(time.perf_counter())
-
-            def end(self) -> None:
-                pass
-
-        self.clock_type = Clock
-
-    def _generate(self, prompts: list[list[int]], max_tokens: int, streamer: Any = None) -> None:
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.inference_mode():
-            self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                do_sample=False, pad_token_id=self.pad, streamer=streamer,
-            )  # fmt: skip
-
-    def single(self, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-        clock = self.clock_type()
-        start = time.perf_counter()
-        self._generate([prompt], max_tokens, clock)
-        end = time.perf_counter()
-        first = clock.times[1]
-        return first - start, (max_tokens - 1) / (end - first)
-
-    def batched(self, prompts: list[list[int]], max_tokens: int) -> float:
-        start = time.perf_counter()
-        self._generate(prompts, max_tokens)
-        return len(prompts) * max_tokens / (time.perf_counter() - start)
-
-
-def _gqa_bytes_per_token(folder: Path) -> float:
-    import json
-
-    c = json.loads((folder / "config.json").read_text())
-    kv_heads = max(1, int(c["num_attention_heads"]) // 4)
-    return 2.0 * kv_heads * int(c["head_dim"]) * int(c["num_hidden_layers"]) * 4
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="DeepseekV4ForCausalLM folder (default: tiny random one)")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--skip", choices=["transformers"], action="append", default=[])
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    tmp = None
-    folder = args.model
-    if folder is None:
-        sys.path.insert(0, str(ROOT / "tests" / "support"))
-        from deepseek_support import write_tokenizer
-        from deepseek_v4_support import save_tiny
-
-        tmp = tempfile.TemporaryDirectory()
-        folder = Path(tmp.name)
-        save_tiny(folder, vocab_size=49152)
-        write_tokenizer(folder)
-    import json
-
-    vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
-    engines: list[Any] = [Ours(folder)]
-    if "transformers" not in args.skip:
-        engines.append(Transformers(folder))
-    single = _prompts(1, args.prompt_len, vocab)[0]
-    many = _prompts(args.concurrency, args.prompt_len, vocab)
-    samples: dict[str, dict[str, list[float]]] = {e.name: {"ttft": [], "dec": [], "agg": []} for e in engines}
-    for rep in range(args.repeats + 1):
-        for e in engines:
-            ttft, dec = e.single(single, args.max_tokens)
-            agg = e.batched(many, args.max_tokens)
-            if rep:  # the first round warms up
-                samples[e.name]["ttft"].append(ttft)
-                samples[e.name]["dec"].append(dec)
-                samples[e.name]["agg"].append(agg)
-    med = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
-    peer = med.get(Transformers.name)
-    print(
-        f"model: {args.model or 'tiny random V4 (5 layers, hidden 64)'}; prompt {args.prompt_len} tokens, "
-        f"{args.max_tokens} generated, {args.threads} thread(s), median of {args.repeats}"
+def main(argv: list[str] | None = None) -> int:
+    """Run ``bench_engine.py`` on the folder; returns its exit status."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    print(
-        f"| engine | TTFT ms | decode tok/s (batch 1) | {args.concurrency}-way tok/s | vs transformers (1 / N) |"
-    )
-    print("|---|---|---|---|---|")
-    for name, m in med.items():
-        ratio = f"{m['dec'] / peer['dec']:.2f}x / {m['agg'] / peer['agg']:.2f}x" if peer else "-"
-        print(f"| {name} | {m['ttft'] * 1e3:.1f} | {m['dec']:.1f} | {m['agg']:.1f} | {ratio} |")
-    print(
-        f"KV bytes/token (fp32): ours {engines[0].kv_bytes_per_token():.1f}; "
-        f"GQA of the same width (heads/4 KV heads): {_gqa_bytes_per_token(folder):.1f}"
-    )
-    if tmp is not None:
-        tmp.cleanup()
+    parser.add_argument("--model", type=Path, help="DeepseekV4ForCausalLM folder (default: tiny random one)")
+    args, rest = parser.parse_known_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.model or tiny_v4_folder(Path(tmp))
+        status = bench_engine.main(["--model", str(folder), *rest])
+        print("\n".join(compressed_bytes(folder)))
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,6 +22,9 @@ Metrics:
 * N-way tok/s: all generated tokens / wall time from submitting N prompts to the last token.
   transformers runs one left-padded ``generate`` over the N prompts; llama-cpp-python has no
   batched API, so its single-stream decode rate is the comparison point.
+* tok/CPU-s: the same runs' tokens per second of process CPU time (all threads), which a shared
+  machine's load changes far less than wall time: the batch-1 run (prefill included) and the
+  N-way run (not for llama-cpp-python, whose N-way column is its single stream).
 * KV bytes per token (Hugging Face folders): what our engine's cache holds per token (all layers,
   in the engine's dtype), against transformers' cache of the same model and a GQA model of the same
   width (layers, hidden size and query heads; ``hidden / heads`` per head and a quarter of the heads
@@ -80,6 +83,9 @@ class Samples:
     ttft: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
     aggregate: list[float] = field(default_factory=list)
+    #: Tokens per second of process CPU time (all threads): batch-1 run (prefill included), N-way run.
+    single_cpu: list[float] = field(default_factory=list)
+    aggregate_cpu: list[float] = field(default_factory=list)
 
 
 def prompt_ids(tokenizer: Any, n: int) -> list[list[int]]:
@@ -97,7 +103,9 @@ class Ours:
 
     note = ""
 
-    def __init__(self, loaded: Any, dtype: str = "float32", name: str | None = None) -> None:
+    def __init__(
+        self, loaded: Any, dtype: str = "float32", name: str | None = None, speculative: int | None = None
+    ) -> None:
         from agent_infer.engine.config import EngineConfig
         from agent_infer.engine.llm_engine import LLMEngine
 
@@ -105,7 +113,10 @@ class Ours:
         if dtype != "float32":
             self.note = "same engine, bf16 weights/activations/KV: not precision-matched with the fp32 rows"
         # Prefix caching off: every repeat must pay the full prefill, like the other engines.
-        config = EngineConfig(enable_prefix_caching=False, dtype=dtype)
+        extra = {} if speculative is None else {"speculative_tokens": speculative}
+        config = EngineConfig(enable_prefix_caching=False, dtype=dtype, **extra)
+        if speculative is not None:
+            self.note = f"speculative_tokens={speculative}"
         self.engine = LLMEngine(config=config, loaded=loaded)
         self.ids = iter(range(10**9))
 
@@ -273,14 +284,18 @@ class LlamaCpp:
         return self.last_decode
 
 
-def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]:
-    """Lines comparing KV-cache bytes per token: our engine's cache, transformers' cache of the same
-    model (DeepSeek V3: MLA expanded to per-head K and V), and a same-width 4:1 GQA model."""
+def kv_bytes_table(
+    loaded: Any, dtype: torch.dtype = torch.float32, block_size: int | None = None
+) -> list[str]:
+    """Lines comparing KV-cache bytes per token: our engine's cache (at the engine's block size: the
+    compressed layout's share of an entry depends on it), transformers' cache of the same model
+    (DeepSeek V3: MLA expanded to per-head K and V), and a same-width 4:1 GQA model."""
+    from agent_infer.engine.config import EngineConfig
     from agent_infer.model.kv_cache import KVCache
 
     c = loaded.config
     size = torch.finfo(dtype).bits // 8
-    ours = KVCache.values_per_token(c) * size
+    ours = KVCache.bytes_per_token(c, block_size or EngineConfig().block_size, dtype)
     heads = c.num_heads
     gqa = 2 * c.num_layers * max(1, heads // 4) * (c.hidden_size // heads) * size
     rows = [("agent-infer cache", ours)]
@@ -291,7 +306,7 @@ def kv_bytes_table(loaded: Any, dtype: torch.dtype = torch.float32) -> list[str]
     rows.append((f"GQA, {c.num_layers} layers, {max(1, heads // 4)} of {heads} heads as K/V", gqa))
     rows.append((f"MHA, {c.num_layers} layers, {heads} K/V heads", gqa * heads // max(1, heads // 4)))
     lines = [f"{'KV cache (' + str(dtype).removeprefix('torch.') + ')':<52}{'bytes/token':>12}{'vs ours':>9}"]
-    lines += [f"{name:<52}{value:>12,}{value / ours:>8.2f}x" for name, value in rows]
+    lines += [f"{name:<52}{value:>12,.1f}{value / ours:>8.2f}x" for name, value in rows]
     return lines
 
 
@@ -307,6 +322,70 @@ def ratio(ours: float | None, other: float | None, lower_is_better: bool = False
 
 def med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def measure(
+    engines: list[Engine], prompts: list[list[int]], max_tokens: int, repeats: int
+) -> dict[str, Samples]:
+    """Batch 1 (the first prompt), then all ``prompts`` at once, per engine, interleaved in every
+    repeat; repeat 0 warms caches and allocators and is discarded. Progress goes to stderr."""
+    samples = {e.name: Samples() for e in engines}
+    for rep in range(repeats + 1):
+        for e in engines:
+            cpu0 = time.process_time()
+            ttft, decode = e.single(prompts[0], max_tokens)
+            cpu1 = time.process_time()
+            aggregate = e.batched(prompts, max_tokens)
+            cpu2 = time.process_time()
+            if rep:
+                s = samples[e.name]
+                s.ttft.append(ttft)
+                s.decode.append(decode)
+                s.single_cpu.append(max_tokens / max(cpu1 - cpu0, 1e-9))
+                if aggregate is not None:
+                    s.aggregate.append(aggregate)
+                    if not isinstance(e, LlamaCpp):
+                        s.aggregate_cpu.append(len(prompts) * max_tokens / max(cpu2 - cpu1, 1e-9))
+            print(
+                f"  rep {rep} {e.name}: ttft {ttft * 1000:.0f} ms, decode {decode:.1f} tok/s, "
+                f"{len(prompts)}-way {fmt(aggregate, '.1f')} tok/s",
+                file=sys.stderr,
+            )
+    return samples
+
+
+def print_table(engines: list[Engine], samples: dict[str, Samples], concurrency: int) -> None:
+    """The medians of every engine and their ratios against the first engine, then the engines' notes."""
+    agg_col = f"{concurrency}-way tok/s"
+    header = f"{'engine':<28}{'TTFT ms':>9}{'decode tok/s':>14}{agg_col:>15}"
+    header += f"{'TTFT ratio':>12}{'decode ratio':>14}{'N-way ratio':>13}"
+    print(header)
+    print("-" * len(header))
+    ours = samples[engines[0].name]
+    for e in engines:
+        s = samples[e.name]
+        ttft = med(s.ttft)
+        print(
+            f"{e.name:<28}{fmt(ttft and ttft * 1000, '9.1f')}{fmt(med(s.decode), '14.1f')}"
+            f"{fmt(med(s.aggregate), '15.1f')}{ratio(med(ours.ttft), ttft, True):>12}"
+            f"{ratio(med(ours.decode), med(s.decode)):>14}{ratio(med(ours.aggregate), med(s.aggregate)):>13}"
+        )
+    print("\nper CPU-second (process time, all threads; the same runs): tokens / CPU s")
+    cpu_header = f"{'engine':<28}{'batch-1 tok/CPU-s':>19}{agg_col.replace('tok/s', 'tok/CPU-s'):>19}"
+    cpu_header += f"{'batch-1 ratio':>15}{'N-way ratio':>13}"
+    print(cpu_header)
+    print("-" * len(cpu_header))
+    for e in engines:
+        s = samples[e.name]
+        print(
+            f"{e.name:<28}{fmt(med(s.single_cpu), '19.1f')}{fmt(med(s.aggregate_cpu), '19.1f')}"
+            f"{ratio(med(ours.single_cpu), med(s.single_cpu)):>15}"
+            f"{ratio(med(ours.aggregate_cpu), med(s.aggregate_cpu)):>13}"
+        )
+    print("\nratios: agent-infer relative to the row's engine (>1 = agent-infer better).")
+    for e in engines:
+        if e.note:
+            print(f"  {e.name}: {e.note}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +405,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add a row with Q5_0/Q4_K/Q6_K tensors dequantized to float32 at load (the pre-K-quant-kernel path)",
     )
+    parser.add_argument(
+        "--speculative-tokens",
+        type=int,
+        action="append",
+        default=[],
+        help="add an agent-infer (fp32) row with this speculative_tokens (0: speculation off); repeatable",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(THREADS)
@@ -341,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompt_ids(loaded.tokenizer, args.concurrency)
 
     engines: list[Engine] = [Ours(loaded)]
+    for spec in args.speculative_tokens:
+        engines.append(Ours(loaded, name=f"agent-infer (fp32, spec {spec})", speculative=spec))
     if args.dequantized:
         engines.append(Ours(load_dequantized(args.model), name="agent-infer (dequant fp32)"))
     if "bf16" not in args.skip:
@@ -359,23 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a peer that cannot load is reported, not fatal
             missing.append(f"{key}: {type(exc).__name__}: {exc}")
 
-    samples = {e.name: Samples() for e in engines}
-    for rep in range(args.repeats + 1):  # repeat 0 warms caches and allocators, and is discarded
-        for e in engines:
-            ttft, decode = e.single(prompts[0], args.max_tokens)
-            aggregate = e.batched(prompts, args.max_tokens)
-            if rep:
-                s = samples[e.name]
-                s.ttft.append(ttft)
-                s.decode.append(decode)
-                if aggregate is not None:
-                    s.aggregate.append(aggregate)
-            print(
-                f"  rep {rep} {e.name}: ttft {ttft * 1000:.0f} ms, decode {decode:.1f} tok/s, "
-                f"{args.concurrency}-way {fmt(aggregate, '.1f')} tok/s",
-                file=sys.stderr,
-            )
-
+    samples = measure(engines, prompts, args.max_tokens, args.repeats)
     print(
         f"\nmodel {gguf.name}; batch-1 prompt {len(prompts[0])} tokens; {args.max_tokens} new tokens; greedy, "
         f"EOS ignored; {args.concurrency} concurrent prompts of {min(map(len, prompts))}-"
@@ -383,24 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch/ggml threads={THREADS}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
         f"torch {torch.__version__}\n"
     )
-    agg_col = f"{args.concurrency}-way tok/s"
-    header = f"{'engine':<28}{'TTFT ms':>9}{'decode tok/s':>14}{agg_col:>15}"
-    header += f"{'TTFT ratio':>12}{'decode ratio':>14}{'N-way ratio':>13}"
-    print(header)
-    print("-" * len(header))
-    ours = samples[engines[0].name]
-    for e in engines:
-        s = samples[e.name]
-        ttft = med(s.ttft)
-        print(
-            f"{e.name:<28}{fmt(ttft and ttft * 1000, '9.1f')}{fmt(med(s.decode), '14.1f')}"
-            f"{fmt(med(s.aggregate), '15.1f')}{ratio(med(ours.ttft), ttft, True):>12}"
-            f"{ratio(med(ours.decode), med(s.decode)):>14}{ratio(med(ours.aggregate), med(s.aggregate)):>13}"
-        )
-    print("\nratios: agent-infer relative to the row's engine (>1 = agent-infer better).")
-    for e in engines:
-        if e.note:
-            print(f"  {e.name}: {e.note}")
+    print_table(engines, samples, args.concurrency)
     for line in missing:
         print(f"  not run: {line}")
     if folder:

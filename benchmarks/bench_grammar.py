@@ -865,7 +865,7 @@ def add_sample_args(ap: argparse.ArgumentParser) -> None:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """Adapter options passed to every worker."""
-    return {"gc_freeze": args.gc_freeze}
+    return {"gc_freeze": args.gc_freeze, "baseline": getattr(args, "baseline", None)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -900,6 +900,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="leave the workers' start-up heap unfrozen (default: gc.freeze() after start-up)",
     )
     p.add_argument("--mem-limit-gb", type=float, default=8.0, help="RLIMIT_AS per worker; 0 = none")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="engine ours-base: a folder with another build's agent_infer package (an unpacked wheel)",
+    )
     p.add_argument(
         "--init-timeout", type=float, default=600.0, help="worker start (tokenizer tables) limit (s)"
     )

@@ -1,18 +1,23 @@
 """Parallel MoE serving on this machine, and a paper model of it at DeepSeek-V3 scale.
 
 Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_parallel.py [--requests 32]
-[--max-tokens 32] [--cp-len 1024] [--skip-serving] [--paper-only]``.
+[--max-tokens 32] [--cp-len 1024] [--cp-threshold 512] [--model DIR] [--skip-serving] [--skip-cp]
+[--paper-only]``.
 
 1. **Serving**: ``--requests`` concurrent greedy requests (``--max-tokens`` each, EOS ignored) on a
-   random DeepSeek-V3-layout checkpoint written to a temporary folder (no trained V3 checkpoint is
-   packaged; the shapes are in :data:`BENCH_MODEL`), for DP=1 (one process), DP=2 (each rank all
+   random DeepSeek-V3-layout checkpoint written to a temporary folder (the shapes are in
+   :data:`BENCH_MODEL`; ``--model checkpoints/tiny-deepseek-v3`` runs the trained tiny V3), for DP=1 (one process), DP=2 (each rank all
    experts), DP=2 + EP, DP=2 + EP + EPLB (redundant experts, rebalanced every 16 steps). Aggregate
    tokens/s, p50/p95 inter-token latency, and for the EP runs where a rank's busy step time went:
    waiting for the other rank (the count exchange of each MoE layer), moving rows (all-to-all),
    local expert matmuls, idle passes; all-to-all bytes per step; tokens per rank; the expert
-   imbalance (max/mean rank load) before and after the first rebalance.
-2. **Context-parallel prefill** of one ``--cp-len``-token prompt: single rank (all threads) vs 2
-   ranks (one thread each), median of 3, and the largest logit difference.
+   imbalance (max/mean rank load) before and after the first rebalance; the weights each rank
+   holds (under EP only its experts are read from the checkpoint).
+2. **Context-parallel prefill** of one ``--cp-len``-token prompt at model level: single rank (all
+   threads) vs 2 ranks (one thread each), median of 3, and the largest logit difference; then in
+   the engine: time to first token of three such prompts on a DP=2 engine, prefilled by the owner
+   rank alone vs context-parallel (``--cp-threshold``), the ranks' prefill time per job, and
+   whether the greedy tokens match.
 3. **Paper model** (``--paper-only`` prints just this): bytes per token through the all-to-all and
    expert imbalance with and without EPLB at 8 and 64 ranks, with DeepSeek-V3's real sizes.
 
@@ -26,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -38,11 +42,12 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from parallel_paper import paper_model
 
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.parallel import DataParallelEngine, ParallelConfig
-from agent_infer.parallel.eplb import balanced_placement, contiguous_placement
+from agent_infer.parallel.expert_loading import resident_weight_bytes
 from agent_infer.sampling_params import SamplingParams
 
 #: The benchmark checkpoint: DeepSeek V3's layout (MLA, sigmoid group-limited routing, shared expert).
@@ -55,9 +60,6 @@ BENCH_MODEL: dict[str, Any] = dict(
     tie_word_embeddings=False, eos_token_id=0, bos_token_id=1,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
 )  # fmt: skip
-
-#: DeepSeek-V3 (671B) sizes for the paper model.
-V3 = dict(hidden=7168, experts=256, top_k=8, groups=8, topk_groups=4, moe_layers=58, moe_inter=2048)
 
 PROMPTS = [
     "Summarize the plot of a detective story set in a lighthouse.",
@@ -158,6 +160,7 @@ def serving(model_dir: str, args: argparse.Namespace) -> None:
     ]
     rows = []
     breakdown = []
+    weights: list[tuple[str, dict[int, int], dict[int, Any]]] = []
     for name, parallel in runs:
         log(f"serving: {name}")
         if parallel is None:
@@ -166,21 +169,25 @@ def serving(model_dir: str, args: argparse.Namespace) -> None:
             result = drive(engine, args.requests, args.max_tokens)
             engine.grammar.shutdown()
             metrics: dict[int, Any] = {}
+            held = {0: resident_weight_bytes(engine.runner.model)}
         else:
             engine = DataParallelEngine(model_dir, config, parallel)
             try:
                 drive(engine, 2, 2)
                 result = drive(engine, args.requests, args.max_tokens)
                 metrics = engine.collect_metrics()
+                held = {r: st["weight_bytes"] for r, st in sorted(engine.rank_status.items())}
             finally:
                 engine.shutdown()
         rows.append((name, result))
+        weights.append((name, held, metrics))
         for rank, m in sorted(metrics.items()):
             if m is not None:
                 breakdown.append((name, rank, m))
     print("\n### Serving: aggregate throughput and inter-token latency\n")
     print(
-        f"{args.requests} concurrent requests x {args.max_tokens} tokens, greedy, random V3-layout model.\n"
+        f"{args.requests} concurrent requests x {args.max_tokens} tokens, greedy, "
+        f"{args.model or 'random V3-layout model'}.\n"
     )
     print("| run | tok/s | wall s | ITL p50 ms | ITL p95 ms | tok/s vs DP=1 |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -190,6 +197,19 @@ def serving(model_dir: str, args: argparse.Namespace) -> None:
             f"| {name} | {r['tok_s']:.1f} | {r['wall_s']:.2f} | {r['itl_p50_ms']:.1f} | {r['itl_p95_ms']:.1f} "
             f"| {r['tok_s'] / base:.2f} |"
         )
+    print("\n### Weights each rank holds\n")
+    print(
+        "Bytes of weights resident per rank (parameters, buffers and expert slots); under EP a rank "
+        "reads only its slots' experts from the checkpoint (experts read: at load and by moves).\n"
+    )
+    print("| run | rank | weights MiB | vs DP=1 | experts read MiB |")
+    print("|---|---:|---:|---:|---:|")
+    full = weights[0][1][0]
+    for name, held, metrics in weights:
+        for rank, n in held.items():
+            m = metrics.get(rank)
+            read = f"{m.expert_bytes_read / 2**20:.2f}" if m is not None and m.experts_read else "-"
+            print(f"| {name} | {rank} | {n / 2**20:.2f} | {n / full:.3f} | {read} |")
     print("\n### Expert-parallel ranks: where a busy step's time goes (whole run, warm-up included)\n")
     print(
         "| run | rank | busy steps | step s | wait for peer s | all-to-all s | experts s | idle passes s "
@@ -207,13 +227,14 @@ def serving(model_dir: str, args: argparse.Namespace) -> None:
 
 
 def _cp_rank(rank: int, world: int, port: int, model_dir: str, prompt: list[int], out: Any) -> None:
+    from agent_infer.accelerator import get_accelerator
     from agent_infer.model.loading.hf import hf_config, hf_weights
     from agent_infer.model.registry import build_model
     from agent_infer.parallel.context_parallel import context_parallel_prefill
     from agent_infer.parallel.group import GroupSpec, close_group, init_group
 
     torch.set_num_threads(1)
-    init_group(GroupSpec(world, "127.0.0.1", port, 300.0), rank, torch.device("cpu"))
+    init_group(GroupSpec(world, "127.0.0.1", port, 300.0), rank, get_accelerator("cpu"))
     model = build_model(hf_config(model_dir))
     model.load_weights(hf_weights(model_dir))
     times = []
@@ -266,62 +287,57 @@ def context_parallel(model_dir: str, args: argparse.Namespace) -> None:
     print(f"| CP over 2 ranks (zig-zag) | 1 per rank | {cp_time:.3f} | {diff:.2e} |")
 
 
-def distinct_ranks(ranks: int, samples: int = 20000, seed: int = 0) -> float:
-    """Expected distinct destination ranks of a token under V3's group-limited top-8 (4 of 8 groups),
-    experts placed contiguously (a uniform router; a model of the traffic, not a measurement)."""
-    rng = random.Random(seed)
-    per_rank = V3["experts"] / ranks
-    group = V3["experts"] // V3["groups"]
-    total = 0
-    for _ in range(samples):
-        groups = rng.sample(range(V3["groups"]), V3["topk_groups"])
-        pool = [g * group + i for g in groups for i in range(group)]
-        experts = rng.sample(pool, V3["top_k"])
-        total += len({int(e // per_rank) for e in experts})
-    return total / samples
-
-
-def skewed_load(seed: int) -> list[float]:
-    """One layer's expert loads: log-normal (sigma 1), a stand-in for measured routing statistics."""
-    rng = random.Random(seed)
-    return [rng.lognormvariate(0.0, 1.0) for _ in range(V3["experts"])]
-
-
-def paper_model() -> None:
-    h, k, layers = V3["hidden"], V3["top_k"], V3["moe_layers"]
-    print("\n### Paper model at DeepSeek-V3 scale\n")
+def engine_cp(model_dir: str, args: argparse.Namespace) -> None:
+    """Time to first token of long prompts on a DP=2 engine: prefilled by the owner rank alone
+    (one thread) vs context-parallel over both ranks (one thread each)."""
+    config = EngineConfig(kv_cache_memory_bytes=128 * 1024 * 1024, speculative_tokens=0)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 40000, (args.cp_len,), generator=gen).tolist() for _ in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    rows = []
+    for name, threshold in (("DP=2, prefill on the owner rank", 0), ("DP=2 + CP prefill", args.cp_threshold)):
+        log(f"engine context parallel: {name}")
+        engine = DataParallelEngine(
+            model_dir, config, ParallelConfig(data_parallel_size=2, cp_prefill_threshold=threshold)
+        )
+        try:
+            drive(engine, 2, 2)
+            ttfts, tokens = [], []
+            for i, prompt in enumerate(prompts):
+                start = time.perf_counter()
+                engine.add_request(f"cp{i}", prompt, params)
+                first, done = None, None
+                while done is None:
+                    for out in engine.step():
+                        if first is None and out.outputs[0].token_ids:
+                            first = time.perf_counter() - start
+                        if out.finished:
+                            done = out
+                ttfts.append(first or 0.0)
+                tokens.append(done.outputs[0].token_ids)
+            time.sleep(0.6)
+            engine.step()
+            stats = {r: st.get("cp_prefill") for r, st in sorted(engine.rank_status.items())}
+        finally:
+            engine.shutdown()
+        rows.append((name, ttfts, stats, tokens))
+    print("\n### Context-parallel prefill in the engine\n")
     print(
-        "Bytes a token sends through the all-to-all per MoE layer (dispatch + combine, remote destinations "
-        "only), times 58 MoE layers; imbalance = max/mean rank load over 20 log-normal layer loads.\n"
+        f"Three {args.cp_len}-token prompts one after another on a DP=2 engine (threshold "
+        f"{args.cp_threshold}); 8 greedy tokens each. CP prefill s: the ranks' mean wall time per job.\n"
     )
     print(
-        "| ranks | slots/rank | ours: bf16 out per rank, bf16 back per pair KB | DeepEP: fp8 out, bf16 back, per rank KB "
-        "| distinct ranks/token | MB/token, 58 layers (ours) | MB/token (DeepEP) | imbalance no EPLB "
-        "| EPLB global | EPLB hierarchical (8 ranks/node) |"
+        "| run | TTFT median s | TTFTs s | CP prefill s/job (rank 0, rank 1) | tokens equal to the owner-only run |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for ranks, redundant in ((8, 32), (64, 64)):
-        remote = (ranks - 1) / ranks
-        d = distinct_ranks(ranks)
-        ours = d * remote * h * 2 + k * remote * h * 2
-        deepep = d * remote * h * (1 + 2) + d * remote * (h // 128) * 4  # fp8 rows + their scales
-        slots = (V3["experts"] + redundant) // ranks
-        before, glob, hier = [], [], []
-        for seed in range(20):
-            load = skewed_load(seed)
-            before.append(contiguous_placement(V3["experts"], ranks, V3["experts"] // ranks).imbalance(load))
-            glob.append(balanced_placement(load, ranks, slots, num_groups=V3["groups"]).imbalance(load))
-            nodes = max(1, ranks // 8)
-            hier.append(
-                balanced_placement(load, ranks, slots, num_groups=V3["groups"], num_nodes=nodes).imbalance(
-                    load
-                )
-            )
-        hier_text = f"{statistics.mean(hier):.3f}" if ranks > 8 else "(one node: global)"
+    print("|---|---:|---|---|---|")
+    for name, ttfts, stats, tokens in rows:
+        per_job = ", ".join(
+            f"{st.seconds / st.prefills:.2f}" for st in stats.values() if st is not None and st.prefills
+        )
+        same = "-" if name.startswith("DP=2, prefill") else str(tokens == rows[0][3])
         print(
-            f"| {ranks} | {slots} | {ours / 1e3:.1f} | {deepep / 1e3:.1f} | {d:.2f} | {ours * layers / 1e6:.2f} "
-            f"| {deepep * layers / 1e6:.2f} | {statistics.mean(before):.2f} | {statistics.mean(glob):.3f} "
-            f"| {hier_text} |"
+            f"| {name} | {statistics.median(ttfts):.2f} | {', '.join(f'{t:.2f}' for t in ttfts)} "
+            f"| {per_job or '-'} | {same} |"
         )
 
 
@@ -332,15 +348,25 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--cp-len", type=int, default=1024)
+    parser.add_argument("--cp-threshold", type=int, default=512, help="engine CP threshold (tokens)")
+    parser.add_argument(
+        "--model", default=None, help="a DeepSeek V3 folder instead of the random V3-layout checkpoint"
+    )
+    parser.add_argument("--skip-cp", action="store_true", help="no context-parallel sections")
     parser.add_argument("--paper-only", action="store_true")
     parser.add_argument("--skip-serving", action="store_true", help="context parallel and paper model only")
     args = parser.parse_args()
     if not args.paper_only:
         with tempfile.TemporaryDirectory() as tmp:
-            write_checkpoint(Path(tmp))
+            model_dir = args.model
+            if model_dir is None:
+                write_checkpoint(Path(tmp))
+                model_dir = tmp
             if not args.skip_serving:
-                serving(tmp, args)
-            context_parallel(tmp, args)
+                serving(model_dir, args)
+            if not args.skip_cp:
+                context_parallel(model_dir, args)
+                engine_cp(model_dir, args)
     paper_model()
     return 0
 

@@ -3,9 +3,11 @@
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_speculative.py --model <folder>
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_speculative.py --model <folder> --quick
 
-``--model`` is any model folder the engine loads; MTP rows need a DeepSeek V3 checkpoint with MTP
-layers (``model.layers.{num_hidden_layers + i}.*``) and read ``n/a`` elsewhere. Every source runs
-on the same loaded weights, greedy, prefix caching off, ``--threads`` CPU threads.
+``--model`` is any model folder the engine loads; MTP rows need a DeepSeek V3 or V4 checkpoint with
+MTP layers (``model.layers.{num_hidden_layers + i}.*``) and read ``n/a`` elsewhere. Every source runs
+on the same loaded weights, greedy, prefix caching off, ``--threads`` CPU threads; ``--draft-vocab``,
+``--confidence`` and ``--speculative-tokens`` set the MTP draft vocabulary, the confidence base and
+the longest draft (default: the engine's).
 
 Workloads: ``text``, free continuation of prose (docstrings of the Python standard library, which
 any machine has); ``json``, extraction of a small record into a JSON Schema (structured output, so
@@ -14,7 +16,8 @@ submitted together (``max_num_seqs`` 16).
 
 Per row: tokens/s (generated tokens / wall time of the row, median over ``--repeats`` passes, the
 sources interleaved per pass so machine load hits them alike) and its ratio to ``plain`` from the
-same pass; mean accepted length (accepted draft tokens per verification); draft tokens and the
+same pass; the same by the process's CPU time (all its threads), which other programs on a shared
+machine disturb less than the wall clock; mean accepted length (accepted draft tokens per verification); draft tokens and the
 share accepted; % steps with a draft (of the passes that sampled for a request, counted at the executor, those
 that fed it a draft); and % identical (greedy outputs equal to ``plain`` token for token). Results: a markdown table on
 stdout, raw JSON in ``bench_results/speculative-<UTC>.json``.
@@ -90,6 +93,7 @@ class Row:
     concurrency: int
     source: str
     walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -122,13 +126,13 @@ class StepCounter:
 
 def run_once(
     llm: LLM, prompts: list[list[int]], params: SamplingParams, concurrency: int
-) -> tuple[float, list[Any]]:
-    start = time.perf_counter()
+) -> tuple[float, float, list[Any]]:
+    start, cpu = time.perf_counter(), time.process_time()
     if concurrency == 1:
         outs = [llm.generate([p], params)[0] for p in prompts]
     else:
         outs = llm.generate(prompts, params)
-    return time.perf_counter() - start, outs
+    return time.perf_counter() - start, time.process_time() - cpu, outs
 
 
 def account(row: Row, outs: list[Any]) -> None:
@@ -150,6 +154,9 @@ def main() -> None:
     ap.add_argument("--kv-mib", type=int, default=96, help="KV cache per engine (MiB)")
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--workloads", default="text,json")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="MTP draft vocabulary (0 = whole)")
+    ap.add_argument("--confidence", type=float, default=None, help="MTP confidence base")
+    ap.add_argument("--speculative-tokens", type=int, default=None, help="longest draft (engine default 5)")
     ap.add_argument("--quick", action="store_true", help="4 requests, 32 tokens, one pass")
     args = ap.parse_args()
     if args.quick:
@@ -159,6 +166,13 @@ def main() -> None:
     # One engine per source (concurrency 1 runs requests one at a time on the same engine).
     engines: dict[str, LLM | None] = {}
     max_seqs = max(map(int, args.concurrency.split(",")))
+    extra: dict[str, Any] = {}
+    if args.draft_vocab is not None:
+        extra["speculative_draft_vocab"] = args.draft_vocab
+    if args.confidence is not None:
+        extra["speculative_confidence"] = args.confidence
+    if args.speculative_tokens is not None:
+        extra["speculative_tokens"] = args.speculative_tokens
     for name, source in SOURCES.items():
         try:
             config = EngineConfig(
@@ -166,12 +180,25 @@ def main() -> None:
                 enable_prefix_caching=False,
                 max_num_seqs=max_seqs,
                 kv_cache_memory_bytes=args.kv_mib << 20,
+                **extra,
             )
             engines[name] = LLM.from_engine(LLMEngine(config=config, loaded=loaded))
         except ConfigError as exc:
             engines[name] = None
             print(f"{name}: n/a ({exc})")
     counters = {name: StepCounter(llm) for name, llm in engines.items() if llm is not None}
+    drafter = next(
+        (
+            e.engine.speculator.mtp
+            for e in engines.values()
+            if e is not None and e.engine.speculator and e.engine.speculator.mtp
+        ),
+        None,
+    )
+    if drafter is not None:
+        print(
+            f"MTP: {drafter.depth} module(s), draft vocabulary {drafter.vocab.size} ids ({drafter.vocab.source})"
+        )
     rows: list[Row] = []
     any_llm = next(e for e in engines.values() if e is not None)
     limit = any_llm.engine.max_model_len - args.max_tokens - 1
@@ -195,8 +222,9 @@ def main() -> None:
                         continue
                     counter = counters[name]
                     before = (counter.steps, counter.with_draft)
-                    wall, outs = run_once(llm, prompts, params, conc)
+                    wall, cpu, outs = run_once(llm, prompts, params, conc)
                     row.walls.append(wall)
+                    row.cpus.append(cpu)
                     account(row, outs)
                     row.decode_steps = counter.steps - before[0]
                     row.draft_steps = counter.with_draft - before[1]
@@ -214,30 +242,35 @@ def main() -> None:
     print(f"\nraw: {out}")
 
 
+def _ratio(r: Row, base: Row | None, times: str) -> str:
+    """Median over passes of the row's tokens/s over the same pass's plain tokens/s."""
+    if base is None or not getattr(base, times):
+        return ""
+    ratios = [(r.tokens / t) / (base.tokens / b) for t, b in zip(getattr(r, times), getattr(base, times))]
+    return f"{statistics.median(ratios):.2f}x"
+
+
 def print_table(rows: list[Row]) -> None:
     print(
-        "| workload | conc | source | tok/s | vs plain | mean accepted / verification | drafted | "
-        "accepted % | % steps with a draft | % identical |"
+        "| workload | conc | source | tok/s | vs plain | CPU tok/s | vs plain (CPU) | "
+        "mean accepted / verification | drafted | accepted % | % steps with a draft | % identical |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = {(r.workload, r.concurrency): r for r in rows if r.source == "plain"}
     for r in rows:
         if not r.walls:
-            print(f"| {r.workload} | {r.concurrency} | {r.source} | n/a | | | | | | |")
+            print(f"| {r.workload} | {r.concurrency} | {r.source} | n/a | | | | | | | | |")
             continue
-        tps = r.tokens / statistics.median(r.walls)
         base = plain.get((r.workload, r.concurrency))
-        ratio = ""
-        if base is not None and base.walls:
-            # Per pass: same pass's plain run, then the median ratio.
-            ratios = [(r.tokens / w) / (base.tokens / b) for w, b in zip(r.walls, base.walls)]
-            ratio = f"{statistics.median(ratios):.2f}x"
+        tps = r.tokens / statistics.median(r.walls)
+        cpu_tps = r.tokens / statistics.median(r.cpus)
         mean_acc = r.accepted / r.verifications if r.verifications else 0.0
         acc_pct = 100 * r.accepted / r.drafted if r.drafted else 0.0
         steps_pct = 100 * r.draft_steps / r.decode_steps if r.decode_steps else 0.0
         print(
-            f"| {r.workload} | {r.concurrency} | {r.source} | {tps:.1f} | {ratio} | {mean_acc:.2f} | "
-            f"{r.drafted} | {acc_pct:.0f}% | {steps_pct:.0f}% | {100 * r.identical:.0f}% |"
+            f"| {r.workload} | {r.concurrency} | {r.source} | {tps:.1f} | {_ratio(r, base, 'walls')} | "
+            f"{cpu_tps:.1f} | {_ratio(r, base, 'cpus')} | {mean_acc:.2f} | {r.drafted} | {acc_pct:.0f}% | "
+            f"{steps_pct:.0f}% | {100 * r.identical:.0f}% |"
         )
 
 

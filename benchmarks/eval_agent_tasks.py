@@ -17,7 +17,7 @@ choice and regex tasks: strings compared case-insensitively, numbers to 1e-6, li
 as multisets), ``tool_acc`` (tool tasks whose first call has the expected name and arguments),
 completion tokens and wall time.
 
-Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/eval_agent_tasks.py [--limit N]
+Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/eval_agent_tasks.py [--limit N] [--failures]
 [--configs greedy-off,greedy-on,t07-off,t07-on] [--out eval.json]``.
 """
 
@@ -148,7 +148,7 @@ async def run_task(
         if event.request.loop_last_attempt and loop is not False:
             closing.append(event.finish_reason)
         if event.finish_reason == "length":
-            tails.append(event.text[-160:])
+            tails.append(event.text[-200:])
 
     hooks = Hooks(on_response=on_response)
     opts: dict[str, Any] = {
@@ -231,11 +231,17 @@ def summarize(results: list[Result], wall: float) -> dict[str, Any]:
 async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Every requested configuration over the (limited) task list."""
     tasks = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    # The seed offset is the task's line in the data file, so a subset samples what the full run does.
+    for i, task in enumerate(tasks):
+        task["_line"] = i
     if args.only:
         tasks = [t for t in tasks if any(part in t["id"] for part in args.only.split(","))]
     tasks = tasks[: args.limit] if args.limit else tasks
     report: dict[str, Any] = {"configs": {}, "results": {}}
-    async with AsyncClient(max_num_seqs=args.concurrency) as client:
+    engine = (
+        {k: _number(v) for k, v in (kv.split("=") for kv in args.engine.split(","))} if args.engine else {}
+    )
+    async with AsyncClient(max_num_seqs=args.concurrency, **engine) as client:
         await client.generate("warm up", choice=["a", "b"])
         gate = asyncio.Semaphore(args.concurrency)
         for name in args.configs.split(","):
@@ -250,12 +256,30 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                     return await run_task(client, task, t, lc, args.seed + i)
 
             start = time.perf_counter()
-            results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+            results = await asyncio.gather(*(one(t["_line"], t) for t in tasks))
             summary = summarize(results, time.perf_counter() - start)
             report["configs"][name] = summary
             report["results"][name] = [r.__dict__ for r in results]
             print(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()), flush=True)
+            if args.failures:
+                print(failures(results), flush=True)
     return report
+
+
+def failures(results: list[Result]) -> str:
+    """The tasks of one configuration that failed or had a request end ``length``: id, finish
+    reasons, the end of each cut-off output, the error, and the answer."""
+    lines = []
+    for r in results:
+        if r.valid and "length" not in r.finish_reasons:
+            continue
+        kind = "free text" if r.text_answers else r.kind
+        lines.append(f"  {r.id} ({kind}): valid={r.valid} finish={r.finish_reasons}")
+        lines += [f"    cut off: ...{tail!r}" for tail in r.length_tails]
+        if r.error:
+            lines.append(f"    error: {r.error}")
+        lines.append(f"    answer: {json.dumps(r.answer, default=str)[:200]}")
+    return "\n".join(lines) or "  (none)"
 
 
 def _number(text: str) -> Any:
@@ -298,9 +322,17 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of task ids")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=SEED, help="task i samples with seed SEED + i")
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help="the task on line i of the data samples with seed SEED + i"
+    )
     parser.add_argument(
         "--loop", default="", help="the 'on' configs use LoopControl(k=v,...) instead of the SDK default"
+    )
+    parser.add_argument(
+        "--engine", default="", help="engine options k=v,... (e.g. enable_prefix_caching=false)"
+    )
+    parser.add_argument(
+        "--failures", action="store_true", help="print each configuration's failed and cut-off requests"
     )
     parser.add_argument("--out", default="", help="write the summary and per-task results as JSON")
     args = parser.parse_args()

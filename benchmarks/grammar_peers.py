@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,6 +298,31 @@ class OursWarmEngine(OursEngine):
     cache_mode = "warm"
 
 
+class OursBaselineEngine(OursEngine):
+    """agent-infer from another build (``--baseline DIR``: a folder holding an installed
+    ``agent_infer`` package with its native extension, e.g. an unpacked wheel of an earlier commit),
+    run beside this checkout's "ours" so that a change is timed against its baseline on the same
+    machine, schema by schema."""
+
+    name = "ours-base"
+
+    def __init__(self, spec: TokenizerSpec, options: dict[str, Any] | None = None) -> None:
+        folder = (options or {}).get("baseline")
+        if not folder or not (Path(folder) / "agent_infer" / "__init__.py").is_file():
+            raise RuntimeError("ours-base needs --baseline DIR with an agent_infer package in it")
+        if "agent_infer" in sys.modules:
+            raise RuntimeError("ours-base must run in a worker that has not imported agent_infer")
+        # An editable install redirects imports of agent_infer to this checkout ahead of sys.path.
+        sys.meta_path[:] = [f for f in sys.meta_path if "Redirecting" not in type(f).__name__]
+        sys.path.insert(0, str(folder))
+        super().__init__(spec, options)
+        if not str(Path(self.g.__file__).resolve()).startswith(str(Path(folder).resolve())):
+            raise RuntimeError(f"ours-base imported agent_infer from {self.g.__file__}, not {folder}")
+
+    def version(self) -> str:
+        return f"agent-infer baseline at {self.options.get('baseline')}"
+
+
 # --- XGrammar -------------------------------------------------------------------------------------
 
 
@@ -538,5 +564,13 @@ class OutlinesEngine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {
-    e.name: e for e in (OursEngine, OursWarmEngine, XGrammarEngine, LLGuidanceEngine, OutlinesEngine)
+    e.name: e
+    for e in (
+        OursEngine,
+        OursWarmEngine,
+        OursBaselineEngine,
+        XGrammarEngine,
+        LLGuidanceEngine,
+        OutlinesEngine,
+    )
 }

@@ -121,3 +121,11 @@ def test_a_grammar_whose_shortest_string_is_huge_is_a_limit_error() -> None:
         random_strings(Grammar.from_json_schema(schema), 1)
     at_limit = Grammar.from_ebnf(f'root ::= "a"{{{MAX_SHORTEST_STRING}}}')
     assert random_strings(at_limit, 1) == ["a" * MAX_SHORTEST_STRING]
+
+
+def test_bounded_strings_are_drawn_within_their_bound() -> None:
+    g = Grammar.from_ebnf('root ::= "[" s ("," s)* "]"\ns ::= %max-length(3 "\\"" [a-zé]* "\\"")\n')
+    rec = ReferenceRecognizer(g)
+    drawn = random_strings(g, 60, seed=3, kind="grammar")
+    assert all(rec.accepts(text) for text in drawn)
+    assert any(len(text) > 12 for text in drawn)  # several strings, not only the empty one

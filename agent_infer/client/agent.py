@@ -250,35 +250,40 @@ def run_flow(
                 yield ParseErrorEvent(final.arguments, str(exc), invalid_answers)
                 transcript.append(_tool_message(final, f"Error: the answer is not valid: {exc}"))
                 continue
-        # A call repeated with the same arguments is answered from the earlier result instead of
-        # running again (tools may have side effects), and the next turn must answer: a model that
-        # repeats itself has got all it will get from the tools (small models loop otherwise).
-        fresh = [p for p in pending if _key(p) not in answered]
+        # A call repeated with the same arguments, in an earlier turn or earlier in this one, is
+        # answered from the first result instead of running again (tools may have side effects),
+        # and the next turn must answer: a model that repeats itself has got all it will get from
+        # the tools (small models loop otherwise).
+        fresh = _first_of_each(pending, answered)
         tool_calls_run += len(fresh)
         _check_limit("max_tool_calls", limits.max_tool_calls, tool_calls_run, usage, transcript)
         outcomes: list[Outcome] = (yield ToolBatch(fresh, request.parallel_tool_calls)) if fresh else []
         results = dict(zip((_key(p) for p in fresh), outcomes))
         for call, (status, text) in zip(fresh, outcomes):
             yield ToolCallEvent(call.name, call.arguments, call.id, status, text, turn)
+        shown: dict[tuple[str, str], str] = {}  # what each call of this turn got, for its copies
         for call in pending:
-            if call in fresh:
-                status, text = results[_key(call)]
+            key = _key(call)
+            if any(call is f for f in fresh):
+                status, text = results[key]
                 if status == "ok":
-                    answered[_key(call)] = text
+                    answered[key] = text
+                elif status == "retry":
+                    retries[call.name] = retries.get(call.name, 0) + 1
+                    if retries[call.name] > max_tool_retries:
+                        raise ToolCallError(
+                            f"the tool asked for a corrected call more than {max_tool_retries} time(s): {text}",
+                            tool=call.name,
+                            arguments=call.arguments,
+                        )
+                    text = f"Retry: {text}\nCall the tool again with corrected arguments."
+                shown[key] = text
             else:
-                # Only the earlier result: an instruction inside a tool result is text a small
+                # Only the first result: an instruction inside a tool result is text a small
                 # model repeats as its answer. The next turn's tool_choice makes it answer.
-                status, text = "ok", answered[_key(call)]
-                choice = {"name": FINAL_TOOL} if constraint is not None else "none"
-            if status == "retry":
-                retries[call.name] = retries.get(call.name, 0) + 1
-                if retries[call.name] > max_tool_retries:
-                    raise ToolCallError(
-                        f"the tool asked for a corrected call more than {max_tool_retries} time(s): {text}",
-                        tool=call.name,
-                        arguments=call.arguments,
-                    )
-                text = f"Retry: {text}\nCall the tool again with corrected arguments."
+                text = shown.get(key, answered.get(key, ""))
+                if key in answered:
+                    choice = {"name": FINAL_TOOL} if constraint is not None else "none"
             transcript.append(_tool_message(call, text))
     raise MaxTurnsExceeded(
         f"no final answer after {max_turns} model call(s)",
@@ -298,6 +303,18 @@ def _check_limit(name: str, bound: int | None, reached: int, usage: Usage, trans
             usage=usage,
             transcript=list(transcript),
         )
+
+
+def _first_of_each(pending: Sequence[PendingCall], answered: dict[tuple[str, str], str]) -> list[PendingCall]:
+    """The calls to run: the first of each (name, arguments) not answered in an earlier turn."""
+    seen: set[tuple[str, str]] = set()
+    out: list[PendingCall] = []
+    for call in pending:
+        key = _key(call)
+        if key not in answered and key not in seen:
+            seen.add(key)
+            out.append(call)
+    return out
 
 
 def _key(call: PendingCall) -> tuple[str, str]:

@@ -338,7 +338,15 @@ class Client(ClientBase):
         if not batch.parallel or len(batch.calls) < 2:
             return [execute(call) for call in batch.calls]
         with ThreadPoolExecutor(max_workers=len(batch.calls)) as pool:
-            return list(pool.map(execute, batch.calls))
+            futures = []
+            for call in batch.calls:
+                try:
+                    futures.append(pool.submit(execute, call))
+                except RuntimeError:  # the interpreter is exiting: thread pools take no new work
+                    break
+            outcomes = [future.result() for future in futures]
+        # What the pool refused runs here, so a run in flight at exit still executes every call.
+        return outcomes + [execute(call) for call in batch.calls[len(futures) :]]
 
     def close(self) -> None:
         """Abort open local requests / close the HTTP connections."""

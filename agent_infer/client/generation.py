@@ -97,7 +97,8 @@ def _next_attempt(
     conversation stays as it was and the decoding changes instead: the loop control is escalated
     (a larger DRY penalty, see ``loop_control.py``), a sampled call halves its temperature
     (rambling grows with it) and a seeded one moves to the next seed, and the last attempt
-    (``last``) ends with the grammar's shortest completion if it runs out of tokens again
+    (``last``; like every call no retry follows, it decodes with the closing pressure near
+    ``max_tokens``) ends with the grammar's shortest completion if it runs out of tokens again
     (``close_on_length``: the value is cut short, not lost). With ``loop_control=False`` a
     ``length`` failure is re-asked like a validation error.
     """
@@ -133,6 +134,7 @@ def generate_flow(
     usage = Usage()
     attempt_request = request
     for attempt in range(1, max_retries + 2):
+        attempt_request = dataclasses.replace(attempt_request, retried_on_length=attempt <= max_retries)
         response: ModelResponse = yield attempt_request
         usage = usage + response.usage
         text = response.content

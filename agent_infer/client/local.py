@@ -30,7 +30,7 @@ from agent_infer.client.request import (
 )
 from agent_infer.engine.llm_engine import LLMEngine
 from agent_infer.engine.output import RequestOutput
-from agent_infer.errors import EngineError, warn_constraint
+from agent_infer.errors import ClientClosedError, EngineError, warn_constraint
 from agent_infer.grammar.ir import Grammar
 from agent_infer.sampling_params import SamplingParams
 from agent_infer.structured import StructuredOutput
@@ -63,7 +63,7 @@ class LocalBackend:
         prompt, params = self._prepare(request)
         with self._lock:
             if self._exiting:
-                raise EngineError("the interpreter is exiting: the local client takes no new requests")
+                raise ClientClosedError(_EXITING)
             request_id = f"client-{next(self._ids)}"
             self.engine.add_request(request_id, prompt, params)
             self._sinks[request_id] = sink
@@ -121,7 +121,9 @@ class LocalBackend:
             structured = StructuredOutput.grammar(self._tool_grammar(request))
         elif request.constraint is not None:
             structured = StructuredOutput.grammar(self._constraint_grammar(request.constraint))
-        loop = resolve_loop_control(request.loop_control, structured is not None, request.loop_escalation)
+        loop = resolve_loop_control(
+            request.loop_control, structured is not None, request.loop_escalation, request.retried_on_length
+        )
         params = SamplingParams(
             temperature=request.temperature,
             top_p=request.top_p,
@@ -237,7 +239,16 @@ class LocalBackend:
             loop.call_soon_threadsafe(inbox.put_nowait, item)
 
         # Tokenizing and lowering a grammar take milliseconds: not on the event loop.
-        with _OpenRequest(self, await asyncio.to_thread(self._submit, request, sink)) as open_request:
+        if self._exiting:  # the loop's executor may already refuse work
+            raise ClientClosedError(_EXITING)
+        try:
+            request_id = await asyncio.to_thread(self._submit, request, sink)
+        except RuntimeError as exc:
+            if self._exiting and not isinstance(exc, EngineError):
+                # The executor refused the submit: exit began after the check above.
+                raise ClientClosedError(_EXITING) from exc
+            raise
+        with _OpenRequest(self, request_id) as open_request:
             while not open_request.finished:
                 yield open_request.accept(await inbox.get())
 
@@ -254,7 +265,7 @@ class LocalBackend:
                 yield chunk
 
     def close(self) -> None:
-        """Abort open requests (their callers get an :class:`EngineError`) and wait for the stepping
+        """Abort open requests (their callers get a :class:`ClientClosedError`) and wait for the stepping
         thread to end; a later request starts a new one."""
         with self._lock:
             sinks = list(self._sinks.values())
@@ -264,20 +275,26 @@ class LocalBackend:
             thread = self._thread
         for sink in sinks:
             with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
-                sink(_ClientClosed("the client was closed while the model call ran"))
+                sink(ClientClosedError("the client was closed while the model call ran"))
         # Without sinks the thread ends after its current step; past this point no step runs.
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def stop_for_exit(self) -> None:
-        """At interpreter exit: refuse new requests, then :meth:`close` (see :mod:`agent_infer.thread_exit`)."""
+    def refuse_for_exit(self) -> None:
+        """As interpreter exit begins: new requests raise :class:`ClientClosedError`; requests in
+        flight go on (a thread the interpreter still waits for gets its answer). See
+        :mod:`agent_infer.thread_exit`."""
         with self._lock:
             self._exiting = True
+
+    def stop_for_exit(self) -> None:
+        """At interpreter exit, once only daemon threads are left: refuse new requests, then
+        :meth:`close` (see :mod:`agent_infer.thread_exit`)."""
+        self.refuse_for_exit()
         self.close()
 
 
-class _ClientClosed(EngineError):
-    """Delivered to each open request by :meth:`LocalBackend.close` (raised to its caller as is)."""
+_EXITING = "the interpreter is exiting: the local client takes no new requests"
 
 
 class _OpenRequest:
@@ -290,7 +307,7 @@ class _OpenRequest:
 
     def accept(self, item: RequestOutput | BaseException) -> RequestOutput:
         """The next output from the stepping thread (an engine failure raises :class:`EngineError`)."""
-        if isinstance(item, _ClientClosed):
+        if isinstance(item, ClientClosedError):
             raise item
         if isinstance(item, BaseException):
             raise EngineError(f"the engine failed: {type(item).__name__}: {item}") from item

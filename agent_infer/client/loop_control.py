@@ -1,5 +1,5 @@
-"""Loop control for SDK calls: the DRY penalty settings a call decodes with, and how a retry after
-a ``length`` failure changes them.
+"""Loop control for SDK calls: the DRY penalty, value-loop and closing-pressure settings a call
+decodes with, and how a retry after a ``length`` failure changes them.
 
 ``loop_control=None`` (every method's default) means: on for constrained local calls (a schema,
 regex, choice, grammar or tools) with :data:`STRUCTURED_LOOP_CONTROL`, off for free text, and
@@ -19,8 +19,10 @@ from agent_infer.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class LoopControl:
-    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``), and
-    the value-loop closing bias (``value_close_*``, ``engine/value_loops.py``)."""
+    """DRY settings, named as in :class:`~agent_infer.SamplingParams` (llama.cpp's ``dry_*``), the
+    value-loop closing bias (``value_close_multiplier``/``_allowed``, ``engine/value_loops.py``) and
+    the closing pressure near ``max_tokens`` (``value_close_budget``/``_bias``,
+    ``engine/budget_close.py``), which applies only to calls no retry follows (see :func:`resolve`)."""
 
     dry_multiplier: float = 0.8
     dry_base: float = 1.75
@@ -30,6 +32,8 @@ class LoopControl:
     dry_skip_whitespace: bool = True
     value_close_multiplier: float = 1.0
     value_close_allowed: int = 4
+    value_close_budget: float = 0.25
+    value_close_budget_bias: float = 8.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
@@ -66,9 +70,12 @@ def check_loop_control(value: object) -> None:
         )
 
 
-def resolve(option: LoopControlOption, structured: bool, escalation: int = 0) -> LoopControl | None:
+def resolve(
+    option: LoopControlOption, structured: bool, escalation: int = 0, retried: bool = False
+) -> LoopControl | None:
     """The settings a local call decodes with (None: off), escalated ``escalation`` times (retries
-    after a ``length`` failure); an explicit ``False`` stays off."""
+    after a ``length`` failure); an explicit ``False`` stays off. ``retried``: a ``length`` failure
+    of this call is retried, so the closing pressure near ``max_tokens`` is left off."""
     if isinstance(option, LoopControl):
         chosen = option
     elif option is False or (option is None and not structured):
@@ -77,4 +84,6 @@ def resolve(option: LoopControlOption, structured: bool, escalation: int = 0) ->
         chosen = STRUCTURED_LOOP_CONTROL
     for _ in range(escalation):
         chosen = chosen.escalated()
+    if retried and chosen.value_close_budget:
+        chosen = dataclasses.replace(chosen, value_close_budget=0.0)
     return chosen

@@ -65,7 +65,9 @@ def request_body(model: str, request: ModelRequest, stream: bool) -> dict[str, A
         body["close_on_length"] = True
     if explicit_loop:
         # Our server's (and llama.cpp's) fields; the SDK's default is not sent (see loop_control.py).
-        chosen = resolve_loop_control(request.loop_control, True, request.loop_escalation)
+        chosen = resolve_loop_control(
+            request.loop_control, True, request.loop_escalation, request.retried_on_length
+        )
         assert chosen is not None
         body.update(chosen.sampling_fields())
         body["dry_sequence_breakers"] = list(chosen.dry_sequence_breakers)

@@ -153,6 +153,9 @@ class ModelRequest:
     loop_escalation: int = 0
     #: The last attempt after a ``length`` failure: with loop control on, it closes at max_tokens.
     loop_last_attempt: bool = False
+    #: A ``length`` failure of this call is retried (``generate``'s attempts before its last): the
+    #: closing pressure near ``max_tokens`` stays off, since a fresh attempt beats a forced end.
+    retried_on_length: bool = False
 
     @property
     def forces_calls(self) -> bool:

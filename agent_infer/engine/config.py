@@ -42,7 +42,10 @@ class EngineConfig:
     ``speculative_source`` picks the draft sources (``"auto"``: the checkpoint's MTP layers where it
     has them, plus prompt lookup; ``"mtp"``; ``"ngram"``: prompt lookup; ``"off"``; None defers to
     ``AGENT_INFER_SPECULATIVE_SOURCE``, default ``"auto"``); ``speculative_confidence`` (in [0, 1])
-    is the base of the MTP confidence threshold (``engine/drafts/schedule.py``).
+    is the base of the MTP confidence threshold (``engine/drafts/schedule.py``);
+    ``speculative_draft_vocab`` is how many token ids the MTP draft head chooses from (the most
+    frequent; 0 or at least the vocabulary size = all of them; ``engine/drafts/vocab.py``; None
+    defers to ``AGENT_INFER_SPECULATIVE_DRAFT_VOCAB``, default 16,384).
 
     Second KV tier (``engine/kv_tier.py``): ``host_kv_cache_bytes`` of host memory keep the prefix
     blocks the device pool evicts, and a later prefix hit copies them back instead of recomputing
@@ -67,7 +70,8 @@ class EngineConfig:
     speculative_tokens: int = 5
     host_kv_cache_bytes: int = 0
     speculative_source: str | None = None
-    speculative_confidence: float = 0.3
+    speculative_confidence: float = 0.05
+    speculative_draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -102,6 +106,11 @@ class EngineConfig:
         conf = self.speculative_confidence
         if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not 0.0 <= conf <= 1.0:
             raise ConfigError(f"speculative_confidence must be a number in [0, 1], got {conf!r}")
+        vocab = self.speculative_draft_vocab
+        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 0):
+            raise ConfigError(
+                f"speculative_draft_vocab must be an integer >= 0 (0 = the whole vocabulary), got {vocab!r}"
+            )
         for name in ("enable_prefix_caching", "forced_tokens", "boundary_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
@@ -132,6 +141,13 @@ class EngineConfig:
         if self.speculative_source is not None:
             return self.speculative_source
         return envs.speculative_source()
+
+    @property
+    def speculative_draft_vocab_resolved(self) -> int:
+        """The MTP draft vocabulary's size (the field, else the environment; 0 = the whole vocabulary)."""
+        if self.speculative_draft_vocab is not None:
+            return self.speculative_draft_vocab
+        return envs.speculative_draft_vocab()
 
     @property
     def torch_dtype(self) -> torch.dtype:

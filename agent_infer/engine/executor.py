@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from agent_infer.engine.grammar_manager import GrammarManager
@@ -53,7 +55,11 @@ class Executor:
 
     def _forward_and_sample(self, batch: list[ScheduledSequence]) -> dict[Sequence, SampledTokens]:
         """Run the model on ``batch``; per sampling sequence, the tokens it gains this step."""
+        started = time.perf_counter()
         out = self._forward_and_choose(batch)
+        if self.speculator is not None:
+            # What a step costs is what an accepted draft token saves: the speculator weighs drafts by it.
+            self.speculator.observe_step(batch, time.perf_counter() - started)
         if self.runner.hidden:
             # Hidden rows of the positions the step committed (the chunk and the accepted draft
             # prefix) go to the MTP module once their next tokens are known.
@@ -110,7 +116,12 @@ class Executor:
             if draft:
                 rows = logits[starts[i] : starts[i] + 1 + len(draft)]
                 rows = apply_dry_to_draft_rows(
-                    rows, seqs[i], draft, self.sampler.texts, self.sampler.closing(rows.shape[1])
+                    rows,
+                    seqs[i],
+                    draft,
+                    self.sampler.texts,
+                    self.sampler.closing(rows.shape[1]),
+                    self.sampler.eos_token_ids,
                 )
                 tokens, num_accepted = self.speculator.verify(seqs[i], draft, rows)
                 out[seqs[i]] = SampledTokens(tokens, None, num_accepted)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent_infer import envs
 from agent_infer.engine.grammar_worker import GrammarWorkerPool
 from agent_infer.engine.mask_filler import MaskFiller, PendingMasks
 from agent_infer.errors import GrammarError, InvalidRequestError
@@ -92,6 +93,9 @@ class GrammarManager:
         self._lowered: OrderedDict[Hashable, Grammar] = OrderedDict()
         self._lowered_lock = threading.Lock()
         self._timings_lock = threading.Lock()
+        # Read once: the environment lookup costs more than masking a few cached rows.
+        self._mask_backend = envs.mask_backend()
+        self._native_cpu_apply = self._mask_backend in ("auto", "cpu")
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -174,22 +178,31 @@ class GrammarManager:
         return self.filler.start([seq.matcher for seq in seqs], drafts)
 
     def apply_masks(self, logits: torch.Tensor, pending: PendingMasks | None) -> None:
-        """Join the fill started by :meth:`start_masks` and ``-inf`` the disallowed logits."""
+        """Join the fill started by :meth:`start_masks` and ``-inf`` the disallowed logits.
+
+        Rows whose mask allows every token are skipped. Float32 CPU logits are masked by the fill
+        itself in one native call (unless ``AGENT_INFER_MASK_BACKEND`` names a backend other than
+        ``cpu``); others through :func:`apply_token_bitmask_rows`.
+        """
         if pending is None:
             return
-        from agent_infer.grammar.runtime.bitmask import apply_token_bitmask_inplace
+        if (
+            self._native_cpu_apply
+            and logits.is_cpu
+            and logits.dtype is torch.float32
+            and logits.dim() == 2
+            and logits.is_contiguous()
+        ):
+            pending.apply_cpu(logits)
+        else:
+            from agent_infer.grammar.runtime.bitmask import apply_token_bitmask_rows
 
-        bitmask = pending.result()
+            bitmask = pending.result()
+            if pending.restricting:
+                apply_token_bitmask_rows(logits, bitmask, pending.restricting, backend=self._mask_backend)
         with self._timings_lock:
             self._timings.mask_fills += 1
             self._timings.mask_seconds += pending.fill_seconds
-        index = torch.tensor(pending.rows, dtype=torch.int64)
-        if logits.device.type == "cpu":
-            apply_token_bitmask_inplace(logits, bitmask, index)
-        else:
-            apply_token_bitmask_inplace(
-                logits, bitmask.to(logits.device, non_blocking=True), index.to(logits.device)
-            )
 
     def shutdown(self) -> None:
         """Stop the compile pool and the fill thread."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from agent_infer.errors import ConfigError
+from agent_infer.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:
     from agent_infer.grammar.compile.compiler import CompiledGrammar
@@ -33,8 +33,15 @@ class GrammarWorkerPool:
         self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="agent-infer-grammar")
 
     def submit(self, grammar: Grammar) -> Future[GrammarMatcher]:
-        """Start compiling ``grammar``; the future holds a new matcher or the compile's exception."""
-        return self._executor.submit(self._build, grammar)
+        """Start compiling ``grammar``; the future holds a new matcher or the compile's exception.
+
+        Raises :class:`EngineError` once the pool takes no new work: shut down with the engine, or
+        the interpreter is exiting (``concurrent.futures`` stops every pool then).
+        """
+        try:
+            return self._executor.submit(self._build, grammar)
+        except RuntimeError as exc:
+            raise EngineError(f"the grammar compile pool takes no new work ({exc})") from exc
 
     def _build(self, grammar: Grammar) -> GrammarMatcher:
         from agent_infer.grammar.runtime.matcher import GrammarMatcher

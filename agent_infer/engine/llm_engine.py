@@ -13,6 +13,7 @@ from agent_infer.accelerator import get_accelerator
 from agent_infer.engine.block_manager import BlockManager, window_of_every_layer
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.drafts.mtp import MTPDrafter
+from agent_infer.engine.drafts.vocab import build_draft_vocab
 from agent_infer.engine.executor import Executor
 from agent_infer.engine.grammar_manager import GrammarManager
 from agent_infer.engine.kv_tier import HostKVTier
@@ -24,7 +25,9 @@ from agent_infer.engine.scheduler import ScheduledSequence, Scheduler
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
 from agent_infer.engine.speculator import Speculator
 from agent_infer.errors import ConfigError, EngineError, InvalidRequestError, PromptTooLongError
+from agent_infer.model.families.deepseek_mtp import MTPStack
 from agent_infer.model.families.deepseek_v3 import DeepseekV3ForCausalLM
+from agent_infer.model.families.deepseek_v4 import DeepseekV4ForCausalLM
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
 
@@ -67,8 +70,8 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or model_len, model_len)
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
-        self.speculative_source, mtp_model = self._speculative_source(loaded)
-        extra = MTPDrafter.bytes_per_token(mtp_model, self.config.torch_dtype) if mtp_model is not None else 0
+        self.speculative_source, mtp_stack = self._speculative_source(loaded)
+        extra = MTPDrafter.bytes_per_token(mtp_stack, self.config.torch_dtype) if mtp_stack is not None else 0
         self.runner = ModelRunner(loaded, self.config, self.accelerator, extra_bytes_per_token=extra)
         self.block_manager = BlockManager(
             self.runner.num_blocks,
@@ -90,13 +93,23 @@ class LLMEngine:
         boundary = self.config.forced_tokens and self.config.boundary_drafts
         guessed = self.config.speculative_tokens if self.speculative_source != "off" else 0
         mtp = None
-        if mtp_model is not None:
+        if mtp_stack is not None:
+            vocab = build_draft_vocab(
+                self.config.speculative_draft_vocab_resolved,
+                self.vocab_size,
+                loaded.path,
+                self.tokenizer,
+                self.eos_token_ids,
+            )
             mtp = MTPDrafter(
-                mtp_model,
+                mtp_stack,
                 self.runner.num_blocks * self.config.block_size,
                 self.config.block_size,
                 self.config.max_num_seqs,
                 self.config.speculative_confidence,
+                vocab,
+                self.accelerator.device,
+                self.config.torch_dtype,
             )
             self.runner.keep_hidden = lambda seq: seq.spec.use_mtp
         self.speculator = (
@@ -107,6 +120,7 @@ class LLMEngine:
                 boundary,
                 mtp=mtp,
                 mode=self.speculative_source,
+                row_multiple=loaded.model.kernels.row_multiple,
             )
             if guessed or boundary
             else None
@@ -124,22 +138,32 @@ class LLMEngine:
         #: Called with each step's batch (possibly empty) before it runs: expert-parallel ranks
         #: step in lock-step through it (agent_infer/parallel/lockstep.py).
         self.step_hook: Callable[[list[ScheduledSequence]], None] | None = None
+        #: Called before each step chooses its batch: data-parallel ranks take long waiting prompts
+        #: out of the queue there, to prefill them context-parallel (agent_infer/parallel/cp_engine.py).
+        self.before_schedule: Callable[[], None] | None = None
         # Outputs of requests ended outside a step (abort), delivered by the next step().
         self._pending: list[RequestOutput] = []
 
-    def _speculative_source(self, loaded: LoadedModel) -> tuple[str, DeepseekV3ForCausalLM | None]:
-        """The engine's ``speculative_source`` and the model to draft MTP tokens with (None: no MTP
+    def _speculative_source(self, loaded: LoadedModel) -> tuple[str, MTPStack | None]:
+        """The engine's ``speculative_source`` and the MTP modules to draft with (None: no MTP
         drafts). ``"mtp"`` on a model without MTP layers raises :class:`ConfigError`."""
         source = self.config.speculative_source_resolved
         model = loaded.model
-        has_mtp = isinstance(model, DeepseekV3ForCausalLM) and bool(model.mtp_layers())
+        stack: MTPStack | None = None
+        skipped: str | None = None
+        if isinstance(model, DeepseekV3ForCausalLM):
+            stack = model.mtp_stack()
+        elif isinstance(model, DeepseekV4ForCausalLM):
+            stack, skipped = model.mtp_stack(), model.mtp_skipped
+        has_mtp = stack is not None
         if source == "mtp" and not has_mtp:
+            why = f"its MTP layers were not loaded: {skipped}" if skipped else "none"
             raise ConfigError(
-                f"speculative_source='mtp' needs a checkpoint with MTP layers; {loaded.path} has none "
+                f"speculative_source='mtp' needs a checkpoint with MTP layers; {loaded.path} has {why} "
                 "(use 'auto' or 'ngram')"
             )
         use = has_mtp and source in ("auto", "mtp") and self.config.speculative_tokens > 0
-        return source, model if use and isinstance(model, DeepseekV3ForCausalLM) else None
+        return source, stack if use else None
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -296,6 +320,8 @@ class LLMEngine:
         """
         delivered, self._pending = self._pending, []
         outputs = self._admit_compiled()
+        if self.before_schedule is not None:
+            self.before_schedule()
         plan = self.scheduler.schedule()
         outputs += [RequestOutput.from_sequence(seq) for seq in plan.failed]
         if self.step_hook is not None:

@@ -1,5 +1,7 @@
 """Logit adjustments before sampling: repetition, presence and frequency penalties, ``logit_bias``
-and ``min_tokens`` (vLLM / OpenAI semantics), and the DRY penalty (llama.cpp's, see ``dry.py``).
+and ``min_tokens`` (vLLM / OpenAI semantics), the DRY penalty (llama.cpp's, see ``dry.py``), the
+value-loop closing bias (``value_loops.py``) and the closing pressure near ``max_tokens``
+(``budget_close.py``).
 
 A penalty changes which token is chosen, never what the model reports: the sampler applies it to
 a copy of the rows that need it, and log-probabilities still come from the unpenalized logits.
@@ -8,7 +10,8 @@ hold. ``min_tokens`` bans EOS and the stop ids only while some other token remai
 grammar allows nothing but the end, the end is kept (a row of ``-inf`` has nothing to sample).
 
 Cost is proportional to the sequence length, not the vocabulary: each penalized row gathers and
-scatters only the ids that occur in its prompt/output.
+scatters only the ids that occur in its prompt/output (the closing pressure adds one top-k over the
+row in the last stretch of a budget).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from agent_infer.engine.budget_close import budget_close_bias, mask_doomed
 from agent_infer.engine.dry import TokenTexts, dry_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.value_loops import ClosingTokens, ValueScanner, value_close_bias
@@ -76,6 +80,8 @@ def apply_penalties(
                 row[ids] -= torch.tensor(list(amounts.values()), dtype=row.dtype)
         if p.value_close:
             _close_value(row, seq, generated, texts, closing)
+        if p.budget_close:
+            _close_budget(row, seq, len(generated), eos_token_ids)
         if len(generated) < p.min_tokens:
             _ban_end(row, {*eos_token_ids, *p.stop_ids}, vocab)
     return out
@@ -118,6 +124,15 @@ def _close_value(
             row[way_out[0]] += found[1]
 
 
+def _close_budget(row: torch.Tensor, seq: Sequence, used: int, eos_token_ids: Collection[int]) -> None:
+    """The closing pressure near ``max_tokens`` (``budget_close.py``) on the way-out token, and the
+    mask on likely tokens that would leave the document unclosable."""
+    found = budget_close_bias(seq, used, eos_token_ids)
+    if found is not None and 0 <= found[0] < row.shape[0]:
+        row[found[0]] += found[1]
+    mask_doomed(row, seq, used, eos_token_ids)
+
+
 def _ban_end(row: torch.Tensor, ends: set[int], vocab: int) -> None:
     ids = torch.tensor(sorted(t for t in ends if 0 <= t < vocab), dtype=torch.long)
     if not ids.numel():
@@ -134,6 +149,7 @@ def apply_dry_to_draft_rows(
     draft: Seq[int],
     texts: TokenTexts | None,
     closing: ClosingTokens | None = None,
+    eos_token_ids: Collection[int] = (),
 ) -> torch.Tensor:
     """``rows`` (``[1 + len(draft), vocab]``, the rows a draft is verified against) with the DRY
     penalty and the value-loop closing bias plain decoding would apply at each: row ``j`` as if
@@ -143,7 +159,7 @@ def apply_dry_to_draft_rows(
     Returns ``rows`` itself when the request has neither.
     """
     p = seq.params
-    if not (p.dry or p.value_close):
+    if not (p.dry or p.value_close or p.budget_close):
         return rows
     if texts is None:
         raise ValueError("the DRY penalty needs the tokenizer's token texts")
@@ -155,19 +171,19 @@ def apply_dry_to_draft_rows(
         own = _scanner(seq, generated)
         value_close_bias(own, generated, p.value_close_multiplier, p.value_close_allowed, texts)
         scanner = copy.deepcopy(own)  # walks the draft; the sequence's own stays at its output
-    matcher = seq.matcher if p.value_close else None
+    matcher = seq.matcher if p.value_close or p.budget_close else None
     walked = 0
     try:
         for j in range(out.shape[0]):
             prefix = [*generated, *draft[:j]]
+            if j and matcher is not None and not matcher.is_terminated():
+                if not matcher.accept_token(draft[j - 1]):
+                    raise AssertionError(f"grammar rejected draft token {draft[j - 1]} it accepted before")
+                walked += 1
             if p.value_close:
-                if j and matcher is not None and not matcher.is_terminated():
-                    if not matcher.accept_token(draft[j - 1]):
-                        raise AssertionError(
-                            f"grammar rejected draft token {draft[j - 1]} it accepted before"
-                        )
-                    walked += 1
                 _close_value(out[j], seq, prefix, texts, closing, scanner)
+            if p.budget_close:
+                _close_budget(out[j], seq, len(prefix), eos_token_ids)
             amounts = dry_penalties(prefix, p, texts)
             amounts = {t: a for t, a in amounts.items() if 0 <= t < vocab}
             if amounts:

@@ -20,6 +20,7 @@ from agent_infer.engine.dry import TokenTexts
 from agent_infer.engine.penalties import apply_penalties
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.value_loops import ClosingTokens
+from agent_infer.model.layers.native_ops import argmax_rows
 from agent_infer.sampling_params import SamplingParams
 
 
@@ -66,7 +67,7 @@ class Sampler:
         params = [seq.params for seq in seqs]
         scores = apply_penalties(logits, seqs, self.eos_token_ids, self.texts, self.closing(logits.shape[1]))
         # Greedy rows need one batched kernel and one device-to-host copy.
-        token_ids: list[int] = scores.argmax(dim=-1).tolist()
+        token_ids: list[int] = argmax_rows(scores)
         for i, p in enumerate(params):
             if not p.greedy:
                 token_ids[i] = sample_row(scores[i], p, seqs[i].generator)

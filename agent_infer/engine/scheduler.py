@@ -29,6 +29,7 @@ from agent_infer.engine.block_manager import BlockManager
 from agent_infer.engine.config import EngineConfig
 from agent_infer.engine.sequence import FinishReason, Sequence, SequenceStatus
 from agent_infer.engine.spec_state import draft_pays_off
+from agent_infer.errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,33 @@ class Scheduler:
             budget -= item.num_fed_tokens
 
         return SchedulerOutput(scheduled, preempted, failed)
+
+    def take_waiting(self, seq: Sequence) -> None:
+        """Take the waiting ``seq`` out of the queue with KV blocks for all its tokens (prefix-cache
+        hits counted in ``num_computed_tokens``), for its prompt to be computed outside the step
+        (context-parallel prefill, ``agent_infer/parallel/cp_engine.py``); :meth:`resume` hands it
+        back. The caller checks ``block_manager.can_allocate`` first."""
+        self.waiting.remove(seq)
+        self.block_manager.allocate(seq)
+        if seq.metrics.first_scheduled_time is None:
+            seq.metrics.first_scheduled_time = time.perf_counter()
+            seq.num_cached_tokens = seq.num_computed_tokens
+        seq.status = SequenceStatus.RUNNING
+
+    def resume(self, seq: Sequence, num_computed: int) -> None:
+        """Run a sequence taken with :meth:`take_waiting` whose first ``num_computed`` tokens' KV the
+        caller wrote into its blocks; the steps feed the rest (at least the last token, which samples)."""
+        if not seq.num_computed_tokens <= num_computed < seq.num_tokens:
+            raise EngineError(
+                f"{seq.request_id!r}: {num_computed} computed tokens of {seq.num_tokens} "
+                f"(already {seq.num_computed_tokens})"
+            )
+        self.num_prompt_tokens_computed += max(
+            0, min(num_computed, seq.num_prompt_tokens) - seq.num_computed_tokens
+        )
+        seq.num_computed_tokens = num_computed
+        self.block_manager.register_computed(seq)
+        self.running.append(seq)
 
     def _fit_draft(self, seq: Sequence, num_new: int, pending: int, budget: int) -> tuple[int, ...]:
         """``seq``'s draft if it rides along with a chunk of ``num_new`` of its ``pending`` tokens:

@@ -3,14 +3,17 @@
 A prompt-lookup draft's length follows an acceptance schedule per request: it starts at the
 request's maximum draft length, grows by one after a fully accepted draft and shrinks to one more
 than the accepted prefix after a rejection; an MTP draft's length follows the confidence schedule
-(:mod:`agent_infer.engine.drafts.schedule`). Whether a draft is fed at all depends on the
-batch: a draft token costs one more row in the forward pass, while an accepted one saves its
-request a step, whose fixed cost is shared by the whole batch. With a step of ``B`` rows costing
-``a + b·B`` (on CPU, SmolLM2-135M: a ≈ 14 ms, b ≈ 2.4 ms), drafting pays off when a request's
-acceptance rate exceeds ``B / (B + a/b)``: 14% alone, 57% among eight. Each request keeps a moving
-average of its acceptance rate; the scheduler drops drafts below the threshold for the current
-batch and nudges the average up (:meth:`SpecState.skip`), so a request that stopped drafting is
-tried again later.
+(:mod:`agent_infer.engine.drafts.schedule`). Whether a draft is fed at all is weighed against its
+cost when it is proposed (:mod:`agent_infer.engine.drafts.cost`); the scheduler passes such drafts.
+A draft set without that weighing (``weighed`` False) is fed only when the request's acceptance
+average beats the break-even rate of a step of ``B`` rows costing ``a + b·B``: ``B / (B + a/b)``
+(``a/b`` = :data:`STEP_COST_IN_ROWS`; 14% alone, 57% among eight); below it the scheduler drops the
+draft and nudges the average up (:meth:`SpecState.skip`), so the request tries again later.
+
+MTP state (:class:`MTPQueue`, one per MTP module): module ``d`` at position ``i`` reads an input
+state (the main model's hidden state for ``d = 0``, module ``d - 1``'s output at ``i`` after) and
+the token at ``i + d + 1``. Committed rows wait in the module's queue until that token is known;
+each module's newest committed output is kept for the next draft's chain.
 """
 
 from __future__ import annotations
@@ -22,15 +25,49 @@ import torch
 from agent_infer.engine.drafts.base import AUTO
 from agent_infer.engine.drafts.ngram import NgramIndex
 from agent_infer.engine.drafts.schedule import ConfidenceSchedule
+from agent_infer.engine.drafts.survival import Survival
 
-#: Fixed cost of a forward step over the cost of one more row (``a/b`` in the module docstring).
-#: Measured on CPU; on accelerators extra rows are relatively cheaper, so this is conservative.
+#: Fixed cost of a forward step over the cost of one more row (``a/b`` in the module docstring), for
+#: drafts not weighed when proposed. Measured on CPU; on accelerators extra rows are relatively
+#: cheaper, so this is conservative.
 STEP_COST_IN_ROWS = 6.0
 #: Weight of the newest draft in a request's acceptance average, and the average's start value.
 ACCEPTANCE_EMA = 0.3
 INITIAL_ACCEPTANCE = 0.6
 #: How far a skipped draft moves the average back up (retry after a few skipped steps).
 SKIP_RECOVERY = 0.05
+
+
+@dataclass(slots=True)
+class MTPQueue:
+    """One MTP module's state for a request: input rows of committed positions ``first, first + 1,
+    ...`` not yet run (``rows``), and the module's output at its newest run position ``newest``."""
+
+    first: int = 0
+    rows: torch.Tensor | None = None
+    newest: int = -1
+    output: torch.Tensor | None = None
+
+    def add(self, first: int, rows: torch.Tensor) -> None:
+        """Queue ``rows`` of positions ``first, first + 1, ...``; rows not continuing the queue (a
+        recompute after preemption) replace it."""
+        if self.rows is not None and first == self.first + int(self.rows.shape[0]):
+            self.rows = torch.cat((self.rows, rows))
+        else:
+            self.first, self.rows = first, rows
+
+    def take(self, n: int) -> torch.Tensor:
+        """Remove and return the first ``n`` queued rows."""
+        assert self.rows is not None
+        rows = self.rows[:n]
+        self.rows = self.rows[n:] if n < int(self.rows.shape[0]) else None
+        self.first += n
+        return rows
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting."""
+        return 0 if self.rows is None else int(self.rows.shape[0])
 
 
 @dataclass(slots=True)
@@ -67,14 +104,12 @@ class SpecState:
     by_source: dict[str, list[int]] = field(default_factory=dict)
     #: Acceptance average of the n-gram drafts alone (stands in for their probabilities).
     ngram_acceptance: float = INITIAL_ACCEPTANCE
-    #: MTP state: main-model hidden rows of committed positions not yet fed to the MTP module
-    #: (``mtp_rows`` from position ``mtp_first``); then the MTP output at its newest position
-    #: ``mtp_pos`` (hidden state and logits), from which the next MTP draft is chained.
-    mtp_first: int = 0
-    mtp_rows: torch.Tensor | None = None
-    mtp_pos: int | None = None
-    mtp_hidden: torch.Tensor | None = None
-    mtp_logits: torch.Tensor | None = None
+    #: The pending draft was weighed against its cost when proposed (the scheduler passes it).
+    weighed: bool = False
+    #: Per MTP module (see the module docstring); empty until the request's first hidden rows.
+    mtp: list[MTPQueue] = field(default_factory=list)
+    #: Per source, how far the request's drafts survive verification (the ``auto`` policy's record).
+    survival: dict[str, Survival] = field(default_factory=dict)
 
     def record(self, drafted: int, accepted: int, max_len: int) -> None:
         """Account for a verified draft of ``drafted`` tokens of which ``accepted`` were taken: the
@@ -97,16 +132,19 @@ class SpecState:
 
     def add_mtp_rows(self, first: int, rows: torch.Tensor) -> None:
         """Queue main-model hidden ``rows`` of committed positions ``first, first + 1, ...`` for the
-        MTP module; rows not continuing the queue (a recompute after preemption) replace it."""
-        if self.mtp_rows is not None and first == self.mtp_first + int(self.mtp_rows.shape[0]):
-            self.mtp_rows = torch.cat((self.mtp_rows, rows))
-        else:
-            self.mtp_first, self.mtp_rows = first, rows
+        first MTP module (see :meth:`MTPQueue.add`)."""
+        if not self.mtp:
+            self.mtp.append(MTPQueue())
+        self.mtp[0].add(first, rows)
+
+    @property
+    def mtp_pos(self) -> int | None:
+        """The first MTP module's newest run position (None before it ran)."""
+        return self.mtp[0].newest if self.mtp and self.mtp[0].output is not None else None
 
     def reset_mtp(self) -> None:
         """Forget the MTP state (preemption: the cache is recomputed from the tokens)."""
-        self.mtp_rows = self.mtp_hidden = self.mtp_logits = None
-        self.mtp_pos = None
+        self.mtp = []
 
     def skip(self) -> None:
         """Drop the draft because it does not pay off in this batch; the average moves up so that
@@ -116,5 +154,6 @@ class SpecState:
 
 
 def draft_pays_off(spec: SpecState, batch_size: int) -> bool:
-    """Whether ``spec``'s acceptance average clears the break-even rate for ``batch_size`` rows."""
-    return spec.acceptance >= batch_size / (batch_size + STEP_COST_IN_ROWS)
+    """Whether ``spec``'s draft is fed in a batch of ``batch_size``: always when it was weighed when
+    proposed, else when the acceptance average clears the break-even rate for ``batch_size`` rows."""
+    return spec.weighed or spec.acceptance >= batch_size / (batch_size + STEP_COST_IN_ROWS)

@@ -6,9 +6,13 @@ A draft is a guess of a request's next few tokens, from one of the sources in
 prompt lookup (the tokens that followed the newest n-gram's latest earlier occurrence). Which
 guessed sources a request may use follows ``speculative_source`` (engine option, environment or
 per request: ``auto`` = MTP and prompt lookup where the checkpoint has MTP layers, else prompt
-lookup; ``mtp``; ``ngram``; ``off``); when both propose, the one with the larger expected number of
-accepted tokens is fed (:func:`~agent_infer.engine.drafts.base.expected_accepted`). A draft is at
-most the request's ``speculative_tokens`` long. A constrained request's draft is cut at the first
+lookup; ``mtp``; ``ngram``; ``off``). Each request feeds, per step, the draft with the largest
+positive net gain: the tokens it is expected to keep
+(:func:`~agent_infer.engine.drafts.base.expected_accepted`) less what its rows and its source's
+compute cost the batch, in tokens (:mod:`agent_infer.engine.drafts.cost`, measured online). MTP is
+run only for the requests whose recent MTP drafts are expected to pay, so drafting turns down in a
+batch where it does not. A draft is at most the request's ``speculative_tokens`` long, and its tail
+is cut where a token's chance of being kept no longer pays for its row. A constrained request's draft is cut at the first
 token its grammar rejects and after any token past which the grammar fixes the text (jump-forward
 appends those), so every drafted token is one the mask would allow (MTP proposals are masked by
 the grammar at each position before they are chosen). Where jump-forward leaves the end of a forced text to the model, that text's
@@ -27,7 +31,7 @@ a draft token is accepted with exactly its probability under the row, as in spec
 with a deterministic draft.
 
 Per-request state (the draft, the n-gram index, the draft-length schedule and the acceptance
-average that decides whether a draft pays off in a batch) lives in
+averages) lives in
 :class:`~agent_infer.engine.spec_state.SpecState` on ``Sequence.spec``.
 
 Requests asking for logprobs, penalties or ``close_on_length`` never draft: their per-token
@@ -45,15 +49,21 @@ import torch
 
 from agent_infer.engine.boundary_drafts import SplitMemory
 from agent_infer.engine.closing import remaining_tokens
-from agent_infer.engine.drafts.base import AUTO, MTP, NGRAM, OFF, Draft, expected_accepted
+from agent_infer.engine.drafts.base import AUTO, MTP, NGRAM, OFF, Draft
 from agent_infer.engine.drafts.forced import forced_draft, grammar_prefix
 from agent_infer.engine.drafts.mtp import MTPDrafter
 from agent_infer.engine.drafts.ngram import NgramIndex
+from agent_infer.engine.drafts.policy import Candidate, DraftPolicy
 from agent_infer.engine.sampler import sample_row
+from agent_infer.engine.scheduler import ScheduledSequence
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.spec_state import draft_pays_off
 from agent_infer.errors import InvalidRequestError
+from agent_infer.model.layers.native_ops import argmax_rows
 from agent_infer.sampling_params import SamplingParams
+
+#: Longest pending chunk of a step the cost model counts as decoding (forced runs, not prompts).
+MAX_DECODE_CHUNK = 16
 
 
 def can_draft(params: SamplingParams) -> bool:
@@ -68,7 +78,8 @@ class Speculator:
 
     ``max_tokens`` is the engine's longest guessed draft (0: no guessed drafts), ``mode`` its
     ``speculative_source`` (resolved: ``mtp`` only with ``mtp``), ``boundary`` turns the forced
-    source on, and ``mtp`` drafts from the checkpoint's MTP module.
+    source on, ``mtp`` drafts from the checkpoint's MTP modules, and ``row_multiple`` is what the
+    model pads a step's rows to (the cost of a draft's rows, :mod:`~agent_infer.engine.drafts.cost`).
     """
 
     def __init__(
@@ -80,6 +91,7 @@ class Speculator:
         *,
         mtp: MTPDrafter | None = None,
         mode: str = AUTO,
+        row_multiple: int = 1,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
@@ -88,6 +100,9 @@ class Speculator:
         self.mtp = mtp
         self.mode = mode
         self.splits = SplitMemory()
+        self.policy = DraftPolicy(row_multiple)
+        if mtp is not None:
+            mtp.on_pass = lambda rows, seconds: self.policy.cost.observe_pass(MTP, rows, seconds)
 
     def configure(self, seq: Sequence) -> None:
         """Set which guessed sources ``seq`` may use and its longest draft, from its params and the
@@ -118,66 +133,116 @@ class Speculator:
         self.propose_all([seq])
 
     def propose_all(self, seqs: list[Sequence]) -> None:
-        """Set each sequence's draft for the next step (empty when nothing is worth drafting or the
-        request may not draft); MTP requests first pass their committed rows through the module."""
-        wanted: list[tuple[Sequence, int, Draft | None]] = []
+        """Set each sequence's draft for the next step (empty when none is worth feeding or the
+        request may not draft). Under ``auto`` the source and length with the largest positive net
+        gain (:mod:`~agent_infer.engine.drafts.policy`); under ``mtp`` or ``ngram`` that source's
+        draft, fed while the request's acceptance beats the batch's break-even rate
+        (``spec_state.draft_pays_off``)."""
+        batch = len(seqs)
+        rows = batch
+        weighed: list[Candidate] = []
+        explicit: list[Candidate] = []
         for seq in seqs:
+            candidate = self._candidate(seq, batch, rows)
+            if candidate is None:
+                rows += len(seq.spec.draft)
+                continue
             spec = seq.spec
-            spec.draft = []
-            spec.forced_after = False
-            spec.source = ""
-            if not can_draft(seq.params) or seq.params.speculative_source == OFF:
-                continue
-            if not spec.configured:  # a sequence the engine's add_request did not make
-                self.configure(seq)
-            if spec.index is None:
-                spec.index = NgramIndex()
-                spec.draft_len = max(1, spec.max_len)
-            # Room for the draft and the token sampled after it, within max_tokens and the context.
-            room = remaining_tokens(seq, self.max_model_len) - 1
-            if room <= 0:
-                continue
-            forced = forced_draft(seq, self.splits, room) if self.boundary else None
-            if forced is not None:
-                self._set(seq, forced)
-                continue
-            limit = min(spec.max_len, room)
-            if limit <= 0:
-                continue
-            ngram: Draft | None = None
-            if spec.use_ngram:
-                tokens = spec.index.lookup(seq.token_ids, min(spec.draft_len, limit))
-                if tokens:
-                    ngram = Draft(NGRAM, tokens, [spec.ngram_acceptance] * len(tokens))
-            if spec.use_mtp and draft_pays_off(spec, len(seqs)):
-                wanted.append((seq, limit, ngram))
-            elif spec.use_mtp and ngram is None:
+            if spec.mode == AUTO:
+                weighed.append(candidate)
+            elif spec.use_mtp and draft_pays_off(spec, batch):
+                explicit.append(candidate)
+            elif spec.use_mtp:
                 # The scheduler would drop the draft in a batch this size: skip the chained passes
                 # and nudge the average as it would, so drafting is tried again later.
                 spec.skip()
-            elif ngram is not None:
-                self._set(seq, ngram)
+            elif candidate.lookup is not None:
+                self._set(seq, candidate.lookup, weigh=False)
+        self.policy.plan(weighed, batch, rows, mtp=self.mtp is not None)
+        drafting = [c for c in weighed if c.mtp_limit] + explicit
+        for c in weighed:
+            if not c.mtp_limit:
+                self._settle(c, batch)
         if self.mtp is None:
             return
-        self.mtp.catch_up([seq for seq in seqs if seq.spec.use_mtp])
-        if not wanted:
+        busy = {id(c.seq) for c in drafting}
+        lagging = [s for s in seqs if s.spec.use_mtp and id(s) not in busy and self.mtp.needs_catch_up(s)]
+        if lagging:
+            self.mtp.catch_up(lagging)
+        if not drafting:
             return
-        drafts = self.mtp.propose([(seq, limit) for seq, limit, _ in wanted])
-        for (seq, _, ngram), mtp in zip(wanted, drafts):
-            best = (
-                mtp
-                if ngram is None or expected_accepted(mtp.probs) >= expected_accepted(ngram.probs)
-                else ngram
-            )
-            if best.tokens:
-                self._set(seq, best)
+        limits = [(c.seq, c.mtp_limit or c.limit) for c in drafting]
+        for c, draft in zip(drafting, self.mtp.propose(limits)):
+            c.mtp = draft
+            if c.seq.spec.mode != AUTO:
+                if draft.tokens:
+                    self._set(c.seq, draft, weigh=False)
+                continue
+            if not draft.tokens:
+                # A round that proposed nothing kept nothing: the record that chose it learns so.
+                self.policy.record(c.seq, MTP, 1, 0)
+            self._settle(c, batch)
 
-    def _set(self, seq: Sequence, draft: Draft) -> None:
+    def _candidate(self, seq: Sequence, batch: int, rows: int) -> Candidate | None:
+        """Reset ``seq``'s draft and gather what it may draft: None when it may not draft or took the
+        grammar-forced draft; else its room and its prompt-lookup draft (MTP runs later, batched)."""
+        spec = seq.spec
+        spec.draft = []
+        spec.forced_after = False
+        spec.source = ""
+        spec.weighed = False
+        if not can_draft(seq.params) or seq.params.speculative_source == OFF:
+            return None
+        if not spec.configured:  # a sequence the engine's add_request did not make
+            self.configure(seq)
+        if spec.index is None:
+            spec.index = NgramIndex()
+            spec.draft_len = max(1, spec.max_len)
+        # Room for the draft and the token sampled after it, within max_tokens and the context.
+        room = remaining_tokens(seq, self.max_model_len) - 1
+        if room <= 0:
+            return None
+        forced = forced_draft(seq, self.splits, room) if self.boundary else None
+        if forced is not None:
+            auto = spec.mode == AUTO
+            self._set(seq, self.policy.forced(forced, batch, rows) if auto else forced, weigh=auto)
+            return None
+        limit = min(spec.max_len, room)
+        if limit <= 0:
+            return None
+        candidate = Candidate(seq, limit)
+        if spec.use_ngram:
+            # Under auto the policy picks the length; otherwise the acceptance schedule does.
+            length = limit if spec.mode == AUTO else min(spec.draft_len, limit)
+            tokens = spec.index.lookup(seq.token_ids, length)
+            if tokens:
+                candidate.lookup = Draft(NGRAM, tokens, [spec.ngram_acceptance] * len(tokens))
+        return candidate
+
+    def _settle(self, c: Candidate, batch: int) -> None:
+        draft = self.policy.settle(c, batch)
+        if draft is not None:
+            self._set(c.seq, draft, weigh=True)
+
+    def _set(self, seq: Sequence, draft: Draft, weigh: bool) -> None:
+        """Make ``draft`` (cut to what the grammar accepts) ``seq``'s pending draft; ``weigh``: the
+        policy weighed it (the scheduler then passes it)."""
         tokens = draft.tokens
         if seq.matcher is not None:
             tokens, seq.spec.forced_after = grammar_prefix(seq, tokens, self.jump_forward)
         seq.spec.draft = tokens
         seq.spec.source = draft.source if tokens else ""
+        seq.spec.weighed = weigh and bool(tokens)
+
+    def observe_step(self, batch: Seq[ScheduledSequence], seconds: float) -> None:
+        """Account for a step that ran ``batch`` in ``seconds`` (decode steps only: a prefill chunk
+        costs another regime than the rows a draft adds)."""
+        rows = 0
+        for item in batch:
+            if not item.samples or item.num_new_tokens > MAX_DECODE_CHUNK:
+                return
+            rows += item.num_fed_tokens
+        self.policy.cost.observe_step(rows, seconds)
 
     def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> tuple[list[int], int]:
         """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]`` and how many
@@ -187,6 +252,8 @@ class Speculator:
         bonus = not seq.spec.forced_after
         tokens, n = verify_rows(rows, draft, seq.params, seq.generator, bonus=bonus)
         seq.spec.record(len(draft), n, max(1, seq.spec.max_len))
+        if draft:
+            self.policy.record(seq, seq.spec.source, len(draft), n)
         return tokens, n
 
 
@@ -200,7 +267,7 @@ def verify_rows(
     """Choose each row's token as plain decoding would (arg-max, or one draw from ``generator``),
     stopping at the first that differs from the draft's; after a whole draft, choose the next row's
     only when ``bonus``. Returns the tokens and how many of them are accepted draft tokens."""
-    best: list[int] = rows.argmax(dim=-1).tolist() if params.greedy else []
+    best: list[int] = argmax_rows(rows) if params.greedy else []
     tokens: list[int] = []
     accepted = 0
     for j in range(len(draft) + 1):

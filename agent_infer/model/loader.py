@@ -2,7 +2,8 @@
 
 This is where the model's kernels are decided, once: a GGUF model on the CPU in float32 takes the
 packed native path when the extension has its kernels (and ``AGENT_INFER_NATIVE_LINEAR`` allows);
-everything else takes the torch path. The family (from the registry) builds its layers from them.
+so does an HF folder of an architecture with ``hf_packed_linears`` (DeepSeek V3/V4), its float32
+weights packed after loading (layers/float_linear.py); everything else takes the torch path. The family (from the registry) builds its layers from them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from agent_infer.accelerator import get_accelerator
 from agent_infer.errors import ModelLoadError, ModelNotFoundError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM
+from agent_infer.model.layers.float_linear import pack_loaded, packed_float_kernels
 from agent_infer.model.layers.kernels import native_kernels, native_kernels_usable, torch_kernels
+from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf import PackedLinears, gguf_config, gguf_weights
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
@@ -109,7 +112,8 @@ def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMo
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
 
 
-def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def _hf_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer]:
+    """A Hugging Face folder's config (its EOS ids from the tokenizer) and tokenizer."""
     config = hf_config(path)
     arch = architecture(config.architecture)
     fallback = (
@@ -128,8 +132,33 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMode
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
     config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    return config, tokenizer
+
+
+def build_hf_model(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A Hugging Face folder's config, tokenizer and model on the torch kernels, its weights not
+    loaded yet (a caller that reads only part of the files, such as an expert-parallel rank,
+    loads them itself and dequantizes every FP8 tensor)."""
+    config, tokenizer = _hf_config_and_tokenizer(path)
     model = build_model(config, device=device, dtype=dtype, kernels=torch_kernels(device, dtype))
-    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path))
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)
+
+
+def _load_hf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    config, tokenizer = _hf_config_and_tokenizer(path)
+    kernels, fp8 = hf_kernels(path, device, dtype)
+    packed = (
+        fp8 is None
+        and architecture(config.architecture).hf_packed_linears
+        and native_kernels_usable(device, dtype)
+    )
+    if packed:
+        kernels = packed_float_kernels()
+    model = build_model(config, device=device, dtype=dtype, kernels=kernels)
+    keep = frozenset(fp8.kept) if fp8 is not None else frozenset()
+    adapted = (model.hf_tensor(name, t) for name, t in hf_weights(path, keep))
     model.load_weights(item for item in adapted if item is not None)
+    if packed:
+        pack_loaded(model)
     model.eval()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=path)

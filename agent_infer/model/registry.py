@@ -65,6 +65,13 @@ class Architecture:
     #: The folder of the tokenizer files an HF folder of this architecture without ``tokenizer.json``
     #: uses (called at load; raises ``TokenizerError`` when unavailable); None: the folder must have one.
     default_tokenizer: Callable[[], Path] | None = None
+    #: Maps the tensor names of a checkpoint in a layout of its own (DeepSeek's released V4 files) to
+    #: the family's, leaving the family's own names as they are; None: checkpoints use the family's.
+    hf_tensor_name: Callable[[str], str] | None = None
+    #: HF folders of this architecture on the CPU in float32 run their projections on the native
+    #: kernel over float32 weights packed at load (layers/float_linear.py); the family accepts
+    #: those kernels.
+    hf_packed_linears: bool = False
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -130,6 +137,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         hf_fields=deepseek_v3.hf_config_fields,
         default_chat_template=deepseek_chat.CHAT_TEMPLATE,
         default_tokenizer=deepseek_chat.tokenizer_dir,
+        hf_packed_linears=True,
     ),
     Architecture(
         name="deepseek_v4",
@@ -141,8 +149,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         qkv_bias=False,
         hf_fields=deepseek_v4_checkpoint.hf_config_fields,
         hf_text_config=deepseek_v4_checkpoint.hf_text_config,
+        hf_tensor_name=deepseek_v4_checkpoint.hf_tensor_name,
         default_chat_template=deepseek_chat.CHAT_TEMPLATE,
         default_tokenizer=deepseek_chat.tokenizer_dir,
+        hf_packed_linears=True,
     ),
 )
 

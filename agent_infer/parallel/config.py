@@ -6,7 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from agent_infer import envs
 from agent_infer.errors import ConfigError
+
+#: Where an EPLB weight move gets an expert this rank lacks: a peer rank holding it (one
+#: all-to-all per layer), or the checkpoint's safetensors files (each rank reads its own).
+WEIGHT_SOURCES = ("peer", "file")
 
 
 @dataclass(frozen=True)
@@ -21,9 +26,14 @@ class ParallelConfig:
     EPLB: ``redundant_experts`` extra expert slots in total (``(E + redundant) / ranks`` slots per
     rank; must divide), rebalanced every ``eplb_interval`` busy steps (0 = never) from the loads of
     the last ``eplb_window`` steps; ``eplb_profile`` is a saved load profile (``load_stats.py``)
-    giving the starting placement; ``num_nodes`` groups the ranks for the hierarchical policy.
+    giving the starting placement; ``num_nodes`` groups the ranks for the hierarchical policy;
+    ``eplb_weight_source`` is where a move gets an expert the rank lacks (:data:`WEIGHT_SOURCES`).
     ``collective_timeout_s`` bounds every collective (a dead peer fails the rank, not hangs it);
     ``startup_timeout_s`` bounds loading and joining the group.
+
+    Context parallelism: a prompt with at least ``cp_prefill_threshold`` tokens still to compute
+    (None: ``AGENT_INFER_CP_PREFILL_THRESHOLD``; 0: never) is prefilled over all ranks in the
+    zig-zag split and decoded by the rank that owns it (``cp_engine.py``; DeepSeek V3 models).
     """
 
     data_parallel_size: int = 1
@@ -35,6 +45,8 @@ class ParallelConfig:
     num_nodes: int = 1
     collective_timeout_s: float = 120.0
     startup_timeout_s: float = 600.0
+    eplb_weight_source: str = "peer"
+    cp_prefill_threshold: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -57,9 +69,36 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        eplb_set = self.redundant_experts or self.eplb_interval or self.eplb_profile is not None
+        cp = self.cp_prefill_threshold
+        if cp is not None:
+            if isinstance(cp, bool) or not isinstance(cp, int) or cp < 0:
+                raise ConfigError(f"cp_prefill_threshold must be an integer >= 0, got {cp!r}")
+            if cp and self.data_parallel_size < 2:
+                raise ConfigError("cp_prefill_threshold needs data_parallel_size >= 2 (ranks to split over)")
+        if self.eplb_weight_source not in WEIGHT_SOURCES:
+            raise ConfigError(
+                f"eplb_weight_source={self.eplb_weight_source!r}; expected one of {', '.join(WEIGHT_SOURCES)}"
+            )
+        eplb_set = (
+            self.redundant_experts
+            or self.eplb_interval
+            or self.eplb_profile is not None
+            or self.eplb_weight_source != "peer"
+        )
         if eplb_set and not self.expert_parallel:
-            raise ConfigError("redundant_experts, eplb_interval and eplb_profile need expert_parallel=True")
+            raise ConfigError(
+                "redundant_experts, eplb_interval, eplb_profile and eplb_weight_source need expert_parallel=True"
+            )
+
+    @property
+    def cp_threshold(self) -> int:
+        """Tokens still to compute from which a prompt is prefilled context-parallel (0: never):
+        the field, else ``AGENT_INFER_CP_PREFILL_THRESHOLD``; 0 with a single rank."""
+        if self.data_parallel_size < 2:
+            return 0
+        if self.cp_prefill_threshold is not None:
+            return self.cp_prefill_threshold
+        return envs.cp_prefill_threshold()
 
     @property
     def enabled(self) -> bool:

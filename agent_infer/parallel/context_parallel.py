@@ -10,8 +10,8 @@ each piece returning its output and log-sum-exp; the pieces are merged exactly
 blocks it receives. Dense MLPs and MoE layers run on each rank's own tokens.
 
 The result is single-rank prefill's to float32 rounding (not bit-identical: the softmax is
-summed in pieces). The engine does not route long prompts here yet: this is the model-level
-prefill, measured by ``benchmarks/bench_parallel.py``.
+summed in pieces). Data-parallel ranks route long prompts here (``cp_engine.py``): the rank that
+owns the request writes the latent rows into its paged cache and decodes on.
 """
 
 from __future__ import annotations
@@ -68,11 +68,13 @@ def lse_merge(outputs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Te
 @dataclass(frozen=True)
 class PrefillResult:
     """Float32 logits ``[1, vocab]`` of the last position (``[L, vocab]`` of every position with
-    ``all_logits``) and each layer's latent cache rows ``[L, latent_dim]`` (what the rank that keeps
-    the request writes into its paged cache)."""
+    ``all_logits``), each layer's latent cache rows ``[L, latent_dim]`` (what the rank that keeps
+    the request writes into its paged cache) and the final-norm hidden rows ``[L, hidden]`` (what
+    an MTP module reads)."""
 
     logits: torch.Tensor
     latents: list[torch.Tensor]
+    hidden: torch.Tensor
 
 
 @torch.inference_mode()
@@ -117,7 +119,7 @@ def context_parallel_prefill(
             x = x + torch.cat((y, y.new_zeros(pad, int(y.shape[1]))))
     hidden = model.norm.forward(x)[:n]
     gathered = _gather_rows(hidden, all_pos, width, length, group)
-    return PrefillResult(model.compute_logits(gathered if all_logits else gathered[-1:]), latents)
+    return PrefillResult(model.compute_logits(gathered if all_logits else gathered[-1:]), latents, gathered)
 
 
 def _attention(

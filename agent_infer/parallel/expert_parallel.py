@@ -22,7 +22,7 @@ and batch it ran in. A rank with no tokens still joins every exchange (an idle s
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from agent_infer.errors import ConfigError, EngineError
 from agent_infer.model.layers.moe import MoE, expert_mlp
 from agent_infer.parallel.eplb import Placement
+from agent_infer.parallel.expert_loading import ExpertSlots
 from agent_infer.parallel.load_stats import ExpertLoad
 
 
@@ -54,16 +55,25 @@ class TrafficStats:
 class _LayerExperts:
     """One MoE layer's slots on this rank and its dispatch/combine (the layer's ``expert_backend``)."""
 
-    def __init__(self, owner: ExpertParallel, index: int, moe: MoE, placement: Placement) -> None:
+    def __init__(
+        self, owner: ExpertParallel, index: int, moe: MoE, placement: Placement, slots: ExpertSlots | None
+    ) -> None:
         self.owner = owner
         self.index = index
         self.placement = placement
+        #: DeepSeek V4's ``swiglu_limit``: the slots clamp as the single-process layer does.
+        self.limit = moe.swiglu_limit
         self._tables()
         mine = placement.rank_slots(owner.rank)
-        # The slots' own copies; the full [E, ...] tensors are dropped below.
-        self.gate_up = moe.gate_up.detach()[list(mine)].clone()
-        self.down = moe.down.detach()[list(mine)].clone()
-        empty = torch.empty(0, device=moe.gate_up.device, dtype=moe.gate_up.dtype)
+        if slots is None:
+            slots = ExpertSlots.cut(moe, mine)
+        elif slots.experts != mine:
+            raise ConfigError(
+                f"MoE layer {index}: the loaded slots hold {slots.experts}, the placement {mine}"
+            )
+        self.gate_up, self.down = slots.gate_up, slots.down
+        # The model's [E, ...] tensors (loaded or meta) are no longer used.
+        empty = torch.empty(0, device=owner.device, dtype=slots.gate_up.dtype)
         moe.gate_up = nn.Parameter(empty, requires_grad=False)
         moe.down = nn.Parameter(empty.clone(), requires_grad=False)
 
@@ -76,24 +86,26 @@ class _LayerExperts:
         self.phys_table = table
         self.replica_count = torch.tensor([len(p) for p in physical], dtype=torch.int64)
 
-    def forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
-        """The layer's output for this rank's ``x`` ``[T, H]`` (T may be 0)."""
+    def forward(self, moe: MoE, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for this rank's ``x`` ``[T, H]`` (T may be 0); ``hash_experts``
+        ``[T, top_k]`` fixes the tokens' experts (a hash-routed layer)."""
         owner = self.owner
         if owner.broken is not None:
             # A failed exchange leaves the ranks out of step; none may follow it.
             raise EngineError(f"the expert-parallel exchange failed earlier: {owner.broken}")
         try:
-            return self._forward(moe, x)
+            return self._forward(moe, x, hash_experts)
         except RuntimeError as exc:
             owner.broken = f"{type(exc).__name__}: {exc}"
             raise
 
-    def _forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, moe: MoE, x: torch.Tensor, hash_experts: torch.Tensor | None) -> torch.Tensor:
         owner = self.owner
         tokens = int(x.shape[0])
         k = moe.top_k
         if tokens:
-            experts, weights = moe.route(x)
+            # A hash-routed layer's table only replaces the top-k choice: dispatch is the same.
+            experts, weights = moe.route(x, hash_experts)
             owner.load.record(self.index, experts)
             flat = experts.reshape(-1).cpu()
             token_of = torch.arange(tokens).repeat_interleave(k)
@@ -170,7 +182,7 @@ class _LayerExperts:
             if count:
                 idx = order[start : start + count]
                 picked = rows.index_select(0, row_idx[idx].to(rows.device))
-                out[idx.to(rows.device)] = expert_mlp(picked, self.gate_up[slot], self.down[slot])
+                out[idx.to(rows.device)] = expert_mlp(picked, self.gate_up[slot], self.down[slot], self.limit)
             start += count
         return out
 
@@ -196,12 +208,16 @@ class _LayerExperts:
                 )
             start += count
         if moe.shared_gate_up is not None and moe.shared_down is not None:
-            out += expert_mlp(x, moe.shared_gate_up, moe.shared_down).float()
+            out += expert_mlp(x, moe.shared_gate_up, moe.shared_down, moe.swiglu_limit).float()
         return out.to(x.dtype)
 
     def move_to(self, new: Placement) -> int:
         """Refill this rank's slots for placement ``new`` (weights copied locally where this rank
-        already holds the expert, else received from the lowest rank holding it); the bytes sent."""
+        already holds the expert, else received from the lowest rank holding it, or read from the
+        checkpoint when the owner has a ``fetch``); the bytes sent."""
+        if self.owner.fetch is not None:
+            self._refill_from_files(new)
+            return 0
         old, owner = self.placement, self.owner
         r, s = owner.world_size, old.slots_per_rank
         holders = [[rank for rank in range(r) if e in old.rank_slots(rank)] for e in range(old.num_experts)]
@@ -242,6 +258,22 @@ class _LayerExperts:
         self._tables()
         return int(send.numel()) * send.element_size()
 
+    def _refill_from_files(self, new: Placement) -> None:
+        """Slots for ``new`` without any exchange: experts this rank holds are copied, the others
+        read from the checkpoint (no collective, so ranks need not agree on who sends)."""
+        fetch = self.owner.fetch
+        assert fetch is not None
+        mine = self.placement.rank_slots(self.owner.rank)
+        gate_up, down = torch.empty_like(self.gate_up), torch.empty_like(self.down)
+        for j, e in enumerate(new.rank_slots(self.owner.rank)):
+            if e in mine:
+                gate_up[j], down[j] = self.gate_up[mine.index(e)], self.down[mine.index(e)]
+            else:
+                gate_up[j], down[j] = fetch(self.index, e)
+        self.gate_up, self.down = gate_up, down
+        self.placement = new
+        self._tables()
+
 
 class ExpertParallel:
     """The MoE layers of one rank's model under expert parallelism (installs their backends).
@@ -259,6 +291,8 @@ class ExpertParallel:
         world_size: int,
         window: int = 1000,
         group: dist.ProcessGroup | None = None,
+        slots: Sequence[ExpertSlots] | None = None,
+        fetch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         if not moes:
             raise ConfigError("expert parallelism needs a model with MoE layers")
@@ -277,9 +311,24 @@ class ExpertParallel:
         self.broken: str | None = None
         self.load = ExpertLoad(len(moes), moes[0].num_experts, window)
         self.stats = TrafficStats(per_rank_pairs=[0] * len(moes))
-        self.layers = [_LayerExperts(self, i, m, p) for i, (m, p) in enumerate(zip(moes, placements))]
+        #: Reads expert ``e`` of MoE layer ``i`` from the checkpoint (``fetch(i, e)`` -> gate_up,
+        #: down); with it, rebalances read the experts a rank lacks instead of receiving them.
+        self.fetch = fetch
+        if slots is not None and len(slots) != len(moes):
+            raise ConfigError(f"{len(slots)} loaded slot sets for {len(moes)} MoE layers")
+        self.layers = [
+            _LayerExperts(self, i, m, p, None if slots is None else slots[i])
+            for i, (m, p) in enumerate(zip(moes, placements))
+        ]
         for moe, layer in zip(self.moes, self.layers):
             moe.expert_backend = layer
+
+    def slot_sets(self) -> list[ExpertSlots]:
+        """This rank's slots of every MoE layer, as they are now."""
+        return [
+            ExpertSlots(layer.placement.rank_slots(self.rank), layer.gate_up, layer.down)
+            for layer in self.layers
+        ]
 
     @property
     def placements(self) -> list[Placement]:

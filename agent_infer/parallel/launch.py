@@ -5,9 +5,10 @@ multiprocessing with the spawn start method; the rendezvous is exported as torch
 sends each new request to the rank with the fewest unfinished requests (ties to the lower rank,
 SGLang's shortest-queue policy), and merges the ranks' outputs. A rank that exits or fails makes
 the engine unhealthy: a log line names it, its unfinished requests (every rank's, under expert
-parallelism, whose collectives cannot go on without it) end with ``finish_reason == "error"`` and a
-:class:`RankFailedError` text, the survivors of a broken expert-parallel group are stopped, and
-new requests raise :class:`RankFailedError`.
+parallelism or context-parallel prefill, whose collectives cannot go on without it) end with
+``finish_reason == "error"`` and a :class:`RankFailedError` text, the survivors of such a group
+are stopped, and new requests raise :class:`RankFailedError`. A context-parallel prefill job a rank
+announces is forwarded to every rank, in one order for all of them (``cp_engine.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class DataParallelEngine:
 
     def __init__(self, model: str | None, config: EngineConfig, parallel: ParallelConfig) -> None:
         self.config = config
+        # The environment's threshold is read once, here, and handed to every rank.
+        parallel = dataclasses.replace(parallel, cp_prefill_threshold=parallel.cp_threshold)
         self.parallel = parallel
         n = parallel.data_parallel_size
         ctx = mp.get_context("spawn")
@@ -94,6 +97,12 @@ class DataParallelEngine:
         self.vocab_size: int = info["vocab_size"]
         self.eos_token_ids: frozenset[int] = info["eos_token_ids"]
         self.model_path: str = info["path"]
+
+    @property
+    def _coupled(self) -> bool:
+        """Whether the ranks run collectives together (expert parallelism or context-parallel
+        prefill), so that one rank's death breaks them all."""
+        return self.parallel.expert_parallel or bool(self.parallel.cp_threshold)
 
     @property
     def world_size(self) -> int:
@@ -248,6 +257,11 @@ class DataParallelEngine:
             self._loads[rank] = message[2]
         elif kind == "metrics":
             self.rank_metrics[rank] = message[2]
+        elif kind == "cp":
+            # Every rank joins a context-parallel prefill; one forwarding order for all of them.
+            for r, inbox in enumerate(self._inboxes):
+                if r not in self._dead:
+                    inbox.put(("cp", message[2]))
         elif kind == "error":
             self._rank_error(rank, message[2])
 
@@ -288,7 +302,7 @@ class DataParallelEngine:
         logger.error("data-parallel engine unhealthy: %s", reason.splitlines()[0])
         self._healthy = False
         self._dead.add(rank)
-        broken = set(range(self.world_size)) if self.parallel.expert_parallel else {rank}
+        broken = set(range(self.world_size)) if self._coupled else {rank}
         first_line = reason.splitlines()[0]
         for request_id, owner in list(self._owner.items()):
             if owner in broken:
@@ -296,7 +310,7 @@ class DataParallelEngine:
                 self._models.pop(request_id, None)
                 self.constraint_warnings.pop(request_id, None)
                 self._buffer.append(_failed(request_id, f"RankFailedError: {first_line}"))
-        if self.parallel.expert_parallel:
+        if self._coupled:
             # The survivors wait in collectives that can no longer complete.
             self._dead.update(range(self.world_size))
             _terminate(self._procs, [])

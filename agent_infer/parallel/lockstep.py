@@ -1,7 +1,8 @@
 """Lock-step of expert-parallel ranks: every rank takes part in every step's MoE exchanges.
 
 Each rank's engine calls :class:`LockStep` with its scheduled batch before running it. The ranks
-all-gather ``(busy, stop, tokens)``; when any rank is busy, every rank runs the step's exchanges,
+all-gather ``(busy, stop, tokens, prefill jobs received)`` and run the context-parallel prefill
+jobs every rank has received (``cp_engine.py``); when any rank is busy, every rank runs the step's exchanges,
 an idle one through an empty pass of the MoE layers (as vLLM and SGLang do for DP attention), so
 the collectives line up. Every ``eplb_interval`` busy steps the ranks sum their expert loads,
 compute the same EPLB placement and move expert weights before the step's forward; requests wait
@@ -18,7 +19,9 @@ import torch.distributed as dist
 
 from agent_infer.engine.scheduler import ScheduledSequence
 from agent_infer.parallel.config import ParallelConfig
+from agent_infer.parallel.cp_engine import ContextParallelPrefill
 from agent_infer.parallel.eplb import balanced_placement
+from agent_infer.parallel.expert_loading import ReadStats
 from agent_infer.parallel.expert_parallel import ExpertParallel
 
 
@@ -51,6 +54,13 @@ class ParallelMetrics:
     imbalance_history: list[tuple[float, float]] = field(default_factory=list)
     #: Each MoE layer's current placement (logical expert of every physical slot).
     placements: list[tuple[int, ...]] = field(default_factory=list)
+    #: Bytes of weights this rank holds (replicated parts plus its expert slots), at start.
+    weight_bytes: int = 0
+    #: Per MoE layer, the logical experts whose tensors this rank read from the checkpoint (at
+    #: load and by file-sourced weight moves), and those reads' bytes; empty for a GGUF model
+    #: (loaded whole).
+    experts_read: list[list[int]] = field(default_factory=list)
+    expert_bytes_read: int = 0
 
     @property
     def dispatch_bytes_per_step(self) -> float:
@@ -79,6 +89,10 @@ class LockStep:
         self.num_groups = num_groups
         self.stop_requested = False
         self.any_busy = False
+        #: What the rank read of the checkpoint's experts (None when it loaded a GGUF whole).
+        self.read_stats: ReadStats | None = None
+        #: Context-parallel prefill jobs, run when every rank has received them (None: off).
+        self.cp: ContextParallelPrefill | None = None
         self._last_step = time.perf_counter()
         world = ep.world_size
         self.metrics = ParallelMetrics(
@@ -90,14 +104,20 @@ class LockStep:
 
     def __call__(self, scheduled: list[ScheduledSequence]) -> None:
         tokens = sum(item.num_new_tokens + len(item.draft) for item in scheduled)
+        jobs = len(self.cp.jobs) if self.cp is not None else 0
         mine = torch.tensor(
-            [int(bool(scheduled)), int(self.stop_requested), tokens], dtype=torch.int64, device=self.ep.device
+            [int(bool(scheduled)), int(self.stop_requested), tokens, jobs],
+            dtype=torch.int64,
+            device=self.ep.device,
         )
         gathered = [torch.empty_like(mine) for _ in range(self.ep.world_size)]
         dist.all_gather(gathered, mine, group=self.ep.group)
         table = torch.stack(gathered).cpu()
         if bool(table[:, 1].any()):
             raise StopLockStep
+        if self.cp is not None:
+            # The jobs every rank has received; the same count on every rank.
+            self.cp.run_ready(int(table[:, 3].min()))
         was_busy, self.any_busy = self.any_busy, bool(table[:, 0].any())
         now = time.perf_counter()
         m = self.metrics
@@ -144,9 +164,17 @@ class LockStep:
         m.imbalance_history.append((before, after))
         self.ep.rebalance(new)
         m.placements = [p.slots for p in new]
+        self.record_reads()
         m.rebalances += 1
         m.rebalance_bytes = self.ep.stats.rebalance_bytes
         m.rebalance_seconds += time.perf_counter() - start
+
+    def record_reads(self) -> None:
+        """Copy the checkpoint read counts into the metrics."""
+        reads = self.read_stats
+        if reads is not None:
+            self.metrics.experts_read = [sorted(e) for e in reads.experts_read]
+            self.metrics.expert_bytes_read = reads.expert_bytes_read
 
 
 def _mean(values: list[float]) -> float:

@@ -132,9 +132,10 @@ class ServedDataParallel:
         self.dp.shutdown()
 
     def prometheus_lines(self, prefix: str = "agent_infer") -> list[str]:
-        """The parallel metrics in Prometheus text format: ranks, health, per-rank requests,
-        generated tokens and tokens per step, all-to-all bytes per step, expert imbalance of the
-        last rebalance and the rebalance count (the last four under expert parallelism)."""
+        """The parallel metrics in Prometheus text format: ranks, health, per-rank requests and
+        generated tokens and weight bytes; context-parallel prefills (count, tokens, time); under
+        expert parallelism per-rank tokens per step, all-to-all bytes per step, the expert
+        imbalance of the last rebalance and the rebalance count."""
         dp = self.dp
         lines: list[str] = []
 
@@ -158,6 +159,42 @@ class ServedDataParallel:
             "Tokens generated per rank.",
             [(f'{{rank="{r}"}}', n) for r, n in enumerate(dp.generated_tokens)],
         )
+        prefills = {
+            r: st["cp_prefill"] for r, st in dp.rank_status.items() if st.get("cp_prefill") is not None
+        }
+        if prefills:
+            metric(
+                "cp_prefills_total",
+                "counter",
+                "Context-parallel prefills (each run by every rank).",
+                [("", max(p.prefills for p in prefills.values()))],
+            )
+            metric(
+                "cp_prefill_tokens_total",
+                "counter",
+                "Prompt tokens prefilled context-parallel.",
+                [("", max(p.tokens for p in prefills.values()))],
+            )
+            metric(
+                "cp_prefill_seconds_total",
+                "counter",
+                "Wall time each rank spent in context-parallel prefills.",
+                [(f'{{rank="{r}"}}', p.seconds) for r, p in sorted(prefills.items())],
+            )
+            metric(
+                "cp_prefill_last_seconds",
+                "gauge",
+                "Wall time of the last context-parallel prefill (slowest rank).",
+                [("", max(p.last_seconds for p in prefills.values()))],
+            )
+        held = {r: st["weight_bytes"] for r, st in dp.rank_status.items() if "weight_bytes" in st}
+        if held:
+            metric(
+                "rank_weight_bytes",
+                "gauge",
+                "Bytes of weights each rank holds (under expert parallelism: its expert slots only).",
+                [(f'{{rank="{r}"}}', n) for r, n in sorted(held.items())],
+            )
         reports = {r: m for r, m in dp.rank_metrics.items() if m is not None}
         if not reports:
             return lines

@@ -223,6 +223,8 @@ class _CommonRequest(_Strict):
     # Loop control inside one JSON value (engine/value_loops.py), checked like the dry_* fields.
     value_close_multiplier: float | None = None
     value_close_allowed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    value_close_budget: float | None = None
+    value_close_budget_bias: float | None = None
     # Speculative decoding per request (engine/speculator.py); SamplingParams checks the values.
     speculative_source: str | None = None
     speculative_tokens: int | None = Field(default=None, ge=0, le=MAX_SPECULATIVE_TOKENS)

@@ -59,6 +59,11 @@ class MTPModule(nn.Module):
     def forward(self, hidden: torch.Tensor, next_embeds: torch.Tensor, **block_kwargs: Any) -> torch.Tensor:
         """Normed states ``[B, T, hidden]`` for the head: ``hidden`` is the main model's at positions
         ``0..T-1``, ``next_embeds`` the embeddings of tokens ``1..T``; ``block_kwargs`` go to the block."""
+        return self.head_norm(self.trunk(hidden, next_embeds, **block_kwargs))
+
+    def trunk(self, hidden: torch.Tensor, next_embeds: torch.Tensor, **block_kwargs: Any) -> torch.Tensor:
+        """The module's output before the head's norm (``h^k`` of the report: what a next module
+        takes as its ``hidden``)."""
         x = self.eh_proj(torch.cat((self.enorm(next_embeds), self.hnorm(hidden)), dim=-1))
         if self.streams > 1:
             x = x.unsqueeze(2).expand(-1, -1, self.streams, -1).contiguous()
@@ -67,7 +72,7 @@ class MTPModule(nn.Module):
             out = out[0]
         if self.hc_head is not None:
             out = self.hc_head(out)
-        return self.head_norm(out)
+        return out
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """The module's own tensors by DeepSeek's names under ``model.layers.{N}.`` (the block's are

@@ -89,3 +89,26 @@ def test_wire_body_sends_dry_fields_only_when_given() -> None:
     )
     body = request_body("m", last, False)
     assert body["close_on_length"] is True and body["dry_multiplier"] == 4.0
+
+
+def test_budget_pressure_only_where_no_retry_follows() -> None:
+    constraint = Constraint.from_keywords(schema={"type": "object"})
+    first = ModelRequest([{"role": "user", "content": "q"}], constraint, temperature=0.7, seed=5)
+    cut = ModelResponse({"role": "assistant", "content": '{"a": 1111'}, "length", Usage(1, 200, 1))
+    sent = _flow_requests(first, [cut, cut], retries=2)
+    assert [r.retried_on_length for r in sent] == [True, True, False]
+    assert _flow_requests(first, [], retries=0)[0].retried_on_length is False
+    on = resolve(None, structured=True)
+    assert on is not None and on.value_close_budget == STRUCTURED_LOOP_CONTROL.value_close_budget > 0
+    retried = resolve(None, structured=True, retried=True)
+    assert retried is not None and retried.value_close_budget == 0.0
+    # The same rule for a LoopControl given explicitly, on the wire too.
+    mine = LoopControl(value_close_budget=0.5)
+    body = request_body(
+        "m", ModelRequest(first.messages, constraint, loop_control=mine, retried_on_length=True), False
+    )
+    assert body["value_close_budget"] == 0.0
+    body = request_body("m", ModelRequest(first.messages, constraint, loop_control=mine), False)
+    assert (
+        body["value_close_budget"] == 0.5 and body["value_close_budget_bias"] == mine.value_close_budget_bias
+    )

@@ -66,6 +66,11 @@ CASES = {
 }
 
 
+# The default loop control without its closing pressure near max_tokens (on for a call no retry
+# follows, as with max_retries=0): what ends each loop here is the loop machinery itself.
+LOOPS_ONLY = LoopControl(value_close_budget=0.0)
+
+
 @pytest.fixture(scope="module")
 def client(llm: Any) -> Client:
     return Client.from_llm(llm)
@@ -100,7 +105,7 @@ def test_loop_ends_with_loop_control(client: Client, case: str) -> None:
     # numbers="exact": without the float64 digit policy, so the digit loop is there to end.
     reasons, value = _finish_reasons(client, case, False, numbers="exact")
     assert reasons == ["length"] and value is None
-    reasons, value = _finish_reasons(client, case, None)
+    reasons, value = _finish_reasons(client, case, LOOPS_ONLY)
     assert reasons == ["stop"]
     assert isinstance(value, CASES[case][0])
 
@@ -127,8 +132,8 @@ VARYING = {
 @pytest.mark.parametrize("case", list(VARYING))
 def test_closing_bias_ends_varying_loops(client: Client, case: str) -> None:
     schema, prompt = VARYING[case]
-    dry_only = LoopControl(value_close_multiplier=0.0)
-    for loop_control, expected in ((dry_only, ["length"]), (None, ["stop"])):
+    dry_only = LoopControl(value_close_multiplier=0.0, value_close_budget=0.0)
+    for loop_control, expected in ((dry_only, ["length"]), (LOOPS_ONLY, ["stop"])):
         reasons: list[str] = []
         with contextlib.suppress(ValidationRetryError):
             client.generate(
@@ -140,3 +145,31 @@ def test_closing_bias_ends_varying_loops(client: Client, case: str) -> None:
                 hooks=Hooks(on_response=lambda event, seen=reasons: seen.append(event.finish_reason)),
             )
         assert reasons == expected
+
+
+def test_budget_pressure_completes_a_tool_call_started_late(make_llm: Any) -> None:
+    # After one complete call the model starts a second one it cannot finish within max_tokens:
+    # without the pressure the output is cut inside that call; with it the model ends after the first.
+    from agent_infer.errors import IncompleteToolCallError
+
+    def send_email(to: str, subject: str, body: str) -> str:
+        """Send an e-mail."""
+        return "sent"
+
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return "sunny"
+
+    prompt = (
+        "Send an email to bob@example.com with the subject 'Report' and a body that describes the "
+        "quarterly results in detail."
+    )
+    # Prefix caching off: the prompt is computed the same way whatever ran before.
+    client = Client.from_llm(make_llm(enable_prefix_caching=False))
+    ask = dict(tools=[send_email, get_weather], tool_choice="required", max_tokens=80)
+    with pytest.raises(IncompleteToolCallError):
+        client.chat(prompt, loop_control=LoopControl(value_close_budget=0.0), **ask)  # type: ignore[arg-type]
+    message, completion = client.chat_with_completion(prompt, **ask)  # type: ignore[arg-type]
+    assert completion.finish_reason == "tool_calls"
+    calls = message["tool_calls"]
+    assert calls and calls[0]["function"]["name"] == "send_email"

@@ -68,10 +68,17 @@ def test_close_on_length_turns_the_cut_call_into_a_complete_one(client: Client) 
         return "saved"
 
     prompt = "Save a note describing Paris in detail."
+    # Loop control off: its closing pressure near max_tokens would end the note on its own.
+    ask: dict[str, Any] = {
+        "tools": [note],
+        "tool_choice": "required",
+        "max_tokens": 40,
+        "loop_control": False,
+    }
     with pytest.raises(IncompleteToolCallError) as info:
-        client.chat(prompt, tools=[note], tool_choice="required", max_tokens=40)
+        client.chat(prompt, **ask)
     assert info.value.tool == "note"
-    message = client.chat(prompt, tools=[note], tool_choice="required", max_tokens=40, close_on_length=True)
+    message = client.chat(prompt, close_on_length=True, **ask)
     (call,) = message["tool_calls"]
     assert call["function"]["name"] == "note" and message["content"] is None
     assert json.loads(call["function"]["arguments"])["text"]

@@ -32,7 +32,11 @@ def remote(server: LiveServer) -> Iterator[Client]:
 
 
 MISTAKES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-    ("unsupported keyword", {"schema": {"type": "array", "uniqueItems": True}}, ("keyword", "pointer")),
+    (
+        "unsupported keyword",
+        {"schema": {"type": "array", "items": {"$dynamicRef": "#meta"}}},
+        ("keyword", "pointer"),
+    ),
     ("unknown type", {"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}, ("pointer",)),
     ("dangling $ref", {"schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}, ("pointer",)),
     ("GBNF syntax", {"grammar": 'root ::= ("a"'}, ("line", "column", "position")),
@@ -97,7 +101,10 @@ def test_a_tool_schema_mistake_raises_the_same_error(local: Client, remote: Clie
         "function": {
             "name": "tag",
             "strict": True,
-            "parameters": {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"$dynamicRef": "#m"}}},
+            },
         },
     }
     raised = []

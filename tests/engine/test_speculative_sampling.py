@@ -4,6 +4,7 @@ engine on a tiny MTP model."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from deepseek_support import BYTE_VOCAB, save_tiny_mtp, write_byte_tokenizer
 
 from agent_infer import LLM, SamplingParams
+from agent_infer.engine.drafts.vocab import RANKING_FILE
 from agent_infer.engine.speculator import verify_rows
 
 #: Chi-square critical values at p = 0.001 by degrees of freedom (a fixed seed makes each run
@@ -52,13 +54,19 @@ def test_first_token_distribution_matches_the_target(draft: list[int]) -> None:
 
 
 @pytest.mark.slow
-def test_engine_sampled_tokens_keep_their_distribution_with_mtp_drafts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("draft_vocab", [0, 48], ids=["full-head", "sliced-head"])
+def test_engine_sampled_tokens_keep_their_distribution_with_mtp_drafts(
+    tmp_path: Path, draft_vocab: int
+) -> None:
     """The second output token (the first one a draft can cover) of many seeded requests, with MTP
-    drafts always fed (confidence 0) against other seeds without drafts: a two-sample chi-square."""
+    drafts always fed (confidence 0) against other seeds without drafts: a two-sample chi-square.
+    With a sliced head the draft chooses among 48 ids (the prompt's bytes ranked first)."""
     save_tiny_mtp(tmp_path, predictable=True, vocab_size=BYTE_VOCAB, eos_token_id=256)
     write_byte_tokenizer(tmp_path)
     n = 400
     prompt = "The quick brown"
+    ranked = list(dict.fromkeys(prompt.encode())) + list(range(256))
+    (tmp_path / RANKING_FILE).write_text(json.dumps({"token_ids": list(dict.fromkeys(ranked))}))
     counts = []
     for source, seeds in (("mtp", range(n)), ("off", range(n, 2 * n))):
         # Few at a time: in a big batch the scheduler drops drafts that do not pay off.
@@ -66,6 +74,7 @@ def test_engine_sampled_tokens_keep_their_distribution_with_mtp_drafts(tmp_path:
             model=str(tmp_path),
             speculative_source=source,
             speculative_confidence=0.0,
+            speculative_draft_vocab=draft_vocab,
             max_num_seqs=8,
             kv_cache_memory_bytes=KV,
         )

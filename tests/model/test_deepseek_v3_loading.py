@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from deepseek_support import load_ours, save_tiny
+from deepseek_quant_support import write_fp8
+from deepseek_support import edit_tensors, load_ours, rewrite_config, save_tiny
 from safetensors.torch import load_file, save_file
 
 from agent_infer.errors import ModelLoadError
@@ -18,21 +18,6 @@ from agent_infer.model.runner import SequenceRunner
 pytest.importorskip("transformers")
 
 BLOCK = (16, 32)  # non-square and not dividing every dimension: partial edge blocks are exercised
-FP8_MAX = 448.0
-
-
-def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek's layout: per-block amax / 448 as ``weight_scale_inv``, the weight divided by it in e4m3."""
-    rows, cols = w.shape
-    br, bc = BLOCK
-    scale = torch.empty(-(-rows // br), -(-cols // bc))
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            block = w[i * br : (i + 1) * br, j * bc : (j + 1) * bc]
-            scale[i, j] = block.abs().max() / FP8_MAX
-            q[i * br : (i + 1) * br, j * bc : (j + 1) * bc] = (block / scale[i, j]).to(torch.float8_e4m3fn)
-    return q, scale
 
 
 def _is_quantized(name: str) -> bool:
@@ -40,37 +25,10 @@ def _is_quantized(name: str) -> bool:
     return name.endswith("proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
 
 
-def _write_fp8(src: Path, dst: Path) -> dict[str, torch.Tensor]:
-    """An FP8 twin of ``src`` in two shards (scales apart from their weights); returns the dequantized weights."""
-    dst.mkdir()
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {
-        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK),
-    }  # fmt: skip
-    (dst / "config.json").write_text(json.dumps(cfg))
-    weights, scales, expected = {}, {}, {}
-    for name, w in load_file(src / "model.safetensors").items():
-        if _is_quantized(name):
-            q, s = _quantize(w)
-            weights[name], scales[name + "_scale_inv"] = q, s
-            expected[name] = (
-                q.float()
-                * s.repeat_interleave(BLOCK[0], 0)[: w.shape[0]].repeat_interleave(BLOCK[1], 1)[
-                    :, : w.shape[1]
-                ]
-            )
-        else:
-            weights[name] = w
-    save_file(weights, dst / "a.safetensors")
-    save_file(scales, dst / "b.safetensors")
-    index = {n: "a.safetensors" for n in weights} | {n: "b.safetensors" for n in scales}
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
-    return expected
-
-
 def test_fp8_checkpoint_loads_to_its_dequantized_twin(tmp_path: Path) -> None:
     save_tiny(tmp_path / "f32")
-    expected = _write_fp8(tmp_path / "f32", tmp_path / "fp8")
+    _, twin = write_fp8(tmp_path / "f32", tmp_path / "fp8", BLOCK, _is_quantized)
+    expected = load_file(twin / "model.safetensors")
     fp8 = load_ours(tmp_path / "fp8")
     targets = fp8.weight_targets()
     name = "model.layers.1.self_attn.q_b_proj.weight"  # [96, 48]: 48 = one full and one half block column
@@ -79,10 +37,6 @@ def test_fp8_checkpoint_loads_to_its_dequantized_twin(tmp_path: Path) -> None:
     dest, off, shape = targets["model.layers.2.mlp.experts.5.up_proj.weight"]
     assert torch.equal(dest[off : off + shape[0]], expected["model.layers.2.mlp.experts.5.up_proj.weight"])
     # the dequantized twin as a plain float32 checkpoint gives bit-identical logits
-    twin = tmp_path / "twin"
-    twin.mkdir()
-    (twin / "config.json").write_bytes((tmp_path / "f32" / "config.json").read_bytes())
-    save_file({**load_file(tmp_path / "f32" / "model.safetensors"), **expected}, twin / "model.safetensors")
     prompt = list(range(3, 40))
     got = SequenceRunner(fp8, num_blocks=8, block_size=8).step([(0, prompt)])
     want = SequenceRunner(load_ours(twin), num_blocks=8, block_size=8).step([(0, prompt)])
@@ -97,22 +51,6 @@ def test_fp8_errors_name_the_tensor() -> None:
     with pytest.raises(ModelLoadError, match=r"'x\.weight_scale_inv' has shape \(2, 2\), expected \(3, 3\)"):
         dequantize_block_fp8("x.weight", w, torch.ones(2, 2), (16, 32))
     assert dequantize_block_fp8("x.weight", w, torch.full((3, 3), 2.0), (16, 32)).equal(w.float() * 2)
-
-
-def _rewrite(d: Path, **changes: Any) -> None:
-    cfg = json.loads((d / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            cfg.pop(key, None)
-        else:
-            cfg[key] = value
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(d: Path, edit: Any) -> None:
-    tensors = load_file(d / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, d / "model.safetensors")
 
 
 @pytest.mark.parametrize(
@@ -133,7 +71,7 @@ def _edit_tensors(d: Path, edit: Any) -> None:
 )  # fmt: skip
 def test_config_errors_name_the_key(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
     save_tiny(tmp_path)
-    _rewrite(tmp_path, **changes)
+    rewrite_config(tmp_path, **changes)
     with pytest.raises(ModelLoadError, match=message):
         load_ours(tmp_path)
 
@@ -141,7 +79,7 @@ def test_config_errors_name_the_key(tmp_path: Path, changes: dict[str, Any], mes
 def test_tensor_errors_name_the_tensor(tmp_path: Path) -> None:
     save_tiny(tmp_path)
     original = load_file(tmp_path / "model.safetensors")
-    _edit_tensors(tmp_path, lambda t: t.pop("model.layers.2.mlp.experts.7.down_proj.weight"))
+    edit_tensors(tmp_path, lambda t: t.pop("model.layers.2.mlp.experts.7.down_proj.weight"))
     with pytest.raises(
         ModelLoadError, match=r"missing tensors: model\.layers\.2\.mlp\.experts\.7\.down_proj\.weight"
     ):
@@ -169,10 +107,10 @@ def test_mtp_layers_are_accepted_only_when_declared(tmp_path: Path) -> None:
         mtp + "eh_proj.weight": torch.zeros(64, 128), mtp + "shared_head.norm.weight": torch.ones(64),
         mtp + "self_attn.kv_b_proj.weight": torch.zeros(96, 32),
     }  # fmt: skip
-    _edit_tensors(tmp_path, lambda t: t.update(extra))
+    edit_tensors(tmp_path, lambda t: t.update(extra))
     with pytest.raises(ModelLoadError, match=r"unexpected tensor 'model\.layers\.3\."):
         load_ours(tmp_path)
-    _rewrite(tmp_path, num_nextn_predict_layers=1)
+    rewrite_config(tmp_path, num_nextn_predict_layers=1)
     # Declared, the layer is loaded: a partial or mis-shaped set is named (test_mtp.py loads full ones).
     with pytest.raises(ModelLoadError, match=r"model\.layers\.3\."):
         load_ours(tmp_path)

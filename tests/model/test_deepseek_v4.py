@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepseek_support import load_ours, write_tokenizer
-from deepseek_v4_support import save_tiny
+from deepseek_support import load_ours, save_tiny_v4, write_tokenizer
 
 from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
@@ -41,16 +40,20 @@ def _run(model: CausalLM, prompt: list[int], block_size: int) -> tuple[list[int]
     return tokens, torch.stack(logits)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, CausalLM]:
+@pytest.fixture(scope="module", params=["torch", "packed"])
+def tiny(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[torch.nn.Module, CausalLM]:
+    """The model on the torch kernels, and on the packed-float ones ``load_model`` picks on the CPU
+    (native decode rows, hyper-connections and experts)."""
     d = tmp_path_factory.mktemp("v4")
-    return save_tiny(d), load_ours(d)
+    return save_tiny_v4(d), load_ours(d, packed=request.param == "packed")
 
 
 @pytest.mark.parametrize(("block_size", "yarn"), [(16, False), (4, True)], ids=["bs16-plain", "bs4-yarn"])
 def test_logits_match_transformers_prefill_and_decode(block_size: int, yarn: bool, tmp_path: Path) -> None:
     """Block 16 holds several entries per block; block 4 is smaller than the heavy layers' rate 8."""
-    hf = save_tiny(tmp_path, yarn=yarn)
+    hf = save_tiny_v4(tmp_path, yarn=yarn)
     ours = load_ours(tmp_path)
     tokens, got = _run(ours, _prompt(), block_size)
     with torch.no_grad():
@@ -172,7 +175,9 @@ def test_misuse_raises_engine_errors(tiny: tuple[torch.nn.Module, CausalLM]) -> 
     _, model = tiny
     kv_layout = KVCache(k=[], v=[], num_blocks=4, block_size=16)
     meta = AttentionMetadata([0, 1], [1], [[0]], torch.tensor([0]), 16)
-    with pytest.raises(EngineError, match="compressed layout"):
+    with pytest.raises(
+        EngineError, match=r"deepseek_v4 model needs a KV cache in the compressed layout .* got the kv layout"
+    ):
         model(torch.tensor([5]), torch.tensor([0]), meta, kv_layout)
     cache = KVCache.allocate(model.config, 4, 16, model.device, model.dtype)
     with pytest.raises(EngineError, match="beyond the model's 256-token context"):
@@ -182,7 +187,7 @@ def test_misuse_raises_engine_errors(tiny: tuple[torch.nn.Module, CausalLM]) -> 
 def test_engine_generates_schema_valid_json_and_reports_kv_bytes(tmp_path: Path) -> None:
     from agent_infer import LLM, SamplingParams
 
-    save_tiny(tmp_path, vocab_size=49152)  # covers the SmolLM2 tokenizer's ids
+    save_tiny_v4(tmp_path, vocab_size=49152)  # covers the SmolLM2 tokenizer's ids
     assert write_tokenizer(tmp_path) <= 49152
     d, di = 32, 16
     # per token: every layer's window entry; heavy layers (rate 8) 2*d of state plus d per 8 tokens;
@@ -316,7 +321,7 @@ def test_engine_with_state_rings(tmp_path: Path) -> None:
     the prefix cache with the same output."""
     from agent_infer import LLM, SamplingParams
 
-    save_tiny(tmp_path, vocab_size=49152)
+    save_tiny_v4(tmp_path, vocab_size=49152)
     write_tokenizer(tmp_path)
     d, di, bs, ring = 32, 16, 64, 39
     values = 5 * d * bs + 2 * (2 * d * ring + d * bs // 8) + 2 * (4 * (d + di) * ring + (d + di) * bs // 4)
@@ -340,7 +345,7 @@ def test_host_kv_tier_restores_every_compressed_pool(tmp_path: Path) -> None:
     ring positions: the restored run's tokens and logprobs equal the cold run's."""
     from agent_infer import LLM, SamplingParams
 
-    save_tiny(tmp_path, vocab_size=49152)
+    save_tiny_v4(tmp_path, vocab_size=49152)
     write_tokenizer(tmp_path)
     bs = 64
     llm = LLM(

@@ -3,14 +3,13 @@ name what is wrong."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from deepseek_support import load_ours
-from deepseek_v4_support import save_tiny
+from deepseek_quant_support import write_fp8
+from deepseek_support import edit_tensors, load_ours, rewrite_config, save_tiny_v4
 from safetensors.torch import load_file, save_file
 
 from agent_infer.errors import ConfigError, ModelLoadError
@@ -21,21 +20,6 @@ from agent_infer.model.runner import SequenceRunner
 pytest.importorskip("transformers")
 
 BLOCK = (16, 32)  # non-square and not dividing every dimension: partial edge blocks are exercised
-FP8_MAX = 448.0
-
-
-def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek's layout: per-block amax / 448 as ``weight_scale_inv``, the weight divided by it in e4m3."""
-    rows, cols = w.shape
-    br, bc = BLOCK
-    scale = torch.empty(-(-rows // br), -(-cols // bc))
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            block = w[i * br : (i + 1) * br, j * bc : (j + 1) * bc]
-            scale[i, j] = block.abs().max() / FP8_MAX
-            q[i * br : (i + 1) * br, j * bc : (j + 1) * bc] = (block / scale[i, j]).to(torch.float8_e4m3fn)
-    return q, scale
 
 
 def _is_quantized(name: str) -> bool:
@@ -45,39 +29,9 @@ def _is_quantized(name: str) -> bool:
     return leaf in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "w1", "w2", "w3") and ".compressor." not in name
 
 
-def _write_fp8(src: Path, dst: Path) -> tuple[int, Path]:
-    """An FP8 copy of ``src`` in two shards (scales apart from their weights) and its dequantized twin."""
-    twin = dst.parent / (dst.name + "-twin")
-    dst.mkdir()
-    twin.mkdir()
-    cfg = json.loads((src / "config.json").read_text())
-    (twin / "config.json").write_text(json.dumps(cfg))
-    cfg["quantization_config"] = {
-        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK),
-    }  # fmt: skip
-    (dst / "config.json").write_text(json.dumps(cfg))
-    weights, scales, dequantized = {}, {}, {}
-    for name, w in load_file(src / "model.safetensors").items():
-        if _is_quantized(name):
-            q, s = _quantize(w)
-            weights[name], scales[name + "_scale_inv"] = q, s
-            spread = s.repeat_interleave(BLOCK[0], 0)[: w.shape[0]].repeat_interleave(BLOCK[1], 1)[
-                :, : w.shape[1]
-            ]
-            dequantized[name] = q.float() * spread
-        else:
-            weights[name] = dequantized[name] = w
-    save_file(weights, dst / "a.safetensors")
-    save_file(scales, dst / "b.safetensors")
-    save_file(dequantized, twin / "model.safetensors")
-    index = {n: "a.safetensors" for n in weights} | {n: "b.safetensors" for n in scales}
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
-    return len(scales), twin
-
-
 def test_fp8_checkpoint_loads_to_the_logits_of_its_dequantized_twin(tmp_path: Path) -> None:
-    save_tiny(tmp_path / "f32")
-    quantized, twin = _write_fp8(tmp_path / "f32", tmp_path / "fp8")
+    save_tiny_v4(tmp_path / "f32")
+    quantized, twin = write_fp8(tmp_path / "f32", tmp_path / "fp8", BLOCK, _is_quantized)
     # per layer: five attention projections and three per expert (8 routed, 1 shared); the indexers' wq_b
     assert quantized == 5 * (5 + 3 * 9) + 2
     fp8, ref = load_ours(tmp_path / "fp8"), load_ours(twin)
@@ -90,26 +44,10 @@ def test_fp8_checkpoint_loads_to_the_logits_of_its_dequantized_twin(tmp_path: Pa
     assert not torch.equal(logits[0], logits[2])  # quantization did change the weights
 
 
-def _rewrite(d: Path, **changes: Any) -> None:
-    cfg = json.loads((d / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            cfg.pop(key, None)
-        else:
-            cfg[key] = value
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(d: Path, edit: Any) -> None:
-    tensors = load_file(d / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, d / "model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
     d = tmp_path_factory.mktemp("v4")
-    save_tiny(d)
+    save_tiny_v4(d)
     return (d / "config.json").read_text(), load_file(d / "model.safetensors")
 
 
@@ -135,7 +73,8 @@ def _copy(saved: tuple[str, dict[str, torch.Tensor]], d: Path) -> Path:
                               "compress": {"rope_type": "linear", "factor": 2.0}}}, "compressed-layer rope type 'linear'"),
         ({"rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
                               "compress": {"rope_type": "yarn", "factor": 2.0}}}, "lacks 'original_max_position_embeddings'"),
-        ({"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}}, "expert_dtype 'fp4'"),
+        ({"quantization_config": {"quant_method": "fp8", "expert_dtype": "int4"}}, "unsupported expert_dtype 'int4'"),
+        ({"quantization_config": {"quant_method": "fp8", "scale_fmt": "e5m2"}}, "quantization_config.scale_fmt 'e5m2'"),
         ({"swiglu_limit": -1}, "swiglu_limit must be a positive number"),
         ({"head_dim": 16}, r"'model\.layers\.0\.attn\.compressor\.ape' has shape \(8, 32\), expected \(8, 16\)"),
         ({"mlp_layer_types": ["moe"] * 5}, r"unexpected tensor 'model\.layers\.0\.ffn\.gate\.tid2eid'"),
@@ -146,7 +85,7 @@ def test_config_errors_name_the_key(
     saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path, changes: dict[str, Any], message: str
 ) -> None:
     d = _copy(saved, tmp_path)
-    _rewrite(d, **changes)
+    rewrite_config(d, **changes)
     with pytest.raises(ModelLoadError, match=message):
         load_ours(d)
 
@@ -154,7 +93,7 @@ def test_config_errors_name_the_key(
 def test_tensor_errors_name_the_tensor(saved: tuple[str, dict[str, torch.Tensor]], tmp_path: Path) -> None:
     d = _copy(saved, tmp_path)
     original = saved[1]
-    _edit_tensors(d, lambda t: t.pop("model.layers.1.attn.indexer.compressor.ape"))
+    edit_tensors(d, lambda t: t.pop("model.layers.1.attn.indexer.compressor.ape"))
     with pytest.raises(
         ModelLoadError, match=r"missing tensors: model\.layers\.1\.attn\.indexer\.compressor\.ape"
     ):
@@ -182,10 +121,10 @@ def test_mtp_layers_are_skipped_only_when_declared(
         mtp + "eh_proj.weight": torch.zeros(64, 128), mtp + "attn.wkv.weight": torch.zeros(32, 64),
         mtp + "ffn.experts.0.w1.weight": torch.zeros(32, 64), mtp + "hc_head_fn": torch.zeros(4, 256),
     }  # fmt: skip
-    _edit_tensors(d, lambda t: t.update(extra))
+    edit_tensors(d, lambda t: t.update(extra))
     with pytest.raises(ModelLoadError, match=r"unexpected tensor 'model\.layers\.5\."):
         load_ours(d)
-    _rewrite(d, num_nextn_predict_layers=1)
+    rewrite_config(d, num_nextn_predict_layers=1)
     model = load_ours(d)
     assert model.config.num_nextn_layers == 1 and len(model.layers) == 5
 
@@ -217,7 +156,7 @@ def test_cache_geometry_and_block_alignment(
 
 
 def test_tied_head_loads_from_the_embedding(tmp_path: Path) -> None:
-    hf = save_tiny(tmp_path, tie_word_embeddings=True)
+    hf = save_tiny_v4(tmp_path, tie_word_embeddings=True)
     model = load_ours(tmp_path)
     prompt = torch.randint(2, 256, (20,), generator=torch.Generator().manual_seed(9)).tolist()
     got = SequenceRunner(model, num_blocks=4, block_size=8).step([(0, prompt)])[0]

@@ -55,10 +55,13 @@ def _paged_mtp(
     return torch.cat(outs), torch.cat(logits)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["torch", "packed"])
 @pytest.mark.parametrize("own_embed_and_head", [True, False], ids=["own-embed-head", "shared-embed-head"])
-def test_paged_mtp_matches_reference_on_full_sequences(own_embed_and_head: bool, tmp_path: Path) -> None:
+def test_paged_mtp_matches_reference_on_full_sequences(
+    own_embed_and_head: bool, packed: bool, tmp_path: Path
+) -> None:
     hf, ref = save_tiny_mtp(tmp_path, with_embed_and_head=own_embed_and_head)
-    model = load_ours(tmp_path)
+    model = load_ours(tmp_path, packed=packed)
     assert isinstance(model, DeepseekV3ForCausalLM)
     layers = model.mtp_layers()
     assert len(layers) == 1
@@ -95,11 +98,12 @@ def test_copies_of_the_main_embedding_and_head_are_shared(tmp_path: Path) -> Non
     assert layer.embed is None and layer.head is None
 
 
-def test_chained_step_feeds_its_own_hidden_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["torch", "packed"])
+def test_chained_step_feeds_its_own_hidden_state(packed: bool, tmp_path: Path) -> None:
     """Depth 2: the module's output at the last position and its proposed token, fed back at the next
     position, equal the reference run on the sequence extended by that pair."""
     hf, ref = save_tiny_mtp(tmp_path)
-    model = load_ours(tmp_path)
+    model = load_ours(tmp_path, packed=packed)
     tokens = _tokens(1)
     ids = torch.tensor([tokens])
     with torch.no_grad():

@@ -110,11 +110,14 @@ def test_data_parallel_without_expert_parallel_matches(model_dir: str, single: l
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in single[:4]]
 
 
-@pytest.mark.parametrize("expert_parallel", [True, False], ids=["ep", "dp-only"])
+@pytest.mark.parametrize(
+    ("expert_parallel", "cp_threshold"), [(True, 0), (False, 0), (False, 64)], ids=["ep", "dp-only", "dp-cp"]
+)
 def test_a_killed_rank_fails_its_requests_with_a_typed_error(
-    model_dir: str, expert_parallel: bool, tmp_path: Path
+    model_dir: str, expert_parallel: bool, cp_threshold: int, tmp_path: Path
 ) -> None:
-    """Under expert parallelism the ranks also start from a static placement of a saved profile."""
+    """Under expert parallelism the ranks also start from a static placement of a saved profile;
+    with context-parallel prefill the ranks share collectives, so one death fails them all."""
     profile = torch.tensor([[900, 50, 10, 10, 10, 10, 10, 10], [10, 10, 10, 10, 10, 10, 500, 400]])
     save_profile(tmp_path / "load.json", profile)
     ep_options = (
@@ -126,6 +129,7 @@ def test_a_killed_rank_fails_its_requests_with_a_typed_error(
         data_parallel_size=2,
         expert_parallel=expert_parallel,
         collective_timeout_s=30.0,
+        cp_prefill_threshold=cp_threshold,
         **ep_options,
     )
     engine = llm.engine
@@ -151,8 +155,8 @@ def test_a_killed_rank_fails_its_requests_with_a_typed_error(
                     finished[out.request_id] = out
         assert not engine.healthy
         failed = {i for i, out in finished.items() if out.outputs[0].finish_reason == "error"}
-        # rank 1 held r1 and r3; under expert parallelism rank 0 cannot go on without it
-        assert failed == ({"r0", "r1", "r2", "r3"} if expert_parallel else {"r1", "r3"})
+        # rank 1 held r1 and r3; under expert parallelism (or CP) rank 0 cannot go on without it
+        assert failed == ({"r0", "r1", "r2", "r3"} if expert_parallel or cp_threshold else {"r1", "r3"})
         for i in failed:
             assert "RankFailedError: rank 1 exited" in (finished[i].outputs[0].error or "")
         with pytest.raises(RankFailedError, match="unhealthy"):

@@ -1,6 +1,7 @@
 """``agent-infer serve --data-parallel-size 2 --expert-parallel`` as a real process on loopback,
-queried with the real ``openai`` client: greedy chat output equal to one process, the parallel
-metrics on /metrics, and /health turning 503 when a rank is killed."""
+queried with the real ``openai`` client: greedy chat output equal to one process (a long prompt
+prefilled over both ranks too), the parallel metrics on /metrics, and /health turning 503 when a
+rank is killed."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def served(model_dir: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     cmd = [
         sys.executable, "-m", "agent_infer.cli", "serve", "--model", model_dir, "--port", str(port),
         "--kv-cache-memory-bytes", str(32 * 1024 * 1024), "--data-parallel-size", "2", "--expert-parallel",
-        "--redundant-experts", "2", "--eplb-interval", "4",
+        "--redundant-experts", "2", "--eplb-interval", "4", "--cp-prefill-threshold", "128",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -86,6 +87,29 @@ def test_chat_equals_one_process_and_metrics_show_ranks(
     assert "agent_infer_parallel_ranks 2" in text
     assert "agent_infer_parallel_healthy 1" in text
     assert 'agent_infer_parallel_rank_generated_tokens_total{rank="0"}' in text
+
+
+def test_a_long_prompt_is_prefilled_over_the_ranks(
+    served: tuple[str, subprocess.Popen[bytes]], model_dir: str
+) -> None:
+    base, _ = served
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    long = [
+        {"role": "user", "content": "Summarize: " + " ".join(f"River {i} flows north." for i in range(40))}
+    ]
+    reply = client.chat.completions.create(model=model, messages=long, temperature=0, max_tokens=12)
+    want = LLM(model=model_dir, kv_cache_memory_bytes=32 * 1024 * 1024).chat(
+        long, SamplingParams(temperature=0.0, max_tokens=12)
+    )[0]
+    assert len(want.prompt_token_ids) > 128
+    assert reply.choices[0].message.content == want.outputs[0].text
+    deadline = time.monotonic() + 10
+    while "agent_infer_parallel_cp_prefills_total 1" not in (text := httpx.get(base + "/metrics").text):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.3)
+    assert 'agent_infer_parallel_cp_prefill_seconds_total{rank="1"}' in text
+    assert 'agent_infer_parallel_rank_weight_bytes{rank="0"}' in text
 
 
 ADD = {

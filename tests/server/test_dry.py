@@ -98,6 +98,9 @@ def test_value_close_fields_round_trip(server: LiveServer, llm: Any) -> None:
         ({"value_close_multiplier": -1}, "value_close_multiplier"),
         ({"value_close_multiplier": "strong"}, "value_close_multiplier"),
         ({"value_close_allowed": -1}, "value_close_allowed"),
+        ({"value_close_budget": 1.5}, "value_close_budget"),
+        ({"value_close_budget": "late"}, "value_close_budget"),
+        ({"value_close_budget_bias": -1}, "value_close_budget_bias"),
     ],
 )
 def test_bad_value_close_values_are_400s_naming_the_field(
@@ -106,6 +109,19 @@ def test_bad_value_close_values_are_400s_naming_the_field(
     resp = _chat(server, **fields)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
+
+
+def test_value_close_budget_fields_round_trip(server: LiveServer, llm: Any) -> None:
+    budget = {"value_close_budget": 0.5, "value_close_budget_bias": 8.0}
+    resp = _chat(server, REPEAT, response_format=WORDS, **budget)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    schema = WORDS["json_schema"]["schema"]  # type: ignore[index]
+    local = llm.chat(REPEAT, SamplingParams(temperature=0, max_tokens=40, structured=schema, **budget))
+    plain = llm.chat(REPEAT, SamplingParams(temperature=0, max_tokens=40, structured=schema))
+    assert choice["message"]["content"] == local[0].outputs[0].text
+    assert plain[0].outputs[0].finish_reason == "length"
+    assert choice["finish_reason"] == "stop"  # the string was closed inside the budget
 
 
 def test_numbers_option_of_json_schema(server: LiveServer) -> None:

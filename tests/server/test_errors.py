@@ -125,12 +125,12 @@ def test_unsupported_values_are_rejected_by_name(
 
 
 def test_unsupported_schema_keyword_names_keyword_and_pointer(server: LiveServer) -> None:
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"$dynamicRef": "#m"}}}}
     error = _error(_post(server, _schema_body(server, schema)), 400)
-    assert "uniqueItems" in error["message"] and "/properties/tags/uniqueItems" in error["message"]
+    assert "$dynamicRef" in error["message"] and "/properties/tags/items/$dynamicRef" in error["message"]
     assert error["param"] == "response_format.json_schema.schema"
     assert error["code"] == "unsupported_schema"
-    assert error["keyword"] == "uniqueItems" and error["pointer"] == "/properties/tags/uniqueItems"
+    assert error["keyword"] == "$dynamicRef" and error["pointer"] == "/properties/tags/items/$dynamicRef"
 
 
 def test_invalid_schema_names_the_pointer(server: LiveServer) -> None:
@@ -205,7 +205,7 @@ def test_openai_client_sees_bad_request(server: LiveServer) -> None:
 
 def test_server_still_serves_after_bad_requests(server: LiveServer) -> None:
     _post(server, b"\xff\xfe garbage")
-    _post(server, _schema_body(server, {"type": "array", "uniqueItems": True}))
+    _post(server, _schema_body(server, {"type": "array", "items": {"$dynamicRef": "#m"}}))
     assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
     resp = _post(server, _chat_body(server, temperature=0))
     assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] is not None
@@ -222,7 +222,7 @@ def test_non_text_content_part_is_unsupported(server: LiveServer) -> None:
 
 
 def test_lenient_schema_reports_what_it_skipped(server: LiveServer) -> None:
-    schema = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
+    schema = {"type": "object", "properties": {"t": {"type": "array", "items": {"$dynamicRef": "#m"}}}}
     body = _chat_body(
         server,
         max_tokens=20,
@@ -235,7 +235,7 @@ def test_lenient_schema_reports_what_it_skipped(server: LiveServer) -> None:
     resp = _post(server, body)
     assert resp.status_code == 200
     warnings = json.loads(resp.headers["x-agent-infer-warnings"])
-    assert any("uniqueItems" in w and "/properties/t/uniqueItems" in w for w in warnings)
+    assert any("$dynamicRef" in w and "/properties/t/items/$dynamicRef" in w for w in warnings)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -151,7 +151,7 @@ def test_streamed_function_call(client: Any, server: LiveServer) -> None:
                     "format": {
                         "type": "json_schema",
                         "name": "x",
-                        "schema": {"type": "array", "uniqueItems": True},
+                        "schema": {"type": "array", "items": {"$dynamicRef": "#m"}},
                     }
                 }
             },

@@ -1,9 +1,12 @@
-"""Tiny random DeepSeek V3 checkpoints saved with transformers, and a direct loader for them."""
+"""Tiny random DeepSeek V3 and V4 checkpoints saved with transformers (the oracle), a direct loader for
+them, tokenizers for their folders and a reference MTP module (quantized layouts:
+deepseek_quant_support.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import torch
 
 from agent_infer.model.families.base import CausalLM
 from agent_infer.model.loader import default_model_path
+from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
 from agent_infer.model.registry import build_model
@@ -40,12 +44,19 @@ def tiny_config(*, q_lora_rank: int | None = 48, yarn: bool = True, **overrides:
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights of unit-scale activations (transformers' 0.02 init makes every logit nearly equal),
-    norms near one, and a correction bias that changes which experts are chosen."""
+    """Unit-scale activations (transformers' 0.02 init makes every logit nearly equal), norms and
+    mixing scales near one, a correction bias that changes which experts are chosen, and (V4) a hash
+    table routing each token to distinct experts."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith("inv_freq"):
+            if "inv_freq" in name:
+                continue
+            if name.endswith("tid2eid"):
+                order = torch.rand(p.shape[0], int(model.config.n_routed_experts), generator=gen).argsort(
+                    dim=-1
+                )
+                p.copy_(order[:, : p.shape[1]])
                 continue
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith("e_score_correction_bias"):
@@ -59,7 +70,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def save_tiny(directory: Path, seed: int = 0, **config: Any) -> Any:
-    """Save a randomized tiny model to ``directory``; returns the transformers model (eval, float32)."""
+    """Save a randomized tiny V3 model to ``directory``; returns the transformers model (eval, float32)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -69,10 +80,65 @@ def save_tiny(directory: Path, seed: int = 0, **config: Any) -> Any:
     return model
 
 
-def load_ours(directory: Path) -> CausalLM:
-    """Our model from an HF folder, without a tokenizer (``load_model`` needs one)."""
-    model = build_model(hf_config(directory))
-    model.load_weights(hf_weights(directory))
+#: V4: every attention kind and both routings: heavy, sparse, sliding-only, sparse, heavy; two hash layers.
+V4_LAYER_TYPES = [
+    "heavily_compressed_attention",
+    "compressed_sparse_attention",
+    "sliding_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+]
+V4_MLP_TYPES = ["hash_moe", "hash_moe", "moe", "moe", "moe"]
+V4_COMPRESS_YARN = {
+    "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+}  # fmt: skip
+
+
+def tiny_v4_config(*, yarn: bool = False, **overrides: Any) -> Any:
+    """A 5-layer DeepseekV4Config of 8 experts: CSA (rate 4, top-3 indexer) and HCA (rate 8) layers,
+    a sliding-only layer, an 8-token window, and a low ``swiglu_limit`` that clamps."""
+    import transformers
+
+    kw: dict[str, Any] = dict(
+        vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=5, num_attention_heads=4,
+        head_dim=32, partial_rotary_factor=0.25, q_lora_rank=48, num_experts_per_tok=2, n_routed_experts=8,
+        layer_types=list(V4_LAYER_TYPES), mlp_layer_types=list(V4_MLP_TYPES),
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        sliding_window=8, o_groups=2, o_lora_rank=16, index_n_heads=8, index_head_dim=16, index_topk=3,
+        hc_mult=4, hc_sinkhorn_iters=20, swiglu_limit=1.5, routed_scaling_factor=1.5,
+        num_nextn_predict_layers=0, max_position_embeddings=256, tie_word_embeddings=False,
+        eos_token_id=0, bos_token_id=1,
+    )  # fmt: skip
+    if yarn:
+        kw["rope_parameters"] = dict(V4_COMPRESS_YARN)
+    kw.update(overrides)
+    return transformers.DeepseekV4Config(**kw)
+
+
+def save_tiny_v4(directory: Path, seed: int = 0, **config: Any) -> Any:
+    """Save a randomized tiny V4 model to ``directory``; returns the transformers model (eval, float32)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV4ForCausalLM(tiny_v4_config(**config)).eval()
+    randomize(model, seed)
+    model.save_pretrained(directory)
+    return model
+
+
+def load_ours(directory: Path, fp8: str = "dequantize", packed: bool = False) -> CausalLM:
+    """Our model from an HF folder on the CPU, without a tokenizer (``load_model`` needs one); ``fp8``
+    is the ``AGENT_INFER_FP8_WEIGHTS`` policy for an FP8 checkpoint (keep: FP8 projections); with
+    ``packed`` on the packed-float kernels ``load_model`` picks on the CPU."""
+    from agent_infer.model.layers.float_linear import pack_loaded, packed_float_kernels
+
+    kernels, kept = hf_kernels(directory, torch.device("cpu"), torch.float32, fp8)
+    if packed and kept is None:
+        kernels = packed_float_kernels()
+    model = build_model(hf_config(directory), kernels=kernels)
+    model.load_weights(hf_weights(directory, frozenset(kept.kept) if kept is not None else frozenset()))
+    if packed and kept is None:
+        pack_loaded(model)
     return model.eval()
 
 
@@ -146,30 +212,41 @@ class ReferenceMTP(torch.nn.Module):
 
 
 def save_tiny_mtp(
-    directory: Path, seed: int = 0, with_embed_and_head: bool = True, predictable: bool = False, **config: Any
+    directory: Path,
+    seed: int = 0,
+    with_embed_and_head: bool = True,
+    predictable: bool = False,
+    depth: int = 1,
+    **config: Any,
 ) -> tuple[Any, ReferenceMTP]:
-    """:func:`save_tiny` plus one MTP module (random, unit scale; see :func:`make_predictable`)
-    stored under DeepSeek's names; returns the transformers model and the reference module."""
+    """:func:`save_tiny` plus ``depth`` MTP modules (random, unit scale; see :func:`make_predictable`)
+    stored under DeepSeek's names; returns the transformers model and the first reference module
+    (the others are :func:`reference_modules` of the folder)."""
     from safetensors.torch import load_file, save_file
 
-    hf = save_tiny(directory, seed, num_nextn_predict_layers=1, **config)
+    hf = save_tiny(directory, seed, num_nextn_predict_layers=depth, **config)
     cfg = hf.config
     cfg._attn_implementation = "eager"
-    ref = ReferenceMTP(cfg, cfg.num_hidden_layers).eval()
-    randomize(ref, seed + 1)
+    refs = []
+    for d in range(depth):
+        ref = ReferenceMTP(cfg, cfg.num_hidden_layers + d).eval()
+        randomize(ref, seed + 1 + d)
+        if predictable:
+            make_predictable(hf, ref, main=d == 0)
+        if not with_embed_and_head:
+            with torch.no_grad():
+                ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+                ref.shared_head.head.weight.copy_(hf.lm_head.weight)
+        refs.append(ref)
     if predictable:
-        make_predictable(hf, ref)
         hf.save_pretrained(directory)
-    if not with_embed_and_head:
-        with torch.no_grad():
-            ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
-            ref.shared_head.head.weight.copy_(hf.lm_head.weight)
     files = sorted(directory.glob("*.safetensors"))
     assert len(files) == 1
     tensors = load_file(str(files[0]))
-    tensors.update(ref.checkpoint_tensors(with_embed_and_head))
+    for ref in refs:
+        tensors.update(ref.checkpoint_tensors(with_embed_and_head))
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
-    return hf, ref
+    return hf, refs[0]
 
 
 BYTE_VOCAB = 258  # 256 byte tokens, <|endoftext|> (256) and <|pad|> (257)
@@ -213,23 +290,45 @@ def _byte_of(ch: str) -> int:
     return dict(zip(map(chr, cs), bs))[ch]
 
 
-def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05) -> None:
+def make_predictable(hf: Any, ref: ReferenceMTP, scale: float = 0.05, main: bool = True) -> None:
     """Shrink every block's output (attention ``o_proj``, MLP and expert ``down_proj``) by ``scale``
     in the main model and the MTP module, and make the module's ``eh_proj`` pass the token's
     embedding through: the main model then mostly predicts the next token from the current one,
     and the module (same embedding and head) predicts the token after the one it is given. Its
     drafts are then accepted often but not always (the shrunk blocks still shift some arg-maxes),
-    which exercises both sides of verification without training."""
+    which exercises both sides of verification without training. ``main`` False leaves ``hf`` as
+    it is (a further module of a model already made predictable)."""
     h = hf.config.hidden_size
     with torch.no_grad():
-        for module in (hf, ref):
+        for module in (hf, ref) if main else (ref,):
             for name, p in module.named_parameters():
                 if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
                     p.mul_(scale)
-        hf.lm_head.weight.mul_(4.0)  # sharper distributions: the confidence schedule has drafts to keep
+        if main:
+            hf.lm_head.weight.mul_(4.0)  # sharper distributions: the confidence schedule has drafts to keep
         ref.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
         ref.shared_head.head.weight.copy_(hf.lm_head.weight)
         ref.eh_proj.weight.zero_()
         ref.eh_proj.weight[:, :h].copy_(torch.eye(h))
         ref.enorm.weight.copy_(hf.model.norm.weight)
         ref.shared_head.norm.weight.fill_(1.0)
+
+
+def rewrite_config(directory: Path, **changes: Any) -> None:
+    """Set keys of a folder's ``config.json`` (None: remove the key)."""
+    cfg = json.loads((directory / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+def edit_tensors(directory: Path, edit: Callable[[dict[str, torch.Tensor]], Any]) -> None:
+    """Apply ``edit`` to the tensors of a single-file folder's ``model.safetensors`` and write them back."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, directory / "model.safetensors")

@@ -12,13 +12,16 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from agent_infer.accelerator import get_accelerator
 from agent_infer.parallel.group import GroupSpec, close_group, free_port, init_group
+
+CPU = get_accelerator("cpu")
 
 
 def _entry(target: Callable[..., Any], rank: int, spec: GroupSpec, args: tuple[Any, ...], out: Any) -> None:
     torch.set_num_threads(1)
     try:
-        init_group(spec, rank, torch.device("cpu"))
+        init_group(spec, rank, CPU)
         # Plain pickle bytes: a tensor through an mp queue is shared by file descriptor, which
         # dies with this process.
         out.put((rank, "ok", pickle.dumps(target(rank, spec.world_size, *args))))

@@ -3,8 +3,10 @@
 
 Every node kind is written as the native serializer writes it: a :class:`KeySet` rule body as one
 ``KEY_TRIE`` instruction, a :class:`KeyNode` (and a nested ``KeySet``) as the alternation it
-expands to, whose words the native serializer writes from the node's spec, and a :class:`Check`
-rule body as one ``CHECK`` instruction.
+expands to, whose words the native serializer writes from the node's spec, a :class:`UniqueItem`
+rule body as the ``UNIQUE`` marker word followed by its item's program, a :class:`BoundedString`
+as ``MAX_LENGTH n`` then its item's program, and a :class:`Check` rule body as one ``CHECK``
+instruction.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from array import array
 from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.ir import (
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -26,10 +29,23 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 # Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
-_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, CHECK_OPCODE = range(9)
+(
+    _EMPTY,
+    _LITERAL,
+    _CLASS,
+    _SEQ,
+    _ALT,
+    _REPEAT,
+    _REF,
+    KEY_TRIE_OPCODE,
+    UNIQUE_OPCODE,
+    MAX_LENGTH_OPCODE,
+    CHECK_OPCODE,
+) = range(11)
 _INT32_MAX = 2**31 - 1
 
 
@@ -185,6 +201,12 @@ class _Serializer:
         if type(expr) is Check:  # only a whole rule body
             code.extend(check_program(expr, self.index))
             return code
+        if type(expr) is UniqueItem:  # the marker word, then the item (only as a whole rule body)
+            code.append(UNIQUE_OPCODE)
+            expr = expr.item
+        elif type(expr) is BoundedString:  # the marker and its bound, then the item
+            code.extend((MAX_LENGTH_OPCODE, expr.max_length))
+            expr = expr.item
         try:
             self.emit(expr, code)
         except RecursionError:

@@ -5,7 +5,10 @@ and dispatches on the exact node kinds of :data:`~agent_infer.grammar.ir.NODE_KI
 a :class:`~agent_infer.grammar.ir.KeySet` rule as one ``KEY_TRIE`` instruction and a
 :class:`~agent_infer.grammar.ir.KeyNode` from its spec. It declines (returns None) anything it
 does not take as is: a subclass of a node kind or a foreign object, a nested ``KeySet``, a
-literal with a lone surrogate, an undefined rule name, repeat bounds beyond int32. For those,
+literal with a lone surrogate, an undefined rule name, repeat bounds beyond int32, a
+:class:`~agent_infer.grammar.ir.UniqueItem` or :class:`~agent_infer.grammar.ir.BoundedString` that
+is not a whole rule body (written as a ``UNIQUE`` word, or ``MAX_LENGTH n``, before its item's
+program). For those,
 :func:`_declared` rebuilds the grammar from exact node kinds (a nested key trie as its
 expansion), raising the precise error for what cannot be compiled, and the native serializer
 runs again.
@@ -20,6 +23,7 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError
 from agent_infer.grammar.ir import (
     NODE_KINDS,
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -31,6 +35,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 from agent_infer.native import require_native
 
@@ -109,6 +114,12 @@ def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int,
             tuple(expr.accept),
             bool(expr.product),
         )
+    if isinstance(expr, UniqueItem):  # likewise
+        return UniqueItem(_declared_expr(rule, expr.item, index, memo))
+    if isinstance(expr, BoundedString):  # likewise
+        if expr.max_length > _INT32_MAX:
+            raise GrammarLimitError(f"a bounded string's length {expr.max_length} is too large")
+        return BoundedString(_declared_expr(rule, expr.item, index, memo), int(expr.max_length))
     # Work items: (node, None) visits a node; (node, kids) builds it from its last kids results.
     done: list[Expr] = []
     todo: list[tuple[Any, int | None]] = [(expr, None)]
@@ -157,6 +168,10 @@ def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int,
             items = tuple(node.items)
             todo.append((node, len(items)))
             todo.extend((item, None) for item in reversed(items))
+        elif isinstance(node, UniqueItem | BoundedString):
+            raise GrammarDefinitionError(
+                f"rule {rule!r}: a {type(node).__name__} is only allowed as a whole rule body"
+            )
         else:
             raise GrammarDefinitionError(f"not an IR node: {node!r}")
     return done[0]

@@ -1,7 +1,7 @@
 """The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
 
 A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
-code points. The tree has ten node kinds (:data:`NODE_KINDS`) and nothing else:
+code points. The tree has twelve node kinds (:data:`NODE_KINDS`) and nothing else:
 
 * :class:`Empty` -- the empty string.
 * :class:`Literal` -- a fixed, non-empty string.
@@ -12,12 +12,16 @@ code points. The tree has ten node kinds (:data:`NODE_KINDS`) and nothing else:
 * :class:`KeySet` / :class:`KeyNode` -- "any JSON object key but these names" as a whole trie
   (one ``KEY_TRIE`` instruction) or one trie node, compiled from their compact source; their
   alternation (:meth:`KeySet.expand`) is built by the JSON Schema front end, on first use.
+* :class:`UniqueItem` -- a rule body matching one item of a JSON array whose items must be
+  distinct: the matcher rejects the item at its last byte when its value equals an earlier one.
+* :class:`BoundedString` -- a rule body matching a JSON string of at most so many code points,
+  counted by the matcher as the string is read.
 * :class:`Check` -- a span the first of its rule references scan, kept only when the set of
   references whose language holds it is one of the accepted sets (``oneOf``, ``not``, ``allOf``
   decided by the matcher at the span's end); only a rule's whole body.
 
 ``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names; key tries print as
-``%key-set(...)`` / ``%key-node(...)``), which our GBNF front end reads back to an equal grammar,
+``%key-set(...)`` / ``%key-node(...)``, unique items as ``%unique(...)``, bounded strings as ``%max-length(N ...)``), which our GBNF front end reads back to an equal grammar,
 so a failing test can show what a schema lowered to.
 The IR imports no other part of the package: front ends register their builders for
 ``Grammar.from_*`` (:func:`register_frontend`). The native compiler lowers the tree to UTF-8 byte
@@ -50,6 +54,7 @@ from agent_infer.grammar.ir.nodes import (
     MAX_CODEPOINT,
     NODE_KINDS,
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -60,6 +65,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
     complement_ranges,
     merge_ranges,
     register_expansion,
@@ -71,6 +77,7 @@ __all__ = [
     "MAX_CODEPOINT",
     "NODE_KINDS",
     "Alt",
+    "BoundedString",
     "CharClass",
     "Check",
     "Empty",
@@ -82,6 +89,7 @@ __all__ = [
     "Ref",
     "Repeat",
     "Seq",
+    "UniqueItem",
     "alt",
     "alt_disjoint",
     "builtin_grammar_path",

@@ -19,7 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir.constructors import alt, lit, seq
-from agent_infer.grammar.ir.nodes import Alt, Check, Expr, KeyNode, KeySet, Ref, Repeat, Seq, _set
+from agent_infer.grammar.ir.nodes import (
+    Alt,
+    BoundedString,
+    Check,
+    Expr,
+    KeyNode,
+    KeySet,
+    Ref,
+    Repeat,
+    Seq,
+    UniqueItem,
+    _set,
+)
 from agent_infer.grammar.ir.printer import _fmt
 from agent_infer.grammar.ir.references import first_undefined_ref
 
@@ -244,6 +256,10 @@ def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
         return Alt(tuple(_rename(e, mapping) for e in expr.items))
     if isinstance(expr, Repeat):
         return Repeat(_rename(expr.item, mapping), expr.min, expr.max)
+    if isinstance(expr, UniqueItem):
+        return UniqueItem(_rename(expr.item, mapping))
+    if isinstance(expr, BoundedString):
+        return BoundedString(_rename(expr.item, mapping), expr.max_length)
     return expr
 
 

@@ -1,4 +1,4 @@
-"""The IR's node classes (:class:`Expr` and its ten kinds) and the code point range helpers
+"""The IR's node classes (:class:`Expr` and its twelve kinds) and the code point range helpers
 :class:`CharClass` normalizes with. Re-exported by :mod:`agent_infer.grammar.ir`."""
 
 from __future__ import annotations
@@ -366,6 +366,46 @@ class KeyNode(_Expanded):
         return f"KeyNode(spec={self._spec!r})"
 
 
+@dataclass(frozen=True)
+class UniqueItem(Expr):
+    """One item of a JSON array whose items must be distinct (``uniqueItems``): matches ``item``,
+    and a match whose JSON value equals the value of an earlier item of the same array is
+    rejected at the byte that completes it (the matcher compares values, not spellings).
+
+    Only as a whole rule body, and only for items written inside a JSON array (``[`` or ``,``
+    and blanks before the item): the earlier items are found by reading the text back from the
+    item's start."""
+
+    item: Expr
+
+    def __init__(self, item: Expr) -> None:
+        _set(self, "item", item)
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.item,)
+
+
+@dataclass(frozen=True)
+class BoundedString(Expr):
+    """A JSON string (``item`` matches its text, quotes included) of at most ``max_length`` code
+    points once decoded (each escape one, a surrogate pair one): the matcher counts them as the
+    string is read, for bounds whose automaton product would be too large to build.
+
+    Only as a whole rule body."""
+
+    item: Expr
+    max_length: int
+
+    def __init__(self, item: Expr, max_length: int) -> None:
+        _set(self, "item", item)
+        _set(self, "max_length", max_length)
+        if max_length < 0:
+            raise GrammarDefinitionError(f"a bounded string's max_length must be >= 0, got {max_length}")
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.item,)
+
+
 NODE_KINDS: tuple[type[Expr], ...] = (
     Empty,
     Literal,
@@ -376,6 +416,8 @@ NODE_KINDS: tuple[type[Expr], ...] = (
     Ref,
     KeyNode,
     KeySet,
+    UniqueItem,
+    BoundedString,
     Check,
 )
 """Every node kind, in the order the native serializer and reference walk take them."""

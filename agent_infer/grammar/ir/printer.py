@@ -4,17 +4,19 @@
 The two key-trie kinds print as what the compiler takes, not as their expansions:
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
-a name); a run-time check prints as ``%check(carriers=2 accept=1,2 a b)`` (its carriers, its
-accepted membership sets as decimal bitmasks, ``product`` when it is compiled to one automaton,
-its rule references). llama.cpp does not read these
-three forms; our GBNF front end does, so every grammar prints as text it reads back to an equal
-grammar.
+a name). A :class:`UniqueItem` rule body prints as ``%unique(...)`` around its item, a
+:class:`BoundedString` as ``%max-length(N ...)``, and a run-time check as
+``%check(carriers=2 accept=1,2 a b)`` (its carriers, its accepted membership sets as decimal
+bitmasks, ``product`` when it is compiled to one automaton, its rule references). llama.cpp does
+not read these forms; our GBNF front end does, so every grammar prints as text it reads back to
+an equal grammar.
 """
 
 from __future__ import annotations
 
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -25,6 +27,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 
@@ -88,7 +91,7 @@ def _leaf(expr: Expr) -> str | None:
         return expr.name
     if isinstance(expr, Alt) and not expr.items:
         return "[^\\x00-\\U0010FFFF]"  # a class that matches nothing: the empty language
-    if isinstance(expr, Seq | Alt | Repeat):
+    if isinstance(expr, Seq | Alt | Repeat | UniqueItem | BoundedString):
         return None
     raise TypeError(f"not an IR node: {expr!r}")
 
@@ -122,7 +125,9 @@ def _fmt(expr: Expr, prec: int) -> str:
                 done.append(text)
                 continue
             todo.append((node, p, True))
-            if isinstance(node, Repeat):
+            if isinstance(node, UniqueItem | BoundedString):
+                todo.append((node.item, 0, False))
+            elif isinstance(node, Repeat):
                 todo.append((node.item, 2, False))
             else:
                 assert isinstance(node, Seq | Alt)
@@ -134,6 +139,12 @@ def _fmt(expr: Expr, prec: int) -> str:
                             False,
                         )
                     )
+            continue
+        if isinstance(node, UniqueItem):
+            done.append(f"%unique({done.pop()})")
+            continue
+        if isinstance(node, BoundedString):
+            done.append(f"%max-length({node.max_length} {done.pop()})")
             continue
         if isinstance(node, Repeat):
             inner = done.pop()

@@ -34,13 +34,18 @@ end decides values by their type alone where it can.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from collections import defaultdict
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
 
 from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir.grammar import Grammar
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -51,6 +56,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 _Item = tuple[int, int, int, int]  # (production index, dot, origin, 1 in a shadow parse else 0)
@@ -79,6 +85,16 @@ class _Lowering:
         self.terminals: list[_Terminal] = []
         self.n_nt = 0
         self.rule_nt = {name: self.new_nt() for name, _ in grammar.rules}
+        # Nonterminals of UniqueItem rule bodies: their completions are checked against the text.
+        self.unique: set[int] = {
+            self.rule_nt[name] for name, expr in grammar.rules if isinstance(expr, UniqueItem)
+        }
+        # Nonterminals of BoundedString rule bodies: their completions decode to at most n characters.
+        self.bounded: dict[int, int] = {
+            self.rule_nt[name]: expr.max_length
+            for name, expr in grammar.rules
+            if isinstance(expr, BoundedString)
+        }
         self.memo: dict[Expr, int] = {}
         self.term_memo: dict[tuple[tuple[int, int], ...], int] = {}
         # Check nonterminal -> (item nonterminals, carriers, accepted membership sets)
@@ -92,7 +108,8 @@ class _Lowering:
                 self.checks[nt] = (items, expr.carriers, frozenset(expr.accept))
                 self.prods.extend((nt, (item,)) for item in items[: expr.carriers])
                 continue
-            self.prods.append((self.rule_nt[name], self.symbols(expr)))
+            body = expr.item if isinstance(expr, UniqueItem | BoundedString) else expr
+            self.prods.append((self.rule_nt[name], self.symbols(body)))
 
     def new_nt(self) -> int:
         self.n_nt += 1
@@ -119,6 +136,8 @@ class _Lowering:
             return (self.nonterminal(expr),)
         if isinstance(expr, Check):
             raise GrammarDefinitionError("a Check is only allowed as a rule's whole body")
+        if isinstance(expr, UniqueItem | BoundedString):
+            raise TypeError(f"a {type(expr).__name__} is only allowed as a whole rule body")
         raise TypeError(f"not an IR node: {expr!r}")
 
     def nonterminal(self, expr: Alt | Repeat | KeySet | KeyNode) -> int:
@@ -170,6 +189,8 @@ class ReferenceRecognizer:
         self._check_rank = self._rank_checks() if low.checks else {}
         if any(nt in self._nullable for nt in self._checks):
             raise GrammarDefinitionError("a Check's carriers must not match the empty string")
+        self._unique = low.unique
+        self._bounded = low.bounded
 
     def _productive(self, low: _Lowering) -> set[int]:
         done: set[int] = set()
@@ -237,9 +258,10 @@ class ReferenceRecognizer:
         return rank
 
     def _closure(
-        self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]]
+        self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]], text: str = ""
     ) -> dict[int, list[_Item]]:
-        """Predict/complete from ``seed``; returns the set indexed by each item's next symbol."""
+        """Predict/complete from ``seed``; returns the set indexed by each item's next symbol.
+        ``text``: the input so far (a unique item's completion is checked against it)."""
         seen = set(seed)
         agenda = list(seed)
         waiting: dict[int, list[_Item]] = defaultdict(list)
@@ -264,6 +286,11 @@ class ReferenceRecognizer:
                             )
                         if sym in self._nullable:
                             new.append((p, d + 1, o, sh))
+                elif o < i and (
+                    (lhs in self._unique and repeats_earlier_item(text, o, i))
+                    or (lhs in self._bounded and len(json.loads(text[o:i])) > self._bounded[lhs])
+                ):
+                    continue  # a duplicate item or an overlong string does not complete
                 elif lhs in checks:
                     pending.setdefault((lhs, o, sh), []).append(item)
                 else:
@@ -310,7 +337,7 @@ class ReferenceRecognizer:
             ]
             if not scanned:
                 return i, sets[i]
-            closed = self._closure(scanned, i + 1, sets)
+            closed = self._closure(scanned, i + 1, sets, text)
             if self._checks and not self._live(closed):
                 return i, sets[i]
             sets.append(closed)
@@ -342,3 +369,89 @@ class ReferenceRecognizer:
     def viable_prefix_length(self, text: str) -> int:
         """Length of the longest prefix of ``text`` that is a viable prefix (where matching stops)."""
         return self._run(text)[0]
+
+
+# -- unique array items -------------------------------------------------------------------------
+
+
+def repeats_earlier_item(text: str, start: int, end: int) -> bool:
+    """Whether the JSON value ``text[start:end]``, an item of a JSON array, equals an earlier item
+    of that array (found by reading the text back from ``start``: ``,`` and the item before it,
+    until the ``[``)."""
+    current = _value_key(text[start:end])
+    i = start - 1
+    while True:
+        while i >= 0 and text[i] in " \t\n\r":
+            i -= 1
+        if i < 0 or text[i] != ",":
+            return False
+        i -= 1
+        while i >= 0 and text[i] in " \t\n\r":
+            i -= 1
+        first = _value_start(text, i)
+        if first < 0:
+            return False
+        if _value_key(text[first : i + 1]) == current:
+            return True
+        i = first - 1
+
+
+def _value_key(text: str) -> Any:
+    """A hashable key under JSON Schema's equality (numbers by exact value, objects by member set)."""
+    return _key(json.loads(text, parse_float=Decimal))
+
+
+def _key(v: Any) -> Any:
+    if isinstance(v, bool) or v is None:
+        return ("c", v)
+    if isinstance(v, int | Decimal):
+        return ("n", Fraction(v))
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, list):
+        return ("a", tuple(_key(x) for x in v))
+    return ("o", frozenset((k, _key(x)) for k, x in v.items()))
+
+
+def _escaped(text: str, q: int) -> bool:
+    n = 0
+    while q - 1 - n >= 0 and text[q - 1 - n] == "\\":
+        n += 1
+    return n % 2 == 1
+
+
+def _string_start(text: str, q: int) -> int:
+    for k in range(q - 1, -1, -1):
+        if text[k] == '"' and not _escaped(text, k):
+            return k
+    return -1
+
+
+def _value_start(text: str, last: int) -> int:
+    """The first index of the JSON value whose last character is ``text[last]`` (-1: none)."""
+    if last < 0:
+        return -1
+    c = text[last]
+    if c == '"':
+        return _string_start(text, last)
+    if c in "}]":
+        depth = 0
+        k = last
+        while k >= 0:
+            ch = text[k]
+            if ch == '"':
+                k = _string_start(text, k)
+                if k < 0:
+                    return -1
+            elif ch in "}]":
+                depth += 1
+            elif ch in "{[":
+                depth -= 1
+                if depth == 0:
+                    return k
+            k -= 1
+        return -1
+    k = last
+    while k > 0 and (text[k - 1].isalnum() or text[k - 1] in ".+-"):
+        k -= 1
+    return k

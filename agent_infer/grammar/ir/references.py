@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_infer.grammar.ir.nodes import (
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -23,6 +24,7 @@ from agent_infer.grammar.ir.nodes import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
 )
 
 _KINDS = (Empty, Literal, CharClass, Seq, Alt, Repeat, Ref)  # the order the native walk expects
@@ -152,4 +154,6 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             extend(node.expand())  # the rules its expansion calls
         elif isinstance(node, Check):
             extend(node.items)
+        elif isinstance(node, UniqueItem | BoundedString):
+            push(node.item)
     return None

@@ -214,6 +214,45 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, ind
         _verified.add(key)
 
 
+def apply_token_bitmask_rows(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], *, backend: str | None = None
+) -> None:
+    """:func:`apply_token_bitmask_inplace` for rows ``rows`` (a list; same row in logits and mask).
+
+    The engine's path: float32 C-contiguous CPU logits go straight to the C++ kernel (no index
+    tensor, no backend lookup) unless the backend setting (``backend``, default
+    ``AGENT_INFER_MASK_BACKEND`` read now) forces another; other logits take
+    :func:`apply_token_bitmask_inplace`, the bitmask moved to their device. Rows outside either
+    tensor raise :class:`~agent_infer.errors.TokenBitmaskError`.
+    """
+    if backend is None:
+        backend = envs.mask_backend()
+    if (
+        logits.dtype is torch.float32
+        and logits.is_cpu
+        and logits.dim() == 2
+        and logits.is_contiguous()
+        and bitmask.dtype is torch.int32
+        and bitmask.is_cpu
+        and bitmask.dim() == 2
+        and bitmask.is_contiguous()
+        and backend in ("auto", "cpu")
+        and _is_available("cpu", logits.device)
+    ):
+        from agent_infer.native import load_native
+
+        try:
+            load_native().apply_token_bitmask_rows_cpu(logits, bitmask, rows)
+        except IndexError as exc:
+            raise TokenBitmaskError(str(exc)) from None
+        return
+    if logits.device.type == "cpu":
+        apply_token_bitmask_inplace(logits, bitmask, rows)
+        return
+    index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+    apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), index)
+
+
 def apply_token_bitmask_inplace_torch(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: Indices = None
 ) -> None:
@@ -226,6 +265,7 @@ __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "apply_token_bitmask_inplace_torch",
+    "apply_token_bitmask_rows",
     "bitmask_words",
     "normalise_arguments",
     "select_backend",

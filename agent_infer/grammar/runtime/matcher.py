@@ -184,7 +184,10 @@ class GrammarMatcher:
     def shortest_completion(self) -> bytes | None:
         """The fewest bytes that complete the text so far to a string of the grammar.
 
-        ``b""`` when the grammar can end now; None once the matcher has terminated. Where the
+        ``b""`` when the grammar can end now; None once the matcher has terminated, or where that
+        completion would close an item of a ``uniqueItems`` array equal to an earlier one, or
+        take a string whose ``maxLength`` is counted at run time past it (the shortest completion
+        is the grammar's, which sees neither the earlier items nor the count). Where the
         grammar leaves a choice of byte, readable ASCII (``a``, ``0``, ``A``, then the lowest
         printable) is preferred.
         """
@@ -276,6 +279,17 @@ def _whole_chars(data: bytes) -> bytes:
 _applied_spin_us: int | None = None  # AGENT_INFER_GRAMMAR_SPIN_US as last handed to the pool
 
 
+def pool_settings() -> int:
+    """Hand ``AGENT_INFER_GRAMMAR_SPIN_US`` to the batch-fill pool if it changed; return the pool size
+    a batch fill asks for (``AGENT_INFER_GRAMMAR_THREADS``)."""
+    global _applied_spin_us
+    spin_us = envs.grammar_spin_us()
+    if spin_us != _applied_spin_us:
+        load_native().grammar_batch_spin(spin_us * 1000)
+        _applied_spin_us = spin_us
+    return envs.grammar_threads()
+
+
 def fill_next_token_bitmask_batch(
     matchers: Sequence[GrammarMatcher],
     bitmask: Any,
@@ -290,11 +304,7 @@ def fill_next_token_bitmask_batch(
     bounds how long its threads poll before blocking.
     """
     native = load_native()
-    global _applied_spin_us
-    spin_us = envs.grammar_spin_us()
-    if spin_us != _applied_spin_us:
-        native.grammar_batch_spin(spin_us * 1000)
-        _applied_spin_us = spin_us
+    pool = pool_settings()
     rows = None if indices is None else batch_rows(indices)
     # The native side checks lengths, rows, widths and that no matcher appears twice.
     handles = []
@@ -307,7 +317,6 @@ def fill_next_token_bitmask_batch(
     threads = 0 if num_threads is None else int_argument(num_threads, "num_threads")
     if not 0 <= threads < 2**31:
         raise MatcherUsageError(f"num_threads must be 0 (all) or more, got {threads}", argument="num_threads")
-    pool = envs.grammar_threads()
     target = tensor_rows(bitmask)
     if target is not None:
         return list(native.fill_next_token_bitmask_batch_at(handles, *target, rows, threads, pool))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import ClassVar, Generic, Literal, TypeVar, cast
 
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from agent_infer.model.config import ModelConfig
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
+from agent_infer.model.layers.linear import Linear, pad_rows
 
 #: HF name -> (destination tensor, first row inside it, expected shape of the checkpoint tensor).
 Targets = dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]
@@ -33,21 +35,33 @@ def model_kernels(kernels: Kernels | None, device: torch.device | None, dtype: t
     return kernels
 
 
-class CausalLM(nn.Module, ABC):
+#: A family's decoder block type.
+BlockT = TypeVar("BlockT", bound=nn.Module)
+#: The :class:`KVCache` layouts (``KVCache.layout``).
+KVLayout = Literal["kv", "latent", "compressed"]
+
+
+class CausalLM(nn.Module, ABC, Generic[BlockT]):
     """A decoder over a paged :class:`KVCache`, built from the :class:`Kernels` the loader chose.
 
-    Subclasses build their layers in ``__init__`` and implement :meth:`forward`,
-    :meth:`compute_logits` and :meth:`weight_targets`; loading by name is shared.
+    Subclasses build their layers in ``__init__`` (``embed``, ``layers`` of ``BlockT``, ``lm_head``) and
+    implement :meth:`decoder_forward` and :meth:`weight_targets`; the checks of :meth:`forward`, the
+    head and loading by name are shared.
     """
 
     config: ModelConfig
     dtype: torch.dtype
     kernels: Kernels
+    embed: nn.Parameter
+    layers: nn.ModuleList
+    lm_head: Linear
+    #: The cache layout the decoder reads and writes (the one ``KVCache.allocate`` gives its config).
+    kv_layout: ClassVar[KVLayout] = "kv"
 
     @property
-    @abstractmethod
     def device(self) -> torch.device:
         """Where the weights live."""
+        return self.embed.device
 
     @property
     def native(self) -> bool:
@@ -55,11 +69,16 @@ class CausalLM(nn.Module, ABC):
         return self.kernels.name == "native"
 
     @property
-    @abstractmethod
     def masked_head(self) -> bool:
-        """Whether :meth:`compute_logits` skips the head weights of tokens no row of ``allowed`` takes."""
+        """Whether :meth:`compute_logits` skips the head weights of tokens no row of ``allowed`` takes
+        (the packed head can; the torch head computes every column)."""
+        return self.lm_head.takes_token_mask
 
-    @abstractmethod
+    def blocks(self) -> list[BlockT]:
+        """The decoder layers, typed."""
+        return cast(list[BlockT], list(self.layers))
+
+    @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -68,12 +87,66 @@ class CausalLM(nn.Module, ABC):
         kv_cache: KVCache,
         keep_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Run the new tokens of a batch through the decoder, caching their K/V; the final-norm
-        hidden states of every row, or of ``keep_rows`` (in that order)."""
+        """Run the new tokens of a batch through the decoder, caching what its layout keeps; the
+        final-norm hidden states ``[N, hidden]`` of every row, or of ``keep_rows`` (in that order).
+
+        A cache of another layout than :attr:`kv_layout`, or a position past the model's context,
+        raises :class:`EngineError`.
+        """
+        if kv_cache.layout != self.kv_layout:
+            raise EngineError(
+                f"a {self.config.architecture} model needs a KV cache in the {self.kv_layout} layout "
+                f"(KVCache.allocate of its config), got the {kv_cache.layout} layout"
+            )
+        limit = self.config.max_position_embeddings
+        if int(input_ids.shape[0]) and int(positions.max()) >= limit:
+            raise EngineError(f"position {int(positions.max())} is beyond the model's {limit}-token context")
+        with self.kernels.threads():
+            return self.decoder_forward(input_ids, positions, meta, kv_cache, keep_rows)
 
     @abstractmethod
+    def decoder_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        keep_rows: Sequence[int] | None,
+    ) -> torch.Tensor:
+        """:meth:`forward` past its checks, inside the kernels' thread budget."""
+
+    def padded_inputs(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and positions on the model's device, zero-padded to the kernels' row multiple."""
+        n = int(input_ids.shape[0])
+        rows = pad_rows(n, self.kernels.row_multiple)
+        ids = input_ids.to(self.device)
+        pos = positions.to(self.device)
+        if rows > n:
+            ids = torch.cat((ids, ids.new_zeros(rows - n)))
+            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        return ids, pos
+
+    @staticmethod
+    def select_rows(hidden: torch.Tensor, n: int, keep_rows: Sequence[int] | None) -> torch.Tensor:
+        """The first ``n`` rows of ``hidden`` (the unpadded ones), or the ``keep_rows`` in that order."""
+        if keep_rows is not None:
+            return hidden.index_select(
+                0, torch.tensor(list(keep_rows), dtype=torch.int64, device=hidden.device)
+            )
+        return hidden[:n]
+
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]``."""
+        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant).
+
+        ``allowed`` (int32 token bitmask ``[M, words]``, e.g. a grammar's) lets a :attr:`masked_head`
+        skip the weights of tokens no row can take: those logits come back ``-inf`` and every other
+        one is bit-identical. Other heads ignore it (the caller masks anyway).
+        """
+        with self.kernels.threads():
+            return self.lm_head.logits(hidden, allowed)
 
     @abstractmethod
     def weight_targets(self) -> Targets:

@@ -17,23 +17,31 @@ MLA layer with its own latent cache, addressed by the same slots as the main mod
 
 ``embed_tokens`` and ``shared_head.head`` are optional per module: DeepSeek stores copies of the
 main model's; a checkpoint without them uses the main model's embedding and head.
+
+The engine drives a checkpoint's modules through an :class:`MTPStack` (this family's
+:class:`DeepseekMTPStack`, V4's in ``deepseek_v4_mtp.py``): one pass of module ``depth`` over rows
+described by :class:`MTPRows`, each sequence's context given by its slots in the module's own cache
+pool, so committed positions (the paged slots) and chained draft positions (scratch slots) are
+addressed alike.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import Targets
-from agent_infer.model.layers.attention import AttentionPlan
+from agent_infer.model.layers.attention import AttentionPlan, _sdpa_plan
 from agent_infer.model.layers.kernels import Kernels
 from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.norm import RMSNorm
-from agent_infer.model.layers.rotary import Rotation
+from agent_infer.model.layers.rotary import RotaryEmbedding, Rotation
 
 
 class MTPBlock(Protocol):
@@ -135,3 +143,91 @@ def split_mtp_name(name: str, layers: list[MTPLayer]) -> tuple[MTPLayer, str] | 
         if name.startswith(layer.prefix):
             return layer, name[len(layer.prefix) :]
     return None
+
+
+@dataclass
+class MTPRows:
+    """The rows of one MTP pass: per sequence, the cache slots of its whole context in position order
+    (its ``counts[i]`` new rows' slots last); the new rows' positions and slots, concatenated."""
+
+    gathers: list[torch.Tensor]
+    counts: list[int]
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        """New rows in the pass."""
+        return int(self.positions.numel())
+
+
+class MTPStack(Protocol):
+    """A checkpoint's MTP modules as the engine's drafter runs them."""
+
+    #: How many modules the checkpoint has (module ``i`` predicts ``i + 2`` tokens ahead).
+    depth: int
+    #: Values one token takes in one module's cache pool.
+    cache_width: int
+
+    def forward(
+        self, depth: int, hidden: torch.Tensor, token_ids: torch.Tensor, rows: MTPRows, pool: torch.Tensor
+    ) -> torch.Tensor:
+        """Module ``depth``'s ``h'`` for input states ``hidden`` ``[rows, hidden]`` and the tokens fed
+        with them, writing the rows' entries into ``pool`` ``[slots, cache_width]``."""
+        ...
+
+    def head(self, depth: int) -> tuple[RMSNorm, torch.Tensor]:
+        """Module ``depth``'s norm before its output head, and the head's full weight ``[vocab, hidden]``."""
+        ...
+
+
+def head_weight(layer_head: torch.Tensor | None, main_head: Linear) -> torch.Tensor:
+    """A module's head weight: its own, else the main model's (which must be a torch weight)."""
+    if layer_head is not None:
+        return layer_head
+    weight = getattr(main_head, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise EngineError("MTP drafts need the main model's output head as a torch weight")
+    return weight
+
+
+def attention_plan(rows: MTPRows, device: torch.device) -> AttentionPlan:
+    """The SDPA plan of ``rows``: each sequence's new rows attend causally to its context."""
+    seqs = []
+    start = 0
+    for gather, count in zip(rows.gathers, rows.counts):
+        seqs.append(_sdpa_plan(start, start + count, int(gather.numel()), gather, None, device))
+        start += count
+    return AttentionPlan(seqs=seqs, slot_mapping=rows.slot_mapping, num_tokens=start)
+
+
+class DeepseekMTPStack:
+    """The :class:`MTPStack` of a DeepSeek V3 model's :class:`MTPLayer` modules (latent caches)."""
+
+    def __init__(
+        self,
+        layers: list[MTPLayer],
+        embed: torch.Tensor,
+        main_head: Linear,
+        rotary: RotaryEmbedding,
+        latent_dim: int,
+    ) -> None:
+        self.layers = layers
+        self.embed = embed
+        self.main_head = main_head
+        self.rotary = rotary
+        self.depth = len(layers)
+        self.cache_width = latent_dim
+
+    def forward(
+        self, depth: int, hidden: torch.Tensor, token_ids: torch.Tensor, rows: MTPRows, pool: torch.Tensor
+    ) -> torch.Tensor:
+        """See :meth:`MTPStack.forward`."""
+        plan = attention_plan(rows, pool.device)
+        rotation = self.rotary.at(rows.positions)
+        return self.layers[depth].forward(hidden, token_ids, self.embed, rotation, pool, plan)
+
+    def head(self, depth: int) -> tuple[RMSNorm, torch.Tensor]:
+        """See :meth:`MTPStack.head`."""
+        layer = self.layers[depth]
+        return layer.head_norm, head_weight(layer.head, self.main_head)

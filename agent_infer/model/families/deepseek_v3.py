@@ -24,12 +24,23 @@ from torch import nn
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import MLASpec, ModelConfig, MoESpec, rope_scaling_type
 from agent_infer.model.families.base import CausalLM, Targets
-from agent_infer.model.families.deepseek_mtp import OPTIONAL_SUFFIXES, MTPLayer, split_mtp_name
+from agent_infer.model.families.deepseek_mtp import (
+    OPTIONAL_SUFFIXES,
+    DeepseekMTPStack,
+    MTPLayer,
+    split_mtp_name,
+)
 from agent_infer.model.kv_cache import KVCache
-from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
+from agent_infer.model.layers.attention import (
+    AttentionMetadata,
+    AttentionPlan,
+    NativePagedAttention,
+    PagedAttention,
+)
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.kernels import Kernels, torch_kernels
-from agent_infer.model.layers.linear import Linear, pad_rows
-from agent_infer.model.layers.mla import MultiHeadLatentAttention
+from agent_infer.model.layers.linear import Linear
+from agent_infer.model.layers.mla import ABSORB_MAX_QUERY, MultiHeadLatentAttention
 from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.moe import MoE
 from agent_infer.model.layers.norm import RMSNorm
@@ -133,7 +144,9 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.prefix = p = f"model.layers.{index}."
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
-        self.attn = MultiHeadLatentAttention(c, p + "self_attn.", kernels.linears, device, dtype)
+        self.attn = MultiHeadLatentAttention(
+            c, p + "self_attn.", kernels.linears, device, dtype, native=kernels.name == PACKED_FLOAT
+        )
         spec = c.moe
         self.mlp: GatedMLP | None = None
         self.moe: MoE | None = None
@@ -165,7 +178,7 @@ class DeepseekV3DecoderLayer(nn.Module):
             return x + self.mlp.forward(x, self.post_norm)
         assert self.moe is not None
         n = plan.num_tokens
-        y = self.moe.forward(self.post_norm.forward(x[:n]))  # padding rows would only add expert work
+        y = self.moe.forward_normed(x[:n], self.post_norm)  # padding rows would only add expert work
         if int(x.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(x.shape[0]) - n, int(y.shape[1]))))
         return x + y
@@ -210,8 +223,10 @@ def _moe_targets(moe: MoE, p: str) -> Targets:
     return t
 
 
-class DeepseekV3ForCausalLM(CausalLM):
+class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
     """DeepSeek V3 causal LM over the latent layout of a paged :class:`KVCache` (torch kernels)."""
+
+    kv_layout = "latent"
 
     def __init__(
         self,
@@ -220,12 +235,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         dtype: torch.dtype = torch.float32,
         kernels: Kernels | None = None,
     ) -> None:
-        """``kernels`` defaults to the torch path; the packed native path reads GGUF files only."""
+        """``kernels`` defaults to the torch path; the loader gives HF folders on the CPU in float32
+        the packed-float kernels (layers/float_linear.py)."""
         super().__init__()
         if kernels is None:
             kernels = torch_kernels(device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V3 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V3 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         if config.mla is None:
             raise EngineError("a DeepSeek V3 config needs its MLA spec")
         c = config
@@ -255,68 +271,40 @@ class DeepseekV3ForCausalLM(CausalLM):
             for d in range(c.num_nextn_layers)
         )
         self._seen_mtp = True  # whether the checkpoint being loaded stores MTP tensors
-        # The latent cache needs the SDPA plan of every sequence (the native decode kernel reads K/V pools).
-        self.planner = PagedAttention()
+        # The torch path attends per sequence (SDPA plans); with packed kernels the rows of short
+        # chunks go to the native absorbed-MLA decode kernel in one call per layer.
+        self.planner = (
+            NativePagedAttention(ABSORB_MAX_QUERY) if kernels.name == PACKED_FLOAT else PagedAttention()
+        )
 
-    def blocks(self) -> list[DeepseekV3DecoderLayer]:
-        """The decoder layers, typed."""
-        return cast(list[DeepseekV3DecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
-
-    @torch.inference_mode()
-    def forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
+        keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
-        """Run the new tokens through the decoder, caching their latents; final-norm hidden states of
-        every row, or of ``keep_rows`` in that order."""
-        c = self.config
-        if kv_cache.layout != "latent":
-            raise EngineError(
-                "DeepSeek V3 needs a KV cache in the latent layout (KVCache.allocate of its config)"
-            )
+        """The decoder over the latent caches."""
         n = int(input_ids.shape[0])
         plan = self.planner.plan(meta, n, kv_cache.num_slots, self.device)
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        ids, pos = self.padded_inputs(input_ids, positions)
         rotation = self.rotary.at(pos)
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.blocks()):
             x = layer.forward(x, rotation, kv_cache.latent(i), plan)
-        x = self.norm.forward(x)
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        return self.select_rows(self.norm.forward(x), n, keep_rows)
 
     def mtp_layers(self) -> list[MTPLayer]:
         """The loaded MTP modules, typed (empty when the checkpoint has none)."""
         return cast(list[MTPLayer], list(self.mtp))
+
+    def mtp_stack(self) -> DeepseekMTPStack | None:
+        """The loaded MTP modules as the engine's drafter runs them (None without any)."""
+        layers = self.mtp_layers()
+        if not layers or self.config.mla is None:
+            return None
+        return DeepseekMTPStack(layers, self.embed, self.lm_head, self.rotary, self.config.mla.latent_dim)
 
     def weight_targets(self) -> Targets:
         """HF names of every tensor of the decoder and its MTP modules (their own embedding and head

@@ -11,10 +11,12 @@ dense layers). The streams are collapsed once more (the hyper head) before the f
 Sliding-only layers rotate with ``rope_theta``; compressed layers and their compressors with
 ``compress_rope_theta`` (YaRN when configured, without YaRN's cos/sin factor, as transformers does).
 
-Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's own:
-``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``, ``head.weight``).
-The MTP layers a checkpoint carries (``model.layers.{num_hidden_layers + i}.*``, or ``mtp.*``) are
-read past: the MTP module loads them.
+Checkpoint names are those ``DeepseekV4ForCausalLM.save_pretrained`` writes (DeepSeek's module names
+under ``model.``: ``model.layers.{i}.attn.wq_a.weight``, ``ffn.experts.{e}.w1.weight``, ``hc_attn_fn``,
+``head.weight``); DeepSeek's released files are renamed to them as they are read
+(families/deepseek_v4_checkpoint.py). The MTP layers a checkpoint carries
+(``model.layers.{num_hidden_layers + i}.*``) are the engine's draft source (``deepseek_v4_mtp.py``);
+tensors under ``mtp.*`` (the released files' MTP naming) are read past.
 """
 
 from __future__ import annotations
@@ -30,20 +32,31 @@ from torch import nn
 from agent_infer.errors import EngineError, ModelLoadError
 from agent_infer.model.config import DeepseekV4Spec, ModelConfig, rope_inv_freq
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
+from agent_infer.model.families.deepseek_v4_mtp import (
+    DeepseekV4MTPStack,
+    V4MTPLayer,
+    load_mtp,
+    mtp_config,
+    split_mtp_tensors,
+)
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata
 from agent_infer.model.layers.compressed_attention import CompressedAttention, CompressorPools
 from agent_infer.model.layers.compressed_plan import CompressedPlan, plan_compressed
+from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.layers.hyper_connections import HyperConnection, HyperHead, expand
 from agent_infer.model.layers.interleaved_rotary import InterleavedRotary
 from agent_infer.model.layers.kernels import Kernels
-from agent_infer.model.layers.linear import Linear, pad_rows
+from agent_infer.model.layers.linear import Linear
 from agent_infer.model.layers.moe import MoE, Scoring
 from agent_infer.model.layers.norm import RMSNorm
 
 
-def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedRotary, InterleavedRotary]:
-    """The rotations of the sliding-only layers and of the compressed ones."""
+def v4_rotaries(
+    config: ModelConfig, spec: DeepseekV4Spec, native: bool = False
+) -> tuple[InterleavedRotary, InterleavedRotary]:
+    """The rotations of the sliding-only layers and of the compressed ones (``native``: float32 CPU
+    rows rotate in native calls)."""
     base = dataclasses.replace(
         config, head_dim=spec.qk_rope_head_dim, rope_freq_factors=None, deepseek_v4=None
     )
@@ -53,7 +66,7 @@ def v4_rotaries(config: ModelConfig, spec: DeepseekV4Spec) -> tuple[InterleavedR
             base, rope_theta=spec.compress_rope_theta, rope_scaling=spec.compress_rope_scaling
         )
     )
-    return InterleavedRotary(main), InterleavedRotary(compress)
+    return InterleavedRotary(main, native), InterleavedRotary(compress, native)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -77,8 +90,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         self.ffn_norm = RMSNorm(h, config.rms_norm_eps, device, dtype)
         hc = (h, spec.hc_mult, spec.hc_sinkhorn_iters, spec.hc_eps, config.rms_norm_eps, device)
-        self.hc_attn = HyperConnection(*hc)
-        self.hc_ffn = HyperConnection(*hc)
+        #: Row-by-row native hyper-connections with the packed-float kernels (CPU, float32).
+        self.native = kernels.name == PACKED_FLOAT
+        self.hc_attn = HyperConnection(*hc, native=self.native)
+        self.hc_ffn = HyperConnection(*hc, native=self.native)
         self.attn = CompressedAttention(config, index, rotary, kernels.linears, device, dtype)
         self.hashed = spec.hash_layers[index]
         self.moe = MoE(
@@ -119,15 +134,15 @@ class DeepseekV4DecoderLayer(nn.Module):
         if pools is not None:
             ring, positions = cache.state_ring(self.index)
             comp = CompressorPools(pools[0], pools[1], ring, positions)
-        out = self.attn.forward(self.attn_norm.forward(collapsed), tables, window, comp, plan)
-        streams = expand(post, comb, out, streams)
+        out = self.attn.forward(collapsed, self.attn_norm, tables, window, comp, plan)
+        streams = expand(post, comb, out, streams, self.native)
         post, comb, collapsed = self.hc_ffn.collapse(streams)
         n = plan.num_tokens
         chosen = None if self.tid2eid is None else self.tid2eid.index_select(0, ids[:n])
-        y = self.moe.forward(self.ffn_norm.forward(collapsed[:n]), chosen)
+        y = self.moe.forward_normed(collapsed[:n], self.ffn_norm, chosen)
         if int(streams.shape[0]) > n:
             y = torch.cat((y, y.new_zeros(int(streams.shape[0]) - n, int(y.shape[1]))))
-        return expand(post, comb, y, streams)
+        return expand(post, comb, y, streams, self.native)
 
     def load_targets(self) -> Targets:
         """HF names of the block's tensors."""
@@ -165,8 +180,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         return t
 
 
-class DeepseekV4ForCausalLM(CausalLM):
+class DeepseekV4ForCausalLM(CausalLM[DeepseekV4DecoderLayer]):
     """DeepSeek V4 causal LM over the compressed layout of a paged :class:`KVCache` (torch kernels)."""
+
+    kv_layout = "compressed"
 
     def __init__(
         self,
@@ -178,8 +195,8 @@ class DeepseekV4ForCausalLM(CausalLM):
         """``kernels`` defaults to the torch path (the only one this family runs)."""
         super().__init__()
         kernels = model_kernels(kernels, device, dtype)
-        if kernels.name != "torch":
-            raise EngineError("DeepSeek V4 runs on the torch kernels only")
+        if kernels.name not in ("torch", PACKED_FLOAT):
+            raise EngineError(f"DeepSeek V4 runs on the torch or {PACKED_FLOAT} kernels, not {kernels.name}")
         spec = config.deepseek_v4
         if spec is None or config.moe is None:
             raise EngineError("a DeepSeek V4 config needs its DeepseekV4Spec and MoE spec")
@@ -190,77 +207,70 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.embed = nn.Parameter(
             torch.empty(c.vocab_size, c.hidden_size, device=device, dtype=dtype), requires_grad=False
         )
-        main, compress = v4_rotaries(c, spec)
+        main, compress = v4_rotaries(c, spec, native=kernels.name == PACKED_FLOAT)
         self.main_rotary, self.compress_rotary = main, compress
         self.layers = nn.ModuleList(
             DeepseekV4DecoderLayer(c, i, compress if spec.compress_rates[i] else main, kernels, device, dtype)
             for i in range(c.num_layers)
         )
-        self.hc_head = HyperHead(c.hidden_size, spec.hc_mult, spec.hc_eps, c.rms_norm_eps, device)
+        self.hc_head = HyperHead(
+            c.hidden_size,
+            spec.hc_mult,
+            spec.hc_eps,
+            c.rms_norm_eps,
+            device,
+            native=kernels.name == PACKED_FLOAT,
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.lm_head: Linear = kernels.linears.head(
             "head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
         )
+        wide = mtp_config(c)
+        self.mtp = nn.ModuleList(
+            V4MTPLayer(
+                c,
+                d,
+                DeepseekV4DecoderLayer(wide, c.num_layers + d, main, kernels, device, dtype),
+                kernels,
+                device,
+                dtype,
+            )
+            for d in range(c.num_nextn_layers)
+        )
+        #: Why the checkpoint's MTP modules were not loaded (None: loaded, or none declared).
+        self.mtp_skipped: str | None = None
 
-    def blocks(self) -> list[DeepseekV4DecoderLayer]:
-        """The decoder layers, typed."""
-        return cast(list[DeepseekV4DecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """The torch head computes every column."""
-        return False
-
-    @torch.inference_mode()
-    def forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
+        keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
-        """Run the new tokens through the decoder, caching their window entries, compressor states and
-        completed windows; final-norm hidden states of every row, or of ``keep_rows`` in that order."""
+        """The decoder over the compressed caches: window entries, compressor states and completed
+        windows' entries written for the new tokens."""
         c = self.config
-        if kv_cache.layout != "compressed":
-            raise EngineError(
-                "DeepSeek V4 needs a KV cache in the compressed layout (KVCache.allocate of its config)"
-            )
         n = int(input_ids.shape[0])
         spec = c.deepseek_v4
         assert spec is not None
         rates = {r for r in spec.compress_rates if r}
-        views = plan_compressed(meta, n, kv_cache.num_slots, self.device, spec.sliding_window, rates)
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        views = plan_compressed(
+            meta,
+            n,
+            kv_cache.num_slots,
+            self.device,
+            spec.sliding_window,
+            rates,
+            native=self.kernels.name == PACKED_FLOAT,
+        )
+        ids, pos = self.padded_inputs(input_ids, positions)
         x = F.embedding(ids, self.embed)
         tables = {False: self.main_rotary.tables(pos), True: self.compress_rotary.tables(pos)}
-        streams = x[:, None, :].expand(rows, spec.hc_mult, c.hidden_size).contiguous()
+        streams = x[:, None, :].expand(int(ids.shape[0]), spec.hc_mult, c.hidden_size).contiguous()
         for layer, rate in zip(self.blocks(), spec.compress_rates, strict=True):
             streams = layer.forward(streams, ids, tables[bool(rate)], kv_cache, views)
-        x = self.norm.forward(self.hc_head.forward(streams))
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[M, vocab]`` of hidden states ``[M, hidden]`` (``allowed`` is ignored)."""
-        return self.lm_head.logits(hidden, allowed)
+        return self.select_rows(self.norm.forward(self.hc_head.forward(streams)), n, keep_rows)
 
     def weight_targets(self) -> Targets:
         """HF names of every tensor of the decoder (the MTP layers are not targets)."""
@@ -281,12 +291,42 @@ class DeepseekV4ForCausalLM(CausalLM):
         """A head tied to the embedding may still be stored."""
         return frozenset({"head.weight"}) if self.config.tie_word_embeddings else frozenset()
 
+    def mtp_layers(self) -> list[V4MTPLayer]:
+        """The loaded MTP modules, typed (empty when the checkpoint has none)."""
+        return cast(list[V4MTPLayer], list(self.mtp))
+
+    def mtp_stack(self) -> DeepseekV4MTPStack | None:
+        """The loaded MTP modules as the engine's drafter runs them (None without any)."""
+        layers = self.mtp_layers()
+        if not layers:
+            return None
+        return DeepseekV4MTPStack(layers, self.embed, self.lm_head, self.main_rotary, self.config)
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """:meth:`CausalLM.load_weights` past the MTP layers; a ``tid2eid`` entry outside the experts
-        raises :class:`ModelLoadError` naming the tensor."""
+        """:meth:`CausalLM.load_weights` of the decoder, then the MTP modules (dropped, with the reason
+        in ``mtp_skipped``, when the checkpoint's MTP tensors are not exactly theirs); a ``tid2eid``
+        entry outside the experts raises :class:`ModelLoadError` naming the tensor."""
         first = self.config.num_layers
-        mtp = ("mtp.", *(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers)))
-        super().load_weights((name, t) for name, t in named_tensors if not name.startswith(mtp))
+        mtp = tuple(f"model.layers.{first + i}." for i in range(self.config.num_nextn_layers))
+        found: dict[str, torch.Tensor] = {}
+        rest = ((name, t) for name, t in named_tensors if not name.startswith("mtp."))
+        super().load_weights(split_mtp_tensors(rest, mtp, found) if mtp else rest)
+        layers = self.mtp_layers()
+        if layers:
+            self.mtp_skipped = load_mtp(layers, found)
+            if self.mtp_skipped is not None:
+                self.mtp = nn.ModuleList()
+            for module in self.mtp_layers():
+                # DeepSeek stores copies of the main embedding and head: keep one of each in memory.
+                if module.embed is not None and torch.equal(module.embed, self.embed):
+                    module.embed = None
+                head = getattr(self.lm_head, "weight", None)
+                if (
+                    module.head is not None
+                    and isinstance(head, torch.Tensor)
+                    and torch.equal(module.head, head)
+                ):
+                    module.head = None
         assert self.config.moe is not None
         experts = self.config.moe.num_experts
         for layer in self.blocks():

@@ -1,10 +1,18 @@
-"""Reading a DeepSeek V4 ``config.json`` (as transformers' ``DeepseekV4Config`` writes it) into our config.
+"""A DeepSeek V4 checkpoint: its ``config.json`` (as transformers' ``DeepseekV4Config`` writes it, or as
+DeepSeek releases it) read into our config, and the tensor names of DeepSeek's released files.
 
 Values this engine does not implement raise :class:`ModelLoadError` naming the key. Absent keys take
 transformers' defaults (``layer_types``: two heavily compressed layers, then sparse and heavy
-alternating; ``mlp_layer_types``: three hash-routed layers, then top-k routed), and the legacy
+alternating; ``mlp_layer_types``: three hash-routed layers, then top-k routed), and the release's
 spellings (``compress_ratios``, ``compress_rate_csa``/``_hca``, ``num_hash_layers``,
 ``qk_rope_head_dim``) are read as transformers reads them.
+
+The family loads the names ``DeepseekV4ForCausalLM.save_pretrained`` writes (``model.layers.{i}.attn.
+wq_a.weight``, ``model.embed_tokens.weight``, ``head.weight``). DeepSeek's released files name the
+same tensors without the ``model.`` prefix and spell a few differently; :func:`hf_tensor_name` maps
+them (the table is :data:`RELEASED_GLOBAL_NAMES` plus ``attn.kv_norm`` -> ``attn.norm`` inside a
+block). Their quantization (FP8 projections with ``.scale`` tensors, FP4 routed experts) is read by
+loading/quantized.py.
 """
 
 from __future__ import annotations
@@ -15,10 +23,31 @@ from typing import Any
 from agent_infer.errors import ModelLoadError
 from agent_infer.model.config import DeepseekV4Spec, MoESpec, rope_scaling_type
 
+#: Tensors outside the blocks: DeepSeek's released name -> the family's.
+RELEASED_GLOBAL_NAMES = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "hc_head_fn": "model.hc_head.hc_fn",
+    "hc_head_base": "model.hc_head.hc_base",
+    "hc_head_scale": "model.hc_head.hc_scale",
+}
+
 _SCORING = ("sqrtsoftplus", "softmax", "sigmoid")
 _LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 _MLP_TYPES = ("hash_moe", "moe")
 _RATIO_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+def hf_tensor_name(name: str) -> str:
+    """The family's name of a tensor of DeepSeek's released V4 files (``layers.{i}.*`` gain the
+    ``model.`` prefix, the attention's ``kv_norm`` is ``norm``); other names, the family's own, the
+    head's and the MTP layers' ``mtp.*`` (loaded by the MTP module), come back unchanged."""
+    found = RELEASED_GLOBAL_NAMES.get(name)
+    if found is not None:
+        return found
+    if name.startswith("layers."):
+        return "model." + name.replace(".attn.kv_norm.", ".attn.norm.", 1)
+    return name
 
 
 def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = None, low: int = 1) -> int:
@@ -141,11 +170,6 @@ def hf_config_fields(cfg: Mapping[str, Any], where: str = "") -> dict[str, Any]:
             raise ModelLoadError(
                 f"{where}unsupported {key} {cfg.get(key)!r}; supported: {', '.join(allowed)}"
             )
-    quant = cfg.get("quantization_config")
-    if isinstance(quant, dict) and quant.get("expert_dtype") not in (None, "fp8", "bf16", "bfloat16"):
-        raise ModelLoadError(
-            f"{where}unsupported quantization_config.expert_dtype {quant.get('expert_dtype')!r}; supported: fp8"
-        )
     n = _int(cfg, "num_hidden_layers", where)
     heads = _int(cfg, "num_attention_heads", where)
     head_dim = _int(cfg, "head_dim", where, 512)

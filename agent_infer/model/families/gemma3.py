@@ -18,20 +18,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.errors import EngineError, UnsupportedModelError
+from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.families.gemma3_checkpoint import FULL, SLIDING
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels
-from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
+from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.mlp import GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
@@ -127,7 +126,7 @@ class Gemma3DecoderLayer(nn.Module):
         return x + self.post_ffn_norm.forward(self.mlp.forward(x, self.pre_ffn_norm))
 
 
-class Gemma3ForCausalLM(CausalLM):
+class Gemma3ForCausalLM(CausalLM[Gemma3DecoderLayer]):
     """Gemma 3 text causal LM over a paged :class:`KVCache`."""
 
     def __init__(
@@ -167,19 +166,6 @@ class Gemma3ForCausalLM(CausalLM):
         self.local_rotary = kernels.rotary(local, device, dtype)
         self.attention = kernels.attention
 
-    def _blocks(self) -> list[Gemma3DecoderLayer]:
-        return cast(list[Gemma3DecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """Whether the LM head can skip the columns of tokens no row allows (the packed head can)."""
-        return self.lm_head.takes_token_mask
-
     @staticmethod
     def hf_tensor(name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         """Gemma's ``(1 + weight)`` norms as the multiplier the norms here hold; a multimodal
@@ -193,21 +179,7 @@ class Gemma3ForCausalLM(CausalLM):
                 return None
         return name, (tensor.float() + 1.0 if name.endswith("norm.weight") else tensor)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """Run the new tokens of a batch through the decoder, caching their K/V; final-norm hidden
-        states of every row, or of ``keep_rows`` (in that order)."""
-        with self.kernels.threads():
-            return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
-
-    def _forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -215,26 +187,19 @@ class Gemma3ForCausalLM(CausalLM):
         kv_cache: KVCache,
         keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
+        """The decoder over K/V caches: sliding layers on their window and local rotary, global ones
+        on the whole context; ``keep_rows`` as in :meth:`LlamaForCausalLM.decoder_forward`."""
         c = self.config
         n = int(input_ids.shape[0])
         plan = self.attention.plan(meta, n, kv_cache.num_slots, self.device)
         local_plan = self.attention.plan(meta, n, kv_cache.num_slots, self.device, c.sliding_window)
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        ids, pos = self.padded_inputs(input_ids, positions)
         rotation, local_rotation = self.rotary.at(pos), self.local_rotary.at(pos)
         x = F.embedding(ids, self.embed) * self.embed_scale
         keep = None
         if keep_rows is not None and self.kernels.rows_independent and len(keep_rows) < n:
             keep = torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device)
-        blocks = self._blocks()
+        blocks = self.blocks()
         last = len(blocks) - 1
         for i, layer in enumerate(blocks):
             k_cache, v_cache = kv_cache.flat(i)
@@ -247,15 +212,12 @@ class Gemma3ForCausalLM(CausalLM):
         x = self.norm.forward(x)
         if keep is not None:
             return x
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
+        return self.select_rows(x, n, keep_rows)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits ``[M, vocab]`` (soft-capped when configured; masked-out tokens stay ``-inf``)."""
-        with self.kernels.threads():
-            logits = self.lm_head.logits(hidden, allowed)
+        logits = super().compute_logits(hidden, allowed)
         cap = self.config.final_logit_softcapping
         if cap is None:
             return logits
@@ -268,7 +230,7 @@ class Gemma3ForCausalLM(CausalLM):
             "model.norm.weight": (self.norm.weight, 0, tuple(self.norm.weight.shape)),
         }
         t.update(self.lm_head.load_targets())
-        for i, layer in enumerate(self._blocks()):
+        for i, layer in enumerate(self.blocks()):
             p = f"model.layers.{i}."
             for name, norm in layer.norms().items():
                 t[p + name] = (norm.weight, 0, tuple(norm.weight.shape))

@@ -15,19 +15,19 @@ layers/linear.py for the torch path, layers/qlinear.py for the native one).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.errors import EngineError, UnsupportedModelError
+from agent_infer.errors import UnsupportedModelError
 from agent_infer.model.config import ModelConfig
 from agent_infer.model.families.base import CausalLM, Targets, model_kernels
 from agent_infer.model.kv_cache import KVCache
 from agent_infer.model.layers.attention import AttentionMetadata, AttentionPlan, PagedAttention
 from agent_infer.model.layers.kernels import Kernels
-from agent_infer.model.layers.linear import Linear, WeightPart, pad_rows
+from agent_infer.model.layers.linear import Linear, WeightPart
 from agent_infer.model.layers.mlp import FeedForward, GatedMLP
 from agent_infer.model.layers.norm import RMSNorm
 from agent_infer.model.layers.rotary import Rotation
@@ -134,7 +134,7 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp.forward(x, self.post_norm)
 
 
-class LlamaForCausalLM(CausalLM):
+class LlamaForCausalLM(CausalLM[LlamaDecoderLayer]):
     """Llama-architecture causal LM (Qwen2 = Llama + q/k/v bias) over a paged :class:`KVCache`."""
 
     #: The decoder block; a family that differs only inside the block subclasses both.
@@ -160,7 +160,7 @@ class LlamaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(
             self.layer_class(c, i, kernels, device, dtype) for i in range(c.num_layers)
         )
-        self._windows = tuple(dict.fromkeys(layer.sliding_window for layer in self._blocks()))
+        self._windows = tuple(dict.fromkeys(layer.sliding_window for layer in self.blocks()))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device, dtype)
         self.lm_head: Linear = kernels.linears.head(
             "lm_head.weight", c.vocab_size, c.hidden_size, tied=self.embed if c.tie_word_embeddings else None
@@ -168,40 +168,7 @@ class LlamaForCausalLM(CausalLM):
         self.rotary = kernels.rotary(c, device, dtype)
         self.attention = kernels.attention
 
-    def _blocks(self) -> list[LlamaDecoderLayer]:
-        return cast(list[LlamaDecoderLayer], list(self.layers))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.embed.device
-
-    @property
-    def masked_head(self) -> bool:
-        """Whether the LM head can skip the columns of tokens no row allows (the packed head can)."""
-        return self.lm_head.takes_token_mask
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_cache: KVCache,
-        keep_rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """Run the new tokens of a batch through the decoder, caching their K/V.
-
-        Returns the final-norm hidden states ``[N, hidden]``; feed the rows you need to
-        :meth:`compute_logits`. With ``keep_rows`` (indices into the N rows), only those rows are
-        returned, in that order; when the kernels' rows are independent of the row count, the last
-        layer then runs its output projection and MLP for them alone (the other rows only need
-        their K/V there), which leaves the kept rows' bits unchanged.
-        """
-        with self.kernels.threads():
-            return self._forward(input_ids, positions, meta, kv_cache, keep_rows)
-
-    def _forward(
+    def decoder_forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -209,25 +176,18 @@ class LlamaForCausalLM(CausalLM):
         kv_cache: KVCache,
         keep_rows: Sequence[int] | None,
     ) -> torch.Tensor:
-        c = self.config
+        """The decoder over K/V caches. With ``keep_rows``, when the kernels' rows are independent of
+        the row count, the last layer runs its output projection and MLP for those rows alone (the
+        other rows only need their K/V there), which leaves the kept rows' bits unchanged."""
         n = int(input_ids.shape[0])
         plans = {w: self.attention.plan(meta, n, kv_cache.num_slots, self.device, w) for w in self._windows}
-        if n and int(positions.max()) >= c.max_position_embeddings:
-            raise EngineError(
-                f"position {int(positions.max())} is beyond the model's {c.max_position_embeddings}-token context"
-            )
-        rows = pad_rows(n, self.kernels.row_multiple)
-        ids = input_ids.to(self.device)
-        pos = positions.to(self.device)
-        if rows > n:
-            ids = torch.cat((ids, ids.new_zeros(rows - n)))
-            pos = torch.cat((pos, pos.new_zeros(rows - n)))
+        ids, pos = self.padded_inputs(input_ids, positions)
         rotation = self.rotary.at(pos)
         x = F.embedding(ids, self.embed)
         keep = None
         if keep_rows is not None and self.kernels.rows_independent and len(keep_rows) < n:
             keep = torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device)
-        blocks = self._blocks()
+        blocks = self.blocks()
         last = len(blocks) - 1
         for i, layer in enumerate(blocks):
             k_cache, v_cache = kv_cache.flat(i)
@@ -236,20 +196,7 @@ class LlamaForCausalLM(CausalLM):
         x = self.norm.forward(x)
         if keep is not None:
             return x
-        if keep_rows is not None:
-            return x.index_select(0, torch.tensor(list(keep_rows), dtype=torch.int64, device=x.device))
-        return x[:n]
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """Project hidden states ``[M, hidden]`` to float32 logits ``[M, vocab]`` (batch invariant).
-
-        ``allowed`` (int32 token bitmask ``[M, words]``, e.g. a grammar's) lets a :attr:`masked_head`
-        skip the weights of tokens no row can take: those logits come back ``-inf`` and every other
-        one is bit-identical. Other heads ignore it (the caller masks anyway).
-        """
-        with self.kernels.threads():
-            return self.lm_head.logits(hidden, allowed)
+        return self.select_rows(x, n, keep_rows)
 
     def weight_targets(self) -> Targets:
         """HF names of the embedding, the norms and every projection's tensors still loaded by name."""
@@ -258,7 +205,7 @@ class LlamaForCausalLM(CausalLM):
             "model.norm.weight": (self.norm.weight, 0, tuple(self.norm.weight.shape)),
         }
         t.update(self.lm_head.load_targets())
-        for i, layer in enumerate(self._blocks()):
+        for i, layer in enumerate(self.blocks()):
             p = f"model.layers.{i}."
             for name, norm in layer.norms().items():
                 t[f"{p}{name}.weight"] = (norm.weight, 0, tuple(norm.weight.shape))

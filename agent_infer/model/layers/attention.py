@@ -131,6 +131,7 @@ class PagedAttention:
             raise EngineError(f"slot_mapping has {meta.slot_mapping.numel()} entries for {num_tokens} tokens")
         bs = meta.block_size
         seqs = []
+        arange = torch.arange(bs, dtype=torch.int64)
         for i in range(batch):
             start, end, ctx = qsl[i], qsl[i + 1], meta.context_lens[i]
             q_len = end - start
@@ -139,23 +140,32 @@ class PagedAttention:
                 raise EngineError(
                     f"sequence {i}: {q_len} new tokens, context_len {ctx}, {len(table)} blocks of {bs} are inconsistent"
                 )
-            blocks = torch.tensor(table[: (ctx + bs - 1) // bs], dtype=torch.int64)
-            gather = (blocks[:, None] * bs + torch.arange(bs, dtype=torch.int64)[None, :]).reshape(-1)[:ctx]
-            if int(gather.max()) >= num_slots:
+            blocks_used = table[: (ctx + bs - 1) // bs]
+            # The last used slot of the last block is the highest one only when ids ascend; check
+            # every used block (Python ints: cheaper than building the gather for decode rows).
+            last_block = (ctx - 1) // bs
+            if max(blocks_used[:last_block], default=-1) * bs + bs > num_slots or (
+                blocks_used[last_block] * bs + (ctx - 1) % bs >= num_slots
+            ):
                 raise EngineError(
                     f"sequence {i}: block table references a block beyond the {num_slots // bs}-block cache"
                 )
+            gather: torch.Tensor | None = None
+            if q_len > limit or sliding_window is not None:
+                blocks = torch.tensor(blocks_used, dtype=torch.int64)
+                gather = (blocks[:, None] * bs + arange[None, :]).reshape(-1)[:ctx]
             if q_len <= limit:
                 # Query j of a short chunk (forced tokens, a draft) attends to the first
                 # ctx - q_len + j + 1 positions: exactly what decoding that token alone computes, so
                 # jump-forward and speculation leave every row's logits bit-identical to plain decoding.
-                blocks_used = table[: (ctx + bs - 1) // bs]
                 for j in range(q_len):
                     dec_rows.append(start + j)
                     dec_tables.append(blocks_used)
                     dec_ctx.append(ctx - q_len + j + 1)
-                    dec_slots.append(gather)
+                    if gather is not None:
+                        dec_slots.append(gather)
                 continue
+            assert gather is not None
             seqs.append(_sdpa_plan(start, end, ctx, gather, sliding_window, device))
         slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
         decode = None

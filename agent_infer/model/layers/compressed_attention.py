@@ -15,11 +15,13 @@ weights) run as one fused matmul; the compressors' per-token projections go to t
 so a window closed in a later step (or by another sequence sharing the prefix) finds them there.
 
 Each sequence attends on its own with the same shapes alone or in a batch (batch invariance, as in
-layers/attention.py).
+layers/attention.py). On the packed-float kernels the single-token sequences run natively instead
+(:mod:`.compressed_native`), and so do RoPE with its norms and the grouped projection.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig
+from agent_infer.model.layers import compressed_native, native_deepseek, native_ops
 from agent_infer.model.layers.compressed_plan import CompressedPlan, DecodeGroup, RateView, SeqView
 from agent_infer.model.layers.compressor import WindowCompressor
 from agent_infer.model.layers.indexer import LightningIndexer
@@ -56,10 +59,6 @@ class CompressorPools:
         if self.ring == block_size:
             return slots
         return slots // block_size * self.ring + slots % block_size % self.ring
-
-
-def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class CompressedAttention(nn.Module):
@@ -126,6 +125,13 @@ class CompressedAttention(nn.Module):
             torch.empty(self.heads, device=device, dtype=torch.float32), requires_grad=False
         )
         self.scale = self.dim**-0.5
+        #: ``wo_a``'s groups on the native kernel once :meth:`pack_native` ran (float32 CPU models).
+        self.wo_a_packed: list[native_ops.PackedWeight] | None = None
+
+    def pack_native(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Run the grouped output projection on the native kernel (one row-independent call per
+        group) over ``pack`` of each group's ``wo_a`` rows from now on."""
+        self.wo_a_packed = [pack(w) for w in self.wo_a.view(self.groups, self.o_lora, -1)]
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
         """HF names of every tensor of the layer."""
@@ -154,22 +160,26 @@ class CompressedAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        norm: RMSNorm,
         tables: tuple[torch.Tensor, torch.Tensor],
         window: torch.Tensor,
         compressed: CompressorPools | None,
         plan: CompressedPlan,
     ) -> torch.Tensor:
-        """Output ``[R, hidden]`` for the normed input ``x`` ``[R, hidden]`` (rotated by ``tables``, this
+        """Output ``[R, hidden]`` for ``norm(x)`` (``x`` ``[R, hidden]``; rotated by ``tables``, this
         layer's rotary at the rows' positions); writes the new tokens' window entries, compressor
         states and completed windows' entries into the pools (``window`` ``[num_slots, head_dim]``,
         ``compressed`` the state and entry pools)."""
         rows, n = int(x.shape[0]), plan.num_tokens
         ql, d = self.q_lora, self.dim
-        h = self.down.project(x)
-        q_res = self.q_norm.forward(h[:, :ql])
-        q = _unit_rms(self.q_up.project(q_res).view(rows, self.heads, d), self.eps)
-        q = self.rotary.apply(q, tables)
-        kv = self.rotary.apply(self.kv_norm.forward(h[:, ql : ql + d]), tables)
+        h = self.down.project_normed(x, norm)
+        # q_b and the indexer's wq_b share the normed query latent: each packed call normalizes the
+        # slice itself, which costs less than a separate torch norm (the torch path runs one).
+        q_lat = h[:, :ql]
+        q = self.rotary.norm_apply(
+            self.q_up.project_normed(q_lat, self.q_norm).view(rows, self.heads, d), tables, None, self.eps
+        )
+        kv = self.rotary.norm_apply(h[:, ql : ql + d], tables, self.kv_norm.weight, self.kv_norm.eps)
         window.index_copy_(0, plan.slot_mapping, kv[:n])
         iq = iw = None
         fresh = h[:0]
@@ -178,7 +188,9 @@ class CompressedAttention(nn.Module):
             if self.indexer is not None:
                 width += self.indexer.compressor.state_width
                 ix = self.indexer
-                iq = self.rotary.apply(ix.q_up.project(q_res).view(rows, ix.heads, ix.dim), tables)
+                iq = self.rotary.apply(
+                    ix.q_up.project_normed(q_lat, self.q_norm).view(rows, ix.heads, ix.dim), tables
+                )
                 iw = h[:, ql + d + width : ql + d + width + ix.heads]
             fresh = h[:n, ql + d : ql + d + width]
         compressing = compressed is not None and self.compressor is not None
@@ -188,6 +200,15 @@ class CompressedAttention(nn.Module):
         if compressing and compressed is not None and groups:
             self._close_decode(
                 compressed, fresh, [plan.seqs[i] for g in groups for i in g.seqs], plan.block_size
+            )
+        nd = plan.native
+        if nd is not None:
+            if compressing and compressed is not None:
+                compressed_native.close_windows(self, compressed, fresh, nd, plan.slot_mapping)
+            index = (iq, iw) if iq is not None and iw is not None else None
+            pool = compressed.entries if compressing and compressed is not None else None
+            compressed_native.attend(
+                self, nd.batches[self.rate if compressing else 0], q, window, pool, index, out
             )
         for i, s in enumerate(plan.seqs):
             if i in batched:
@@ -213,7 +234,10 @@ class CompressedAttention(nn.Module):
                 ring_slots = compressed.state_slots(slots, bs)
                 compressed.positions.index_copy_(0, ring_slots, pos[kept].to(torch.int32))
             compressed.states.index_copy_(0, compressed.state_slots(slots, plan.block_size), states)
-        out = self.rotary.apply(out, tables, inverse=True).reshape(rows, self.groups, -1)
+        out = self.rotary.apply(out, tables, inverse=True)
+        if self.wo_a_packed is not None:
+            return self.wo_b.project(native_deepseek.grouped_linear(self.wo_a_packed, out.view(rows, -1)))
+        out = out.reshape(rows, self.groups, -1)
         w = self.wo_a.view(self.groups, self.o_lora, -1).transpose(1, 2)
         grouped = in_row_chunks(
             lambda o: torch.bmm(o.transpose(0, 1), w).transpose(0, 1).reshape(int(o.shape[0]), -1), out

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.model.layers import native_deepseek
 from agent_infer.model.layers.linear import ROW_MULTIPLE, in_row_chunks
 
 
@@ -33,13 +34,18 @@ def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class HyperConnection(nn.Module):
-    """The mixing weights of one block site (HF names ``hc_{attn,ffn}_{fn,base,scale}``), float32."""
+    """The mixing weights of one block site (HF names ``hc_{attn,ffn}_{fn,base,scale}``), float32.
+
+    ``native``: collapse float32 CPU rows with the native kernel (engine_native/src/kernels/hyper.cpp),
+    batch invariant row by row without the 4-row chunks; the torch path otherwise.
+    """
 
     def __init__(
         self, hidden_size: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
-        device: torch.device | None,
+        device: torch.device | None, native: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
+        self.native = native
         self.hc = hc_mult
         self.iters = sinkhorn_iters
         self.hc_eps = hc_eps
@@ -51,6 +57,10 @@ class HyperConnection(nn.Module):
 
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(post [R, hc], comb [R, hc, hc], collapsed [R, H])`` of ``streams`` ``[R, hc, H]``."""
+        if self.native:
+            return native_deepseek.hc_collapse(
+                streams, self.fn, self.base, self.scale, self.iters, self.hc_eps, self.norm_eps
+            )
         hc, rows = self.hc, int(streams.shape[0])
         pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
 
@@ -122,9 +132,12 @@ def _chunked(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor
 
 
 def expand(
-    post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor
+    post: torch.Tensor, comb: torch.Tensor, output: torch.Tensor, streams: torch.Tensor, native: bool = False
 ) -> torch.Tensor:
-    """New streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), in fixed row chunks."""
+    """New streams ``post * output + comb^T @ streams`` (``[R, hc, H]``), in fixed row chunks, or
+    row by row natively (float32 CPU) with ``native``."""
+    if native:
+        return native_deepseek.hc_expand(post, comb, output, streams)
 
     def mix(p: torch.Tensor, c: torch.Tensor, o: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return p.unsqueeze(-1) * o.unsqueeze(-2) + torch.matmul(c.transpose(-1, -2), s)
@@ -133,12 +146,20 @@ def expand(
 
 
 class HyperHead(nn.Module):
-    """The final collapse of the streams (HF names ``model.hc_head.hc_{fn,base,scale}``), float32."""
+    """The final collapse of the streams (HF names ``model.hc_head.hc_{fn,base,scale}``), float32;
+    ``native`` as for :class:`HyperConnection`."""
 
     def __init__(
-        self, hidden_size: int, hc_mult: int, hc_eps: float, norm_eps: float, device: torch.device | None
+        self,
+        hidden_size: int,
+        hc_mult: int,
+        hc_eps: float,
+        norm_eps: float,
+        device: torch.device | None,
+        native: bool = False,
     ):
         super().__init__()
+        self.native = native
         self.hc_eps = hc_eps
         self.norm_eps = norm_eps
         self.fn = _param(hc_mult, hc_mult * hidden_size, device=device)
@@ -147,6 +168,10 @@ class HyperHead(nn.Module):
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
         """``[R, H]`` from ``streams`` ``[R, hc, H]``."""
+        if self.native:
+            return native_deepseek.hc_head(
+                streams, self.fn, self.base, self.scale, self.hc_eps, self.norm_eps
+            )
 
         def head(s: torch.Tensor) -> torch.Tensor:
             mixes = F.linear(_unit_rms(s.reshape(int(s.shape[0]), -1).float(), self.norm_eps), self.fn)

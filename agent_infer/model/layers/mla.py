@@ -16,6 +16,11 @@ Head ``h``'s key is ``[W_UK[h] c, k_r]`` and its value ``W_UV[h] c``, where ``kv
 Sequences with at most :data:`ABSORB_MAX_QUERY` new tokens (decode steps, drafts, forced tokens)
 take the absorbed form, longer chunks the expanded one; the choice depends only on the sequence,
 so batch invariance holds as in layers/attention.py.
+
+With ``native`` (the packed-float kernels: CPU, float32) the absorbed rows of a step run in one
+native call per layer (``DecodeBatch.run_mla``, engine_native/src/kernels/attention_mla.h: each
+row's arithmetic is its own, in a fixed order), and the latent norm, both rotations and the new
+cache rows in another (``native_deepseek.mla_prep``); longer chunks stay in torch.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
-from agent_infer.model.layers.rotary import Rotation
+from agent_infer.model.layers.rotary import Rotation, native_tables
 
 #: Longest chunk of new tokens that attends in the absorbed form.
 ABSORB_MAX_QUERY = 16
@@ -65,12 +72,16 @@ class MultiHeadLatentAttention(nn.Module):
         linears: LinearBuilder,
         device: torch.device | None,
         dtype: torch.dtype,
+        native: bool = False,
     ) -> None:
+        """``native``: single-token sequences of plans without a decode batch (the MTP drafter's)
+        also take the native absorbed kernel (float32 CPU models)."""
         super().__init__()
         m = config.mla
         if m is None:
             raise ValueError("MultiHeadLatentAttention needs a config with an MLA spec")
         self.spec = m
+        self.native = native
         self.heads = config.num_heads
         self.q_width = m.q_lora_rank if m.q_lora_rank is not None else self.heads * m.qk_head_dim
         q_name = "q_a_proj.weight" if m.q_lora_rank is not None else "q_proj.weight"
@@ -140,15 +151,45 @@ class MultiHeadLatentAttention(nn.Module):
         h = self.down.project_normed(x, norm)
         q = h[:, : self.q_width]
         if self.q_up is not None and self.q_norm is not None:
-            q = self.q_up.project(self.q_norm.forward(q))
+            q = self.q_up.project_normed(q, self.q_norm)
         q = q.reshape(rows, heads, m.qk_head_dim)
-        latent = self.kv_norm.forward(h[:, self.q_width : self.q_width + lora])
-        ropes = torch.cat((q[:, :, nope:], h[:, None, self.q_width + lora :]), dim=1)
-        if self.rope_order is not None:
-            ropes = ropes.index_select(2, self.rope_order)
-        ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
-        q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
-        cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
+        rope_tables = native_tables(rotation) if self.native else None
+        if rope_tables is not None:
+            # One native call: the latent norm, both rotations and the cache rows.
+            q_rope = native_deepseek.mla_prep(
+                q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
+                self.rope_order is not None, cache, plan.slot_mapping, n,
+            )  # fmt: skip
+            q_nope = q[:, :, :nope]
+        else:
+            latent = self.kv_norm.forward(h[:, self.q_width : self.q_width + lora])
+            ropes = torch.cat((q[:, :, nope:], h[:, None, self.q_width + lora :]), dim=1)
+            if self.rope_order is not None:
+                ropes = ropes.index_select(2, self.rope_order)
+            ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
+            q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
+            cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
+        if plan.decode is not None:
+            return self.o.project(
+                self._with_native_decode(
+                    q_nope, q_rope, cache, plan.seqs, plan.decode.native, len(plan.decode.rows), rows
+                )
+            )
+        if self.native and any(s.end - s.start == 1 and s.mask is None for s in plan.seqs):
+            single = [s for s in plan.seqs if s.end - s.start == 1 and s.mask is None]
+            rest = [s for s in plan.seqs if not (s.end - s.start == 1 and s.mask is None)]
+            tables = torch.nn.utils.rnn.pad_sequence([s.gather.cpu() for s in single], batch_first=True)
+            batch = native_ops.decode_batch(
+                torch.tensor([s.start for s in single]),
+                tables,
+                torch.tensor([int(s.gather.shape[0]) for s in single]),
+                1,
+                rows,
+                int(cache.shape[0]),
+            )
+            return self.o.project(
+                self._with_native_decode(q_nope, q_rope, cache, rest, batch, len(single), rows)
+            )
         outs = []
         for s in plan.seqs:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
@@ -157,6 +198,50 @@ class MultiHeadLatentAttention(nn.Module):
             outs.append(x.new_zeros(rows - n, heads * m.v_head_dim))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.o.project(out)
+
+    def _with_native_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        cache: torch.Tensor,
+        seqs: list[_SeqPlan],
+        batch: native_ops.DecodeBatch,
+        decode_rows: int,
+        rows: int,
+    ) -> torch.Tensor:
+        """The attention output of every row: ``batch``'s ``decode_rows`` rows in one native call
+        (absorbed form, engine_native/src/kernels/attention_mla.h), ``seqs`` one by one in torch
+        (the expanded form for long chunks, the absorbed one for short ones)."""
+        m, heads = self.spec, self.heads
+        qn = q_nope if q_nope.stride(2) == 1 else q_nope.contiguous()
+        qr = q_rope if q_rope.stride(2) == 1 else q_rope.contiguous()
+        if not (
+            cache.dtype is torch.float32
+            and cache.device.type == "cpu"
+            and cache.is_contiguous()
+            and int(cache.shape[1]) == m.latent_dim
+            and self.kv_b.dtype is torch.float32
+            and self.kv_b.is_contiguous()
+            and qn.dtype is torch.float32
+            and qr.dtype is torch.float32
+            and qn.device.type == "cpu"
+        ):
+            raise EngineError(
+                "native MLA decode needs float32 CPU tensors and a contiguous latent cache "
+                f"[slots, {m.latent_dim}]; got cache {tuple(cache.shape)} {cache.dtype} on {cache.device}"
+            )
+        # Rows no kernel writes (padding, or none when every row decodes) must read as zeros.
+        alloc = torch.zeros if decode_rows < rows else torch.empty
+        out = alloc(rows, heads * m.v_head_dim, dtype=torch.float32)
+        batch.run_mla(
+            qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
+            m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim, self.scale,
+            native_ops.get_num_threads(), qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
+        )  # fmt: skip
+        for s in seqs:
+            form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
+            out[s.start : s.end] = form(q_nope[s.start : s.end], q_rope[s.start : s.end], cache, s)
+        return out
 
     def _expanded(
         self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, s: _SeqPlan

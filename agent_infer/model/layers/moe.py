@@ -20,14 +20,18 @@ output does not depend on the other tokens of the batch on CPUs where that row-c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent_infer.errors import ConfigError
+from agent_infer.model.layers import native_deepseek, native_ops
 from agent_infer.model.layers.linear import ROW_MULTIPLE, pad_rows, row_invariant
+from agent_infer.model.layers.norm import RMSNorm
 
 Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
@@ -48,16 +52,36 @@ def _swiglu(
     return row_invariant(mlp, x)
 
 
-def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """One expert's SwiGLU over ``x`` rows, row-invariant (a row's output ignores the other rows)."""
-    return _swiglu(x, gate_up, down)
+def expert_mlp(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, limit: float | None = None
+) -> torch.Tensor:
+    """One expert's SwiGLU over ``x`` rows, row-invariant (a row's output ignores the other rows);
+    ``limit`` clamps the gate and up projections as :class:`MoE`'s ``swiglu_limit`` does."""
+    return _swiglu(x, gate_up, down, limit)
+
+
+# Set while an expert-parallel rank builds its model (agent_infer/parallel/expert_loading.py): the
+# routed experts' [E, ...] tensors are then made on this device ("meta": shapes, no memory) and the
+# rank loads its own expert slots into tensors of its own.
+_ROUTED_EXPERT_DEVICE: ContextVar[torch.device | None] = ContextVar("routed_expert_device", default=None)
+
+
+@contextmanager
+def routed_experts_on(device: torch.device) -> Iterator[None]:
+    """Build every :class:`MoE` made inside this block with its routed experts on ``device``."""
+    token = _ROUTED_EXPERT_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _ROUTED_EXPERT_DEVICE.reset(token)
 
 
 class ExpertBackend(Protocol):
     """Runs a MoE layer's routed experts elsewhere (expert parallelism, ``agent_infer.parallel``)."""
 
-    def forward(self, moe: MoE, x: torch.Tensor) -> torch.Tensor:
-        """The layer's output for ``x`` ``[T, H]``, as :meth:`MoE.forward` would compute it."""
+    def forward(self, moe: MoE, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for ``x`` ``[T, H]`` (``hash_experts`` as in :meth:`MoE.forward`), as
+        :meth:`MoE.forward` would compute it."""
         ...
 
 
@@ -114,8 +138,9 @@ class MoE(nn.Module):
         self.expert_backend: ExpertBackend | None = None
         self.router = _param(num_experts, hidden_size, device=device, dtype=dtype)
         self.score_bias = _param(num_experts, device=device, dtype=torch.float32) if score_bias else None
-        self.gate_up = _param(num_experts, 2 * intermediate_size, hidden_size, device=device, dtype=dtype)
-        self.down = _param(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
+        routed = _ROUTED_EXPERT_DEVICE.get() or device
+        self.gate_up = _param(num_experts, 2 * intermediate_size, hidden_size, device=routed, dtype=dtype)
+        self.down = _param(num_experts, hidden_size, intermediate_size, device=routed, dtype=dtype)
         self.shared_gate_up = (
             _param(2 * shared_intermediate_size, hidden_size, device=device, dtype=dtype)
             if shared_intermediate_size
@@ -126,6 +151,30 @@ class MoE(nn.Module):
             if shared_intermediate_size
             else None
         )
+        #: The experts and the router on the native kernel once :meth:`pack_experts` ran (float32 CPU models).
+        self.packed_experts: native_deepseek.PackedExpertSet | None = None
+        self.packed_router: native_deepseek.PackedRouterSet | None = None
+
+    def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
+        """Route and run the experts (routed and shared) on the native kernel over ``pack`` of each
+        weight matrix from now on: one call per layer, batch invariant without padding rows (see
+        ``engine_native/src/kernels/linear_router.h`` and ``linear_moe.h``; ties between equal scores
+        go to the lower expert). The torch weights stay (expert parallelism takes its slots from
+        them, and routes with :meth:`route`)."""
+        gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
+        down = [pack(self.down[e]) for e in range(self.num_experts)]
+        shared = (
+            (pack(self.shared_gate_up), pack(self.shared_down))
+            if self.shared_gate_up is not None and self.shared_down is not None
+            else (None, None)
+        )
+        self.packed_experts = native_deepseek.packed_experts(gate_up, down, *shared)
+        bias = None if self.score_bias is None else [float(b) for b in self.score_bias.float().tolist()]
+        self.packed_router = native_deepseek.packed_router(
+            pack(self.router), self.scoring, bias, self.num_groups, self.topk_groups if self.num_groups > 1 else 1,
+            self.top_k,
+            self.renormalize, self.routed_scaling_factor,
+        )  # fmt: skip
 
     def route(
         self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
@@ -188,17 +237,32 @@ class MoE(nn.Module):
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(tokens, -1)
 
+    def forward_normed(
+        self, x: torch.Tensor, norm: RMSNorm, hash_experts: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """:meth:`forward` of ``norm(x)``; the packed path normalizes inside its kernel call."""
+        if self.expert_backend is None and self.packed_experts is not None and self.packed_router is not None:
+            out = native_deepseek.run_routed_experts(
+                self.packed_experts,
+                self.packed_router,
+                x,
+                hash_experts,
+                self.swiglu_limit,
+                (norm.weight, norm.eps),
+            )
+            return out.to(x.dtype)
+        return self.forward(norm.forward(x), hash_experts)
+
     def forward(self, x: torch.Tensor, hash_experts: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for ``x`` ``[T, H]`` (already normalized); ``hash_experts`` ``[T, top_k]``
         (int64) fixes each token's experts instead of the scores' top-k."""
         if self.expert_backend is not None:
-            if hash_experts is not None or self.swiglu_limit is not None:
-                # The expert backend runs plain SwiGLU experts over score-routed tokens.
-                raise ConfigError(
-                    "expert parallelism runs score-routed MoE layers without swiglu_limit only "
-                    "(DeepSeek V4's hash-routed and clamped layers are not supported)"
-                )
-            return self.expert_backend.forward(self, x)
+            return self.expert_backend.forward(self, x, hash_experts)
+        if self.packed_experts is not None and self.packed_router is not None:
+            out = native_deepseek.run_routed_experts(
+                self.packed_experts, self.packed_router, x, hash_experts, self.swiglu_limit
+            )
+            return out.to(x.dtype)
         experts, weights = self.route(x, hash_experts)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # pairs grouped by expert, tokens ascending within each

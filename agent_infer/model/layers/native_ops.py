@@ -1,4 +1,5 @@
-"""The model's typed door to the C++ extension: the only model module that touches ``agent_infer._native``.
+"""The model's typed door to the C++ extension: with its DeepSeek part (:mod:`.native_deepseek`), the
+only model code that touches ``agent_infer._native``.
 
 The kernels here (``engine_native/src/``: linear, attention, rope) take raw addresses on their hot entry points, so
 every wrapper documents the shapes and dtypes its caller must have checked. :func:`available` is
@@ -18,12 +19,13 @@ from agent_infer.errors import NativeExtensionMissingError
 from agent_infer.native import load_native
 
 #: Extension attributes the native model path needs; a build without any of them takes the torch path.
-MODEL_KERNELS = ("PackedLinear", "decode_attention", "DecodeBatch", "rope_rows")
+MODEL_KERNELS = ("PackedLinear", "PackedExperts", "decode_attention", "DecodeBatch", "rope_rows")
 
 _ext: ModuleType | None = None
 
 
-def _native() -> ModuleType:
+def extension() -> ModuleType:
+    """The loaded extension module (loaded on first use; raises ``NativeExtensionMissingError``)."""
     global _ext
     if _ext is None:
         _ext = load_native()
@@ -33,7 +35,7 @@ def _native() -> ModuleType:
 def available() -> bool:
     """True when the extension loads and has every model kernel (:data:`MODEL_KERNELS`)."""
     try:
-        ext = _native()
+        ext = extension()
     except NativeExtensionMissingError:
         return False
     return all(hasattr(ext, name) for name in MODEL_KERNELS)
@@ -76,6 +78,25 @@ def thread_budget() -> Iterator[None]:
         _threads = prev_override
 
 
+# --- argmax --------------------------------------------------------------------------------------
+
+_argmax: bool | None = None
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """``x.argmax(dim=-1).tolist()`` of a 2-D tensor (the same indices, NaN rule included); float32
+    CPU C-contiguous rows take the native scan (kernels/argmax.cpp), anything else torch's."""
+    global _argmax
+    if _argmax is None:
+        _argmax = available() and hasattr(extension(), "argmax_rows")
+    native = _argmax and x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2
+    if native and x.is_contiguous() and int(x.shape[0]) and int(x.shape[1]):
+        rows: list[int] = extension().argmax_rows(x, get_num_threads())
+        return rows
+    result: list[int] = x.argmax(dim=-1).tolist()
+    return result
+
+
 # --- packed linear -----------------------------------------------------------------------------
 
 
@@ -92,14 +113,16 @@ class PackedWeight(Protocol):
         """``out = x @ W^T``."""
         ...
 
-    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1) -> None:
-        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32, contiguous)."""
+    def forward_raw(self, x: int, m: int, out: int, num_threads: int = 1, ldx: int = 0, ldy: int = 0) -> None:
+        """``forward`` on raw addresses (``[m, k]`` in, ``[m, n]`` out, float32; rows ``ldx`` and
+        ``ldy`` floats apart, 0 for contiguous)."""
         ...
 
     def forward_raw_norm(
-        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1
+        self, x: int, m: int, out: int, weight: int, eps: float, num_threads: int = 1, ldx: int = 0
     ) -> None:
-        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address)."""
+        """``forward_raw`` of ``rms_norm(x) * weight`` (``weight``: ``k`` float32 at that address;
+        rows of ``x`` ``ldx`` floats apart, 0 for ``k``)."""
         ...
 
     def forward_allowed(
@@ -111,7 +134,7 @@ class PackedWeight(Protocol):
 
 def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:
     """Pack ``raw`` (uint8 bytes of ``n`` rows of ``k`` weights of ``ggml_type``) for the linear kernel."""
-    packed: PackedWeight = _native().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
+    packed: PackedWeight = extension().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
     return packed
 
 
@@ -128,13 +151,24 @@ class DecodeBatch(Protocol):
         """Attend every row of the batch (q ``[R, heads, dim]``, caches ``[num_slots, kv_heads, dim]``)."""
         ...
 
+    def run_mla(
+        self, q_nope: int, q_rope: int, cache: int, kv_b: int, out: int, heads: int, nope: int, rope: int,
+        lora: int, v: int, scale: float, num_threads: int, qn_row: int, qn_head: int, qr_row: int, qr_head: int,
+    ) -> None:  # fmt: skip
+        """Multi-head latent attention decode, weight-absorbed, for every row of the batch (q_nope
+        and q_rope rows and heads at the given strides, latent cache ``[num_slots, lora + rope]``,
+        kv_b ``[heads * (nope + v), lora]``, out ``[R, heads * v]``)."""
+        ...
+
 
 def decode_batch(
     rows: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, num_tokens: int,
     num_slots: int,
 ) -> DecodeBatch:  # fmt: skip
     """Check decode rows once (rows below ``num_tokens``, blocks inside ``num_slots``) for every layer's call."""
-    batch: DecodeBatch = _native().DecodeBatch(rows, tables, context_lens, block_size, num_tokens, num_slots)
+    batch: DecodeBatch = extension().DecodeBatch(
+        rows, tables, context_lens, block_size, num_tokens, num_slots
+    )
     return batch
 
 
@@ -143,7 +177,7 @@ def decode_attention(
     tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float, num_threads: int,
 ) -> None:  # fmt: skip
     """The checking entry point of decode attention: anything unexpected raises a typed error."""
-    _native().decode_attention(
+    extension().decode_attention(
         q, k_cache, v_cache, out, rows, tables, context_lens, block_size, scale, num_threads
     )
 
@@ -160,7 +194,7 @@ def rope_rows(
     ``[max_positions, dim/2]`` and int64 ``pos`` with at least ``rows`` entries; the kernel checks
     each position against the table length.
     """
-    _native().rope_rows(
+    extension().rope_rows(
         qkv.data_ptr(), int(qkv.shape[0]), int(qkv.shape[1]), qk_heads, dim, cos.data_ptr(), sin.data_ptr(),
         int(cos.shape[0]), pos.data_ptr(),
     )  # fmt: skip

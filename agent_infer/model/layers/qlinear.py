@@ -105,6 +105,17 @@ class QuantLinear(nn.Module):
             and x.is_contiguous()
         )
 
+    def _rows_ok(self, x: torch.Tensor) -> bool:
+        """:meth:`_raw_ok` for rows that may lie apart (a column slice of a wider matrix)."""
+        return (
+            x.dtype is torch.float32
+            and x.device.type == "cpu"
+            and x.dim() == 2
+            and x.shape[1] == self.in_features
+            and (x.shape[1] <= 1 or x.stride(1) == 1)
+            and x.stride(0) >= self.in_features
+        )
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` without ``nn.Module`` dispatch or tensor conversion: the model's hot path.
 
@@ -122,7 +133,8 @@ class QuantLinear(nn.Module):
         return out
 
     def project_normed(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """:meth:`project` of ``norm(x)``, the normalization done in the kernel's call.
+        """:meth:`project` of ``norm(x)``, the normalization done in the kernel's call (``x`` may be a
+        column slice of a wider matrix: its rows are read where they lie).
 
         The norm's sum of squares is taken in double in a fixed order (``rms_norm_rows`` in
         linear.cpp), so rows stay batch invariant; its result differs from torch's ``rms_norm`` by
@@ -130,7 +142,7 @@ class QuantLinear(nn.Module):
         """
         weight = norm.weight
         if not (
-            self._raw_ok(x)
+            self._rows_ok(x)
             and weight.dtype is torch.float32
             and weight.device.type == "cpu"
             and tuple(weight.shape) == (self.in_features,)
@@ -140,7 +152,7 @@ class QuantLinear(nn.Module):
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
         self.packed.forward_raw_norm(
-            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, get_num_threads()
+            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, get_num_threads(), int(x.stride(0))
         )
         if self.bias is not None:
             out += self.bias

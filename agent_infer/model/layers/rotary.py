@@ -77,6 +77,14 @@ class _NativeRotation:
         return qkv[:, : qk_heads * dim].view(int(qkv.shape[0]), qk_heads, dim)
 
 
+def native_tables(rotation: Rotation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(cos, sin, positions)`` of a native rotation (full float32 tables ``[max_positions, dim/2]``,
+    int64 positions), for kernels that rotate as they go; None for a torch rotation."""
+    if isinstance(rotation, _NativeRotation):
+        return rotation.cos, rotation.sin, rotation.pos
+    return None
+
+
 class NativeRotaryEmbedding(RotaryEmbedding):
     """:class:`RotaryEmbedding` rotating in place with the native kernel (float32 CPU tables only)."""
 

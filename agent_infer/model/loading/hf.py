@@ -8,11 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from agent_infer.errors import ModelLoadError, UnsupportedModelError
 from agent_infer.model.config import ModelConfig, MoESpec
-from agent_infer.model.loading.fp8 import fp8_block_size, fp8_weights
+from agent_infer.model.loading.quantized import (
+    QuantFormat,
+    Rename,
+    checkpoint_weights,
+    fp8_weight_names,
+    quant_format,
+)
 from agent_infer.model.registry import hf_architecture
 
 
@@ -34,6 +39,12 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
+def _architecture_name(cfg: dict[str, Any]) -> str:
+    """The first ``architectures`` entry, or ``model_type`` without one."""
+    names = cfg.get("architectures")
+    return str(names[0]) if isinstance(names, list) and names else str(cfg.get("model_type", ""))
+
+
 def hf_config(directory: str | Path) -> ModelConfig:
     """Build a :class:`ModelConfig` from ``config.json`` (and ``generation_config.json`` for EOS ids).
 
@@ -43,8 +54,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
     """
     d = Path(directory)
     cfg = _read_json(d / "config.json")
-    names = cfg.get("architectures")
-    name = str(names[0]) if isinstance(names, list) and names else str(cfg.get("model_type", ""))
+    name = _architecture_name(cfg)
     found = hf_architecture(name, f"{d}: ")
     if found.hf_text_config is not None:
         cfg = found.hf_text_config(cfg)
@@ -87,7 +97,7 @@ def hf_config(directory: str | Path) -> ModelConfig:
             sliding_window=window,
             moe=moe,
         )
-        fp8_block_size(cfg, f"{d / 'config.json'}: ")
+        quant_format(cfg, f"{d / 'config.json'}: ")
         if found.hf_fields is not None:
             fields.update(found.hf_fields(cfg, f"{d / 'config.json'}: "))
         return ModelConfig(**fields)
@@ -153,21 +163,40 @@ def safetensors_files(directory: str | Path) -> list[Path]:
     return files
 
 
-def hf_weights(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` from every safetensors shard (memory-mapped); a block-FP8 checkpoint's
-    weights come dequantized to float32 (see loading/fp8.py)."""
-    block = (
-        fp8_block_size(_read_json(Path(directory) / "config.json"))
-        if (Path(directory) / "config.json").is_file()
-        else None
-    )
-    if block is not None:
-        yield from fp8_weights(safetensors_files(directory), block)
-        return
-    for path in safetensors_files(directory):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield name, f.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            raise ModelLoadError(f"{path}: corrupt or unreadable safetensors file: {exc}") from exc
+def _layout(directory: str | Path) -> tuple[QuantFormat | None, Rename | None]:
+    """The quantization and the tensor naming of an HF folder's checkpoint, from its ``config.json``
+    (none of either without one, or for an architecture the registry does not know)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None, None
+    cfg = _read_json(path)
+    fmt = quant_format(cfg, f"{path}: ")
+    try:
+        found = hf_architecture(_architecture_name(cfg))
+    except UnsupportedModelError:
+        return fmt, None
+    return fmt, found.hf_tensor_name
+
+
+def hf_weights(
+    directory: str | Path, keep_fp8: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` from every safetensors shard (memory-mapped) under the family's names
+    (a checkpoint in another naming, DeepSeek's released V4 layout, is renamed by its architecture);
+    quantized weights come dequantized to float32 but for the FP8 ones named in ``keep_fp8``
+    (see loading/quantized.py)."""
+    fmt, rename = _layout(directory)
+    yield from checkpoint_weights(safetensors_files(directory), fmt, rename, keep_fp8)
+
+
+def hf_quant_format(directory: str | Path) -> QuantFormat | None:
+    """The quantization an HF folder's ``config.json`` declares (None: none, or no ``config.json``)."""
+    return _layout(directory)[0]
+
+
+def hf_fp8_weight_names(directory: str | Path) -> frozenset[str]:
+    """The family's names of the weights an HF folder stores in block FP8 (headers only)."""
+    fmt, rename = _layout(directory)
+    if fmt is None or fmt.block is None:
+        return frozenset()
+    return fp8_weight_names(safetensors_files(directory), rename)

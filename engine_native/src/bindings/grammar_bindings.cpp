@@ -337,7 +337,7 @@ void register_grammar(nb::module_& m) {
              }
              return nb::cast(out);
            })
-      .def("shortest_completion", [](const Matcher& mt) -> nb::object {
+      .def("shortest_completion", [](Matcher& mt) -> nb::object {
         Matcher::Use use(mt, "shortest_completion");
         std::string s;
         if (!mt.shortest_completion(&s)) return nb::none();
@@ -398,6 +398,9 @@ void register_grammar(nb::module_& m) {
       "starts (clearing) or stops recording.");
   m.def("grammar_batch_spin", &grammar::set_batch_spin, nb::arg("ns"),
         "Set how long threads of a running batch fill poll before blocking (ns, 0 = never); returns the old value.");
+  m.def("grammar_batch_wait_for_helper", &grammar::set_batch_wait_for_helper, nb::arg("on"),
+        "Tests: batch fills that ask for helpers wait until a pool thread joined before claiming rows (on=True); "
+        "returns the old value.");
   m.def("grammar_split_tuning", &grammar::set_split_tuning, nb::arg("min_split_tokens"), nb::arg("part_tokens"),
         "Set the split thresholds of batch-fill walks (part_tokens 0 = by thread count); returns the old ones.");
 }

@@ -12,8 +12,13 @@ NB_MODULE(_native, m) {
   agent_infer::register_bitmask(m);
   agent_infer::register_grammar(m);
   agent_infer::register_grammar_profile(m);
+  agent_infer::register_step_fill(m);
   agent_infer::register_grammar_serialize(m);
   agent_infer::register_linear(m);
   agent_infer::register_attention(m);
   agent_infer::register_rope(m);
+  agent_infer::register_argmax(m);
+  agent_infer::register_hyper(m);
+  agent_infer::register_attention_v4(m);
+  agent_infer::register_compressor(m);
 }

@@ -22,6 +22,7 @@ namespace agent_infer {
 namespace grammar {
 
 struct CheckSpec;
+class BoundedTables;  // grammar/match/bounded.h
 
 struct Limits {
   int64_t max_nfa_states = 2000000;
@@ -86,6 +87,16 @@ class CompiledGrammar {
   RuntimeChecks checks;
   // Whether state q's Earley items are only a shadow parse of a run-time check's item.
   bool shadow_state(int32_t q) const { return !checks.shadow.empty() && checks.shadow[static_cast<size_t>(q)]; }
+  // unique_rule[r]: rule r is an item of a JSON array whose items must be distinct (ir.UniqueItem):
+  // the matcher rejects its completions whose value equals an earlier item's (grammar/match/unique.cpp).
+  std::vector<uint8_t> unique_rule;
+  bool has_unique = false;
+  // max_length[r] >= 0: rule r is a JSON string of at most that many code points once decoded
+  // (ir.BoundedString); the matcher counts them and drops the rule's items that cannot finish in
+  // time (grammar/match/bounded.cpp, whose tables `bounded` holds). -1: no bound.
+  std::vector<int32_t> max_length;
+  bool has_bounded = false;
+  std::shared_ptr<const BoundedTables> bounded;
   // ORs into `set` the bytes state q has byte edges for.
   void add_live_bytes(int32_t q, ByteSet& set) const {
     const State& st = states[static_cast<size_t>(q)];

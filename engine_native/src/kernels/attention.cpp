@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "kernels/vexp.h"
+#include "kernels/attention_mla.h"
 #include "kernels/parallel.h"
 
 namespace nb = nanobind;
@@ -39,6 +41,16 @@ bool has_avx512() {
 #endif
 }
 const bool g_avx512 = has_avx512();
+
+bool has_avx2_fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+const bool g_avx2 = has_avx2_fma();
 
 // dot(a, b) over d floats; d is a multiple of 16 on this path.
 __attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, size_t d) {
@@ -83,24 +95,6 @@ struct Args {
   float scale;
   bool simd;
 };
-
-// exp(x) for x <= 0 (softmax arguments), 16 lanes: Cody-Waite range reduction and a degree-6
-// polynomial (Cephes expf), ~1 ulp; the same instructions for every lane, row and batch.
-__attribute__((target("avx512f"))) __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
-}
 
 // The AVX-512 path for head dims of 16*NV: each head's query and output accumulator stay in
 // registers, scores are reduced with one fixed shuffle tree per position, and the softmax runs 16
@@ -348,6 +342,52 @@ class DecodeBatch {
     });
   }
 
+  // Multi-head latent attention decode, weight-absorbed (kernels/attention_mla.h), on raw addresses:
+  // q_nope and q_rope rows and heads at the given strides (in floats; each head's nope or rope
+  // values contiguous), cache [num_slots, lora + rope], kv_b [heads * (nope + v), lora], out
+  // [num_rows, heads * v]; float32, checked and kept alive by the caller.
+  void run_mla(uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache, uintptr_t kv_b, uintptr_t out, int64_t heads,
+               int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads,
+               int64_t qn_row, int64_t qn_head, int64_t qr_row, int64_t qr_head) const {
+    if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument("mla_decode: null address");
+    if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
+      throw std::invalid_argument("mla_decode: heads, nope, lora and v must be positive (rope >= 0)");
+    if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
+      throw std::invalid_argument("mla_decode: q strides overlap their heads");
+    MlaArgs a{};
+    a.q_nope = reinterpret_cast<const float*>(q_nope);
+    a.q_rope = reinterpret_cast<const float*>(q_rope);
+    a.cache = reinterpret_cast<const float*>(cache);
+    a.w = reinterpret_cast<const float*>(kv_b);
+    a.out = reinterpret_cast<float*>(out);
+    a.rows = rows_.data();
+    a.tables = tables_.data();
+    a.ctx = ctx_.data();
+    a.batch = rows_.size();
+    a.max_blocks = max_blocks_;
+    a.block_size = block_size_;
+    a.heads = static_cast<size_t>(heads);
+    a.nope = static_cast<size_t>(nope);
+    a.rope = static_cast<size_t>(rope);
+    a.lora = static_cast<size_t>(lora);
+    a.v = static_cast<size_t>(v);
+    a.scale = static_cast<float>(scale);
+    a.qn_row = static_cast<size_t>(qn_row);
+    a.qn_head = static_cast<size_t>(qn_head);
+    a.qr_row = static_cast<size_t>(qr_row);
+    a.qr_head = static_cast<size_t>(qr_head);
+    nb::gil_scoped_release release;
+    parallel_for(num_threads, a.heads, [&](size_t h) {
+      thread_local std::vector<float> buf;
+      if (g_avx512)
+        mla_head_avx512(a, h, buf);
+      else if (g_avx2)
+        mla_head_avx2(a, h, buf);
+      else
+        mla_head_portable(a, h, buf);
+    });
+  }
+
  private:
   std::vector<int64_t> rows_, tables_, ctx_;
   size_t block_size_ = 1, max_blocks_ = 0, num_rows_ = 0, num_slots_ = 0;
@@ -365,7 +405,14 @@ void register_attention(nb::module_& m) {
       .def("run", &DecodeBatch::run, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
            nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dim"), nb::arg("scale"), nb::arg("num_threads") = 1,
            "decode_attention on raw addresses (q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], "
-           "out [num_rows, heads*dim], float32, C-contiguous); the GIL is released.");
+           "out [num_rows, heads*dim], float32, C-contiguous); the GIL is released.")
+      .def("run_mla", &DecodeBatch::run_mla, nb::arg("q_nope"), nb::arg("q_rope"), nb::arg("cache"), nb::arg("kv_b"),
+           nb::arg("out"), nb::arg("heads"), nb::arg("nope"), nb::arg("rope"), nb::arg("lora"), nb::arg("v"),
+           nb::arg("scale"), nb::arg("num_threads"), nb::arg("qn_row"), nb::arg("qn_head"), nb::arg("qr_row"),
+           nb::arg("qr_head"),
+           "Multi-head latent attention decode in the weight-absorbed form on raw addresses (q_nope and q_rope "
+           "rows and heads at the given float strides, latent cache [num_slots, lora + rope], kv_b_proj "
+           "[heads * (nope + v), lora], out [num_rows, heads * v]; float32); the GIL is released.");
   m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("num_threads") = 1,

@@ -377,8 +377,7 @@ void q8_rows_vnni(int rt, const View& w, size_t g, const QAct& a, size_t r0, flo
 // kernel; otherwise isa picks AVX2 or scalar. Every path yields the same bits.
 template <int F>
 void q8_run_range(int isa, bool vnni, const View& w, size_t g_begin, size_t g_end, const QAct& a, size_t m,
-                  float* y) {
-  const size_t ldy = w.n;
+                  float* y, size_t ldy) {
   for (size_t gc = g_begin; gc < g_end; gc += kGroupChunk) {
     const size_t gn = std::min(kGroupChunk, g_end - gc);
     if (vnni) {

@@ -315,9 +315,10 @@ void rows_avx2(int r, const View& w, size_t g, const float* x, size_t ldx, float
   }
 }
 
+// Row r of x at x + r * ldx, of y at y + r * ldy (ldx >= K, ldy >= N).
 template <int F>
-void run_range(int isa, const View& w, size_t g_begin, size_t g_end, const float* x, size_t m, float* y) {
-  const size_t ldx = w.k, ldy = w.n;
+void run_range(int isa, const View& w, size_t g_begin, size_t g_end, const float* x, size_t m, float* y, size_t ldx,
+               size_t ldy) {
   for (size_t gc = g_begin; gc < g_end; gc += kGroupChunk) {
     const size_t gn = std::min(kGroupChunk, g_end - gc);
     if (isa == kAvx512) {

@@ -19,6 +19,7 @@ from agent_infer.grammar.compile.serialize import serialize_grammar
 from agent_infer.grammar.ir import (
     NODE_KINDS,
     Alt,
+    BoundedString,
     CharClass,
     Empty,
     Expr,
@@ -28,6 +29,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
     chars,
     lit,
     seq,
@@ -49,6 +51,11 @@ SCHEMAS = [
     # Key tries: a KeySet rule (plain names) and KeyNode rules (a name with '/' and one with 'é').
     {"type": "object", "properties": {"apiVersion": {}, "kind": {}}},
     {"type": "object", "properties": {"a/b": {}, "é": {"type": "null"}, "ab": {}}},
+    # Unique array items: UniqueItem rules (the UNIQUE word before the item's program).
+    {"type": "array", "items": {"type": ["string", "integer"]}, "uniqueItems": True},
+    # A BoundedString rule (MAX_LENGTH n before the string's program): a format whose product
+    # with the bound is too large to build.
+    {"type": "string", "format": "email", "maxLength": 300},
 ]
 
 
@@ -128,3 +135,30 @@ def test_a_nested_key_set_is_written_as_its_expansion() -> None:
     programs, _ = serialize_grammar(nested)
     assert (programs, 0) == serialize_grammar_python(nested)
     assert programs[[n for n, _ in g.rules].index(name)][:2] == [4, 2]  # an Alt, not KEY_TRIE
+
+
+def test_a_unique_item_is_a_marker_word_and_only_a_rule_body() -> None:
+    """A UniqueItem rule is the UNIQUE word, then its item's program; nested anywhere else it is
+    refused by both serializers' paths."""
+    g = Grammar.from_ebnf('root ::= "[" item ("," item)* "]"\nitem ::= %unique("a" | [0-9]+)\n')
+    programs, _ = serialize_grammar(g)
+    assert (programs, 0) == serialize_grammar_python(g)
+    assert programs[1][:3] == [8, 4, 2]  # UNIQUE, then an Alt of 2
+    nested = Grammar.unchecked((("root", Seq((lit("["), UniqueItem(lit("a"))))),), "root")
+    with pytest.raises(GrammarDefinitionError, match="whole rule body"):
+        serialize_grammar(nested)
+
+
+def test_a_bounded_string_is_two_marker_words_and_only_a_rule_body() -> None:
+    """A BoundedString rule is MAX_LENGTH and its bound, then its item's program; nested anywhere
+    else, or with a bound beyond int32, it is refused by both serializers' paths."""
+    g = Grammar.from_ebnf('root ::= "[" s "]"\ns ::= %max-length(7 "\\"" [a-z]* "\\"")\n')
+    programs, _ = serialize_grammar(g)
+    assert (programs, 0) == serialize_grammar_python(g)
+    assert programs[1][:3] == [9, 7, 3]  # MAX_LENGTH 7, then a Seq
+    nested = Grammar.unchecked((("root", Seq((lit("["), BoundedString(lit('""'), 1)))),), "root")
+    with pytest.raises(GrammarDefinitionError, match="whole rule body"):
+        serialize_grammar(nested)
+    huge = Grammar.unchecked((("root", lit("[")), ("s", BoundedString(lit('""'), 2**31))), "root")
+    with pytest.raises(GrammarLimitError, match="too large"):
+        serialize_grammar(huge)

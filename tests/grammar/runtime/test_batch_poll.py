@@ -4,13 +4,16 @@ A sleeping thread's wake-up costs tens to hundreds of µs on a virtual machine, 
 whole batch of cached rows, so in a tight loop of fills the helper arrives after the caller has
 filled most rows. The pool threads therefore poll for the next batch while fills come less than
 ``AGENT_INFER_GRAMMAR_SPIN_US`` apart; the native ``polled_joins`` counter tells joins found by
-polling from joins after a wake-up. Every batch is compared with one-at-a-time fills.
+polling from joins after a wake-up. Every batch is compared with one-at-a-time fills. In the
+polling tests each batch waits for the pool thread to join it (``grammar_batch_wait_for_helper``),
+so every batch has a join to classify whatever the machine's load.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,8 +42,22 @@ def _matchers() -> list[GrammarMatcher]:
     return matchers
 
 
-def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
-    """Batch fills in a tight loop, each checked against single fills; returns the polled joins."""
+@pytest.fixture
+def helper_joins_every_batch() -> Iterator[None]:
+    # Each batch waits until the pool thread has joined it before the caller claims a row. Without
+    # this, whether the pool thread gets a core before the caller has filled every row is up to
+    # the machine's load, and a loaded machine can keep it off every batch of a loop; what these
+    # tests check is how it joins (by polling or after a wake-up) and which rows it takes.
+    native = load_native()
+    native.grammar_batch_wait_for_helper(True)
+    try:
+        yield
+    finally:
+        native.grammar_batch_wait_for_helper(False)
+
+
+def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> tuple[int, int]:
+    """Batch fills in a tight loop, each checked against single fills; returns (polled joins, joins)."""
     single = allocate_token_bitmask(len(matchers), tokenizer_info("smollm2").vocab_size)
     batch = torch.empty_like(single)
     for i, m in enumerate(matchers):
@@ -48,26 +65,33 @@ def _fill_back_to_back(matchers: list[GrammarMatcher], rounds: int) -> int:
     native = load_native()
     fill_next_token_bitmask_batch(matchers, batch, num_threads=2)  # applies the env setting
     time.sleep(0.01)  # a poll begun under an earlier setting has ended
-    before = native.grammar_batch_stats()["polled_joins"]
+    before = native.grammar_batch_stats()
     for _ in range(rounds):
         batch.fill_(0x5A5A5A5A)
         fill_next_token_bitmask_batch(matchers, batch, num_threads=2)
         assert torch.equal(batch, single)
-    return int(native.grammar_batch_stats()["polled_joins"] - before)
+    after = native.grammar_batch_stats()
+    return (
+        int(after["polled_joins"] - before["polled_joins"]),
+        int(after["helper_joins"] - before["helper_joins"]),
+    )
 
 
+@pytest.mark.usefixtures("helper_joins_every_batch")
 def test_back_to_back_fills_are_joined_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT_INFER_GRAMMAR_SPIN_US", raising=False)
     matchers = _matchers()
     # A loaded machine can stretch every gap of one loop past the budget: a few loops, not one.
-    polled = [_fill_back_to_back(matchers, 60) for _ in range(3)]
-    assert max(polled) > 0, f"no batch was joined by a polling thread ({polled})"
+    counts = [_fill_back_to_back(matchers, 60) for _ in range(3)]
+    assert all(joins == 60 for _, joins in counts), counts  # the pool thread took part in every batch
+    assert max(polled for polled, _ in counts) > 0, f"no batch was joined by a polling thread ({counts})"
 
 
+@pytest.mark.usefixtures("helper_joins_every_batch")
 def test_spin_zero_never_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_INFER_GRAMMAR_SPIN_US", "0")
     matchers = _matchers()
-    assert _fill_back_to_back(matchers, 60) == 0
+    assert _fill_back_to_back(matchers, 60) == (0, 60)
 
 
 def test_bad_spin_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,8 +5,9 @@ newlines are allowed right after ``::=``, after ``|`` and anywhere inside parent
 starts a comment to the end of the line. Parenthesised groups stay separate IR nodes, so
 ``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors. Beyond llama.cpp's
 dialect it reads the printed forms of the IR's two key-trie kinds, ``%key-set("a" "b")`` and
-``%key-node(ends-name "a"->rule ...)``, and of its run-time checks, ``%check(carriers=2 accept=1,2
-a b)``, so a JSON Schema grammar reads back to an equal grammar too.
+``%key-node(ends-name "a"->rule ...)``, of a unique array item, ``%unique(...)``, of a bounded
+string, ``%max-length(N ...)``, and of its run-time checks, ``%check(carriers=2 accept=1,2 a b)``,
+so a JSON Schema grammar reads back to an equal grammar too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agent_infer.errors import GrammarDefinitionError, GrammarLimitError, Gramma
 from agent_infer.grammar.ir import (
     MAX_CODEPOINT,
     Alt,
+    BoundedString,
     CharClass,
     Check,
     Empty,
@@ -26,6 +28,7 @@ from agent_infer.grammar.ir import (
     Ref,
     Repeat,
     Seq,
+    UniqueItem,
     walk,
 )
 
@@ -137,6 +140,10 @@ class _Parser:
             elif c == ".":
                 self.i += 1
                 items.append(_ANY)
+            elif c == "%" and self.s.startswith("%unique(", pos):
+                items.append(self.unique_item(pos))
+            elif c == "%" and self.s.startswith("%max-length(", pos):
+                items.append(self.bounded_string(pos))
             elif c == "%":
                 items.append(self.check() if self.s.startswith("%check(", self.i) else self.key_trie())
             elif _is_word(c):
@@ -241,6 +248,46 @@ class _Parser:
     def literal(self, start: int) -> Expr:
         text = self.text(start)
         return Literal(text) if text else Empty()
+
+    def unique_item(self, start: int) -> Expr:
+        """``%unique(...)``: a :class:`UniqueItem` around the alternatives inside."""
+        self.i += len("%unique(")
+        self.space(True)
+        self.depth += 1
+        if self.depth > MAX_GROUP_NESTING:
+            line, column = self.where(start)
+            raise GrammarLimitError(
+                f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
+            )
+        item = self.alternates(nested=True)
+        self.depth -= 1
+        if self.peek() != ")":
+            raise self.error("expected ')' to close '%unique('", start)
+        self.i += 1
+        return UniqueItem(item)
+
+    def bounded_string(self, start: int) -> Expr:
+        """``%max-length(N ...)``: a :class:`BoundedString` of at most N code points."""
+        self.i += len("%max-length(")
+        digits = self.i
+        while self.peek().isdigit():
+            self.i += 1
+        if self.i == digits:
+            raise self.error("expected the length after '%max-length('", start)
+        bound = int(self.s[digits : self.i])
+        self.space(True)
+        self.depth += 1
+        if self.depth > MAX_GROUP_NESTING:
+            line, column = self.where(start)
+            raise GrammarLimitError(
+                f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
+            )
+        item = self.alternates(nested=True)
+        self.depth -= 1
+        if self.peek() != ")":
+            raise self.error("expected ')' to close '%max-length('", start)
+        self.i += 1
+        return BoundedString(item, bound)
 
     def key_trie(self) -> Expr:
         """``%key-set("name" ...)`` or ``%key-node([ends-name] "c"->rule ...)``."""

@@ -1,9 +1,11 @@
 """Regex front end: Python ``re`` syntax (and the ECMA-262 flavour JSON Schema ``pattern`` uses) to IR.
 
 Regular expressions are matched in full, so ``^``/``$``/``\\A``/``\\Z``/``\\z`` are accepted at the
-pattern's edges and dropped. Constructs with no context-free equivalent (lookaround,
-backreferences, word boundaries, conditionals, atomic groups) raise :class:`UnsupportedRegexError`
-with the 0-based character position. Lazy and possessive quantifiers are read as greedy.
+pattern's edges and dropped. A JSON Schema ``pattern`` (searched in a whole string,
+:mod:`.search`) may also hold lookaheads and anchors elsewhere, built as an automaton
+(:mod:`.assertions`). Constructs the front end does not build (lookaround elsewhere, backreferences,
+word boundaries, conditionals, atomic groups) raise :class:`UnsupportedRegexError` with the 0-based
+character position. Lazy and possessive quantifiers are read as greedy.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 
 from agent_infer.errors import GrammarLimitError, UnsupportedRegexError
 from agent_infer.grammar.frontends.regex import classes as rc
+from agent_infer.grammar.frontends.regex.assertions import _Look, first_lookahead
 from agent_infer.grammar.frontends.regex.escapes import _Anchor, _Flags, _Reader
 from agent_infer.grammar.ir import (
     MAX_CODEPOINT,
@@ -91,8 +94,8 @@ class RegexParser(_Reader):
                 return atom
             if quantified:
                 raise self.error("multiple repeat", pos)
-            if isinstance(atom, _Anchor):
-                raise self.error("nothing to repeat (quantified anchor)", pos)
+            if isinstance(atom, _Anchor | _Look):
+                raise self.error("nothing to repeat (quantified anchor or lookahead)", pos)
             lo, hi = bounds
             if max(lo, hi or 0) > MAX_REPEAT_BOUND:
                 raise GrammarLimitError(f"regex repeat bound above {MAX_REPEAT_BOUND} (position {pos})")
@@ -160,11 +163,24 @@ class RegexParser(_Reader):
             self.i += 1
             kind = self.peek()
             two = self.p[self.i : self.i + 2]
-            if kind in "=!" or two in ("<=", "<!"):
-                name = {"=": "lookahead '(?='", "!": "negative lookahead '(?!'"}.get(kind) or (
-                    "lookbehind '(?<='" if two == "<=" else "negative lookbehind '(?<!'"
+            if two in ("<=", "<!"):
+                raise self.unsupported(
+                    "lookbehind '(?<='" if two == "<=" else "negative lookbehind '(?<!'", pos
                 )
-                raise self.unsupported(name, pos)
+            if kind in "=!":
+                # A lookahead: regular still, built as an automaton (regex/assertions.py).
+                self.i += 1
+                self.depth += 1
+                if self.depth > MAX_GROUP_NESTING:
+                    raise GrammarLimitError(
+                        f"regex groups nest deeper than {MAX_GROUP_NESTING} levels (position {pos})"
+                    )
+                body = self.alternation(flags)
+                self.depth -= 1
+                if self.peek() != ")":
+                    raise self.error("missing ), unterminated subpattern", pos)
+                self.i += 1
+                return _Look(kind == "=", body, pos)
             if two == "P=":
                 raise self.unsupported("named backreference '(?P='", pos)
             if kind == "(":
@@ -294,7 +310,17 @@ def parse_regex(pattern: str, *, dialect: str = "python") -> Expr:
     ``dialect``: ``"python"`` (``re`` syntax, Unicode ``\\d\\w\\s``) or ``"ecma"`` (JSON Schema
     ``pattern``: ASCII ``\\d``/``\\w``, ECMA ``\\s``, ``\\u{...}``, ``\\p{..}`` categories).
     """
-    return strip_anchors(_parse_raw(pattern, dialect), True, True)
+    raw = _parse_raw(pattern, dialect)
+    look = first_lookahead(raw)
+    if look is not None:
+        # A lookahead in a terminal of a larger grammar would look past the terminal's end, which
+        # a whole-string match cannot see: only patterns searched in a whole string take one.
+        raise UnsupportedRegexError(
+            f"{'lookahead' if look.positive else 'negative lookahead'} is not supported outside a "
+            "JSON Schema pattern",
+            position=look.pos,
+        )
+    return strip_anchors(raw, True, True)
 
 
 def regex_to_grammar(pattern: str, *, dialect: str = "python") -> Grammar:

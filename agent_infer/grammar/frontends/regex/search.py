@@ -12,13 +12,13 @@ import functools
 
 from agent_infer.errors import GrammarLimitError
 from agent_infer.grammar.common.memo import register_cache
+from agent_infer.grammar.frontends.regex.assertions import assertion_expr, has_assertions
 from agent_infer.grammar.frontends.regex.escapes import _Anchor
 from agent_infer.grammar.frontends.regex.parser import (
     ANY_STRING,
     MAX_SEARCH_SPAN,
     RegexParser,
     position_span,
-    strip_anchors,
 )
 from agent_infer.grammar.ir import (
     Alt,
@@ -136,7 +136,8 @@ def regex_search_expr(pattern: str, dialect: str = "ecma") -> Expr:
     """
     parser = RegexParser(pattern, dialect)
     raw = parser.parse()
-    strip_anchors(raw, True, True)  # validates anchor placement with the same errors as parse_regex
+    if has_assertions(raw):
+        return assertion_expr(raw, search=True)
     found = _search(raw, True, True)
     if _searchposition_span(found, parser.spans)[1] > MAX_SEARCH_SPAN:
         raise GrammarLimitError(

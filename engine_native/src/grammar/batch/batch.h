@@ -47,6 +47,10 @@ std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_
 // How long a thread of a running batch fill polls before blocking (ns; 0 = block at once).
 // Returns the previous value.
 int64_t set_batch_spin(int64_t ns);
+// Tests of the pool's joins: while on, a batch fill that asks for helpers waits (blocked, up to
+// 10 s) until a pool thread has joined it before it claims a row, so that a helper takes part
+// in every batch however long the machine's load keeps it off a core. Returns the previous value.
+bool set_batch_wait_for_helper(bool on);
 
 // together as the unsplit walk builds its own, with `base`'s accepted and uncertain tokens
 // (may be null) merged in (grammar/batch/split.cpp).

@@ -19,6 +19,7 @@
 #endif
 
 #include "grammar/batch/batch.h"
+#include "grammar/batch/trace.h"
 #include "grammar/match/matcher.h"
 
 namespace agent_infer {
@@ -51,6 +52,7 @@ std::atomic<uint64_t> g_jobs_published{0};  // split walks published, ever
 std::atomic<uint64_t> g_batches_listed{0};  // batch fills that asked for helpers, ever
 std::atomic<int64_t> g_last_batch_end{0};   // steady-clock ns when the last such batch returned
 std::atomic<int64_t> g_last_batch_gap{0};   // ns between the two last such batches
+std::atomic<bool> g_wait_for_helper{false};  // set_batch_wait_for_helper
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -73,37 +75,6 @@ bool spin_until(Ready ready, int64_t budget = -1) {
     if (std::chrono::steady_clock::now() >= until) return ready();
   }
 }
-
-// The opt-in timeline (grammar/batch/batch.h BatchEvent).
-std::atomic<bool> g_trace_on{false};
-std::mutex g_trace_mu;
-std::vector<BatchEvent> g_trace;
-std::atomic<uint32_t> g_thread_ordinals{0};
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-uint32_t thread_ordinal() {
-  thread_local const uint32_t ordinal = g_thread_ordinals.fetch_add(1, std::memory_order_relaxed);
-  return ordinal;
-}
-// Times one row, part or batch when tracing is on.
-class TraceScope {
- public:
-  TraceScope(char kind, size_t index)
-      : kind_(kind), index_(static_cast<uint32_t>(index)), t0_(g_trace_on.load(std::memory_order_relaxed) ? now_ns() : 0) {}
-  ~TraceScope() {
-    if (t0_ == 0) return;
-    const BatchEvent e{kind_, index_, thread_ordinal(), t0_, now_ns()};
-    std::lock_guard<std::mutex> lock(g_trace_mu);
-    g_trace.push_back(e);
-  }
-
- private:
-  char kind_;
-  uint32_t index_;
-  int64_t t0_;
-};
 
 // One split walk: parts claimed from a counter by whichever threads come by.
 class Job {
@@ -253,6 +224,10 @@ class Pool {
         g_batches_listed.fetch_add(1, std::memory_order_release);
       }
       for (size_t k = 1; k < b.threads; ++k) work_cv_.notify_one();
+      if (g_wait_for_helper.load(std::memory_order_relaxed)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        done_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return b.joined > 0; });
+      }
     }
     b.fill_rows(false);
     if (!helpers) {
@@ -372,6 +347,7 @@ class Pool {
       }
       ++b->joined;
       ++b->active;
+      if (g_wait_for_helper.load(std::memory_order_relaxed)) done_cv_.notify_all();
       lock.unlock();
       g_helper_joins.fetch_add(1, std::memory_order_relaxed);
       if (polled) g_polled_joins.fetch_add(1, std::memory_order_relaxed);
@@ -436,20 +412,9 @@ BatchStats batch_stats() {
           g_polled_joins.load(std::memory_order_relaxed), g_spread_rows.load(std::memory_order_relaxed)};
 }
 
-void batch_trace_enable(bool enable) {
-  std::lock_guard<std::mutex> lock(g_trace_mu);
-  if (enable) g_trace.clear();
-  g_trace_on.store(enable, std::memory_order_relaxed);
-}
-
-std::vector<BatchEvent> batch_trace_take() {
-  std::lock_guard<std::mutex> lock(g_trace_mu);
-  std::vector<BatchEvent> out;
-  out.swap(g_trace);
-  return out;
-}
-
 int64_t set_batch_spin(int64_t ns) { return g_spin_ns.exchange(ns); }
+
+bool set_batch_wait_for_helper(bool on) { return g_wait_for_helper.exchange(on); }
 
 std::pair<size_t, size_t> set_split_tuning(size_t min_split_tokens, size_t part_tokens) {
   return {g_min_split_tokens.exchange(min_split_tokens), g_part_tokens.exchange(part_tokens)};

@@ -19,6 +19,13 @@ namespace grammar {
 //     a plain character that continues no name is followed by rest_rule and free_rule reads a
 //     special character and the rest. Only as a rule's whole body; lowered straight to its
 //     automaton (grammar/lower/key_set.cpp).
+//   | UNIQUE (one word, then the rule's expression): the rule is an item of a JSON array whose
+//     items must be distinct (ir.UniqueItem). Only as a rule's first word; the lowering records
+//     the mark (CompiledGrammar::unique_rule) and removes the word before any other pass but the
+//     merging of equal rules, which keeps marked and unmarked rules apart through it.
+//   | MAX_LENGTH n (two words, then the rule's expression): the rule is a JSON string of at most n
+//     code points once decoded (ir.BoundedString); like UNIQUE, only as a rule's first word, recorded
+//     (CompiledGrammar::max_length) and removed after the merging of equal rules.
 //   | CHECK n items carriers count sig0..sig(count-1) rule0..rule(items-1): n payload words; a run-
 //     time check (ir.nodes.Check): a span the first `carriers` rules scan, kept when the set of
 //     item rules whose language holds it (bit i: rule i) is one of the `count` sorted signatures;
@@ -35,7 +42,9 @@ enum Op : int32_t {
   kRepeat = 5,
   kRef = 6,
   kKeyTrie = 7,
-  kCheck = 8
+  kUnique = 8,
+  kMaxLength = 9,
+  kCheck = 10
 };
 constexpr int32_t kCheckProduct = 1 << 12;
 
@@ -50,6 +59,7 @@ constexpr int32_t kCheckProduct = 1 << 12;
 inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
   switch (code[pc]) {
     case kEmpty:
+    case kUnique:
       return 1;
     case kLiteral:
       return 2 + static_cast<size_t>(code.at(pc + 1));
@@ -58,6 +68,7 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
     case kSeq:
     case kAlt:
     case kRef:
+    case kMaxLength:
       return 2;
     case kRepeat:
       return 3;

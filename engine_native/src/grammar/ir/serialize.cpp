@@ -155,6 +155,26 @@ class Serializer {
           // The node keeps its items tuple (and so every item) alive.
           for (Py_ssize_t i = n - 1; i >= 0; --i) stack.push_back({PyTuple_GET_ITEM(items.p, i), nullptr, 0});
         }
+      } else if (type == k_.unique && k_.unique != nullptr) {
+        // Only as a whole rule body (UNIQUE's contract); nested, the Python path reports it.
+        if (node != root) return fail();
+        if (record_) walked_.push_back(node);
+        Owned item(PyObject_GetAttr(node, nm.item));
+        if (item.p == nullptr) return fail();
+        out.push_back(grammar::kUnique);
+        stack.push_back({item.p, nullptr, 0});  // kept alive by the node
+      } else if (type == k_.bounded && k_.bounded != nullptr) {
+        // Only as a whole rule body (MAX_LENGTH's contract); nested, the Python path reports it.
+        if (node != root) return fail();
+        if (record_) walked_.push_back(node);
+        Owned item(PyObject_GetAttr(node, nm.item));
+        Owned n(PyObject_GetAttr(node, nm.max_length));
+        if (item.p == nullptr || n.p == nullptr) return fail();
+        int64_t max_length = 0;
+        if (!bound(n.p, max_length)) return fail();
+        out.push_back(grammar::kMaxLength);
+        out.push_back(static_cast<int32_t>(max_length));
+        stack.push_back({item.p, nullptr, 0});  // kept alive by the node
       } else if (type == k_.key_set && k_.key_set != nullptr) {
         // Only as a whole rule body (KEY_TRIE's contract); nested, the Python path expands it.
         if (node != root || !write_key_set(node, out)) return fail();
@@ -457,6 +477,7 @@ bool is_ir_node(const Kinds& k, PyObject* o) {
   PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(o));
   return t == k.literal || t == k.ref || t == k.seq || t == k.alt || t == k.repeat || t == k.cls || t == k.empty ||
          (k.key_node != nullptr && t == k.key_node) || (k.key_set != nullptr && t == k.key_set) ||
+         (k.unique != nullptr && t == k.unique) || (k.bounded != nullptr && t == k.bounded) ||
          (k.check != nullptr && t == k.check);
 }
 
@@ -505,7 +526,8 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
     PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
     // Key tries and their nodes are written from their names or spec: no dearer than a cache hit.
     const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(body));
-    const bool cached = !shared.empty() && shared[r] != 0 && type != k.key_node && type != k.key_set && type != k.check;
+    const bool cached = !shared.empty() && shared[r] != 0 && type != k.key_node && type != k.key_set &&
+                         type != k.unique && type != k.bounded && type != k.check;
     if (cached) {
       if (const CachedBody* hit = cache.find(body)) {
         if (!cache.write(*hit, index.ptr(), out.programs[r])) {

@@ -29,22 +29,27 @@ struct Kinds {
   PyObject* ref;
   PyObject* key_node = nullptr;  // ir.nodes.KeyNode, when the caller passes it
   PyObject* key_set = nullptr;   // ir.nodes.KeySet (a whole key trie), likewise
+  PyObject* unique = nullptr;    // ir.nodes.UniqueItem (a whole rule body), likewise
+  PyObject* bounded = nullptr;   // ir.nodes.BoundedString (a whole rule body), likewise
   PyObject* check = nullptr;     // ir.nodes.Check (a run-time check), likewise
 };
 
-// The IR node classes in the order NODE_KINDS lists them (7, 8 with KeyNode, 9 with KeySet, 10
-// with Check).
+// The IR node classes in the order ir.NODE_KINDS lists them (7, 8 with KeyNode, 9 with KeySet, 10
+// with UniqueItem, 11 with BoundedString, 12 with Check).
 inline Kinds kinds_from(const nb::tuple& kinds, const char* who) {
   const size_t n = kinds.size();
-  if (n < 7 || n > 10) {
-    throw std::invalid_argument(std::string(who) + " needs the 7 IR node classes (and KeyNode, KeySet, Check)");
+  if (n < 7 || n > 12) {
+    throw std::invalid_argument(std::string(who) +
+                                " needs the 7 IR node classes (and KeyNode, KeySet, UniqueItem, BoundedString, Check)");
   }
   PyObject* t = kinds.ptr();
   Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
           PyTuple_GET_ITEM(t, 4), PyTuple_GET_ITEM(t, 5), PyTuple_GET_ITEM(t, 6)};
   if (n >= 8) k.key_node = PyTuple_GET_ITEM(t, 7);
   if (n >= 9) k.key_set = PyTuple_GET_ITEM(t, 8);
-  if (n == 10) k.check = PyTuple_GET_ITEM(t, 9);
+  if (n >= 10) k.unique = PyTuple_GET_ITEM(t, 9);
+  if (n >= 11) k.bounded = PyTuple_GET_ITEM(t, 10);
+  if (n == 12) k.check = PyTuple_GET_ITEM(t, 11);
   return k;
 }
 
@@ -56,6 +61,7 @@ struct Names {
   PyObject* item = PyUnicode_InternFromString("item");
   PyObject* min = PyUnicode_InternFromString("min");
   PyObject* max = PyUnicode_InternFromString("max");
+  PyObject* max_length = PyUnicode_InternFromString("max_length");
   PyObject* name = PyUnicode_InternFromString("name");
   PyObject* spec = PyUnicode_InternFromString("_spec");
   PyObject* key_names = PyUnicode_InternFromString("_names");

@@ -35,8 +35,9 @@ int32_t lower_check(const CheckSpec& spec, DfaPool* pool);
 // Returns its start state, or -1 when an item recurses (calls past kMaxProductDepth) or reaches an
 // undecided check, or the product passes kMaxProductStates (`why` says which; `blocked`: only
 // because an item reaches a product not built yet, so it may be built once that one is). `base`/`count`:
-// the rules' states in `pool`; `undecided[r]`: rule r is a check decided at run time (1) or a
-// product not built yet (2).
+// the rules' states in `pool`; `undecided[r]`: rule r is a check decided at run time (1), a
+// product not built yet (2), or a unique array item or max-length string the matcher counts (3):
+// such a rule stays a call, and the product fails where it would have to be expanded.
 int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& base, const std::vector<uint32_t>& count,
                             const std::vector<uint8_t>& undecided, DfaPool* pool, Deadline* deadline,
                             std::string* why, bool* blocked);
@@ -45,9 +46,10 @@ int32_t build_check_product(const CheckSpec& spec, const std::vector<int32_t>& b
 // reach (through references, and through the items of checks they reach) to a new rule past the
 // others, its references renamed to the copies; the checks' shadow items (and those of copied
 // checks, appended to `checks`) then name the copies. `base`/`count` give each rule's states in
-// `pool` (base -1: not built) and grow with the copies; returns the index of the first copy.
+// `pool` (base -1: not built) and grow with the copies; `copied_from` receives the rule each copy
+// copies (in copy order); returns the index of the first copy.
 int32_t copy_shadow_rules(std::vector<CheckSpec>* checks, DfaPool* pool, std::vector<int32_t>* base,
-                          std::vector<uint32_t>* count);
+                          std::vector<uint32_t>* count, std::vector<int32_t>* copied_from);
 
 }  // namespace grammar
 }  // namespace agent_infer

@@ -42,6 +42,7 @@ namespace grammar {
 namespace {
 
 constexpr int32_t kMaxProductDepth = 64;
+constexpr uint8_t kCounted = 3;  // undecided[r]: a rule the matcher counts (see check_lowering.h)
 constexpr size_t kMaxProductStates = 100000;
 constexpr size_t kMaxItemConfigs = 4096;
 // Configurations closed plus intervals stepped, over the whole construction (about 2 s).
@@ -93,6 +94,10 @@ class Product {
       if (base_[static_cast<size_t>(r)] < 0) {
         start[i] = -1;
         continue;
+      }
+      if (undecided_[static_cast<size_t>(r)] == kCounted) {
+        fail("an item is a unique array item or a max-length string (the product cannot count it)");
+        return -1;
       }
       cfg_.assign(1, Config{base_[static_cast<size_t>(r)], -1});
       start[i] = close();
@@ -259,7 +264,18 @@ class Product {
       if (pool_.byte_begin[s + 1] > pool_.byte_begin[s]) cfg_.push_back(c);
       for (uint32_t e = pool_.ref_begin[s]; e < pool_.ref_begin[s + 1]; ++e) {
         const RefEdge& re = pool_.refs[e];
-        if (const uint8_t u = undecided_[static_cast<size_t>(re.rule)]) {
+        const uint8_t u = undecided_[static_cast<size_t>(re.rule)];
+        if (u == kCounted) {
+          // The matcher applies the rule's mark where the rule completes: kept as a call, every
+          // item reading the span through it is judged the same; expanded, the mark would be lost.
+          if (tail_return(re.target)) {
+            fail("an item ends with a unique array item or a max-length string (the product cannot count it)");
+            break;
+          }
+          calls_.push_back({re.rule, re.target, c.stack});
+          continue;
+        }
+        if (u != 0) {
           blocked_ = u == 2 && re.rule != spec_.rule;
           fail(re.rule == spec_.rule ? "an item contains the check itself (it recurses)"
                : u == 1              ? "an item reaches a check decided at run time"
@@ -337,6 +353,10 @@ class Product {
   // Set `a` with its calls to the recursive rule `rule` expanded (pushed, as any other call), for
   // a point where the rule cannot be one edge for all items (memoized).
   int32_t expand_calls(int32_t a, int32_t rule) {
+    if (undecided_[static_cast<size_t>(rule)] == kCounted) {
+      fail("another item reads a unique array item or a max-length string another way");
+      return -1;
+    }
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(rule);
     auto found = expansions_.find(key);
     if (found != expansions_.end()) return found->second;

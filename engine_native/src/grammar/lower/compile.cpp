@@ -25,6 +25,7 @@
 #include "grammar/lower/nfa_builder.h"
 #include "grammar/lower/rule_passes.h"
 #include "grammar/lower/scratch.h"
+#include "grammar/match/bounded.h"
 #include "grammar/mask/state_mask.h"
 #include "grammar/mask/tokenizer_info.h"
 
@@ -45,8 +46,13 @@ namespace {
 // from `specs`: it is an ordinary rule from then on. A product that cannot be built is a
 // LimitError naming the check's rule index (the compiler names the rule).
 void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<int32_t>* base,
-                     std::vector<uint32_t>* count, size_t num_rules, Deadline* deadline) {
-  std::vector<uint8_t> undecided(num_rules, 0);  // 1 decided at run time, 2 a product not built yet
+                     std::vector<uint32_t>* count, const std::vector<uint8_t>& unique_rule,
+                     const std::vector<int32_t>& max_length, size_t num_rules, Deadline* deadline) {
+  // 1 decided at run time, 2 a product not built yet, 3 counted by the matcher (check_lowering.h)
+  std::vector<uint8_t> undecided(num_rules, 0);
+  for (size_t r = 0; r < num_rules; ++r) {
+    if (unique_rule[r] || max_length[r] >= 0) undecided[r] = 3;
+  }
   for (const CheckSpec& c : *specs) undecided[static_cast<size_t>(c.rule)] = c.product ? 2 : 1;
   std::string why;
   for (bool progress = true; progress;) {
@@ -120,12 +126,44 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<std::vector<int32_t>>& own_rules = *own;
   const std::vector<std::vector<int32_t>>* rules_ptr = &rules_in;
   if (merge_equal_rules(rules_in, root, &own_rules)) rules_ptr = &own_rules;
+  // Unique-item and max-length marks: merging kept marked rules apart from unmarked ones (the
+  // words are part of the program it compares); every later pass reads plain programs and the marks.
+  unique_rule.assign(rules_ptr->size(), 0);
+  max_length.assign(rules_ptr->size(), -1);
+  for (size_t r = 0; r < rules_ptr->size(); ++r) {
+    const std::vector<int32_t>& code = (*rules_ptr)[r];
+    if (code.empty() || (code[0] != kUnique && code[0] != kMaxLength)) continue;
+    if (rules_ptr != &own_rules) {
+      own_rules = *rules_ptr;
+      rules_ptr = &own_rules;
+    }
+    std::vector<int32_t>& body = own_rules[r];
+    if (body[0] == kUnique) {
+      body.erase(body.begin());
+      if (body.empty()) throw DefinitionError("a unique array item rule has no expression");
+      unique_rule[r] = 1;
+      has_unique = true;
+    } else {
+      if (body.size() < 3 || body[1] < 0) throw DefinitionError("a max-length string rule has no bound or no expression");
+      max_length[r] = body[1];
+      body.erase(body.begin(), body.begin() + 2);
+      has_bounded = true;
+    }
+  }
+  if (unique_rule[static_cast<size_t>(root)]) throw DefinitionError("the root rule cannot be a unique array item");
+  if (max_length[static_cast<size_t>(root)] >= 0) throw DefinitionError("the root rule cannot be a max-length string");
   if (hoist_repeat_items(*rules_ptr, &own_rules)) rules_ptr = &own_rules;
-  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root);
+  // Marked rules stay rules of their own: the matcher reads their items' origins.
+  std::vector<uint8_t> keep(rules_ptr->size(), 0);
+  for (size_t r = 0; r < unique_rule.size(); ++r) keep[r] = unique_rule[r] || max_length[r] >= 0;
+  std::vector<uint8_t> inl = choose_inline(*rules_ptr, root, keep);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
   size_t R = rules.size();  // outlined rules come after the grammar's own (shadow copies after those)
-  inline_finite_chains(rules, root, &inl);
+  unique_rule.resize(R, 0);
+  max_length.resize(R, -1);
+  keep.resize(R, 0);
+  inline_finite_chains(rules, root, keep, &inl);
 
   // Build the automata of the rules reachable from the root through non-inlined references.
   ScratchLease lease;
@@ -184,12 +222,21 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
     }
   }
   const bool had_checks = !check_specs.empty();
-  if (had_checks) decide_products(&check_specs, &pool, &base, &count, R, &deadline);
+  if (had_checks) decide_products(&check_specs, &pool, &base, &count, unique_rule, max_length, R, &deadline);
   int32_t first_shadow_rule = static_cast<int32_t>(R);
   if (!check_specs.empty()) {
     // Shadow copies of what the checks' non-carrier items reach, appended as rules R, R + 1, ...
-    first_shadow_rule = copy_shadow_rules(&check_specs, &pool, &base, &count);
+    std::vector<int32_t> copied_from;
+    first_shadow_rule = copy_shadow_rules(&check_specs, &pool, &base, &count, &copied_from);
     const size_t copies = base.size() - R;
+    // A shadow parse judges its item's whole language: copies keep their rule's unique-item and
+    // max-length marks.
+    unique_rule.resize(R + copies, 0);
+    max_length.resize(R + copies, -1);
+    for (size_t k = 0; k < copies; ++k) {
+      unique_rule[R + k] = unique_rule[static_cast<size_t>(copied_from[k])];
+      max_length[R + k] = max_length[static_cast<size_t>(copied_from[k])];
+    }
     stored.resize(R + copies, 0);
     for (size_t k = 0; k < copies; ++k) {
       if (base[R + k] >= 0) order.push_back(static_cast<int32_t>(R + k));
@@ -456,12 +503,13 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   compute_follow_sets(limits);
   if (!check_specs.empty()) finish_runtime_checks(check_specs, first_shadow_rule);
   masks_.reset(states.size());
+  if (has_bounded) bounded = BoundedTables::build(*this);
 }
 
 size_t CompiledGrammar::memory_bytes() const {
   return sizeof(*this) + states.size() * (sizeof(State) + sizeof(void*) + sizeof(ByteSet)) +
          follow.size() * sizeof(ByteSet) + byte_edges.size() * sizeof(ByteEdge) +
-         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5;
+         ref_edges.size() * sizeof(RefEdge) + rule_start.size() * 5 + (bounded ? bounded->table_bytes() : 0);
 }
 
 }  // namespace grammar

@@ -145,7 +145,8 @@ static void demote_copied_rules(const std::vector<std::vector<int32_t>>& rules, 
 }
 
 // Rules with loops (strings, numbers) or long chains stay separate so their states' masks are shared.
-std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root) {
+std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root,
+                                   const std::vector<uint8_t>& keep) {
   const size_t R = rules.size();
   // References per rule, flat (one scan of each program, which also finds its long repeats).
   std::vector<uint32_t> ref_begin(R + 1, 0);
@@ -165,6 +166,7 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
       }
       if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) counted[r] = 1;
     }
+    if (r < keep.size() && keep[r]) long_repeat[r] = 1;  // as a loop would: never inlined, nor its callers
     ref_begin[r + 1] = static_cast<uint32_t>(ref_list.size());
   }
   // state: 0 = unvisited, 1 = in progress, 2 = done. size = estimated expanded code size, -1 = no.
@@ -210,7 +212,8 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
 }
 
 
-void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_t root, std::vector<uint8_t>* inl) {
+void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_t root,
+                          const std::vector<uint8_t>& keep, std::vector<uint8_t>* inl) {
   const size_t R = rules.size();
   std::vector<uint32_t> ref_begin(R + 1, 0);
   std::vector<int32_t> refs;
@@ -228,6 +231,7 @@ void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_
         finite[r] = 0;
       }
     }
+    if (r < keep.size() && keep[r]) finite[r] = 0;
     ref_begin[r + 1] = static_cast<uint32_t>(refs.size());
   }
   // Finite: no long repeat, no recursion, only finite callees. An iterative depth-first search

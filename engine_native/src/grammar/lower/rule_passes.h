@@ -27,7 +27,10 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
 bool hoist_repeat_items(const std::vector<std::vector<int32_t>>& rules, std::vector<std::vector<int32_t>>* out);
 
 // Rules to inline into their callers: not recursive, a finite language, small once expanded.
-std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root);
+// Rules marked in `keep` (unique array items, whose completions the matcher must see) stay rules
+// of their own, and so do their callers (size 0: none kept).
+std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rules, int32_t root,
+                                   const std::vector<uint8_t>& keep);
 
 // An inline_rule value: inline the rule if its automaton fits the fragment store (else it stays
 // a rule of its own). choose_inline() writes 1 (always inline) and 0.
@@ -35,8 +38,10 @@ constexpr uint8_t kInlineIfFits = 2;
 
 // Marks kInlineIfFits the finite, right-linear rules (no recursion, no long repeat, references
 // only in tail position) that choose_inline() left separate for their expanded size, where every
-// reference to them comes from such rules but at most one (grammar/lower/inline.cpp).
-void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_t root, std::vector<uint8_t>* inl);
+// reference to them comes from such rules but at most one (grammar/lower/inline.cpp). Rules marked
+// in `keep` are never candidates, nor is a rule that calls one.
+void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_t root,
+                          const std::vector<uint8_t>& keep, std::vector<uint8_t>* inl);
 
 // Rewrites Seq(Alt(a..., Ref x), Ref y) (x inlined and big, y separate, the pair met at least
 // twice) as Alt(Seq(Alt(a...), Ref y), Ref z) with one appended rule z ::= x y per pair, so x's

@@ -67,7 +67,7 @@ int32_t lower_check(const CheckSpec& spec, DfaPool* pool) {
 }
 
 int32_t copy_shadow_rules(std::vector<CheckSpec>* checks, DfaPool* pool, std::vector<int32_t>* base,
-                          std::vector<uint32_t>* count) {
+                          std::vector<uint32_t>* count, std::vector<int32_t>* copied_from) {
   const int32_t R = static_cast<int32_t>(base->size());
   std::unordered_map<int32_t, size_t> check_at;
   for (size_t k = 0; k < checks->size(); ++k) check_at[(*checks)[k].rule] = k;
@@ -138,6 +138,7 @@ int32_t copy_shadow_rules(std::vector<CheckSpec>* checks, DfaPool* pool, std::ve
       c.items[i] = copy_of[static_cast<size_t>(c.items[i])];
     }
   }
+  *copied_from = std::move(order);
   return R;
 }
 

@@ -26,6 +26,8 @@ size_t content_chars(const std::string& token, size_t* dead_after = nullptr);
 // last character cut short included (grammar/mask/content.cpp).
 bool utf8_well_formed(const uint8_t* p, size_t n);
 
+struct JsonTokenClasses;  // grammar/match/unique.h
+
 class TokenizerInfo {
  public:
   TokenizerInfo(std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> eos_ids);
@@ -105,8 +107,13 @@ class TokenizerInfo {
   void cache_replace(const std::string& key, std::shared_ptr<const StateMask> mask);
   size_t cache_bytes();
   size_t cache_entries();
+  // The tokens a unique array item's completion may hide in, by JSON lexer context (built on
+  // first use by a grammar with unique items, grammar/match/unique.cpp).
+  const JsonTokenClasses& json_token_classes() const;
 
  private:
+  mutable std::once_flag json_classes_once_;
+  mutable std::shared_ptr<const JsonTokenClasses> json_classes_;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<const StateMask>> cache_;
   size_t cache_bytes_ = 0;

@@ -148,11 +148,20 @@ void CompiledGrammar::append_shortest(int32_t s, std::string& out, int depth) co
   }
 }
 
-bool Matcher::shortest_completion(std::string* out) const {
+bool Matcher::shortest_completion(std::string* out) {
   if (is_terminated() || items_.size() == set_begin_.back()) return false;
+  // Under run-time checks the search steps the matcher byte by byte, which also applies unique
+  // array items and max-length strings.
   if (g_->checks.any()) return checked_completion(out);
   int64_t cost = 0;
-  return unchecked_completion(out, &cost);
+  std::string text;
+  if (!unchecked_completion(&text, &cost)) return false;
+  // The shortest completion is the grammar's, blind to earlier unique array items and to the
+  // count of a max-length string (fewest bytes are not always fewest code points): where the
+  // matcher refuses it, there is no completion to offer.
+  if ((unique_on_ || bounded_on_) && !completes(text)) return false;
+  *out = std::move(text);
+  return true;
 }
 
 bool Matcher::unchecked_completion(std::string* out, int64_t* cost_out) const {
@@ -233,6 +242,26 @@ bool Matcher::unchecked_completion(std::string* out, int64_t* cost_out) const {
   return true;
 }
 
+bool Matcher::completes(const std::string& data) {
+  const uint32_t base = static_cast<uint32_t>(set_begin_.size());
+  bool ok = true;
+  try {
+    for (char c : data) {
+      budget(false);
+      if (!advance(static_cast<uint8_t>(c))) {
+        ok = false;
+        break;
+      }
+    }
+    ok = ok && last_set_can_end();
+  } catch (...) {
+    pop_to(base);
+    throw;
+  }
+  pop_to(base);
+  return ok;
+}
+
 bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out) {
   out->fill(0);
   if (is_terminated()) return false;
@@ -257,6 +286,23 @@ bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>*
       const State& st = g.states[items_[k].state];
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
         for (int b = g.byte_edges[e].lo; b <= g.byte_edges[e].hi; ++b) (*out)[b >> 5] |= 1u << (b & 31);
+      }
+    }
+    if (bounded_on_) {
+      // An edge's byte may still be refused (a max-length string at its bound): each is tried.
+      try {
+        for (int b = 0; b < 256; ++b) {
+          if (!((*out)[b >> 5] >> (b & 31) & 1u)) continue;
+          budget(false);
+          if (advance(static_cast<uint8_t>(b))) {
+            pop_set();
+          } else {
+            (*out)[b >> 5] &= ~(1u << (b & 31));
+          }
+        }
+      } catch (...) {
+        pop_to(base);
+        throw;
       }
     }
   }

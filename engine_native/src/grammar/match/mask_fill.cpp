@@ -58,7 +58,7 @@ void Matcher::check_uncertain(uint32_t* mask) {
         ++depth;
       }
       if (dead_at < 0) {
-        mask[id >> 5] |= 1u << (id & 31);
+        if (!unique_on_ || alive()) mask[id >> 5] |= 1u << (id & 31);
         ++k;
         continue;
       }
@@ -166,7 +166,9 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   if (contributors > 1) {
     scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   }
-  if (scratch_.size() >= kMemoUncertain) {
+  // Near a max-length string's bound the Earley check drops items by the string's count, which
+  // the parse context's key does not hold: no memo there.
+  if (scratch_.size() >= kMemoUncertain && !(bounded_on_ && bounded_near())) {
     // Large uncertain sets recur with the same parse context (every test decoding a schema,
     // every request reusing it), and checking them costs milliseconds: memoize the outcome.
     std::string key;
@@ -196,6 +198,8 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   } else if (!scratch_.empty()) {
     check_uncertain(mask);
   }
+  if (bounded_on_) recheck_bounded(mask, vw);
+  if (unique_on_) recheck_unique(mask, vw);
   if (!terminate_without_eos_ && last_set_can_end()) {
     for (int32_t e : t.eos_ids) {
       if (e < words * 32) mask[e >> 5] |= 1u << (e & 31);

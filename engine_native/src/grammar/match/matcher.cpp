@@ -13,6 +13,7 @@
 #include "grammar/mask/profile.h"
 #include "grammar/mask/state_mask.h"
 #include "grammar/mask/tokenizer_info.h"
+#include "grammar/match/bounded.h"
 #include "grammar/match/matcher.h"
 
 namespace agent_infer {
@@ -26,6 +27,8 @@ inline uint64_t item_key(int32_t state, int32_t origin) {
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, bool terminate_without_eos, int32_t max_rollback)
     : g_(std::move(g)), terminate_without_eos_(terminate_without_eos), max_rollback_(max_rollback) {
+  unique_on_ = g_->has_unique;
+  bounded_on_ = g_->has_bounded;
   state_stamp_.assign(g_->states.size(), 0);
   reset();
 }
@@ -38,24 +41,46 @@ Matcher::Matcher(const Matcher& o)
       items_(o.items_),
       set_begin_(o.set_begin_),
       token_marks_(o.token_marks_),
-      state_stamp_(o.g_->states.size(), 0) {}
+      state_stamp_(o.g_->states.size(), 0),
+      hist_(o.hist_),
+      epoch_(o.epoch_),
+      epoch_next_(o.epoch_next_),
+      ulex_(o.ulex_),
+      bopen_(o.bopen_),
+      bopen_begin_(o.bopen_begin_) {
+  unique_on_ = o.unique_on_;
+  bounded_on_ = o.bounded_on_;
+}
 
 void Matcher::reset() {
   // Built beside the current state, which a throwing reset keeps.
   std::vector<Item> items;
   std::vector<uint32_t> sets(1, 0);
-  items_.swap(items);
-  set_begin_.swap(sets);
+  std::vector<uint8_t> hist;
+  std::vector<uint32_t> epoch;
+  std::vector<UniqueLex> ulex(unique_on_ ? 1 : 0);
+  std::vector<BoundedOpen> bopen;
+  std::vector<uint32_t> bopen_begin(bounded_on_ ? 1 : 0, 0);
+  auto swap_all = [&] {
+    items_.swap(items);
+    set_begin_.swap(sets);
+    hist_.swap(hist);
+    epoch_.swap(epoch);
+    ulex_.swap(ulex);
+    bopen_.swap(bopen);
+    bopen_begin_.swap(bopen_begin);
+  };
+  swap_all();
   try {
     seen_.clear();
     budget(false);
     add(g_->rule_start[g_->root], 0, 0);
     closure(0, 0);
   } catch (...) {
-    items_.swap(items);
-    set_begin_.swap(sets);
+    swap_all();
     throw;
   }
+  siblings_.clear();
   token_marks_.clear();
   terminated_ = false;
 }
@@ -96,13 +121,20 @@ void Matcher::closure(uint32_t begin, int32_t pos) {
     const State& st = g.states[it.state];
     for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
       const RefEdge& re = g.ref_edges[e];
+      if (bounded_on_ && g.max_length[re.rule] >= 0) {
+        if (g.bounded->dead(re.rule)) continue;  // no string of it fits the bound
+        open_bounded(pos);
+      }
       add(g.rule_start[re.rule], pos, pos);
       if (checks && g.checks.of_rule[static_cast<size_t>(re.rule)] >= 0) predict_shadows(re.rule, pos);
       if (g.nullable[re.rule]) add(re.target, it.origin, pos);
+      if (unique_on_ && g.unique_rule[re.rule] && !ulex_.back().active) ulex_.back() = UniqueLex{1, 0, 0};
     }
     if (st.final) {
       const int32_t rule = st.rule;
       const int32_t o = it.origin;
+      // A unique array item equal to an earlier one does not complete (its callers stay put).
+      if (unique_on_ && g.unique_rule[rule] && repeats_earlier_item(o, pos)) continue;
       if (checks) {
         const int32_t c = g.checks.of_rule[static_cast<size_t>(rule)];
         if (c >= 0) {
@@ -133,14 +165,17 @@ bool Matcher::advance(uint8_t b) {
   const uint32_t prev_end = static_cast<uint32_t>(items_.size());
   const int32_t pos = static_cast<int32_t>(set_begin_.size());
   set_begin_.push_back(prev_end);
+  if (unique_on_) push_unique(b);
+  if (bounded_on_) push_bounded(b);
   try {
     seen_.clear();
     for (uint32_t k = prev_begin; k < prev_end; ++k) {
       int32_t t = g.step(items_[k].state, b);
-      if (t >= 0) add(t, items_[k].origin, pos);
+      if (t < 0 || (bounded_on_ && overruns(t, items_[k].origin))) continue;
+      add(t, items_[k].origin, pos);
     }
     if (items_.size() == prev_end) {
-      set_begin_.pop_back();
+      pop_set();
       return false;
     }
     closure(prev_end, pos);
@@ -203,6 +238,10 @@ bool Matcher::accept_bytes(const std::string& bytes) {
         pop_to(base);
         return false;
       }
+    }
+    if (unique_on_ && !alive()) {
+      pop_to(base);
+      return false;
     }
     token_marks_.push_back({base, terminated_});
   } catch (...) {
@@ -285,9 +324,16 @@ void Matcher::forced_loop(std::string& out, bool* must_end) {
       *must_end = can_end;
       break;
     }
+    // Near a max-length string's bound some of the edges' bytes are refused: count the others.
+    if (count > 1 && !can_end && bounded_on_ && bounded_tight()) count = bytes_taken(&only);
+    if (count == 0) {
+      *must_end = can_end;
+      break;
+    }
     if (count > 1 || can_end) break;
     budget(false);
-    advance(static_cast<uint8_t>(only));
+    // The one byte an item's edges allow may still be refused (a max-length string at its bound).
+    if (!advance(static_cast<uint8_t>(only))) break;
     out.push_back(static_cast<char>(only));
   }
 }

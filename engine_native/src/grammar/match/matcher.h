@@ -60,8 +60,12 @@ class Matcher {
   // Bytes the grammar forces next; must_end says whether the grammar must end right after them.
   std::string forced_bytes(bool* must_end);
   // The shortest bytes that complete the text so far to a string of the grammar ("" when it can
-  // end now); false (out untouched) if the matcher is terminated. grammar/match/complete.cpp.
-  bool shortest_completion(std::string* out) const;
+  // end now); false (out untouched) if the matcher is terminated, or if that completion would
+  // close a unique array item equal to an earlier one. grammar/match/complete.cpp.
+  bool shortest_completion(std::string* out);
+  // Whether `data` is accepted from the current state and the grammar can end after it (the
+  // matcher is left as it was).
+  bool completes(const std::string& data);
   // The bytes that may come right after `data` (which must be accepted from the current state);
   // false if `data` is rejected. The matcher is left as it was. grammar/match/complete.cpp.
   bool next_bytes_after(const std::string& data, std::array<uint32_t, 8>* out);
@@ -83,6 +87,15 @@ class Matcher {
   void pop_set() {
     items_.resize(set_begin_.back());
     set_begin_.pop_back();
+    if (unique_on_) {
+      hist_.pop_back();
+      epoch_.pop_back();
+      ulex_.pop_back();
+    }
+    if (bounded_on_) {
+      bopen_.resize(bopen_begin_.back());
+      bopen_begin_.pop_back();
+    }
   }
   void add(int32_t state, int32_t origin, int32_t pos);
   void closure(uint32_t begin, int32_t pos);
@@ -129,6 +142,63 @@ class Matcher {
     return false;
   }
   bool any_byte_possible() const;
+  // Whether the text so far can still be completed, where a vetoed unique item may leave a set
+  // that cannot: inside a unique array, the bytes the grammar forces (blanks skipped outside
+  // strings) are read ahead until a choice or the end (grammar/match/unique.cpp).
+  bool alive();
+  bool zero_exponent(bool* needs_digit) const;
+
+  // Unique array items (grammar/match/unique.cpp); all of it only when the grammar has them.
+  // Per set, for the mask's recheck: whether a unique array may be open (from the first marked
+  // item predicted until its closing bracket), the JSON lexer context, and the bracket depth
+  // inside that array.
+  struct UniqueLex {
+    uint8_t active = 0;
+    uint8_t ctx = 0;
+    int32_t depth = 0;
+  };
+  // The item before the one starting at an offset: its first byte (-1: the item is its array's
+  // first) and the canonical form of its value; `epoch`: epoch_ of the byte before the offset when
+  // read (a rewrite of the text there since makes it stale).
+  struct SiblingLink {
+    uint32_t epoch;
+    int32_t prev;
+    std::string canon;
+  };
+  void push_unique(uint8_t b);
+  const SiblingLink* sibling_link(int32_t start);
+  // Whether the item spanning input offsets [origin, pos) equals an earlier item of its array.
+  bool repeats_earlier_item(int32_t origin, int32_t pos);
+  // Rechecks, with Earley steps that apply the veto, the allowed tokens in which a unique item
+  // may complete (JsonTokenClasses); the others keep the mask the automata gave them.
+  void recheck_unique(uint32_t* mask, int64_t vw);
+  // Max-length strings (grammar/match/bounded.cpp); all of it only when the grammar has them.
+  // Per set, the strings that may be open: the offset of the opening quote (the origin of their
+  // rule's items), the code points read since, and the decoding context.
+  struct BoundedOpen {
+    int32_t origin;
+    int32_t count;
+    uint8_t lex;
+  };
+  void push_bounded(uint8_t b);
+  // Records a max-length string that may open at `pos` (its rule predicted there).
+  void open_bounded(int32_t pos) {
+    if (bopen_.size() == bopen_begin_.back() || bopen_.back().origin != pos) bopen_.push_back({pos, 0, 0});
+  }
+  const BoundedOpen* open_string(int32_t origin) const;
+  // Whether an item of a max-length rule at `state`, begun at `origin`, can no longer finish its
+  // string within the bound.
+  bool overruns(int32_t state, int32_t origin) const;
+  // Whether a token may overrun an open max-length string from the current set (its count is
+  // within a token's length of the bound): mask results then depend on the count.
+  bool bounded_near() const;
+  // Whether a byte may take an open max-length string of the current set past its bound.
+  bool bounded_tight() const;
+  // How many of the current set's edge bytes advance() takes (up to 2); *only: one of them.
+  int bytes_taken(int* only);
+  // Removes from the mask the tokens that overrun an open max-length string, deciding by Earley
+  // steps those that only some of the current items' paths overrun.
+  void recheck_bounded(uint32_t* mask, int64_t vw);
   void check_uncertain(uint32_t* mask);
   // The same check as a memoized pushdown walk (grammar/match/check.cpp); false if it gave up.
   bool check_uncertain_walk(uint32_t* mask);
@@ -141,6 +211,8 @@ class Matcher {
   void first_visits_in_parallel(uint32_t pending);
 
   std::shared_ptr<const CompiledGrammar> g_;
+  bool unique_on_ = false;   // g_->has_unique
+  bool bounded_on_ = false;  // g_->has_bounded
   bool terminate_without_eos_;
   int32_t max_rollback_;
   bool terminated_ = false;
@@ -164,6 +236,16 @@ class Matcher {
   };
   std::vector<Span> done_;     // item rules finished in the set being closed
   std::vector<Span> pending_;  // checks (by index) whose carrier finished there, undecided
+  std::vector<uint8_t> hist_;    // hist_[i]: the input byte that made set i + 1
+  std::vector<uint32_t> epoch_;  // epoch_[i]: a stamp unique to the writing of hist_[i]
+  uint32_t epoch_next_ = 0;
+  std::vector<UniqueLex> ulex_;  // per set
+  std::unordered_map<int32_t, SiblingLink> siblings_;  // by item start offset
+  std::string canon_;
+  std::vector<BoundedOpen> bopen_;
+  std::vector<uint32_t> bopen_begin_;  // per set: its first entry of bopen_
+  std::vector<uint32_t> viol_;         // per token id, zero between fills (recheck_bounded)
+  std::vector<int32_t> touched_;
   int64_t work_left_ = 0;
   bool per_mask_ = false;
   uint32_t work_at_ = 0;  // the input position the budget was started at (for the error)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agent_infer.errors import InvalidSchemaError
 from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
@@ -105,13 +106,28 @@ def test_formats_are_assertions(fmt: str, good: list[str], bad: list[str]) -> No
 def test_object_declared_order_required_and_additional() -> None:
     schema = {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "null"}},
         "required": ["b"],
     }
+    # Declared order, or the required members first (in `required` order): other orders are not
+    # taken (a documented false negative).
     check(
         schema,
-        [{"b": "x"}, {"a": 1, "b": "x"}, {"a": 1, "b": "x", "c": [None]}],
-        [{"a": 1}, {}, '{"b":"x","a":1}', '{"b":"x","a":"y"}', {"a": "1", "b": "x"}],
+        [
+            {"b": "x"},
+            {"a": 1, "b": "x"},
+            {"a": 1, "b": "x", "d": [None]},
+            '{"b":"x","a":1}',
+            '{"b":"x","a":1,"c":null}',
+        ],
+        [
+            {"a": 1},
+            {},
+            '{"b":"x","a":"y"}',
+            {"a": "1", "b": "x"},
+            '{"c":null,"b":"x"}',
+            '{"a":1,"c":null,"b":"x"}',
+        ],
     )
     closed = {**schema, "additionalProperties": False}
     check(closed, [{"b": "x"}], [{"b": "x", "c": 1}])
@@ -223,6 +239,29 @@ def test_refs_recursion_anchors_and_ids() -> None:
         ['"s"'],
         remotes={"http://r.example/x.json": {"type": "integer"}},
     )
+
+
+def test_refs_into_unread_keywords_and_draft_04_ids() -> None:
+    # A reference into a keyword the front end does not read (hyper-schema ``links``, a
+    # document-level ``defs``) reaches a schema whose own references are relative.
+    check(
+        {
+            "defs": {"n": {"type": "integer"}, "pair": {"type": "array", "items": {"$ref": "#/defs/n"}}},
+            "links": [{"schema": {"type": "string"}}],
+            "properties": {"p": {"$ref": "#/defs/pair"}, "l": {"$ref": "#/links/0/schema"}},
+        },
+        [{"p": [1, 2], "l": "x"}],
+        [{"p": ["x"]}, {"l": 1}],
+    )
+    # Draft 4 names a schema, or an anchor ("#name"), with a plain ``id``; later drafts do not.
+    draft4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "definitions": {"n": {"id": "#num", "type": "integer"}, "b": {"id": "b.json", "type": "boolean"}},
+        "properties": {"a": {"$ref": "#num"}, "b": {"$ref": "b.json"}},
+    }
+    check(draft4, [{"a": 1, "b": True}], [{"a": "x"}, {"b": 1}])
+    with pytest.raises(InvalidSchemaError, match="anchor 'num' is not defined"):
+        json_schema_to_grammar({**draft4, "$schema": "http://json-schema.org/draft-07/schema#"})
 
 
 def test_whitespace_modes() -> None:

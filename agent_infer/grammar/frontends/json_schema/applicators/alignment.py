@@ -49,6 +49,7 @@ from agent_infer.grammar.frontends.json_schema.applicators.canonical_numbers imp
     may_canonicalize,
 )
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
+from agent_infer.grammar.frontends.json_schema.types.objects import ONE_ORDER_KEY
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
@@ -368,6 +369,7 @@ def _align_columns(
         base = dict(o) if isinstance(o, dict) else {}
         if names:
             base["properties"] = {n: columns[n][k] for n in names}
+        base[ONE_ORDER_KEY] = True
         if "additionalProperties" in base or aligned_extra[k] is not True:
             base["additionalProperties"] = aligned_extra[k]
         out.append(base)
@@ -410,6 +412,7 @@ def _align_patterned(
     for o in out:
         if names:
             o["properties"] = {n: o["properties"][n] for n in names}  # one order for every item
+        o[ONE_ORDER_KEY] = True
     return out
 
 

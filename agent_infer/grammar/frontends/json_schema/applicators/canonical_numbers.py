@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.grammar.automata import dfa_intersect, expr_to_dfa
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
-from agent_infer.grammar.frontends.json_schema.types.numbers import lower_number
+from agent_infer.grammar.frontends.json_schema.types.bounds import number
+from agent_infer.grammar.frontends.json_schema.types.multiples import bounded_multiples_dfa
+from agent_infer.grammar.frontends.json_schema.types.numbers import lower_number, number_bounds
 from agent_infer.grammar.frontends.json_schema.types.numerals import DIGIT, INTEGER, NONZERO
 from agent_infer.grammar.ir import Expr, Ref, lit, opt, seq, star
 
@@ -49,11 +51,22 @@ def canonicalized(member: Any) -> Any:
 def lower_canonical_number(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     """A number-typed schema's numbers in canonical spellings only."""
     expr = lower_number(c, flat, pointer, integer=False)
-    if _has_ref(expr):
-        # A residue automaton (multiples of an integer, one side open): its values are integers,
-        # and the integer grammar is the number one less the ".0" fractions.
-        return lower_number(c, flat, pointer, integer=True)
-    both = dfa_intersect(expr_to_dfa(expr), expr_to_dfa(CANONICAL))
+    if not _has_ref(expr):
+        both = dfa_intersect(expr_to_dfa(expr), expr_to_dfa(CANONICAL))
+    else:
+        step = number(flat, "multipleOf", pointer)
+        if step is None or step.denominator == 1:
+            # Multiples of an integer (a residue automaton, or a digit automaton between bounds):
+            # its values are integers, and the integer grammar is the number one less the ".0"
+            # fractions.
+            return lower_number(c, flat, pointer, integer=True)
+        # Multiples of a fraction: the digit automaton the rules were written from, in canonical
+        # spellings.
+        lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
+        dfa = bounded_multiples_dfa(step, lo, lo_strict, hi, hi_strict, False)
+        if dfa is None:
+            return expr  # a bound lower_number already refused (non-strict: its warning stands)
+        both = dfa_intersect(dfa, expr_to_dfa(CANONICAL))
     prefix = c.fresh(f"{pointer}-canonical")
     start, rules = dfa_to_rules(both, prefix + "-")
     c.rules.update(rules)

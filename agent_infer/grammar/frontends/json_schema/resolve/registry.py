@@ -63,6 +63,8 @@ class Registry:
     """Resources by absolute URI, anchors, and JSON-pointer resolution into them."""
 
     def __init__(self) -> None:
+        # Whether a schema's plain ``id`` is its identifier (drafts 3 and 4, before ``$id``).
+        self.legacy_id = False
         self.resources: dict[str, Any] = {}
         self.anchors: dict[str, Any] = {}
         self.pointers: dict[int, str] = {}  # id(normalized node) -> pointer, for error messages
@@ -84,6 +86,8 @@ class Registry:
             )
         out: dict[str, Any] = {}
         ident = node.get("$id")
+        if ident is None and self.legacy_id:
+            ident = node.get("id")
         if isinstance(ident, str):
             frag_less, frag = _defrag(_join(base, ident))
             if frag_less:
@@ -196,6 +200,10 @@ class Registry:
                 node = node["prefixItems"]  # draft-07 tuple items were renamed
             else:
                 raise InvalidSchemaError(f"$ref {uri!r} does not resolve", pointer=pointer)
+        if isinstance(node, dict) and id(node) not in self.pointers:
+            # A schema inside a keyword this front end does not read (``links``, a document-level
+            # ``defs``): normalized where a reference reaches it, as validators resolve it.
+            node = self._walk(node, doc_uri, frag)
         return node
 
 
@@ -207,6 +215,8 @@ def build_registry(schema: Any, remotes: Mapping[str, Any] | None) -> tuple[Regi
     reg = Registry()
     for uri, doc in (remotes or {}).items():
         reg.add_document(doc, uri)
+    draft = schema.get("$schema") if isinstance(schema, dict) else None
+    reg.legacy_id = isinstance(draft, str) and any(f"draft-0{n}/" in draft for n in (3, 4))
     root_base = DEFAULT_BASE
     root = reg.add_document(schema, root_base)
     reg.resources.setdefault(root_base, root)

@@ -1,5 +1,6 @@
-"""Arrays: ``prefixItems``, ``items``, ``minItems``/``maxItems`` and the plain form of ``contains``,
-as counted repeats of the element rules with the separators between them."""
+"""Arrays: ``prefixItems``, ``items``, ``minItems``/``maxItems``, the plain form of ``contains`` and
+``uniqueItems`` (:mod:`.unique_items`), as counted repeats of the element rules with the
+separators between them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.grammar.frontends.json_schema.applicators.merge import all_of
 from agent_infer.grammar.frontends.json_schema.types.bounds import count
+from agent_infer.grammar.frontends.json_schema.types.unique_items import (
+    listed_unique_array,
+    unique_item,
+    unique_plan,
+)
 from agent_infer.grammar.ir import Alt, Empty, Expr, opt, seq, star
 
 if TYPE_CHECKING:
@@ -27,10 +33,15 @@ def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> 
         hi = len(prefix) if hi is None else min(hi, len(prefix))
     if hi is not None and hi < lo:
         return _never()
-    if flat.get("uniqueItems") is True and not (hi is not None and hi <= 1):
-        c.unsupported(
-            "uniqueItems", f"{pointer}/uniqueItems", "uniqueItems is only supported for maxItems <= 1"
-        )
+    unique = flat.get("uniqueItems") is True and not (hi is not None and hi <= 1)
+    if unique:
+        plan, listed, reason = unique_plan(c, flat, pointer, hi)
+        if plan == "listed":
+            assert listed is not None
+            return listed_unique_array(c, listed, lo, hi, pointer, depth)
+        if plan == "refused":
+            c.unsupported("uniqueItems", f"{pointer}/uniqueItems", f"uniqueItems not enforceable: {reason}")
+            unique = False  # non-strict: the items unconstrained by it
     sep = c.sep(depth)
     contains = flat.get("contains")
     min_contains = count(flat, "minContains", pointer)
@@ -47,6 +58,10 @@ def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> 
     elems = [c.lower(p, f"{pointer}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
     m = len(elems)
     item_expr = c.lower(items, f"{pointer}/items", depth + 1) if items is not False else _never()
+    if unique:
+        elems = [unique_item(c, e, f"{pointer}/prefixItems/{i}") for i, e in enumerate(elems)]
+        if items is not False:
+            item_expr = unique_item(c, item_expr, f"{pointer}/items")
     r_min = max(0, lo - m)
     r_max = None if hi is None else max(0, hi - m)
     # rest after at least one element: more items, each preceded by a separator

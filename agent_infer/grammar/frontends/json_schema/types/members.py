@@ -3,8 +3,9 @@ optional one skippable), then any number of additional members, with the commas 
 
 ``member_list`` writes it as two chains of tails, "members from here on" after something was
 emitted (each needs a comma first) and before anything was (the first one does not); the second
-chain only reaches up to the first required member. ``counted_members`` is the same list under
-``minProperties``/``maxProperties``: rules per (position, count).
+chain only reaches up to the first required member. ``required_first`` gives the second order an
+object takes its members in. ``counted_members`` is the list under ``minProperties``/
+``maxProperties``: rules per (position, count).
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ def member_list(
     if isinstance(t1, Alt) and not t1.items:
         return None, True
     return t1, nullable
+
+
+def required_first(names: list[str], required: list[str]) -> list[int] | None:
+    """The indices of ``names`` with the required ones first, in the order ``required`` lists them,
+    then the others in their own order; None when that is the order they have already."""
+    rank = {name: i for i, name in enumerate(dict.fromkeys(required))}
+    order = sorted(range(len(names)), key=lambda i: (0, rank[names[i]]) if names[i] in rank else (1, i))
+    return None if order == list(range(len(names))) else order
 
 
 # Node construction without the Python frame of the class's __init__ (which does just this).

@@ -1,6 +1,7 @@
 """JSON numbers under ``minimum``/``maximum``/``exclusive*``/``multipleOf``: the bounds read from
-the schema and lowered to the exact numeral grammars of :mod:`.numerals`, or to a residue automaton
-for multiples of an integer."""
+the schema and lowered to the exact numeral grammars of :mod:`.numerals`, to a residue automaton
+for multiples of an integer, or to the digit automaton of :mod:`.multiples` intersected with the
+bounds."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from agent_infer.grammar.frontends.json_schema.types import number_policy as pol
 from agent_infer.grammar.frontends.json_schema.types import numerals as num
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.bounds import number
+from agent_infer.grammar.frontends.json_schema.types.multiples import bounded_multiples_dfa
 from agent_infer.grammar.ir import Expr, Ref, Repeat, alt, chars, lit, opt, plus, seq, star
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 
-def _bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+def number_bounds(flat: dict[str, Any], pointer: str) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+    """(lower bound, exclusive, upper bound, exclusive) of a number schema; None where open."""
     lo, lo_strict = number(flat, "minimum", pointer), False
     xlo = number(flat, "exclusiveMinimum", pointer)
     if xlo is not None and (lo is None or xlo >= lo):
@@ -45,7 +48,7 @@ def lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bo
         return exact if _has_ref(exact) else policy.limit_number(c, exact, pointer)
     if "multipleOf" in flat:
         return _lower_number(c, flat, pointer, integer=True)
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     closed_lo, closed_hi = policy.close_integer_range(lo, hi)
     if closed_lo is None and closed_hi is None:
         return _lower_number(c, flat, pointer, integer=True)
@@ -60,7 +63,7 @@ def _has_ref(e: Expr) -> bool:
 
 
 def _lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: bool) -> Expr:
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     step = number(flat, "multipleOf", pointer)
     if step is not None and step <= 0:
         raise InvalidSchemaError("multipleOf must be greater than 0", pointer=f"{pointer}/multipleOf")
@@ -89,8 +92,17 @@ def _lower_number(c: Compiler, flat: dict[str, Any], pointer: str, *, integer: b
     if step.numerator == 1 and not bounded and not integer and _is_power_of_ten(step.denominator):
         k = len(str(step.denominator)) - 1
         return seq(num.INTEGER, opt(seq(lit("."), Repeat(num.DIGIT, 1, k), star(lit("0")))))
-    c.unsupported("multipleOf", f"{pointer}/multipleOf", "multipleOf with these bounds is not supported")
-    return num.INTEGER if integer else num.NUMBER
+    dfa = bounded_multiples_dfa(step, lo, lo_strict, hi, hi_strict, integer)
+    if dfa is None:
+        c.unsupported(
+            "multipleOf", f"{pointer}/multipleOf", "multipleOf with a bound that is not a finite decimal"
+        )
+        return num.INTEGER if integer else num.NUMBER
+    prefix = c.fresh(f"{pointer}-mult")
+    start, rules = dfa_to_rules(dfa, prefix + "-")
+    c.rules.update(rules)
+    c.rules[prefix] = start
+    return Ref(prefix)
 
 
 def _is_power_of_ten(n: int) -> bool:
@@ -131,7 +143,7 @@ def lower_non_integer(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     )
     if "multipleOf" in flat:
         c.unsupported("not", f"{pointer}/not", "non-integer numbers with multipleOf are not supported")
-    lo, lo_strict, hi, hi_strict = _bounds(flat, pointer)
+    lo, lo_strict, hi, hi_strict = number_bounds(flat, pointer)
     if lo is None and hi is None:
         return fractional if c.numbers == "exact" else policy.limit_number(c, fractional, pointer)
     bounded = num.bounded_number(lo, lo_strict, hi, hi_strict, False)

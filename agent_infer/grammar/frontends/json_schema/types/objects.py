@@ -4,6 +4,8 @@ property counts.
 Property order policy: declared ``properties`` come first, in declared order, each optional one
 may be skipped; then required-but-undeclared names (in ``required`` order); then any number of
 additional members (keys outside the declared set, split into ``patternProperties`` regions).
+Without property counts a second order is taken too: the required members first, in the order
+``required`` lists them, then the optional ones in declared order, then the additional ones.
 Counting states (for ``minProperties``/``maxProperties``) are rules ``(position, count)``.
 """
 
@@ -36,6 +38,7 @@ from agent_infer.grammar.frontends.json_schema.types.members import (
     counted_members,
     member_list,
     members_with_hit,
+    required_first,
     seq_items,
 )
 from agent_infer.grammar.frontends.json_schema.types.pattern_regions import (
@@ -49,6 +52,12 @@ from agent_infer.grammar.ir import Alt, Expr, Ref, alt, lit, seq
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
+
+# Internal keyword: the object takes its declared order only (no required-first order). The items
+# of a check are aligned to one member order (applicators/alignment.py), and a second order that
+# only some items take (it depends on their ``required``) would let one item read a text another
+# rejects for its order alone.
+ONE_ORDER_KEY = "__one_order"
 
 MAX_PERMUTED = 3
 # Complements of additionalProperties one object must meet at once (2^n states per position).
@@ -122,6 +131,12 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         return c.container("{", "}", alt(*(b for b in bodies if b is not None)), False, depth)
     if lo == 0 and hi is None:
         body, nullable = member_list(c, members, extra, depth)
+        order = None if flat.get(ONE_ORDER_KEY) else required_first(kept, required)
+        if order is not None and body is not None:
+            # Writers often follow ``required`` rather than ``properties``: that order is taken too.
+            again, _ = member_list(c, [members[i] for i in order], extra, depth)
+            if again is not None:
+                body = alt(body, again)
         return c.container("{", "}", body, nullable, depth) if body is not None else c.empty("{", "}")
     return counted_members(c, members, extra, lo, hi, depth, pointer)
 

@@ -31,8 +31,8 @@ from agent_infer.grammar.frontends.json_schema.types.formats import (
 )
 from agent_infer.grammar.frontends.json_schema.types.lengths import bounded_pattern, bounded_rules
 from agent_infer.grammar.frontends.json_schema.types.patterns import pattern_search, string_patterns
-from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_expr
-from agent_infer.grammar.ir import Alt, Expr, Ref, Repeat, Seq, alt, lit, seq
+from agent_infer.grammar.frontends.json_schema.types.string_encoding import HIGH_EXPR, HIGH_RULE, encode_expr
+from agent_infer.grammar.ir import Alt, BoundedString, Expr, Ref, Repeat, Seq, alt, lit, seq
 
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
@@ -196,7 +196,15 @@ def _encode_counted(c: Compiler, expr: Expr) -> Expr:
 
 def lower_string(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     """A JSON string under minLength/maxLength/pattern/format."""
-    body = string_body(c, flat, pointer)
+    try:
+        body = string_body(c, flat, pointer)
+    except GrammarLimitError:
+        # Usually the product of a pattern's or format's automaton and a long maxLength: the
+        # matcher counts the length instead, over the automaton without the bound.
+        counted = _length_at_run_time(c, flat, pointer)
+        if counted is None:
+            raise
+        return counted
     if body is None:
         return alt()
     if _has_long_repeat(body, 3):
@@ -212,3 +220,44 @@ def _has_long_repeat(expr: Expr, depth: int) -> bool:
     if isinstance(expr, Repeat):
         return (expr.max if expr.max is not None else expr.min) > _MAX_INLINED_REPEAT
     return depth > 0 and any(_has_long_repeat(ch, depth - 1) for ch in expr.children())
+
+
+def _length_at_run_time(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr | None:
+    """The string as a :class:`BoundedString` rule (the constraints but ``maxLength`` as an
+    expression, ``maxLength`` counted by the matcher), or None when there is no ``maxLength``, or
+    the rest still exceeds a limit or is not one expression (a product automaton's rules)."""
+    hi = count(flat, "maxLength", pointer)
+    if hi is None:
+        return None
+    rest = {k: v for k, v in flat.items() if k != "maxLength"}
+    try:
+        body = string_body(c, rest, pointer)
+    except GrammarLimitError:
+        return None
+    if body is None:
+        return None
+    expr = _inline_high(body, {})
+    if expr is None:
+        return None
+    return c.shared_rule("string-counted", BoundedString(seq(lit('"'), expr, lit('"')), hi))
+
+
+def _inline_high(expr: Expr, memo: dict[int, Expr | None]) -> Expr | None:
+    """``expr`` with the shared non-ASCII rule written in place (the matcher counts a bounded
+    string within one automaton), or None if it calls any other rule."""
+    found = memo.get(id(expr), expr)
+    if found is not expr:
+        return found
+    out: Expr | None
+    if isinstance(expr, Ref):
+        out = HIGH_EXPR if expr.name == HIGH_RULE else None
+    elif isinstance(expr, Seq | Alt):
+        items = [_inline_high(e, memo) for e in expr.items]
+        out = None if any(e is None for e in items) else type(expr)(tuple(e for e in items if e is not None))
+    elif isinstance(expr, Repeat):
+        item = _inline_high(expr.item, memo)
+        out = None if item is None else Repeat(item, expr.min, expr.max)
+    else:
+        out = expr if not expr.children() else None
+    memo[id(expr)] = out
+    return out

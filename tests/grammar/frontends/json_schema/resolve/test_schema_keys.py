@@ -98,9 +98,10 @@ def test_keyword_order_and_nested_annotations_do_not_matter() -> None:
 
 
 def test_objects_in_different_declared_orders_keep_their_own_order() -> None:
-    """Two objects equal up to property order: each accepts only its own order."""
+    """Two objects equal up to property order (each listing `required` in its own order): each
+    accepts only its own order."""
     ab = {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
-    ba = {"properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["a", "b"]}
+    ba = {"properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["b", "a"]}
     for spec in (ab, ba):
         spec["additionalProperties"] = False
     grammar = Grammar.from_json_schema(
