@@ -120,6 +120,19 @@ CHECKED: list[Any] = [
             {"enum": ["x", None]},
         ]
     },
+    # Nested not: neither level has a written complement (multipleOf), so the negated item is
+    # itself a check: odd numbers or multiples of 3.
+    {"type": "integer", "not": {"multipleOf": 2, "not": {"multipleOf": 3}}},
+    # A large allOf product: four anyOf parts, 486 combinations, decided in one automaton.
+    {
+        "type": "integer",
+        "allOf": [
+            {"anyOf": [{"minimum": 10 * i, "maximum": 10 * i + 5} for i in range(9)]},
+            {"anyOf": [{"multipleOf": k} for k in range(2, 11)]},
+            {"anyOf": [{"not": {"multipleOf": k}} for k in (4, 6, 9)]},
+            {"anyOf": [{"maximum": 40}, {"minimum": 60}]},
+        ],
+    },
     # not of a oneOf that itself needs a check, under an array.
     {
         "type": "array",
@@ -132,6 +145,7 @@ CHECKED: list[Any] = [
 
 CANDIDATES: list[Any] = [
     *(0, 1, 2, 3, 4, 5, 6, 9, 10, 12, 15, 30, -3, -5, 7, 1.5, True, False, None, 11, 13, 37, 80, 83, 85),
+    *(8, 14, 18, 24, 33, 36, 42, 44, 63, 64, 65, 72),
     *(0.25, -2.5, 3.5, 4.5, 1e21, -0.0, 2.0, {"a": 2.0, "b": 1}, {"a": 1.5, "b": 2}, {"a": 4, "b": 1.5}),
     *(
         "",
