@@ -102,3 +102,10 @@ def test_counts_past_what_is_built_stay_refused(schema: Any, why: str) -> None:
     with pytest.raises(UnsupportedSchemaError, match=why) as info:
         Grammar.from_json_schema(schema)
     assert info.value.pointer == "/contains"
+
+
+def test_non_strict_drops_counts_past_the_limit_with_a_warning(byte_compiler: GrammarCompiler) -> None:
+    schema = {"type": "array", "contains": {"const": 1}, "minContains": 100, "maxItems": 100}
+    grammar = Grammar.from_json_schema(schema, strict=False, whitespace="compact")
+    assert any("counting states" in w and "/contains" in w for w in grammar.warnings)
+    assert _accepts(byte_compiler.compile(grammar), "[2,3]")

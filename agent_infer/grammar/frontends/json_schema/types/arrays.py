@@ -33,6 +33,12 @@ def _item(c: Compiler, schema: Any, pointer: str, depth: int, unique: bool) -> E
 MAX_CONTAINS_STATES = 4000
 
 
+def _counting_states(least: int, most: int | None, lo: int, hi: int | None) -> int:
+    """Rules :func:`_counted_contains` writes at most: hits up to ``most`` (or ``least``, where
+    they saturate) times items up to ``hi`` (or ``lo``)."""
+    return ((most if most is not None else least) + 1) * ((hi if hi is not None else max(lo, 1)) + 1)
+
+
 def _counted_contains(
     c: Compiler,
     items: Any,
@@ -51,13 +57,6 @@ def _counted_contains(
         return _never()
     top_h = most if most is not None else least
     top_t = hi if hi is not None else max(lo, 1)
-    if (top_h + 1) * (top_t + 1) > MAX_CONTAINS_STATES:
-        c.unsupported(
-            "contains",
-            f"{pointer}/contains",
-            f"contains counts need more than {MAX_CONTAINS_STATES} counting states",
-        )
-        return _never()
     sep = c.sep(depth)
     hit = _item(c, all_of(items, contains), f"{pointer}/contains", depth, unique)
     miss = _item(c, all_of(items, {"not": contains}), f"{pointer}/contains", depth, unique)
@@ -121,6 +120,12 @@ def lower_array(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> 
             hit = _item(c, all_of(items, contains), f"{pointer}/contains", depth, unique)
             body = seq(star(seq(item, sep)), hit, star(seq(sep, item)))
             return c.container("[", "]", body, False, depth)
+        elif _counting_states(least, max_contains, lo, hi) > MAX_CONTAINS_STATES:
+            c.unsupported(
+                "contains",
+                f"{pointer}/contains",
+                f"contains counts need more than {MAX_CONTAINS_STATES} counting states",
+            )
         else:
             return _counted_contains(
                 c, items, contains, (least, max_contains, lo, hi), pointer, depth, unique
