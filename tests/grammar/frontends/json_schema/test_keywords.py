@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent_infer.errors import InvalidSchemaError
+from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
@@ -106,6 +106,18 @@ def test_pattern_intersected_with_lengths() -> None:
 )
 def test_formats_are_assertions(fmt: str, good: list[str], bad: list[str]) -> None:
     check({"type": "string", "format": fmt}, [json.dumps(g) for g in good], [json.dumps(b) for b in bad])
+
+
+def test_hostname_keys_need_a_length_bound() -> None:
+    """A key's hostname is bounded by a maxLength (its 253 total would multiply the key automaton)."""
+    check(
+        {"type": "object", "propertyNames": {"format": "hostname", "maxLength": 63}},
+        ['{"a.b":1}', json.dumps({"a" * 63: 1})],
+        [json.dumps({"a" * 64: 1}), '{"xn--abc":1}'],
+    )
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_grammar({"type": "object", "propertyNames": {"format": "hostname"}})
+    assert info.value.pointer == "/propertyNames/format"
 
 
 def test_object_declared_order_required_and_additional() -> None:
@@ -346,7 +358,7 @@ def test_one_of_over_groups_of_enums() -> None:
 def test_pattern_properties_that_repeat_additional_properties() -> None:
     """Regions whose value schema is additionalProperties' own merge into one (no automaton per
     pattern); the language is unchanged and a bad pattern is still reported."""
-    from agent_infer.errors import InvalidSchemaError
+    from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
 
     check(
         {"type": "object", "patternProperties": {"^.{1,3}$": {}}},
