@@ -358,7 +358,7 @@ def test_one_of_over_groups_of_enums() -> None:
 def test_pattern_properties_that_repeat_additional_properties() -> None:
     """Regions whose value schema is additionalProperties' own merge into one (no automaton per
     pattern); the language is unchanged and a bad pattern is still reported."""
-    from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
+    from agent_infer.errors import InvalidSchemaError
 
     check(
         {"type": "object", "patternProperties": {"^.{1,3}$": {}}},
