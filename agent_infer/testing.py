@@ -4,7 +4,9 @@
 extension is built (bytes-only vocabulary) and the pure-Python reference recognizer otherwise;
 a failure prints the grammar as GBNF and where the text stopped matching.
 ``strings`` is a Hypothesis strategy of strings the grammar accepts; ``random_strings`` is the
-same generator driven by ``random.Random`` for quick use without Hypothesis.
+same generator driven by ``random.Random`` for quick use without Hypothesis. A run-time check
+(:class:`~agent_infer.grammar.ir.Check`) is drawn from its carriers until the span passes it
+(the reference recognizer decides), at most :data:`MAX_CHECK_DRAWS` times per check.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent_infer.grammar.ir import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -52,6 +55,8 @@ MAX_SHORTEST_STRING = 1_000_000
 # Expansion steps of one draw before every later choice is the simplest: nested repeats of items
 # that draw nothing (``((a?)*)*``) never reach ``max_length`` and would otherwise multiply.
 MAX_DRAW_STEPS = 200_000
+# Draws of one run-time check's span from its carriers before giving up (GrammarLimitError).
+MAX_CHECK_DRAWS = 64
 
 
 def to_grammar(grammar: Grammar | str, kind: str = "gbnf") -> Grammar:
@@ -245,6 +250,8 @@ class _Generator:
             else body
             for name, body in grammar.rules
         }
+        self.grammar = grammar
+        self.check_judges: dict[str, Callable[[str], bool]] = {}
         self.root = grammar.root
         self.max_repeat = max_repeat
         self.max_depth = max_depth
@@ -277,6 +284,8 @@ class _Generator:
         self.order: dict[int, list[Expr]] = {}
 
     def _length(self, expr: Expr) -> float:
+        if isinstance(expr, Check):
+            return self._length(Alt(expr.items[: expr.carriers]))
         if isinstance(expr, Empty):
             return 0
         if isinstance(expr, Literal):
@@ -294,6 +303,8 @@ class _Generator:
         raise TypeError(f"not an IR node: {expr!r}")
 
     def _height(self, expr: Expr) -> float:
+        if isinstance(expr, Check):
+            return self._height(Alt(expr.items[: expr.carriers]))
         if isinstance(expr, Empty | Literal):
             return 0
         if isinstance(expr, CharClass):
@@ -331,6 +342,8 @@ class _Generator:
         elif isinstance(expr, CharClass):
             out.append(chooser.char(expr.normalized()))
             self.size += 1
+        elif isinstance(expr, Ref) and isinstance(self.rules[expr.name], Check):
+            self._expand_check(expr.name, budget - 1, chooser, out)
         elif isinstance(expr, Ref):
             bound = self.bounds.get(expr.name)
             if bound is None:
@@ -362,6 +375,24 @@ class _Generator:
             for _ in range(chooser.integer(expr.min, hi)):
                 done = self.size >= self.max_length or self.steps > MAX_DRAW_STEPS
                 self._expand(expr.item, budget, _FIRST if done else chooser, out)
+
+    def _expand_check(self, name: str, budget: float, chooser: _Chooser, out: list[str]) -> None:
+        """A span of the check rule ``name``: drawn from its carriers until the check passes."""
+        judge = self.check_judges.get(name)
+        if judge is None:
+            rec = ReferenceRecognizer(Grammar((("root-span", Ref(name)), *self.grammar.rules), "root-span"))
+            judge = self.check_judges[name] = rec.accepts
+        check = self.rules[name]
+        assert isinstance(check, Check)
+        for _ in range(MAX_CHECK_DRAWS):
+            span: list[str] = []
+            size = self.size
+            self._expand(Alt(check.items[: check.carriers]), budget, chooser, span)
+            if judge("".join(span)):
+                out.extend(span)
+                return
+            self.size = size
+        raise GrammarLimitError(f"no string of {MAX_CHECK_DRAWS} drawn for run-time check {name!r} passed it")
 
 
 def strings(

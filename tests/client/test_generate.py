@@ -154,7 +154,9 @@ def test_close_on_length_returns_a_valid_object_within_the_budget(client: Client
 
 def test_errors_name_the_problem(client: Client) -> None:
     class Unenforceable(BaseModel):
-        x: list[int] = Field(json_schema_extra={"contains": {"type": "integer"}, "maxContains": 2})
+        x: list[int] = Field(
+            json_schema_extra={"contains": {"type": "integer"}, "maxContains": 2, "prefixItems": [{}]}
+        )
 
     with pytest.raises(UnsupportedSchemaError) as info:
         client.generate("Numbers.", schema=Unenforceable)

@@ -5,7 +5,8 @@ Every node kind is written as the native serializer writes it: a :class:`KeySet`
 ``KEY_TRIE`` instruction, a :class:`KeyNode` (and a nested ``KeySet``) as the alternation it
 expands to, whose words the native serializer writes from the node's spec, a :class:`UniqueItem`
 rule body as the ``UNIQUE`` marker word followed by its item's program, a :class:`BoundedString`
-as ``MAX_LENGTH n`` then its item's program.
+as ``MAX_LENGTH n`` then its item's program, and a :class:`Check` rule body as one ``CHECK``
+instruction.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agent_infer.grammar.ir import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -31,9 +33,19 @@ from agent_infer.grammar.ir import (
 )
 
 # Opcodes shared with engine_native/src/grammar/ir/program.h (enum Op).
-_EMPTY, _LITERAL, _CLASS, _SEQ, _ALT, _REPEAT, _REF, KEY_TRIE_OPCODE, UNIQUE_OPCODE, MAX_LENGTH_OPCODE = (
-    range(10)
-)
+(
+    _EMPTY,
+    _LITERAL,
+    _CLASS,
+    _SEQ,
+    _ALT,
+    _REPEAT,
+    _REF,
+    KEY_TRIE_OPCODE,
+    UNIQUE_OPCODE,
+    MAX_LENGTH_OPCODE,
+    CHECK_OPCODE,
+) = range(11)
 _INT32_MAX = 2**31 - 1
 
 
@@ -44,6 +56,19 @@ def key_set_program(node: KeySet, index: dict[str, int]) -> list[int]:
         words.append(len(name))
         words.extend(map(ord, name))
     return [KEY_TRIE_OPCODE, len(words), *words]
+
+
+def check_program(node: Check, index: dict[str, int]) -> list[int]:
+    """The ``CHECK`` instruction (the whole rule program) of ``node``, given the rule index."""
+    # The carriers word holds the product flag at bit 12 (grammar/ir/program.h).
+    words = [
+        len(node.items),
+        node.carriers | (4096 if node.product else 0),
+        len(node.accept),
+        *node.accept,
+        *(index[r.name] for r in node.items),
+    ]
+    return [CHECK_OPCODE, len(words), *words]
 
 
 def program_bytes(programs: list[list[int]]) -> bytes:
@@ -172,6 +197,9 @@ class _Serializer:
         self.programs.append(code)
         if type(expr) is KeySet:  # a whole key trie: one instruction (nested, the expansion below)
             code.extend(key_set_program(expr, self.index))
+            return code
+        if type(expr) is Check:  # only a whole rule body
+            code.extend(check_program(expr, self.index))
             return code
         if type(expr) is UniqueItem:  # the marker word, then the item (only as a whole rule body)
             code.append(UNIQUE_OPCODE)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.errors import ConfigError
+from agent_infer.errors import ConfigError, GrammarLimitError
 from agent_infer.grammar.common.gc_pause import pauses_gc
 from agent_infer.grammar.compile.serialize import program_key, serialize_for_compile
 from agent_infer.grammar.compile.warmup import warm_string_contents
@@ -177,7 +178,11 @@ class GrammarCompiler:
                     return hit
         if programs is None:
             programs, root = serialize_for_compile(grammar)
-        compiled = CompiledGrammar(grammar, self.tokenizer_info, self._lower(programs, root))
+        try:
+            lowered = self._lower(programs, root)
+        except GrammarLimitError as exc:
+            raise _named(exc, grammar) from None
+        compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered)
         if self._cache_enabled:
             size = compiled.memory_size_bytes
             with self._lock:
@@ -248,3 +253,12 @@ def _default_lowering(info: TokenizerInfo) -> Any:
         )
 
     return lower
+
+
+def _named(exc: GrammarLimitError, grammar: Grammar) -> GrammarLimitError:
+    """``exc`` with a rule index the native lowering named (``rule #N``) replaced by the rule's name."""
+    found = re.search(r"rule #(\d+)", str(exc))
+    if found is None or int(found.group(1)) >= len(grammar.rules):
+        return exc
+    name = grammar.rules[int(found.group(1))][0]
+    return GrammarLimitError(str(exc).replace(found.group(0), f"rule {name!r}"))

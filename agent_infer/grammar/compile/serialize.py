@@ -25,6 +25,7 @@ from agent_infer.grammar.ir import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -103,6 +104,16 @@ def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int,
     if type(expr) is KeySet:  # only as a whole rule body
         _check_key_set(rule, expr, index)
         return expr
+    if type(expr) is Check:  # only as a whole rule body
+        for item in expr.items:
+            if item.name not in index:
+                raise GrammarDefinitionError(f"rule {rule!r} refers to undefined rule {item.name!r}")
+        return Check(
+            tuple(Ref(str(r.name)) for r in expr.items),
+            int(expr.carriers),
+            tuple(expr.accept),
+            bool(expr.product),
+        )
     if isinstance(expr, UniqueItem):  # likewise
         return UniqueItem(_declared_expr(rule, expr.item, index, memo))
     if isinstance(expr, BoundedString):  # likewise
@@ -127,6 +138,8 @@ def _declared_expr(rule: str, expr: Expr, index: dict[str, int], memo: dict[int,
         hit = memo.get(id(node))
         if hit is not None:
             done.append(hit[1])
+        elif isinstance(node, Check):
+            raise GrammarDefinitionError(f"rule {rule!r}: a Check is only allowed as a rule's whole body")
         elif isinstance(node, KeySet | KeyNode):
             # Nested (or a node whose rules are missing): the alternation it expands to.
             todo.append((Alt(node.expand()), None))

@@ -1,7 +1,7 @@
 """The one grammar IR every front end lowers to (regex, JSON Schema, GBNF, Lark, choices).
 
 A :class:`Grammar` is an ordered set of named rules, each an :class:`Expr` tree over Unicode
-code points. The tree has eleven node kinds (:data:`NODE_KINDS`) and nothing else:
+code points. The tree has twelve node kinds (:data:`NODE_KINDS`) and nothing else:
 
 * :class:`Empty` -- the empty string.
 * :class:`Literal` -- a fixed, non-empty string.
@@ -16,6 +16,9 @@ code points. The tree has eleven node kinds (:data:`NODE_KINDS`) and nothing els
   distinct: the matcher rejects the item at its last byte when its value equals an earlier one.
 * :class:`BoundedString` -- a rule body matching a JSON string of at most so many code points,
   counted by the matcher as the string is read.
+* :class:`Check` -- a span the first of its rule references scan, kept only when the set of
+  references whose language holds it is one of the accepted sets (``oneOf``, ``not``, ``allOf``
+  decided by the matcher at the span's end); only a rule's whole body.
 
 ``str(grammar)`` prints GBNF (llama.cpp's dialect, plus ``_`` in names; key tries print as
 ``%key-set(...)`` / ``%key-node(...)``, unique items as ``%unique(...)``, bounded strings as ``%max-length(N ...)``), which our GBNF front end reads back to an equal grammar,
@@ -47,11 +50,13 @@ from agent_infer.grammar.ir.grammar import (
 )
 from agent_infer.grammar.ir.grammar import _rename as _rename
 from agent_infer.grammar.ir.nodes import (
+    MAX_CHECK_ITEMS,
     MAX_CODEPOINT,
     NODE_KINDS,
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -68,11 +73,13 @@ from agent_infer.grammar.ir.nodes import (
 
 __all__ = [
     "FRONTENDS",
+    "MAX_CHECK_ITEMS",
     "MAX_CODEPOINT",
     "NODE_KINDS",
     "Alt",
     "BoundedString",
     "CharClass",
+    "Check",
     "Empty",
     "Expr",
     "Grammar",

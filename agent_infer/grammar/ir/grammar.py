@@ -22,6 +22,7 @@ from agent_infer.grammar.ir.constructors import alt, lit, seq
 from agent_infer.grammar.ir.nodes import (
     Alt,
     BoundedString,
+    Check,
     Expr,
     KeyNode,
     KeySet,
@@ -245,6 +246,10 @@ def _rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
         return Alt(tuple(_rename(e, mapping) for e in expr.expand()))
     if isinstance(expr, Ref):
         return Ref(mapping[expr.name])
+    if isinstance(expr, Check):
+        return Check(
+            tuple(Ref(mapping[r.name]) for r in expr.items), expr.carriers, expr.accept, expr.product
+        )
     if isinstance(expr, Seq):
         return Seq(tuple(_rename(e, mapping) for e in expr.items))
     if isinstance(expr, Alt):

@@ -1,4 +1,4 @@
-"""The IR's node classes (:class:`Expr` and its eleven kinds) and the code point range helpers
+"""The IR's node classes (:class:`Expr` and its twelve kinds) and the code point range helpers
 :class:`CharClass` normalizes with. Re-exported by :mod:`agent_infer.grammar.ir`."""
 
 from __future__ import annotations
@@ -172,6 +172,65 @@ class Ref(Expr):
 
     def __init__(self, name: str) -> None:
         _set(self, "name", name)
+
+
+# -- run-time checks ------------------------------------------------------------------------------
+
+MAX_CHECK_ITEMS = 16
+
+
+@dataclass(frozen=True)
+class Check(Expr):
+    """A span the first ``carriers`` of ``items`` (each a :class:`Ref`) scan, kept only when, at
+    its end, the set of items whose language holds it is one of ``accept``.
+
+    Each entry of ``accept`` is a bitmask over ``items`` (bit i: ``items[i]`` accepts the span).
+    The matcher follows every item over the span in parallel (the items past ``carriers`` only
+    shadow it: they decide, they never let a byte through) and decides when a carrier finishes,
+    so ``oneOf [A, B]`` is ``Check((A, B), 2, (0b01, 0b10))``, ``S and not N`` is
+    ``Check((S, N), 1, (0b01,))`` and ``A and B`` is ``Check((A, B), 1, (0b11,))``. Only a
+    rule's whole body; items must not match the empty string.
+
+    Decided at run time (``product`` false), masks are exact only if every prefix the carriers
+    can still extend has a completion the check accepts (the front end proves it). With
+    ``product`` the compiler instead builds one automaton of the items' languages combined,
+    without the prefixes no completion passes, and raises GrammarLimitError when the items
+    recurse or the automaton would be too large (docs/grammar_engine.md, "Run-time checks")."""
+
+    items: tuple[Ref, ...]
+    carriers: int
+    accept: tuple[int, ...]
+    product: bool = False
+
+    def __init__(
+        self, items: tuple[Ref, ...], carriers: int, accept: tuple[int, ...], product: bool = False
+    ) -> None:
+        _set(self, "items", items)
+        _set(self, "carriers", carriers)
+        _set(self, "accept", accept)
+        _set(self, "product", product)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        n = len(self.items)
+        if not 1 <= n <= MAX_CHECK_ITEMS:
+            raise GrammarDefinitionError(f"a Check takes 1 to {MAX_CHECK_ITEMS} items, got {n}")
+        if not all(type(item) is Ref for item in self.items):
+            raise GrammarDefinitionError("a Check's items must be rule references (Ref)")
+        if type(self.carriers) is not int or not 1 <= self.carriers <= n:
+            raise GrammarDefinitionError(f"a Check's carriers must be in [1, {n}], got {self.carriers!r}")
+        accept = self.accept
+        if not all(type(a) is int and 0 <= a < (1 << n) for a in accept) or list(accept) != sorted(
+            set(accept)
+        ):
+            raise GrammarDefinitionError(
+                f"a Check's accept must be sorted, distinct bitmasks over its {n} items, got {accept!r}"
+            )
+        if type(self.product) is not bool:
+            raise GrammarDefinitionError(f"a Check's product must be a bool, got {self.product!r}")
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.items
 
 
 # -- key tries ------------------------------------------------------------------------------------
@@ -359,5 +418,6 @@ NODE_KINDS: tuple[type[Expr], ...] = (
     KeySet,
     UniqueItem,
     BoundedString,
+    Check,
 )
 """Every node kind, in the order the native serializer and reference walk take them."""

@@ -5,9 +5,11 @@ The two key-trie kinds print as what the compiler takes, not as their expansions
 ``%key-set("a" "b")`` for a :class:`KeySet` (one ``KEY_TRIE`` instruction over those names) and
 ``%key-node(ends-name "a"->char-key-n1 ...)`` for a :class:`KeyNode` (its edges, and whether it ends
 a name). A :class:`UniqueItem` rule body prints as ``%unique(...)`` around its item, a
-:class:`BoundedString` as ``%max-length(N ...)``. llama.cpp
-does not read these forms; our GBNF front end does, so every grammar prints as text it reads
-back to an equal grammar.
+:class:`BoundedString` as ``%max-length(N ...)``, and a run-time check as
+``%check(carriers=2 accept=1,2 a b)`` (its carriers, its accepted membership sets as decimal
+bitmasks, ``product`` when it is compiled to one automaton, its rule references). llama.cpp does
+not read these forms; our GBNF front end does, so every grammar prints as text it reads back to
+an equal grammar.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from agent_infer.grammar.ir.nodes import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -60,8 +63,16 @@ def _key_node(node: KeyNode) -> str:
     return "%key-node(" + " ".join(["ends-name", *edges] if node.ends_name else edges) + ")"
 
 
+def _check(node: Check) -> str:
+    accept = ",".join(str(a) for a in node.accept)
+    head = f"%check(carriers={node.carriers} accept={accept} " + ("product " if node.product else "")
+    return head + " ".join(r.name for r in node.items) + ")"
+
+
 def _leaf(expr: Expr) -> str | None:
     """The text of a node printed without its children's (None for Seq, Repeat and non-empty Alt)."""
+    if isinstance(expr, Check):
+        return _check(expr)
     if isinstance(expr, KeySet):
         return _key_set(expr)
     if isinstance(expr, KeyNode):

@@ -17,6 +17,15 @@ deciding whether one short text is in a grammar where no tokenizer is at hand:
 * ``agent_infer.testing``, as the backend of ``assert_accepts`` and friends on request
   (``backend="reference"``) or without the native extension.
 
+Run-time checks (:class:`~agent_infer.grammar.ir.Check`) are decided as the matcher decides them:
+a check's carriers are predicted as its productions and its other items as shadow items (a copy of
+the parse that never makes a prefix viable), and a check's completion waits until the Earley set
+is closed, then passes if the set of its items completed over the same span is accepted. Checks
+that may end at one position are decided innermost first (by origin, then by their nesting at one
+origin), so an inner check's verdict is known when an outer one reads it. A prefix is viable when
+a carrier item can still read a character, which is exact for the checks the front ends build
+(docs/grammar_engine.md, "Run-time checks").
+
 Cost: building the recognizer is linear in the grammar's size (no automata, no tokenizer tables);
 recognizing is an Earley parse in Python, about a millisecond per value for a typical sub-schema
 (cubic in the text's length in the worst case), so it is only used on short texts, and the front
@@ -32,11 +41,13 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+from agent_infer.errors import GrammarDefinitionError
 from agent_infer.grammar.ir.grammar import Grammar
 from agent_infer.grammar.ir.nodes import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -48,7 +59,8 @@ from agent_infer.grammar.ir.nodes import (
     UniqueItem,
 )
 
-_Item = tuple[int, int, int]  # (production index, dot, origin)
+_Item = tuple[int, int, int, int]  # (production index, dot, origin, 1 in a shadow parse else 0)
+_COMPLETE = 1 << 40  # the bucket of completed items (no next symbol)
 
 
 class _Terminal:
@@ -85,9 +97,17 @@ class _Lowering:
         }
         self.memo: dict[Expr, int] = {}
         self.term_memo: dict[tuple[tuple[int, int], ...], int] = {}
+        # Check nonterminal -> (item nonterminals, carriers, accepted membership sets)
+        self.checks: dict[int, tuple[tuple[int, ...], int, frozenset[int]]] = {}
         self.start = self.new_nt()
         self.prods.append((self.start, (self.rule_nt[grammar.root],)))
         for name, expr in grammar.rules:
+            if isinstance(expr, Check):
+                nt = self.rule_nt[name]
+                items = tuple(self.rule_nt[r.name] for r in expr.items)
+                self.checks[nt] = (items, expr.carriers, frozenset(expr.accept))
+                self.prods.extend((nt, (item,)) for item in items[: expr.carriers])
+                continue
             body = expr.item if isinstance(expr, UniqueItem | BoundedString) else expr
             self.prods.append((self.rule_nt[name], self.symbols(body)))
 
@@ -114,6 +134,8 @@ class _Lowering:
             return tuple(s for item in expr.items for s in self.symbols(item))
         if isinstance(expr, Alt | Repeat | KeySet | KeyNode):
             return (self.nonterminal(expr),)
+        if isinstance(expr, Check):
+            raise GrammarDefinitionError("a Check is only allowed as a rule's whole body")
         if isinstance(expr, UniqueItem | BoundedString):
             raise TypeError(f"a {type(expr).__name__} is only allowed as a whole rule body")
         raise TypeError(f"not an IR node: {expr!r}")
@@ -163,6 +185,10 @@ class ReferenceRecognizer:
             self._by_lhs[lhs].append(k)
         self._nullable = self._nullable_set()
         self.empty_language = self._start not in productive
+        self._checks = low.checks
+        self._check_rank = self._rank_checks() if low.checks else {}
+        if any(nt in self._nullable for nt in self._checks):
+            raise GrammarDefinitionError("a Check's carriers must not match the empty string")
         self._unique = low.unique
         self._bounded = low.bounded
 
@@ -190,6 +216,47 @@ class ReferenceRecognizer:
                     changed = True
         return nullable
 
+    def _rank_checks(self) -> dict[int, int]:
+        """Each check's nesting rank among the checks that may begin where it begins: a check whose
+        item starts with another check (through leading nonterminals) ranks above it, so at one
+        origin the inner one is decided first. A check that starts with itself has no rank."""
+        first: dict[int, set[int]] = defaultdict(set)  # nonterminal -> nonterminals it may start with
+        for lhs, rhs in self._prods:
+            for sym in rhs:
+                if sym < 0:
+                    break
+                first[lhs].add(sym)
+                if sym not in self._nullable:
+                    break
+        for nt, (items, _, _) in self._checks.items():
+            first[nt].update(items)
+        rank: dict[int, int] = {}
+        busy: set[int] = set()
+
+        def of(nt: int) -> int:
+            if nt in rank:
+                return rank[nt]
+            if nt in busy:
+                raise GrammarDefinitionError("a Check begins with itself (left recursion through a Check)")
+            busy.add(nt)
+            seen, stack, inner = {nt}, list(first[nt]), 0
+            while stack:
+                x = stack.pop()
+                if x in self._checks:
+                    inner = max(inner, of(x) + 1)
+                    continue
+                for y in first[x]:
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            busy.discard(nt)
+            rank[nt] = inner
+            return inner
+
+        for nt in self._checks:
+            of(nt)
+        return rank
+
     def _closure(
         self, seed: list[_Item], i: int, sets: list[dict[int, list[_Item]]], text: str = ""
     ) -> dict[int, list[_Item]]:
@@ -198,56 +265,102 @@ class ReferenceRecognizer:
         seen = set(seed)
         agenda = list(seed)
         waiting: dict[int, list[_Item]] = defaultdict(list)
-        complete_key = 1 << 40  # bucket for completed items (no next symbol)
-        while agenda:
-            item = agenda.pop()
-            p, d, o = item
-            lhs, rhs = self._prods[p]
-            new: list[_Item] = []
-            if d < len(rhs):
-                sym = rhs[d]
-                waiting[sym].append(item)
-                if sym >= 0:
-                    new.extend((q, 0, i) for q in self._by_lhs.get(sym, ()))
-                    if sym in self._nullable:
-                        new.append((p, d + 1, o))
-            else:
-                waiting[complete_key].append(item)
-                if o < i and not (
+        # (check nonterminal, origin, shadow) -> its completed carrier items, decided once closed
+        pending: dict[tuple[int, int, int], list[_Item]] = {}
+        checks = self._checks
+        while True:
+            while agenda:
+                item = agenda.pop()
+                p, d, o, sh = item
+                lhs, rhs = self._prods[p]
+                new: list[_Item] = []
+                if d < len(rhs):
+                    sym = rhs[d]
+                    waiting[sym].append(item)
+                    if sym >= 0:
+                        new.extend((q, 0, i, sh) for q in self._by_lhs.get(sym, ()))
+                        if sym in checks:
+                            items, carriers, _ = checks[sym]
+                            new.extend(
+                                (q, 0, i, 1) for s2 in items[carriers:] for q in self._by_lhs.get(s2, ())
+                            )
+                        if sym in self._nullable:
+                            new.append((p, d + 1, o, sh))
+                elif o < i and (
                     (lhs in self._unique and repeats_earlier_item(text, o, i))
                     or (lhs in self._bounded and len(json.loads(text[o:i])) > self._bounded[lhs])
                 ):
-                    new.extend((p2, d2 + 1, o2) for p2, d2, o2 in sets[o].get(lhs, ()))
-            for nxt in new:
-                if nxt not in seen:
+                    continue  # a duplicate item or an overlong string does not complete
+                elif lhs in checks:
+                    pending.setdefault((lhs, o, sh), []).append(item)
+                else:
+                    waiting[_COMPLETE].append(item)
+                    if o < i:
+                        new.extend(
+                            (p2, d2 + 1, o2, s2) for p2, d2, o2, s2 in sets[o].get(lhs, ()) if s2 == sh
+                        )
+                for nxt in new:
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        agenda.append(nxt)
+            if not pending:
+                return waiting
+            # Innermost first: the latest origin, then the lowest rank at that origin.
+            key = max(pending, key=lambda k: (k[1], -self._check_rank[k[0]]))
+            completed = pending.pop(key)
+            nt, o, sh = key
+            items, _, accept = checks[nt]
+            # Membership of each item over [o, i): completed there in either parse.
+            done = {(self._prods[p][0], o2) for p, _, o2, _ in waiting[_COMPLETE]}
+            bits = sum(1 << k for k, item_nt in enumerate(items) if (item_nt, o) in done)
+            if bits not in accept:
+                continue
+            waiting[_COMPLETE].extend(completed)
+            for p2, d2, o2, s2 in sets[o].get(nt, ()) if o < i else ():
+                nxt = (p2, d2 + 1, o2, s2)
+                if s2 == sh and nxt not in seen:
                     seen.add(nxt)
                     agenda.append(nxt)
-        return waiting
 
     def _run(self, text: str) -> tuple[int, dict[int, list[_Item]]]:
         """Parse as far as possible: (characters consumed, the last non-empty Earley set)."""
         if self.empty_language:
             return 0, {}
-        sets = [self._closure([(k, 0, 0) for k in self._by_lhs[self._start]], 0, [])]
+        sets = [self._closure([(k, 0, 0, 0) for k in self._by_lhs[self._start]], 0, [])]
         for i, ch in enumerate(text):
             cp = ord(ch)
             scanned = [
-                (p, d + 1, o)
+                (p, d + 1, o, sh)
                 for sym, items in sets[i].items()
                 if sym < 0 and cp in self._terminals[-sym - 1]
-                for p, d, o in items
+                for p, d, o, sh in items
             ]
             if not scanned:
                 return i, sets[i]
-            sets.append(self._closure(scanned, i + 1, sets, text))
+            closed = self._closure(scanned, i + 1, sets, text)
+            if self._checks and not self._live(closed):
+                return i, sets[i]
+            sets.append(closed)
         return len(text), sets[-1]
+
+    def _live(self, waiting: dict[int, list[_Item]]) -> bool:
+        """Whether a set can lead anywhere: a carrier item reads a character next, or the root is
+        complete (a set holding only shadow items or blocked checks is a dead end)."""
+        if self._complete(waiting):
+            return True
+        return any(sym < 0 and any(sh == 0 for *_, sh in items) for sym, items in waiting.items())
+
+    def _complete(self, last: dict[int, list[_Item]]) -> bool:
+        return any(
+            self._prods[p][0] == self._start and o == 0 and sh == 0 for p, _, o, sh in last.get(_COMPLETE, ())
+        )
 
     def accepts(self, text: str) -> bool:
         """Whether ``text`` is a word of the grammar's language."""
         consumed, last = self._run(text)
         if consumed < len(text):
             return False
-        return any(self._prods[p][0] == self._start and o == 0 for p, _, o in last.get(1 << 40, ()))
+        return self._complete(last)
 
     def is_prefix(self, text: str) -> bool:
         """Whether ``text`` can be extended (possibly by nothing) to a word of the language."""

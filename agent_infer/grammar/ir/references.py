@@ -15,6 +15,7 @@ from agent_infer.grammar.ir.nodes import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     KeyNode,
@@ -151,6 +152,8 @@ def _undefined_ref(expr: Expr, names: set[str], visited: set[int] | None = None)
             push(node.item)
         elif isinstance(node, KeySet | KeyNode):
             extend(node.expand())  # the rules its expansion calls
+        elif isinstance(node, Check):
+            extend(node.items)
         elif isinstance(node, UniqueItem | BoundedString):
             push(node.item)
     return None

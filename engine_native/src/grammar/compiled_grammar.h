@@ -16,10 +16,12 @@
 #include "grammar/mask/mask_strategies.h"
 #include "grammar/mask/state_mask.h"
 #include "grammar/mask/tokenizer_info.h"
+#include "grammar/runtime_checks.h"
 
 namespace agent_infer {
 namespace grammar {
 
+struct CheckSpec;
 class BoundedTables;  // grammar/match/bounded.h
 
 struct Limits {
@@ -81,6 +83,10 @@ class CompiledGrammar {
   std::vector<ByteSet> escape;
   // reach_call[q]: a state with rule references is reachable from q through >= 1 byte edge.
   std::vector<uint8_t> reach_call;
+  // The grammar's run-time checks and their tables (grammar/runtime_checks.h); empty without any.
+  RuntimeChecks checks;
+  // Whether state q's Earley items are only a shadow parse of a run-time check's item.
+  bool shadow_state(int32_t q) const { return !checks.shadow.empty() && checks.shadow[static_cast<size_t>(q)]; }
   // unique_rule[r]: rule r is an item of a JSON array whose items must be distinct (ir.UniqueItem):
   // the matcher rejects its completions whose value equals an earlier item's (grammar/match/unique.cpp).
   std::vector<uint8_t> unique_rule;
@@ -133,6 +139,8 @@ class CompiledGrammar {
   mutable std::once_flag completion_once_;
   mutable std::unique_ptr<Completion> completion_;
   void compute_follow_sets(const Limits& limits);
+  // The run-time check tables (grammar/lower/runtime_checks.cpp), once the automata are laid out.
+  void finish_runtime_checks(const std::vector<CheckSpec>& specs, int32_t first_shadow_rule);
   // The constructors' work; ``own`` holds rewritten programs (it may be ``&rules_in`` itself).
   void lower_rules(const std::vector<std::vector<int32_t>>& rules_in, std::vector<std::vector<int32_t>>* own,
                    const Limits& limits);

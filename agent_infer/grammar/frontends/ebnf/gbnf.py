@@ -5,8 +5,9 @@ newlines are allowed right after ``::=``, after ``|`` and anywhere inside parent
 starts a comment to the end of the line. Parenthesised groups stay separate IR nodes, so
 ``parse_gbnf(str(g)) == g`` for grammars built with the IR constructors. Beyond llama.cpp's
 dialect it reads the printed forms of the IR's two key-trie kinds, ``%key-set("a" "b")`` and
-``%key-node(ends-name "a"->rule ...)``, of a unique array item, ``%unique(...)``, and of a bounded
-string, ``%max-length(N ...)``, so a JSON Schema grammar reads back to an equal grammar too.
+``%key-node(ends-name "a"->rule ...)``, of a unique array item, ``%unique(...)``, of a bounded
+string, ``%max-length(N ...)``, and of its run-time checks, ``%check(carriers=2 accept=1,2 a b)``,
+so a JSON Schema grammar reads back to an equal grammar too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agent_infer.grammar.ir import (
     Alt,
     BoundedString,
     CharClass,
+    Check,
     Empty,
     Expr,
     Grammar,
@@ -143,7 +145,7 @@ class _Parser:
             elif c == "%" and self.s.startswith("%max-length(", pos):
                 items.append(self.bounded_string(pos))
             elif c == "%":
-                items.append(self.key_trie())
+                items.append(self.check() if self.s.startswith("%check(", self.i) else self.key_trie())
             elif _is_word(c):
                 name = self.name()
                 self.refs.append((name, pos))
@@ -320,6 +322,42 @@ class _Parser:
             raise self.error(f"expected ')' to close '%key-{kind}('", start)
         self.i += 1
         return KeySet(tuple(spec)) if kind == "set" else KeyNode(tuple(spec))  # type: ignore[arg-type]
+
+    def check(self) -> Expr:
+        """``%check(carriers=N accept=M,... [product] rule ...)``."""
+        start = self.i
+        self.i += len("%check(")
+        self.space(True)
+        fields: dict[str, list[int]] = {}
+        for field in ("carriers", "accept"):
+            if not self.s.startswith(f"{field}=", self.i):
+                raise self.error(f"expected '{field}=' in '%check('", self.i)
+            self.i += len(field) + 1
+            # An empty accept list (nothing passes) prints as "accept=" followed by the rules.
+            numbers = [self.integer()] if field == "carriers" or self.peek().isdigit() else []
+            while numbers and field == "accept" and self.peek() == ",":
+                self.i += 1
+                numbers.append(self.integer())
+            fields[field] = numbers
+            self.space(True)
+        product = self.s.startswith("product ", self.i) or self.s.startswith("product)", self.i)
+        if product:
+            self.i += len("product")
+            self.space(True)
+        items: list[Ref] = []
+        while self.peek() and self.peek() != ")":
+            at = self.i
+            rule = self.name()
+            self.refs.append((rule, at))
+            items.append(Ref(rule))
+            self.space(True)
+        if self.peek() != ")":
+            raise self.error("expected ')' to close '%check('", start)
+        self.i += 1
+        try:
+            return Check(tuple(items), fields["carriers"][0], tuple(fields["accept"]), product)
+        except GrammarDefinitionError as exc:
+            raise self.error(str(exc), start) from None
 
     def char_class(self, start: int) -> Expr:
         negated = self.peek() == "^"

@@ -14,11 +14,18 @@ from typing import Any
 from agent_infer import envs
 from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.automata import DFA, dfa_accepts, expr_to_dfa
+from agent_infer.grammar.frontends.json_schema.applicators.alignment import ALIGNED_KEY
+from agent_infer.grammar.frontends.json_schema.applicators.canonical_numbers import (
+    CANONICAL_KEY,
+    lower_canonical_number,
+)
+from agent_infer.grammar.frontends.json_schema.applicators.checks import all_of_check, lower_aligned
 from agent_infer.grammar.frontends.json_schema.applicators.logic import (
     apply_not,
     check_conditionals,
     lower_branches,
     lower_dependencies,
+    not_as_check,
     rewrite_logic,
 )
 from agent_infer.grammar.frontends.json_schema.applicators.merge import Merger
@@ -59,6 +66,14 @@ from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
 MAX_INDENT_DEPTH = 16
 MAX_FLATTEN_DEPTH = 64
+
+
+def _all_of_parts(schema: Any) -> list[Any] | None:
+    """The parts of a merge kept apart (``{"__all_of": [...]}``, see :meth:`Compiler.merge`)."""
+    if isinstance(schema, dict) and "__all_of" in schema:
+        parts: list[Any] = schema["__all_of"]
+        return parts
+    return None
 
 
 def _any_value(v: Any) -> bool:
@@ -251,6 +266,17 @@ class Compiler(RuleWriter, Layout, Reporter):
                 self.unknown_keyword(key, f"{pointer}/{key}")
         if "enum" in flat and not isinstance(flat["enum"], list):
             raise InvalidSchemaError("enum must be an array", pointer=f"{pointer}/enum")
+        if "__all_of" in flat:
+            checked = all_of_check(self, flat["__all_of"], pointer, depth)
+            if checked is None:
+                raise UnsupportedSchemaError(
+                    "allOf cannot be merged exactly, nor decided by a check of its parts",
+                    keyword="allOf",
+                    pointer=pointer,
+                )
+            return checked
+        if flat.get(ALIGNED_KEY):
+            return lower_aligned(self, flat, pointer, depth)
         vals = values(flat)
         if vals is not None:
             # A finite list: every other keyword just filters it, decided exactly per value.
@@ -268,6 +294,9 @@ class Compiler(RuleWriter, Layout, Reporter):
         rewritten = rewrite_logic(self, flat, pointer)
         if rewritten is not None:
             return self.lower_body(rewritten, pointer, depth)
+        checked = not_as_check(self, flat, pointer, depth)
+        if checked is not None:
+            return checked
         flat = apply_not(self, flat, pointer)
         check_conditionals(self, flat, pointer)
         types = self.allowed_types(flat, pointer)
@@ -286,6 +315,8 @@ class Compiler(RuleWriter, Layout, Reporter):
                 out.append(lower_string(self, flat, pointer))
             elif t == "number-not-integer":
                 out.append(lower_non_integer(self, flat, pointer))
+            elif t == "number" and flat.get(CANONICAL_KEY):
+                out.append(lower_canonical_number(self, flat, pointer))
             else:
                 out.append(lower_number(self, flat, pointer, integer=(t == "integer")))
         # Each type's texts start differently (n, t/f, {, [, ", digit or -): disjoint languages.
@@ -318,12 +349,19 @@ class Compiler(RuleWriter, Layout, Reporter):
         return out
 
     def merge(self, a: Any, b: Any, pointer: str) -> Any:
-        """``allOf: [a, b]`` merged; non-strict mode keeps ``a`` (a superset) when no exact merge exists."""
+        """``allOf: [a, b]`` merged. Where no keyword-by-keyword merge is exact, strict mode keeps
+        both as ``{"__all_of": [a, b]}`` (lowered to a check of both, applicators/checks.py) and
+        non-strict mode keeps ``a`` (a superset)."""
+        if a is False or b is False:
+            return False
+        if _all_of_parts(a) is not None or _all_of_parts(b) is not None:
+            parts = [p for s in (a, b) for p in (_all_of_parts(s) or [s]) if p is not True and p != {}]
+            return {"__all_of": parts}
         try:
             return Merger(self.matches, pointer, self.unknown_format).merge(a, b)
         except UnsupportedSchemaError as exc:
             if self.strict:
-                raise
+                return {"__all_of": [a, b]}
             self.unsupported(exc.keyword, exc.pointer, "allOf cannot be merged exactly")
             return a
 

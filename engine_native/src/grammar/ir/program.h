@@ -26,6 +26,13 @@ namespace grammar {
 //   | MAX_LENGTH n (two words, then the rule's expression): the rule is a JSON string of at most n
 //     code points once decoded (ir.BoundedString); like UNIQUE, only as a rule's first word, recorded
 //     (CompiledGrammar::max_length) and removed after the merging of equal rules.
+//   | CHECK n items carriers count sig0..sig(count-1) rule0..rule(items-1): n payload words; a run-
+//     time check (ir.nodes.Check): a span the first `carriers` rules scan, kept when the set of
+//     item rules whose language holds it (bit i: rule i) is one of the `count` sorted signatures;
+//     the carriers word also holds kCheckProduct (ir.nodes.Check.product). Only as a rule's whole
+//     body; its automaton is start -> each carrier -> final, which the matcher decides
+//     (grammar/lower/runtime_checks.cpp, grammar/match/verdicts.cpp), or, with kCheckProduct, the
+//     exact product of its items (grammar/lower/check_product.cpp).
 enum Op : int32_t {
   kEmpty = 0,
   kLiteral = 1,
@@ -36,8 +43,10 @@ enum Op : int32_t {
   kRef = 6,
   kKeyTrie = 7,
   kUnique = 8,
-  kMaxLength = 9
+  kMaxLength = 9,
+  kCheck = 10
 };
+constexpr int32_t kCheckProduct = 1 << 12;
 
 
 // Throws the DefinitionError for an opcode instruction_length() does not know (out of line, so
@@ -64,6 +73,7 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
     case kRepeat:
       return 3;
     case kKeyTrie:
+    case kCheck:
       return 2 + static_cast<size_t>(code.at(pc + 1));
     default:
       throw_unknown_opcode();
@@ -72,6 +82,12 @@ inline size_t instruction_length(const std::vector<int32_t>& code, size_t pc) {
 
 // A key-trie rule (its body is one KEY_TRIE instruction, see enum Op).
 inline bool is_key_trie(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kKeyTrie; }
+// A run-time check rule (its body is one CHECK instruction, see enum Op).
+inline bool is_check(const std::vector<int32_t>& code) { return !code.empty() && code[0] == kCheck; }
+// Where a CHECK instruction's item rules begin (its payload: items, carriers, count, signatures).
+inline size_t check_items_at(const std::vector<int32_t>& code, size_t pc) {
+  return pc + 5 + static_cast<size_t>(code.at(pc + 4));
+}
 
 
 // The position after the expression at `pc`.

@@ -26,7 +26,7 @@ int all_refs_defined(PyObject* bodies, PyObject* defined, const Kinds& k) {
       Py_DECREF(name);
       return in < 0 ? -1 : (in == 1 ? 1 : 2);
     }
-    if (type == k.seq || type == k.alt || type == k.repeat) return 3;
+    if (type == k.seq || type == k.alt || type == k.repeat || (k.check != nullptr && type == k.check)) return 3;
     return -1;
   };
   Py_ssize_t n = PyList_GET_SIZE(bodies);
@@ -108,7 +108,7 @@ Py_ssize_t first_missing_ref(PyObject* bodies, PyObject* defined, const Kinds& k
           return r;
         }
         Py_DECREF(name);
-      } else if (type == k.seq || type == k.alt) {
+      } else if (type == k.seq || type == k.alt || (k.check != nullptr && type == k.check)) {
         if (!visited.insert(node).second) continue;
         PyObject* items = PyObject_GetAttr(node, nm.items);
         if (items == nullptr || !PyTuple_CheckExact(items)) {

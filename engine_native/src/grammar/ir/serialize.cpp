@@ -179,6 +179,10 @@ class Serializer {
         // Only as a whole rule body (KEY_TRIE's contract); nested, the Python path expands it.
         if (node != root || !write_key_set(node, out)) return fail();
         if (record_) walked_.push_back(node);  // its names: a tuple of str, untracked with it below
+      } else if (type == k_.check && k_.check != nullptr) {
+        // Only as a whole rule body (CHECK's contract); nested, the Python path raises.
+        if (node != root || !write_check(node, out)) return fail();
+        if (record_) walked_.push_back(node);
       } else if (type == k_.seq || type == k_.alt || type == k_.repeat) {
         if (const Span* hit = spans_.find(node)) {
           copy_span(*hit);
@@ -339,6 +343,49 @@ class Serializer {
     return true;
   }
 
+  // CHECK from a Check's items (a tuple of Ref), carriers and accepted signatures (grammar/ir/
+  // program.h). false: malformed (the Python path raises the precise error), or a rule is missing.
+  bool write_check(PyObject* node, Program& out) {
+    const Names& nm = names();
+    Owned items(PyObject_GetAttr(node, nm.items));
+    Owned carriers(PyObject_GetAttr(node, nm.carriers));
+    Owned accept(PyObject_GetAttr(node, nm.accept));
+    Owned product(PyObject_GetAttr(node, nm.product));
+    if (items.p == nullptr || carriers.p == nullptr || accept.p == nullptr || product.p == nullptr ||
+        !PyTuple_CheckExact(items.p) || !PyTuple_CheckExact(accept.p) || !PyLong_CheckExact(carriers.p) ||
+        !PyBool_Check(product.p)) {
+      return false;
+    }
+    if (record_) walked_.push_back(items.p);
+    const Py_ssize_t n = PyTuple_GET_SIZE(items.p);
+    const long c = PyLong_AsLong(carriers.p);
+    if (n < 1 || n > 16 || c < 1 || c > n) return false;
+    const Py_ssize_t count = PyTuple_GET_SIZE(accept.p);
+    const int32_t flags = product.p == Py_True ? grammar::kCheckProduct : 0;
+    out.insert(out.end(), {grammar::kCheck, static_cast<int32_t>(3 + count + n), static_cast<int32_t>(n),
+                           static_cast<int32_t>(c) | flags, static_cast<int32_t>(count)});
+    long prev = -1;
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyObject* v = PyTuple_GET_ITEM(accept.p, i);
+      if (!PyLong_CheckExact(v)) return false;
+      const long sig = PyLong_AsLong(v);
+      if (sig <= prev || sig >= (1L << n)) return false;
+      prev = sig;
+      out.push_back(static_cast<int32_t>(sig));
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(items.p, i);
+      if (reinterpret_cast<PyObject*>(Py_TYPE(item)) != k_.ref) return false;
+      if (record_) walked_.push_back(item);
+      Owned name(PyObject_GetAttr(item, nm.name));
+      if (name.p == nullptr) return false;
+      const int64_t rule = rule_index(name.p);
+      if (rule < 0) return false;
+      out.push_back(static_cast<int32_t>(rule));
+    }
+    return true;
+  }
+
   // Appends [lo, hi] to merged_, joined with the last range when adjacent (CharClass.normalized).
   void push_merged(int64_t lo, int64_t hi) {
     if (!merged_.empty() && lo <= merged_.back().second + 1) {
@@ -430,7 +477,8 @@ bool is_ir_node(const Kinds& k, PyObject* o) {
   PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(o));
   return t == k.literal || t == k.ref || t == k.seq || t == k.alt || t == k.repeat || t == k.cls || t == k.empty ||
          (k.key_node != nullptr && t == k.key_node) || (k.key_set != nullptr && t == k.key_set) ||
-         (k.unique != nullptr && t == k.unique) || (k.bounded != nullptr && t == k.bounded);
+         (k.unique != nullptr && t == k.unique) || (k.bounded != nullptr && t == k.bounded) ||
+         (k.check != nullptr && t == k.check);
 }
 
 }  // namespace
@@ -478,9 +526,8 @@ std::optional<SerializedRules> serialize_all(nb::list bodies, nb::dict index, nb
     PyObject* body = PyList_GET_ITEM(bodies.ptr(), static_cast<Py_ssize_t>(r));
     // Key tries and their nodes are written from their names or spec: no dearer than a cache hit.
     const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(body));
-    const bool cached =
-        !shared.empty() && shared[r] != 0 && type != k.key_node && type != k.key_set && type != k.unique &&
-                        type != k.bounded;
+    const bool cached = !shared.empty() && shared[r] != 0 && type != k.key_node && type != k.key_set &&
+                         type != k.unique && type != k.bounded && type != k.check;
     if (cached) {
       if (const CachedBody* hit = cache.find(body)) {
         if (!cache.write(*hit, index.ptr(), out.programs[r])) {

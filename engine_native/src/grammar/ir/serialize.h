@@ -31,15 +31,16 @@ struct Kinds {
   PyObject* key_set = nullptr;   // ir.nodes.KeySet (a whole key trie), likewise
   PyObject* unique = nullptr;    // ir.nodes.UniqueItem (a whole rule body), likewise
   PyObject* bounded = nullptr;   // ir.nodes.BoundedString (a whole rule body), likewise
+  PyObject* check = nullptr;     // ir.nodes.Check (a run-time check), likewise
 };
 
 // The IR node classes in the order ir.NODE_KINDS lists them (7, 8 with KeyNode, 9 with KeySet, 10
-// with UniqueItem, 11 with BoundedString).
+// with UniqueItem, 11 with BoundedString, 12 with Check).
 inline Kinds kinds_from(const nb::tuple& kinds, const char* who) {
   const size_t n = kinds.size();
-  if (n < 7 || n > 11) {
+  if (n < 7 || n > 12) {
     throw std::invalid_argument(std::string(who) +
-                                " needs the 7 IR node classes (and KeyNode, KeySet, UniqueItem, BoundedString)");
+                                " needs the 7 IR node classes (and KeyNode, KeySet, UniqueItem, BoundedString, Check)");
   }
   PyObject* t = kinds.ptr();
   Kinds k{PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), PyTuple_GET_ITEM(t, 3),
@@ -47,7 +48,8 @@ inline Kinds kinds_from(const nb::tuple& kinds, const char* who) {
   if (n >= 8) k.key_node = PyTuple_GET_ITEM(t, 7);
   if (n >= 9) k.key_set = PyTuple_GET_ITEM(t, 8);
   if (n >= 10) k.unique = PyTuple_GET_ITEM(t, 9);
-  if (n == 11) k.bounded = PyTuple_GET_ITEM(t, 10);
+  if (n >= 11) k.bounded = PyTuple_GET_ITEM(t, 10);
+  if (n == 12) k.check = PyTuple_GET_ITEM(t, 11);
   return k;
 }
 
@@ -68,6 +70,9 @@ struct Names {
   PyObject* sink_rule = PyUnicode_InternFromString("char-key-rest");
   // json_schema.keys.complement_keys.FREE_RULE (char-special, then char-key-rest), which a KeySet's nodes call.
   PyObject* free_rule = PyUnicode_InternFromString("char-key-free");
+  PyObject* carriers = PyUnicode_InternFromString("carriers");
+  PyObject* accept = PyUnicode_InternFromString("accept");
+  PyObject* product = PyUnicode_InternFromString("product");
 };
 
 inline const Names& names() {

@@ -20,6 +20,7 @@
 #include "grammar/errors.h"
 #include "grammar/ir/program.h"
 #include "grammar/lower/automata.h"
+#include "grammar/lower/check_lowering.h"
 #include "grammar/lower/determinizer.h"
 #include "grammar/lower/nfa_builder.h"
 #include "grammar/lower/rule_passes.h"
@@ -38,6 +39,52 @@ namespace {
 // are freed by the unwinding before this message is built.
 [[noreturn]] void throw_out_of_memory() {
   throw LimitError("grammar is too large: compiling it ran out of memory");
+}
+
+// Turns every check with kCheckProduct into its product automaton (grammar/lower/check_product.cpp),
+// inner checks first (an item reaching a check still to be built waits for it), and removes it
+// from `specs`: it is an ordinary rule from then on. A product that cannot be built is a
+// LimitError naming the check's rule index (the compiler names the rule).
+void decide_products(std::vector<CheckSpec>* specs, DfaPool* pool, std::vector<int32_t>* base,
+                     std::vector<uint32_t>* count, const std::vector<uint8_t>& unique_rule,
+                     const std::vector<int32_t>& max_length, size_t num_rules, Deadline* deadline) {
+  // 1 decided at run time, 2 a product not built yet, 3 counted by the matcher (check_lowering.h)
+  std::vector<uint8_t> undecided(num_rules, 0);
+  for (size_t r = 0; r < num_rules; ++r) {
+    if (unique_rule[r] || max_length[r] >= 0) undecided[r] = 3;
+  }
+  for (const CheckSpec& c : *specs) undecided[static_cast<size_t>(c.rule)] = c.product ? 2 : 1;
+  std::string why;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t k = 0; k < specs->size();) {
+      CheckSpec& c = (*specs)[k];
+      if (!c.product) {
+        ++k;
+        continue;
+      }
+      bool blocked = false;
+      const int32_t start = build_check_product(c, *base, *count, undecided, pool, deadline, &why, &blocked);
+      if (start < 0 && !blocked) {
+        throw LimitError("the check of rule #" + std::to_string(c.rule) + " cannot be compiled to one automaton: " + why);
+      }
+      if (start < 0) {
+        ++k;  // waits for a check its items reach
+        continue;
+      }
+      (*base)[static_cast<size_t>(c.rule)] = start;
+      (*count)[static_cast<size_t>(c.rule)] = static_cast<uint32_t>(pool->size()) - static_cast<uint32_t>(start);
+      undecided[static_cast<size_t>(c.rule)] = 0;
+      specs->erase(specs->begin() + static_cast<long>(k));
+      progress = true;
+    }
+  }
+  for (const CheckSpec& c : *specs) {
+    if (c.product) {
+      throw LimitError("the check of rule #" + std::to_string(c.rule) +
+                       " cannot be compiled to one automaton: its items reach checks that reach it (they recurse)");
+    }
+  }
 }
 
 }  // namespace
@@ -112,7 +159,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   std::vector<uint8_t> inl = choose_inline(*rules_ptr, root, keep);
   if (outline_continuations(*rules_ptr, &own_rules, &inl)) rules_ptr = &own_rules;
   const std::vector<std::vector<int32_t>>& rules = *rules_ptr;
-  const size_t R = rules.size();  // outlined rules come after the grammar's own
+  size_t R = rules.size();  // outlined rules come after the grammar's own (shadow copies after those)
   unique_rule.resize(R, 0);
   max_length.resize(R, -1);
   keep.resize(R, 0);
@@ -137,9 +184,25 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   stored.assign(R, 0);
   work.assign(1, root);
   base[root] = 0;  // marks "queued"; the real base is set when built
+  std::vector<CheckSpec> check_specs;
   while (!work.empty()) {
     const int32_t r = work.back();
     work.pop_back();
+    if (is_check(rules[r])) {
+      // Start -> each carrier -> final (grammar/lower/runtime_checks.cpp); the shadow items are
+      // built too, to be copied once every rule is.
+      check_specs.push_back(read_check(rules[r], r, R));
+      base[r] = lower_check(check_specs.back(), &pool);
+      count[r] = static_cast<uint32_t>(pool.size()) - static_cast<uint32_t>(base[r]);
+      order.push_back(r);
+      for (int32_t q : check_specs.back().items) {
+        if (base[q] < 0) {
+          base[q] = 0;
+          work.push_back(q);
+        }
+      }
+      continue;
+    }
     // A key trie's automaton is written directly: minimal, like the store's (grammar/lower/key_set.cpp).
     base[r] = is_key_trie(rules[r]) ? lower_key_trie(rules[r], R, &pool) : nfa_builder.lower_in_store(r, &pool);
     stored[r] = base[r] >= 0;
@@ -158,9 +221,58 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
       }
     }
   }
+  const bool had_checks = !check_specs.empty();
+  if (had_checks) decide_products(&check_specs, &pool, &base, &count, unique_rule, max_length, R, &deadline);
+  int32_t first_shadow_rule = static_cast<int32_t>(R);
+  if (!check_specs.empty()) {
+    // Shadow copies of what the checks' non-carrier items reach, appended as rules R, R + 1, ...
+    std::vector<int32_t> copied_from;
+    first_shadow_rule = copy_shadow_rules(&check_specs, &pool, &base, &count, &copied_from);
+    const size_t copies = base.size() - R;
+    // A shadow parse judges its item's whole language: copies keep their rule's unique-item and
+    // max-length marks.
+    unique_rule.resize(R + copies, 0);
+    max_length.resize(R + copies, -1);
+    for (size_t k = 0; k < copies; ++k) {
+      unique_rule[R + k] = unique_rule[static_cast<size_t>(copied_from[k])];
+      max_length[R + k] = max_length[static_cast<size_t>(copied_from[k])];
+    }
+    stored.resize(R + copies, 0);
+    for (size_t k = 0; k < copies; ++k) {
+      if (base[R + k] >= 0) order.push_back(static_cast<int32_t>(R + k));
+    }
+    R += copies;
+  }
   std::vector<uint8_t>& built = scratch.built;
   built.assign(R, 0);
   for (int32_t r : order) built[r] = 1;
+  if (had_checks) {
+    // Rules reached only through shadow items (or only through checks now products) were built
+    // for their copies or the products: left out of the grammar, as if never reached.
+    std::vector<uint8_t> reached(R, 0);
+    std::vector<int32_t> stack{root};
+    reached[root] = 1;
+    std::vector<int32_t> check_at(R, -1);
+    for (size_t k = 0; k < check_specs.size(); ++k) check_at[check_specs[k].rule] = static_cast<int32_t>(k);
+    while (!stack.empty()) {
+      const int32_t r = stack.back();
+      stack.pop_back();
+      auto visit = [&](int32_t q) {
+        if (!reached[q]) {
+          reached[q] = 1;
+          stack.push_back(q);
+        }
+      };
+      if (built[r]) {
+        for (uint32_t e = pool.ref_begin[base[r]]; e < pool.ref_begin[base[r] + count[r]]; ++e) visit(pool.refs[e].rule);
+      }
+      if (check_at[r] >= 0) {
+        for (int32_t item : check_specs[static_cast<size_t>(check_at[r])].items) visit(item);
+      }
+    }
+    for (size_t r = 0; r < R; ++r) built[r] = built[r] && reached[r];
+    order.erase(std::remove_if(order.begin(), order.end(), [&](int32_t r) { return !built[r]; }), order.end());
+  }
 
   // Productive rules (non-empty language), by a worklist: a rule is re-checked only when one of
   // its callees turns productive, and callees (built later) are checked first.
@@ -389,6 +501,7 @@ void CompiledGrammar::lower_rules(const std::vector<std::vector<int32_t>>& rules
   }
 
   compute_follow_sets(limits);
+  if (!check_specs.empty()) finish_runtime_checks(check_specs, first_shadow_rule);
   masks_.reset(states.size());
   if (has_bounded) bounded = BoundedTables::build(*this);
 }

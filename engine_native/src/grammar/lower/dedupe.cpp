@@ -30,11 +30,16 @@ bool merge_equal_rules(const std::vector<std::vector<int32_t>>& rules, int32_t r
     const std::vector<int32_t>& code = rules[r];
     total_words += code.size();
     for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
-      // Operand positions of references: a REF's one, a KEY_TRIE's two (its special and rest rules).
+      // Operand positions of references: a REF's one, a KEY_TRIE's two (its special and rest
+      // rules), a CHECK's item rules.
       size_t first = pc + 1, last = pc + 1;
       if (code[pc] == kKeyTrie) {
         first = pc + 2;
         last = pc + 3;
+      } else if (code[pc] == kCheck) {
+        first = check_items_at(code, pc);
+        last = pc + 1 + static_cast<size_t>(code.at(pc + 1));
+        if (first > last) continue;
       } else if (code[pc] != kRef) {
         continue;
       }

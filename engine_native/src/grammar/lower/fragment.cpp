@@ -236,7 +236,7 @@ int32_t NfaBuilder::lower_in_store(int32_t r, DfaPool* pool) {
   // also cheaper for the many small rules of a big schema.
   for (size_t pc = 0; pc < code.size(); pc += instruction_length(code, pc)) {
     if ((code[pc] == kRepeat && code.at(pc + 2) < 0) || (code[pc] == kRef && code.at(pc + 1) == r) ||
-        code[pc] == kKeyTrie) {
+        code[pc] == kKeyTrie || code[pc] == kCheck) {
       return -1;
     }
   }

@@ -159,8 +159,10 @@ std::vector<uint8_t> choose_inline(const std::vector<std::vector<int32_t>>& rule
         ref_list.push_back(code.at(pc + 1));
       } else if ((code[pc] == kRepeat &&
                   (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) ||
-                 code[pc] == kKeyTrie) {
-        long_repeat[r] = 1;  // a key trie calls its rest rule, a loop: never inlined
+                 code[pc] == kKeyTrie || code[pc] == kCheck) {
+        // A key trie calls its rest rule, a loop; a check is decided where it ends, as a rule of
+        // its own: never inlined.
+        long_repeat[r] = 1;
       }
       if (code[pc] == kRepeat && std::max(code.at(pc + 1), code.at(pc + 2)) >= 2) counted[r] = 1;
     }
@@ -225,7 +227,7 @@ void inline_finite_chains(const std::vector<std::vector<int32_t>>& rules, int32_
         refs.push_back(q);
       } else if ((code[pc] == kRepeat &&
                   (code.at(pc + 2) < 0 || std::max(code.at(pc + 1), code.at(pc + 2)) > kMaxInlineRepeat)) ||
-                 code[pc] == kKeyTrie) {
+                 code[pc] == kKeyTrie || code[pc] == kCheck) {
         finite[r] = 0;
       }
     }

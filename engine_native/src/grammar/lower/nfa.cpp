@@ -41,6 +41,7 @@ size_t skip_expression(const std::vector<int32_t>& code, size_t pc) {
     case kRef:
       return pc + 2;
     case kKeyTrie:
+    case kCheck:
       return pc + 2 + static_cast<size_t>(code.at(pc + 1));
     default:
       throw DefinitionError("malformed grammar code (unknown opcode)");
@@ -376,6 +377,8 @@ int32_t NfaBuilder::build_node(const std::vector<int32_t>& code, size_t& pc, int
     }
     case kKeyTrie:
       throw DefinitionError("malformed key-trie instruction: it must be a rule's whole body");
+    case kCheck:
+      throw DefinitionError("malformed run-time check: it must be a rule's whole body");
     default:
       throw DefinitionError("malformed grammar code (unknown opcode)");
   }

@@ -37,6 +37,10 @@ class MaskStrategies {
 
   // The token classification of state s (computed on first use, shared through the tokenizer).
   const StateMask& mask_for(int32_t s) const;
+  // Stores m as state s's classification unless another thread stored one first; returns it.
+  const StateMask& keep(int32_t s, std::shared_ptr<const StateMask> m) const;
+  // The classification of a state whose rule a run-time check affects (RuntimeChecks::affected).
+  std::shared_ptr<const StateMask> checked_walk(int32_t s, bool calls) const;
   // Whether mask_for(s) is computed already.
   bool mask_ready(int32_t s) const { return state_masks_[s].load(std::memory_order_acquire) != nullptr; }
   // At least 4 096 tokens start with a byte s reads.

@@ -115,9 +115,14 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
       cfg.push_back({q, st});
     }
   };
-  // Expands the configurations in cfg; returns 1 if the item's rule may finish here, 2 if the
-  // stack got too deep to follow (treated as "anything may happen"), else 0.
+  // Expands the configurations in cfg; returns the bits: 1 the item's rule may finish here, 2 the
+  // stack got too deep to follow (treated as "anything may happen"), 4 a run-time check may be
+  // decided here (RuntimeChecks): a check finished, whose verdict decides whether anything
+  // follows, or the item's own rule, which may end a check's item, finished with nothing to read.
+  // With 4, a token dying later is uncertain (as with 2), and so is one ending where no
+  // configuration reads a byte.
   bool overflow = false;
+  const RuntimeChecks& checks = g_.checks;
   auto closure = [&]() {
     uint8_t leave = 0;
     for (size_t k = 0; k < cfg.size(); ++k) {
@@ -129,7 +134,7 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
       const State& st = g_.states[c.state];
       for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
         if (c.origin >= 0 && nodes[c.origin].depth >= kMaxStack) {
-          leave = 2;
+          leave |= 2;
           continue;
         }
         const RefEdge& re = g_.ref_edges[e];
@@ -142,8 +147,11 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
         add(g_.rule_start[re.rule], tail ? c.origin : intern(re.target, c.origin));
       }
       if (st.final) {
-        if (c.origin < 0) {
-          leave = std::max<uint8_t>(leave, 1);
+        if (!checks.of_rule.empty() && checks.of_rule[static_cast<size_t>(st.rule)] >= 0) {
+          leave |= 4;  // the check's verdict is the Earley check's to give
+        } else if (c.origin < 0) {
+          leave |= 1;
+          if (!checks.end.empty() && checks.end[static_cast<size_t>(c.state)]) leave |= 4;
         } else {
           add(nodes[c.origin].ret, nodes[c.origin].parent);
         }
@@ -239,7 +247,7 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
     const ByteSet& fol = g_.follow[g_.states[range.state].rule];
     auto escapes = [&](size_t d, uint8_t b) {
       const uint8_t leave = sets[set_at[d]].leave;
-      return d > 0 && (leave == 2 || (leave == 1 && has(fol, b)));
+      return d > 0 && ((leave & 6) != 0 || ((leave & 1) != 0 && has(fol, b)));
     };
     // From depth 0, a first byte the start state cannot read kills its whole run, and no walk
     // marks a token uncertain at byte 0: skip such runs without computing (and memoizing) the
@@ -285,8 +293,12 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
       }
       valid = d;
       if (dead_at < 0) {
-        const int32_t id = t.sorted[i];
-        accepted.add(id);
+        const SetDfa::CfgSet& last = sets[static_cast<size_t>(set_at[d])];
+        if ((last.leave & 4) != 0 && last.begin == last.end) {
+          out->uncertain.push_back(static_cast<int32_t>(i));  // only a check's verdict keeps it
+        } else {
+          accepted.add(t.sorted[i]);
+        }
         continue;
       }
       size_t end = t.run_end(i, static_cast<size_t>(dead_at) + 1);
@@ -299,9 +311,9 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_with_calls_part(co
       // The siblings that die here too, rejected (no byte the rule could leave with), are passed
       // over in one search.
       const uint8_t leave = sets[static_cast<size_t>(set_at[d])].leave;
-      if (d > 0 && !flag[d] && leave != 2) {
+      if (d > 0 && !flag[d] && (leave & 6) == 0) {
         ByteSet stop = dfa.live[static_cast<size_t>(set_at[d])];
-        if (leave == 1) {
+        if ((leave & 1) != 0) {
           for (size_t w = 0; w < stop.size(); ++w) stop[w] |= fol[w];
         }
         end = t.skip_dead(i, d, end, carry.limit(r), stop);

@@ -72,11 +72,16 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_part(const std::ve
   // Bytes after which a token is not simply rejected here: live edges and the escape set.
   std::vector<ByteSet> row_stop;
   std::vector<ByteSet> row_live;  // the bytes it has edges for
+  // Rows of states where a run-time check may end (RuntimeChecks::end): a token ending there is
+  // uncertain, not accepted. Empty when the grammar has no checks.
+  const std::vector<uint8_t>& check_end = g_.checks.end;
+  std::vector<uint8_t> row_check_end;
   auto row = [&](int32_t q) -> int32_t {
     if (row_of[q] >= 0) return row_of[q];
     int32_t r = static_cast<int32_t>(row_escape.size());
     row_of[q] = r;
     index.touched.push_back(q);
+    if (!check_end.empty()) row_check_end.push_back(check_end[static_cast<size_t>(q)]);
     rows.resize(rows.size() + 256, -1);
     row_live.push_back(ByteSet{});
     ByteSet& live = row_live.back();
@@ -130,7 +135,11 @@ std::shared_ptr<const StateMask> MaskStrategies::compute_mask_part(const std::ve
       }
       valid = d;
       if (dead_at < 0) {
-        accepted.add(t.sorted[i]);
+        if (!row_check_end.empty() && row_check_end[static_cast<size_t>(stack[len])]) {
+          out->uncertain.push_back(static_cast<int32_t>(i));
+        } else {
+          accepted.add(t.sorted[i]);
+        }
         continue;
       }
       // Every token sharing the dead prefix shares this token's fate: classify the run at once.
@@ -203,6 +212,9 @@ const StateMask& MaskStrategies::mask_for(int32_t s) const {
   const StateMask* p = state_masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   const bool calls = calls_within_reach(s);
+  if (!g_.checks.affected.empty() && g_.checks.affected[static_cast<size_t>(g_.states[s].rule)]) {
+    return keep(s, checked_walk(s, calls));
+  }
   // The shared cache pays off across grammars; within one grammar a state's key is its own.
   // A pushdown key is the Merkle digest of the whole rule call graph below the state's rule:
   // milliseconds on a large schema the first time (the root state of the first mask paid for
@@ -313,12 +325,29 @@ const StateMask& MaskStrategies::mask_for(int32_t s) const {
     m = keyed ? g_.tok->cache_put(key, fresh) : fresh;
     if (twin_kind && !from_twin) remember_twin(s, m);
   }
+  return keep(s, std::move(m));
+}
+
+const StateMask& MaskStrategies::keep(int32_t s, std::shared_ptr<const StateMask> m) const {
   std::lock_guard<std::mutex> lock(mu_);
-  p = state_masks_[s].load(std::memory_order_acquire);
+  const StateMask* p = state_masks_[s].load(std::memory_order_acquire);
   if (p) return *p;
   owned_.push_back(m);
   state_masks_[s].store(m.get(), std::memory_order_release);
   return *m;
+}
+
+std::shared_ptr<const StateMask> MaskStrategies::checked_walk(int32_t s, bool calls) const {
+  // A state whose walks may meet a run-time check (grammar/runtime_checks.h): the plain and
+  // pushdown walks leave a token uncertain where a check may decide it, and nothing else does, so
+  // they alone classify it, for this grammar alone.
+  if (calls && dense_start(s)) return refine_with_calls(s);
+  const std::vector<WalkRange> whole{{0, g_.tok->sorted.size(), 0, s, 0}};
+  if (calls) {
+    std::shared_ptr<const StateMask> m = compute_mask_with_calls(whole, nullptr);
+    if (m) return m;
+  }
+  return compute_mask(whole, nullptr);
 }
 
 std::shared_ptr<const StateMask> MaskStrategies::checked_get(const std::string& key) const {

@@ -150,6 +150,21 @@ void CompiledGrammar::append_shortest(int32_t s, std::string& out, int depth) co
 
 bool Matcher::shortest_completion(std::string* out) {
   if (is_terminated() || items_.size() == set_begin_.back()) return false;
+  // Under run-time checks the search steps the matcher byte by byte, which also applies unique
+  // array items and max-length strings.
+  if (g_->checks.any()) return checked_completion(out);
+  int64_t cost = 0;
+  std::string text;
+  if (!unchecked_completion(&text, &cost)) return false;
+  // The shortest completion is the grammar's, blind to earlier unique array items and to the
+  // count of a max-length string (fewest bytes are not always fewest code points): where the
+  // matcher refuses it, there is no completion to offer.
+  if ((unique_on_ || bounded_on_) && !completes(text)) return false;
+  *out = std::move(text);
+  return true;
+}
+
+bool Matcher::unchecked_completion(std::string* out, int64_t* cost_out) const {
   const CompiledGrammar& g = *g_;
   const CompiledGrammar::Completion& c = g.completion();
   const int32_t current = static_cast<int32_t>(set_begin_.size()) - 1;
@@ -176,7 +191,7 @@ bool Matcher::shortest_completion(std::string* out) {
   const uint64_t kStart = ~uint64_t{0};
   for (uint32_t k = set_begin_[current]; k < items_.size(); ++k) {
     const Item& it = items_[k];
-    if (c.dist[it.state] >= kInf) continue;
+    if (c.dist[it.state] >= kInf || g.shadow_state(it.state)) continue;
     push(node(it.origin, g.states[it.state].rule), c.dist[it.state], {kStart, it.state});
   }
   const uint64_t goal = node(0, g.root);
@@ -190,6 +205,7 @@ bool Matcher::shortest_completion(std::string* out) {
     if (best[at] != cost) continue;
     if (at == goal) {
       found = true;
+      *cost_out = cost;
       break;
     }
     const int32_t set = static_cast<int32_t>(at >> 32);
@@ -212,6 +228,7 @@ bool Matcher::shortest_completion(std::string* out) {
     }
   }
   if (!found) return false;
+  if (out == nullptr) return true;
   std::vector<int32_t> chain;
   for (uint64_t at = goal;;) {
     const Pred& p = pred[at];
@@ -221,10 +238,6 @@ bool Matcher::shortest_completion(std::string* out) {
   }
   std::string text;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) g.append_shortest(*it, text, 0);
-  // The shortest completion is the grammar's, blind to earlier unique array items and to the
-  // count of a max-length string (fewest bytes are not always fewest code points): where the
-  // matcher refuses it, there is no completion to offer.
-  if ((unique_on_ || bounded_on_) && !completes(text)) return false;
   *out = std::move(text);
   return true;
 }
@@ -269,6 +282,7 @@ bool Matcher::next_bytes_after(const std::string& data, std::array<uint32_t, 8>*
   if (ok) {
     const CompiledGrammar& g = *g_;
     for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
+      if (g.shadow_state(items_[k].state)) continue;
       const State& st = g.states[items_[k].state];
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
         for (int b = g.byte_edges[e].lo; b <= g.byte_edges[e].hi; ++b) (*out)[b >> 5] |= 1u << (b & 31);

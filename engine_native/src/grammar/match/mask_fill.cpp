@@ -79,7 +79,7 @@ uint32_t Matcher::pending_visits() const {
   uint32_t cost = 0;
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
     const int32_t s = items_[k].state;
-    if (g.scans(s) && !g.mask_ready(s)) cost += g.masks().dense_start(s) ? 4 : 1;
+    if (g.scans(s) && !g.shadow_state(s) && !g.mask_ready(s)) cost += g.masks().dense_start(s) ? 4 : 1;
   }
   return cost;
 }
@@ -91,7 +91,7 @@ void Matcher::first_visits_in_parallel(uint32_t pending) {
   std::vector<int32_t> todo;
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
     const int32_t s = items_[k].state;
-    if (g.scans(s) && !g.mask_ready(s)) todo.push_back(s);
+    if (g.scans(s) && !g.shadow_state(s) && !g.mask_ready(s)) todo.push_back(s);
   }
   if (todo.size() < 2) return;
   std::sort(todo.begin(), todo.end());
@@ -133,7 +133,8 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
   int contributors = 0;
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
     const int32_t s = items_[k].state;
-    if (state_stamp_[s] == stamp_ || !g.scans(s)) continue;
+    // A shadow item of a run-time check never lets a byte through (grammar/runtime_checks.h).
+    if (state_stamp_[s] == stamp_ || !g.scans(s) || g.shadow_state(s)) continue;
     state_stamp_[s] = stamp_;
     const StateMask& m = g.mask_for(s);
     if (!m.accepted_bits.empty()) {
@@ -182,7 +183,7 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
       or_ids(mask, hit->accepted_ids);
     } else {
       allowed_before_.assign(mask, mask + vw);
-      if (!check_uncertain_walk(mask)) check_uncertain(mask);
+      if (g.checks.any() || !check_uncertain_walk(mask)) check_uncertain(mask);
       std::vector<uint32_t> bits(static_cast<size_t>(t.words), 0);
       size_t n = 0;
       for (int64_t w = 0; w < vw; ++w) bits[static_cast<size_t>(w)] = mask[w] & ~allowed_before_[static_cast<size_t>(w)];
@@ -191,7 +192,8 @@ bool Matcher::fill_mask(int32_t* row, int64_t words, uint32_t pending) {
       finish_mask(*allowed, std::move(bits), n);
       g.masks().checked_put(key, std::move(allowed));
     }
-  } else if (scratch_.size() >= kWalkUncertain) {
+  } else if (scratch_.size() >= kWalkUncertain && !g.checks.any()) {
+    // The pushdown walk knows nothing of run-time checks' verdicts: with checks, Earley steps.
     if (!check_uncertain_walk(mask)) check_uncertain(mask);
   } else if (!scratch_.empty()) {
     check_uncertain(mask);

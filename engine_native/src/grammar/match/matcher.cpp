@@ -106,7 +106,17 @@ void Matcher::add(int32_t state, int32_t origin, int32_t pos) {
 
 void Matcher::closure(uint32_t begin, int32_t pos) {
   const CompiledGrammar& g = *g_;
-  for (uint32_t k = begin; k < items_.size(); ++k) {
+  const bool checks = g.checks.any();
+  if (checks) {
+    done_.clear();
+    pending_.clear();
+  }
+  for (uint32_t k = begin;; ++k) {
+    // Closed but for the pending checks: decide them innermost first; one that passes grows the
+    // set, which is then closed further.
+    while (k >= items_.size()) {
+      if (!checks || !decide_check(pos)) return;
+    }
     const Item it = items_[k];
     const State& st = g.states[it.state];
     for (uint32_t e = st.ref_begin; e < st.ref_end; ++e) {
@@ -116,6 +126,7 @@ void Matcher::closure(uint32_t begin, int32_t pos) {
         open_bounded(pos);
       }
       add(g.rule_start[re.rule], pos, pos);
+      if (checks && g.checks.of_rule[static_cast<size_t>(re.rule)] >= 0) predict_shadows(re.rule, pos);
       if (g.nullable[re.rule]) add(re.target, it.origin, pos);
       if (unique_on_ && g.unique_rule[re.rule] && !ulex_.back().active) ulex_.back() = UniqueLex{1, 0, 0};
     }
@@ -124,6 +135,14 @@ void Matcher::closure(uint32_t begin, int32_t pos) {
       const int32_t o = it.origin;
       // A unique array item equal to an earlier one does not complete (its callers stay put).
       if (unique_on_ && g.unique_rule[rule] && repeats_earlier_item(o, pos)) continue;
+      if (checks) {
+        const int32_t c = g.checks.of_rule[static_cast<size_t>(rule)];
+        if (c >= 0) {
+          pending_.push_back({c, o});  // its items' finishes here are not all known yet
+          continue;
+        }
+        if (g.checks.item[static_cast<size_t>(rule)]) done_.push_back({rule, o});
+      }
       // Advance every item of the origin set waiting on `rule` (the current set may grow here).
       for (uint32_t j = set_begin_[o];; ++j) {
         uint32_t end = (o + 1 < static_cast<int32_t>(set_begin_.size())) ? set_begin_[o + 1]
@@ -160,6 +179,10 @@ bool Matcher::advance(uint8_t b) {
       return false;
     }
     closure(prev_end, pos);
+    if (g.checks.any() && !last_set_live()) {
+      pop_set();
+      return false;
+    }
   } catch (...) {
     pop_set();
     throw;
@@ -169,7 +192,7 @@ bool Matcher::advance(uint8_t b) {
 
 bool Matcher::any_byte_possible() const {
   for (uint32_t k = set_begin_.back(); k < items_.size(); ++k) {
-    if (g_->scans(items_[k].state)) return true;
+    if (g_->scans(items_[k].state) && !g_->shadow_state(items_[k].state)) return true;
   }
   return false;
 }
@@ -284,6 +307,7 @@ void Matcher::forced_loop(std::string& out, bool* must_end) {
     int count = 0;
     int only = -1;
     for (uint32_t k = set_begin_.back(); k < items_.size() && count < 2; ++k) {
+      if (g.shadow_state(items_[k].state)) continue;
       const State& st = g.states[items_[k].state];
       for (uint32_t e = st.byte_begin; e < st.byte_end && count < 2; ++e) {
         const ByteEdge& be = g.byte_edges[e];

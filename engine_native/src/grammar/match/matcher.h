@@ -99,6 +99,22 @@ class Matcher {
   }
   void add(int32_t state, int32_t origin, int32_t pos);
   void closure(uint32_t begin, int32_t pos);
+  // Run-time checks (grammar/match/verdicts.cpp). closure() records the item rules finishing in
+  // the set (done_) and the checks ready to finish (pending_); once nothing else is left to
+  // close, decide_check() decides the innermost pending check and, if it passes, completes it
+  // (true: the set grew, closure goes on).
+  void predict_shadows(int32_t check_rule, int32_t pos);
+  bool decide_check(int32_t pos);
+  // Whether the last set can lead anywhere: a carrier item reads a byte next, or the root is
+  // complete (with checks, a set may hold only shadow items or checks that failed).
+  bool last_set_live() const;
+  // shortest_completion's search ignoring run-time checks' verdicts (grammar/match/complete.cpp):
+  // its text (unless `out` is null) and length; false if the grammar cannot complete.
+  bool unchecked_completion(std::string* out, int64_t* cost) const;
+  // shortest_completion with run-time checks (grammar/match/complete_checked.cpp): the shortest
+  // completion whose checks pass, by iterative deepening over bytes with unchecked_completion's
+  // length as the bound below.
+  bool checked_completion(std::string* out) const;
   // forced_bytes' steps: appends the forced bytes to `out`, advancing the matcher past them.
   void forced_loop(std::string& out, bool* must_end);
   // Starts a work budget (Limits::max_work_per_byte or _per_mask) for the Earley steps that follow.
@@ -215,6 +231,11 @@ class Matcher {
   std::vector<uint32_t> allowed_before_;
   std::vector<int32_t> ctx_sets_;
   std::unordered_map<int32_t, int32_t> ctx_ids_;
+  struct Span {
+    int32_t rule, origin;
+  };
+  std::vector<Span> done_;     // item rules finished in the set being closed
+  std::vector<Span> pending_;  // checks (by index) whose carrier finished there, undecided
   std::vector<uint8_t> hist_;    // hist_[i]: the input byte that made set i + 1
   std::vector<uint32_t> epoch_;  // epoch_[i]: a stamp unique to the writing of hist_[i]
   uint32_t epoch_next_ = 0;

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent_infer.errors import InvalidSchemaError
+from agent_infer.errors import InvalidSchemaError, UnsupportedSchemaError
 from agent_infer.grammar.frontends.json_schema import json_schema_to_grammar
 from agent_infer.grammar.ir.recognizer import ReferenceRecognizer
 
@@ -92,7 +92,12 @@ def test_pattern_intersected_with_lengths() -> None:
         ("date-time", ["2020-01-01T00:00:00Z", "2020-01-01t00:00:00z"], ["2020-01-01 00:00:00Z"]),
         ("duration", ["P1Y2M", "PT5M", "P2W"], ["P", "PT", "P1W2D"]),
         ("email", ["a.b@example.com", "x@[127.0.0.1]"], ["a..b@example.com", "@x", "a@"]),
-        ("hostname", ["example.com", "a-b.c"], ["-a.com", "a_b.com"]),
+        # 253 characters at most; `--` third and fourth only in A-labels, which are refused.
+        (
+            "hostname",
+            ["example.com", "a-b.c", "a--b.com", ".".join(["a" * 63] * 3 + ["a" * 61])],
+            ["-a.com", "a_b.com", "xn--X", "xn--bck0j", "ab--c.com", ".".join(["a" * 63] * 4)],
+        ),
         ("ipv4", ["127.0.0.1", "255.255.255.255"], ["256.0.0.1", "01.1.1.1", "1.1.1"]),
         ("ipv6", ["::1", "1:2:3:4:5:6:7:8", "::ffff:1.2.3.4"], ["1:2:3:4:5:6:7:8:9", "12345::"]),
         ("uuid", ["2eb8aa08-aa98-11ea-b4aa-73b441d16380"], ["2eb8aa08aa9811eab4aa73b441d16380"]),
@@ -101,6 +106,18 @@ def test_pattern_intersected_with_lengths() -> None:
 )
 def test_formats_are_assertions(fmt: str, good: list[str], bad: list[str]) -> None:
     check({"type": "string", "format": fmt}, [json.dumps(g) for g in good], [json.dumps(b) for b in bad])
+
+
+def test_hostname_keys_need_a_length_bound() -> None:
+    """A key's hostname is bounded by a maxLength (its 253 total would multiply the key automaton)."""
+    check(
+        {"type": "object", "propertyNames": {"format": "hostname", "maxLength": 63}},
+        ['{"a.b":1}', json.dumps({"a" * 63: 1})],
+        [json.dumps({"a" * 64: 1}), '{"xn--abc":1}'],
+    )
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_grammar({"type": "object", "propertyNames": {"format": "hostname"}})
+    assert info.value.pointer == "/propertyNames/format"
 
 
 def test_object_declared_order_required_and_additional() -> None:

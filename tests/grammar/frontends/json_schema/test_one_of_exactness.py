@@ -51,9 +51,37 @@ _CLOSED = [
     },
 ]
 
-# Schemas whose oneOf branches a proof shows disjoint (plain alternation).
+# Schemas whose oneOf branches a proof shows disjoint (plain alternation), or that split by type
+# into parts each so decided (applicators/by_type.py).
 PROVED: list[Any] = [
     {"oneOf": _CLOSED},
+    # A branch's own oneOf names its types: apart from an object branch.
+    {"oneOf": [{"oneOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "object", "required": ["a"]}]},
+    # A member one branch requires and the other declares with a disjoint schema.
+    {
+        "oneOf": [
+            {"type": "object", "required": ["t"], "properties": {"t": {"const": "a"}}},
+            {"type": "object", "properties": {"t": {"const": "b"}}},
+        ]
+    },
+    # Listed values less those the sibling pattern rejects.
+    {
+        "oneOf": [
+            {"type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"], "pattern": "^x"}}},
+            {"type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"], "pattern": "^y"}}},
+        ]
+    },
+    # Two required names against maxProperties 1.
+    {"oneOf": [{"type": "object", "required": ["a", "b"]}, {"type": "object", "maxProperties": 1}]},
+    # Objects apart, null in both: split by type, null left out.
+    {
+        "oneOf": [
+            {"type": ["object", "null"], "required": ["a"], "properties": {"a": {"const": 1}}},
+            {"type": ["object", "null"], "required": ["a"], "properties": {"a": {"const": 2}}},
+        ]
+    },
+    # Booleans: true in both, false in the first only; strings only in the first.
+    {"oneOf": [{"type": ["boolean", "string"], "minLength": 2}, {"type": "boolean", "const": True}]},
     {
         "oneOf": [
             {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]},
@@ -239,7 +267,8 @@ CANDIDATES: list[Any] = [
         {"v": 1, "a": {}},
         {"a": {"v": 1.5}},
     ),
-    *("", "a", "ab", "abc", "abcd", -1, 0, 1, 2, 4, 5, 6, 4.5, 5.5, None, True),
+    *("", "a", "ab", "abc", "abcd", -1, 0, 1, 2, 4, 5, 6, 4.5, 5.5, None, True, False),
+    *({"k": "x"}, {"k": "y"}, {"k": "z"}, {"t": "a", "u": 1}, {"a": 2, "b": 3}),
 ]
 
 
@@ -292,15 +321,8 @@ def test_indent_layout_agrees(byte_compiler: GrammarCompiler) -> None:
     [
         # A complement that is still not expressible (an item's format) keeps oneOf unsupported.
         {"type": "array", "oneOf": [{"items": {"format": "email"}}, {"minItems": 1}]},
-        # Two contains (one from the complement of items) have no exact merge.
-        {
-            "oneOf": [
-                {"type": "array", "items": {"type": "integer"}},
-                {"type": "array", "contains": {"const": 1}},
-            ]
-        },
-        # Nine overlapping branches: past the branch bound.
-        {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(9)]},
+        # Seventeen overlapping branches: past the complements' bound and a check's 16 items.
+        {"type": "object", "oneOf": [{"required": [f"k{i}"]} for i in range(17)]},
     ],
 )
 def test_still_refused_with_pointer(schema: Any) -> None:

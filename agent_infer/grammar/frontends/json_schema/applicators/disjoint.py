@@ -4,11 +4,15 @@ A proof lets ``oneOf`` lower to a plain alternation. Each rule below only answer
 no JSON value can satisfy both schemas; anything it cannot decide is "maybe overlapping", and the
 caller then intersects branches with complements instead.
 
-The rules, per pair: disjoint listed values; listed values outside the other's types; no common
-type; and, when the only common type is ``object`` or ``array``, a member that one side requires
-and the other forbids, a member both require with disjoint schemas, disjoint property or item
-counts, or an item position both require with disjoint schemas; for strings, disjoint lengths or
-patterns no string matches together; for numbers, disjoint ranges.
+The rules, per pair: every branch of one side's ``anyOf``/``oneOf`` disjoint from the other side;
+disjoint listed values (each side's ``enum``/``const`` less the values its own type, length, range
+and pattern keywords reject); listed values outside the other's types; no common type (``not``
+of whole types included); and, when the only common type is ``object`` or ``array``, a member
+that one side requires and the other forbids, a member one side requires with disjoint schemas on
+the two sides (declared, or what ``additionalProperties`` gives it), disjoint property or item
+counts (``required`` names count towards ``minProperties``), or an item position both require with
+disjoint schemas; for strings, disjoint lengths or patterns no string matches together; for
+numbers, disjoint ranges.
 """
 
 from __future__ import annotations
@@ -66,8 +70,18 @@ def disjoint(
         return True
     if a is True or b is True or depth > MAX_DEPTH:
         return False
-    ta, tb = type_set(a), type_set(b)
-    va, vb = values(a), values(b)
+    for x, y in ((a, b), (b, a)):
+        # Siblings only narrow a schema's branches: each branch apart from the other side suffices.
+        for key in ("anyOf", "oneOf"):
+            branches = x.get(key)
+            if (
+                isinstance(branches, list)
+                and branches
+                and all(disjoint(flat(br), y, flat, matches, depth + 1, patterns_apart) for br in branches)
+            ):
+                return True
+    ta, tb = _types(a), _types(b)
+    va, vb = _listed(a, matches), _listed(b, matches)
     if va is not None and vb is not None and not ({canon(x) for x in va} & {canon(x) for x in vb}):
         return True
     for vals, types in ((va, tb), (vb, ta)):
@@ -80,7 +94,7 @@ def disjoint(
         return True
     if common == {"object"}:
         return _objects_disjoint(a, b, flat, matches, depth, patterns_apart) or _ranges_disjoint(
-            a, b, "minProperties", "maxProperties"
+            _counted(a), _counted(b), "minProperties", "maxProperties"
         )
     if common == {"array"}:
         return _arrays_disjoint(a, b, flat, matches, depth, patterns_apart) or _ranges_disjoint(
@@ -98,6 +112,75 @@ def disjoint(
 
 def _empty(s: Any) -> bool:
     return isinstance(s, dict) and s.get("type") == []
+
+
+_ALL_TYPES = {"null", "boolean", "object", "array", "string", "number", "integer"}
+
+
+def _types(s: dict[str, Any]) -> set[str] | None:
+    """type_set less the types a folded ``not`` bans (``__not_types``); None when unconstrained."""
+    t = type_set(s)
+    banned = s.get("__not_types")
+    if not isinstance(banned, list) or not banned:
+        return t
+    out = set(_ALL_TYPES if t is None else t)
+    for name in banned:
+        out.discard(name)
+        if name == "number":
+            out.discard("integer")
+    return out
+
+
+def _listed(s: dict[str, Any], matches: Matches | None) -> list[Any] | None:
+    """The listed values (enum/const) that the schema's own type, length, range and pattern
+    keywords leave; None when it lists none. Dropping a value only where a keyword surely
+    rejects it keeps the list a superset of the schema's instances."""
+    vals = values(s)
+    if vals is None:
+        return None
+    types = _types(s)
+    lo, lo_open, hi, hi_open = _interval(s)
+    pats = _patterns(s)
+    min_len, max_len = _count(s, "minLength"), s.get("maxLength")
+
+    def keep(v: Any) -> bool:
+        kind = json_type(v)
+        if types is not None and kind not in types and not (kind == "integer" and "number" in types):
+            return False
+        if isinstance(v, str):
+            if len(v) < min_len or (isinstance(max_len, int) and len(v) > max_len):
+                return False
+            return matches is None or all(matches(p, v) for p in pats)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            x = to_fraction(v)
+            if lo is not None and (x < lo or (lo_open and x == lo)):
+                return False
+            if hi is not None and (x > hi or (hi_open and x == hi)):
+                return False
+        return True
+
+    return [v for v in vals if keep(v)]
+
+
+def _counted(s: dict[str, Any]) -> dict[str, Any]:
+    """``s`` with ``minProperties`` raised to its number of distinct required names."""
+    required = s.get("required")
+    need = len(set(required)) if isinstance(required, list) else 0
+    if need <= _count(s, "minProperties"):
+        return s
+    return {**s, "minProperties": need}
+
+
+def _member(s: dict[str, Any], name: str, flat: Flatten, matches: Matches | None) -> Any | None:
+    """The schema an object valid under ``s`` gives its member ``name``, when one schema says it
+    all (declared, or additional with no pattern matching); None when patterns decide it."""
+    props = s.get("properties", {})
+    if name in props:
+        return flat(props[name])
+    patterns = s.get("patternProperties") or {}
+    if patterns and (matches is None or any(matches(p, name) for p in patterns)):
+        return None
+    return flat(s.get("additionalProperties", True))
 
 
 def _forbids(s: dict[str, Any], name: str, flat: Flatten, matches: Matches | None) -> bool:
@@ -137,14 +220,10 @@ def _objects_disjoint(
     ra, rb = set(a.get("required", ())), set(b.get("required", ()))
     if any(_forbids(b, n, flat, matches) for n in ra) or any(_forbids(a, n, flat, matches) for n in rb):
         return True
-    props_a, props_b = a.get("properties", {}), b.get("properties", {})
-    for name in ra & rb:
-        # Only declared member schemas are compared (others come from pattern or additional ones).
-        if (
-            name in props_a
-            and name in props_b
-            and disjoint(flat(props_a[name]), flat(props_b[name]), flat, matches, depth + 1, patterns_apart)
-        ):
+    # A member one side requires is in every common instance, with both sides' schemas for it.
+    for name in sorted(ra | rb):
+        ma, mb = _member(a, name, flat, matches), _member(b, name, flat, matches)
+        if ma is not None and mb is not None and disjoint(ma, mb, flat, matches, depth + 1, patterns_apart):
             return True
     return False
 

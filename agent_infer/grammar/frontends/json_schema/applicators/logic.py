@@ -10,11 +10,12 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from agent_infer.errors import GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError
-from agent_infer.grammar.frontends.json_schema.applicators.disjoint import disjoint, patterns_oracle
+from agent_infer.errors import InvalidSchemaError
+from agent_infer.grammar.frontends.json_schema.applicators.by_type import one_of_by_type
+from agent_infer.grammar.frontends.json_schema.applicators.checks import not_check
+from agent_infer.grammar.frontends.json_schema.applicators.exclusivity import exclusive_branches
 from agent_infer.grammar.frontends.json_schema.applicators.negate import negate
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, values
-from agent_infer.grammar.frontends.json_schema.values.canon import canon
 from agent_infer.grammar.frontends.json_schema.values.enums import lower_values
 from agent_infer.grammar.frontends.json_schema.values.validation import value_valid
 from agent_infer.grammar.ir import Expr, alt
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
 MAX_DEPENDENCY_TRIGGERS = 3
-MAX_EXCLUSIVE_BRANCHES = 8
 
 
 def apply_not(c: Compiler, flat: dict[str, Any], pointer: str) -> dict[str, Any]:
@@ -43,6 +43,19 @@ def apply_not(c: Compiler, flat: dict[str, Any], pointer: str) -> dict[str, Any]
         return out
     c.unsupported("not", f"{pointer}/not", "this `not` has no expressible complement")
     return out
+
+
+def not_as_check(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) -> Expr | None:
+    """``not`` with no written complement as a check compiled to one automaton (:mod:`.checks`);
+    None where :func:`apply_not` or :func:`rewrite_logic` lowers it, or the check cannot be exact."""
+    if "not" not in flat or flat.get("__conditionals") or any(k.startswith("unevaluated") for k in flat):
+        return None
+    target = c.flatten(flat["not"], f"{pointer}/not")
+    if isinstance(target, bool) or target == {} or banned_types(c, target) is not None:
+        return None
+    # Called where rewrite_logic found no complement for it (the lowering's order).
+    base = {k: v for k, v in flat.items() if k != "not"}
+    return not_check(c, base, target, pointer, depth)
 
 
 def banned_types(c: Compiler, neg: Any) -> list[str] | None:
@@ -132,6 +145,9 @@ def lower_branches(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) 
         if key == "oneOf":
             exclusive = exclusive_branches(c, merged, raw, pointer)
             if exclusive is None:
+                by_type = one_of_by_type(c, merged, raw, pointer, depth)
+                if by_type is not None:
+                    return by_type
                 c.unsupported("oneOf", f"{pointer}/oneOf", "oneOf branches are not provably disjoint")
             elif exclusive is not merged:
                 merged, trivial_base = exclusive, False
@@ -187,96 +203,3 @@ def _finite_one_of(c: Compiler, branches: list[dict[str, Any]], pointer: str, de
         if sum(value_valid(c, b, v, f"{pointer}/oneOf/{i}") for i, b in enumerate(branches)) == 1
     ]
     return lower_values(c, keep, {}, pointer, depth)
-
-
-def exclusive_branches(c: Compiler, branches: list[Any], raw: list[Any], pointer: str) -> list[Any] | None:
-    """oneOf branches made pairwise disjoint: unchanged if provably so, else each branch
-    intersected with the complements of the (sibling-free ``raw``) branches it may overlap.
-    All branches share the siblings, so ``B_i & S & not(B_j & S) == B_i & S & not B_j``.
-    None if some complement is inexpressible."""
-    n = len(branches)
-    # disjoint_pair is symmetric (both directions of the value checks run inside): each unordered
-    # pair once, which halves the pairwise checks of a wide oneOf (o360: 19 branches).
-    overlaps: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1, n):
-            if not disjoint_pair(c, branches[i], branches[j]):
-                overlaps[i].append(j)
-                overlaps[j].append(i)  # rows stay ascending: j's row already holds only indices < i
-    if not any(overlaps):
-        return branches
-    if sum(1 for row in overlaps if row) > MAX_EXCLUSIVE_BRANCHES or any(
-        isinstance(b, dict) and any(k.startswith("unevaluated") for k in b) for b in branches
-    ):
-        return None
-    negs: dict[int, Any] = {}
-    for j in {j for row in overlaps for j in row}:
-        neg = negate(c, raw[j], f"{pointer}/oneOf/{j}")
-        if neg is None:
-            return None
-        negs[j] = neg
-    out = []
-    for i, b in enumerate(branches):
-        for j in overlaps[i]:
-            b = c.merge(b, c.flatten(negs[j], pointer), pointer)
-        out.append(b)
-    return out
-
-
-def finite_superset(schema: Any, depth: int = 0) -> list[Any] | None:
-    """Values that include every value ``schema`` accepts, when finitely many: its enum/const, or
-    the union over a oneOf/anyOf whose branches all have one (siblings only narrow it); else None."""
-    if not isinstance(schema, dict) or depth > 8:
-        return None
-    own = values(schema)
-    if own is not None:
-        return own
-    for key in ("oneOf", "anyOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list) and branches:
-            out: list[Any] = []
-            for b in branches:
-                part = finite_superset(b, depth + 1)
-                if part is None:
-                    return None
-                out.extend(part)
-            return out
-    return None
-
-
-def disjoint_pair(c: Compiler, a: Any, b: Any) -> bool:
-    return pairwise_disjoint(c, [a, b])
-
-
-def pairwise_disjoint(c: Compiler, branches: list[Any]) -> bool:
-    def flat_prop(s: Any) -> Any:
-        return c.flatten(s, "")
-
-    def values_outside(a: Any, b: Any) -> bool:
-        # A finite branch is disjoint from another if the other's grammar (a superset when
-        # compiled non-strictly) rejects every listed value.
-        vals = finite_superset(a)
-        if vals is None:
-            return False
-        others = finite_superset(b)
-        if others is not None:
-            # b accepts nothing outside this set: only the shared values need its grammar, run as
-            # a recognizer per value (~1 ms each); a oneOf of string enums needs none.
-            listed = {canon(x) for x in others}
-            vals = [v for v in vals if canon(v) in listed]
-            if not vals:
-                return True
-        if len(vals) > 64:
-            return False
-        try:
-            accepts = c.value_matcher(b, "", strict=False)
-            return not any(accepts(v) for v in vals)
-        except (GrammarLimitError, InvalidSchemaError, UnsupportedSchemaError):
-            return False
-
-    apart = patterns_oracle(lambda p: c.pattern_dfa(p, ""))
-    return all(
-        disjoint(a, b, flat_prop, c.matches, 0, apart) or values_outside(a, b) or values_outside(b, a)
-        for i, a in enumerate(branches)
-        for b in branches[i + 1 :]
-    )

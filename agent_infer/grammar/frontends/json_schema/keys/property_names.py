@@ -10,7 +10,7 @@ from agent_infer.grammar.automata import DFA, dfa_intersect, dfa_length, expr_to
 from agent_infer.grammar.frontends.json_schema.keywords import KNOWN, is_annotation, type_set
 from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_to_rules
 from agent_infer.grammar.frontends.json_schema.types.bounds import count
-from agent_infer.grammar.frontends.json_schema.types.formats import FORMATS, SPEC_FORMATS
+from agent_infer.grammar.frontends.json_schema.types.formats import FORMAT_MAX_LENGTH, FORMATS, SPEC_FORMATS
 from agent_infer.grammar.frontends.json_schema.types.string_encoding import encode_literal
 from agent_infer.grammar.ir import Expr, Literal, Ref, lit, seq, star
 
@@ -41,6 +41,15 @@ def key_language(c: Compiler, pn: Any, pointer: str) -> DFA | bool:
             dfas.append(names_dfa([x for x in (v if key == "enum" else [v]) if isinstance(x, str)]))
         elif key == "format" and v in FORMATS:
             dfas.append(expr_to_dfa(FORMATS[v]()))
+            hi = count(flat, "maxLength", pointer)
+            if v in FORMAT_MAX_LENGTH and (hi is None or hi > FORMAT_MAX_LENGTH[v]):
+                # The format's total length (left out of its expression) would multiply the key
+                # automaton's states past the string automaton limit.
+                c.unsupported(
+                    "propertyNames",
+                    f"{pointer}/format",
+                    f"format {v!r} in propertyNames without a maxLength of at most {FORMAT_MAX_LENGTH[v]}",
+                )
         elif key == "format" and isinstance(v, str) and v not in SPEC_FORMATS:
             c.unknown_format(v, f"{pointer}/format")
         elif key not in KNOWN and not key.startswith("__"):

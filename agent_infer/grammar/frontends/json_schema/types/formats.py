@@ -2,8 +2,8 @@
 
 Formats are treated as assertions (see docs/json_schema.md). Dates are exact per RFC 3339,
 including month lengths and Gregorian leap years; a leap second (``:60``) is accepted only at
-23:59 UTC written with ``Z`` or a zero offset. ``hostname`` checks label syntax and label lengths
-but not the 253-character total; ``uri``/``uri-reference`` check RFC 3986 character classes and
+23:59 UTC written with ``Z`` or a zero offset. ``hostname`` checks label syntax, label lengths and
+the 253-character total, and refuses A-labels (``xn--``); ``uri``/``uri-reference`` check RFC 3986 character classes and
 the scheme, not every production. A format's expression, JSON encoding and automaton are built
 once per process (:func:`format_expr`, :func:`encoded_format`, :func:`format_dfa`).
 """
@@ -116,9 +116,21 @@ def ipv6() -> Expr:
     )
 
 
+def _ldh_label() -> Expr:
+    """1-63 letters, digits and inner hyphens (RFC 1123)."""
+    return seq(ALNUM, opt(seq(Repeat(chars("a-zA-Z0-9-"), 0, 61), ALNUM)))
+
+
 def hostname() -> Expr:
-    """Dot-separated labels of 1-63 letters, digits and inner hyphens."""
-    label = seq(ALNUM, opt(seq(Repeat(chars("a-zA-Z0-9-"), 0, 61), ALNUM)))
+    """Dot-separated labels of 1-63 letters, digits and inner hyphens, none with ``--`` in its
+    third and fourth characters: RFC 5891 reserves those for A-labels (``xn--``), whose Punycode
+    and IDNA rules no grammar decides, so they are refused rather than let through unchecked.
+    The 253-character total is :data:`FORMAT_MAX_LENGTH`'s, counted like a ``maxLength``."""
+    ldh = chars("a-zA-Z0-9-")
+    short = seq(ALNUM, opt(seq(Repeat(ldh, 0, 2), ALNUM)))  # 1-4 characters: no room for ``??--``
+    third_fourth = alt(seq(ALNUM, ldh), seq(lit("-"), ALNUM))
+    long = seq(ALNUM, ldh, third_fourth, Repeat(ldh, 0, 58), ALNUM)  # 5-63 characters
+    label = alt(short, long)
     return seq(label, star(seq(lit("."), label)))
 
 
@@ -128,7 +140,11 @@ def email() -> Expr:
     dot_atom = seq(plus(atext), star(seq(lit("."), plus(atext))))
     qtext = chars(" !#-[]-~")
     quoted = seq(lit('"'), star(alt(qtext, seq(lit("\\"), chars(" -~")))), lit('"'))
-    domain = alt(hostname(), seq(lit("["), ipv4(), lit("]")), seq(lit("[IPv6:"), ipv6(), lit("]")))
+    domain = alt(
+        seq(_ldh_label(), star(seq(lit("."), _ldh_label()))),
+        seq(lit("["), ipv4(), lit("]")),
+        seq(lit("[IPv6:"), ipv6(), lit("]")),
+    )
     return seq(alt(dot_atom, quoted), lit("@"), domain)
 
 
@@ -196,6 +212,11 @@ FORMATS: dict[str, Callable[[], Expr]] = {
     "uri": uri,
     "uri-reference": uri_reference,
 }
+
+
+# Formats whose text has a length bound the expression leaves out (a product with the label
+# structure would multiply its states): applied as a ``maxLength`` (types/strings.py).
+FORMAT_MAX_LENGTH: dict[str, int] = {"hostname": 253}
 
 
 # Extra formats that are cheap to state exactly.

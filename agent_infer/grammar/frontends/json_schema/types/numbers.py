@@ -126,7 +126,8 @@ def _integer_multiples(
     positive = alt(*(seq(lit(str(d)), Ref(f"{prefix}{d % n}")) for d in range(1, 10)))
     zero = lit("0")
     if lo is not None:
-        body = positive if lo_strict else alt(zero, positive)
+        # -0 is 0, as every other number grammar reads it.
+        body = positive if lo_strict else alt(zero, lit("-0"), positive)
     elif hi is not None:
         body = alt(seq(lit("-"), positive), *(() if hi_strict else (zero, lit("-0"))))
     else:

@@ -53,6 +53,12 @@ from agent_infer.grammar.ir import Alt, Expr, Ref, alt, lit, seq
 if TYPE_CHECKING:
     from agent_infer.grammar.frontends.json_schema.compiler import Compiler
 
+# Internal keyword: the object takes its declared order only (no required-first order). The items
+# of a check are aligned to one member order (applicators/alignment.py), and a second order that
+# only some items take (it depends on their ``required``) would let one item read a text another
+# rejects for its order alone.
+ONE_ORDER_KEY = "__one_order"
+
 MAX_PERMUTED = 3
 # Complements of additionalProperties one object must meet at once (2^n states per position).
 MAX_NEEDS = 3
@@ -125,7 +131,7 @@ def lower_object(c: Compiler, flat: dict[str, Any], pointer: str, depth: int) ->
         return c.container("{", "}", alt(*(b for b in bodies if b is not None)), False, depth)
     if lo == 0 and hi is None:
         body, nullable = member_list(c, members, extra, depth)
-        order = required_first(kept, required)
+        order = None if flat.get(ONE_ORDER_KEY) else required_first(kept, required)
         if order is not None and body is not None:
             # Writers often follow ``required`` rather than ``properties``: that order is taken too.
             again, _ = member_list(c, [members[i] for i in order], extra, depth)

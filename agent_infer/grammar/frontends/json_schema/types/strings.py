@@ -24,6 +24,7 @@ from agent_infer.grammar.frontends.json_schema.types.automaton_rules import dfa_
 from agent_infer.grammar.frontends.json_schema.types.bounds import count
 from agent_infer.grammar.frontends.json_schema.types.format_prefixes import literal_prefixes, prefixed_format
 from agent_infer.grammar.frontends.json_schema.types.formats import (
+    FORMAT_MAX_LENGTH,
     SPEC_FORMATS,
     encoded_format,
     format_dfa,
@@ -196,6 +197,11 @@ def _encode_counted(c: Compiler, expr: Expr) -> Expr:
 
 def lower_string(c: Compiler, flat: dict[str, Any], pointer: str) -> Expr:
     """A JSON string under minLength/maxLength/pattern/format."""
+    implied = FORMAT_MAX_LENGTH.get(flat.get("format"))  # type: ignore[arg-type]
+    if implied is not None:
+        hi = count(flat, "maxLength", pointer)
+        if hi is None or hi > implied:
+            flat = {**flat, "maxLength": implied}
     try:
         body = string_body(c, flat, pointer)
     except GrammarLimitError:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_infer.grammar.automata import DFA
 from agent_infer.grammar.automata.queries import live_states
-from agent_infer.grammar.frontends.json_schema.applicators.logic import pairwise_disjoint
+from agent_infer.grammar.frontends.json_schema.applicators.exclusivity import pairwise_disjoint
 from agent_infer.grammar.frontends.json_schema.keywords import is_annotation, type_set, values
 from agent_infer.grammar.frontends.json_schema.types.formats import is_unknown_format
 from agent_infer.grammar.frontends.json_schema.types.members import required_first

@@ -24,6 +24,7 @@ _LOGIC = (
     "not",
     "anyOf",
     "oneOf",
+    "__all_of",
     "__conditionals",
     "uniqueItems",
     "dependentRequired",
@@ -57,6 +58,8 @@ def value_valid(c: Compiler, schema: Any, v: Any, pointer: str, depth: int = 0) 
     if "not" in flat and sub(flat["not"], "not"):
         return False
     if "anyOf" in flat and not any(sub(b, f"anyOf/{i}") for i, b in enumerate(flat["anyOf"])):
+        return False
+    if not all(sub(part, "allOf") for part in flat.get("__all_of", [])):
         return False
     for one_of in [flat["oneOf"]] if "oneOf" in flat else []:
         if sum(sub(b, f"oneOf/{i}") for i, b in enumerate(one_of)) != 1:
