@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,8 +81,15 @@ class GrammarManager:
         *,
         num_workers: int = 2,
         overlap: bool = False,
+        text_special_tokens: Sequence[str] = (),
     ) -> None:
+        """``text_special_tokens``: added tokens that stand for their own text in masks (the model's
+        tool-call delimiters), so a grammar literal spelling one allows the single token the model
+        was trained to write; those missing from the vocabulary are left out."""
         self._tokenizer = tokenizer
+        self._text_special = tuple(
+            t for t in text_special_tokens if tokenizer.hf_tokenizer.token_to_id(t) is not None
+        )
         self._vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
@@ -106,7 +113,10 @@ class GrammarManager:
                 from agent_infer.grammar.compile.tokenizer_info import TokenizerInfo
 
                 info = TokenizerInfo.from_tokenizer(
-                    self._tokenizer.hf_tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos
+                    self._tokenizer.hf_tokenizer,
+                    vocab_size=self._vocab_size,
+                    eos_token_ids=self._eos,
+                    text_special_tokens=self._text_special,
                 )
                 self._compiler = GrammarCompiler(info)
             return self._compiler

@@ -30,6 +30,7 @@ from agent_infer.model.families.deepseek_v3 import DeepseekV3ForCausalLM
 from agent_infer.model.families.deepseek_v4 import DeepseekV4ForCausalLM
 from agent_infer.model.loader import LoadedModel, load_model
 from agent_infer.sampling_params import SamplingParams
+from agent_infer.tool_formats import detect_format
 
 #: A prompt is text, token ids, or a chat conversation (``[{"role": ..., "content": ...}, ...]``).
 Prompt = str | list[int] | list[dict[str, Any]]
@@ -89,6 +90,8 @@ class LLMEngine:
             self.eos_token_ids,
             num_workers=self.config.grammar_workers,
             overlap=self.config.use_async_scheduling,
+            # The chat template's tool-call markers: a real model writes each as one token.
+            text_special_tokens=detect_format(self.tokenizer.chat_template).delimiters,
         )
         boundary = self.config.forced_tokens and self.config.boundary_drafts
         guessed = self.config.speculative_tokens if self.speculative_source != "off" else 0

@@ -289,3 +289,28 @@ def test_server_serves_json_schema_and_tools(loaded: LoadedModel) -> None:
         calls = reply.choices[0].message.tool_calls or []
         assert calls and calls[0].function.name == "get_weather"
         jsonschema.validate(json.loads(calls[0].function.arguments), get_weather.parameters)
+
+
+def test_tool_markers_are_single_tokens_and_a_forced_call_closes(client: Client, loaded: LoadedModel) -> None:
+    """The chat template's tool-call markers stand for their text in masks, as the model writes them
+    (one id each), so a forced call that runs into ``max_tokens`` closes with them: spelled piecewise
+    the markers have no canonical tokenization and the call could not be closed."""
+    from agent_infer.engine.config import EngineConfig
+    from agent_infer.engine.llm_engine import LLMEngine
+    from agent_infer.tool_formats.deepseek import CALL_BEGIN, CALLS_BEGIN
+
+    engine = LLMEngine(config=EngineConfig(kv_cache_memory_bytes=16 * 1024 * 1024), loaded=loaded)
+    info = engine.grammar.compiler.tokenizer_info
+    for marker in (CALLS_BEGIN, CALL_BEGIN):
+        token = loaded.tokenizer.hf_tokenizer.token_to_id(marker)
+        assert token is not None and info.token_bytes(token) == marker.encode()
+    message = client.chat(
+        [{"role": "user", "content": "Add 2 and 3."}],
+        tools=[add],
+        tool_choice={"name": "add"},
+        max_tokens=40,
+        close_on_length=True,
+    )
+    calls = message.get("tool_calls") or []
+    assert [c["function"]["name"] for c in calls] == ["add"]
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), add.parameters)
