@@ -13,7 +13,8 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
+from collections.abc import Sequence as Seq
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,7 +82,7 @@ class GrammarManager:
         *,
         num_workers: int = 2,
         overlap: bool = False,
-        text_special_tokens: Sequence[str] = (),
+        text_special_tokens: Seq[str] = (),
     ) -> None:
         """``text_special_tokens``: added tokens that stand for their own text in masks (the model's
         tool-call delimiters), so a grammar literal spelling one allows the single token the model
