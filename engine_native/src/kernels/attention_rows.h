@@ -63,6 +63,35 @@ struct Args {
   bool simd;
 };
 
+// The sum of x's 16 lanes by a fixed tree: halves of 8, then 4, then 2, then 1 (the pairing of GCC's
+// _mm512_reduce_add_ps, written out so that it does not depend on the compiler).
+__attribute__((target("avx512f"))) inline float hsum_avx512(__m512 x) {
+  const __m256 t3 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  const __m128 t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_add_ss(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(1, 1, 1, 1))));
+}
+
+// Lane k of the result is hsum_avx512(x[k]), bit for bit: the same pairs added at every level, for
+// 16 vectors at once (two shuffles and one add per pair of vectors per level).
+__attribute__((target("avx512f"))) inline __m512 hsum16_avx512(const __m512 (&x)[16]) {
+  __m512 l1[8], l2[4], l3[2];
+  for (int m = 0; m < 8; ++m)  // lanes i and i+8: [x0 | x1] halves of 8
+    l1[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // then i and i+4: quarter r holds vector 4m + r
+    l2[m] = _mm512_add_ps(_mm512_shuffle_f32x4(l1[2 * m], l1[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(l1[2 * m], l1[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // then i and i+2
+    l3[m] = _mm512_add_ps(_mm512_shuffle_ps(l2[2 * m], l2[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(l2[2 * m], l2[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // then i and i+1; element 4r + c now holds vector r + 4c
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, r);
+}
+
 // s[j] = exp(s[j] - max) for j < n, 16 positions at a time; returns 1 / sum.
 __attribute__((target("avx512f"))) inline float softmax_avx512(float* s, size_t n) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -82,66 +111,88 @@ __attribute__((target("avx512f"))) inline float softmax_avx512(float* s, size_t 
     _mm512_mask_storeu_ps(s + j, tail, e);
     sum = _mm512_add_ps(sum, e);
   }
-  return 1.0f / _mm512_reduce_add_ps(sum);
+  return 1.0f / hsum_avx512(sum);
 }
 
-// The AVX-512 path for head dims of 16*NV, T rows at once: entries first .. first+T-1 of the batch,
-// row t attending to the first c0 + t positions of the last entry's table. Each head's T queries and
-// output accumulators stay in registers (T * NV <= 16); T = 1 is decode.
+// o[t] += s_t[j] * v_j over positions j ascending for the T rows from r of a tile (row t sees the
+// first c0 + t positions), accumulators in registers (T * NV <= 16), then out = o * inv.
 template <int NV, int T>
-__attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t first, size_t g,
+__attribute__((target("avx512f"))) void weigh_values_avx512(const Args& a, size_t first, size_t r, size_t g,
+                                                           size_t h, const float* s, size_t pitch, const float* inv) {
+  const size_t group = a.heads / a.kv_heads;
+  const size_t c0 = static_cast<size_t>(a.ctx[first]) + r;  // the first of these rows' context
+  const size_t ctx = c0 + T - 1;
+  const int64_t* table = a.tables + (first + r + T - 1) * a.max_blocks;
+  const size_t stride = a.kv_heads * a.dim;
+  __m512 o[T][NV];
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < NV; ++i) o[t][i] = _mm512_setzero_ps();
+  for (size_t b = 0; b * a.block_size < ctx; ++b) {
+    const float* vb = a.v + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
+    const size_t end = std::min(ctx, (b + 1) * a.block_size);
+    for (size_t j = b * a.block_size; j < end; ++j) {
+      const float* vp = vb + (j - b * a.block_size) * stride;
+      __m512 vv[NV];
+      for (int i = 0; i < NV; ++i) vv[i] = _mm512_loadu_ps(vp + 16 * i);
+      for (int t = 0; t < T; ++t) {
+        if (j >= c0 + t) continue;  // only the last T - 1 positions are outside some rows
+        const __m512 p = _mm512_set1_ps(s[(r + t) * pitch + j]);
+        for (int i = 0; i < NV; ++i) o[t][i] = _mm512_fmadd_ps(p, vv[i], o[t][i]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float* out = a.out + (static_cast<size_t>(a.rows[first + r + t]) * a.heads + g * group + h) * a.dim;
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(o[t][i], _mm512_set1_ps(inv[r + t])));
+  }
+}
+
+// The AVX-512 path for head dims of 16*NV: n rows (entries first .. first+n-1, row t seeing the
+// first c0 + t positions of the last entry's table; n = 1 is decode). Scores go 16 positions at a
+// time: the 16 keys stay in L1 while every row of the tile takes its dot products with them and
+// reduces all 16 with one transposed tree. Per row the operations and their order depend only on
+// that row's context length.
+template <int NV>
+__attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t first, size_t n, size_t g,
                                                      std::vector<float>& scores) {
+  constexpr int T = 16 / NV;
   const size_t group = a.heads / a.kv_heads;
   const size_t c0 = static_cast<size_t>(a.ctx[first]);
-  const size_t ctx = c0 + T - 1;  // the last row's context: every row's keys are a prefix of it
-  const int64_t* table = a.tables + (first + T - 1) * a.max_blocks;
+  const size_t ctx = c0 + n - 1;
+  const size_t pitch = (ctx + 15) / 16 * 16;
+  const int64_t* table = a.tables + (first + n - 1) * a.max_blocks;
   const size_t stride = a.kv_heads * a.dim;
-  scores.resize(T * ctx);
+  scores.resize(n * pitch + n + n * NV * 16);
+  float* s = scores.data();
+  float* inv = s + n * pitch;
+  float* qs = inv + n;  // the tile's queries for one head, scaled
   for (size_t h = 0; h < group; ++h) {
-    __m512 q[T][NV];
-    for (int t = 0; t < T; ++t) {
+    for (size_t t = 0; t < n; ++t) {
       const float* qp = a.q + (static_cast<size_t>(a.rows[first + t]) * a.heads + g * group + h) * a.dim;
-      for (int i = 0; i < NV; ++i) q[t][i] = _mm512_mul_ps(_mm512_loadu_ps(qp + 16 * i), _mm512_set1_ps(a.scale));
+      for (int i = 0; i < NV; ++i)
+        _mm512_storeu_ps(qs + t * NV * 16 + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(qp + 16 * i), _mm512_set1_ps(a.scale)));
     }
-    float* s = scores.data();
-    for (size_t b = 0; b * a.block_size < ctx; ++b) {
-      const float* kb = a.k + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
-      const size_t end = std::min(ctx, (b + 1) * a.block_size);
-      for (size_t j = b * a.block_size; j < end; ++j) {
-        const float* kp = kb + (j - b * a.block_size) * stride;
-        __m512 kv[NV];
-        for (int i = 0; i < NV; ++i) kv[i] = _mm512_loadu_ps(kp + 16 * i);
-        for (int t = 0; t < T; ++t) {
-          if (j >= c0 + t) continue;  // only the last T - 1 positions are outside some rows
-          __m512 acc = _mm512_mul_ps(q[t][0], kv[0]);
-          for (int i = 1; i < NV; ++i) acc = _mm512_fmadd_ps(q[t][i], kv[i], acc);
-          s[t * ctx + j] = _mm512_reduce_add_ps(acc);
+    for (size_t j0 = 0; j0 < ctx; j0 += 16) {
+      const float* kp[16];
+      for (size_t k = 0; k < 16; ++k) {
+        const size_t j = j0 + k < ctx ? j0 + k : 0;  // lanes past the context read key 0, then are dropped
+        kp[k] = a.k + (static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size) * stride + g * a.dim;
+      }
+      for (size_t t = 0; t < n; ++t) {
+        if (j0 >= c0 + t) continue;
+        const float* q = qs + t * NV * 16;
+        __m512 acc[16];
+        for (int k = 0; k < 16; ++k) {
+          acc[k] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kp[k]));
+          for (int i = 1; i < NV; ++i) acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), _mm512_loadu_ps(kp[k] + 16 * i), acc[k]);
         }
+        _mm512_storeu_ps(s + t * pitch + j0, hsum16_avx512(acc));
       }
     }
-    float inv[T];
-    for (int t = 0; t < T; ++t) inv[t] = softmax_avx512(s + t * ctx, c0 + t);
-    __m512 o[T][NV];
-    for (int t = 0; t < T; ++t)
-      for (int i = 0; i < NV; ++i) o[t][i] = _mm512_setzero_ps();
-    for (size_t b = 0; b * a.block_size < ctx; ++b) {
-      const float* vb = a.v + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
-      const size_t end = std::min(ctx, (b + 1) * a.block_size);
-      for (size_t j = b * a.block_size; j < end; ++j) {
-        const float* vp = vb + (j - b * a.block_size) * stride;
-        __m512 vv[NV];
-        for (int i = 0; i < NV; ++i) vv[i] = _mm512_loadu_ps(vp + 16 * i);
-        for (int t = 0; t < T; ++t) {
-          if (j >= c0 + t) continue;
-          const __m512 p = _mm512_set1_ps(s[t * ctx + j]);
-          for (int i = 0; i < NV; ++i) o[t][i] = _mm512_fmadd_ps(p, vv[i], o[t][i]);
-        }
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      float* out = a.out + (static_cast<size_t>(a.rows[first + t]) * a.heads + g * group + h) * a.dim;
-      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(o[t][i], _mm512_set1_ps(inv[t])));
-    }
+    for (size_t t = 0; t < n; ++t) inv[t] = softmax_avx512(s + t * pitch, c0 + t);
+    size_t r = 0;
+    for (; r + T <= n; r += T) weigh_values_avx512<NV, T>(a, first, r, g, h, s, pitch, inv);
+    for (; r < n; ++r) weigh_values_avx512<NV, 1>(a, first, r, g, h, s, pitch, inv);
   }
 }
 
@@ -205,22 +256,14 @@ void attend_rows(const Args& a, size_t first, size_t n, size_t g, std::vector<fl
     }
 }
 
-// T rows at a time through the register-tiled form, what is left one by one (the same bits).
-template <int NV, int T>
-void attend_tile_avx512(const Args& a, size_t first, size_t n, size_t g, std::vector<float>& scores) {
-  size_t r = 0;
-  for (; r + T <= n; r += T) attend_avx512<NV, T>(a, first + r, g, scores);
-  for (; r < n; ++r) attend_avx512<NV, 1>(a, first + r, g, scores);
-}
-
 // Entries first .. first+n-1 of the batch: consecutive query rows of one sequence sharing a block
 // table, with context lengths c0, c0 + 1, ... (n = 1 for a decode row).
 void attend_tile(const Args& a, size_t first, size_t n, size_t g, std::vector<float>& scores) {
   if (a.simd) {
     switch (a.dim / 16) {
-      case 2: return attend_tile_avx512<2, 8>(a, first, n, g, scores);
-      case 4: return attend_tile_avx512<4, 4>(a, first, n, g, scores);
-      case 8: return attend_tile_avx512<8, 2>(a, first, n, g, scores);
+      case 2: return attend_avx512<2>(a, first, n, g, scores);
+      case 4: return attend_avx512<4>(a, first, n, g, scores);
+      case 8: return attend_avx512<8>(a, first, n, g, scores);
       default: break;
     }
   }
