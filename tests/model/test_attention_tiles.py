@@ -49,7 +49,9 @@ def _run(
     ctx: torch.Tensor, block_size: int, order: torch.Tensor, threads: int,
 ) -> torch.Tensor:  # fmt: skip
     out = torch.full((q.shape[0], q.shape[1] * q.shape[2]), float("nan"))
-    batch = native_ops.decode_batch(rows[order], tables[order], ctx[order], block_size, q.shape[0], k.shape[0])
+    batch = native_ops.decode_batch(
+        rows[order], tables[order], ctx[order], block_size, q.shape[0], k.shape[0]
+    )
     batch.run(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), q.shape[1], k.shape[1], q.shape[2],
         q.shape[2] ** -0.5, threads,
@@ -70,7 +72,9 @@ def test_tiles_equal_single_rows(heads: int, kv_heads: int, dim: int, block_size
     assert not single.isnan().any()
     for threads in (1, 2):
         tiled = _run(q, k, v, rows, tables, ctx, block_size, forward, threads)
-        assert torch.equal(tiled, single), f"threads={threads} max diff {(tiled - single).abs().max().item():.3g}"
+        assert torch.equal(tiled, single), (
+            f"threads={threads} max diff {(tiled - single).abs().max().item():.3g}"
+        )
     # a tile cut anywhere (here: every row split from its predecessor at odd places) changes nothing
     shuffled = torch.cat([forward[::3], forward[1::3], forward[2::3]])
     assert torch.equal(_run(q, k, v, rows, tables, ctx, block_size, shuffled, 2), single)
