@@ -114,6 +114,48 @@ __attribute__((target("avx512f"))) inline float softmax_avx512(float* s, size_t 
   return 1.0f / hsum_avx512(sum);
 }
 
+// One query row (entry e) for head dims of 16*NV: the query and output accumulator in registers, one
+// hsum_avx512 per position. Decode steps take this form; chunks of more rows the tiled one below,
+// which gives the same bits and is faster from three rows up.
+template <int NV>
+__attribute__((target("avx512f"))) void attend_row_avx512(const Args& a, size_t e, size_t g, std::vector<float>& scores) {
+  const size_t group = a.heads / a.kv_heads;
+  const size_t ctx = static_cast<size_t>(a.ctx[e]);
+  const int64_t* table = a.tables + e * a.max_blocks;
+  const size_t stride = a.kv_heads * a.dim;
+  scores.resize(ctx);
+  float* s = scores.data();
+  for (size_t h = 0; h < group; ++h) {
+    const float* qp = a.q + (static_cast<size_t>(a.rows[e]) * a.heads + g * group + h) * a.dim;
+    __m512 q[NV];
+    for (int i = 0; i < NV; ++i) q[i] = _mm512_mul_ps(_mm512_loadu_ps(qp + 16 * i), _mm512_set1_ps(a.scale));
+    for (size_t b = 0; b * a.block_size < ctx; ++b) {
+      const float* kb = a.k + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
+      const size_t end = std::min(ctx, (b + 1) * a.block_size);
+      for (size_t j = b * a.block_size; j < end; ++j) {
+        const float* kp = kb + (j - b * a.block_size) * stride;
+        __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp));
+        for (int i = 1; i < NV; ++i) acc = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(kp + 16 * i), acc);
+        s[j] = hsum_avx512(acc);
+      }
+    }
+    const float inv = softmax_avx512(s, ctx);
+    __m512 o[NV];
+    for (int i = 0; i < NV; ++i) o[i] = _mm512_setzero_ps();
+    for (size_t b = 0; b * a.block_size < ctx; ++b) {
+      const float* vb = a.v + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
+      const size_t end = std::min(ctx, (b + 1) * a.block_size);
+      for (size_t j = b * a.block_size; j < end; ++j) {
+        const float* vp = vb + (j - b * a.block_size) * stride;
+        const __m512 p = _mm512_set1_ps(s[j]);
+        for (int i = 0; i < NV; ++i) o[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vp + 16 * i), o[i]);
+      }
+    }
+    float* out = a.out + (static_cast<size_t>(a.rows[e]) * a.heads + g * group + h) * a.dim;
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(o[i], _mm512_set1_ps(inv)));
+  }
+}
+
 // o[t] += s_t[j] * v_j over positions j ascending for the T rows from r of a tile (row t sees the
 // first c0 + t positions), accumulators in registers (T * NV <= 16), then out = o * inv.
 template <int NV, int T>
@@ -148,7 +190,7 @@ __attribute__((target("avx512f"))) void weigh_values_avx512(const Args& a, size_
 }
 
 // The AVX-512 path for head dims of 16*NV: n rows (entries first .. first+n-1, row t seeing the
-// first c0 + t positions of the last entry's table; n = 1 is decode). Scores go 16 positions at a
+// first c0 + t positions of the last entry's table). Scores go 16 positions at a
 // time: the 16 keys stay in L1 while every row of the tile takes its dot products with them and
 // reduces all 16 with one transposed tree. Per row the operations and their order depend only on
 // that row's context length.
@@ -156,6 +198,10 @@ template <int NV>
 __attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t first, size_t n, size_t g,
                                                      std::vector<float>& scores) {
   constexpr int T = 16 / NV;
+  if (n < 3) {
+    for (size_t r = 0; r < n; ++r) attend_row_avx512<NV>(a, first + r, g, scores);
+    return;
+  }
   const size_t group = a.heads / a.kv_heads;
   const size_t c0 = static_cast<size_t>(a.ctx[first]);
   const size_t ctx = c0 + n - 1;
@@ -172,19 +218,26 @@ __attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t firs
       for (int i = 0; i < NV; ++i)
         _mm512_storeu_ps(qs + t * NV * 16 + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(qp + 16 * i), _mm512_set1_ps(a.scale)));
     }
+    const float* key0 = a.k + static_cast<size_t>(table[0]) * a.block_size * stride + g * a.dim;
+    size_t b = 0, off = 0;  // block and offset of position j0 + k, stepped without dividing
     for (size_t j0 = 0; j0 < ctx; j0 += 16) {
       const float* kp[16];
       for (size_t k = 0; k < 16; ++k) {
-        const size_t j = j0 + k < ctx ? j0 + k : 0;  // lanes past the context read key 0, then are dropped
-        kp[k] = a.k + (static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size) * stride + g * a.dim;
+        // lanes past the context read key 0, then are dropped
+        kp[k] = j0 + k < ctx ? a.k + (static_cast<size_t>(table[b]) * a.block_size + off) * stride + g * a.dim : key0;
+        if (++off == a.block_size) {
+          off = 0;
+          ++b;
+        }
       }
       for (size_t t = 0; t < n; ++t) {
         if (j0 >= c0 + t) continue;
-        const float* q = qs + t * NV * 16;
+        __m512 q[NV];
+        for (int i = 0; i < NV; ++i) q[i] = _mm512_loadu_ps(qs + t * NV * 16 + 16 * i);
         __m512 acc[16];
         for (int k = 0; k < 16; ++k) {
-          acc[k] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kp[k]));
-          for (int i = 1; i < NV; ++i) acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), _mm512_loadu_ps(kp[k] + 16 * i), acc[k]);
+          acc[k] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp[k]));
+          for (int i = 1; i < NV; ++i) acc[k] = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(kp[k] + 16 * i), acc[k]);
         }
         _mm512_storeu_ps(s + t * pitch + j0, hsum16_avx512(acc));
       }
