@@ -130,3 +130,27 @@ def test_chunks_cut_anywhere_give_the_same_bits(window: int | None) -> None:
     assert torch.equal(_attend(native, q, k, v, [20, 21, 60, n], window), whole)
     assert torch.equal(_attend(native, q, k, v, list(range(1, n + 1)), window), whole)
     torch.testing.assert_close(_attend(PagedAttention(), q, k, v, [n], window), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_tables_equal_a_table_per_row() -> None:
+    """Rows naming their chunk's one table (``table_rows``) give the bits of a table copy per row;
+    an index outside the tables or of the wrong length is refused with a typed error."""
+    chunks, bs = [(30, 5), (1, 9), (12, 0)], 4
+    q, k, v, rows, tables, ctx = _chunk_case(chunks, 6, 2, 64, bs, seed=11)
+    per_row = _run(q, k, v, rows, tables, ctx, bs, torch.arange(len(rows)), 2)
+    firsts = torch.tensor([0, 30, 31])
+    table_rows = torch.repeat_interleave(torch.arange(3), torch.tensor([n for n, _ in chunks]))
+    shared = native_ops.decode_batch(
+        rows, tables[firsts].contiguous(), ctx, bs, q.shape[0], k.shape[0], table_rows
+    )
+    out = torch.full_like(per_row, float("nan"))
+    shared.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 6, 2, 64, 64**-0.5, 2)
+    assert torch.equal(out, per_row)
+    with pytest.raises(IndexError, match="table_rows"):
+        native_ops.decode_batch(
+            rows, tables[firsts].contiguous(), ctx, bs, q.shape[0], k.shape[0], table_rows + 1
+        )
+    with pytest.raises(ValueError, match="table_rows"):
+        native_ops.decode_batch(
+            rows, tables[firsts].contiguous(), ctx, bs, q.shape[0], k.shape[0], table_rows[1:]
+        )

@@ -54,15 +54,17 @@ class _SeqPlan:
 
 @dataclass
 class _DecodePlan:
-    """Single-token sequences handled by one native kernel call per layer (CPU float32 only)."""
+    """Query rows handled by one native kernel call per layer (CPU float32 only)."""
 
     rows: torch.Tensor  # int64 [B]: each sequence's query row
-    tables: torch.Tensor  # int64 [B, max_blocks]
+    tables: torch.Tensor  # int64 [B, max_blocks], or [chunks, max_blocks] with table_rows
     context_lens: torch.Tensor  # int64 [B]
     block_size: int
     #: The same sequences checked once natively for every layer's call.
     native: native_ops.DecodeBatch
     num_slots: int
+    #: int64 [B]: the row of ``tables`` each entry uses (None: its own).
+    table_rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -216,21 +218,18 @@ class _NativeRun:
     gather: torch.Tensor | None  # KV slots of the whole context (window plans only)
 
 
-#: Chunks up to this many rows build their tables as Python lists (decode steps: cheapest there);
-#: longer ones as one expanded tensor each.
-_LIST_ROWS = 16
-
-
 def _native_plan(
     runs: list[_NativeRun], bs: int, window: int | None, num_tokens: int, num_slots: int
 ) -> _DecodePlan:
     """One kernel entry per row: row ``j`` of a run sees the first ``ctx - q_len + j + 1`` positions.
 
     A row whose window cuts its context gets a table of single slots (block size 1) listing the
-    window's keys. The rows of a run stay consecutive, so the kernel tiles them.
+    window's keys. The rows of a run stay consecutive, so the kernel tiles them; without a window
+    they share their sequence's table (memory grows with rows plus blocks, not their product).
     """
     rows: list[int] = []
     ctxs: list[int] = []
+    table_rows: torch.Tensor | None = None
     for r in runs:
         rows.extend(range(r.start, r.start + r.q_len))
         ctxs.extend(range(r.ctx - r.q_len + 1, r.ctx + 1))
@@ -245,27 +244,17 @@ def _native_plan(
         tables = torch.cat(parts)
         ctxs = [min(c, window) for c in ctxs]
         bs = 1
-    else:
+    else:  # one table per sequence, shared by the rows of its chunk
         width = max(len(r.blocks) for r in runs)
-        short = [r for r in runs if r.q_len <= _LIST_ROWS]
-        lists = [r.blocks + [0] * (width - len(r.blocks)) for r in short for _ in range(r.q_len)]
-        parts = [torch.tensor(lists, dtype=torch.int64)] if lists else []
-        for r in runs:
-            if r.q_len > _LIST_ROWS:
-                padded = torch.tensor(r.blocks + [0] * (width - len(r.blocks)), dtype=torch.int64)
-                parts.append(padded.expand(r.q_len, width))
-        tables = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if len(short) != len(runs):  # the table rows above list the short runs first: so must rows
-            order = short + [r for r in runs if r.q_len > _LIST_ROWS]
-            rows, ctxs = [], []
-            for r in order:
-                rows.extend(range(r.start, r.start + r.q_len))
-                ctxs.extend(range(r.ctx - r.q_len + 1, r.ctx + 1))
-    tables = tables.contiguous()
+        tables = torch.tensor([r.blocks + [0] * (width - len(r.blocks)) for r in runs], dtype=torch.int64)
+        if len(rows) > len(runs):  # (a decode step needs no index: row i uses table i)
+            table_rows = torch.repeat_interleave(
+                torch.arange(len(runs)), torch.tensor([r.q_len for r in runs])
+            )
     rows_t = torch.tensor(rows, dtype=torch.int64)
     ctx_t = torch.tensor(ctxs, dtype=torch.int64)
-    native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots)
-    return _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots)
+    native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots, table_rows)
+    return _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots, table_rows)
 
 
 def _sdpa_plan(
@@ -337,7 +326,7 @@ def _with_native_decode(
             v_cache,
             out,
             dec.rows,
-            dec.tables,
+            dec.tables if dec.table_rows is None else dec.tables[dec.table_rows],
             dec.context_lens,
             dec.block_size,
             softmax_scale,

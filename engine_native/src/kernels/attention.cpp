@@ -7,6 +7,7 @@
 // sequences, so a row equals decoding that token alone. The ISA is chosen once per process.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 
 #include <immintrin.h>
 
@@ -14,6 +15,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -63,15 +66,18 @@ struct Tile {
   size_t first, count;
 };
 
-std::vector<Tile> make_tiles(const int64_t* rows, const int64_t* tables, const int64_t* ctx, size_t batch,
-                             size_t max_blocks, size_t block_size) {
+std::vector<Tile> make_tiles(const int64_t* rows, const int64_t* tables, const int64_t* table_of, const int64_t* ctx,
+                             size_t batch, size_t max_blocks, size_t block_size) {
+  auto same_blocks = [&](size_t s) {  // entry s sees the blocks entry s - 1 does, and its own after them
+    const int64_t* t = tables + table_of[s] * max_blocks;
+    const size_t used = (static_cast<size_t>(ctx[s]) + block_size - 1) / block_size;
+    return table_of[s] == table_of[s - 1] || std::equal(t, t + used, tables + table_of[s - 1] * max_blocks);
+  };
   std::vector<Tile> tiles;
   for (size_t s = 0; s < batch;) {
     size_t n = 1;
     while (s + n < batch && n < kTileRows && rows[s + n] == rows[s + n - 1] + 1 && ctx[s + n] == ctx[s + n - 1] + 1 &&
-           std::equal(tables + (s + n) * max_blocks,
-                      tables + (s + n) * max_blocks + (static_cast<size_t>(ctx[s + n]) + block_size - 1) / block_size,
-                      tables + (s + n - 1) * max_blocks))
+           same_blocks(s + n))
       ++n;
     tiles.push_back({s, n});
     s += n;
@@ -150,7 +156,10 @@ void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::nd
     }
   }
   a.simd = g_avx512 && a.dim % 16 == 0;
-  run_tiles(a, make_tiles(a.rows, a.tables, a.ctx, batch, a.max_blocks, a.block_size), num_threads);
+  std::vector<int64_t> table_of(batch);
+  std::iota(table_of.begin(), table_of.end(), int64_t{0});
+  a.table_of = table_of.data();
+  run_tiles(a, make_tiles(a.rows, a.tables, a.table_of, a.ctx, batch, a.max_blocks, a.block_size), num_threads);
 }
 
 // One step's single-token sequences, checked once and reused by every layer's call: a decode step
@@ -158,22 +167,40 @@ void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::nd
 // several times the kernel's own work at short contexts.
 class DecodeBatch {
  public:
+  // table_rows[s] names the row of block_tables that entry s uses (None: row s), so the rows of a
+  // long chunk share one table instead of a copy each.
   DecodeBatch(nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> block_tables, nb::ndarray<nb::ro> context_lens,
-              int64_t block_size, int64_t num_rows, int64_t num_slots) {
+              int64_t block_size, int64_t num_rows, int64_t num_slots,
+              std::optional<nb::ndarray<nb::ro>> table_rows) {
     const int64_t* r = checked<int64_t>(rows, "rows", 1);
     const int64_t* t = checked<int64_t>(block_tables, "block_tables", 2);
     const int64_t* c = checked<int64_t>(context_lens, "context_lens", 1);
     if (block_size < 1) throw std::invalid_argument("decode_attention: block_size must be >= 1");
     if (num_rows < 0 || num_slots < 0) throw std::invalid_argument("decode_attention: negative row or slot count");
     const size_t batch = rows.shape(0);
-    if (context_lens.shape(0) != batch || block_tables.shape(0) != batch)
+    const size_t num_tables = block_tables.shape(0);
+    if (context_lens.shape(0) != batch || (!table_rows && num_tables != batch))
       throw std::invalid_argument("decode_attention: rows, block_tables and context_lens disagree on the batch");
+    table_of_.resize(batch);
+    if (table_rows) {
+      const int64_t* tr = checked<int64_t>(*table_rows, "table_rows", 1);
+      if (table_rows->shape(0) != batch)
+        throw std::invalid_argument("decode_attention: table_rows and rows disagree on the batch");
+      for (size_t s = 0; s < batch; ++s) {
+        if (tr[s] < 0 || static_cast<size_t>(tr[s]) >= num_tables)
+          throw std::out_of_range("decode_attention: table_rows[" + std::to_string(s) + "] is outside block_tables");
+        table_of_[s] = tr[s];
+      }
+      shared_tables_ = true;
+    } else {
+      std::iota(table_of_.begin(), table_of_.end(), int64_t{0});
+    }
     block_size_ = static_cast<size_t>(block_size);
     max_blocks_ = block_tables.shape(1);
     num_rows_ = static_cast<size_t>(num_rows);
     num_slots_ = static_cast<size_t>(num_slots);
     rows_.assign(r, r + batch);
-    tables_.assign(t, t + batch * max_blocks_);
+    tables_.assign(t, t + num_tables * max_blocks_);
     ctx_.assign(c, c + batch);
     for (size_t s = 0; s < batch; ++s) {
       const int64_t ctx = ctx_[s];
@@ -182,13 +209,13 @@ class DecodeBatch {
       if (ctx < 1 || static_cast<size_t>(ctx) > max_blocks_ * block_size_)
         throw std::invalid_argument("decode_attention: context_lens[" + std::to_string(s) + "] is out of range");
       for (size_t b = 0; b < (static_cast<size_t>(ctx) + block_size_ - 1) / block_size_; ++b) {
-        const int64_t blk = tables_[s * max_blocks_ + b];
+        const int64_t blk = tables_[static_cast<size_t>(table_of_[s]) * max_blocks_ + b];
         if (blk < 0 || static_cast<size_t>(blk + 1) * block_size_ > num_slots_)
           throw std::out_of_range("decode_attention: block table of sequence " + std::to_string(s) +
                                   " references a block beyond the cache");
       }
     }
-    tiles_ = make_tiles(rows_.data(), tables_.data(), ctx_.data(), batch, max_blocks_, block_size_);
+    tiles_ = make_tiles(rows_.data(), tables_.data(), table_of_.data(), ctx_.data(), batch, max_blocks_, block_size_);
   }
 
   // The kernel on raw addresses: q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], out
@@ -205,6 +232,7 @@ class DecodeBatch {
     a.out = reinterpret_cast<float*>(out);
     a.rows = rows_.data();
     a.tables = tables_.data();
+    a.table_of = table_of_.data();
     a.ctx = ctx_.data();
     a.max_blocks = max_blocks_;
     a.block_size = block_size_;
@@ -236,7 +264,7 @@ class DecodeBatch {
     a.w = reinterpret_cast<const float*>(kv_b);
     a.out = reinterpret_cast<float*>(out);
     a.rows = rows_.data();
-    a.tables = tables_.data();
+    a.tables = entry_tables().data();
     a.ctx = ctx_.data();
     a.batch = rows_.size();
     a.max_blocks = max_blocks_;
@@ -264,7 +292,21 @@ class DecodeBatch {
   }
 
  private:
-  std::vector<int64_t> rows_, tables_, ctx_;
+  // One table per entry, as the latent-attention kernel reads them (built on first use when entries share).
+  const std::vector<int64_t>& entry_tables() const {
+    if (!shared_tables_) return tables_;
+    if (entry_tables_.empty()) {
+      entry_tables_.resize(rows_.size() * max_blocks_);
+      for (size_t s = 0; s < rows_.size(); ++s)
+        std::copy_n(tables_.begin() + table_of_[s] * static_cast<int64_t>(max_blocks_), max_blocks_,
+                    entry_tables_.begin() + s * max_blocks_);
+    }
+    return entry_tables_;
+  }
+
+  std::vector<int64_t> rows_, tables_, ctx_, table_of_;
+  mutable std::vector<int64_t> entry_tables_;
+  bool shared_tables_ = false;
   std::vector<Tile> tiles_;
   size_t block_size_ = 1, max_blocks_ = 0, num_rows_ = 0, num_slots_ = 0;
 };
@@ -275,9 +317,10 @@ void register_attention(nb::module_& m) {
   nb::class_<DecodeBatch>(m, "DecodeBatch",
                           "One step's single-token sequences for decode_attention, checked once and run per "
                           "layer on raw addresses.")
-      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t>(),
+      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t,
+                    std::optional<nb::ndarray<nb::ro>>>(),
            nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"),
-           nb::arg("num_rows"), nb::arg("num_slots"))
+           nb::arg("num_rows"), nb::arg("num_slots"), nb::arg("table_rows").none() = nb::none())
       .def("run", &DecodeBatch::run, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
            nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dim"), nb::arg("scale"), nb::arg("num_threads") = 1,
            "decode_attention on raw addresses (q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], "

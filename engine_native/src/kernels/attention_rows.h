@@ -57,6 +57,7 @@ struct Args {
   float* out;
   const int64_t* rows;
   const int64_t* tables;
+  const int64_t* table_of;  // entry -> its row of tables (entries of one chunk share a row)
   const int64_t* ctx;
   size_t max_blocks, block_size, heads, kv_heads, dim, num_slots;
   float scale;
@@ -121,7 +122,7 @@ template <int NV>
 __attribute__((target("avx512f"))) void attend_row_avx512(const Args& a, size_t e, size_t g, std::vector<float>& scores) {
   const size_t group = a.heads / a.kv_heads;
   const size_t ctx = static_cast<size_t>(a.ctx[e]);
-  const int64_t* table = a.tables + e * a.max_blocks;
+  const int64_t* table = a.tables + a.table_of[e] * a.max_blocks;
   const size_t stride = a.kv_heads * a.dim;
   scores.resize(ctx);
   float* s = scores.data();
@@ -164,7 +165,7 @@ __attribute__((target("avx512f"))) void weigh_values_avx512(const Args& a, size_
   const size_t group = a.heads / a.kv_heads;
   const size_t c0 = static_cast<size_t>(a.ctx[first]) + r;  // the first of these rows' context
   const size_t ctx = c0 + T - 1;
-  const int64_t* table = a.tables + (first + r + T - 1) * a.max_blocks;
+  const int64_t* table = a.tables + a.table_of[first + r + T - 1] * a.max_blocks;
   const size_t stride = a.kv_heads * a.dim;
   __m512 o[T][NV];
   for (int t = 0; t < T; ++t)
@@ -206,7 +207,7 @@ __attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t firs
   const size_t c0 = static_cast<size_t>(a.ctx[first]);
   const size_t ctx = c0 + n - 1;
   const size_t pitch = (ctx + 15) / 16 * 16;
-  const int64_t* table = a.tables + (first + n - 1) * a.max_blocks;
+  const int64_t* table = a.tables + a.table_of[first + n - 1] * a.max_blocks;
   const size_t stride = a.kv_heads * a.dim;
   scores.resize(n * pitch + n + n * NV * 16);
   float* s = scores.data();
@@ -255,7 +256,7 @@ void attend_rows(const Args& a, size_t first, size_t n, size_t g, std::vector<fl
   const size_t group = a.heads / a.kv_heads;
   const size_t c0 = static_cast<size_t>(a.ctx[first]);
   const size_t ctx = c0 + n - 1;
-  const int64_t* table = a.tables + (first + n - 1) * a.max_blocks;
+  const int64_t* table = a.tables + a.table_of[first + n - 1] * a.max_blocks;
   const size_t d = a.dim;
   scores.resize(n * group * ctx + n * group);
   float* inv = scores.data() + n * group * ctx;
