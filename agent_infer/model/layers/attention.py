@@ -3,8 +3,9 @@
 Each sequence's attention is computed on its own, with exactly the same tensor shapes whether it
 runs alone or in a batch: that is what makes logits batch invariant (see
 tests/model/test_batch_invariance.py). The loader picks the backend once: :class:`PagedAttention`
-runs every sequence through SDPA; :class:`NativePagedAttention` sends the rows of short chunks to the
-native decode kernel (engine_native/src/kernels/attention.cpp) and the rest through SDPA.
+runs every sequence through SDPA; :class:`NativePagedAttention` sends every row of every chunk to the
+native kernel (engine_native/src/kernels/attention.cpp), each row computed as decoding that token
+alone would, consecutive rows of a sequence tiled to share key and value loads.
 
 A plan made with a ``sliding_window`` W lets the query at position p see only keys in
 ``(p - W, p]`` (HF's and llama.cpp's convention); a family with layers of different windows makes
@@ -15,6 +16,7 @@ listing the window's keys: the same kernel, the same arithmetic over fewer keys.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -52,15 +54,17 @@ class _SeqPlan:
 
 @dataclass
 class _DecodePlan:
-    """Single-token sequences handled by one native kernel call per layer (CPU float32 only)."""
+    """Query rows handled by one native kernel call per layer (CPU float32 only)."""
 
     rows: torch.Tensor  # int64 [B]: each sequence's query row
-    tables: torch.Tensor  # int64 [B, max_blocks]
+    tables: torch.Tensor  # int64 [B, max_blocks], or [chunks, max_blocks] with table_rows
     context_lens: torch.Tensor  # int64 [B]
     block_size: int
     #: The same sequences checked once natively for every layer's call.
     native: native_ops.DecodeBatch
     num_slots: int
+    #: int64 [B]: the row of ``tables`` each entry uses (None: its own).
+    table_rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -77,12 +81,13 @@ class AttentionPlan:
     decode: _DecodePlan | None = None
 
 
-#: Longest chunk whose queries the native decode kernel takes row by row: forced runs, drafts and
-#: prompts up to this length, whose every row then equals decoding that token alone (so prefill,
-#: chunked prefill, prefix-cache hits and decoding all give the same bits). Longer prefills go
-#: through SDPA, which reuses each key across queries: on 2 cores (SmolLM2-135M) native rows are
-#: ~4% faster at 126 and 400 prompt tokens and ~2% slower at 1,000.
-NATIVE_MAX_QUERY = 512
+#: Longest chunk whose queries the native kernel takes: all of them. Every row of a chunk equals
+#: decoding that token alone (prompts, forced runs, drafts), so prefill, chunked prefill at any
+#: budget, prefix-cache hits and decoding give the same bits at any prompt length. Consecutive rows
+#: of a sequence run as tiles that load each key and value once (kernels/attention_rows.h), which
+#: keeps long prefills within a few percent of SDPA (benchmarks/bench_native_prefill.py). A smaller
+#: limit sends longer chunks through SDPA, whose bits differ from the kernel's.
+NATIVE_MAX_QUERY = sys.maxsize
 
 
 class PagedAttention:
@@ -112,10 +117,7 @@ class PagedAttention:
         a table of the window's slots.
         """
         limit = self.max_native_query
-        dec_rows: list[int] = []
-        dec_tables: list[list[int]] = []
-        dec_ctx: list[int] = []
-        dec_slots: list[torch.Tensor] = []
+        native: list[_NativeRun] = []
         qsl = meta.query_start_loc
         batch = len(meta.context_lens)
         if len(qsl) != batch + 1 or len(meta.block_tables) != batch:
@@ -155,31 +157,16 @@ class PagedAttention:
                 blocks = torch.tensor(blocks_used, dtype=torch.int64)
                 gather = (blocks[:, None] * bs + arange[None, :]).reshape(-1)[:ctx]
             if q_len <= limit:
-                # Query j of a short chunk (forced tokens, a draft) attends to the first
+                # Query j of a chunk (a prompt, forced tokens, a draft) attends to the first
                 # ctx - q_len + j + 1 positions: exactly what decoding that token alone computes, so
-                # jump-forward and speculation leave every row's logits bit-identical to plain decoding.
-                for j in range(q_len):
-                    dec_rows.append(start + j)
-                    dec_tables.append(blocks_used)
-                    dec_ctx.append(ctx - q_len + j + 1)
-                    if gather is not None:
-                        dec_slots.append(gather)
+                # prefill, chunked prefill, prefix-cache hits, jump-forward and speculation leave
+                # every row's logits bit-identical to plain decoding.
+                native.append(_NativeRun(start, q_len, ctx, blocks_used, gather))
                 continue
             assert gather is not None
             seqs.append(_sdpa_plan(start, end, ctx, gather, sliding_window, device))
         slots = meta.slot_mapping.to(device=device, dtype=torch.int64)
-        decode = None
-        if dec_rows and sliding_window is not None and max(dec_ctx) > sliding_window:
-            dec_tables = [g[max(0, c - sliding_window) : c].tolist() for g, c in zip(dec_slots, dec_ctx)]
-            dec_ctx = [min(c, sliding_window) for c in dec_ctx]
-            bs = 1
-        if dec_rows:
-            width = max(map(len, dec_tables))
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int64)
-            rows_t = torch.tensor(dec_rows, dtype=torch.int64)
-            ctx_t = torch.tensor(dec_ctx, dtype=torch.int64)
-            native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots)
-            decode = _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots)
+        decode = _native_plan(native, bs, sliding_window, num_tokens, num_slots) if native else None
         return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens, decode=decode)
 
     def __call__(
@@ -213,11 +200,61 @@ class PagedAttention:
 
 
 class NativePagedAttention(PagedAttention):
-    """:class:`PagedAttention` with the rows of chunks up to ``max_native_query`` tokens on the
-    native decode kernel (float32 CPU caches)."""
+    """:class:`PagedAttention` with the rows of chunks up to ``max_native_query`` tokens (by
+    default all) on the native kernel (float32 CPU caches); longer chunks go through SDPA."""
 
     def __init__(self, max_native_query: int = NATIVE_MAX_QUERY) -> None:
         self.max_native_query = max_native_query
+
+
+@dataclass
+class _NativeRun:
+    """The ``q_len`` new rows from ``start`` of one sequence whose context ends at ``ctx``."""
+
+    start: int
+    q_len: int
+    ctx: int
+    blocks: list[int]
+    gather: torch.Tensor | None  # KV slots of the whole context (window plans only)
+
+
+def _native_plan(
+    runs: list[_NativeRun], bs: int, window: int | None, num_tokens: int, num_slots: int
+) -> _DecodePlan:
+    """One kernel entry per row: row ``j`` of a run sees the first ``ctx - q_len + j + 1`` positions.
+
+    A row whose window cuts its context gets a table of single slots (block size 1) listing the
+    window's keys. The rows of a run stay consecutive, so the kernel tiles them; without a window
+    they share their sequence's table (memory grows with rows plus blocks, not their product).
+    """
+    rows: list[int] = []
+    ctxs: list[int] = []
+    table_rows: torch.Tensor | None = None
+    for r in runs:
+        rows.extend(range(r.start, r.start + r.q_len))
+        ctxs.extend(range(r.ctx - r.q_len + 1, r.ctx + 1))
+    if window is not None and max(ctxs) > window:
+        width = min(window, max(ctxs))
+        parts = []
+        for r in runs:
+            assert r.gather is not None
+            c = torch.arange(r.ctx - r.q_len + 1, r.ctx + 1)
+            idx = (c - window).clamp(min=0)[:, None] + torch.arange(width)[None, :]
+            parts.append(r.gather[idx.clamp(max=r.ctx - 1)])
+        tables = torch.cat(parts)
+        ctxs = [min(c, window) for c in ctxs]
+        bs = 1
+    else:  # one table per sequence, shared by the rows of its chunk
+        width = max(len(r.blocks) for r in runs)
+        tables = torch.tensor([r.blocks + [0] * (width - len(r.blocks)) for r in runs], dtype=torch.int64)
+        if len(rows) > len(runs):  # (a decode step needs no index: row i uses table i)
+            table_rows = torch.repeat_interleave(
+                torch.arange(len(runs)), torch.tensor([r.q_len for r in runs])
+            )
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    ctx_t = torch.tensor(ctxs, dtype=torch.int64)
+    native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots, table_rows)
+    return _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots, table_rows)
 
 
 def _sdpa_plan(
@@ -289,7 +326,7 @@ def _with_native_decode(
             v_cache,
             out,
             dec.rows,
-            dec.tables,
+            dec.tables if dec.table_rows is None else dec.tables[dec.table_rows],
             dec.context_lens,
             dec.block_size,
             softmax_scale,

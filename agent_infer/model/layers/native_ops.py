@@ -163,11 +163,15 @@ class DecodeBatch(Protocol):
 
 def decode_batch(
     rows: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, num_tokens: int,
-    num_slots: int,
+    num_slots: int, table_rows: torch.Tensor | None = None,
 ) -> DecodeBatch:  # fmt: skip
-    """Check decode rows once (rows below ``num_tokens``, blocks inside ``num_slots``) for every layer's call."""
+    """Check decode rows once (rows below ``num_tokens``, blocks inside ``num_slots``) for every layer's call.
+
+    Entry ``i`` uses row ``table_rows[i]`` of ``tables`` (None: row ``i``), so a long chunk's rows
+    can share one table.
+    """
     batch: DecodeBatch = extension().DecodeBatch(
-        rows, tables, context_lens, block_size, num_tokens, num_slots
+        rows, tables, context_lens, block_size, num_tokens, num_slots, table_rows
     )
     return batch
 

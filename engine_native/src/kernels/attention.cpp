@@ -1,11 +1,13 @@
-// Decode attention over the paged KV cache: one call per layer for every sequence that adds a single
-// token, instead of one SDPA call per sequence.
+// Attention over the paged KV cache: one call per layer for every query row of the step, whether it
+// decodes one token or belongs to a prompt chunk (kernels/attention_rows.h has the row arithmetic).
 //
-// Batch invariance by construction: the work item is (sequence, kv head); its scores, softmax and
-// weighted sum run in a fixed order (positions ascending) with code that does not depend on the
-// batch, on which thread runs it, or on the other sequences. The ISA is chosen once per process.
+// Batch invariance by construction: the work item is (tile of consecutive rows of one sequence, kv
+// head); each row's scores, softmax and weighted sum run in a fixed order (positions ascending) with
+// code that does not depend on the batch, on the tiling, on which thread runs it, or on the other
+// sequences, so a row equals decoding that token alone. The ISA is chosen once per process.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 
 #include <immintrin.h>
 
@@ -13,14 +15,16 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "kernels/vexp.h"
 #include "kernels/attention_mla.h"
+#include "kernels/attention_rows.h"
 #include "kernels/parallel.h"
 
 namespace nb = nanobind;
@@ -52,156 +56,42 @@ bool has_avx2_fma() {
 }
 const bool g_avx2 = has_avx2_fma();
 
-// dot(a, b) over d floats; d is a multiple of 16 on this path.
-__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, size_t d) {
-  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
-  for (size_t i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  alignas(64) float t[16];
-  _mm512_store_ps(t, acc);
-  float lo = 0.0f, hi = 0.0f;  // two independent chains, fixed order
-  for (int i = 0; i < 8; ++i) {
-    lo += t[i];
-    hi += t[i + 8];
-  }
-  return lo + hi;
-}
+// Group a batch's entries into tiles: runs of up to kTileRows consecutive query rows of one
+// sequence (context lengths ascending by one, the same blocks), which attend_tile runs together.
+// Decode rows stay tiles of one. Grouping only changes which keys are loaded together, never a
+// row's arithmetic, so results do not depend on how a batch is tiled.
+constexpr size_t kTileRows = 16;
 
-// out += p * v over d floats.
-__attribute__((target("avx512f"))) void axpy_avx512(float* out, float p, const float* v, size_t d) {
-  const __m512 pv = _mm512_set1_ps(p);
-  for (size_t i = 0; i < d; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + i), _mm512_loadu_ps(out + i)));
-}
-
-float dot_scalar(const float* a, const float* b, size_t d) {
-  float acc = 0.0f;
-  for (size_t i = 0; i < d; ++i) acc = std::fma(a[i], b[i], acc);
-  return acc;
-}
-
-void axpy_scalar(float* out, float p, const float* v, size_t d) {
-  for (size_t i = 0; i < d; ++i) out[i] = std::fma(p, v[i], out[i]);
-}
-
-struct Args {
-  const float* q;
-  const float* k;
-  const float* v;
-  float* out;
-  const int64_t* rows;
-  const int64_t* tables;
-  const int64_t* ctx;
-  size_t max_blocks, block_size, heads, kv_heads, dim, num_slots;
-  float scale;
-  bool simd;
+struct Tile {
+  size_t first, count;
 };
 
-// The AVX-512 path for head dims of 16*NV: each head's query and output accumulator stay in
-// registers, scores are reduced with one fixed shuffle tree per position, and the softmax runs 16
-// positions at a time. Per row the work and its order depend only on that row's context length.
-template <int NV>
-__attribute__((target("avx512f"))) void attend_avx512(const Args& a, size_t seq, size_t g,
-                                                     std::vector<float>& scores) {
-  const size_t group = a.heads / a.kv_heads;
-  const size_t ctx = static_cast<size_t>(a.ctx[seq]);
-  const size_t row = static_cast<size_t>(a.rows[seq]);
-  const int64_t* table = a.tables + seq * a.max_blocks;
-  const size_t stride = a.kv_heads * a.dim;
-  scores.resize(ctx);
-  float* s = scores.data();
-  for (size_t h = 0; h < group; ++h) {
-    const float* qp = a.q + (row * a.heads + g * group + h) * a.dim;
-    __m512 q[NV];
-    for (int i = 0; i < NV; ++i) q[i] = _mm512_mul_ps(_mm512_loadu_ps(qp + 16 * i), _mm512_set1_ps(a.scale));
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (size_t b = 0; b * a.block_size < ctx; ++b) {
-      const float* kb = a.k + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
-      const size_t end = std::min(ctx, (b + 1) * a.block_size);
-      for (size_t j = b * a.block_size; j < end; ++j) {
-        const float* kp = kb + (j - b * a.block_size) * stride;
-        __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp));
-        for (int i = 1; i < NV; ++i) acc = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(kp + 16 * i), acc);
-        s[j] = _mm512_reduce_add_ps(acc);
-      }
-    }
-    size_t j = 0;
-    for (; j + 16 <= ctx; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-    const __mmask16 tail = static_cast<__mmask16>((1u << (ctx - j)) - 1u);
-    mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, s + j));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (j = 0; j + 16 <= ctx; j += 16) {
-      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
-      _mm512_storeu_ps(s + j, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    if (j < ctx) {
-      const __m512 e = _mm512_maskz_mov_ps(tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), m)));
-      _mm512_mask_storeu_ps(s + j, tail, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    __m512 o[NV];
-    for (int i = 0; i < NV; ++i) o[i] = _mm512_setzero_ps();
-    for (size_t b = 0; b * a.block_size < ctx; ++b) {
-      const float* vb = a.v + static_cast<size_t>(table[b]) * a.block_size * stride + g * a.dim;
-      const size_t end = std::min(ctx, (b + 1) * a.block_size);
-      for (size_t jj = b * a.block_size; jj < end; ++jj) {
-        const float* vp = vb + (jj - b * a.block_size) * stride;
-        const __m512 p = _mm512_set1_ps(s[jj]);
-        for (int i = 0; i < NV; ++i) o[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vp + 16 * i), o[i]);
-      }
-    }
-    float* out = a.out + (row * a.heads + g * group + h) * a.dim;
-    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(o[i], _mm512_set1_ps(inv)));
+std::vector<Tile> make_tiles(const int64_t* rows, const int64_t* tables, const int64_t* table_of, const int64_t* ctx,
+                             size_t batch, size_t max_blocks, size_t block_size) {
+  auto same_blocks = [&](size_t s) {  // entry s sees the blocks entry s - 1 does, and its own after them
+    const int64_t* t = tables + table_of[s] * max_blocks;
+    const size_t used = (static_cast<size_t>(ctx[s]) + block_size - 1) / block_size;
+    return table_of[s] == table_of[s - 1] || std::equal(t, t + used, tables + table_of[s - 1] * max_blocks);
+  };
+  std::vector<Tile> tiles;
+  for (size_t s = 0; s < batch;) {
+    size_t n = 1;
+    while (s + n < batch && n < kTileRows && rows[s + n] == rows[s + n - 1] + 1 && ctx[s + n] == ctx[s + n - 1] + 1 &&
+           same_blocks(s + n))
+      ++n;
+    tiles.push_back({s, n});
+    s += n;
   }
+  return tiles;
 }
 
-void attend(const Args& a, size_t seq, size_t g, std::vector<float>& scores) {
-  if (a.simd) {
-    switch (a.dim / 16) {
-      case 2: return attend_avx512<2>(a, seq, g, scores);
-      case 4: return attend_avx512<4>(a, seq, g, scores);
-      case 8: return attend_avx512<8>(a, seq, g, scores);
-      default: break;
-    }
-  }
-  const size_t group = a.heads / a.kv_heads;
-  const size_t ctx = static_cast<size_t>(a.ctx[seq]);
-  const size_t row = static_cast<size_t>(a.rows[seq]);
-  const int64_t* table = a.tables + seq * a.max_blocks;
-  const size_t d = a.dim;
-  scores.resize(group * ctx);
-  for (size_t j = 0; j < ctx; ++j) {
-    const size_t slot = static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-    const float* kp = a.k + (slot * a.kv_heads + g) * d;
-    for (size_t h = 0; h < group; ++h) {
-      const float* qp = a.q + (row * a.heads + g * group + h) * d;
-      scores[h * ctx + j] = (a.simd ? dot_avx512(qp, kp, d) : dot_scalar(qp, kp, d)) * a.scale;
-    }
-  }
-  for (size_t h = 0; h < group; ++h) {
-    float* s = scores.data() + h * ctx;
-    float mx = s[0];
-    for (size_t j = 1; j < ctx; ++j) mx = std::max(mx, s[j]);
-    float sum = 0.0f;
-    for (size_t j = 0; j < ctx; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-    float* o = a.out + (row * a.heads + g * group + h) * d;
-    std::fill(o, o + d, 0.0f);
-    for (size_t j = 0; j < ctx; ++j) {
-      const size_t slot = static_cast<size_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-      const float* vp = a.v + (slot * a.kv_heads + g) * d;
-      if (a.simd)
-        axpy_avx512(o, s[j], vp, d);
-      else
-        axpy_scalar(o, s[j], vp, d);
-    }
-    for (size_t i = 0; i < d; ++i) o[i] *= inv;
-  }
+void run_tiles(const Args& a, const std::vector<Tile>& tiles, int num_threads) {
+  nb::gil_scoped_release release;
+  parallel_for(num_threads, tiles.size() * a.kv_heads, [&](size_t item) {
+    thread_local std::vector<float> scores;
+    const Tile& t = tiles[item / a.kv_heads];
+    attend_tile(a, t.first, t.count, item % a.kv_heads, scores);
+  });
 }
 
 template <typename T>
@@ -266,12 +156,10 @@ void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::nd
     }
   }
   a.simd = g_avx512 && a.dim % 16 == 0;
-  const size_t items = batch * a.kv_heads;
-  nb::gil_scoped_release release;
-  parallel_for(num_threads, items, [&](size_t item) {
-    thread_local std::vector<float> scores;
-    attend(a, item / a.kv_heads, item % a.kv_heads, scores);
-  });
+  std::vector<int64_t> table_of(batch);
+  std::iota(table_of.begin(), table_of.end(), int64_t{0});
+  a.table_of = table_of.data();
+  run_tiles(a, make_tiles(a.rows, a.tables, a.table_of, a.ctx, batch, a.max_blocks, a.block_size), num_threads);
 }
 
 // One step's single-token sequences, checked once and reused by every layer's call: a decode step
@@ -279,22 +167,40 @@ void decode_attention(nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k_cache, nb::nd
 // several times the kernel's own work at short contexts.
 class DecodeBatch {
  public:
+  // table_rows[s] names the row of block_tables that entry s uses (None: row s), so the rows of a
+  // long chunk share one table instead of a copy each.
   DecodeBatch(nb::ndarray<nb::ro> rows, nb::ndarray<nb::ro> block_tables, nb::ndarray<nb::ro> context_lens,
-              int64_t block_size, int64_t num_rows, int64_t num_slots) {
+              int64_t block_size, int64_t num_rows, int64_t num_slots,
+              std::optional<nb::ndarray<nb::ro>> table_rows) {
     const int64_t* r = checked<int64_t>(rows, "rows", 1);
     const int64_t* t = checked<int64_t>(block_tables, "block_tables", 2);
     const int64_t* c = checked<int64_t>(context_lens, "context_lens", 1);
     if (block_size < 1) throw std::invalid_argument("decode_attention: block_size must be >= 1");
     if (num_rows < 0 || num_slots < 0) throw std::invalid_argument("decode_attention: negative row or slot count");
     const size_t batch = rows.shape(0);
-    if (context_lens.shape(0) != batch || block_tables.shape(0) != batch)
+    const size_t num_tables = block_tables.shape(0);
+    if (context_lens.shape(0) != batch || (!table_rows && num_tables != batch))
       throw std::invalid_argument("decode_attention: rows, block_tables and context_lens disagree on the batch");
+    table_of_.resize(batch);
+    if (table_rows) {
+      const int64_t* tr = checked<int64_t>(*table_rows, "table_rows", 1);
+      if (table_rows->shape(0) != batch)
+        throw std::invalid_argument("decode_attention: table_rows and rows disagree on the batch");
+      for (size_t s = 0; s < batch; ++s) {
+        if (tr[s] < 0 || static_cast<size_t>(tr[s]) >= num_tables)
+          throw std::out_of_range("decode_attention: table_rows[" + std::to_string(s) + "] is outside block_tables");
+        table_of_[s] = tr[s];
+      }
+      shared_tables_ = true;
+    } else {
+      std::iota(table_of_.begin(), table_of_.end(), int64_t{0});
+    }
     block_size_ = static_cast<size_t>(block_size);
     max_blocks_ = block_tables.shape(1);
     num_rows_ = static_cast<size_t>(num_rows);
     num_slots_ = static_cast<size_t>(num_slots);
     rows_.assign(r, r + batch);
-    tables_.assign(t, t + batch * max_blocks_);
+    tables_.assign(t, t + num_tables * max_blocks_);
     ctx_.assign(c, c + batch);
     for (size_t s = 0; s < batch; ++s) {
       const int64_t ctx = ctx_[s];
@@ -303,12 +209,13 @@ class DecodeBatch {
       if (ctx < 1 || static_cast<size_t>(ctx) > max_blocks_ * block_size_)
         throw std::invalid_argument("decode_attention: context_lens[" + std::to_string(s) + "] is out of range");
       for (size_t b = 0; b < (static_cast<size_t>(ctx) + block_size_ - 1) / block_size_; ++b) {
-        const int64_t blk = tables_[s * max_blocks_ + b];
+        const int64_t blk = tables_[static_cast<size_t>(table_of_[s]) * max_blocks_ + b];
         if (blk < 0 || static_cast<size_t>(blk + 1) * block_size_ > num_slots_)
           throw std::out_of_range("decode_attention: block table of sequence " + std::to_string(s) +
                                   " references a block beyond the cache");
       }
     }
+    tiles_ = make_tiles(rows_.data(), tables_.data(), table_of_.data(), ctx_.data(), batch, max_blocks_, block_size_);
   }
 
   // The kernel on raw addresses: q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], out
@@ -325,6 +232,7 @@ class DecodeBatch {
     a.out = reinterpret_cast<float*>(out);
     a.rows = rows_.data();
     a.tables = tables_.data();
+    a.table_of = table_of_.data();
     a.ctx = ctx_.data();
     a.max_blocks = max_blocks_;
     a.block_size = block_size_;
@@ -334,12 +242,7 @@ class DecodeBatch {
     a.num_slots = num_slots_;
     a.scale = static_cast<float>(scale);
     a.simd = g_avx512 && a.dim % 16 == 0;
-    const size_t items = rows_.size() * a.kv_heads;
-    nb::gil_scoped_release release;
-    parallel_for(num_threads, items, [&](size_t item) {
-      thread_local std::vector<float> scores;
-      attend(a, item / a.kv_heads, item % a.kv_heads, scores);
-    });
+    run_tiles(a, tiles_, num_threads);
   }
 
   // Multi-head latent attention decode, weight-absorbed (kernels/attention_mla.h), on raw addresses:
@@ -361,7 +264,7 @@ class DecodeBatch {
     a.w = reinterpret_cast<const float*>(kv_b);
     a.out = reinterpret_cast<float*>(out);
     a.rows = rows_.data();
-    a.tables = tables_.data();
+    a.tables = entry_tables().data();
     a.ctx = ctx_.data();
     a.batch = rows_.size();
     a.max_blocks = max_blocks_;
@@ -389,7 +292,22 @@ class DecodeBatch {
   }
 
  private:
-  std::vector<int64_t> rows_, tables_, ctx_;
+  // One table per entry, as the latent-attention kernel reads them (built on first use when entries share).
+  const std::vector<int64_t>& entry_tables() const {
+    if (!shared_tables_) return tables_;
+    if (entry_tables_.empty()) {
+      entry_tables_.resize(rows_.size() * max_blocks_);
+      for (size_t s = 0; s < rows_.size(); ++s)
+        std::copy_n(tables_.begin() + table_of_[s] * static_cast<int64_t>(max_blocks_), max_blocks_,
+                    entry_tables_.begin() + s * max_blocks_);
+    }
+    return entry_tables_;
+  }
+
+  std::vector<int64_t> rows_, tables_, ctx_, table_of_;
+  mutable std::vector<int64_t> entry_tables_;
+  bool shared_tables_ = false;
+  std::vector<Tile> tiles_;
   size_t block_size_ = 1, max_blocks_ = 0, num_rows_ = 0, num_slots_ = 0;
 };
 
@@ -399,9 +317,10 @@ void register_attention(nb::module_& m) {
   nb::class_<DecodeBatch>(m, "DecodeBatch",
                           "One step's single-token sequences for decode_attention, checked once and run per "
                           "layer on raw addresses.")
-      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t>(),
+      .def(nb::init<nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, nb::ndarray<nb::ro>, int64_t, int64_t, int64_t,
+                    std::optional<nb::ndarray<nb::ro>>>(),
            nb::arg("rows"), nb::arg("block_tables"), nb::arg("context_lens"), nb::arg("block_size"),
-           nb::arg("num_rows"), nb::arg("num_slots"))
+           nb::arg("num_rows"), nb::arg("num_slots"), nb::arg("table_rows").none() = nb::none())
       .def("run", &DecodeBatch::run, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
            nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dim"), nb::arg("scale"), nb::arg("num_threads") = 1,
            "decode_attention on raw addresses (q [num_rows, heads, dim], caches [num_slots, kv_heads, dim], "
