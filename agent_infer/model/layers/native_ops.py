@@ -131,11 +131,22 @@ class PackedWeight(Protocol):
         """``out = x @ W^T`` for the column groups ``allowed`` selects; ``-inf`` elsewhere."""
         ...
 
+    def unpack_raw(self, out: int) -> None:
+        """The weights ``[n, k]`` of a float layer as float32 rows at address ``out``."""
+        ...
+
 
 def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:
     """Pack ``raw`` (uint8 bytes of ``n`` rows of ``k`` weights of ``ggml_type``) for the linear kernel."""
     packed: PackedWeight = extension().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
     return packed
+
+
+def unpack_float(packed: PackedWeight) -> torch.Tensor:
+    """A float layer's weights ``[n, k]`` back as float32: exactly the values it was packed from."""
+    out = torch.empty(packed.n, packed.k, dtype=torch.float32)
+    packed.unpack_raw(out.data_ptr())
+    return out
 
 
 # --- attention ---------------------------------------------------------------------------------
