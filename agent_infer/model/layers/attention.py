@@ -61,6 +61,8 @@ class _DecodePlan:
     #: The same sequences checked once natively for every layer's call.
     native: native_ops.DecodeBatch
     num_slots: int
+    #: Keys the rows attend in all (the sum of their context lengths): a call's size, for its threads.
+    keys: int = 0
 
 
 @dataclass
@@ -179,7 +181,7 @@ class PagedAttention:
             rows_t = torch.tensor(dec_rows, dtype=torch.int64)
             ctx_t = torch.tensor(dec_ctx, dtype=torch.int64)
             native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots)
-            decode = _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots)
+            decode = _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots, sum(dec_ctx))
         return AttentionPlan(seqs=seqs, slot_mapping=slots, num_tokens=num_tokens, decode=decode)
 
     def __call__(

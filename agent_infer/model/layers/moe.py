@@ -156,6 +156,8 @@ class MoE(nn.Module):
         self.packed_router: native_deepseek.PackedRouterSet | None = None
         #: The routed experts' packed gate_up and down matrices once their torch copies are dropped.
         self._packed_routed: tuple[list[native_ops.PackedWeight], list[native_ops.PackedWeight]] | None = None
+        #: Multiply-adds per token of the packed router and experts (their calls' thread count).
+        self._row_work = 0
 
     def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
         """Route and run the experts (routed and shared) on the native kernel over ``pack`` of each
@@ -173,6 +175,9 @@ class MoE(nn.Module):
         )
         self.packed_experts = native_deepseek.packed_experts(gate_up, down, *shared)
         self._packed_routed = (gate_up, down)
+        hidden, inter = int(self.down.shape[1]), int(self.down.shape[2])
+        shared_inter = 0 if self.shared_down is None else int(self.shared_down.shape[1])
+        self._row_work = (self.num_experts + 3 * (self.top_k * inter + shared_inter)) * hidden
         self.gate_up = nn.Parameter(torch.empty_like(self.gate_up, device="meta"), requires_grad=False)
         self.down = nn.Parameter(torch.empty_like(self.down, device="meta"), requires_grad=False)
         bias = None if self.score_bias is None else [float(b) for b in self.score_bias.float().tolist()]
@@ -268,6 +273,7 @@ class MoE(nn.Module):
                 hash_experts,
                 self.swiglu_limit,
                 (norm.weight, norm.eps),
+                row_work=self._row_work,
             )
             return out.to(x.dtype)
         return self.forward(norm.forward(x), hash_experts)
@@ -279,7 +285,12 @@ class MoE(nn.Module):
             return self.expert_backend.forward(self, x, hash_experts)
         if self.packed_experts is not None and self.packed_router is not None:
             out = native_deepseek.run_routed_experts(
-                self.packed_experts, self.packed_router, x, hash_experts, self.swiglu_limit
+                self.packed_experts,
+                self.packed_router,
+                x,
+                hash_experts,
+                self.swiglu_limit,
+                row_work=self._row_work,
             )
             return out.to(x.dtype)
         experts, weights = self.route(x, hash_experts)

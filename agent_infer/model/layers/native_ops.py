@@ -59,6 +59,19 @@ def get_num_threads() -> int:
     return _threads if _threads is not None else torch.get_num_threads()
 
 
+#: Multiply-adds below which a DeepSeek packed-float kernel call (a projection, the MoE experts, a
+#: hyper-connection, a grouped projection) runs on the calling thread alone (~25 us on one core):
+#: waking the pool costs about as much as it saves there, and a woken worker spins between the
+#: many small calls of a decode step, which shows as CPU time (and as wall time on a busy machine).
+PARALLEL_MIN_WORK = 1 << 20
+
+
+def threads_for(work: int) -> int:
+    """:func:`get_num_threads` for a kernel call of ``work`` multiply-adds; 1 below
+    :data:`PARALLEL_MIN_WORK`. The thread count never changes a kernel's results."""
+    return get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+
+
 @contextmanager
 def thread_budget() -> Iterator[None]:
     """Give the kernel pool torch's thread count and run torch's own ops on one thread meanwhile.

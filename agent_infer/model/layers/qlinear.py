@@ -104,6 +104,10 @@ class QuantLinear(nn.Module):
             out += self.bias
         return out
 
+    def _threads(self, m: int) -> int:
+        """Kernel threads for ``m`` rows (every call gets the pool's count here)."""
+        return get_num_threads()
+
     def _raw_ok(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can go to the kernel as a raw address: float32, CPU, 2-D, contiguous, K wide."""
         return (
@@ -136,7 +140,7 @@ class QuantLinear(nn.Module):
             return self.forward(x)
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), get_num_threads())
+        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), self._threads(m))
         if self.bias is not None:
             out += self.bias
         return out
@@ -161,7 +165,7 @@ class QuantLinear(nn.Module):
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
         self.packed.forward_raw_norm(
-            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, get_num_threads(), int(x.stride(0))
+            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, self._threads(m), int(x.stride(0))
         )
         if self.bias is not None:
             out += self.bias
@@ -191,7 +195,7 @@ class QuantLinear(nn.Module):
             return self(x)
         m = int(x.shape[0])
         out = self._logits_out(m)
-        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), get_num_threads())
+        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), self._threads(m))
         if self.bias is not None:
             out += self.bias
         return out
