@@ -60,7 +60,8 @@ def get_num_threads() -> int:
 
 
 #: Multiply-adds below which a DeepSeek packed-float kernel call (a projection, the MoE experts, a
-#: hyper-connection, a grouped projection) runs on the calling thread alone (~25 us on one core):
+#: hyper-connection, a grouped projection, decode attention, window closes) runs on the calling
+#: thread alone (~25 us on one core):
 #: waking the pool costs about as much as it saves there, and a woken worker spins between the
 #: many small calls of a decode step, which shows as CPU time (and as wall time on a busy machine).
 PARALLEL_MIN_WORK = 1 << 20
