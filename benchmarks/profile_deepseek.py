@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import functools
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -214,11 +215,13 @@ def main() -> None:
     for out in engine.step():
         counts[out.request_id] = len(out.token_ids)
     before = sum(counts.values())
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = (time.perf_counter(), time.process_time())
     for _ in range(args.steps):
         for out in engine.step():
             counts[out.request_id] = len(out.token_ids)
     wall, cpu = time.perf_counter() - start[0], time.process_time() - start[1]
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     tokens = sum(counts.values()) - before
     clock.on = False
     print(
@@ -227,7 +230,8 @@ def main() -> None:
     )
     print(
         f"step: wall {wall / args.steps * 1e3:.2f} ms, CPU {cpu / args.steps * 1e3:.2f} ms; "
-        f"{tokens / args.steps:.1f} tokens/step: {tokens / wall:.1f} tok/s wall, {tokens / cpu:.1f} tok/CPU-s"
+        f"{tokens / args.steps:.1f} tokens/step: {tokens / wall:.1f} tok/s wall, {tokens / cpu:.1f} tok/CPU-s; "
+        f"{faults / args.steps:.0f} page faults/step"
     )
     print(f"{'phase':<44}{'wall ms/step':>13}{'CPU ms/step':>13}{'calls/step':>12}")
     for name in sorted(clock.cpu, key=lambda k: -clock.cpu[k]):

@@ -90,14 +90,21 @@ class ModelRunner:
         kept: list[tuple[Sequence, int, int, int]] = []  # seq, first position, first row, end row
         for item in batch:
             seq = item.seq
-            end = item.start + item.num_new_tokens
-            input_ids.extend(seq.token_ids[item.start : end])
-            input_ids.extend(item.draft)
-            end += len(item.draft)
+            start = item.start
             table = seq.block_table
-            for pos in range(item.start, end):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
+            if item.num_new_tokens == 1 and not item.draft:
+                # A plain decode item, most of a decode step's batch: one token, no slicing.
+                end = start + 1
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                end = start + item.num_new_tokens
+                input_ids.extend(seq.token_ids[start:end])
+                input_ids.extend(item.draft)
+                end += len(item.draft)
+                positions.extend(range(start, end))
+                slots.extend([table[pos // bs] * bs + pos % bs for pos in range(start, end)])
             if keep is not None and keep(seq):
                 kept.append((seq, item.start, query_start_loc[-1], len(input_ids)))
             query_start_loc.append(len(input_ids))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agent_infer.engine.sequence import FinishReason, Sequence
 
@@ -113,7 +113,9 @@ class RequestOutput:
         """Snapshot ``seq`` (lists are copied so later steps do not mutate the snapshot)."""
         m = seq.metrics
         parsed, parse_error = _parse(seq)
-        completion = CompletionOutput(
+        spec = seq.spec
+        completion = _frozen(
+            CompletionOutput,
             text=seq.output_text,
             token_ids=seq.output_token_ids,
             finish_reason=seq.finish_reason.value if seq.finish_reason is not None else None,
@@ -122,25 +124,43 @@ class RequestOutput:
             parsed=parsed,
             parse_error=parse_error,
         )
-        return cls(
+        metrics = _frozen(
+            RequestMetrics,
+            arrival_time=m.arrival_time,
+            first_scheduled_time=m.first_scheduled_time,
+            first_token_time=m.first_token_time,
+            finished_time=m.finished_time,
+            num_preemptions=m.num_preemptions,
+            num_forced_tokens=seq.num_forced_tokens,
+            num_closing_tokens=seq.num_closing_tokens,
+            num_draft_tokens=spec.num_drafted,
+            num_accepted_draft_tokens=spec.num_accepted,
+            draft_sources={name: DraftStats(*counts) for name, counts in spec.by_source.items()},
+        )
+        return _frozen(
+            cls,
             request_id=seq.request_id,
             prompt=seq.prompt,
             prompt_token_ids=seq.prompt_token_ids,
             outputs=[completion],
             num_cached_tokens=seq.num_cached_tokens,
-            metrics=RequestMetrics(
-                arrival_time=m.arrival_time,
-                first_scheduled_time=m.first_scheduled_time,
-                first_token_time=m.first_token_time,
-                finished_time=m.finished_time,
-                num_preemptions=m.num_preemptions,
-                num_forced_tokens=seq.num_forced_tokens,
-                num_closing_tokens=seq.num_closing_tokens,
-                num_draft_tokens=seq.spec.num_drafted,
-                num_accepted_draft_tokens=seq.spec.num_accepted,
-                draft_sources={name: DraftStats(*counts) for name, counts in seq.spec.by_source.items()},
-            ),
+            metrics=metrics,
         )
+
+
+_T = TypeVar("_T")
+
+
+def _frozen(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` (no ``__post_init__``) holding ``fields``, which
+    must name every field.
+
+    A frozen dataclass's generated ``__init__`` sets each field through ``object.__setattr__``,
+    0.2-0.4 us a field on CPython 3.11; the engine snapshots every running sequence each step, 23
+    fields in three objects (test_output_snapshot.py checks the result equals the constructors')."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 def _parse(seq: Sequence) -> tuple[Any, str | None]:

@@ -66,7 +66,10 @@ class Sampler:
         """Sample from ``logits`` (float32 ``[len(seqs), vocab]``); row ``i`` belongs to ``seqs[i]``."""
         params = [seq.params for seq in seqs]
         scores = apply_penalties(logits, seqs, self.eos_token_ids, self.texts, self.closing(logits.shape[1]))
-        # Greedy rows need one batched kernel and one device-to-host copy.
+        # Greedy rows need one batched kernel and one device-to-host copy. The scan is ~0.3 ms for
+        # 16 rows of a 129k vocabulary on one Zen 4 core; taking it inside the packed head kernel
+        # (each output stripe while still in L2) was no faster there: the head streams its weights
+        # from memory and the fused scan adds its time to that stream instead of hiding in it.
         token_ids: list[int] = argmax_rows(scores)
         for i, p in enumerate(params):
             if not p.greedy:

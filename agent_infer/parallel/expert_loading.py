@@ -67,9 +67,8 @@ class ExpertSlots:
 
     @classmethod
     def cut(cls, moe: MoE, experts: Sequence[int]) -> ExpertSlots:
-        """Slots copied out of a fully loaded ``moe``."""
-        index = list(experts)
-        return cls(tuple(experts), moe.gate_up.detach()[index].clone(), moe.down.detach()[index].clone())
+        """Slots copied out of a fully loaded ``moe`` (its torch weights or its packed ones)."""
+        return cls(tuple(experts), *moe.routed_weights(experts))
 
     def nbytes(self) -> int:
         """Bytes the slots hold."""

@@ -136,6 +136,20 @@ def test_packed_experts_match_torch_and_ignore_the_batch(limit: float | None, sh
             assert torch.equal(moe(x[start : start + rows]), got[start : start + rows])
 
 
+def test_packed_experts_are_held_once_and_read_back_exactly() -> None:
+    moe = _moe(None, 24)
+    gate_up, down = moe.gate_up.detach().clone(), moe.down.detach().clone()
+    shared = moe.shared_gate_up.detach().clone() if moe.shared_gate_up is not None else None
+    want = moe(torch.randn(5, 64))
+    assert torch.equal(moe.routed_weights([2])[0], gate_up[[2]])  # before packing: the torch copy
+    moe.pack_experts(pack_float32)
+    assert moe.gate_up.is_meta and moe.down.is_meta and moe.gate_up.shape == gate_up.shape
+    assert moe.shared_gate_up is not None and torch.equal(moe.shared_gate_up, shared)
+    up, dn = moe.routed_weights([5, 0, 5])
+    assert torch.equal(up, gate_up[[5, 0, 5]]) and torch.equal(dn, down[[5, 0, 5]])
+    assert want.shape == moe(torch.randn(5, 64)).shape  # still runs, on the packed copies
+
+
 def test_packed_experts_reject_bad_input() -> None:
     moe = _moe(None, 24)
     moe.pack_experts(pack_float32)

@@ -357,6 +357,30 @@ def test_project_fast_path_equals_forward() -> None:
         layer.project(x.double())
 
 
+def test_logits_reuse_a_buffer_only_when_no_result_is_held() -> None:
+    """QuantLinear.logits equals forward() (masked: forward_allowed), reuses its output buffer once the
+    previous result is dropped, and never overwrites a result (or a view of one) a caller holds."""
+    layer = qlinear.QuantLinear.from_float(torch.randn(40, 64), torch.randn(40))
+    x = torch.randn(7, 64)
+    first = layer.logits(x, None)
+    assert torch.equal(first, layer(x))
+    second = layer.logits(2 * x, None)  # `first` is held: a new tensor
+    assert torch.equal(first, layer(x)) and torch.equal(second, layer(2 * x))
+    address = second.data_ptr()
+    del first, second
+    third = layer.logits(x[:3], None)
+    assert third.data_ptr() == address and torch.equal(third, layer(x[:3]))
+    row = third[1]
+    del third
+    fourth = layer.logits(x, None)
+    assert fourth.data_ptr() != row.data_ptr() and torch.equal(row, layer(x[1:2])[0])
+    plain = qlinear.QuantLinear.from_float(torch.randn(40, 64))
+    allowed = torch.zeros(7, 2, dtype=torch.int32)
+    allowed[:, 0] = 1 << 3  # token 3 only: its 16-column group is computed, the other is -inf
+    masked = plain.logits(x, allowed)
+    assert torch.equal(masked[:, :16], plain(x)[:, :16]) and bool((masked[:, 16:] == float("-inf")).all())
+
+
 def test_decode_batch_runs_the_same_kernel_on_raw_addresses() -> None:
     """DecodeBatch (checked once per forward, run per layer on addresses) gives decode_attention's bits."""
     ctx_lens = [3, 40, 9, 77, 1, 16]

@@ -65,6 +65,8 @@ class _DecodePlan:
     num_slots: int
     #: int64 [B]: the row of ``tables`` each entry uses (None: its own).
     table_rows: torch.Tensor | None = None
+    #: Keys the rows attend in all (the sum of their context lengths): a call's size, for its threads.
+    keys: int = 0
 
 
 @dataclass
@@ -254,7 +256,7 @@ def _native_plan(
     rows_t = torch.tensor(rows, dtype=torch.int64)
     ctx_t = torch.tensor(ctxs, dtype=torch.int64)
     native = native_ops.decode_batch(rows_t, tables, ctx_t, bs, num_tokens, num_slots, table_rows)
-    return _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots, table_rows)
+    return _DecodePlan(rows_t, tables, ctx_t, bs, native, num_slots, table_rows, sum(ctxs))
 
 
 def _sdpa_plan(

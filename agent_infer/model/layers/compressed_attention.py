@@ -207,8 +207,9 @@ class CompressedAttention(nn.Module):
                 compressed_native.close_windows(self, compressed, fresh, nd, plan.slot_mapping)
             index = (iq, iw) if iq is not None and iw is not None else None
             pool = compressed.entries if compressing and compressed is not None else None
+            rate = self.rate if compressing else 0
             compressed_native.attend(
-                self, nd.batches[self.rate if compressing else 0], q, window, pool, index, out
+                self, nd.batches[rate], q, window, pool, index, out, nd.keys.get(rate, 0)
             )
         for i, s in enumerate(plan.seqs):
             if i in batched:

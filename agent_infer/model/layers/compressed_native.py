@@ -76,6 +76,7 @@ def close_windows(
         int(entries.shape[0]), int(entries.shape[1]), rate, comp.overlap, comp.eps, comp.ape.data_ptr(),
         comp.norm.data_ptr(), comp.dim, 0 if ix is None else ix.ape.data_ptr(),
         0 if ix is None else ix.norm.data_ptr(), 0 if ix is None else ix.dim,
+        work=int(slots.shape[0]) * span * 4 * (comp.dim + (0 if ix is None else ix.dim)),
     )  # fmt: skip
 
 
@@ -87,11 +88,13 @@ def attend(
     entries: torch.Tensor | None,
     index: tuple[torch.Tensor, torch.Tensor] | None,
     out: torch.Tensor,
+    keys: int = 0,
 ) -> None:
     """Every decode row's attention output into ``out`` ``[R, heads, dim]`` (float32, contiguous):
     ``q`` ``[R, heads, dim]`` rotated, ``window`` the layer's window pool, ``entries`` its entry pool
     (None on sliding-only layers), ``index`` the indexer's rotated queries ``[R, heads, dim]`` and
-    head weights ``[R, heads]`` (sparse layers)."""
+    head weights ``[R, heads]`` (sparse layers). ``keys``: the most keys the rows attend in all
+    (``NativeDecode.keys``), which sizes the call's thread count; 0 takes the pool's."""
     tensors = [q, window, out, layer.sinks] + ([] if entries is None else [entries])
     if index is not None:
         tensors.append(index[0])
@@ -103,11 +106,13 @@ def attend(
         )
     ix = layer.indexer
     iq, iw = (0, 0) if index is None else (index[0].data_ptr(), index[1].data_ptr())
+    per_key = 2 * layer.heads * layer.dim + (0 if ix is None or index is None else ix.heads * ix.dim)
+    threads = native_ops.threads_for(keys * per_key) if keys else native_ops.get_num_threads()
     batch.run(
         q.data_ptr(), window.data_ptr(), 0 if entries is None else entries.data_ptr(), layer.sinks.data_ptr(),
         out.data_ptr(), layer.heads, layer.dim, 0 if entries is None else int(entries.shape[-1]), layer.scale,
         iq, 0 if index is None else int(index[0].stride(0)), iw, 0 if index is None else int(index[1].stride(0)),
         0 if ix is None else ix.heads, 0 if ix is None else ix.dim,
         0 if ix is None or index is None else ix.topk, 1.0 if ix is None else ix.score_scale,
-        1.0 if ix is None else ix.weight_scale, native_ops.get_num_threads(),
+        1.0 if ix is None else ix.weight_scale, threads,
     )  # fmt: skip

@@ -80,6 +80,9 @@ class NativeDecode:
     batches: dict[int, native_deepseek.V4DecodeBatch]
     #: :meth:`closing`'s results, per rate (every layer of a rate closes the same windows).
     closings: dict[int, Closing | None] = field(default_factory=dict)
+    #: Per rate, the most keys the rows attend in all (window entries plus every complete entry):
+    #: the size of a layer's attention call, for its thread count.
+    keys: dict[int, int] = field(default_factory=dict)
 
     def slots(self, members: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token slots ``[m, L]`` of ``positions`` ``[m, L]`` of the decode rows ``members`` ``[m]``."""
@@ -249,7 +252,8 @@ def _native_decode(
         rate: native_deepseek.v4_decode_batch(rows, tables, ctx, bs, window, rate, num_tokens, num_slots)
         for rate in (0, *rates)
     }
-    return NativeDecode(rows, ctx, tables, bs, batches)
+    keys = {rate: sum(min(c, window) + (c // rate if rate else 0) for c in ctx_list) for rate in (0, *rates)}
+    return NativeDecode(rows, ctx, tables, bs, batches, keys=keys)
 
 
 def _decode_groups(

@@ -84,6 +84,10 @@ class FloatPackedLinear(QuantLinear):
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         self.packed = _Unpacked(self.parts[0].name if self.parts else "?")  # type: ignore[assignment]
 
+    def _threads(self, m: int) -> int:
+        """One thread for a small call (see ``native_ops.threads_for``), the pool's count otherwise."""
+        return native_ops.threads_for(m * self.in_features * self.out_features)
+
     def pack(self, *, keep_weight: bool = False) -> None:
         """Repack the loaded weight for the kernel and drop the torch copy (kept when shared, or
         when ``keep_weight``: another reader needs the rows, such as MTP draft heads)."""

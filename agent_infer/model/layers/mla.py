@@ -172,7 +172,14 @@ class MultiHeadLatentAttention(nn.Module):
         if plan.decode is not None:
             return self.o.project(
                 self._with_native_decode(
-                    q_nope, q_rope, cache, plan.seqs, plan.decode.native, len(plan.decode.rows), rows
+                    q_nope,
+                    q_rope,
+                    cache,
+                    plan.seqs,
+                    plan.decode.native,
+                    len(plan.decode.rows),
+                    rows,
+                    plan.decode.keys,
                 )
             )
         if self.native and any(s.end - s.start == 1 and s.mask is None for s in plan.seqs):
@@ -208,10 +215,12 @@ class MultiHeadLatentAttention(nn.Module):
         batch: native_ops.DecodeBatch,
         decode_rows: int,
         rows: int,
+        keys: int = 0,
     ) -> torch.Tensor:
         """The attention output of every row: ``batch``'s ``decode_rows`` rows in one native call
         (absorbed form, engine_native/src/kernels/attention_mla.h), ``seqs`` one by one in torch
-        (the expanded form for long chunks, the absorbed one for short ones)."""
+        (the expanded form for long chunks, the absorbed one for short ones). ``keys``: the keys the
+        decode rows attend in all, which sizes the call's thread count (0: the pool's)."""
         m, heads = self.spec, self.heads
         qn = q_nope if q_nope.stride(2) == 1 else q_nope.contiguous()
         qr = q_rope if q_rope.stride(2) == 1 else q_rope.contiguous()
@@ -233,10 +242,15 @@ class MultiHeadLatentAttention(nn.Module):
         # Rows no kernel writes (padding, or none when every row decodes) must read as zeros.
         alloc = torch.zeros if decode_rows < rows else torch.empty
         out = alloc(rows, heads * m.v_head_dim, dtype=torch.float32)
+        lora = m.kv_lora_rank
+        work = heads * (
+            decode_rows * lora * (m.qk_nope_head_dim + m.v_head_dim) + keys * (2 * lora + m.qk_rope_head_dim)
+        )
+        threads = native_ops.threads_for(work) if keys else native_ops.get_num_threads()
         batch.run_mla(
             qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
-            m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim, self.scale,
-            native_ops.get_num_threads(), qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
+            m.qk_nope_head_dim, m.qk_rope_head_dim, lora, m.v_head_dim, self.scale,
+            threads, qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
         )  # fmt: skip
         for s in seqs:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded

@@ -20,7 +20,7 @@ output does not depend on the other tokens of the batch on CPUs where that row-c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal, Protocol
@@ -154,13 +154,18 @@ class MoE(nn.Module):
         #: The experts and the router on the native kernel once :meth:`pack_experts` ran (float32 CPU models).
         self.packed_experts: native_deepseek.PackedExpertSet | None = None
         self.packed_router: native_deepseek.PackedRouterSet | None = None
+        #: The routed experts' packed gate_up and down matrices once their torch copies are dropped.
+        self._packed_routed: tuple[list[native_ops.PackedWeight], list[native_ops.PackedWeight]] | None = None
+        #: Multiply-adds per token of the packed router and experts (their calls' thread count).
+        self._row_work = 0
 
     def pack_experts(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
         """Route and run the experts (routed and shared) on the native kernel over ``pack`` of each
         weight matrix from now on: one call per layer, batch invariant without padding rows (see
         ``engine_native/src/kernels/linear_router.h`` and ``linear_moe.h``; ties between equal scores
-        go to the lower expert). The torch weights stay (expert parallelism takes its slots from
-        them)."""
+        go to the lower expert). The routed experts' torch weights are dropped (``meta`` tensors
+        keep their shapes), so they are held once; :meth:`routed_weights` reads them back from the
+        packed copies (expert parallelism's slots). The router and shared experts keep theirs."""
         gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
         down = [pack(self.down[e]) for e in range(self.num_experts)]
         shared = (
@@ -169,6 +174,12 @@ class MoE(nn.Module):
             else (None, None)
         )
         self.packed_experts = native_deepseek.packed_experts(gate_up, down, *shared)
+        self._packed_routed = (gate_up, down)
+        hidden, inter = int(self.down.shape[1]), int(self.down.shape[2])
+        shared_inter = 0 if self.shared_down is None else int(self.shared_down.shape[1])
+        self._row_work = (self.num_experts + 3 * (self.top_k * inter + shared_inter)) * hidden
+        self.gate_up = nn.Parameter(torch.empty_like(self.gate_up, device="meta"), requires_grad=False)
+        self.down = nn.Parameter(torch.empty_like(self.down, device="meta"), requires_grad=False)
         self.pack_router(pack)
 
     def pack_router(self, pack: Callable[[torch.Tensor], native_ops.PackedWeight]) -> None:
@@ -180,6 +191,19 @@ class MoE(nn.Module):
             self.top_k,
             self.renormalize, self.routed_scaling_factor,
         )  # fmt: skip
+
+    def routed_weights(self, experts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the routed ``experts``' ``gate_up`` ``[S, 2I, H]`` and ``down`` ``[S, H, I]``:
+        from the torch weights, or from the packed ones once :meth:`pack_experts` dropped those."""
+        index = list(experts)
+        if self._packed_routed is None:
+            return self.gate_up.detach()[index].clone(), self.down.detach()[index].clone()
+        gate_up, down = self._packed_routed
+        dtype = self.gate_up.dtype
+        return (
+            torch.stack([native_ops.unpack_float(gate_up[e]) for e in index]).to(dtype),
+            torch.stack([native_ops.unpack_float(down[e]) for e in index]).to(dtype),
+        )
 
     def route(
         self, x: torch.Tensor, hash_experts: torch.Tensor | None = None
@@ -254,6 +278,7 @@ class MoE(nn.Module):
                 hash_experts,
                 self.swiglu_limit,
                 (norm.weight, norm.eps),
+                row_work=self._row_work,
             )
             return out.to(x.dtype)
         if self.expert_backend is not None and self.packed_router is not None:
@@ -269,7 +294,12 @@ class MoE(nn.Module):
             return self.expert_backend.forward(self, x, hash_experts)
         if self.packed_experts is not None and self.packed_router is not None:
             out = native_deepseek.run_routed_experts(
-                self.packed_experts, self.packed_router, x, hash_experts, self.swiglu_limit
+                self.packed_experts,
+                self.packed_router,
+                x,
+                hash_experts,
+                self.swiglu_limit,
+                row_work=self._row_work,
             )
             return out.to(x.dtype)
         experts, weights = self.route(x, hash_experts)

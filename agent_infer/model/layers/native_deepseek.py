@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from agent_infer.model.layers.native_ops import PackedWeight, extension, get_num_threads
+from agent_infer.model.layers.native_ops import PackedWeight, extension, get_num_threads, threads_for
 
 # --- MoE ---------------------------------------------------------------------------------------
 
@@ -98,10 +98,12 @@ def run_routed_experts(
     fixed: torch.Tensor | None,
     limit: float | None,
     norm: tuple[torch.Tensor, float] | None = None,
+    row_work: int = 0,
 ) -> torch.Tensor:
     """Float32 ``[T, H]``: :func:`run_experts` over the experts and weights ``router`` picks for ``x``,
     or for ``rms_norm(x) * weight`` with ``norm`` = ``(weight, eps)`` (then ``x``'s rows may lie
-    apart: a row slice of a wider tensor is read in place)."""
+    apart: a row slice of a wider tensor is read in place). ``row_work``: multiply-adds per token
+    (router and experts), for :func:`threads_for`; 0 takes the pool's thread count."""
     ldx = 0
     if (
         norm is not None
@@ -120,7 +122,7 @@ def run_routed_experts(
     out = torch.empty(t, packed.hidden, dtype=torch.float32)
     packed.forward_routed(
         router, x.data_ptr(), t, 0 if fixed is None else fixed.data_ptr(), out.data_ptr(),
-        float("nan") if limit is None else float(limit), get_num_threads(),
+        float("nan") if limit is None else float(limit), threads_for(t * row_work) if row_work else get_num_threads(),
         0 if norm is None else norm[0].data_ptr(), 0.0 if norm is None else float(norm[1]), ldx,
     )  # fmt: skip
     return out
@@ -293,10 +295,11 @@ def v4_decode_batch(
     return batch
 
 
-def close_windows(*args: object) -> None:
+def close_windows(*args: object, work: int = 0) -> None:
     """DeepSeek V4's compressor for the windows decode rows complete, on raw addresses (see
-    ``engine_native/src/kernels/compressor.cpp`` and layers/compressed_native.py, its one caller)."""
-    extension().close_windows(*args, get_num_threads())
+    ``engine_native/src/kernels/compressor.cpp`` and layers/compressed_native.py, its one caller);
+    ``work``: the call's multiply-adds for :func:`threads_for` (0: the pool's thread count)."""
+    extension().close_windows(*args, threads_for(work) if work else get_num_threads())
 
 
 # --- hyper-connections (DeepSeek V4) ----------------------------------------------------------
@@ -336,7 +339,7 @@ def hc_collapse(
     collapsed = torch.empty(rows, hidden)
     extension().hc_collapse(
         streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), iters, hc_eps,
-        norm_eps, post.data_ptr(), comb.data_ptr(), collapsed.data_ptr(), get_num_threads(),
+        norm_eps, post.data_ptr(), comb.data_ptr(), collapsed.data_ptr(), threads_for(rows * width * hc * hidden),
     )  # fmt: skip
     return post, comb, collapsed
 
@@ -351,7 +354,7 @@ def hc_expand(
     out = torch.empty(rows, hc, hidden)
     extension().hc_expand(
         post.data_ptr(), comb.data_ptr(), output.data_ptr(), streams.data_ptr(), out.data_ptr(), rows, hc, hidden,
-        get_num_threads(),
+        threads_for(rows * (hc + 1) * hc * hidden),
     )  # fmt: skip
     return out
 
@@ -370,7 +373,7 @@ def hc_head(
     out = torch.empty(rows, hidden)
     extension().hc_head(
         streams.data_ptr(), rows, hc, hidden, fn.data_ptr(), base.data_ptr(), scale.data_ptr(), hc_eps, norm_eps,
-        out.data_ptr(), get_num_threads(),
+        out.data_ptr(), threads_for(rows * (hc + 1) * hc * hidden),
     )  # fmt: skip
     return out
 
@@ -396,7 +399,7 @@ def grouped_linear(packs: list[PackedWeight], x: torch.Tensor) -> torch.Tensor:
     if any(p.k != k or p.n != n for p in packs):
         raise ValueError("grouped_linear: the groups' weights differ in shape")
     out = torch.empty(m, groups * n)
-    threads = get_num_threads()
+    threads = threads_for(m * k * n)
     for g, p in enumerate(packs):
         p.forward_raw(
             x.data_ptr() + 4 * g * k, m, out.data_ptr() + 4 * g * n, threads, groups * k, groups * n

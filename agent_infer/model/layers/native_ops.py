@@ -59,6 +59,20 @@ def get_num_threads() -> int:
     return _threads if _threads is not None else torch.get_num_threads()
 
 
+#: Multiply-adds below which a DeepSeek packed-float kernel call (a projection, the MoE experts, a
+#: hyper-connection, a grouped projection, decode attention, window closes) runs on the calling
+#: thread alone (~25 us on one core):
+#: waking the pool costs about as much as it saves there, and a woken worker spins between the
+#: many small calls of a decode step, which shows as CPU time (and as wall time on a busy machine).
+PARALLEL_MIN_WORK = 1 << 20
+
+
+def threads_for(work: int) -> int:
+    """:func:`get_num_threads` for a kernel call of ``work`` multiply-adds; 1 below
+    :data:`PARALLEL_MIN_WORK`. The thread count never changes a kernel's results."""
+    return get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+
+
 @contextmanager
 def thread_budget() -> Iterator[None]:
     """Give the kernel pool torch's thread count and run torch's own ops on one thread meanwhile.
@@ -131,11 +145,22 @@ class PackedWeight(Protocol):
         """``out = x @ W^T`` for the column groups ``allowed`` selects; ``-inf`` elsewhere."""
         ...
 
+    def unpack_raw(self, out: int) -> None:
+        """The weights ``[n, k]`` of a float layer as float32 rows at address ``out``."""
+        ...
+
 
 def packed_linear(raw: torch.Tensor, ggml_type: int, n: int, k: int, *, q8_activations: bool) -> PackedWeight:
     """Pack ``raw`` (uint8 bytes of ``n`` rows of ``k`` weights of ``ggml_type``) for the linear kernel."""
     packed: PackedWeight = extension().PackedLinear(raw, ggml_type, n, k, q8_activations=q8_activations)
     return packed
+
+
+def unpack_float(packed: PackedWeight) -> torch.Tensor:
+    """A float layer's weights ``[n, k]`` back as float32: exactly the values it was packed from."""
+    out = torch.empty(packed.n, packed.k, dtype=torch.float32)
+    packed.unpack_raw(out.data_ptr())
+    return out
 
 
 # --- attention ---------------------------------------------------------------------------------

@@ -26,6 +26,12 @@ F32 = 0
 _QUANTIZED_TYPES = frozenset({2, 3, 6, 8, 12, 14})
 
 
+def _storage_users(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (tensors and views sharing it), or 0 where torch does not say."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return int(count(t.untyped_storage()._cdata)) if count is not None else 0
+
+
 class QuantLinear(nn.Module):
     """``y = x @ W^T (+ bias)`` with ``W`` packed in native memory; float32 CPU activations only.
 
@@ -35,6 +41,9 @@ class QuantLinear(nn.Module):
 
     row_independent = True
     takes_token_mask = True
+    #: :meth:`logits`' reusable output and its storage's use count while only the layer holds it.
+    _logits_buffer: torch.Tensor | None = None
+    _logits_users = 0
 
     def __init__(self, packed: PackedWeight, parts: Sequence[WeightPart] = (), *, bias: bool = False) -> None:
         super().__init__()
@@ -95,6 +104,10 @@ class QuantLinear(nn.Module):
             out += self.bias
         return out
 
+    def _threads(self, m: int) -> int:
+        """Kernel threads for ``m`` rows (every call gets the pool's count here)."""
+        return get_num_threads()
+
     def _raw_ok(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can go to the kernel as a raw address: float32, CPU, 2-D, contiguous, K wide."""
         return (
@@ -127,7 +140,7 @@ class QuantLinear(nn.Module):
             return self.forward(x)
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), get_num_threads())
+        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), self._threads(m))
         if self.bias is not None:
             out += self.bias
         return out
@@ -152,7 +165,7 @@ class QuantLinear(nn.Module):
         m = x.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
         self.packed.forward_raw_norm(
-            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, get_num_threads(), int(x.stride(0))
+            x.data_ptr(), m, out.data_ptr(), weight.data_ptr(), norm.eps, self._threads(m), int(x.stride(0))
         )
         if self.bias is not None:
             out += self.bias
@@ -170,10 +183,40 @@ class QuantLinear(nn.Module):
         return out
 
     def logits(self, x: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`forward` of float32 ``x``, or :meth:`forward_allowed` when given a mask (and no bias)."""
+        """:meth:`forward` of float32 ``x``, or :meth:`forward_allowed` when given a mask (and no bias).
+
+        Unmasked, the result may be a view of a buffer the layer reuses once nothing else holds the
+        previous one (see :meth:`_logits_out`); the values are the same either way.
+        """
+        x = x.float()
         if allowed is not None and self.bias is None:
-            return self.forward_allowed(x.float(), allowed)
-        return self(x.float())
+            return self.forward_allowed(x, allowed)
+        if not self._raw_ok(x):
+            return self(x)
+        m = int(x.shape[0])
+        out = self._logits_out(m)
+        self.packed.forward_raw(x.data_ptr(), m, out.data_ptr(), self._threads(m))
+        if self.bias is not None:
+            out += self.bias
+        return out
+
+    def _logits_out(self, m: int) -> torch.Tensor:
+        """An ``[m, N]`` float32 output: the layer's buffer when no caller still holds a view of it,
+        else a new one (which becomes the buffer).
+
+        A head's logits are a step's largest tensor (8 MB for 16 rows of a 129,280-token vocabulary,
+        50 MB for 96 verification rows); freshly mapped memory costs one page fault per 4 KiB
+        written, and above glibc's largest mmap threshold (32 MB) every allocation is fresh. The
+        buffer keeps the largest output since it was last replaced.
+        """
+        buf = self._logits_buffer
+        if buf is None or int(buf.shape[0]) < m or _storage_users(buf) != self._logits_users:
+            buf = torch.empty(m, self.out_features, dtype=torch.float32)
+            users = _storage_users(buf)
+            # Without a use count (another torch build) no buffer is kept: always a new tensor.
+            self._logits_buffer = buf if users > 0 else None
+            self._logits_users = users
+        return buf[:m]
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
         """The bias rows of every part, by HF name (the weights are packed already)."""

@@ -53,6 +53,9 @@ void register_linear(nb::module_& m) {
            nb::arg("num_threads") = 1,
            "forward() for the 16-column groups some row of the int32 token bitmask ``allowed`` [M, W] "
            "allows; the other groups' columns are set to -inf. Returns the number of groups computed.")
+      .def("unpack_raw", &PackedLinear::unpack_raw, nb::arg("out"),
+           "Write the weights [N, K] of a float layer (F32/F16/BF16 packed) as float32 rows at address ``out`` "
+           "(the caller checks its size); ValueError for a quantized layer.")
       .def_prop_ro("n", &PackedLinear::n)
       .def_prop_ro("k", &PackedLinear::k)
       .def_prop_ro("ggml_type", &PackedLinear::ggml_type)

@@ -220,6 +220,19 @@ class PackedLinear {
     return computed;
   }
 
+  // The float32 weights [N, K] back from an F32-format layer into `out` (row-major, the caller
+  // checks its size): packing widened the stored values exactly, so these are the loaded values,
+  // and a holder can drop its own copy.
+  void unpack_raw(uintptr_t out) const {
+    if (fmt_ != kF32) throw std::invalid_argument("PackedLinear.unpack_raw: only float layers unpack");
+    if (out == 0) throw std::invalid_argument("PackedLinear.unpack_raw: null address");
+    float* dst = reinterpret_cast<float*>(out);
+    for (size_t row = 0; row < n_; ++row) {
+      const float* grp = reinterpret_cast<const float*>(data_.get() + (row / kLanes) * gstride_);
+      for (size_t k = 0; k < k_; ++k) dst[row * k_ + k] = grp[k * kLanes + row % kLanes];
+    }
+  }
+
   size_t n() const { return n_; }
   size_t k() const { return k_; }
   int ggml_type() const { return ggml_type_; }
