@@ -278,12 +278,13 @@ def _moes_of(loaded: LoadedModel) -> list[MoE]:
 def resident_weight_bytes(model: nn.Module, slots: Iterable[ExpertSlots] = ()) -> int:
     """Bytes of weights a rank holds: the model's non-``meta`` parameters and buffers (each storage
     once: a tied head shares the embedding's), the native copies of projections whose torch rows
-    were dropped after packing, plus its expert slots (native copies of torch weights that stay,
-    such as packed experts, are not counted again)."""
+    were dropped after packing (projections, routed experts), plus its expert slots (native copies
+    of torch weights that stay are not counted again)."""
     seen: set[tuple[int, int]] = set()
     total = sum(
         int(m.packed.nbytes) for m in model.modules() if isinstance(m, FloatPackedLinear) and m.weight is None
     )
+    total += sum(m.dropped_routed_bytes() for m in model.modules() if isinstance(m, MoE))
     for t in (*model.parameters(), *model.buffers()):
         if t.is_meta or not t.numel():
             continue

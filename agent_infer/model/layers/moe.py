@@ -192,6 +192,14 @@ class MoE(nn.Module):
             self.renormalize, self.routed_scaling_factor,
         )  # fmt: skip
 
+    def dropped_routed_bytes(self) -> int:
+        """Bytes of the packed routed experts whose torch copies :meth:`pack_experts` dropped (0 while
+        the torch weights are held): what the layer's experts occupy once packed."""
+        if self._packed_routed is None:
+            return 0
+        gate_up, down = self._packed_routed
+        return sum(int(w.nbytes) for w in (*gate_up, *down))
+
     def routed_weights(self, experts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the routed ``experts``' ``gate_up`` ``[S, 2I, H]`` and ``down`` ``[S, H, I]``:
         from the torch weights, or from the packed ones once :meth:`pack_experts` dropped those."""
