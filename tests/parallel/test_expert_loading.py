@@ -48,8 +48,9 @@ def test_a_rank_reads_and_holds_only_its_experts(checkpoint: str, request: pytes
             assert slots.experts == mine and len(mine) == 5
             # Shapes only: the [E, ...] tensors never had memory.
             assert moe.gate_up.is_meta and moe.down.is_meta
-            assert torch.equal(slots.gate_up, full_moes[i].gate_up[list(mine)])
-            assert torch.equal(slots.down, full_moes[i].down[list(mine)])
+            want_up, want_down = full_moes[i].routed_weights(mine)  # read back from the packed copies
+            assert torch.equal(slots.gate_up, want_up)
+            assert torch.equal(slots.down, want_down)
             assert w.checkpoint.stats.experts_read[i] == set(mine)  # nothing of the other rank's
         held = resident_weight_bytes(w.loaded.model, w.slots)
         distinct = sum(len(set(s.experts)) for s in w.slots)
@@ -61,7 +62,8 @@ def test_a_rank_reads_and_holds_only_its_experts(checkpoint: str, request: pytes
             if not mine_params[name].is_meta:  # replicated parts (MTP experts included)
                 assert torch.equal(mine_params[name], p), name
         up, down = w.checkpoint.read_expert(1, 6, CPU)
-        assert torch.equal(up, full_moes[1].gate_up[6]) and torch.equal(down, full_moes[1].down[6])
+        want_up, want_down = full_moes[1].routed_weights([6])
+        assert torch.equal(up, want_up[0]) and torch.equal(down, want_down[0])
         assert 6 in w.checkpoint.stats.experts_read[1]
 
 
@@ -70,4 +72,6 @@ def test_the_mtp_module_keeps_all_its_experts(trained_v3: str) -> None:
         trained_v3, CPU, torch.float32, 1, lambda moes: [contiguous_placement(8, 2, 4) for _ in moes]
     )
     mtp = [m for m in w.loaded.model.modules() if isinstance(m, MoE) and all(m is not e for e in w.moes)]
-    assert len(mtp) == 1 and not mtp[0].gate_up.is_meta and mtp[0].gate_up.shape[0] == 8
+    assert len(mtp) == 1
+    up, down = mtp[0].routed_weights(range(8))  # held (packed or as torch weights) for all 8
+    assert not up.is_meta and up.shape[0] == 8 and down.shape[0] == 8
