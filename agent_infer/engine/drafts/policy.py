@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from agent_infer.engine.drafts.base import MTP, NGRAM, Draft
 from agent_infer.engine.drafts.cost import CostModel
-from agent_infer.engine.drafts.survival import Survival
+from agent_infer.engine.drafts.survival import IDLE_DECAY, Survival
 from agent_infer.engine.sequence import Sequence
 
 #: Rounds of choosing MTP requests (each round charges the passes to the requests left).
@@ -67,10 +67,10 @@ class DraftPolicy:
         self.survival[source].record(drafted, accepted)
         seq.spec.survival.setdefault(source, Survival()).record(drafted, accepted)
 
-    def plan(self, candidates: list[Candidate], batch: int, rows: int, mtp: bool) -> None:
+    def plan(self, candidates: list[Candidate], batch: int, rows: int, mtp: bool, idle: int = 0) -> None:
         """Decide which candidates run MTP and how far (``mtp_limit``), then choose the others'
         prompt-lookup tokens batch-wide (:meth:`_fill`); ``rows`` is the step's rows before these
-        drafts."""
+        drafts, ``idle`` the steps sat out since the last plan (the records fade for each)."""
         drafting = sum(1 for c in candidates if mtp and c.seq.spec.use_mtp)
         running = rows
         for _ in range(_ROUNDS):
@@ -93,11 +93,11 @@ class DraftPolicy:
                 break
             drafting = chosen
         self._fill([c for c in candidates if not c.mtp_limit], batch, running)
-        self._fade(candidates, mtp)
+        self._fade(candidates, mtp, IDLE_DECAY ** (1 + idle))
 
-    def _fade(self, candidates: list[Candidate], mtp: bool) -> None:
+    def _fade(self, candidates: list[Candidate], mtp: bool, factor: float) -> None:
         """Fade the records of the sources a candidate could have drafted from but was not fed
-        (the engine's too, when no candidate fed it)."""
+        (the engine's too, when no candidate fed it) by ``factor``."""
         could = {MTP: False, NGRAM: False}
         fed = {MTP: False, NGRAM: False}
         for c in candidates:
@@ -111,10 +111,10 @@ class DraftPolicy:
                 could[source] = True
                 fed[source] = fed[source] or used
                 if not used and source in spec.survival:
-                    spec.survival[source].forget()
+                    spec.survival[source].forget(factor)
         for source in (MTP, NGRAM):
             if could[source] and not fed[source]:
-                self.survival[source].forget()
+                self.survival[source].forget(factor)
 
     def _fill(self, candidates: list[Candidate], batch: int, rows: int) -> None:
         """Choose the candidates' prompt-lookup tokens across the batch, surest first: the free rows
