@@ -77,6 +77,9 @@ class CostModel:
     row_multiple: int = 1
     step: _Line = field(default_factory=_Line)
     passes: dict[str, _Line] = field(default_factory=dict)
+    #: Fits since the last observation (a plan asks for them per request and length).
+    _step_fit: tuple[float, float] | None = None
+    _pass_fits: dict[str, tuple[float, float] | None] = field(default_factory=dict)
 
     def pad(self, rows: int) -> int:
         """``rows`` rounded up to the model's row multiple."""
@@ -86,15 +89,19 @@ class CostModel:
         """Account for a decode step of ``rows`` fed rows that took ``seconds``."""
         if rows > 0 and seconds >= 0.0:
             self.step.add(float(self.pad(rows)), seconds)
+            self._step_fit = None
 
     def observe_pass(self, source: str, rows: int, seconds: float) -> None:
         """Account for one pass of ``source`` over ``rows`` rows that took ``seconds``."""
         if rows > 0 and seconds >= 0.0:
             self.passes.setdefault(source, _Line()).add(float(rows), seconds)
+            self._pass_fits.pop(source, None)
 
     def step_line(self) -> tuple[float, float] | None:
         """``(a, b)`` of the step line; None before any step was measured."""
-        return self.step.fit(PRIOR_FIXED_ROWS)
+        if self._step_fit is None:
+            self._step_fit = self.step.fit(PRIOR_FIXED_ROWS)
+        return self._step_fit
 
     def step_time(self, rows: int) -> float | None:
         """Estimated seconds of a step of ``rows`` rows (None before any step was measured)."""
@@ -104,8 +111,11 @@ class CostModel:
     def pass_cost(self, source: str, requests: int) -> float:
         """Seconds one pass of ``source`` (a row per request) costs each of ``requests`` requests
         drafting together (0 before it was measured, or for a source without passes)."""
-        line = self.passes.get(source)
-        fit = line.fit(0.0) if line is not None else None
+        if source in self._pass_fits:
+            fit = self._pass_fits[source]
+        else:
+            line = self.passes.get(source)
+            fit = self._pass_fits[source] = line.fit(0.0) if line is not None else None
         if fit is None:
             return 0.0
         return fit[0] / max(1, requests) + fit[1]
