@@ -147,3 +147,21 @@ def test_in_a_big_batch_sure_lookup_tokens_fill_a_chunk_together() -> None:
     policy.plan(batch, batch=16, rows=16, mtp=False)
     assert [len(c.ngram) if c.ngram else 0 for c in batch] == [2] * 4 + [0] * 12
     assert all(c.ngram_gain > 1.5 for c in batch[:4])
+
+
+def test_an_mtp_round_pays_for_one_pass_more_than_its_tokens() -> None:
+    """A round also catches the module up on the rows the last step committed, so MTP is chosen only
+    when its tokens pay for that pass too."""
+    step = A + 4 * B  # one row, padded to a chunk of 4
+    policy = _policy(mtp_rate=0.9, ngram_rate=0.3, pass_seconds=0.5 * step)
+    c = _candidate()
+    per_pass = policy.cost.pass_cost(MTP, 1)
+    assert per_pass == pytest.approx(0.5 * step)
+    curve = policy.curve(c.seq, MTP, c.limit)
+    assert policy.cost.best_length(curve, batch=1, rows=1, per_token=per_pass)[0] > 0  # tokens alone pay
+    policy.plan([c], batch=1, rows=1, mtp=True)
+    assert c.mtp_limit == 0
+    cheap = _policy(mtp_rate=0.9, ngram_rate=0.3, pass_seconds=0.1 * step)
+    c = _candidate()
+    cheap.plan([c], batch=1, rows=1, mtp=True)
+    assert c.mtp_limit > 0

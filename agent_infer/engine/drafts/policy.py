@@ -4,7 +4,8 @@ For each request the policy weighs its guessed sources (prompt lookup, when the 
 continuation; MTP, when the checkpoint has MTP layers) by their best net gain
 (:meth:`~.cost.CostModel.best_length`): what the request's drafts from that source are expected to
 keep (:mod:`.survival`: the request's own record, leaning on the engine's) less what the draft's rows
-and the source's passes cost the batch. MTP runs only for the requests it is chosen for, capped at
+and the source's passes cost the batch (an MTP draft of ``n`` tokens: ``n + 1`` passes, the catch-up
+of the rows the last step committed included). MTP runs only for the requests it is chosen for, capped at
 its best length, since its passes are the cost; prompt lookup's draft is cut to its best length.
 Rows are counted as the batch's drafts are chosen, so a draft that starts a new chunk of padded rows
 is charged for it. Prompt-lookup tokens of the requests not running MTP are then chosen across the
@@ -81,9 +82,11 @@ class DraftPolicy:
                 c.mtp_limit = 0
                 best = self._ngram(c, batch, running)
                 if mtp and c.seq.spec.use_mtp:
+                    # A round runs one pass per token and one more: the catch-up of the rows the
+                    # last step committed, which a request not drafting defers and batches.
                     per_pass = self.cost.pass_cost(MTP, drafting)
                     n, gain = self.cost.best_length(
-                        self.curve(c.seq, MTP, c.limit), batch, running, per_token=per_pass
+                        self.curve(c.seq, MTP, c.limit), batch, running, per_token=per_pass, fixed=per_pass
                     )
                     if n and gain > best:
                         c.mtp_limit = n
