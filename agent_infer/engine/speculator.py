@@ -212,14 +212,15 @@ class Speculator:
         if base is None or base <= 0.0:
             return
         kept = 0.0
-        added = 0
+        added = fed = 0
         for c in weighed:
             spec = c.seq.spec
             if spec.draft and spec.source in (MTP, NGRAM):
                 kept += sum(self.policy.curve(c.seq, spec.source, len(spec.draft)))
                 added += len(spec.draft)
+                fed += 1
         rate = batch / base
-        grown = cost.step_time(rows + added) or base
+        grown = cost.step_time(rows + added, fed) or base
         self.gate.settle(kept - rate * (grown - base), rate * max(seconds, 0.0))
 
     def _candidate(self, seq: Sequence, batch: int, rows: int, plan: bool = True) -> Candidate | None:
@@ -281,12 +282,13 @@ class Speculator:
     def observe_step(self, batch: Seq[ScheduledSequence], seconds: float) -> None:
         """Account for a step that ran ``batch`` in ``seconds`` (decode steps only: a prefill chunk
         costs another regime than the rows a draft adds)."""
-        rows = 0
+        rows = drafting = 0
         for item in batch:
             if not item.samples or item.num_new_tokens > MAX_DECODE_CHUNK:
                 return
             rows += item.num_fed_tokens
-        self.policy.cost.observe_step(rows, seconds)
+            drafting += bool(item.draft)
+        self.policy.cost.observe_step(rows, seconds, drafting)
 
     def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> tuple[list[int], int]:
         """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]`` and how many

@@ -122,7 +122,9 @@ class DraftPolicy:
     def _fill(self, candidates: list[Candidate], batch: int, rows: int) -> None:
         """Choose the candidates' prompt-lookup tokens across the batch, surest first: the free rows
         of the step's last padded chunk take any, a further chunk only tokens whose chances of being
-        kept add up to more than the chunk costs the batch (in tokens)."""
+        kept add up to more than the chunk costs the batch (in tokens). A request's first token
+        also pays for the request's switch to a draft (``d`` of :mod:`.cost`), or is passed over
+        with the rest of its draft."""
         ranked: list[tuple[float, int, int]] = []
         for j, c in enumerate(candidates):
             c.ngram, c.ngram_gain = None, 0.0
@@ -141,15 +143,29 @@ class DraftPolicy:
         else:
             width = self.cost.row_multiple
             chunk = batch * line[1] * width / step
+            switch = batch * self.cost.per_draft() / step
             free = self.cost.pad(rows) - rows
-            chosen = ranked[:free]
-            k = free
-            while k < len(ranked):
-                group = ranked[k : k + width]
-                if sum(s for s, _, _ in group) <= chunk:
-                    break
-                chosen += group
-                k += width
+            chosen = []
+            passed: set[int] = set()
+            group: list[tuple[float, int, int]] = []
+            for token in ranked:
+                s, j, i = token
+                if j in passed:
+                    continue
+                if free > 0:
+                    if i == 0 and s <= switch:
+                        passed.add(j)
+                        continue
+                    chosen.append(token)
+                    free -= 1
+                    continue
+                group.append(token)
+                if len(group) == width:
+                    newcomers = sum(1 for _, g, k in group if k == 0)
+                    if sum(t[0] for t in group) <= chunk + switch * newcomers:
+                        break
+                    chosen += group
+                    group = []
         for s, j, _ in chosen:
             taken[j] += 1
             gains[j] += s
