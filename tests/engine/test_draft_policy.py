@@ -197,3 +197,20 @@ def test_a_lookup_draft_whose_first_token_does_not_pay_for_the_switch_is_passed_
     batch = [_candidate(mtp=False, lookup=2) for _ in range(2)]
     policy.plan(batch, batch=2, rows=2, mtp=False)  # two free rows, but each draft costs ~0.6 tokens
     assert all(c.ngram is None for c in batch)
+
+
+def test_what_drafting_costs_is_kept_while_no_request_drafts() -> None:
+    """Once ``d`` turned drafting off, the steps carry no drafts to fit it on: it is kept, not
+    forgotten (which would turn drafting back on until it is fitted again)."""
+    model = CostModel(row_multiple=4)
+    rng = random.Random(2)
+    for _ in range(200):
+        drafting = rng.randint(0, 8)
+        rows = 8 + drafting + rng.randint(0, 8)
+        model.observe_step(rows, A + B * model.pad(rows) + 0.004 * drafting, drafting)
+    assert model.per_draft() == pytest.approx(0.004, rel=1e-6)
+    for _ in range(200):
+        rows = rng.choice([8, 12, 16])
+        model.observe_step(rows, A + B * model.pad(rows), 0)
+    assert model.per_draft() == pytest.approx(0.004, rel=1e-6)
+    assert model.step_line() == pytest.approx((A, B), rel=1e-3)

@@ -20,7 +20,8 @@ machine's load and the batch as they change:
   requests with a draft, seconds), as the executor reports them. Until the rows have varied enough
   to fit a slope, ``b`` is the share of one row in a step whose fixed cost is
   :data:`PRIOR_FIXED_ROWS` rows; ``d`` is 0 until the number of drafting requests has varied apart
-  from the rows (and never below 0).
+  from the rows (and never below 0), and keeps its last fitted value while it does not (a batch
+  that stopped drafting because of ``d`` shows no drafting requests to fit it on).
 * a source's passes (MTP: one batched forward of a module, its head and the proposals): a line
   ``c0 + c1·rows`` through recent passes' (rows, seconds). A draft of ``n`` tokens takes about
   ``n`` passes of one row per request drafting, so with ``k`` requests drafting together each pays
@@ -73,9 +74,9 @@ class _Plane:
         self.sxy = d * self.sxy + x * y
         self.szy = d * self.szy + z * y
 
-    def fit(self, prior_fixed: float) -> tuple[float, float, float] | None:
-        """``(a, b, d)``, all >= 0 (see :meth:`_Line.fit` for ``a`` and ``b`` without ``d``); None
-        before any observation."""
+    def fit(self, prior_fixed: float) -> tuple[float, float, float | None] | None:
+        """``(a, b, d)``, all >= 0, ``d`` None where the observations cannot tell it apart (then
+        ``a`` and ``b`` are :meth:`_Line.fit`'s); None before any observation."""
         if self.w <= 0.0:
             return None
         w = self.w
@@ -90,7 +91,7 @@ class _Plane:
                 return max(0.0, my - b * mx - d * mz), b, d
         line = _Line(w, self.sx, self.sy, self.sxx, self.sxy).fit(prior_fixed)
         assert line is not None
-        return line[0], line[1], 0.0
+        return line[0], line[1], None
 
 
 @dataclass
@@ -134,6 +135,10 @@ class CostModel:
     passes: dict[str, _Line] = field(default_factory=dict)
     #: Fits since the last observation (a plan asks for them per request and length).
     _step_fit: tuple[float, float, float] | None = None
+    #: The last ``d`` the steps could tell apart: it is kept while they cannot (no request drafted
+    #: lately, which is what a fitted ``d`` brings about), so drafting does not turn back on by
+    #: forgetting what it costs.
+    _known_d: float = 0.0
     _pass_fits: dict[str, tuple[float, float] | None] = field(default_factory=dict)
 
     def pad(self, rows: int) -> int:
@@ -155,7 +160,13 @@ class CostModel:
 
     def _fit(self) -> tuple[float, float, float] | None:
         if self._step_fit is None:
-            self._step_fit = self.step.fit(PRIOR_FIXED_ROWS)
+            fit = self.step.fit(PRIOR_FIXED_ROWS)
+            if fit is not None:
+                a, b, d = fit
+                if d is None:
+                    d = self._known_d
+                self._known_d = d
+                self._step_fit = (a, b, d)
         return self._step_fit
 
     def step_line(self) -> tuple[float, float] | None:
