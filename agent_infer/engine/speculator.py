@@ -11,7 +11,8 @@ positive net gain: the tokens it is expected to keep
 (:func:`~agent_infer.engine.drafts.base.expected_accepted`) less what its rows and its source's
 compute cost the batch, in tokens (:mod:`agent_infer.engine.drafts.cost`, measured online). MTP is
 run only for the requests whose recent MTP drafts are expected to pay, so drafting turns down in a
-batch where it does not. A draft is at most the request's ``speculative_tokens`` long, and its tail
+batch where it does not, and the planning itself backs off while it does not pay for its own time
+(:mod:`~agent_infer.engine.drafts.gate`). A draft is at most the request's ``speculative_tokens`` long, and its tail
 is cut where a token's chance of being kept no longer pays for its row. A constrained request's draft is cut at the first
 token its grammar rejects and after any token past which the grammar fixes the text (jump-forward
 appends those), so every drafted token is one the mask would allow (MTP proposals are masked by
