@@ -17,7 +17,9 @@ submitted together (``max_num_seqs`` 16).
 Per row: tokens/s (generated tokens / wall time of the row, median over ``--repeats`` passes, the
 sources interleaved per pass so machine load hits them alike) and its ratio to ``plain`` from the
 same pass; the same by the process's CPU time (all its threads), which other programs on a shared
-machine disturb less than the wall clock; mean accepted length (accepted draft tokens per verification); draft tokens and the
+machine disturb less than the wall clock; mean accepted length (accepted draft tokens per verification,
+every source: forced boundary drafts of one or two tokens count too), and the same of the MTP drafts
+alone; draft tokens and the
 share accepted; % steps with a draft (of the passes that sampled for a request, counted at the executor, those
 that fed it a draft); and % identical (greedy outputs equal to ``plain`` token for token). Results: a markdown table on
 stdout, raw JSON in ``bench_results/speculative-<UTC>.json``.
@@ -98,6 +100,8 @@ class Row:
     drafted: int = 0
     accepted: int = 0
     verifications: int = 0
+    mtp_accepted: int = 0
+    mtp_verifications: int = 0
     decode_steps: int = 0
     draft_steps: int = 0
     identical: float = 0.0
@@ -140,6 +144,9 @@ def account(row: Row, outs: list[Any]) -> None:
     row.drafted = sum(o.metrics.num_draft_tokens for o in outs)
     row.accepted = sum(o.metrics.num_accepted_draft_tokens for o in outs)
     row.verifications = sum(s.verifications for o in outs for s in o.metrics.draft_sources.values())
+    mtp = [o.metrics.draft_sources["mtp"] for o in outs if "mtp" in o.metrics.draft_sources]
+    row.mtp_accepted = sum(s.accepted for s in mtp)
+    row.mtp_verifications = sum(s.verifications for s in mtp)
 
 
 def main() -> None:
@@ -253,23 +260,25 @@ def _ratio(r: Row, base: Row | None, times: str) -> str:
 def print_table(rows: list[Row]) -> None:
     print(
         "| workload | conc | source | tok/s | vs plain | CPU tok/s | vs plain (CPU) | "
-        "mean accepted / verification | drafted | accepted % | % steps with a draft | % identical |"
+        "mean accepted / verification | MTP drafts: accepted / verification | drafted | accepted % | "
+        "% steps with a draft | % identical |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = {(r.workload, r.concurrency): r for r in rows if r.source == "plain"}
     for r in rows:
         if not r.walls:
-            print(f"| {r.workload} | {r.concurrency} | {r.source} | n/a | | | | | | | | |")
+            print(f"| {r.workload} | {r.concurrency} | {r.source} | n/a | | | | | | | | | |")
             continue
         base = plain.get((r.workload, r.concurrency))
         tps = r.tokens / statistics.median(r.walls)
         cpu_tps = r.tokens / statistics.median(r.cpus)
         mean_acc = r.accepted / r.verifications if r.verifications else 0.0
+        mtp_acc = f"{r.mtp_accepted / r.mtp_verifications:.2f}" if r.mtp_verifications else "-"
         acc_pct = 100 * r.accepted / r.drafted if r.drafted else 0.0
         steps_pct = 100 * r.draft_steps / r.decode_steps if r.decode_steps else 0.0
         print(
             f"| {r.workload} | {r.concurrency} | {r.source} | {tps:.1f} | {_ratio(r, base, 'walls')} | "
-            f"{cpu_tps:.1f} | {_ratio(r, base, 'cpus')} | {mean_acc:.2f} | {r.drafted} | {acc_pct:.0f}% | "
+            f"{cpu_tps:.1f} | {_ratio(r, base, 'cpus')} | {mean_acc:.2f} | {mtp_acc} | {r.drafted} | {acc_pct:.0f}% | "
             f"{steps_pct:.0f}% | {100 * r.identical:.0f}% |"
         )
 

@@ -41,33 +41,44 @@ SKIP_RECOVERY = 0.05
 @dataclass(slots=True)
 class MTPQueue:
     """One MTP module's state for a request: input rows of committed positions ``first, first + 1,
-    ...`` not yet run (``rows``), and the module's output at its newest run position ``newest``."""
+    ...`` not yet run (:attr:`rows`), and the module's output at its newest run position ``newest``.
+
+    Rows arrive a step at a time and are joined only when read, so a request that does not draft
+    pays no copy per step."""
 
     first: int = 0
-    rows: torch.Tensor | None = None
+    parts: list[torch.Tensor] = field(default_factory=list)
+    queued: int = 0
     newest: int = -1
     output: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The queued rows, joined (None when none are queued)."""
+        if not self.parts:
+            return None
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
 
     def add(self, first: int, rows: torch.Tensor) -> None:
         """Queue ``rows`` of positions ``first, first + 1, ...``; rows not continuing the queue (a
         recompute after preemption) replace it."""
-        if self.rows is not None and first == self.first + int(self.rows.shape[0]):
-            self.rows = torch.cat((self.rows, rows))
+        if self.parts and first == self.first + self.queued:
+            self.parts.append(rows)
+            self.queued += int(rows.shape[0])
         else:
-            self.first, self.rows = first, rows
+            self.first, self.parts, self.queued = first, [rows], int(rows.shape[0])
 
     def take(self, n: int) -> torch.Tensor:
         """Remove and return the first ``n`` queued rows."""
-        assert self.rows is not None
-        rows = self.rows[:n]
-        self.rows = self.rows[n:] if n < int(self.rows.shape[0]) else None
+        rows = self.rows
+        assert rows is not None
+        taken = rows[:n]
+        self.parts = [rows[n:]] if n < self.queued else []
+        self.queued = max(0, self.queued - n)
         self.first += n
-        return rows
-
-    @property
-    def queued(self) -> int:
-        """Rows waiting."""
-        return 0 if self.rows is None else int(self.rows.shape[0])
+        return taken
 
 
 @dataclass(slots=True)

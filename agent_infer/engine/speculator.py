@@ -11,7 +11,8 @@ positive net gain: the tokens it is expected to keep
 (:func:`~agent_infer.engine.drafts.base.expected_accepted`) less what its rows and its source's
 compute cost the batch, in tokens (:mod:`agent_infer.engine.drafts.cost`, measured online). MTP is
 run only for the requests whose recent MTP drafts are expected to pay, so drafting turns down in a
-batch where it does not. A draft is at most the request's ``speculative_tokens`` long, and its tail
+batch where it does not, and the planning itself backs off while it does not pay for its own time
+(:mod:`~agent_infer.engine.drafts.gate`). A draft is at most the request's ``speculative_tokens`` long, and its tail
 is cut where a token's chance of being kept no longer pays for its row. A constrained request's draft is cut at the first
 token its grammar rejects and after any token past which the grammar fixes the text (jump-forward
 appends those), so every drafted token is one the mask would allow (MTP proposals are masked by
@@ -43,6 +44,7 @@ decoding would.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 
 import torch
@@ -51,6 +53,7 @@ from agent_infer.engine.boundary_drafts import SplitMemory
 from agent_infer.engine.closing import remaining_tokens
 from agent_infer.engine.drafts.base import AUTO, MTP, NGRAM, OFF, Draft
 from agent_infer.engine.drafts.forced import forced_draft, grammar_prefix
+from agent_infer.engine.drafts.gate import PlanGate
 from agent_infer.engine.drafts.mtp import MTPDrafter
 from agent_infer.engine.drafts.ngram import NgramIndex
 from agent_infer.engine.drafts.policy import Candidate, DraftPolicy
@@ -101,6 +104,9 @@ class Speculator:
         self.mode = mode
         self.splits = SplitMemory()
         self.policy = DraftPolicy(row_multiple)
+        self.gate = PlanGate()
+        #: Seconds of MTP catch-up upkeep in the current proposal round (not charged to its plan).
+        self.upkeep_seconds = 0.0
         if mtp is not None:
             mtp.on_pass = lambda rows, seconds: self.policy.cost.observe_pass(MTP, rows, seconds)
 
@@ -135,15 +141,19 @@ class Speculator:
     def propose_all(self, seqs: list[Sequence]) -> None:
         """Set each sequence's draft for the next step (empty when none is worth feeding or the
         request may not draft). Under ``auto`` the source and length with the largest positive net
-        gain (:mod:`~agent_infer.engine.drafts.policy`); under ``mtp`` or ``ngram`` that source's
-        draft, fed while the request's acceptance beats the batch's break-even rate
+        gain (:mod:`~agent_infer.engine.drafts.policy`), on the steps the plan gate opens
+        (:mod:`~agent_infer.engine.drafts.gate`); under ``mtp`` or ``ngram`` that source's draft,
+        fed while the request's acceptance beats the batch's break-even rate
         (``spec_state.draft_pays_off``)."""
+        started = time.perf_counter()
+        self.upkeep_seconds = 0.0
         batch = len(seqs)
         rows = batch
+        plan = self.gate.open(batch)
         weighed: list[Candidate] = []
         explicit: list[Candidate] = []
         for seq in seqs:
-            candidate = self._candidate(seq, batch, rows)
+            candidate = self._candidate(seq, batch, rows, plan)
             if candidate is None:
                 rows += len(seq.spec.draft)
                 continue
@@ -158,17 +168,27 @@ class Speculator:
                 spec.skip()
             elif candidate.lookup is not None:
                 self._set(seq, candidate.lookup, weigh=False)
-        self.policy.plan(weighed, batch, rows, mtp=self.mtp is not None)
+        if weighed:
+            self.policy.plan(weighed, batch, rows, mtp=self.mtp is not None, idle=self.gate.take_idle())
         drafting = [c for c in weighed if c.mtp_limit] + explicit
         for c in weighed:
             if not c.mtp_limit:
                 self._settle(c, batch)
+        self._mtp_round(seqs, drafting, batch)
+        if weighed:
+            self._close_plan(weighed, batch, rows, time.perf_counter() - started)
+
+    def _mtp_round(self, seqs: list[Sequence], drafting: list[Candidate], batch: int) -> None:
+        """Catch up the requests whose MTP queues grew long, and run MTP for ``drafting``."""
         if self.mtp is None:
             return
         busy = {id(c.seq) for c in drafting}
         lagging = [s for s in seqs if s.spec.use_mtp and id(s) not in busy and self.mtp.needs_catch_up(s)]
         if lagging:
+            # Upkeep that bounds the queues' memory, not a cost of this step's plan.
+            started = time.perf_counter()
             self.mtp.catch_up(lagging)
+            self.upkeep_seconds += time.perf_counter() - started
         if not drafting:
             return
         limits = [(c.seq, c.mtp_limit or c.limit) for c in drafting]
@@ -183,14 +203,38 @@ class Speculator:
                 self.policy.record(c.seq, MTP, 1, 0)
             self._settle(c, batch)
 
-    def _candidate(self, seq: Sequence, batch: int, rows: int) -> Candidate | None:
-        """Reset ``seq``'s draft and gather what it may draft: None when it may not draft or took the
-        grammar-forced draft; else its room and its prompt-lookup draft (MTP runs later, batched)."""
+    def _close_plan(self, weighed: list[Candidate], batch: int, rows: int, seconds: float) -> None:
+        """Tell the plan gate what this step's plan is worth against what it cost, in tokens: the
+        kept tokens expected of the guessed drafts it fed less their rows, against the planning
+        and MTP time (``seconds``, less the catch-up upkeep) at the step's rate."""
+        seconds -= self.upkeep_seconds
+        cost = self.policy.cost
+        base = cost.step_time(rows)
+        if base is None or base <= 0.0:
+            return
+        kept = 0.0
+        added = fed = 0
+        for c in weighed:
+            spec = c.seq.spec
+            if spec.draft and spec.source in (MTP, NGRAM):
+                kept += sum(self.policy.curve(c.seq, spec.source, len(spec.draft)))
+                added += len(spec.draft)
+                fed += 1
+        rate = batch / base
+        grown = cost.step_time(rows + added, fed) or base
+        self.gate.settle(kept - rate * (grown - base), rate * max(seconds, 0.0))
+
+    def _candidate(self, seq: Sequence, batch: int, rows: int, plan: bool = True) -> Candidate | None:
+        """Reset ``seq``'s draft and gather what it may draft: None when it may not draft, took the
+        grammar-forced draft, or is an ``auto`` request on a step without a plan (``plan`` False);
+        else its room and its prompt-lookup draft (MTP runs later, batched)."""
         spec = seq.spec
         spec.draft = []
         spec.forced_after = False
         spec.source = ""
         spec.weighed = False
+        if not plan and spec.configured and spec.mode == AUTO and seq.matcher is None:
+            return None  # no plan this step, and without a grammar no forced draft either
         if not can_draft(seq.params) or seq.params.speculative_source == OFF:
             return None
         if not spec.configured:  # a sequence the engine's add_request did not make
@@ -206,6 +250,8 @@ class Speculator:
         if forced is not None:
             auto = spec.mode == AUTO
             self._set(seq, self.policy.forced(forced, batch, rows) if auto else forced, weigh=auto)
+            return None
+        if not plan and spec.mode == AUTO:
             return None
         limit = min(spec.max_len, room)
         if limit <= 0:
@@ -237,12 +283,13 @@ class Speculator:
     def observe_step(self, batch: Seq[ScheduledSequence], seconds: float) -> None:
         """Account for a step that ran ``batch`` in ``seconds`` (decode steps only: a prefill chunk
         costs another regime than the rows a draft adds)."""
-        rows = 0
+        rows = drafting = 0
         for item in batch:
             if not item.samples or item.num_new_tokens > MAX_DECODE_CHUNK:
                 return
             rows += item.num_fed_tokens
-        self.policy.cost.observe_step(rows, seconds)
+            drafting += bool(item.draft)
+        self.policy.cost.observe_step(rows, seconds, drafting)
 
     def verify(self, seq: Sequence, draft: Seq[int], rows: torch.Tensor) -> tuple[list[int], int]:
         """Tokens ``seq`` gains from masked logits ``rows`` ``[1 + len(draft), vocab]`` and how many

@@ -147,3 +147,70 @@ def test_in_a_big_batch_sure_lookup_tokens_fill_a_chunk_together() -> None:
     policy.plan(batch, batch=16, rows=16, mtp=False)
     assert [len(c.ngram) if c.ngram else 0 for c in batch] == [2] * 4 + [0] * 12
     assert all(c.ngram_gain > 1.5 for c in batch[:4])
+
+
+def test_an_mtp_round_pays_for_one_pass_more_than_its_tokens() -> None:
+    """A round also catches the module up on the rows the last step committed, so MTP is chosen only
+    when its tokens pay for that pass too."""
+    step = A + 4 * B  # one row, padded to a chunk of 4
+    policy = _policy(mtp_rate=0.9, ngram_rate=0.3, pass_seconds=0.5 * step)
+    c = _candidate()
+    per_pass = policy.cost.pass_cost(MTP, 1)
+    assert per_pass == pytest.approx(0.5 * step)
+    curve = policy.curve(c.seq, MTP, c.limit)
+    assert policy.cost.best_length(curve, batch=1, rows=1, per_token=per_pass)[0] > 0  # tokens alone pay
+    policy.plan([c], batch=1, rows=1, mtp=True)
+    assert c.mtp_limit == 0
+    cheap = _policy(mtp_rate=0.9, ngram_rate=0.3, pass_seconds=0.1 * step)
+    c = _candidate()
+    cheap.plan([c], batch=1, rows=1, mtp=True)
+    assert c.mtp_limit > 0
+
+
+def test_what_a_request_pays_for_drafting_at_all_is_fitted_and_charged() -> None:
+    """Steps cost A + B * pad(R) + D per request carrying a draft: the fit recovers D, and a draft
+    whose rows alone would pay is not fed when D outweighs it."""
+    per_draft = 0.004
+    model = CostModel(row_multiple=4)
+    rng = random.Random(1)
+    for _ in range(300):
+        batch = rng.choice([1, 4, 8, 16])
+        drafting = rng.randint(0, batch)
+        rows = batch + sum(rng.randint(1, 3) for _ in range(drafting))
+        model.observe_step(rows, A + B * model.pad(rows) + per_draft * drafting, drafting)
+    assert model.per_draft() == pytest.approx(per_draft, rel=1e-6)
+    assert model.step_time(5, drafting=1) == pytest.approx(A + 8 * B + per_draft)
+    survival = [0.9, 0.72, 0.36]
+    n, gain = model.best_length(survival, batch=1, rows=1)
+    assert n == 3 and gain == pytest.approx(0.9 + 0.72 + 0.36 - per_draft / (A + 4 * B))
+    assert model.best_length(survival, batch=8, rows=8) == (0, 0.0)  # rows and switch cost 8x
+    plain = _measured(CostModel(row_multiple=4))
+    assert plain.per_draft() == 0.0  # never saw a draft: nothing to fit
+
+
+def test_a_lookup_draft_whose_first_token_does_not_pay_for_the_switch_is_passed_over() -> None:
+    policy = _policy(mtp_rate=0.5, ngram_rate=0.5, pass_seconds=0.001)
+    for k in range(200):  # the same steps, now with requests that pay a third of a step to draft
+        drafting = k % 3
+        policy.cost.observe_step(4 + drafting, A + 4 * B + 0.006 * drafting, drafting)
+    assert policy.cost.per_draft() > 0.005
+    batch = [_candidate(mtp=False, lookup=2) for _ in range(2)]
+    policy.plan(batch, batch=2, rows=2, mtp=False)  # two free rows, but each draft costs ~0.6 tokens
+    assert all(c.ngram is None for c in batch)
+
+
+def test_what_drafting_costs_is_kept_while_no_request_drafts() -> None:
+    """Once ``d`` turned drafting off, the steps carry no drafts to fit it on: it is kept, not
+    forgotten (which would turn drafting back on until it is fitted again)."""
+    model = CostModel(row_multiple=4)
+    rng = random.Random(2)
+    for _ in range(200):
+        drafting = rng.randint(0, 8)
+        rows = 8 + drafting + rng.randint(0, 8)
+        model.observe_step(rows, A + B * model.pad(rows) + 0.004 * drafting, drafting)
+    assert model.per_draft() == pytest.approx(0.004, rel=1e-6)
+    for _ in range(200):
+        rows = rng.choice([8, 12, 16])
+        model.observe_step(rows, A + B * model.pad(rows), 0)
+    assert model.per_draft() == pytest.approx(0.004, rel=1e-6)
+    assert model.step_line() == pytest.approx((A, B), rel=1e-3)

@@ -77,11 +77,14 @@ def test_both_modules_load_and_the_vocabulary_is_sliced(engines: dict[str, LLM])
 def test_greedy_equals_plain_decoding_alone_and_batched(engines: dict[str, LLM], source: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     plain = _tokens(engines["off"].generate(PROMPTS, params))
-    alone = [_tokens(engines[source].generate([p], params))[0] for p in PROMPTS]
+    alone = [engines[source].generate([p], params)[0] for p in PROMPTS]
     outs = engines[source].generate(PROMPTS, params)
-    assert alone == plain and _tokens(outs) == plain
-    accepted = sum(o.metrics.num_accepted_draft_tokens for o in outs)
-    assert 0 < accepted <= sum(o.metrics.num_draft_tokens for o in outs)
+    assert _tokens(alone) == plain and _tokens(outs) == plain
+    # ``auto`` drafts where drafting pays by the costs it measures on this machine: alone it does;
+    # among four requests of this tiny model a draft's own overhead may outweigh what it keeps.
+    counted = outs if source != "auto" else outs + alone
+    accepted = sum(o.metrics.num_accepted_draft_tokens for o in counted)
+    assert 0 < accepted <= sum(o.metrics.num_draft_tokens for o in counted)
 
 
 def test_the_second_module_drafts_the_second_token(engines: dict[str, LLM]) -> None:

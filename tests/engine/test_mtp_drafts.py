@@ -65,12 +65,15 @@ def test_auto_uses_mtp_where_the_checkpoint_has_it(engines: dict[str, LLM]) -> N
 def test_greedy_equals_plain_decoding_alone_and_batched(engines: dict[str, LLM], source: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     plain = _tokens(engines["off"].generate(PROMPTS, params))
-    alone = [_tokens(engines[source].generate([p], params))[0] for p in PROMPTS]
+    alone = [engines[source].generate([p], params)[0] for p in PROMPTS]
     outs = engines[source].generate(PROMPTS, params)
-    assert alone == plain
+    assert _tokens(alone) == plain
     assert _tokens(outs) == plain
-    drafted = sum(o.metrics.num_draft_tokens for o in outs)
-    accepted = sum(o.metrics.num_accepted_draft_tokens for o in outs)
+    # ``auto`` drafts where drafting pays by the costs it measures on this machine: alone it does;
+    # in a batch of this tiny model a draft's own overhead may outweigh what it keeps.
+    counted = outs if source != "auto" else outs + alone
+    drafted = sum(o.metrics.num_draft_tokens for o in counted)
+    accepted = sum(o.metrics.num_accepted_draft_tokens for o in counted)
     assert drafted > 0 and 0 < accepted <= drafted
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agent_infer import SamplingParams
+from agent_infer.engine.drafts.mtp import MAX_QUEUED, MAX_QUEUED_BYTES, MIN_QUEUED, queue_bound
 from agent_infer.engine.drafts.ngram import NgramIndex
 from agent_infer.engine.sequence import Sequence
 from agent_infer.engine.spec_state import (
     ACCEPTANCE_EMA,
     INITIAL_ACCEPTANCE,
     SKIP_RECOVERY,
+    MTPQueue,
     SpecState,
     draft_pays_off,
 )
@@ -77,3 +80,27 @@ def test_ngram_index_prefers_longest_latest_match() -> None:
     assert index.lookup(tokens, 2) == [9, 1]
     assert NgramIndex().lookup([5, 6, 7], 4) == []  # nothing repeats
     assert NgramIndex().lookup([5], 4) == []
+
+
+def test_an_mtp_queue_joins_its_rows_only_when_read() -> None:
+    q = MTPQueue()
+    q.add(10, torch.zeros(3, 4))
+    q.add(13, torch.ones(2, 4))  # continues the queue: kept as a part, not copied
+    assert q.queued == 5 and len(q.parts) == 2
+    taken = q.take(4)
+    assert taken.tolist() == [[0.0] * 4] * 3 + [[1.0] * 4]
+    assert (q.first, q.queued) == (14, 1) and q.rows is not None and q.rows.tolist() == [[1.0] * 4]
+    q.add(3, torch.full((2, 4), 2.0))  # a recompute after preemption: replaces the queue
+    assert (q.first, q.queued) == (3, 2)
+    q.take(2)
+    assert q.rows is None and q.queued == 0
+
+
+def test_an_mtp_queue_is_bounded_by_memory() -> None:
+    small, wide, huge = MTPQueue(), MTPQueue(), MTPQueue()
+    small.add(0, torch.zeros(1, 64))  # the tiny checkpoint's hidden rows: the row cap binds
+    wide.add(0, torch.zeros(1, 7168))  # DeepSeek V3's: the memory bound does
+    huge.add(0, torch.zeros(1, 1 << 16))
+    assert queue_bound(small) == MAX_QUEUED
+    assert queue_bound(wide) == MAX_QUEUED_BYTES // (7168 * 4)
+    assert queue_bound(huge) == MIN_QUEUED

@@ -12,7 +12,7 @@ passes through every module once:
   known, in one batched pass per module, writing its cache, and queues its outputs for the next
   module. A request catches up when it is about to draft (the first module; the others catch up in
   the chain's passes, which run their committed rows beside the drafted ones) and when a queue grows
-  past :data:`MAX_QUEUED` rows (every module).
+  past its memory bound (:func:`queue_bound`; every module).
 * **chain** (:meth:`MTPDrafter.propose`): with ``P`` the newest position the first module ran (its
   output there predicts the first token after the request's last, at ``P + 2``), step ``s`` of the
   chain uses module ``m = min(s, depth - 1)``. For ``s < depth``, module ``s`` runs the positions it
@@ -56,8 +56,23 @@ from agent_infer.model.layers.norm import RMSNorm
 #: Longest draft, and most known (forced) tokens a chain may pass through before its proposals.
 MAX_DRAFT = 32
 MAX_KNOWN = 16
-#: Committed rows a module's queue may hold before the request catches up without drafting.
-MAX_QUEUED = 64
+#: Bytes of committed rows a module's queue may hold before the request catches up without
+#: drafting, and the fewest and most rows that bound allows. A request that never drafts never pays
+#: for its catch-up, so the queue is bounded by memory; the row cap keeps a catch-up pass within
+#: the size of a prefill chunk.
+MAX_QUEUED_BYTES = 2 << 20
+MIN_QUEUED = 64
+MAX_QUEUED = 1024
+
+
+def queue_bound(queue: MTPQueue) -> int:
+    """Rows ``queue`` may hold before its request catches up: :data:`MAX_QUEUED_BYTES` of its
+    rows, within ``[MIN_QUEUED, MAX_QUEUED]``."""
+    if not queue.parts:
+        return MAX_QUEUED
+    part = queue.parts[0]
+    row = int(part.shape[1]) * part.element_size()
+    return max(MIN_QUEUED, min(MAX_QUEUED, MAX_QUEUED_BYTES // max(row, 1)))
 
 
 @dataclass
@@ -162,8 +177,8 @@ class MTPDrafter:
         return torch.arange(base, base + count, dtype=torch.int64)
 
     def needs_catch_up(self, seq: Sequence) -> bool:
-        """Whether a queue of ``seq`` outgrew :data:`MAX_QUEUED` rows."""
-        return any(q.queued > MAX_QUEUED for q in seq.spec.mtp)
+        """Whether a queue of ``seq`` outgrew its bound (:data:`MAX_QUEUED_BYTES`)."""
+        return any(q.queued > queue_bound(q) for q in seq.spec.mtp)
 
     def _timed(self, rows: int, started: float) -> None:
         if self.on_pass is not None:

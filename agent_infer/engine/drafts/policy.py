@@ -4,7 +4,8 @@ For each request the policy weighs its guessed sources (prompt lookup, when the 
 continuation; MTP, when the checkpoint has MTP layers) by their best net gain
 (:meth:`~.cost.CostModel.best_length`): what the request's drafts from that source are expected to
 keep (:mod:`.survival`: the request's own record, leaning on the engine's) less what the draft's rows
-and the source's passes cost the batch. MTP runs only for the requests it is chosen for, capped at
+and the source's passes cost the batch (an MTP draft of ``n`` tokens: ``n + 1`` passes, the catch-up
+of the rows the last step committed included). MTP runs only for the requests it is chosen for, capped at
 its best length, since its passes are the cost; prompt lookup's draft is cut to its best length.
 Rows are counted as the batch's drafts are chosen, so a draft that starts a new chunk of padded rows
 is charged for it. Prompt-lookup tokens of the requests not running MTP are then chosen across the
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from agent_infer.engine.drafts.base import MTP, NGRAM, Draft
 from agent_infer.engine.drafts.cost import CostModel
-from agent_infer.engine.drafts.survival import Survival
+from agent_infer.engine.drafts.survival import IDLE_DECAY, Survival
 from agent_infer.engine.sequence import Sequence
 
 #: Rounds of choosing MTP requests (each round charges the passes to the requests left).
@@ -67,10 +68,10 @@ class DraftPolicy:
         self.survival[source].record(drafted, accepted)
         seq.spec.survival.setdefault(source, Survival()).record(drafted, accepted)
 
-    def plan(self, candidates: list[Candidate], batch: int, rows: int, mtp: bool) -> None:
+    def plan(self, candidates: list[Candidate], batch: int, rows: int, mtp: bool, idle: int = 0) -> None:
         """Decide which candidates run MTP and how far (``mtp_limit``), then choose the others'
         prompt-lookup tokens batch-wide (:meth:`_fill`); ``rows`` is the step's rows before these
-        drafts."""
+        drafts, ``idle`` the steps sat out since the last plan (the records fade for each)."""
         drafting = sum(1 for c in candidates if mtp and c.seq.spec.use_mtp)
         running = rows
         for _ in range(_ROUNDS):
@@ -81,9 +82,11 @@ class DraftPolicy:
                 c.mtp_limit = 0
                 best = self._ngram(c, batch, running)
                 if mtp and c.seq.spec.use_mtp:
+                    # A round runs one pass per token and one more: the catch-up of the rows the
+                    # last step committed, which a request not drafting defers and batches.
                     per_pass = self.cost.pass_cost(MTP, drafting)
                     n, gain = self.cost.best_length(
-                        self.curve(c.seq, MTP, c.limit), batch, running, per_token=per_pass
+                        self.curve(c.seq, MTP, c.limit), batch, running, per_token=per_pass, fixed=per_pass
                     )
                     if n and gain > best:
                         c.mtp_limit = n
@@ -93,11 +96,11 @@ class DraftPolicy:
                 break
             drafting = chosen
         self._fill([c for c in candidates if not c.mtp_limit], batch, running)
-        self._fade(candidates, mtp)
+        self._fade(candidates, mtp, IDLE_DECAY ** (1 + idle))
 
-    def _fade(self, candidates: list[Candidate], mtp: bool) -> None:
+    def _fade(self, candidates: list[Candidate], mtp: bool, factor: float) -> None:
         """Fade the records of the sources a candidate could have drafted from but was not fed
-        (the engine's too, when no candidate fed it)."""
+        (the engine's too, when no candidate fed it) by ``factor``."""
         could = {MTP: False, NGRAM: False}
         fed = {MTP: False, NGRAM: False}
         for c in candidates:
@@ -111,15 +114,17 @@ class DraftPolicy:
                 could[source] = True
                 fed[source] = fed[source] or used
                 if not used and source in spec.survival:
-                    spec.survival[source].forget()
+                    spec.survival[source].forget(factor)
         for source in (MTP, NGRAM):
             if could[source] and not fed[source]:
-                self.survival[source].forget()
+                self.survival[source].forget(factor)
 
     def _fill(self, candidates: list[Candidate], batch: int, rows: int) -> None:
         """Choose the candidates' prompt-lookup tokens across the batch, surest first: the free rows
         of the step's last padded chunk take any, a further chunk only tokens whose chances of being
-        kept add up to more than the chunk costs the batch (in tokens)."""
+        kept add up to more than the chunk costs the batch (in tokens). A request's first token
+        also pays for the request's switch to a draft (``d`` of :mod:`.cost`), or is passed over
+        with the rest of its draft."""
         ranked: list[tuple[float, int, int]] = []
         for j, c in enumerate(candidates):
             c.ngram, c.ngram_gain = None, 0.0
@@ -138,15 +143,29 @@ class DraftPolicy:
         else:
             width = self.cost.row_multiple
             chunk = batch * line[1] * width / step
+            switch = batch * self.cost.per_draft() / step
             free = self.cost.pad(rows) - rows
-            chosen = ranked[:free]
-            k = free
-            while k < len(ranked):
-                group = ranked[k : k + width]
-                if sum(s for s, _, _ in group) <= chunk:
-                    break
-                chosen += group
-                k += width
+            chosen = []
+            passed: set[int] = set()
+            group: list[tuple[float, int, int]] = []
+            for token in ranked:
+                s, j, i = token
+                if j in passed:
+                    continue
+                if free > 0:
+                    if i == 0 and s <= switch:
+                        passed.add(j)
+                        continue
+                    chosen.append(token)
+                    free -= 1
+                    continue
+                group.append(token)
+                if len(group) == width:
+                    newcomers = sum(1 for _, g, k in group if k == 0)
+                    if sum(t[0] for t in group) <= chunk + switch * newcomers:
+                        break
+                    chosen += group
+                    group = []
         for s, j, _ in chosen:
             taken[j] += 1
             gains[j] += s
