@@ -243,6 +243,34 @@ def mla_prep(
     return qr
 
 
+class MlaRowsSet(Protocol):
+    """What ``_native.MlaRows`` offers: a step's multi-token chunks checked once, run per layer."""
+
+    num_tiles: int
+
+    def run(
+        self, q_nope: int, q_rope: int, cache: int, kv_b: int, out: int, heads: int, nope: int, rope: int,
+        lora: int, v: int, scale: float, num_threads: int, qn_row: int, qn_head: int, qr_row: int, qr_head: int,
+    ) -> None:  # fmt: skip
+        """Absorbed MLA for every chunk row, each bit-identical to the decode kernel's row (q_nope and
+        q_rope rows and heads at the given strides, latent cache ``[num_slots, lora + rope]``, kv_b
+        ``[heads * (nope + v), lora]``, out ``[R, heads * v]``)."""
+        ...
+
+
+def mla_rows(seqs: torch.Tensor, slots: torch.Tensor, num_rows: int, num_slots: int) -> MlaRowsSet:
+    """Chunks for :class:`MlaRowsSet` (engine_native/src/kernels/attention_mla_rows.cpp): ``seqs``
+    int64 ``[S, 3]`` = (first query row, rows, context length), the rows being the last ``rows``
+    positions of that context; ``slots`` int64, every sequence's cache slots in position order,
+    concatenated. Rows must lie below ``num_rows`` and slots below ``num_slots`` (checked natively)."""
+    if seqs.dtype is not torch.int64 or slots.dtype is not torch.int64:
+        raise ValueError(f"mla_rows: seqs and slots must be int64, got {seqs.dtype} and {slots.dtype}")
+    rows: MlaRowsSet = extension().MlaRows(
+        seqs.cpu().contiguous(), slots.cpu().contiguous(), num_rows, num_slots
+    )
+    return rows
+
+
 # --- DeepSeek V4 decode attention ---------------------------------------------------------------
 
 

@@ -1,0 +1,228 @@
+// Multi-head latent attention (DeepSeek V2/V3) for chunks of consecutive query rows of one sequence
+// in the weight-absorbed form (layers/mla.py), bit-identical to the single-row decode kernel of
+// kernels/attention_mla.h.
+//
+// A chunk's row t attends to the first ctx0 + t positions of its sequence, exactly what decoding
+// that token alone computes; so a prompt's bits do not depend on how it was chunked, on what the
+// prefix cache held, or on whether a row was prefilled or decoded. A work item is one head over a
+// tile of up to kMlaTile consecutive rows: each latent key (and each kv_b row) is loaded once and
+// used by every row of the tile (keys outer, rows inner), while each row's scores, running max,
+// exp, sum, weighted sum and output projection are the single-row kernel's calls (mla_dot,
+// mla_axpy, exp_shift) on that row's data, in that kernel's order. The ISA (and with it the exp) is
+// chosen as kernels/attention.cpp chooses it, once per process.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "kernels/attention_mla.h"
+#include "kernels/parallel.h"
+#include "kernels/vexp.h"
+
+namespace nb = nanobind;
+
+namespace agent_infer {
+namespace {
+
+// Rows per work item: a tile's queries (16 * (lora + rope) floats) stay in L1/L2 while its keys stream.
+constexpr size_t kMlaTile = 16;
+
+struct MlaTile {
+  size_t first_row;  // the tile's first query row
+  size_t rows;       // rows in the tile (1..kMlaTile)
+  size_t ctx0;       // context length of the first row; row t sees ctx0 + t positions
+  const int64_t* slots;  // the sequence's cache slots in position order
+};
+
+template <bool kSimdExp>
+__attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                         std::vector<float>& buf) {
+  const size_t dim = a.lora + a.rope, n = tile.rows, ctx0 = tile.ctx0, keys = ctx0 + n - 1;
+  const float* wk = a.w + h * (a.nope + a.v) * a.lora;
+  const float* wv = wk + a.nope * a.lora;
+  buf.resize(n * (dim + a.lora + keys));
+  float* q = buf.data();     // row t at q + t * dim
+  float* o = q + n * dim;    // row t at o + t * lora
+  float* s = o + n * a.lora;  // row t at s + t * keys
+  const float* qn[kMlaTile];
+  float mx[kMlaTile], sum[kMlaTile];
+  for (size_t t = 0; t < n; ++t) {
+    const size_t row = tile.first_row + t;
+    qn[t] = a.q_nope + row * a.qn_row + h * a.qn_head;
+    std::fill(q + t * dim, q + t * dim + a.lora, 0.0f);
+  }
+  for (size_t i = 0; i < a.nope; ++i)
+    for (size_t t = 0; t < n; ++t) mla_axpy(q + t * dim, qn[t][i], wk + i * a.lora, a.lora);
+  for (size_t t = 0; t < n; ++t) {
+    const float* qr = a.q_rope + (tile.first_row + t) * a.qr_row + h * a.qr_head;
+    float* qt = q + t * dim;
+    std::copy(qr, qr + a.rope, qt + a.lora);
+    for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
+    mx[t] = -INFINITY;
+  }
+  for (size_t j = 0; j < keys; ++j) {
+    const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim;
+    for (size_t t = j < ctx0 ? 0 : j - ctx0 + 1; t < n; ++t) {
+      float* st = s + t * keys;
+      st[j] = mla_dot(q + t * dim, key, dim);
+      mx[t] = std::max(mx[t], st[j]);
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    float* st = s + t * keys;
+    const size_t ctx = ctx0 + t;
+    exp_shift(st, ctx, mx[t], kSimdExp);
+    float total = 0.0f;
+    for (size_t j = 0; j < ctx; ++j) total += st[j];
+    sum[t] = total;
+    std::fill(o + t * a.lora, o + (t + 1) * a.lora, 0.0f);
+  }
+  for (size_t j = 0; j < keys; ++j) {
+    const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim;
+    for (size_t t = j < ctx0 ? 0 : j - ctx0 + 1; t < n; ++t) mla_axpy(o + t * a.lora, s[t * keys + j], key, a.lora);
+  }
+  for (size_t t = 0; t < n; ++t) {
+    const float inv = 1.0f / sum[t];
+    for (size_t i = 0; i < a.lora; ++i) o[t * a.lora + i] *= inv;
+  }
+  for (size_t k = 0; k < a.v; ++k)
+    for (size_t t = 0; t < n; ++t)
+      a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
+}
+
+__attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                            std::vector<float>& buf) {
+  mla_tile_impl<true>(a, tile, h, buf);
+}
+
+__attribute__((target("avx2,fma"))) void mla_tile_avx2(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                       std::vector<float>& buf) {
+  mla_tile_impl<false>(a, tile, h, buf);
+}
+
+void mla_tile_portable(const MlaArgs& a, const MlaTile& tile, size_t h, std::vector<float>& buf) {
+  mla_tile_impl<false>(a, tile, h, buf);
+}
+
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+const bool g_mla_avx512 = cpu_has_avx512f();
+const bool g_mla_avx2 = cpu_has_avx2_fma();
+
+using I64 = nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>;
+
+// One step's chunks, checked once, then run per layer on raw addresses.
+class MlaRows {
+ public:
+  // seqs [S, 3] int64: (first query row, rows, context length) per sequence, the rows being the
+  // last `rows` positions of the context; slots: the sequences' cache slots in position order,
+  // concatenated (sum of context lengths).
+  MlaRows(I64 seqs, I64 slots, int64_t num_rows, int64_t num_slots) {
+    if (seqs.ndim() != 2 || seqs.shape(1) != 3) throw std::invalid_argument("mla_rows: seqs must be [S, 3]");
+    if (slots.ndim() != 1) throw std::invalid_argument("mla_rows: slots must be 1-D");
+    if (num_rows < 0 || num_slots < 0) throw std::invalid_argument("mla_rows: negative row or slot count");
+    const int64_t* sq = seqs.data();
+    slots_.assign(slots.data(), slots.data() + slots.shape(0));
+    size_t offset = 0;
+    for (size_t i = 0; i < seqs.shape(0); ++i) {
+      const int64_t start = sq[3 * i], n = sq[3 * i + 1], ctx = sq[3 * i + 2];
+      const std::string where = "mla_rows: sequence " + std::to_string(i);
+      if (n < 1 || ctx < n) throw std::invalid_argument(where + " needs 1 <= rows <= context length");
+      if (start < 0 || start + n > num_rows) throw std::out_of_range(where + " has rows outside q");
+      if (offset + static_cast<size_t>(ctx) > slots_.size())
+        throw std::invalid_argument(where + " runs past the end of slots");
+      for (size_t j = offset; j < offset + static_cast<size_t>(ctx); ++j)
+        if (slots_[j] < 0 || slots_[j] >= num_slots)
+          throw std::out_of_range(where + " references a slot outside the cache");
+      for (int64_t t = 0; t < n; t += static_cast<int64_t>(kMlaTile)) {
+        const int64_t rows = std::min<int64_t>(static_cast<int64_t>(kMlaTile), n - t);
+        tiles_.push_back({static_cast<size_t>(start + t), static_cast<size_t>(rows),
+                          static_cast<size_t>(ctx - n + t + 1), nullptr});
+        offsets_.push_back(offset);
+      }
+      offset += static_cast<size_t>(ctx);
+    }
+    if (offset != slots_.size()) throw std::invalid_argument("mla_rows: slots has entries no sequence uses");
+    for (size_t i = 0; i < tiles_.size(); ++i) tiles_[i].slots = slots_.data() + offsets_[i];
+  }
+
+  // q_nope and q_rope rows and heads at the given strides (in floats; each head's nope or rope
+  // values contiguous), cache [num_slots, lora + rope], kv_b [heads * (nope + v), lora], out
+  // [num_rows, heads * v]; float32, checked and kept alive by the caller.
+  void run(uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache, uintptr_t kv_b, uintptr_t out, int64_t heads,
+           int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads, int64_t qn_row,
+           int64_t qn_head, int64_t qr_row, int64_t qr_head) const {
+    if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument("mla_rows: null address");
+    if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
+      throw std::invalid_argument("mla_rows: heads, nope, lora and v must be positive (rope >= 0)");
+    if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
+      throw std::invalid_argument("mla_rows: q strides overlap their heads");
+    MlaArgs a{};
+    a.q_nope = reinterpret_cast<const float*>(q_nope);
+    a.q_rope = reinterpret_cast<const float*>(q_rope);
+    a.cache = reinterpret_cast<const float*>(cache);
+    a.w = reinterpret_cast<const float*>(kv_b);
+    a.out = reinterpret_cast<float*>(out);
+    a.heads = static_cast<size_t>(heads);
+    a.nope = static_cast<size_t>(nope);
+    a.rope = static_cast<size_t>(rope);
+    a.lora = static_cast<size_t>(lora);
+    a.v = static_cast<size_t>(v);
+    a.scale = static_cast<float>(scale);
+    a.qn_row = static_cast<size_t>(qn_row);
+    a.qn_head = static_cast<size_t>(qn_head);
+    a.qr_row = static_cast<size_t>(qr_row);
+    a.qr_head = static_cast<size_t>(qr_head);
+    nb::gil_scoped_release release;
+    parallel_for(num_threads, tiles_.size() * a.heads, [&](size_t item) {
+      thread_local std::vector<float> buf;
+      const MlaTile& tile = tiles_[item / a.heads];
+      const size_t h = item % a.heads;
+      if (g_mla_avx512)
+        mla_tile_avx512(a, tile, h, buf);
+      else if (g_mla_avx2)
+        mla_tile_avx2(a, tile, h, buf);
+      else
+        mla_tile_portable(a, tile, h, buf);
+    });
+  }
+
+  size_t num_tiles() const { return tiles_.size(); }
+
+ private:
+  std::vector<int64_t> slots_;
+  std::vector<MlaTile> tiles_;
+  std::vector<size_t> offsets_;
+};
+
+}  // namespace
+
+void register_attention_mla_rows(nb::module_& m) {
+  nb::class_<MlaRows>(m, "MlaRows",
+                      "One step's multi-token chunks for absorbed multi-head latent attention, checked once "
+                      "and run per layer on raw addresses; each row bit-identical to the decode kernel's.")
+      .def(nb::init<I64, I64, int64_t, int64_t>(), nb::arg("seqs"), nb::arg("slots"), nb::arg("num_rows"),
+           nb::arg("num_slots"))
+      .def("run", &MlaRows::run, nb::arg("q_nope"), nb::arg("q_rope"), nb::arg("cache"), nb::arg("kv_b"),
+           nb::arg("out"), nb::arg("heads"), nb::arg("nope"), nb::arg("rope"), nb::arg("lora"), nb::arg("v"),
+           nb::arg("scale"), nb::arg("num_threads"), nb::arg("qn_row"), nb::arg("qn_head"), nb::arg("qr_row"),
+           nb::arg("qr_head"),
+           "Absorbed MLA for every chunk row (q_nope and q_rope rows and heads at the given float strides, "
+           "latent cache [num_slots, lora + rope], kv_b_proj [heads * (nope + v), lora], out [num_rows, "
+           "heads * v]; float32); the GIL is released.")
+      .def_prop_ro("num_tiles", &MlaRows::num_tiles);
+}
+
+}  // namespace agent_infer
