@@ -24,17 +24,17 @@ pytestmark = pytest.mark.skipif(not native_ops.available(), reason="the native e
 REPO = Path(__file__).resolve().parents[2]
 TRAINED = REPO / "checkpoints" / "tiny-deepseek-v3"
 
-HEADS, NOPE, ROPE, LORA, V = 3, 16, 8, 40, 12
+HEADS, NOPE, ROPE, V = 3, 16, 8, 12
 SLOTS, BLOCK = 256, 4
 
 
-def _inputs(rows: int, seed: int) -> dict[str, torch.Tensor]:
+def _inputs(rows: int, seed: int, lora: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     # q_nope and q_rope are strided views of one wider tensor, as the model hands them over.
     q = torch.randn(rows, HEADS, NOPE + ROPE + 3, generator=g)
     return {
-        "cache": torch.randn(SLOTS, LORA + ROPE, generator=g),
-        "kv_b": torch.randn(HEADS * (NOPE + V), LORA, generator=g) * 0.3,
+        "cache": torch.randn(SLOTS, lora + ROPE, generator=g),
+        "kv_b": torch.randn(HEADS * (NOPE + V), lora, generator=g) * 0.3,
         "qn": q[:, :, :NOPE],
         "qr": q[:, :, NOPE : NOPE + ROPE],
         "blocks": torch.randperm(SLOTS // BLOCK, generator=g),
@@ -42,10 +42,10 @@ def _inputs(rows: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _args(t: dict[str, torch.Tensor], out: torch.Tensor, threads: int) -> tuple[object, ...]:
-    qn, qr = t["qn"], t["qr"]
+    qn, qr, lora = t["qn"], t["qr"], int(t["kv_b"].shape[1])
     return (
         qn.data_ptr(), qr.data_ptr(), t["cache"].data_ptr(), t["kv_b"].data_ptr(), out.data_ptr(), HEADS, NOPE,
-        ROPE, LORA, V, 0.37, threads, qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
+        ROPE, lora, V, 0.37, threads, qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
     )  # fmt: skip
 
 
@@ -70,14 +70,16 @@ def _slots(table: torch.Tensor, ctx: int) -> torch.Tensor:
     return (table[:, None] * BLOCK + torch.arange(BLOCK)[None]).reshape(-1)[:ctx]
 
 
+# lora 32: the AVX-512 kernel's path (lora a multiple of 16); 40: the generic one on every machine.
+@pytest.mark.parametrize("lora", [32, 40])
 @pytest.mark.parametrize(
     ("lengths", "cached"),
-    [([1], [0]), ([15], [0]), ([16], [3]), ([17], [0]), ([33], [7]), ([5, 40, 16], [1, 0, 9])],
-    ids=["one", "15", "16+3", "17", "33+7", "three-seqs"],
+    [([1], [0]), ([15], [0]), ([16], [3]), ([17], [0]), ([33], [7]), ([5, 40, 16], [1, 0, 9]), ([47], [30])],
+    ids=["one", "15", "16+3", "17", "33+7", "three-seqs", "47+30"],
 )
-def test_tiled_rows_equal_single_row_kernel(lengths: list[int], cached: list[int]) -> None:
+def test_tiled_rows_equal_single_row_kernel(lengths: list[int], cached: list[int], lora: int) -> None:
     total = sum(lengths)
-    t = _inputs(total + 2, seed=total)
+    t = _inputs(total + 2, seed=total, lora=lora)
     seqs, start = [], 0
     blocks = t["blocks"]
     for i, (n, c0) in enumerate(zip(lengths, cached)):

@@ -126,6 +126,9 @@ class MultiHeadLatentAttention(nn.Module):
             else None
         )
         self.absorb_max_query = ABSORB_MAX_QUERY
+        #: Chunks of more than ABSORB_MAX_QUERY rows on the tiled absorbed kernel (with ``native``);
+        #: benchmarks/mla_prefill.py turns it off to time the torch forms as a peer in the same run.
+        self.tiled_chunks = native
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
         """HF names of every tensor of the layer."""
@@ -212,7 +215,7 @@ class MultiHeadLatentAttention(nn.Module):
                 f"[slots, {m.latent_dim}]; got cache {tuple(cache.shape)} {cache.dtype} on {cache.device}"
             )
         decode = plan.decode
-        chunks = plan.seqs if self.native else []
+        chunks = plan.seqs if self.tiled_chunks else []
         covered = (len(decode.rows) if decode is not None else 0) + sum(s.end - s.start for s in chunks)
         # Rows no kernel writes (padding, or none when every row is covered) must read as zeros.
         alloc = torch.zeros if covered < rows else torch.empty
@@ -248,7 +251,7 @@ class MultiHeadLatentAttention(nn.Module):
                 qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
                 nope, rope, lora, v, self.scale, native_ops.threads_for(work), *strides,
             )  # fmt: skip
-        for s in plan.seqs if not self.native else []:
+        for s in plan.seqs if not self.tiled_chunks else []:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
             out[s.start : s.end] = form(q_nope[s.start : s.end], q_rope[s.start : s.end], cache, s)
         return out

@@ -13,6 +13,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -96,9 +98,125 @@ __attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const
       a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
 }
 
+// mla_tile_impl<true> with AVX-512 across keys: a block of 16 keys is transposed once per tile
+// ([dim][16]) and each row's scores for the block come out of 16 accumulators, accumulator l holding
+// lane l of mla_dot's chains for the 16 keys side by side, then mla_dot's halving tree as vector adds;
+// the row sums add each row's scores in position order 16 rows at a time, and the weighted sums add
+// positions in order per latent element. Every value goes through the single-row kernel's roundings.
 __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, const MlaTile& tile, size_t h,
                                                             std::vector<float>& buf) {
-  mla_tile_impl<true>(a, tile, h, buf);
+  if (a.lora % kMlaLanes) {
+    mla_tile_impl<true>(a, tile, h, buf);
+    return;
+  }
+  const size_t dim = a.lora + a.rope, n = tile.rows, ctx0 = tile.ctx0, keys = ctx0 + n - 1;
+  const size_t stride = (keys + kMlaLanes - 1) / kMlaLanes * kMlaLanes;  // a row's scores, padded
+  const float* wk = a.w + h * (a.nope + a.v) * a.lora;
+  const float* wv = wk + a.nope * a.lora;
+  buf.resize(n * (dim + a.lora + stride) + dim * kMlaLanes + 2 * kMlaLanes);
+  float* q = buf.data();
+  float* o = q + n * dim;
+  float* s = o + n * a.lora;
+  float* kt = s + n * stride;  // the key block, transposed: kt[i * 16 + k] = key k's element i
+  const float* qn[kMlaTile];
+  float mx[kMlaTile];
+  for (size_t t = 0; t < n; ++t) {
+    qn[t] = a.q_nope + (tile.first_row + t) * a.qn_row + h * a.qn_head;
+    std::fill(q + t * dim, q + t * dim + a.lora, 0.0f);
+  }
+  for (size_t i = 0; i < a.nope; ++i)
+    for (size_t t = 0; t < n; ++t) mla_axpy(q + t * dim, qn[t][i], wk + i * a.lora, a.lora);
+  for (size_t t = 0; t < n; ++t) {
+    const float* qr = a.q_rope + (tile.first_row + t) * a.qr_row + h * a.qr_head;
+    float* qt = q + t * dim;
+    std::copy(qr, qr + a.rope, qt + a.lora);
+    for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
+  }
+  // Scores, 16 keys at a time.
+  for (size_t j0 = 0; j0 < keys; j0 += kMlaLanes) {
+    const size_t nk = std::min(kMlaLanes, keys - j0);
+    for (size_t k = 0; k < kMlaLanes; ++k) {
+      if (k < nk) {
+        const float* key = a.cache + static_cast<size_t>(tile.slots[j0 + k]) * dim;
+        for (size_t i = 0; i < dim; ++i) kt[i * kMlaLanes + k] = key[i];
+      } else {
+        for (size_t i = 0; i < dim; ++i) kt[i * kMlaLanes + k] = 0.0f;
+      }
+    }
+    for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; ++t) {
+      const float* qt = q + t * dim;
+      __m512 acc[kMlaLanes];
+      for (size_t l = 0; l < kMlaLanes; ++l) acc[l] = _mm512_setzero_ps();
+      size_t i = 0;
+      for (; i + kMlaLanes <= dim; i += kMlaLanes)
+        for (size_t l = 0; l < kMlaLanes; ++l)
+          acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(qt[i + l]), _mm512_loadu_ps(kt + (i + l) * kMlaLanes), acc[l]);
+      for (size_t l = 0; i + l < dim; ++l)
+        acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(qt[i + l]), _mm512_loadu_ps(kt + (i + l) * kMlaLanes), acc[l]);
+      for (size_t width = kMlaLanes / 2; width; width /= 2)
+        for (size_t l = 0; l < width; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + width]);
+      _mm512_storeu_ps(s + t * stride + j0, acc[0]);
+    }
+  }
+  // Row maxima (the maximum is exact in any order), then mla_head_impl's exp.
+  for (size_t t = 0; t < n; ++t) {
+    const float* st = s + t * stride;
+    const size_t ctx = ctx0 + t;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    size_t j = 0;
+    for (; j + kMlaLanes <= ctx; j += kMlaLanes) m = _mm512_max_ps(_mm512_loadu_ps(st + j), m);
+    if (j < ctx) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (ctx - j)) - 1u);
+      m = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, st + j), m);
+    }
+    mx[t] = _mm512_reduce_max_ps(m);
+    exp_shift(s + t * stride, ctx, mx[t], true);
+  }
+  // Row sums: lane t adds row t's weights in position order.
+  alignas(64) float sums[kMlaLanes];
+  {
+    int32_t offs[kMlaLanes];
+    for (size_t t = 0; t < kMlaLanes; ++t) offs[t] = static_cast<int32_t>(t < n ? t * stride : 0);
+    const __m512i idx = _mm512_loadu_si512(offs);
+    __m512 total = _mm512_setzero_ps();
+    for (size_t j = 0; j < keys; ++j) {
+      const size_t first = j < ctx0 ? 0 : j - ctx0 + 1;
+      const __mmask16 rows = static_cast<__mmask16>(((1u << n) - 1u) & ~((1u << first) - 1u));
+      const __m512 w = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows, idx, s + j, 4);
+      total = _mm512_mask_add_ps(total, rows, total, w);
+    }
+    _mm512_store_ps(sums, total);
+  }
+  // Weighted latent sums: 16 keys at a time, up to 8 vectors of each row's sum in registers.
+  constexpr size_t kRegs = 8;
+  for (size_t c0 = 0; c0 < a.lora; c0 += kRegs * kMlaLanes) {
+    const size_t regs = std::min(kRegs, (a.lora - c0) / kMlaLanes);
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < regs; ++r) _mm512_storeu_ps(o + t * a.lora + c0 + r * kMlaLanes, _mm512_setzero_ps());
+    for (size_t j0 = 0; j0 < keys; j0 += kMlaLanes) {
+      const size_t j1 = std::min(keys, j0 + kMlaLanes);
+      for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; ++t) {
+        const size_t end = std::min(j1, ctx0 + t);
+        const float* st = s + t * stride;
+        float* ot = o + t * a.lora + c0;
+        __m512 acc[kRegs];
+        for (size_t r = 0; r < regs; ++r) acc[r] = _mm512_loadu_ps(ot + r * kMlaLanes);
+        for (size_t j = j0; j < end; ++j) {
+          const __m512 p = _mm512_set1_ps(st[j]);
+          const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim + c0;
+          for (size_t r = 0; r < regs; ++r) acc[r] = _mm512_fmadd_ps(p, _mm512_loadu_ps(key + r * kMlaLanes), acc[r]);
+        }
+        for (size_t r = 0; r < regs; ++r) _mm512_storeu_ps(ot + r * kMlaLanes, acc[r]);
+      }
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    const float inv = 1.0f / sums[t];
+    for (size_t i = 0; i < a.lora; ++i) o[t * a.lora + i] *= inv;
+  }
+  for (size_t k = 0; k < a.v; ++k)
+    for (size_t t = 0; t < n; ++t)
+      a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
 }
 
 __attribute__((target("avx2,fma"))) void mla_tile_avx2(const MlaArgs& a, const MlaTile& tile, size_t h,
