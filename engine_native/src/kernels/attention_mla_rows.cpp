@@ -40,6 +40,13 @@ struct MlaTile {
   size_t rows;       // rows in the tile (1..kMlaTile)
   size_t ctx0;       // context length of the first row; row t sees ctx0 + t positions
   const int64_t* slots;  // the sequence's cache slots in position order
+  size_t block0;         // the sequence's first block of 16 transposed keys (MlaRows::key_blocks_)
+};
+
+// 16 consecutive keys of one sequence (fewer at its end).
+struct MlaKeyBlock {
+  const int64_t* slots;
+  size_t keys;
 };
 
 template <bool kSimdExp>
@@ -98,26 +105,35 @@ __attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const
       a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
 }
 
-// mla_tile_impl<true> with AVX-512 across keys: a block of 16 keys is transposed once per tile
-// ([dim][16]) and each row's scores for the block come out of 16 accumulators, accumulator l holding
-// lane l of mla_dot's chains for the 16 keys side by side, then mla_dot's halving tree as vector adds;
-// the row sums add each row's scores in position order 16 rows at a time, and the weighted sums add
+__attribute__((target("avx512f,fma"))) void mla_tile_avx512_generic(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                                    std::vector<float>& buf) {
+  mla_tile_impl<true>(a, tile, h, buf);
+}
+
+// Key block b of the cache, transposed: out[i * 16 + k] = element i of key k (zeros past its keys).
+void mla_transpose_keys(const float* cache, size_t dim, const MlaKeyBlock& b, float* out) {
+  for (size_t k = 0; k < kMlaLanes; ++k) {
+    const float* key = k < b.keys ? cache + static_cast<size_t>(b.slots[k]) * dim : nullptr;
+    for (size_t i = 0; i < dim; ++i) out[i * kMlaLanes + k] = key ? key[i] : 0.0f;
+  }
+}
+
+// mla_tile_impl<true> with AVX-512 across keys (kv_lora_rank a multiple of 16): each block of 16
+// keys is transposed once per call (`kt_all`, mla_transpose_keys, shared by every head and tile)
+// and a row's scores for the block come out of 16 accumulators, accumulator l holding lane l of
+// mla_dot's chains for the 16 keys side by side, then mla_dot's halving tree as vector adds; the
+// row sums add each row's weights in position order 16 rows at a time, and the weighted sums add
 // positions in order per latent element. Every value goes through the single-row kernel's roundings.
 __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, const MlaTile& tile, size_t h,
-                                                            std::vector<float>& buf) {
-  if (a.lora % kMlaLanes) {
-    mla_tile_impl<true>(a, tile, h, buf);
-    return;
-  }
+                                                            const float* kt_all, std::vector<float>& buf) {
   const size_t dim = a.lora + a.rope, n = tile.rows, ctx0 = tile.ctx0, keys = ctx0 + n - 1;
   const size_t stride = (keys + kMlaLanes - 1) / kMlaLanes * kMlaLanes;  // a row's scores, padded
   const float* wk = a.w + h * (a.nope + a.v) * a.lora;
   const float* wv = wk + a.nope * a.lora;
-  buf.resize(n * (dim + a.lora + stride) + dim * kMlaLanes + 2 * kMlaLanes);
+  buf.resize(n * (dim + a.lora + stride));
   float* q = buf.data();
   float* o = q + n * dim;
   float* s = o + n * a.lora;
-  float* kt = s + n * stride;  // the key block, transposed: kt[i * 16 + k] = key k's element i
   const float* qn[kMlaTile];
   float mx[kMlaTile];
   for (size_t t = 0; t < n; ++t) {
@@ -134,15 +150,7 @@ __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, co
   }
   // Scores, 16 keys at a time.
   for (size_t j0 = 0; j0 < keys; j0 += kMlaLanes) {
-    const size_t nk = std::min(kMlaLanes, keys - j0);
-    for (size_t k = 0; k < kMlaLanes; ++k) {
-      if (k < nk) {
-        const float* key = a.cache + static_cast<size_t>(tile.slots[j0 + k]) * dim;
-        for (size_t i = 0; i < dim; ++i) kt[i * kMlaLanes + k] = key[i];
-      } else {
-        for (size_t i = 0; i < dim; ++i) kt[i * kMlaLanes + k] = 0.0f;
-      }
-    }
+    const float* kt = kt_all + (tile.block0 + j0 / kMlaLanes) * dim * kMlaLanes;
     for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; ++t) {
       const float* qt = q + t * dim;
       __m512 acc[kMlaLanes];
@@ -256,6 +264,7 @@ class MlaRows {
     size_t offset = 0;
     for (size_t i = 0; i < seqs.shape(0); ++i) {
       const int64_t start = sq[3 * i], n = sq[3 * i + 1], ctx = sq[3 * i + 2];
+      const size_t block0 = block_offsets_.size();
       const std::string where = "mla_rows: sequence " + std::to_string(i);
       if (n < 1 || ctx < n) throw std::invalid_argument(where + " needs 1 <= rows <= context length");
       if (start < 0 || start + n > num_rows) throw std::out_of_range(where + " has rows outside q");
@@ -267,8 +276,12 @@ class MlaRows {
       for (int64_t t = 0; t < n; t += static_cast<int64_t>(kMlaTile)) {
         const int64_t rows = std::min<int64_t>(static_cast<int64_t>(kMlaTile), n - t);
         tiles_.push_back({static_cast<size_t>(start + t), static_cast<size_t>(rows),
-                          static_cast<size_t>(ctx - n + t + 1), nullptr});
+                          static_cast<size_t>(ctx - n + t + 1), nullptr, block0});
         offsets_.push_back(offset);
+      }
+      for (size_t j = 0; j < static_cast<size_t>(ctx); j += kMlaLanes) {
+        block_offsets_.push_back(offset + j);
+        block_keys_.push_back(std::min(kMlaLanes, static_cast<size_t>(ctx) - j));
       }
       offset += static_cast<size_t>(ctx);
     }
@@ -304,12 +317,22 @@ class MlaRows {
     a.qr_row = static_cast<size_t>(qr_row);
     a.qr_head = static_cast<size_t>(qr_head);
     nb::gil_scoped_release release;
+    const bool blocked = g_mla_avx512 && a.lora % kMlaLanes == 0;
+    const size_t dim = a.lora + a.rope;
+    std::vector<float> kt(blocked ? block_offsets_.size() * dim * kMlaLanes : 0);
+    if (blocked)
+      parallel_for(num_threads, block_offsets_.size(), [&](size_t b) {
+        mla_transpose_keys(a.cache, dim, {slots_.data() + block_offsets_[b], block_keys_[b]},
+                           kt.data() + b * dim * kMlaLanes);
+      });
     parallel_for(num_threads, tiles_.size() * a.heads, [&](size_t item) {
       thread_local std::vector<float> buf;
       const MlaTile& tile = tiles_[item / a.heads];
       const size_t h = item % a.heads;
-      if (g_mla_avx512)
-        mla_tile_avx512(a, tile, h, buf);
+      if (blocked)
+        mla_tile_avx512(a, tile, h, kt.data(), buf);
+      else if (g_mla_avx512)
+        mla_tile_avx512_generic(a, tile, h, buf);
       else if (g_mla_avx2)
         mla_tile_avx2(a, tile, h, buf);
       else
@@ -323,6 +346,7 @@ class MlaRows {
   std::vector<int64_t> slots_;
   std::vector<MlaTile> tiles_;
   std::vector<size_t> offsets_;
+  std::vector<size_t> block_offsets_, block_keys_;  // each key block's first slot entry and key count
 };
 
 }  // namespace
