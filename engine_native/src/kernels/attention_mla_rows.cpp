@@ -118,6 +118,52 @@ void mla_transpose_keys(const float* cache, size_t dim, const MlaKeyBlock& b, fl
   }
 }
 
+// Weighted sums of one or two rows (kRows) over positions [j0, end) (the second row: [j0, end1),
+// end1 >= end), kR vectors each: o += p_j * key_j[c0..] in position order per element.
+constexpr size_t kRegs = 8;
+template <size_t kRows, size_t kR>
+__attribute__((target("avx512f,fma"))) void mla_wsum(float* o0, float* o1, const float* s0, const float* s1,
+                                                     const float* keys0, size_t dim, const int64_t* slots, size_t j0,
+                                                     size_t end, size_t end1) {
+  __m512 a0[kR], a1[kR];
+  for (size_t r = 0; r < kR; ++r) a0[r] = _mm512_loadu_ps(o0 + r * kMlaLanes);
+  if (kRows == 2)
+    for (size_t r = 0; r < kR; ++r) a1[r] = _mm512_loadu_ps(o1 + r * kMlaLanes);
+  size_t j = j0;
+  for (; j < end; ++j) {
+    const float* key = keys0 + static_cast<size_t>(slots[j]) * dim;
+    const __m512 p0 = _mm512_set1_ps(s0[j]);
+    if (kRows == 2) {
+      const __m512 p1 = _mm512_set1_ps(s1[j]);
+      for (size_t r = 0; r < kR; ++r) {
+        const __m512 k = _mm512_loadu_ps(key + r * kMlaLanes);
+        a0[r] = _mm512_fmadd_ps(p0, k, a0[r]);
+        a1[r] = _mm512_fmadd_ps(p1, k, a1[r]);
+      }
+    } else {
+      for (size_t r = 0; r < kR; ++r) a0[r] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(key + r * kMlaLanes), a0[r]);
+    }
+  }
+  if (kRows == 2)
+    for (; j < end1; ++j) {
+      const float* key = keys0 + static_cast<size_t>(slots[j]) * dim;
+      const __m512 p1 = _mm512_set1_ps(s1[j]);
+      for (size_t r = 0; r < kR; ++r) a1[r] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(key + r * kMlaLanes), a1[r]);
+    }
+  for (size_t r = 0; r < kR; ++r) _mm512_storeu_ps(o0 + r * kMlaLanes, a0[r]);
+  if (kRows == 2)
+    for (size_t r = 0; r < kR; ++r) _mm512_storeu_ps(o1 + r * kMlaLanes, a1[r]);
+}
+
+using MlaWsum = void (*)(float*, float*, const float*, const float*, const float*, size_t, const int64_t*, size_t,
+                         size_t, size_t);
+// [rows - 1][vectors - 1]
+constexpr MlaWsum kMlaWsum[2][kRegs] = {
+    {mla_wsum<1, 1>, mla_wsum<1, 2>, mla_wsum<1, 3>, mla_wsum<1, 4>, mla_wsum<1, 5>, mla_wsum<1, 6>, mla_wsum<1, 7>,
+     mla_wsum<1, 8>},
+    {mla_wsum<2, 1>, mla_wsum<2, 2>, mla_wsum<2, 3>, mla_wsum<2, 4>, mla_wsum<2, 5>, mla_wsum<2, 6>, mla_wsum<2, 7>,
+     mla_wsum<2, 8>}};
+
 // mla_tile_impl<true> with AVX-512 across keys (kv_lora_rank a multiple of 16): each block of 16
 // keys is transposed once per call (`kt_all`, mla_transpose_keys, shared by every head and tile)
 // and a row's scores for the block come out of 16 accumulators, accumulator l holding lane l of
@@ -148,22 +194,43 @@ __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, co
     std::copy(qr, qr + a.rope, qt + a.lora);
     for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
   }
-  // Scores, 16 keys at a time.
+  // Scores, 16 keys at a time, 8 rows at a time: lane chain l of 8 rows runs side by side (one key
+  // load feeds 8 multiply-adds), then each row's halving tree. Rows past the tile read a zero row
+  // and write scratch.
+  constexpr size_t kGroup = 8;
+  alignas(64) float zero_row[1] = {0.0f};
+  alignas(64) float scratch[kMlaLanes];
+  const size_t main = dim / kMlaLanes * kMlaLanes;
   for (size_t j0 = 0; j0 < keys; j0 += kMlaLanes) {
     const float* kt = kt_all + (tile.block0 + j0 / kMlaLanes) * dim * kMlaLanes;
-    for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; ++t) {
-      const float* qt = q + t * dim;
-      __m512 acc[kMlaLanes];
-      for (size_t l = 0; l < kMlaLanes; ++l) acc[l] = _mm512_setzero_ps();
-      size_t i = 0;
-      for (; i + kMlaLanes <= dim; i += kMlaLanes)
-        for (size_t l = 0; l < kMlaLanes; ++l)
-          acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(qt[i + l]), _mm512_loadu_ps(kt + (i + l) * kMlaLanes), acc[l]);
-      for (size_t l = 0; i + l < dim; ++l)
-        acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(qt[i + l]), _mm512_loadu_ps(kt + (i + l) * kMlaLanes), acc[l]);
-      for (size_t width = kMlaLanes / 2; width; width /= 2)
-        for (size_t l = 0; l < width; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + width]);
-      _mm512_storeu_ps(s + t * stride + j0, acc[0]);
+    for (size_t g = j0 < ctx0 ? 0 : j0 - ctx0 + 1; g < n; g += kGroup) {
+      const float* qg[kGroup];
+      size_t qstep[kGroup];
+      for (size_t r = 0; r < kGroup; ++r) {
+        qg[r] = g + r < n ? q + (g + r) * dim : zero_row;
+        qstep[r] = g + r < n ? 1 : 0;
+      }
+      __m512 lanes[kGroup][kMlaLanes];
+      for (size_t l = 0; l < kMlaLanes; ++l) {
+        __m512 acc[kGroup];
+        for (size_t r = 0; r < kGroup; ++r) acc[r] = _mm512_setzero_ps();
+        size_t i = l;
+        for (; i < main; i += kMlaLanes) {
+          const __m512 k = _mm512_loadu_ps(kt + i * kMlaLanes);
+          for (size_t r = 0; r < kGroup; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qg[r][i * qstep[r]]), k, acc[r]);
+        }
+        if (i < dim) {
+          const __m512 k = _mm512_loadu_ps(kt + i * kMlaLanes);
+          for (size_t r = 0; r < kGroup; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qg[r][i * qstep[r]]), k, acc[r]);
+        }
+        for (size_t r = 0; r < kGroup; ++r) lanes[r][l] = acc[r];
+      }
+      for (size_t r = 0; r < kGroup; ++r) {
+        __m512* acc = lanes[r];
+        for (size_t width = kMlaLanes / 2; width; width /= 2)
+          for (size_t l = 0; l < width; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + width]);
+        _mm512_storeu_ps(g + r < n ? s + (g + r) * stride + j0 : scratch, acc[0]);
+      }
     }
   }
   // Row maxima (the maximum is exact in any order), then mla_head_impl's exp.
@@ -195,26 +262,25 @@ __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, co
     }
     _mm512_store_ps(sums, total);
   }
-  // Weighted latent sums: 16 keys at a time, up to 8 vectors of each row's sum in registers.
-  constexpr size_t kRegs = 8;
+  // Weighted latent sums: 16 keys at a time, kRegs vectors of two rows' sums in registers (one key
+  // load feeds both rows); each element adds positions in order.
   for (size_t c0 = 0; c0 < a.lora; c0 += kRegs * kMlaLanes) {
     const size_t regs = std::min(kRegs, (a.lora - c0) / kMlaLanes);
     for (size_t t = 0; t < n; ++t)
       for (size_t r = 0; r < regs; ++r) _mm512_storeu_ps(o + t * a.lora + c0 + r * kMlaLanes, _mm512_setzero_ps());
+    const float* keys0 = a.cache + c0;
     for (size_t j0 = 0; j0 < keys; j0 += kMlaLanes) {
       const size_t j1 = std::min(keys, j0 + kMlaLanes);
-      for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; ++t) {
-        const size_t end = std::min(j1, ctx0 + t);
-        const float* st = s + t * stride;
+      for (size_t t = j0 < ctx0 ? 0 : j0 - ctx0 + 1; t < n; t += 2) {
         float* ot = o + t * a.lora + c0;
-        __m512 acc[kRegs];
-        for (size_t r = 0; r < regs; ++r) acc[r] = _mm512_loadu_ps(ot + r * kMlaLanes);
-        for (size_t j = j0; j < end; ++j) {
-          const __m512 p = _mm512_set1_ps(st[j]);
-          const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim + c0;
-          for (size_t r = 0; r < regs; ++r) acc[r] = _mm512_fmadd_ps(p, _mm512_loadu_ps(key + r * kMlaLanes), acc[r]);
+        const float* st = s + t * stride;
+        const size_t end = std::min(j1, ctx0 + t);
+        if (t + 1 == n) {
+          kMlaWsum[0][regs - 1](ot, nullptr, st, nullptr, keys0, dim, tile.slots, j0, end, end);
+        } else {
+          const size_t end1 = std::min(j1, ctx0 + t + 1);
+          kMlaWsum[1][regs - 1](ot, ot + a.lora, st, st + stride, keys0, dim, tile.slots, j0, end, end1);
         }
-        for (size_t r = 0; r < regs; ++r) _mm512_storeu_ps(ot + r * kMlaLanes, acc[r]);
       }
     }
   }
