@@ -42,12 +42,12 @@ V3_WIDTHS = {"heads": 8, "nope": 128, "rope": 64, "lora": 512, "v": 128}
 
 
 def _tiled(t: dict[str, torch.Tensor]) -> None:
-    from agent_infer.model.layers import native_deepseek
+    from agent_infer.model.layers import native_mla
 
     w, qn, qr = V3_WIDTHS, t["qn"], t["qr"]
     n = int(qn.shape[0])
     out = torch.empty(n, w["heads"] * w["v"])
-    rows = native_deepseek.mla_rows(torch.tensor([[0, n, n]]), torch.arange(n), n, n)
+    rows = native_mla.mla_rows(torch.tensor([[0, n, n]]), torch.arange(n), n, n)
     rows.run(
         qn.data_ptr(), qr.data_ptr(), t["cache"].data_ptr(), t["kv_b"].data_ptr(), out.data_ptr(), w["heads"],
         w["nope"], w["rope"], w["lora"], w["v"], 0.1, 1, qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),

@@ -15,7 +15,7 @@ from deepseek_support import save_tiny as save_v3
 from agent_infer import SamplingParams
 from agent_infer.llm import LLM
 from agent_infer.model.families.base import CausalLM
-from agent_infer.model.layers import native_deepseek, native_ops
+from agent_infer.model.layers import native_mla, native_ops
 from agent_infer.model.layers.float_linear import PACKED_FLOAT
 from agent_infer.model.runner import SequenceRunner
 
@@ -91,7 +91,7 @@ def test_tiled_rows_equal_single_row_kernel(lengths: list[int], cached: list[int
     want = _decode_rows(t, seqs)
     spans = torch.tensor([[s, n, c] for s, n, c, _ in seqs])
     slots = torch.cat([_slots(table, c) for _, _, c, table in seqs])
-    rows = native_deepseek.mla_rows(spans, slots, total + 2, SLOTS)
+    rows = native_mla.mla_rows(spans, slots, total + 2, SLOTS)
     assert rows.num_tiles == sum((n + 15) // 16 for n in lengths)
     for threads in (1, 2):
         got = torch.full_like(want, float("nan"))
@@ -104,17 +104,17 @@ def test_tiled_rows_equal_single_row_kernel(lengths: list[int], cached: list[int
 def test_chunk_kernel_rejects_bad_spans() -> None:
     slots = torch.arange(10)
     with pytest.raises(ValueError, match="rows <= context"):
-        native_deepseek.mla_rows(torch.tensor([[0, 11, 10]]), slots, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[0, 11, 10]]), slots, 20, SLOTS)
     with pytest.raises(IndexError, match="rows outside q"):
-        native_deepseek.mla_rows(torch.tensor([[15, 10, 10]]), slots, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[15, 10, 10]]), slots, 20, SLOTS)
     with pytest.raises(IndexError, match="slot outside the cache"):
-        native_deepseek.mla_rows(torch.tensor([[0, 5, 10]]), slots + SLOTS - 5, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[0, 5, 10]]), slots + SLOTS - 5, 20, SLOTS)
     with pytest.raises(ValueError, match="past the end of slots"):
-        native_deepseek.mla_rows(torch.tensor([[0, 5, 11]]), slots, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[0, 5, 11]]), slots, 20, SLOTS)
     with pytest.raises(ValueError, match="no sequence uses"):
-        native_deepseek.mla_rows(torch.tensor([[0, 5, 9]]), slots, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[0, 5, 9]]), slots, 20, SLOTS)
     with pytest.raises(ValueError, match="int64"):
-        native_deepseek.mla_rows(torch.tensor([[0, 5, 10]], dtype=torch.int32), slots, 20, SLOTS)
+        native_mla.mla_rows(torch.tensor([[0, 5, 10]], dtype=torch.int32), slots, 20, SLOTS)
 
 
 def _chunked(model: CausalLM, prompt: list[int], cuts: list[int], steps: int) -> torch.Tensor:

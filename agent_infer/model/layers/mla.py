@@ -17,11 +17,11 @@ With ``native`` (the packed-float kernels: CPU, float32) every row attends in th
 with the decode kernel's arithmetic: the rows of chunks of at most :data:`ABSORB_MAX_QUERY` new
 tokens (decode steps, drafts, forced tokens) in one native call per layer (``DecodeBatch.run_mla``,
 engine_native/src/kernels/attention_mla.h), longer chunks in another
-(``native_deepseek.mla_rows``, kernels/attention_mla_rows.cpp: tiles of consecutive rows sharing
+(``native_mla.mla_rows``, kernels/attention_mla_rows.cpp: tiles of consecutive rows sharing
 each latent key they load, each row's operations in the single-row kernel's order). So a row's bits
 depend only on its token and the context before it: prefill, chunked prefill, a prefix-cache hit
 and decode agree bit for bit. The latent norm, both rotations and the new cache rows run in one more
-call (``native_deepseek.mla_prep``).
+call (``native_mla.mla_prep``).
 
 On the torch path (other dtypes and devices, ``AGENT_INFER_NATIVE_LINEAR=0``) chunks of at most
 :data:`ABSORB_MAX_QUERY` tokens take the absorbed form and longer ones the expanded form through
@@ -37,7 +37,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
-from agent_infer.model.layers import native_deepseek, native_ops
+from agent_infer.model.layers import native_mla, native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
@@ -165,7 +165,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_tables = native_tables(rotation) if self.native else None
         if rope_tables is not None:
             # One native call: the latent norm, both rotations and the cache rows.
-            q_rope = native_deepseek.mla_prep(
+            q_rope = native_mla.mla_prep(
                 q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
                 self.rope_order is not None, cache, plan.slot_mapping, n,
             )  # fmt: skip
@@ -239,7 +239,7 @@ class MultiHeadLatentAttention(nn.Module):
                     raise EngineError(f"native MLA: rows [{s.start}, {s.end}) carry a non-causal mask")
                 spans.append((s.start, n, ctx))
                 keys += n * (ctx - n) + n * (n + 1) // 2
-            batch = native_deepseek.mla_rows(
+            batch = native_mla.mla_rows(
                 torch.tensor(spans, dtype=torch.int64),
                 torch.cat([s.gather for s in chunks]),
                 rows,
