@@ -272,7 +272,8 @@ class DeepseekV3ForCausalLM(CausalLM[DeepseekV3DecoderLayer]):
         )
         self._seen_mtp = True  # whether the checkpoint being loaded stores MTP tensors
         # The torch path attends per sequence (SDPA plans); with packed kernels the rows of short
-        # chunks go to the native absorbed-MLA decode kernel in one call per layer.
+        # chunks go to the native absorbed-MLA decode kernel in one call per layer, longer chunks to
+        # its tiled form (layers/mla.py), so every row rounds as decoding it would.
         self.planner = (
             NativePagedAttention(ABSORB_MAX_QUERY) if kernels.name == PACKED_FLOAT else PagedAttention()
         )

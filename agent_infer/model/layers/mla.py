@@ -13,14 +13,20 @@ Head ``h``'s key is ``[W_UK[h] c, k_r]`` and its value ``W_UV[h] c``, where ``kv
   ``q_c . c + q_r . k_r`` straight against the cache rows, attend over the latents, then apply
   ``W_UV`` to the ``kv_lora_rank``-wide result; nothing is expanded per context token.
 
-Sequences with at most :data:`ABSORB_MAX_QUERY` new tokens (decode steps, drafts, forced tokens)
-take the absorbed form, longer chunks the expanded one; the choice depends only on the sequence,
-so batch invariance holds as in layers/attention.py.
+With ``native`` (the packed-float kernels: CPU, float32) every row attends in the absorbed form
+with the decode kernel's arithmetic: the rows of chunks of at most :data:`ABSORB_MAX_QUERY` new
+tokens (decode steps, drafts, forced tokens) in one native call per layer (``DecodeBatch.run_mla``,
+engine_native/src/kernels/attention_mla.h), longer chunks in another
+(``native_mla.mla_rows``, kernels/attention_mla_rows.cpp: tiles of consecutive rows sharing
+each latent key they load, each row's operations in the single-row kernel's order). So a row's bits
+depend only on its token and the context before it: prefill, chunked prefill, a prefix-cache hit
+and decode agree bit for bit. The latent norm, both rotations and the new cache rows run in one more
+call (``native_mla.mla_prep``).
 
-With ``native`` (the packed-float kernels: CPU, float32) the absorbed rows of a step run in one
-native call per layer (``DecodeBatch.run_mla``, engine_native/src/kernels/attention_mla.h: each
-row's arithmetic is its own, in a fixed order), and the latent norm, both rotations and the new
-cache rows in another (``native_deepseek.mla_prep``); longer chunks stay in torch.
+On the torch path (other dtypes and devices, ``AGENT_INFER_NATIVE_LINEAR=0``) chunks of at most
+:data:`ABSORB_MAX_QUERY` tokens take the absorbed form and longer ones the expanded form through
+SDPA: the two agree within floating-point tolerance, not bit for bit, so there a prompt's logits
+can move in the last bits with how it was chunked or what the prefix cache held.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from torch import nn
 
 from agent_infer.errors import EngineError
 from agent_infer.model.config import ModelConfig, rope_scaling_type, yarn_mscale
-from agent_infer.model.layers import native_deepseek, native_ops
+from agent_infer.model.layers import native_mla, native_ops
 from agent_infer.model.layers.attention import AttentionPlan, _SeqPlan
 from agent_infer.model.layers.linear import Linear, LinearBuilder, WeightPart, in_row_chunks
 from agent_infer.model.layers.norm import RMSNorm
@@ -120,6 +126,9 @@ class MultiHeadLatentAttention(nn.Module):
             else None
         )
         self.absorb_max_query = ABSORB_MAX_QUERY
+        #: Chunks of more than ABSORB_MAX_QUERY rows on the tiled absorbed kernel (with ``native``);
+        #: benchmarks/mla_prefill.py turns it off to time the torch forms as a peer in the same run.
+        self.tiled_chunks = native
 
     def load_targets(self) -> dict[str, tuple[torch.Tensor, int, tuple[int, ...]]]:
         """HF names of every tensor of the layer."""
@@ -156,7 +165,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope_tables = native_tables(rotation) if self.native else None
         if rope_tables is not None:
             # One native call: the latent norm, both rotations and the cache rows.
-            q_rope = native_deepseek.mla_prep(
+            q_rope = native_mla.mla_prep(
                 q, h, self.q_width, lora, self.kv_norm.weight, self.kv_norm.eps, rope_tables,
                 self.rope_order is not None, cache, plan.slot_mapping, n,
             )  # fmt: skip
@@ -169,34 +178,8 @@ class MultiHeadLatentAttention(nn.Module):
             ropes = rotation.apply(ropes.reshape(rows, (heads + 1) * rope), heads + 1, rope)
             q_nope, q_rope, k_rope = q[:, :, :nope], ropes[:, :heads], ropes[:, heads]
             cache.index_copy_(0, plan.slot_mapping, torch.cat((latent[:n], k_rope[:n]), dim=-1))
-        if plan.decode is not None:
-            return self.o.project(
-                self._with_native_decode(
-                    q_nope,
-                    q_rope,
-                    cache,
-                    plan.seqs,
-                    plan.decode.native,
-                    len(plan.decode.rows),
-                    rows,
-                    plan.decode.keys,
-                )
-            )
-        if self.native and any(s.end - s.start == 1 and s.mask is None for s in plan.seqs):
-            single = [s for s in plan.seqs if s.end - s.start == 1 and s.mask is None]
-            rest = [s for s in plan.seqs if not (s.end - s.start == 1 and s.mask is None)]
-            tables = torch.nn.utils.rnn.pad_sequence([s.gather.cpu() for s in single], batch_first=True)
-            batch = native_ops.decode_batch(
-                torch.tensor([s.start for s in single]),
-                tables,
-                torch.tensor([int(s.gather.shape[0]) for s in single]),
-                1,
-                rows,
-                int(cache.shape[0]),
-            )
-            return self.o.project(
-                self._with_native_decode(q_nope, q_rope, cache, rest, batch, len(single), rows)
-            )
+        if plan.decode is not None or self.native:
+            return self.o.project(self._with_native(q_nope, q_rope, cache, plan, rows))
         outs = []
         for s in plan.seqs:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
@@ -206,21 +189,13 @@ class MultiHeadLatentAttention(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.o.project(out)
 
-    def _with_native_decode(
-        self,
-        q_nope: torch.Tensor,
-        q_rope: torch.Tensor,
-        cache: torch.Tensor,
-        seqs: list[_SeqPlan],
-        batch: native_ops.DecodeBatch,
-        decode_rows: int,
-        rows: int,
-        keys: int = 0,
+    def _with_native(
+        self, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, plan: AttentionPlan, rows: int
     ) -> torch.Tensor:
-        """The attention output of every row: ``batch``'s ``decode_rows`` rows in one native call
-        (absorbed form, engine_native/src/kernels/attention_mla.h), ``seqs`` one by one in torch
-        (the expanded form for long chunks, the absorbed one for short ones). ``keys``: the keys the
-        decode rows attend in all, which sizes the call's thread count (0: the pool's)."""
+        """The attention output of every row in the absorbed form's native arithmetic: the decode
+        batch's rows in one call (engine_native/src/kernels/attention_mla.h) and, with ``native``,
+        every chunk's rows in another (kernels/attention_mla_rows.cpp), each row bit-identical to
+        decoding its token alone. Without ``native`` the chunks take the torch forms."""
         m, heads = self.spec, self.heads
         qn = q_nope if q_nope.stride(2) == 1 else q_nope.contiguous()
         qr = q_rope if q_rope.stride(2) == 1 else q_rope.contiguous()
@@ -236,23 +211,47 @@ class MultiHeadLatentAttention(nn.Module):
             and qn.device.type == "cpu"
         ):
             raise EngineError(
-                "native MLA decode needs float32 CPU tensors and a contiguous latent cache "
+                "native MLA attention needs float32 CPU tensors and a contiguous latent cache "
                 f"[slots, {m.latent_dim}]; got cache {tuple(cache.shape)} {cache.dtype} on {cache.device}"
             )
-        # Rows no kernel writes (padding, or none when every row decodes) must read as zeros.
-        alloc = torch.zeros if decode_rows < rows else torch.empty
+        decode = plan.decode
+        chunks = plan.seqs if self.tiled_chunks else []
+        covered = (len(decode.rows) if decode is not None else 0) + sum(s.end - s.start for s in chunks)
+        # Rows no kernel writes (padding, or none when every row is covered) must read as zeros.
+        alloc = torch.zeros if covered < rows else torch.empty
         out = alloc(rows, heads * m.v_head_dim, dtype=torch.float32)
-        lora = m.kv_lora_rank
-        work = heads * (
-            decode_rows * lora * (m.qk_nope_head_dim + m.v_head_dim) + keys * (2 * lora + m.qk_rope_head_dim)
-        )
-        threads = native_ops.threads_for(work) if keys else native_ops.get_num_threads()
-        batch.run_mla(
-            qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
-            m.qk_nope_head_dim, m.qk_rope_head_dim, lora, m.v_head_dim, self.scale,
-            threads, qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1),
-        )  # fmt: skip
-        for s in seqs:
+        nope, rope, lora, v = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim
+        strides = (qn.stride(0), qn.stride(1), qr.stride(0), qr.stride(1))
+        if decode is not None:
+            work = heads * (len(decode.rows) * lora * (nope + v) + decode.keys * (2 * lora + rope))
+            threads = native_ops.threads_for(work) if decode.keys else native_ops.get_num_threads()
+            decode.native.run_mla(
+                qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
+                nope, rope, lora, v, self.scale, threads, *strides,
+            )  # fmt: skip
+        if chunks:
+            spans, keys = [], 0
+            for s in chunks:
+                n, ctx = s.end - s.start, int(s.gather.shape[0])
+                # A bottom-right causal mask always lets the last row see the first key; a band
+                # (sliding-window) mask would not, and the kernel has no band.
+                if s.mask is not None and not bool(s.mask[-1, 0]):
+                    raise EngineError(f"native MLA: rows [{s.start}, {s.end}) carry a non-causal mask")
+                spans.append((s.start, n, ctx))
+                keys += n * (ctx - n) + n * (n + 1) // 2
+            batch = native_mla.mla_rows(
+                torch.tensor(spans, dtype=torch.int64),
+                torch.cat([s.gather for s in chunks]),
+                rows,
+                int(cache.shape[0]),
+            )
+            chunk_rows = sum(n for _, n, _ in spans)
+            work = heads * (chunk_rows * lora * (nope + v) + keys * (2 * lora + rope))
+            batch.run(
+                qn.data_ptr(), qr.data_ptr(), cache.data_ptr(), self.kv_b.data_ptr(), out.data_ptr(), heads,
+                nope, rope, lora, v, self.scale, native_ops.threads_for(work), *strides,
+            )  # fmt: skip
+        for s in plan.seqs if not self.tiled_chunks else []:
             form = self._absorbed if s.end - s.start <= self.absorb_max_query else self._expanded
             out[s.start : s.end] = form(q_nope[s.start : s.end], q_rope[s.start : s.end], cache, s)
         return out

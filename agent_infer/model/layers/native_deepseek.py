@@ -1,5 +1,6 @@
 """The DeepSeek kernels of the C++ extension (engine_native/src/kernels/): MoE router and experts,
-MLA inputs, V4 decode attention, window closes, hyper-connections, V4 RoPE, grouped projections.
+V4 decode attention, window closes, hyper-connections, V4 RoPE, grouped projections (V3's MLA
+kernels are in :mod:`.native_mla`).
 
 Part of the model's door to the extension (:mod:`.native_ops` holds the generic kernels, the
 thread budget and :func:`~.native_ops.extension`). Hot entry points take raw addresses, so every
@@ -216,47 +217,6 @@ def rope_pairs(
         x.data_ptr(), rows, heads * dim, heads, dim, dim, rope_dim, cos.data_ptr(), sin.data_ptr(), inverse, norm,
         0 if weight is None else weight.data_ptr(), eps,
     )  # fmt: skip
-
-
-def mla_prep(
-    q: torch.Tensor, h: torch.Tensor, lat_off: int, lora: int, norm_weight: torch.Tensor, eps: float,
-    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor], interleave: bool, cache: torch.Tensor,
-    slots: torch.Tensor, n: int,
-) -> torch.Tensor:  # fmt: skip
-    """DeepSeek V3's MLA inputs of one layer: writes the ``n`` new tokens' latent cache rows (normed
-    latent, rotated key, from ``h``'s columns ``lat_off ..``) at ``slots`` and returns the rotated
-    rope parts of ``q`` (``[R, heads, nope + rope]``) as ``[R, heads, rope]``
-    (engine_native/src/kernels/rope.cpp)."""
-    rows, heads, width = (int(d) for d in q.shape)
-    rope = int(cache.shape[1]) - lora
-    cos, sin, pos = tables
-    ok = (
-        all(t.dtype is torch.float32 and t.device.type == "cpu" for t in (q, h, norm_weight, cache, cos, sin))
-        and q.stride(2) == 1
-        and h.stride(1) == 1
-        and cache.is_contiguous()
-        and cos.is_contiguous()
-        and sin.is_contiguous()
-        and norm_weight.is_contiguous()
-        and int(norm_weight.numel()) == lora
-        and pos.dtype is torch.int64
-        and pos.is_contiguous()
-        and int(pos.shape[0]) >= rows
-        and slots.dtype is torch.int64
-        and int(slots.shape[0]) == n
-    )
-    if not ok:
-        raise ValueError(
-            "mla_prep: inputs must be float32 CPU rows with contiguous tables, int64 positions and slots"
-        )
-    slots = slots.contiguous()
-    qr = torch.empty(rows, heads, rope)
-    extension().mla_prep(
-        q.data_ptr(), int(q.stride(0)), int(q.stride(1)), heads, width - rope, rope, h.data_ptr(), int(h.stride(0)),
-        lat_off, lora, norm_weight.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), int(cos.shape[0]),
-        pos.data_ptr(), interleave, cache.data_ptr(), int(cache.shape[0]), slots.data_ptr(), rows, n, qr.data_ptr(),
-    )  # fmt: skip
-    return qr
 
 
 # --- DeepSeek V4 decode attention ---------------------------------------------------------------

@@ -26,4 +26,6 @@ void register_hyper(nanobind::module_& m);
 void register_attention_v4(nanobind::module_& m);
 // DeepSeek V4's KV compressor for the windows decode rows complete (kernels/compressor.cpp).
 void register_compressor(nanobind::module_& m);
+// DeepSeek V3 absorbed MLA for chunks of query rows, bit-identical to decode (kernels/attention_mla_rows.cpp).
+void register_attention_mla_rows(nanobind::module_& m);
 }  // namespace agent_infer

@@ -21,4 +21,5 @@ NB_MODULE(_native, m) {
   agent_infer::register_hyper(m);
   agent_infer::register_attention_v4(m);
   agent_infer::register_compressor(m);
+  agent_infer::register_attention_mla_rows(m);
 }

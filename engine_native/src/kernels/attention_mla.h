@@ -11,7 +11,8 @@
 // arithmetic is a fixed sequence (16-lane FMA chains reduced by one fixed tree, positions
 // ascending) that depends on nothing but that row, so rows are batch invariant by construction;
 // the softmax's exp is the 16-lane polynomial of kernels/vexp.h on AVX-512 machines and std::exp
-// elsewhere (chosen once per process). Included by kernels/attention.cpp only.
+// elsewhere (chosen once per process). Included by kernels/attention.cpp (decode rows) and
+// kernels/attention_mla_rows.cpp (chunks of rows, the same per-row arithmetic tile by tile).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -97,15 +98,15 @@ __attribute__((always_inline)) inline void mla_head_impl(const MlaArgs& a, size_
   }
 }
 
-__attribute__((target("avx512f,fma"))) void mla_head_avx512(const MlaArgs& a, size_t h, std::vector<float>& buf) {
+[[maybe_unused]] __attribute__((target("avx512f,fma"))) void mla_head_avx512(const MlaArgs& a, size_t h, std::vector<float>& buf) {
   mla_head_impl<true>(a, h, buf);
 }
 
-__attribute__((target("avx2,fma"))) void mla_head_avx2(const MlaArgs& a, size_t h, std::vector<float>& buf) {
+[[maybe_unused]] __attribute__((target("avx2,fma"))) void mla_head_avx2(const MlaArgs& a, size_t h, std::vector<float>& buf) {
   mla_head_impl<false>(a, h, buf);
 }
 
-void mla_head_portable(const MlaArgs& a, size_t h, std::vector<float>& buf) { mla_head_impl<false>(a, h, buf); }
+[[maybe_unused]] void mla_head_portable(const MlaArgs& a, size_t h, std::vector<float>& buf) { mla_head_impl<false>(a, h, buf); }
 
 }  // namespace
 }  // namespace agent_infer
