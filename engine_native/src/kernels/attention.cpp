@@ -252,33 +252,14 @@ class DecodeBatch {
   void run_mla(uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache, uintptr_t kv_b, uintptr_t out, int64_t heads,
                int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads,
                int64_t qn_row, int64_t qn_head, int64_t qr_row, int64_t qr_head) const {
-    if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument("mla_decode: null address");
-    if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
-      throw std::invalid_argument("mla_decode: heads, nope, lora and v must be positive (rope >= 0)");
-    if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
-      throw std::invalid_argument("mla_decode: q strides overlap their heads");
-    MlaArgs a{};
-    a.q_nope = reinterpret_cast<const float*>(q_nope);
-    a.q_rope = reinterpret_cast<const float*>(q_rope);
-    a.cache = reinterpret_cast<const float*>(cache);
-    a.w = reinterpret_cast<const float*>(kv_b);
-    a.out = reinterpret_cast<float*>(out);
+    MlaArgs a = mla_args("mla_decode", q_nope, q_rope, cache, kv_b, out, heads, nope, rope, lora, v, scale, qn_row,
+                         qn_head, qr_row, qr_head);
     a.rows = rows_.data();
     a.tables = entry_tables().data();
     a.ctx = ctx_.data();
     a.batch = rows_.size();
     a.max_blocks = max_blocks_;
     a.block_size = block_size_;
-    a.heads = static_cast<size_t>(heads);
-    a.nope = static_cast<size_t>(nope);
-    a.rope = static_cast<size_t>(rope);
-    a.lora = static_cast<size_t>(lora);
-    a.v = static_cast<size_t>(v);
-    a.scale = static_cast<float>(scale);
-    a.qn_row = static_cast<size_t>(qn_row);
-    a.qn_head = static_cast<size_t>(qn_head);
-    a.qr_row = static_cast<size_t>(qr_row);
-    a.qr_head = static_cast<size_t>(qr_head);
     nb::gil_scoped_release release;
     parallel_for(num_threads, a.heads, [&](size_t h) {
       thread_local std::vector<float> buf;

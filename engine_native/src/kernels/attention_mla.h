@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/vexp.h"
@@ -37,6 +39,40 @@ struct MlaArgs {
   size_t qn_row, qn_head, qr_row, qr_head;
   float scale;
 };
+
+// The operands both entry points take (decode rows, chunks of rows), checked: q_nope and q_rope
+// rows and heads at the given strides (in floats; each head's nope or rope values contiguous),
+// cache [num_slots, lora + rope], kv_b [heads * (nope + v), lora], out [num_rows, heads * v];
+// float32, kept alive by the caller, who sets the rows, tables and context. `who` names the entry
+// point in errors.
+[[maybe_unused]] inline MlaArgs mla_args(const char* who, uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache,
+                                         uintptr_t kv_b, uintptr_t out, int64_t heads, int64_t nope, int64_t rope,
+                                         int64_t lora, int64_t v, double scale, int64_t qn_row, int64_t qn_head,
+                                         int64_t qr_row, int64_t qr_head) {
+  const std::string name(who);
+  if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument(name + ": null address");
+  if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
+    throw std::invalid_argument(name + ": heads, nope, lora and v must be positive (rope >= 0)");
+  if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
+    throw std::invalid_argument(name + ": q strides overlap their heads");
+  MlaArgs a{};
+  a.q_nope = reinterpret_cast<const float*>(q_nope);
+  a.q_rope = reinterpret_cast<const float*>(q_rope);
+  a.cache = reinterpret_cast<const float*>(cache);
+  a.w = reinterpret_cast<const float*>(kv_b);
+  a.out = reinterpret_cast<float*>(out);
+  a.heads = static_cast<size_t>(heads);
+  a.nope = static_cast<size_t>(nope);
+  a.rope = static_cast<size_t>(rope);
+  a.lora = static_cast<size_t>(lora);
+  a.v = static_cast<size_t>(v);
+  a.scale = static_cast<float>(scale);
+  a.qn_row = static_cast<size_t>(qn_row);
+  a.qn_head = static_cast<size_t>(qn_head);
+  a.qr_row = static_cast<size_t>(qr_row);
+  a.qr_head = static_cast<size_t>(qr_head);
+  return a;
+}
 
 constexpr size_t kMlaLanes = 16;
 

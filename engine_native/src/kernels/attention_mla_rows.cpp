@@ -49,6 +49,40 @@ struct MlaKeyBlock {
   size_t keys;
 };
 
+// Each row's absorbed query [W_UK[h]^T q_nope, q_rope] * scale into q (row t at q + t * dim), in the
+// decode kernel's order.
+__attribute__((always_inline)) inline void mla_tile_queries(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                            const float* wk, float* q) {
+  const size_t dim = a.lora + a.rope, n = tile.rows;
+  const float* qn[kMlaTile];
+  for (size_t t = 0; t < n; ++t) {
+    qn[t] = a.q_nope + (tile.first_row + t) * a.qn_row + h * a.qn_head;
+    std::fill(q + t * dim, q + t * dim + a.lora, 0.0f);
+  }
+  for (size_t i = 0; i < a.nope; ++i)
+    for (size_t t = 0; t < n; ++t) mla_axpy(q + t * dim, qn[t][i], wk + i * a.lora, a.lora);
+  for (size_t t = 0; t < n; ++t) {
+    const float* qr = a.q_rope + (tile.first_row + t) * a.qr_row + h * a.qr_head;
+    float* qt = q + t * dim;
+    std::copy(qr, qr + a.rope, qt + a.lora);
+    for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
+  }
+}
+
+// Each row's weighted latent sum (row t at o + t * lora) divided by its softmax total, then
+// projected through W_UV[h] (wv) into the output.
+__attribute__((always_inline)) inline void mla_tile_finish(const MlaArgs& a, const MlaTile& tile, size_t h,
+                                                           const float* wv, float* o, const float* sums) {
+  const size_t n = tile.rows;
+  for (size_t t = 0; t < n; ++t) {
+    const float inv = 1.0f / sums[t];
+    for (size_t i = 0; i < a.lora; ++i) o[t * a.lora + i] *= inv;
+  }
+  for (size_t k = 0; k < a.v; ++k)
+    for (size_t t = 0; t < n; ++t)
+      a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
+}
+
 template <bool kSimdExp>
 __attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const MlaTile& tile, size_t h,
                                                          std::vector<float>& buf) {
@@ -59,22 +93,9 @@ __attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const
   float* q = buf.data();     // row t at q + t * dim
   float* o = q + n * dim;    // row t at o + t * lora
   float* s = o + n * a.lora;  // row t at s + t * keys
-  const float* qn[kMlaTile];
   float mx[kMlaTile], sum[kMlaTile];
-  for (size_t t = 0; t < n; ++t) {
-    const size_t row = tile.first_row + t;
-    qn[t] = a.q_nope + row * a.qn_row + h * a.qn_head;
-    std::fill(q + t * dim, q + t * dim + a.lora, 0.0f);
-  }
-  for (size_t i = 0; i < a.nope; ++i)
-    for (size_t t = 0; t < n; ++t) mla_axpy(q + t * dim, qn[t][i], wk + i * a.lora, a.lora);
-  for (size_t t = 0; t < n; ++t) {
-    const float* qr = a.q_rope + (tile.first_row + t) * a.qr_row + h * a.qr_head;
-    float* qt = q + t * dim;
-    std::copy(qr, qr + a.rope, qt + a.lora);
-    for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
-    mx[t] = -INFINITY;
-  }
+  mla_tile_queries(a, tile, h, wk, q);
+  std::fill(mx, mx + n, -INFINITY);
   for (size_t j = 0; j < keys; ++j) {
     const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim;
     for (size_t t = j < ctx0 ? 0 : j - ctx0 + 1; t < n; ++t) {
@@ -96,13 +117,7 @@ __attribute__((always_inline)) inline void mla_tile_impl(const MlaArgs& a, const
     const float* key = a.cache + static_cast<size_t>(tile.slots[j]) * dim;
     for (size_t t = j < ctx0 ? 0 : j - ctx0 + 1; t < n; ++t) mla_axpy(o + t * a.lora, s[t * keys + j], key, a.lora);
   }
-  for (size_t t = 0; t < n; ++t) {
-    const float inv = 1.0f / sum[t];
-    for (size_t i = 0; i < a.lora; ++i) o[t * a.lora + i] *= inv;
-  }
-  for (size_t k = 0; k < a.v; ++k)
-    for (size_t t = 0; t < n; ++t)
-      a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
+  mla_tile_finish(a, tile, h, wv, o, sum);
 }
 
 __attribute__((target("avx512f,fma"))) void mla_tile_avx512_generic(const MlaArgs& a, const MlaTile& tile, size_t h,
@@ -180,20 +195,8 @@ __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, co
   float* q = buf.data();
   float* o = q + n * dim;
   float* s = o + n * a.lora;
-  const float* qn[kMlaTile];
   float mx[kMlaTile];
-  for (size_t t = 0; t < n; ++t) {
-    qn[t] = a.q_nope + (tile.first_row + t) * a.qn_row + h * a.qn_head;
-    std::fill(q + t * dim, q + t * dim + a.lora, 0.0f);
-  }
-  for (size_t i = 0; i < a.nope; ++i)
-    for (size_t t = 0; t < n; ++t) mla_axpy(q + t * dim, qn[t][i], wk + i * a.lora, a.lora);
-  for (size_t t = 0; t < n; ++t) {
-    const float* qr = a.q_rope + (tile.first_row + t) * a.qr_row + h * a.qr_head;
-    float* qt = q + t * dim;
-    std::copy(qr, qr + a.rope, qt + a.lora);
-    for (size_t i = 0; i < dim; ++i) qt[i] *= a.scale;
-  }
+  mla_tile_queries(a, tile, h, wk, q);
   // Scores, 16 keys at a time, 8 rows at a time: lane chain l of 8 rows runs side by side (one key
   // load feeds 8 multiply-adds), then each row's halving tree. Rows past the tile read a zero row
   // and write scratch.
@@ -284,13 +287,7 @@ __attribute__((target("avx512f,fma"))) void mla_tile_avx512(const MlaArgs& a, co
       }
     }
   }
-  for (size_t t = 0; t < n; ++t) {
-    const float inv = 1.0f / sums[t];
-    for (size_t i = 0; i < a.lora; ++i) o[t * a.lora + i] *= inv;
-  }
-  for (size_t k = 0; k < a.v; ++k)
-    for (size_t t = 0; t < n; ++t)
-      a.out[((tile.first_row + t) * a.heads + h) * a.v + k] = mla_dot(wv + k * a.lora, o + t * a.lora, a.lora);
+  mla_tile_finish(a, tile, h, wv, o, sums);
 }
 
 __attribute__((target("avx2,fma"))) void mla_tile_avx2(const MlaArgs& a, const MlaTile& tile, size_t h,
@@ -361,27 +358,8 @@ class MlaRows {
   void run(uintptr_t q_nope, uintptr_t q_rope, uintptr_t cache, uintptr_t kv_b, uintptr_t out, int64_t heads,
            int64_t nope, int64_t rope, int64_t lora, int64_t v, double scale, int num_threads, int64_t qn_row,
            int64_t qn_head, int64_t qr_row, int64_t qr_head) const {
-    if (!q_nope || !q_rope || !cache || !kv_b || !out) throw std::invalid_argument("mla_rows: null address");
-    if (heads < 1 || nope < 1 || rope < 0 || lora < 1 || v < 1)
-      throw std::invalid_argument("mla_rows: heads, nope, lora and v must be positive (rope >= 0)");
-    if (qn_head < nope || qn_row < heads * qn_head || qr_head < rope || qr_row < heads * qr_head)
-      throw std::invalid_argument("mla_rows: q strides overlap their heads");
-    MlaArgs a{};
-    a.q_nope = reinterpret_cast<const float*>(q_nope);
-    a.q_rope = reinterpret_cast<const float*>(q_rope);
-    a.cache = reinterpret_cast<const float*>(cache);
-    a.w = reinterpret_cast<const float*>(kv_b);
-    a.out = reinterpret_cast<float*>(out);
-    a.heads = static_cast<size_t>(heads);
-    a.nope = static_cast<size_t>(nope);
-    a.rope = static_cast<size_t>(rope);
-    a.lora = static_cast<size_t>(lora);
-    a.v = static_cast<size_t>(v);
-    a.scale = static_cast<float>(scale);
-    a.qn_row = static_cast<size_t>(qn_row);
-    a.qn_head = static_cast<size_t>(qn_head);
-    a.qr_row = static_cast<size_t>(qr_row);
-    a.qr_head = static_cast<size_t>(qr_head);
+    const MlaArgs a = mla_args("mla_rows", q_nope, q_rope, cache, kv_b, out, heads, nope, rope, lora, v, scale,
+                               qn_row, qn_head, qr_row, qr_head);
     nb::gil_scoped_release release;
     const bool blocked = g_mla_avx512 && a.lora % kMlaLanes == 0;
     const size_t dim = a.lora + a.rope;
