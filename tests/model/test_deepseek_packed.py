@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from deepseek_support import load_ours, write_tokenizer
+from deepseek_support import assert_alone_equals_mixed_batch, load_ours, write_tokenizer
 from deepseek_support import save_tiny as save_v3
 from deepseek_support import save_tiny_v4 as save_v4
 
@@ -79,26 +79,7 @@ def test_batch_invariance_alone_vs_eight_mixed(version: str, tmp_path: Path) -> 
     """A request's logits are bit-identical alone and in a batch of 8 (prefills, chunks and decodes)."""
     (save_v3 if version == "v3" else save_v4)(tmp_path)
     model = load_ours(tmp_path, packed=True)
-    prompt = _prompt(7, 21)
-    alone = SequenceRunner(model, num_blocks=64, block_size=8)
-    want = [alone.step([(0, prompt)])[0]]
-    tokens = list(prompt)
-    for _ in range(6):
-        tokens.append(int(want[-1].argmax()))
-        want.append(alone.step([(0, [tokens[-1]])])[0])
-    batch = SequenceRunner(model, num_blocks=64, block_size=8)
-    others = {i: _prompt(100 + i, 9 + 5 * i) for i in range(1, 8)}
-    for i in range(1, 8, 2):  # half the others are already decoding when ours arrives
-        batch.step([(i, others[i])])
-    for step in range(7):
-        items = [(0, prompt if step == 0 else [tokens[len(prompt) + step - 1]])]
-        for i in range(1, 8):
-            if i % 2 or step:
-                items.append((i, [int(t) % 200 + 2 for t in others[i][step : step + 1 + (i % 3)]]))
-            else:
-                items.append((i, others[i]))
-        got = batch.step(items)[0]
-        assert torch.equal(got, want[step]), f"step {step}"
+    assert_alone_equals_mixed_batch(model)
 
 
 def test_packed_and_torch_paths_agree(tmp_path: Path) -> None:

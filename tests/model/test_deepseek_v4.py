@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepseek_support import load_ours, save_tiny_v4, write_tokenizer
+from deepseek_support import assert_alone_equals_mixed_batch, load_ours, save_tiny_v4, write_tokenizer
 
 from agent_infer.errors import EngineError
 from agent_infer.model.families.base import CausalLM
@@ -98,26 +98,7 @@ def test_every_prefill_row_matches_transformers(
 def test_batch_invariance_with_mixed_requests(tiny: tuple[torch.nn.Module, CausalLM]) -> None:
     """A request's logits are bit-identical alone and in a batch of 8 (prefills, chunks and decodes)."""
     _, model = tiny
-    prompt = _prompt(7, 21)
-    alone = SequenceRunner(model, num_blocks=64, block_size=8)
-    want = [alone.step([(0, prompt)])[0]]
-    tokens = list(prompt)
-    for _ in range(6):
-        tokens.append(int(want[-1].argmax()))
-        want.append(alone.step([(0, [tokens[-1]])])[0])
-    batch = SequenceRunner(model, num_blocks=64, block_size=8)
-    others = {i: _prompt(100 + i, 9 + 5 * i) for i in range(1, 8)}
-    for i in range(1, 8, 2):  # half the others are already decoding when ours arrives
-        batch.step([(i, others[i])])
-    for step in range(7):
-        items = [(0, prompt if step == 0 else [tokens[len(prompt) + step - 1]])]
-        for i in range(1, 8):
-            if i % 2 or step:
-                items.append((i, [int(t) % 200 + 2 for t in others[i][step : step + 1 + (i % 3)]]))
-            else:
-                items.append((i, others[i]))
-        got = batch.step(items)[0]
-        assert torch.equal(got, want[step]), f"step {step}"
+    assert_alone_equals_mixed_batch(model)
 
 
 def _step(model: CausalLM, cache: KVCache, table: list[int], start: int, tokens: list[int]) -> torch.Tensor:

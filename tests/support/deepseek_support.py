@@ -18,6 +18,7 @@ from agent_infer.model.loading.fp8_select import hf_kernels
 from agent_infer.model.loading.gguf_reader import GGUFFile
 from agent_infer.model.loading.hf import hf_config, hf_weights
 from agent_infer.model.registry import build_model
+from agent_infer.model.runner import SequenceRunner
 from agent_infer.model.tokenizer import Tokenizer
 
 YARN = {
@@ -332,3 +333,32 @@ def edit_tensors(directory: Path, edit: Callable[[dict[str, torch.Tensor]], Any]
     tensors = load_file(directory / "model.safetensors")
     edit(tensors)
     save_file(tensors, directory / "model.safetensors")
+
+
+def _random_prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(2, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_alone_equals_mixed_batch(model: CausalLM) -> None:
+    """A request's logits over a prefill and 6 decode steps are bit-identical alone and in a batch of
+    8 (others prefilling whole, in chunks, or decoding when it arrives)."""
+    prompt = _random_prompt(7, 21)
+    alone = SequenceRunner(model, num_blocks=64, block_size=8)
+    want = [alone.step([(0, prompt)])[0]]
+    tokens = list(prompt)
+    for _ in range(6):
+        tokens.append(int(want[-1].argmax()))
+        want.append(alone.step([(0, [tokens[-1]])])[0])
+    batch = SequenceRunner(model, num_blocks=64, block_size=8)
+    others = {i: _random_prompt(100 + i, 9 + 5 * i) for i in range(1, 8)}
+    for i in range(1, 8, 2):  # half the others are already decoding when ours arrives
+        batch.step([(i, others[i])])
+    for step in range(7):
+        items = [(0, prompt if step == 0 else [tokens[len(prompt) + step - 1]])]
+        for i in range(1, 8):
+            if i % 2 or step:
+                items.append((i, [int(t) % 200 + 2 for t in others[i][step : step + 1 + (i % 3)]]))
+            else:
+                items.append((i, others[i]))
+        got = batch.step(items)[0]
+        assert torch.equal(got, want[step]), f"step {step}"
