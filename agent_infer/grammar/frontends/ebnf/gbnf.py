@@ -153,17 +153,7 @@ class _Parser:
             elif c == "(":
                 self.i += 1
                 self.space(True)
-                self.depth += 1
-                if self.depth > MAX_GROUP_NESTING:
-                    line, column = self.where(pos)
-                    raise GrammarLimitError(
-                        f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
-                    )
-                items.append(self.alternates(nested=True))
-                self.depth -= 1
-                if self.peek() != ")":
-                    raise self.error("expected ')' to close the group opened here", pos)
-                self.i += 1
+                items.append(self.group_body(pos, "the group opened here"))
             elif c in "*+?{":
                 if not items:
                     raise self.error(f"'{c}' has no preceding item to repeat")
@@ -253,18 +243,7 @@ class _Parser:
         """``%unique(...)``: a :class:`UniqueItem` around the alternatives inside."""
         self.i += len("%unique(")
         self.space(True)
-        self.depth += 1
-        if self.depth > MAX_GROUP_NESTING:
-            line, column = self.where(start)
-            raise GrammarLimitError(
-                f"GBNF: groups nest deeper than {MAX_GROUP_NESTING} levels (line {line}, column {column})"
-            )
-        item = self.alternates(nested=True)
-        self.depth -= 1
-        if self.peek() != ")":
-            raise self.error("expected ')' to close '%unique('", start)
-        self.i += 1
-        return UniqueItem(item)
+        return UniqueItem(self.group_body(start, "'%unique('"))
 
     def bounded_string(self, start: int) -> Expr:
         """``%max-length(N ...)``: a :class:`BoundedString` of at most N code points."""
@@ -276,6 +255,11 @@ class _Parser:
             raise self.error("expected the length after '%max-length('", start)
         bound = int(self.s[digits : self.i])
         self.space(True)
+        return BoundedString(self.group_body(start, "'%max-length('"), bound)
+
+    def group_body(self, start: int, opener: str) -> Expr:
+        """The alternatives inside a group opened at ``start`` (its opener and the blanks after it
+        read) through its ``)``, at most :data:`MAX_GROUP_NESTING` groups deep."""
         self.depth += 1
         if self.depth > MAX_GROUP_NESTING:
             line, column = self.where(start)
@@ -285,9 +269,9 @@ class _Parser:
         item = self.alternates(nested=True)
         self.depth -= 1
         if self.peek() != ")":
-            raise self.error("expected ')' to close '%max-length('", start)
+            raise self.error(f"expected ')' to close {opener}", start)
         self.i += 1
-        return BoundedString(item, bound)
+        return item
 
     def key_trie(self) -> Expr:
         """``%key-set("name" ...)`` or ``%key-node([ends-name] "c"->rule ...)``."""
