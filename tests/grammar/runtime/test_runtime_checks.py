@@ -147,19 +147,20 @@ def test_gbnf_round_trip(name: str) -> None:
     assert parse_gbnf(str(g)) == g
 
 
+def _candidates(texts: list[str], alphabet: str) -> list[str]:
+    """Every prefix of ``texts``, then the first 1,500 strings of 1-3 ``alphabet`` characters, once each."""
+    candidates = [t[:cut] for t in texts for cut in range(len(t) + 1)]
+    candidates += ["".join(p) for n in range(1, 4) for p in itertools.product(alphabet, repeat=n)][:1500]
+    return list(dict.fromkeys(candidates))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_native_agrees_with_reference_and_brute_force(name: str) -> None:
     _, alphabet, texts = CASES[name]
     g = _grammar(name)
     rec = ReferenceRecognizer(g)
     compiled = GrammarCompiler(tokenizer_info("bytes")).compile(g)
-    seen: set[str] = set()
-    candidates = [t[:cut] for t in texts for cut in range(len(t) + 1)]
-    candidates += ["".join(p) for n in range(1, 4) for p in itertools.product(alphabet, repeat=n)][:1500]
-    for text in candidates:
-        if text in seen:
-            continue
-        seen.add(text)
+    for text in _candidates(texts, alphabet):
         m = GrammarMatcher(compiled)
         viable = m.accept_string(text)
         assert viable == rec.is_prefix(text), text
@@ -319,13 +320,7 @@ def test_products_agree_with_brute_force(name: str) -> None:
     assert parse_gbnf(str(g)) == g
     rec = ReferenceRecognizer(g)
     compiled = GrammarCompiler(tokenizer_info("bytes")).compile(g)
-    seen: set[str] = set()
-    candidates = [t[:cut] for t in texts for cut in range(len(t) + 1)]
-    candidates += ["".join(p) for n in range(1, 4) for p in itertools.product(alphabet, repeat=n)][:1500]
-    for text in candidates:
-        if text in seen:
-            continue
-        seen.add(text)
+    for text in _candidates(texts, alphabet):
         m = GrammarMatcher(compiled)
         viable = m.accept_string(text)
         assert (viable and m.can_terminate()) == rec.accepts(text), text
