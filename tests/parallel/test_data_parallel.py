@@ -54,10 +54,9 @@ def single(model_dir: str) -> list:
     return llm.generate(PROMPTS, _params())
 
 
-def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
-    model_dir: str, single: list, tmp_path: Path
-) -> None:
-    llm = LLM(
+def _dp2_ep(model_dir: str) -> LLM:
+    """Two data-parallel ranks with experts split over them, 2 redundant slots, a rebalance every 4 steps."""
+    return LLM(
         model=model_dir,
         kv_cache_memory_bytes=32 * 1024 * 1024,
         data_parallel_size=2,
@@ -67,6 +66,12 @@ def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
         eplb_window=64,
         collective_timeout_s=60.0,
     )
+
+
+def test_dp2_expert_parallel_with_rebalances_is_bit_identical(
+    model_dir: str, single: list, tmp_path: Path
+) -> None:
+    llm = _dp2_ep(model_dir)
     try:
         engine = llm.engine
         assert isinstance(engine, DataParallelEngine)
@@ -102,16 +107,7 @@ def test_dp2_expert_parallel_on_the_torch_kernels_is_bit_identical(
     one = LLM(model=model_dir, kv_cache_memory_bytes=32 * 1024 * 1024)
     assert one.engine.runner.model.kernels.name != "packed-float"
     want = one.generate(PROMPTS[:4], _params()[:4])
-    llm = LLM(
-        model=model_dir,
-        kv_cache_memory_bytes=32 * 1024 * 1024,
-        data_parallel_size=2,
-        expert_parallel=True,
-        redundant_experts=2,
-        eplb_interval=4,
-        eplb_window=64,
-        collective_timeout_s=60.0,
-    )
+    llm = _dp2_ep(model_dir)
     try:
         got = llm.generate(PROMPTS[:4], _params()[:4])
         metrics = llm.engine.collect_metrics()  # type: ignore[attr-defined]
