@@ -246,7 +246,9 @@ def test_stream_closed_early_aborts_the_request(client: Client) -> None:
 
 def test_close_ends_open_calls_and_the_stepping_thread(make_llm: Callable[..., Any]) -> None:
     own = Client.from_llm(make_llm())
-    stream = own.generate_stream("Tell me a long story.", max_tokens=200)
+    # Output that cannot end for 2,000 tokens, so the request is still running when close() comes
+    # however late the test's thread is scheduled.
+    stream = own.generate_stream("Tell me a long story.", regex="[a-z ]{8000}", max_tokens=2000)
     next(stream)
     backend = own.backend
     stepping = backend._thread  # type: ignore[union-attr]
