@@ -223,6 +223,11 @@ def _loop(r: _Rank) -> None:
             raise EngineError(f"expert-parallel exchange failed: {lock.ep.broken}")
         if outputs:
             r.outbox.put(("out", r.rank, outputs))
+            if any(out.finished for out in outputs):
+                # The front end's snapshot must count a finished request's work (its prompt tokens,
+                # a context-parallel prefill) even if the rank then idles between status reports.
+                r.outbox.put(("status", r.rank, _status(r)))
+                last_status = time.monotonic()
         if lock is not None:
             now = time.monotonic()
             if now - last_metrics > _METRICS_EVERY_S:
